@@ -1,0 +1,123 @@
+"""Access control lists with Storm's grammar and semantics.
+
+An entry is ``[u|o]:[username]:[r-][w-][a-]``: ``u:alice:rwa`` gives alice everything,
+``o::r`` lets everyone read. Bits: READ=1, WRITE=2, ADMIN=4. The creator of a blob always keeps
+full access, and whoever sets an ACL keeps ADMIN, so nobody locks themselves out by mistake.
+
+>>> parse_acl("u:alice:rwa,o::r")
+[AccessControl(type='u', name='alice', access=7), AccessControl(type='o', name='', access=1)]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from blobha.errors import InvalidArgument
+
+READ = 1
+WRITE = 2
+ADMIN = 4
+ALL = READ | WRITE | ADMIN
+
+_BITS = {"r": READ, "w": WRITE, "a": ADMIN}
+_NAMES = {READ: "READ", WRITE: "WRITE", ADMIN: "ADMIN"}
+
+
+@dataclass(frozen=True)
+class AccessControl:
+    type: str  # "u" (a named user) or "o" (everyone)
+    name: str
+    access: int
+
+    def __str__(self) -> str:
+        bits = "".join(c if self.access & b else "-" for c, b in _BITS.items())
+        return f"{self.type}:{self.name}:{bits}"
+
+
+def parse_entry(text: str) -> AccessControl:
+    """Parse one ACL entry, raising :class:`InvalidArgument` with the expected form."""
+    parts = text.strip().split(":")
+    if len(parts) != 3:
+        raise InvalidArgument(
+            f"bad ACL entry {text!r}: expected [u|o]:[username]:[r-][w-][a-], e.g. u:alice:rwa"
+        )
+    kind, name, bits = parts
+    if kind not in ("u", "o"):
+        raise InvalidArgument(f"bad ACL entry {text!r}: the type must be 'u' (user) or 'o' (other)")
+    if kind == "u" and not name:
+        raise InvalidArgument(f"bad ACL entry {text!r}: a 'u' entry needs a user name")
+    if kind == "o" and name:
+        raise InvalidArgument(f"bad ACL entry {text!r}: an 'o' entry takes no name, e.g. o::r")
+    if not bits or len(bits) > 3:
+        raise InvalidArgument(f"bad ACL entry {text!r}: permissions are up to three of r, w, a, -")
+    access = 0
+    for c in bits:
+        if c == "-":
+            continue
+        if c not in _BITS:
+            raise InvalidArgument(
+                f"bad ACL entry {text!r}: unknown permission {c!r}; use r, w, a or -"
+            )
+        access |= _BITS[c]
+    return AccessControl(kind, name, access)
+
+
+def parse_acl(text: str | Iterable[str]) -> list[AccessControl]:
+    """Parse a comma-separated ACL string (or entries) and reject duplicate entries."""
+    items = text.split(",") if isinstance(text, str) else list(text)
+    acl = [parse_entry(t) for t in items if t.strip()]
+    check_duplicates(acl)
+    return acl
+
+
+def check_duplicates(acl: Iterable[AccessControl]) -> None:
+    seen: set[tuple[str, str]] = set()
+    for e in acl:
+        if (e.type, e.name) in seen:
+            who = f"user {e.name!r}" if e.type == "u" else "'other'"
+            raise InvalidArgument(f"the ACL names {who} more than once; merge those entries")
+        seen.add((e.type, e.name))
+
+
+def format_acl(acl: Iterable[AccessControl]) -> str:
+    return ",".join(str(e) for e in acl)
+
+
+def ensure_user_access(acl: list[AccessControl], user: str, access: int) -> list[AccessControl]:
+    """``acl`` with ``user``'s entry OR-ed with ``access`` (added if missing)."""
+    check_duplicates(acl)
+    out: list[AccessControl] = []
+    found = False
+    for e in acl:
+        if e.type == "u" and e.name == user:
+            out.append(AccessControl("u", user, e.access | access))
+            found = True
+        else:
+            out.append(e)
+    if not found:
+        out.append(AccessControl("u", user, access))
+    return out
+
+
+def normalize_for_create(acl: list[AccessControl], creator: str) -> list[AccessControl]:
+    """The creator always keeps full access (an empty ACL becomes ``u:creator:rwa``)."""
+    return ensure_user_access(acl, creator, ALL)
+
+
+def normalize_for_set(acl: list[AccessControl], setter: str) -> list[AccessControl]:
+    """Whoever sets an ACL keeps ADMIN, so they can always fix it again."""
+    return ensure_user_access(acl, setter, ADMIN)
+
+
+def allowed(acl: Iterable[AccessControl], user: str, access: int) -> bool:
+    """Whether ``user`` holds every bit of ``access`` through a user or 'other' entry."""
+    have = 0
+    for e in acl:
+        if e.type == "o" or (e.type == "u" and e.name == user):
+            have |= e.access
+    return have & access == access
+
+
+def describe(access: int) -> str:
+    return "+".join(name for bit, name in _NAMES.items() if access & bit)

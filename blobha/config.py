@@ -1,0 +1,241 @@
+"""Master configuration: a TOML file, then environment overrides, then validation.
+
+Keys are dotted names (Storm's where Storm has the concept). In the file they may be written
+flat (``"blobstore.dir" = "/var/lib/blobha"``) or as TOML tables (``[blobstore] dir = ...``).
+Every key can be overridden by an environment variable: ``BLOBHA_`` + the key upper-cased with
+dots as underscores, e.g. ``BLOBHA_BLOBSTORE_WRITE_QUORUM=2``.
+
+Bad configuration fails at start with :class:`ConfigError` naming the key and what is allowed.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+class ConfigError(ValueError):
+    """Invalid configuration; the message names the key and the fix."""
+
+
+@dataclass(frozen=True)
+class Option:
+    key: str
+    default: Any
+    doc: str
+
+
+#: Every configuration key, its default and what it means. The README table is made from this.
+OPTIONS: tuple[Option, ...] = (
+    Option("blobstore.dir", "blobha-data", "Directory where this master keeps blobs."),
+    Option(
+        "blobstore.replication.factor",
+        3,
+        "Default replication factor of a new blob (capped at the number of live masters).",
+    ),
+    Option(
+        "blobstore.write.quorum",
+        1,
+        "Masters that must hold a new version durably before a create or update is acknowledged"
+        " (1 = the leader alone, Storm's behaviour). A request may override it.",
+    ),
+    Option(
+        "blobstore.write.timeout.secs",
+        30.0,
+        "How long a commit waits for the write quorum before failing with DEADLINE_EXCEEDED.",
+    ),
+    Option(
+        "blobstore.upload.expiration.secs",
+        600,
+        "Idle seconds after which an unfinished upload is aborted and its data deleted.",
+    ),
+    Option(
+        "blobstore.disk.reserved.bytes",
+        256 * 1024 * 1024,
+        "Free space an upload or a sync may never eat into; refused with RESOURCE_EXHAUSTED.",
+    ),
+    Option(
+        "blobstore.sync.period.secs",
+        30.0,
+        "Period of the full reconcile that backs up the watch-driven sync (Storm's"
+        " nimbus.code.sync.freq.secs; here only a safety net).",
+    ),
+    Option(
+        "blobstore.replica.grace.secs",
+        30.0,
+        "How long a holder may be gone before another master takes its place.",
+    ),
+    Option(
+        "blobstore.delete.grace.secs",
+        5.0,
+        "How long a master keeps the local copy of a key deleted in ZooKeeper.",
+    ),
+    Option(
+        "blobstore.versions.retained",
+        2,
+        "Versions of each key kept on disk (the committed one and older ones for roll-back).",
+    ),
+    Option(
+        "blobstore.sync.threads",
+        4,
+        "Parallel background downloads on a master.",
+    ),
+    Option("zookeeper.servers", "127.0.0.1:2181", "Comma-separated ZooKeeper host:port list."),
+    Option("zookeeper.chroot", "/blobha", "ZooKeeper path under which all blobha state lives."),
+    Option(
+        "zookeeper.session.timeout.ms",
+        20000,
+        "ZooKeeper session timeout (the server clamps it to 2x..20x its tickTime).",
+    ),
+    Option("master.listen", "0.0.0.0:6627", "host:port the gRPC server binds."),
+    Option(
+        "master.advertise",
+        "",
+        "host:port other masters and clients use to reach this master; its identity. Defaults"
+        " to master.listen with 127.0.0.1 for a wildcard host.",
+    ),
+    Option("master.principal", "blobha-master", "User name masters use with each other."),
+    Option("admins", [], "Users allowed every operation on every blob."),
+    Option("auth.mode", "simple", "Authenticator: 'simple' trusts the user name the client sends."),
+    Option("log.level", "INFO", "Logging level: DEBUG, INFO, WARNING or ERROR."),
+)
+
+_BY_KEY = {o.key: o for o in OPTIONS}
+
+
+@dataclass(frozen=True)
+class Config:
+    """A validated master configuration. Build one with :func:`load_config` or :meth:`of`."""
+
+    values: Mapping[str, Any] = field(default_factory=dict)
+
+    def __getitem__(self, key: str) -> Any:
+        return self.values[key]
+
+    @classmethod
+    def of(cls, overrides: Mapping[str, Any] | None = None) -> Config:
+        merged = {o.key: o.default for o in OPTIONS}
+        for k, v in (overrides or {}).items():
+            if k not in _BY_KEY:
+                raise ConfigError(f"unknown configuration key {k!r}; see 'blobha serve --help'")
+            merged[k] = v
+        return cls(_validate(merged))
+
+    # Typed accessors for the keys the code uses most.
+    @property
+    def data_dir(self) -> Path:
+        return Path(self.values["blobstore.dir"])
+
+    @property
+    def advertise(self) -> str:
+        return str(self.values["master.advertise"])
+
+    @property
+    def admins(self) -> frozenset[str]:
+        return frozenset(self.values["admins"])
+
+
+def _flatten(prefix: str, table: Mapping[str, Any], out: dict[str, Any]) -> None:
+    for k, v in table.items():
+        name = f"{prefix}.{k}" if prefix else k
+        if isinstance(v, dict) and name not in _BY_KEY:
+            _flatten(name, v, out)
+        else:
+            out[name] = v
+
+
+def env_name(key: str) -> str:
+    return "BLOBHA_" + key.upper().replace(".", "_")
+
+
+def load_config(path: str | os.PathLike[str] | None, env: Mapping[str, str] | None = None) -> Config:
+    """Read ``path`` (may be None), apply ``BLOBHA_*`` environment overrides, validate."""
+    raw: dict[str, Any] = {}
+    if path is not None:
+        try:
+            with open(path, "rb") as f:
+                _flatten("", tomllib.load(f), raw)
+        except FileNotFoundError:
+            raise ConfigError(f"configuration file {os.fspath(path)!r} does not exist") from None
+        except tomllib.TOMLDecodeError as e:
+            raise ConfigError(f"configuration file {os.fspath(path)!r} is not valid TOML: {e}") from None
+    env = os.environ if env is None else env
+    for option in OPTIONS:
+        text = env.get(env_name(option.key))
+        if text is not None:
+            raw[option.key] = _from_env(option, text)
+    return Config.of(raw)
+
+
+def _from_env(option: Option, text: str) -> Any:
+    if isinstance(option.default, list):
+        return [t.strip() for t in text.split(",") if t.strip()]
+    return text  # converted and checked by _validate
+
+
+def _validate(v: dict[str, Any]) -> dict[str, Any]:
+    def number(key: str, kind: type, minimum: float) -> None:
+        value = v[key]
+        try:
+            converted = kind(value)
+            if kind is int and isinstance(value, float) and value != int(value):
+                raise ValueError
+        except (TypeError, ValueError):
+            raise ConfigError(
+                f"{key} must be a {'whole ' if kind is int else ''}number, got {value!r}"
+            ) from None
+        if isinstance(value, bool) or converted < minimum:
+            raise ConfigError(f"{key} must be at least {minimum}, got {value!r}")
+        v[key] = converted
+
+    number("blobstore.replication.factor", int, 1)
+    number("blobstore.write.quorum", int, 1)
+    number("blobstore.write.timeout.secs", float, 0.1)
+    number("blobstore.upload.expiration.secs", int, 1)
+    number("blobstore.disk.reserved.bytes", int, 0)
+    number("blobstore.sync.period.secs", float, 0.1)
+    number("blobstore.replica.grace.secs", float, 0)
+    number("blobstore.delete.grace.secs", float, 0)
+    number("blobstore.versions.retained", int, 1)
+    number("blobstore.sync.threads", int, 1)
+    number("zookeeper.session.timeout.ms", int, 1000)
+
+    for key in ("blobstore.dir", "zookeeper.servers", "master.listen", "master.principal"):
+        if not isinstance(v[key], str) or not v[key].strip():
+            raise ConfigError(f"{key} must be a non-empty string, got {v[key]!r}")
+    for server in v["zookeeper.servers"].split(","):
+        _check_hostport("zookeeper.servers", server.strip(), allow_no_port=True)
+    chroot = v["zookeeper.chroot"]
+    if not isinstance(chroot, str) or not chroot.startswith("/") or chroot.endswith("/") and chroot != "/":
+        raise ConfigError(f"zookeeper.chroot must be an absolute path like /blobha, got {chroot!r}")
+    _check_hostport("master.listen", v["master.listen"])
+    if not v["master.advertise"]:
+        host, port = v["master.listen"].rsplit(":", 1)
+        v["master.advertise"] = f"{'127.0.0.1' if host in ('', '0.0.0.0', '::', '[::]') else host}:{port}"
+    _check_hostport("master.advertise", v["master.advertise"])
+    if v["master.advertise"].rsplit(":", 1)[0] in ("0.0.0.0", "::", "[::]"):
+        raise ConfigError("master.advertise must be an address others can reach, not a wildcard")
+    admins = v["admins"]
+    if not isinstance(admins, list) or not all(isinstance(a, str) and a for a in admins):
+        raise ConfigError(f"admins must be a list of user names, got {admins!r}")
+    if v["auth.mode"] != "simple":
+        raise ConfigError(f"auth.mode {v['auth.mode']!r} is not supported; use 'simple'")
+    level = str(v["log.level"]).upper()
+    if level not in ("DEBUG", "INFO", "WARNING", "ERROR"):
+        raise ConfigError(f"log.level must be DEBUG, INFO, WARNING or ERROR, got {v['log.level']!r}")
+    v["log.level"] = level
+    return v
+
+
+def _check_hostport(key: str, text: str, allow_no_port: bool = False) -> None:
+    if ":" not in text:
+        if allow_no_port and text:
+            return
+        raise ConfigError(f"{key} must be host:port, got {text!r}")
+    host, port = text.rsplit(":", 1)
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(f"{key} must be host:port with a port from 1 to 65535, got {text!r}")

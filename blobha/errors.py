@@ -1,0 +1,146 @@
+"""The error hierarchy, and its one mapping to and from gRPC status codes.
+
+Every error a user can see is a :class:`BlobError` subclass whose message says what to do.
+Servicers raise them; :func:`to_status` turns them into a gRPC status in exactly one place, and
+the client turns a status back into the same class with :func:`from_status`.
+"""
+
+from __future__ import annotations
+
+import grpc
+
+#: Trailing-metadata key naming the leader when a non-leader refuses a leader-only call.
+LEADER_METADATA_KEY = "x-blobha-leader"
+
+
+class BlobError(Exception):
+    """Base class of every blobha error. ``code`` is the gRPC status it maps to."""
+
+    code: grpc.StatusCode = grpc.StatusCode.INTERNAL
+    #: Process exit status used by the CLI for this class of error.
+    exit_code: int = 1
+
+
+class KeyNotFound(BlobError):
+    code = grpc.StatusCode.NOT_FOUND
+    exit_code = 3
+
+
+class KeyAlreadyExists(BlobError):
+    code = grpc.StatusCode.ALREADY_EXISTS
+    exit_code = 4
+
+
+class NotAuthorized(BlobError):
+    code = grpc.StatusCode.PERMISSION_DENIED
+    exit_code = 5
+
+
+class InvalidArgument(BlobError):
+    code = grpc.StatusCode.INVALID_ARGUMENT
+    exit_code = 6
+
+
+class NotLeader(BlobError):
+    """A leader-only call reached a follower. ``leader`` is where to go instead, if known."""
+
+    code = grpc.StatusCode.FAILED_PRECONDITION
+    exit_code = 7
+
+    def __init__(self, message: str, leader: str = "") -> None:
+        super().__init__(message)
+        self.leader = leader
+
+
+class VersionConflict(BlobError):
+    code = grpc.StatusCode.ABORTED
+    exit_code = 8
+
+
+class ChecksumMismatch(BlobError):
+    code = grpc.StatusCode.DATA_LOSS
+    exit_code = 9
+
+
+class ResourceExhausted(BlobError):
+    code = grpc.StatusCode.RESOURCE_EXHAUSTED
+    exit_code = 10
+
+
+class Unavailable(BlobError):
+    """ZooKeeper is unreachable, there is no leader yet, or leadership was lost mid-call."""
+
+    code = grpc.StatusCode.UNAVAILABLE
+    exit_code = 11
+
+
+class DeadlineExceeded(BlobError):
+    code = grpc.StatusCode.DEADLINE_EXCEEDED
+    exit_code = 12
+
+
+class UploadNotFound(BlobError):
+    """The upload id is unknown: it expired, was aborted, or its leader changed."""
+
+    code = grpc.StatusCode.NOT_FOUND
+    exit_code = 13
+
+
+class InternalError(BlobError):
+    code = grpc.StatusCode.INTERNAL
+    exit_code = 14
+
+
+_BY_CODE: dict[grpc.StatusCode, type[BlobError]] = {
+    grpc.StatusCode.NOT_FOUND: KeyNotFound,
+    grpc.StatusCode.ALREADY_EXISTS: KeyAlreadyExists,
+    grpc.StatusCode.PERMISSION_DENIED: NotAuthorized,
+    grpc.StatusCode.UNAUTHENTICATED: NotAuthorized,
+    grpc.StatusCode.INVALID_ARGUMENT: InvalidArgument,
+    grpc.StatusCode.OUT_OF_RANGE: InvalidArgument,
+    grpc.StatusCode.FAILED_PRECONDITION: NotLeader,
+    grpc.StatusCode.ABORTED: VersionConflict,
+    grpc.StatusCode.DATA_LOSS: ChecksumMismatch,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: ResourceExhausted,
+    grpc.StatusCode.UNAVAILABLE: Unavailable,
+    grpc.StatusCode.DEADLINE_EXCEEDED: DeadlineExceeded,
+    grpc.StatusCode.INTERNAL: InternalError,
+    grpc.StatusCode.UNKNOWN: InternalError,
+}
+
+# An upload-id miss and a key miss share NOT_FOUND on the wire; the message prefix tells them
+# apart so the client can raise the precise class.
+_UPLOAD_PREFIX = "upload "
+
+
+def to_status(error: BlobError) -> tuple[grpc.StatusCode, str, tuple[tuple[str, str], ...]]:
+    """The (code, details, trailing metadata) a servicer aborts with for ``error``."""
+    trailers: tuple[tuple[str, str], ...] = ()
+    if isinstance(error, NotLeader) and error.leader:
+        trailers = ((LEADER_METADATA_KEY, error.leader),)
+    return error.code, str(error), trailers
+
+
+def from_status(
+    code: grpc.StatusCode, details: str, trailers: tuple[tuple[str, str | bytes], ...] = ()
+) -> BlobError:
+    """The error a client raises for a failed call."""
+    if code == grpc.StatusCode.NOT_FOUND and details.startswith(_UPLOAD_PREFIX):
+        return UploadNotFound(details)
+    cls = _BY_CODE.get(code, InternalError)
+    if cls is NotLeader:
+        leader = ""
+        for k, v in trailers:
+            if k == LEADER_METADATA_KEY:
+                leader = v.decode() if isinstance(v, bytes) else v
+        return NotLeader(details, leader)
+    if code == grpc.StatusCode.UNAVAILABLE and not details:
+        details = "no master answered; check --cluster / BLOBHA_CLUSTER and that masters run"
+    return cls(details or code.name)
+
+
+def upload_not_found(upload_id: str) -> UploadNotFound:
+    return UploadNotFound(
+        f"{_UPLOAD_PREFIX}{upload_id!r} is unknown: it expired, was aborted or committed, or the"
+        " leader changed; begin a new upload"
+    )

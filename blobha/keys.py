@@ -1,0 +1,55 @@
+"""Blob keys: Storm's key rules, and a safe on-disk name for each key.
+
+A key matches ``^[\\w \\t._-]+$`` (``\\w`` is Unicode-aware, so ``données_2024`` is valid), is
+not ``.`` or ``..``, and is at most :data:`MAX_KEY_BYTES` bytes of UTF-8. That excludes ``/``
+(which would nest znodes or escape the blob directory) and ``:`` (which would collide with the
+``host:port-seq`` replica node names).
+"""
+
+from __future__ import annotations
+
+import re
+import urllib.parse
+
+import xxhash
+
+from blobha.errors import InvalidArgument
+
+MAX_KEY_BYTES = 512
+_KEY_RE = re.compile(r"^[\w \t._-]+$")
+# Longest directory name we produce; most file systems cap a name at 255 bytes.
+_MAX_DIRNAME = 200
+
+
+def validate_key(key: str) -> str:
+    """Return ``key`` unchanged if valid, else raise :class:`InvalidArgument` saying why."""
+    if not key:
+        raise InvalidArgument("the key is empty; give a key such as 'geo-table_v2'")
+    if len(key.encode("utf-8")) > MAX_KEY_BYTES:
+        raise InvalidArgument(f"the key is longer than {MAX_KEY_BYTES} bytes of UTF-8; shorten it")
+    if key in (".", ".."):
+        raise InvalidArgument(f"{key!r} is not a valid key; choose a name with letters or digits")
+    if not _KEY_RE.match(key) or "\n" in key:
+        raise InvalidArgument(
+            f"invalid key {key!r}: keys may contain only letters, digits, '_', '.', '-', space and"
+            " tab (no '/', ':' or other punctuation)"
+        )
+    return key
+
+
+def key_dirname(key: str) -> str:
+    """A file-system-safe, collision-free directory name for a valid key.
+
+    Readable when short: percent-encoding of everything but ``[A-Za-z0-9_.-]``; a leading dot is
+    encoded too so a key never becomes a hidden or special entry, and so is the ``h`` of a leading
+    ``h-`` so a short key never takes the name of a hashed long one. Long encodings fall back to a
+    hash, and the key itself is always recorded inside the directory.
+    """
+    name = urllib.parse.quote(key, safe="_-.")
+    if name.startswith("."):
+        name = "%2E" + name[1:]
+    elif name.startswith("h-"):
+        name = "%68" + name[1:]
+    if len(name) > _MAX_DIRNAME:
+        name = "h-" + xxhash.xxh3_128_hexdigest(key.encode("utf-8"))
+    return name

@@ -1,0 +1,794 @@
+"""A blob master: the operations of the blob store, wired to ZooKeeper, the local store, the
+election and the synchroniser. The gRPC servicer (:mod:`blobha.service`) is a thin edge over it.
+
+Write path (ha-rule 13)::
+
+    temp file -> append chunks -> fsync -> verify size and digest -> rename into place
+    -> fsync directory -> fenced ZooKeeper commit -> register replica node
+    -> wait until W masters hold the version -> mark it acknowledged -> answer the client
+
+Guarantee: a create or update that returned success is held durably (fsynced, digest-verified)
+by at least W masters, and is the committed version of its key at that moment. A later version
+may replace it, a delete may remove it, but no failure rolls it back: roll-back only ever applies
+to a version that was never acknowledged and that no live master holds.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import os
+import signal
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
+from typing import Any
+
+import grpc
+from kazoo.client import KazooClient, KazooState
+from kazoo.exceptions import (
+    BadVersionError,
+    ConnectionLoss,
+    KazooException,
+    NodeExistsError,
+    NoNodeError,
+    NotEmptyError,
+)
+from kazoo.protocol.states import WatchedEvent
+from kazoo.retry import KazooRetry
+
+from blobha import acl as acls
+from blobha import zkstate
+from blobha.acl import AccessControl
+from blobha.config import Config, ConfigError, load_config
+from blobha.digest import is_digest
+from blobha.errors import (
+    BlobError,
+    DeadlineExceeded,
+    InvalidArgument,
+    KeyAlreadyExists,
+    KeyNotFound,
+    NotAuthorized,
+    NotLeader,
+    Unavailable,
+    VersionConflict,
+)
+from blobha.keys import validate_key
+from blobha.leader import Deposed, LeaderElection
+from blobha.peers import Peers, PeerStatus
+from blobha.store import LocalStore, VersionInfo
+from blobha.sync import KeyView, Membership, SyncSettings, Synchronizer
+from blobha.uploads import UploadManager
+from blobha.version import __version__
+from blobha.zkstate import BLOBSTORE, EPOCH, BlobState, EpochRecord, PastVersion, key_path
+
+log = logging.getLogger(__name__)
+
+DEFAULT_PAGE = 100
+MAX_PAGE = 1000
+
+
+@dataclass(frozen=True)
+class ReplicationInfo:
+    key: str
+    seq: int
+    replication: int
+    replication_factor: int
+    holders: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class ClusterView:
+    masters: tuple[PeerStatus, ...]
+    leader: str
+    epoch: int
+    blob_count: int
+    under_replicated: int
+
+
+class Master:
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.identity = config.advertise
+        self.principal = str(config["master.principal"])
+        self.admins = config.admins
+        self.started = time.monotonic()
+        self.session_timeout = config["zookeeper.session.timeout.ms"] / 1000.0
+        self.store = LocalStore(config.data_dir, config["blobstore.disk.reserved.bytes"])
+        hosts = config["zookeeper.servers"] + config["zookeeper.chroot"]
+        self.zk = KazooClient(
+            hosts=hosts,
+            timeout=self.session_timeout,
+            # Reconnect forever, but never let kazoo retry our *operations* across sessions:
+            # a leader write must not land on a fresh session after leadership was lost.
+            connection_retry=KazooRetry(max_tries=-1, max_delay=2.0),
+            command_retry=KazooRetry(max_tries=0, ignore_expire=False),
+        )
+        self.peers = Peers(self.principal)
+        self.uploads = UploadManager(self.store, config["blobstore.upload.expiration.secs"])
+        self.election = LeaderElection(
+            self.zk, self.identity, self.session_timeout, self._on_elected, self._on_deposed
+        )
+        self.membership = Membership(
+            self.zk, self.identity, config["blobstore.replica.grace.secs"],
+            on_change=self._membership_changed,
+            info={"address": self.identity, "version": __version__, "pid": os.getpid(),
+                  "host": socket.gethostname()},
+        )
+        self.sync = Synchronizer(
+            self.zk, self.store, self.identity, self.peers, self.membership,
+            SyncSettings(
+                replica_grace_secs=config["blobstore.replica.grace.secs"],
+                delete_grace_secs=config["blobstore.delete.grace.secs"],
+                period_secs=config["blobstore.sync.period.secs"],
+                versions_retained=config["blobstore.versions.retained"],
+                threads=config["blobstore.sync.threads"],
+            ),
+            is_leader=lambda: self.election.is_leader,
+            leader_duty=self._leader_duty,
+            deletions_allowed=self._deletions_allowed,
+            key_lock=self.store.key_lock,
+        )
+        self._cluster_id_ok = False
+        self._server: grpc.Server | None = None
+        self._stopped = threading.Event()
+        self._summary_pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="summary")
+
+    # ---- lifecycle -----------------------------------------------------------------------
+
+    def start(self, serve: bool = True) -> None:
+        from blobha.service import add_to_server, new_server
+
+        try:
+            self.zk.start(timeout=max(15.0, self.session_timeout))
+        except Exception as e:
+            raise Unavailable(
+                f"cannot reach ZooKeeper at {self.config['zookeeper.servers']} ({e}); check"
+                " zookeeper.servers and that the ensemble runs"
+            ) from None
+        for root in zkstate.ALL_ROOTS:
+            self.zk.ensure_path(root)
+        self._check_cluster_identity()
+        self.uploads.start()
+        if serve:
+            self._server = new_server()
+            add_to_server(self, self._server)
+            if self._server.add_insecure_port(self.config["master.listen"]) == 0:
+                raise ConfigError(f"cannot listen on {self.config['master.listen']}: in use?")
+            self._server.start()
+        self.membership.register()
+        self.sync.start()
+        self.election.start()
+        log.info("master %s serving (blobha %s, data in %s)", self.identity, __version__,
+                 self.store.root)
+
+    def stop(self) -> None:
+        """Graceful stop: resign leadership at once, abort uploads, drain, disconnect."""
+        if self._stopped.is_set():
+            return
+        self._stopped.set()
+        log.info("stopping master %s", self.identity)
+        was_leader = self.election.is_leader
+        self.election.stop(resign=True)
+        if was_leader:
+            log.info("leadership handed over")
+        self.uploads.stop()
+        if self._server is not None:
+            self._server.stop(grace=2.0).wait(3.0)
+        self.sync.stop()
+        self.peers.close()
+        self._summary_pool.shutdown(wait=False, cancel_futures=True)
+        try:
+            self.zk.stop()
+            self.zk.close()
+        except Exception:
+            log.debug("ZooKeeper close failed", exc_info=True)
+
+    def wait_stopped(self, timeout: float | None = None) -> bool:
+        return self._stopped.wait(timeout)
+
+    # ---- cluster identity (ha-rule 10) -----------------------------------------------------
+
+    def _check_cluster_identity(self) -> None:
+        """Remember which ZooKeeper state this store belongs to. A wiped or foreign ZooKeeper
+        must not make this master delete its blobs."""
+        local_file = self.store.root / "cluster.json"
+        try:
+            self.zk.create(BLOBSTORE + "-id", uuid.uuid4().hex.encode())
+        except NodeExistsError:
+            pass
+        zk_id = self.zk.get(BLOBSTORE + "-id")[0].decode()
+        local_id = ""
+        if local_file.exists():
+            local_id = json.loads(local_file.read_text())["cluster_id"]
+        if not local_id:
+            local_file.write_text(json.dumps({"cluster_id": zk_id}))
+            local_id = zk_id
+        self._cluster_id_ok = local_id == zk_id
+        if not self._cluster_id_ok:
+            log.error(
+                "ALERT: this store belongs to cluster %s but ZooKeeper holds cluster %s (wiped or"
+                " foreign ZooKeeper?). Refusing to delete any local blob. Fix zookeeper.servers /"
+                " zookeeper.chroot, or move %s aside to join this cluster.",
+                local_id, zk_id, local_file,
+            )
+
+    def _deletions_allowed(self) -> bool:
+        return self._cluster_id_ok
+
+    # ---- election callbacks ---------------------------------------------------------------
+
+    def _on_elected(self, epoch: int) -> None:
+        # ha-rule 4: do not report leadership before reconciling with ZooKeeper. Blobs the
+        # leader lacks are fetched in the background; it does not need them to lead.
+        self.uploads.abort_all("a new leadership term began")
+        self.membership.refresh()
+        self.sync.reconcile_all()
+
+    def _on_deposed(self) -> None:
+        self.uploads.abort_all("this master is no longer the leader")
+
+    def _membership_changed(self) -> None:
+        self.sync.membership_changed()
+
+    # ---- authorisation -------------------------------------------------------------------
+
+    def privileged(self, user: str) -> bool:
+        return user in self.admins or user == self.principal
+
+    def _check(self, user: str, acl: tuple[AccessControl, ...] | list[AccessControl],
+               access: int, key: str) -> None:
+        if self.privileged(user) or acls.allowed(acl, user, access):
+            return
+        raise NotAuthorized(
+            f"user {user!r} lacks {acls.describe(access)} permission on {key!r}; ask a user"
+            " with ADMIN on it to grant access ('blobha set-acl')"
+        )
+
+    def _require_leader(self) -> None:
+        if self.election.is_leader:
+            return
+        if self.zk.state != KazooState.CONNECTED:
+            raise Unavailable(
+                f"master {self.identity} has lost its ZooKeeper connection; retry shortly or use"
+                " another master"
+            )
+        leader = self.election.leader_address
+        if leader and leader != self.identity:
+            raise NotLeader(f"{self.identity} is not the leader; send this to {leader}", leader)
+        raise Unavailable("no leader is ready yet (election in progress); retry in a moment")
+
+    def _require_zk(self) -> None:
+        if self.zk.state != KazooState.CONNECTED:
+            raise Unavailable(
+                f"ZooKeeper is unreachable from master {self.identity}; retry shortly or ask"
+                " another master"
+            )
+
+    def _read_state(self, key: str, watch: Callable[[WatchedEvent], None] | None = None
+                    ) -> BlobState | None:
+        self._require_zk()
+        try:
+            data, stat = self.zk.get(key_path(key), watch=watch)
+        except NoNodeError:
+            return None
+        return BlobState.decode(data, stat.version)
+
+    def _state_or_404(self, key: str) -> BlobState:
+        state = self._read_state(key)
+        if state is None:
+            raise KeyNotFound(f"no blob with key {key!r}; 'blobha list' shows the keys")
+        return state
+
+    # ---- uploads -------------------------------------------------------------------------
+
+    def begin_upload(
+        self, user: str, key: str, create: bool, acl: list[AccessControl], replication_factor: int,
+        expected_version: int, size_hint: int, write_quorum: int,
+    ) -> tuple[str, int]:
+        self._require_leader()
+        validate_key(key)
+        acls.check_duplicates(acl)
+        rf = replication_factor or self.config["blobstore.replication.factor"]
+        if rf < 1:
+            raise InvalidArgument("the replication factor must be at least 1")
+        if write_quorum:
+            if write_quorum > rf:
+                raise InvalidArgument(
+                    f"write quorum {write_quorum} exceeds the replication factor {rf}; lower it"
+                )
+            w = write_quorum
+        else:
+            w = min(self.config["blobstore.write.quorum"], rf)
+        state = self._read_state(key)
+        if create:
+            if state is not None:
+                raise KeyAlreadyExists(f"key {key!r} already exists; use 'blobha update'")
+            acl = acls.normalize_for_create(acl, user)
+        else:
+            if state is None:
+                raise KeyNotFound(f"no blob with key {key!r}; use 'blobha create' first")
+            self._check(user, state.acl, acls.WRITE, key)
+            if expected_version and state.seq != expected_version:
+                raise VersionConflict(
+                    f"{key!r} is at version {state.seq}, not {expected_version}; re-read and retry"
+                )
+            rf = state.replication_factor
+            w = min(w, rf)
+        if size_hint >= 0:
+            self.store.reserve(size_hint)
+        up = self.uploads.begin(user, key, create, acl, rf, expected_version, w)
+        return up.upload_id, int(self.uploads.expiration_secs)
+
+    def append(self, user: str, upload_id: str, offset: int, data: bytes) -> int:
+        up = self.uploads.get(upload_id, user)
+        with up.lock:
+            if data:
+                self.store.reserve(len(data))
+                try:
+                    up.temp.write_at(offset, data)
+                except ValueError:
+                    # The file was discarded under us (expiry or lost leadership).
+                    from blobha.errors import upload_not_found
+
+                    raise upload_not_found(upload_id) from None
+            return up.temp.size
+
+    def upload_status(self, user: str, upload_id: str) -> int:
+        return self.uploads.get(upload_id, user).temp.size
+
+    def abort(self, user: str, upload_id: str) -> None:
+        self.uploads.abort(upload_id, user)
+
+    def commit(self, user: str, upload_id: str, size: int, digest: str
+               ) -> tuple[str, BlobState, int]:
+        self._require_leader()
+        up = self.uploads.take(upload_id, user)
+        key = up.key
+        with up.lock, self.store.key_lock(key):
+            try:
+                if not is_digest(digest):
+                    raise InvalidArgument(
+                        "the digest must be the xxh3-128 of the content as 32 lower-case hex digits"
+                    )
+                state = self._read_state(key)
+                now = time.time()
+                epoch = self.election.epoch
+                if up.create:
+                    if state is not None:
+                        raise KeyAlreadyExists(f"key {key!r} was created meanwhile; use update")
+                    new = BlobState(
+                        seq=1, size=size, digest=digest, acl=tuple(up.acl),
+                        replication_factor=up.replication_factor, creator=user, created_at=now,
+                        updated_at=now, epoch=epoch, acked=False, write_quorum=up.write_quorum,
+                    )
+                else:
+                    if state is None:
+                        raise KeyNotFound(f"key {key!r} was deleted meanwhile; nothing stored")
+                    self._check(user, state.acl, acls.WRITE, key)
+                    if up.expected_version and state.seq != up.expected_version:
+                        raise VersionConflict(
+                            f"{key!r} moved to version {state.seq} during the upload; re-read and"
+                            " retry"
+                        )
+                    new = state.with_new_version(
+                        state.seq + 1, size, digest, now, epoch, up.write_quorum,
+                        self.config["blobstore.versions.retained"],
+                    )
+                self.store.install(key, new.seq, up.temp, size, digest)
+            except BaseException:
+                up.temp.discard()
+                raise
+            try:
+                committed = self._commit_state(key, new, create=up.create, previous=state)
+            except BaseException:
+                self.store.delete_version(key, new.seq)
+                raise
+            self.sync.register_replica(key, committed.seq)
+        log.info("committed %r v%d (%d bytes, epoch %d) for %r", key, committed.seq, size,
+                 committed.epoch, user)
+        reached, info = self._await_holders(key, committed, committed.write_quorum)
+        if not reached:
+            raise DeadlineExceeded(
+                f"{key!r} v{committed.seq} is committed but only {info.replication} of the"
+                f" {committed.write_quorum} required masters hold it after"
+                f" {self.config['blobstore.write.timeout.secs']}s, so it was NOT acknowledged;"
+                " check 'blobha cluster' and retry the update"
+            )
+        final = self._mark_acked(key, committed)
+        self.sync.schedule(key)
+        return key, final, info.replication
+
+    def _commit_state(self, key: str, new: BlobState, create: bool,
+                      previous: BlobState | None) -> BlobState:
+        path = key_path(key)
+
+        def build(txn: Any) -> None:
+            if create:
+                txn.create(path, new.encode())
+            else:
+                assert previous is not None
+                txn.set_data(path, new.encode(), version=previous.meta_version)
+
+        try:
+            self.election.fenced(build)
+        except Deposed:
+            raise Unavailable(
+                "leadership was lost before the commit; nothing was committed, retry (the client"
+                " finds the new leader)"
+            ) from None
+        except NodeExistsError:
+            raise KeyAlreadyExists(f"key {key!r} was created meanwhile; use update") from None
+        except (BadVersionError, NoNodeError):
+            raise VersionConflict(f"{key!r} changed during the commit; retry") from None
+        except ConnectionLoss:
+            # ha-rule: after ConnectionLoss the write may or may not have applied: re-read.
+            return self._resolve_unknown_commit(key, new)
+        after = self._read_state(key)
+        if after is None or after.seq != new.seq or after.digest != new.digest:
+            raise VersionConflict(f"{key!r} changed right after the commit; retry")
+        return after
+
+    def _resolve_unknown_commit(self, key: str, new: BlobState) -> BlobState:
+        deadline = time.monotonic() + self.session_timeout
+        while time.monotonic() < deadline:
+            try:
+                after = self._read_state(key)
+            except (Unavailable, KazooException):
+                self._stopped.wait(0.2)
+                continue
+            if (after is not None and after.seq == new.seq and after.digest == new.digest
+                    and after.epoch == new.epoch):
+                return after
+            raise Unavailable(f"the commit of {key!r} did not apply (ZooKeeper hiccup); retry")
+        raise Unavailable(
+            f"ZooKeeper became unreachable during the commit of {key!r}; its outcome is unknown:"
+            " re-read the key's metadata before retrying"
+        )
+
+    def _mark_acked(self, key: str, state: BlobState) -> BlobState:
+        for _ in range(5):
+            current = self._read_state(key)
+            if current is None or current.seq != state.seq or current.digest != state.digest:
+                return state  # superseded or deleted meanwhile; nothing to mark
+            if current.acked:
+                return current
+            marked = replace(current, acked=True)
+            try:
+                self.election.fenced(
+                    lambda txn, m=marked, c=current: txn.set_data(
+                        key_path(key), m.encode(), version=c.meta_version
+                    )
+                )
+            except BadVersionError:
+                continue
+            except Deposed:
+                raise Unavailable(
+                    f"leadership was lost while acknowledging {key!r} v{state.seq}; it is"
+                    " committed but unacknowledged: re-read the metadata and retry if needed"
+                ) from None
+            return replace(marked, meta_version=current.meta_version + 1)
+        return state
+
+    def _await_holders(self, key: str, state: BlobState, minimum: int
+                       ) -> tuple[bool, ReplicationInfo]:
+        deadline = time.monotonic() + self.config["blobstore.write.timeout.secs"]
+        reached, infos = self._wait(
+            [key], minimum, deadline, seq_of={key: state.seq}, require_leader=True
+        )
+        return reached, infos[0]
+
+    # ---- reads ---------------------------------------------------------------------------
+
+    def get_meta(self, user: str, key: str) -> tuple[BlobState, int]:
+        validate_key(key)
+        state = self._state_or_404(key)
+        self._check(user, state.acl, acls.READ, key)
+        return state, self._replication(key, state).replication
+
+    def open_download(
+        self, user: str, key: str, version: int, offset: int, length: int,
+    ) -> tuple[VersionInfo, Iterator[bytes]]:
+        validate_key(key)
+        if self.privileged(user) and version:
+            # Masters syncing from each other may ask for any version this master keeps.
+            info = self.store.info(key, version)
+            if info is None:
+                raise KeyNotFound(f"not held here: {self.identity} has no v{version} of {key!r}")
+            return info, self.store.read(key, version, offset, length)
+        state = self._state_or_404(key)
+        self._check(user, state.acl, acls.READ, key)
+        seq = version or state.seq
+        if seq > state.seq:
+            raise KeyNotFound(f"{key!r} has no version {seq}; the latest is {state.seq}")
+        info = self.store.info(key, seq)
+        if info is None or (seq == state.seq and info.digest != state.digest):
+            raise KeyNotFound(
+                f"not held here: {self.identity} does not hold v{seq} of {key!r}; read from a"
+                " replica listed by GetReplication"
+            )
+        if offset > info.size:
+            raise InvalidArgument(f"offset {offset} is past the end of {key!r} ({info.size} bytes)")
+        return info, self.store.read(key, seq, offset, length)
+
+    def list_keys(self, prefix: str, page_token: str, page_size: int) -> tuple[list[str], str]:
+        self._require_zk()
+        size = min(page_size or DEFAULT_PAGE, MAX_PAGE)
+        after = ""
+        if page_token:
+            try:
+                after = base64.urlsafe_b64decode(page_token.encode()).decode()
+            except (ValueError, UnicodeDecodeError):
+                raise InvalidArgument("bad page token; start the listing again") from None
+        keys = sorted(k for k in self.zk.get_children(BLOBSTORE) if k.startswith(prefix))
+        if after:
+            keys = [k for k in keys if k > after]
+        page = keys[:size]
+        token = ""
+        if len(keys) > size:
+            token = base64.urlsafe_b64encode(page[-1].encode()).decode()
+        return page, token
+
+    def _replication(self, key: str, state: BlobState,
+                     watch: Callable[[WatchedEvent], None] | None = None) -> ReplicationInfo:
+        try:
+            names = self.zk.get_children(key_path(key), watch=watch)
+        except NoNodeError:
+            names = []
+        holders = zkstate.holders(names, state.seq)
+        return ReplicationInfo(key, state.seq, len(holders), state.replication_factor,
+                               tuple(holders))
+
+    def get_replication(self, user: str, key: str) -> ReplicationInfo:
+        validate_key(key)
+        state = self._state_or_404(key)
+        self._check(user, state.acl, acls.READ, key)
+        return self._replication(key, state)
+
+    def wait_for_replication(self, user: str, keys: list[str], minimum: int, timeout: float
+                             ) -> tuple[bool, list[ReplicationInfo], float]:
+        if not keys:
+            raise InvalidArgument("name at least one key to wait for")
+        if minimum < 1:
+            raise InvalidArgument("the minimum replication must be at least 1")
+        for key in keys:
+            validate_key(key)
+            self._check(user, self._state_or_404(key).acl, acls.READ, key)
+        started = time.monotonic()
+        deadline = float("inf") if timeout < 0 else started + timeout
+        reached, infos = self._wait(keys, minimum, deadline)
+        return reached, infos, time.monotonic() - started
+
+    def _wait(
+        self, keys: list[str], minimum: int, deadline: float,
+        seq_of: dict[str, int] | None = None, require_leader: bool = False,
+    ) -> tuple[bool, list[ReplicationInfo]]:
+        """Wait on ZooKeeper watches until every key has ``minimum`` holders of its committed
+        version (or of ``seq_of[key]``), or the deadline passes (ha-rule 11)."""
+        changed = threading.Event()
+
+        def on_change(event: WatchedEvent) -> None:
+            changed.set()
+
+        while True:
+            changed.clear()
+            infos = []
+            for key in keys:
+                state = self._read_state(key, watch=on_change)
+                if state is None:
+                    raise KeyNotFound(f"{key!r} was deleted while waiting for its replication")
+                if seq_of is not None and state.seq != seq_of[key]:
+                    state = replace(state, seq=seq_of[key])
+                infos.append(self._replication(key, state, watch=on_change))
+            if all(i.replication >= minimum for i in infos):
+                return True, infos
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or self._stopped.is_set():
+                return False, infos
+            if require_leader and not self.election.is_leader:
+                raise Unavailable("leadership was lost while waiting for the write quorum; retry")
+            # Watches wake us; the cap only bounds how stale the leadership check can be.
+            changed.wait(min(remaining, 1.0))
+
+    # ---- metadata changes ---------------------------------------------------------------
+
+    def set_meta(
+        self, user: str, key: str, acl: list[AccessControl] | None, replication_factor: int,
+        expected_meta_version: int,
+    ) -> BlobState:
+        self._require_leader()
+        validate_key(key)
+        if acl is not None:
+            acls.check_duplicates(acl)
+        for _ in range(5):
+            state = self._state_or_404(key)
+            self._check(user, state.acl, acls.ADMIN, key)
+            if expected_meta_version and state.meta_version != expected_meta_version:
+                raise VersionConflict(
+                    f"{key!r} metadata is at version {state.meta_version}, not"
+                    f" {expected_meta_version}; re-read and retry"
+                )
+            new = state
+            if acl is not None:
+                new = replace(new, acl=tuple(acls.normalize_for_set(acl, user)))
+            if replication_factor:
+                new = replace(new, replication_factor=replication_factor)
+            try:
+                self.election.fenced(
+                    lambda txn, n=new, s=state: txn.set_data(
+                        key_path(key), n.encode(), version=s.meta_version
+                    )
+                )
+            except BadVersionError:
+                continue
+            except NoNodeError:
+                raise KeyNotFound(f"{key!r} was deleted meanwhile") from None
+            except Deposed:
+                raise Unavailable("leadership was lost; nothing changed, retry") from None
+            log.info("meta of %r changed by %r: acl=%s rf=%d", key, user,
+                     acls.format_acl(new.acl), new.replication_factor)
+            self.sync.schedule(key)
+            return replace(new, meta_version=state.meta_version + 1)
+        raise VersionConflict(f"{key!r} kept changing; retry")
+
+    def delete(self, user: str, key: str) -> None:
+        self._require_leader()
+        validate_key(key)
+        path = key_path(key)
+        for _ in range(10):
+            state = self._state_or_404(key)
+            self._check(user, state.acl, acls.WRITE, key)
+            names = self.zk.get_children(path)
+
+            def build(txn: Any, names: list[str] = names, version: int = state.meta_version
+                      ) -> None:
+                # Replica nodes belong to other sessions; deleting them with the key in one
+                # transaction keeps replicas from ever seeing a half-deleted key.
+                for n in names:
+                    txn.delete(f"{path}/{n}")
+                txn.delete(path, version=version)
+
+            try:
+                self.election.fenced(build)
+            except (NotEmptyError, BadVersionError, NoNodeError):
+                continue  # a replica registered or the meta changed meanwhile: re-read
+            except Deposed:
+                raise Unavailable("leadership was lost; nothing was deleted, retry") from None
+            log.info("deleted %r (was v%d) for %r", key, state.seq, user)
+            return
+        raise Unavailable(f"{key!r} kept changing while being deleted; retry")
+
+    # ---- leader duties --------------------------------------------------------------------
+
+    def _leader_duty(self, key: str, view: KeyView) -> None:
+        state = view.state
+        holders = view.holders()
+        if state.acked:
+            return
+        if holders and len(holders) >= state.write_quorum:
+            self._mark_acked(key, state)
+        elif not holders and state.epoch != self.election.epoch:
+            self._roll_back(key, state)
+
+    def _roll_back(self, key: str, state: BlobState) -> None:
+        """A version committed by an earlier leader, never acknowledged, held by no live master:
+        return the key to the newest version still available, so it never stays unreadable."""
+        with self.store.key_lock(key):
+            for past in state.history:
+                source = self._obtain(key, past)
+                if source is None:
+                    continue
+                new = replace(
+                    state.with_new_version(
+                        state.seq + 1, past.size, past.digest, time.time(), self.election.epoch,
+                        state.write_quorum, self.config["blobstore.versions.retained"],
+                    ),
+                    acked=True,
+                )
+                self.store.install_copy(key, new.seq, source)
+                try:
+                    self.election.fenced(lambda txn: txn.set_data(
+                        key_path(key), new.encode(), version=state.meta_version))
+                except BaseException:
+                    self.store.delete_version(key, new.seq)
+                    raise
+                log.warning("ROLL-BACK: %r v%d was never acknowledged and no live master holds"
+                            " it; restored the content of v%d as v%d", key, state.seq, past.seq,
+                            new.seq)
+                self.sync.schedule(key)
+                return
+            if state.seq == 1 or not state.history:
+                self.election.fenced(lambda txn: (
+                    [txn.delete(f"{key_path(key)}/{n}") for n in self.zk.get_children(key_path(key))],
+                    txn.delete(key_path(key), version=state.meta_version)))
+                log.warning("ROLL-BACK: the create of %r was never acknowledged and no live master"
+                            " holds it; removed the key", key)
+                return
+        log.error("%r v%d is unacknowledged, unheld and no earlier version is available", key,
+                  state.seq)
+
+    def _obtain(self, key: str, past: PastVersion) -> VersionInfo | None:
+        local = self.store.find_by_digest(key, past.digest, past.size)
+        if local is not None:
+            return local
+        temp = self.store.new_temp("rollback")
+        for address in sorted(self.membership.live() - {self.identity}):
+            try:
+                self.peers.fetch(address, key, past.seq, past.digest, temp, 60.0)
+                return self.store.install(key, past.seq, temp, past.size, past.digest)
+            except BlobError:
+                temp.discard()
+                temp = self.store.new_temp("rollback")
+        temp.discard()
+        return None
+
+    # ---- status --------------------------------------------------------------------------
+
+    def node_status(self) -> PeerStatus:
+        count, stored = self.store.usage()
+        _, _, lag = self.sync.figures()
+        return PeerStatus(
+            address=self.identity, is_leader=self.election.is_leader,
+            uptime_secs=time.monotonic() - self.started, version=__version__, blob_count=count,
+            bytes_stored=stored, disk_free=self.store.disk_free(), lag_blobs=lag,
+            epoch=self.election.epoch,
+        )
+
+    def cluster_summary(self) -> ClusterView:
+        self._require_zk()
+        members = sorted(self.membership.live() | {self.identity})
+
+        def ask(address: str) -> PeerStatus:
+            if address == self.identity:
+                return self.node_status()
+            try:
+                return self.peers.status(address, timeout=1.5)
+            except BlobError:
+                return PeerStatus(address, False, 0.0, "", 0, 0, 0, 0, 0, reachable=False)
+
+        statuses = list(self._summary_pool.map(ask, members))
+        try:
+            epoch = EpochRecord.decode(self.zk.get(EPOCH)[0])
+        except NoNodeError:
+            epoch = EpochRecord(0, "")
+        leaders = [s.address for s in statuses if s.is_leader]
+        _, under, _ = self.sync.figures()
+        blob_count = len(self.zk.get_children(BLOBSTORE))
+        return ClusterView(tuple(statuses), leaders[0] if leaders else "", epoch.epoch,
+                           blob_count, under)
+
+
+def serve_main(config_path: str | None) -> int:
+    """``blobha serve --config FILE``: run one master until SIGTERM or SIGINT."""
+    try:
+        config = load_config(config_path)
+    except ConfigError as e:
+        print(f"blobha: configuration error: {e}", flush=True)
+        return 2
+    logging.basicConfig(
+        level=config["log.level"],
+        format=f"%(asctime)s %(levelname)s [{config.advertise}] %(name)s: %(message)s",
+    )
+    # kazoo logs every reconnect attempt at WARNING; its state changes are logged by us.
+    logging.getLogger("kazoo.client").setLevel(logging.ERROR)
+    try:
+        master = Master(config)
+        master.start()
+    except (ConfigError, BlobError, OSError) as e:
+        log.error("cannot start: %s", e)
+        return 1
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: object) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    stop.wait()
+    master.stop()
+    return 0

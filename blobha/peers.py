@@ -1,0 +1,124 @@
+"""Master-to-master calls: fetching a version for sync, and asking a peer for its status.
+
+This is the gRPC edge of the synchroniser and the cluster summary: it takes and returns plain
+values, so the sync logic never sees protobuf or channels.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import grpc
+
+from blobha.errors import BlobError, ChecksumMismatch, from_status
+from blobha.store import TempBlob
+from blobha.v1 import blobha_pb2 as pb
+from blobha.v1 import blobha_pb2_grpc as pb_grpc
+
+USER_METADATA_KEY = "x-blobha-user"
+MAX_MESSAGE = 8 * 1024 * 1024
+CHANNEL_OPTIONS = [
+    ("grpc.max_send_message_length", MAX_MESSAGE),
+    ("grpc.max_receive_message_length", MAX_MESSAGE),
+    # Fail fast on a dead peer instead of waiting out TCP's retransmission timeout.
+    ("grpc.keepalive_time_ms", 10000),
+    ("grpc.keepalive_timeout_ms", 5000),
+]
+
+
+@dataclass(frozen=True)
+class PeerStatus:
+    address: str
+    is_leader: bool
+    uptime_secs: float
+    version: str
+    blob_count: int
+    bytes_stored: int
+    disk_free: int
+    lag_blobs: int
+    epoch: int
+    reachable: bool = True
+
+
+def status_from_pb(m: pb.MasterSummary) -> PeerStatus:
+    return PeerStatus(m.address, m.is_leader, m.uptime_secs, m.version, m.blob_count,
+                      m.bytes_stored, m.disk_free, m.lag_blobs, m.epoch, m.reachable)
+
+
+def status_to_pb(s: PeerStatus) -> pb.MasterSummary:
+    return pb.MasterSummary(
+        address=s.address, is_leader=s.is_leader, uptime_secs=s.uptime_secs, version=s.version,
+        blob_count=s.blob_count, bytes_stored=s.bytes_stored, disk_free=s.disk_free,
+        lag_blobs=s.lag_blobs, reachable=s.reachable, epoch=s.epoch,
+    )
+
+
+class Peers:
+    """Channels to the other masters, authenticated as the master principal."""
+
+    def __init__(self, principal: str) -> None:
+        self._metadata = ((USER_METADATA_KEY, principal),)
+        self._stubs: dict[str, pb_grpc.BlobStoreStub] = {}
+        self._channels: dict[str, grpc.Channel] = {}
+        self._guard = threading.Lock()
+
+    def _stub(self, address: str) -> pb_grpc.BlobStoreStub:
+        with self._guard:
+            stub = self._stubs.get(address)
+            if stub is None:
+                channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+                self._channels[address] = channel
+                stub = self._stubs[address] = pb_grpc.BlobStoreStub(channel)
+            return stub
+
+    def close(self) -> None:
+        with self._guard:
+            for c in self._channels.values():
+                c.close()
+            self._channels.clear()
+            self._stubs.clear()
+
+    def fetch(
+        self, address: str, key: str, seq: int, digest: str, dest: TempBlob, timeout: float,
+    ) -> None:
+        """Append version ``seq`` of ``key`` from ``address`` to ``dest``, resuming at its size.
+
+        Raises a :class:`BlobError` on failure; ``dest`` keeps what arrived, so the caller can
+        resume from another replica.
+        """
+        request = pb.DownloadRequest(key=key, version=seq, offset=dest.size)
+        try:
+            stream: Iterator[pb.DownloadChunk] = self._stub(address).Download(
+                request, timeout=timeout, metadata=self._metadata
+            )
+            first = True
+            for chunk in stream:
+                if first:
+                    first = False
+                    if chunk.info.digest != digest:
+                        raise ChecksumMismatch(
+                            f"{address} offers {key!r} v{seq} with digest {chunk.info.digest},"
+                            f" ZooKeeper says {digest}"
+                        )
+                if chunk.data:
+                    dest.write_at(dest.size, chunk.data)
+        except grpc.RpcError as e:
+            raise _error(e) from None
+
+    def status(self, address: str, timeout: float) -> PeerStatus:
+        try:
+            reply = self._stub(address).NodeStatus(
+                pb.NodeStatusRequest(), timeout=timeout, metadata=self._metadata
+            )
+        except grpc.RpcError as e:
+            raise _error(e) from None
+        return status_from_pb(reply)
+
+
+def _error(e: grpc.RpcError) -> BlobError:
+    code = e.code() if hasattr(e, "code") else grpc.StatusCode.UNKNOWN
+    details = e.details() if hasattr(e, "details") else str(e)
+    trailers = e.trailing_metadata() if hasattr(e, "trailing_metadata") else ()
+    return from_status(code, details or "", tuple(trailers or ()))

@@ -1,0 +1,245 @@
+"""The gRPC servicer: converts protobuf to plain values, calls :class:`blobha.master.Master`,
+and converts back. Errors become gRPC statuses here and only here (via blobha.errors)."""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
+
+import grpc
+from kazoo.exceptions import KazooException
+
+from blobha.acl import AccessControl
+from blobha.digest import CHUNK_SIZE
+from blobha.errors import BlobError, InvalidArgument, Unavailable, to_status
+from blobha.peers import CHANNEL_OPTIONS, USER_METADATA_KEY, status_to_pb
+from blobha.v1 import blobha_pb2 as pb
+from blobha.v1 import blobha_pb2_grpc as pb_grpc
+from blobha.zkstate import BlobState
+
+if TYPE_CHECKING:
+    from blobha.master import Master, ReplicationInfo
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+MAX_WORKERS = 64
+
+
+def new_server() -> grpc.Server:
+    return grpc.server(ThreadPoolExecutor(max_workers=MAX_WORKERS, thread_name_prefix="rpc"),
+                       options=CHANNEL_OPTIONS)
+
+
+def add_to_server(master: Master, server: grpc.Server) -> None:
+    pb_grpc.add_BlobStoreServicer_to_server(BlobStoreServicer(master), server)
+
+
+def _abort(context: grpc.ServicerContext, error: BlobError) -> NoReturn:
+    code, details, trailers = to_status(error)
+    if trailers:
+        context.set_trailing_metadata(trailers)
+    context.abort(code, details)
+    raise AssertionError("unreachable")  # context.abort raises
+
+
+def _translate(identity: str, method: str, e: Exception) -> BlobError:
+    if isinstance(e, BlobError):
+        return e
+    if isinstance(e, KazooException):
+        return Unavailable(
+            f"ZooKeeper is unreachable from master {identity} ({type(e).__name__}); retry shortly"
+        )
+    log.exception("internal error in %s", method)
+    return BlobError(f"internal error on master {identity} in {method} (logged there); retry or"
+                     " report it")
+
+
+def unary(fn: Callable[..., T]) -> Callable[..., T]:
+    @functools.wraps(fn)
+    def wrapper(self: BlobStoreServicer, request: Any, context: grpc.ServicerContext) -> T:
+        # Handlers never call context.abort themselves (it raises a bare Exception that would
+        # look like a bug here); they raise BlobError and this is the one place that aborts.
+        try:
+            return fn(self, request, context)
+        except Exception as e:
+            _abort(context, _translate(self.master.identity, fn.__name__, e))
+    return wrapper
+
+
+def streaming(fn: Callable[..., Iterator[T]]) -> Callable[..., Iterator[T]]:
+    @functools.wraps(fn)
+    def wrapper(self: BlobStoreServicer, request: Any, context: grpc.ServicerContext
+                ) -> Iterator[T]:
+        try:
+            yield from fn(self, request, context)
+        except Exception as e:
+            _abort(context, _translate(self.master.identity, fn.__name__, e))
+    return wrapper
+
+
+def user_of(context: grpc.ServicerContext) -> str:
+    for k, v in context.invocation_metadata():
+        if k == USER_METADATA_KEY:
+            user = v.decode() if isinstance(v, bytes) else v
+            if user and len(user) <= 256 and ":" not in user and "," not in user:
+                return user
+            raise InvalidArgument("the user name must be 1-256 characters without ':' or ','")
+    raise InvalidArgument("no user given; pass --user or set BLOBHA_USER")
+
+
+def acl_from_pb(entries: Iterable[pb.AccessControl]) -> list[AccessControl]:
+    out = []
+    for e in entries:
+        if e.type not in ("u", "o") or e.access > 7 or (e.type == "u") != bool(e.name):
+            raise InvalidArgument(
+                f"bad ACL entry {e.type}:{e.name}:{e.access}; expected [u|o]:[user]:[rwa]"
+            )
+        out.append(AccessControl(e.type, e.name, e.access))
+    return out
+
+
+def meta_to_pb(key: str, s: BlobState, replication: int) -> pb.BlobMeta:
+    return pb.BlobMeta(
+        key=key, version=s.seq, size=s.size, digest=s.digest,
+        acl=[pb.AccessControl(type=a.type, name=a.name, access=a.access) for a in s.acl],
+        replication_factor=s.replication_factor, meta_version=s.meta_version,
+        created_at=s.created_at, updated_at=s.updated_at, creator=s.creator,
+        replication=replication,
+    )
+
+
+def replication_to_pb(r: ReplicationInfo) -> pb.ReplicationStatus:
+    return pb.ReplicationStatus(key=r.key, version=r.seq, replication=r.replication,
+                                replication_factor=r.replication_factor, holders=r.holders)
+
+
+class BlobStoreServicer(pb_grpc.BlobStoreServicer):
+    def __init__(self, master: Master) -> None:
+        self.master = master
+
+    @unary
+    def BeginUpload(self, request: pb.BeginUploadRequest, context: grpc.ServicerContext
+                    ) -> pb.BeginUploadResponse:
+        upload_id, expires = self.master.begin_upload(
+            user_of(context), request.key, request.create, acl_from_pb(request.acl),
+            request.replication_factor, request.expected_version, request.size_hint,
+            request.write_quorum,
+        )
+        return pb.BeginUploadResponse(upload_id=upload_id, expires_after_secs=expires)
+
+    @unary
+    def AppendUpload(self, request_iterator: Iterator[pb.UploadChunk],
+                     context: grpc.ServicerContext) -> pb.UploadStatus:
+        user = user_of(context)
+        upload_id = ""
+        received = 0
+        for chunk in request_iterator:
+            upload_id = chunk.upload_id or upload_id
+            if not upload_id:
+                raise InvalidArgument("the first chunk must carry the upload id")
+            received = self.master.append(user, upload_id, chunk.offset, chunk.data)
+        return pb.UploadStatus(upload_id=upload_id, received=received)
+
+    @unary
+    def GetUploadStatus(self, request: pb.UploadStatusRequest, context: grpc.ServicerContext
+                        ) -> pb.UploadStatus:
+        received = self.master.upload_status(user_of(context), request.upload_id)
+        return pb.UploadStatus(upload_id=request.upload_id, received=received)
+
+    @unary
+    def CommitUpload(self, request: pb.CommitUploadRequest, context: grpc.ServicerContext
+                     ) -> pb.BlobMeta:
+        key, state, replication = self.master.commit(
+            user_of(context), request.upload_id, request.size, request.digest
+        )
+        return meta_to_pb(key, state, replication)
+
+    @unary
+    def AbortUpload(self, request: pb.AbortUploadRequest, context: grpc.ServicerContext
+                    ) -> pb.AbortUploadResponse:
+        self.master.abort(user_of(context), request.upload_id)
+        return pb.AbortUploadResponse()
+
+    @streaming
+    def Download(self, request: pb.DownloadRequest, context: grpc.ServicerContext
+                 ) -> Iterator[pb.DownloadChunk]:
+        info, chunks = self.master.open_download(
+            user_of(context), request.key, request.version, request.offset, request.length
+        )
+        first = pb.DownloadChunk(info=pb.BlobInfo(version=info.seq, size=info.size,
+                                                  digest=info.digest))
+        sent_first = False
+        for data in chunks:
+            # Chunks come verified from the store, at most CHUNK_SIZE each.
+            assert len(data) <= CHUNK_SIZE
+            if not sent_first:
+                first.data = data
+                sent_first = True
+                yield first
+            else:
+                yield pb.DownloadChunk(data=data)
+        if not sent_first:
+            yield first
+
+    @unary
+    def GetMeta(self, request: pb.GetMetaRequest, context: grpc.ServicerContext) -> pb.BlobMeta:
+        state, replication = self.master.get_meta(user_of(context), request.key)
+        return meta_to_pb(request.key, state, replication)
+
+    @unary
+    def SetMeta(self, request: pb.SetMetaRequest, context: grpc.ServicerContext) -> pb.BlobMeta:
+        acl = acl_from_pb(request.acl) if request.set_acl else None
+        state = self.master.set_meta(user_of(context), request.key, acl,
+                                     request.replication_factor, request.expected_meta_version)
+        return meta_to_pb(request.key, state, 0)
+
+    @unary
+    def Delete(self, request: pb.DeleteRequest, context: grpc.ServicerContext
+               ) -> pb.DeleteResponse:
+        self.master.delete(user_of(context), request.key)
+        return pb.DeleteResponse()
+
+    @unary
+    def List(self, request: pb.ListRequest, context: grpc.ServicerContext) -> pb.ListResponse:
+        user_of(context)
+        keys, token = self.master.list_keys(request.prefix, request.page_token, request.page_size)
+        return pb.ListResponse(keys=keys, next_page_token=token)
+
+    @unary
+    def GetReplication(self, request: pb.GetReplicationRequest, context: grpc.ServicerContext
+                       ) -> pb.ReplicationStatus:
+        return replication_to_pb(self.master.get_replication(user_of(context), request.key))
+
+    @unary
+    def WaitForReplication(self, request: pb.WaitForReplicationRequest,
+                           context: grpc.ServicerContext) -> pb.WaitForReplicationResponse:
+        timeout = request.timeout_secs
+        remaining = context.time_remaining()
+        if remaining is not None:
+            # Answer before the caller's own deadline, so it learns the counts.
+            cap = max(remaining - 0.5, 0.0)
+            timeout = cap if timeout < 0 else min(timeout, cap)
+        reached, infos, waited = self.master.wait_for_replication(
+            user_of(context), list(request.keys), request.min_replication, timeout
+        )
+        return pb.WaitForReplicationResponse(
+            reached=reached, status=[replication_to_pb(i) for i in infos], waited_secs=waited
+        )
+
+    @unary
+    def ClusterSummary(self, request: pb.ClusterSummaryRequest, context: grpc.ServicerContext
+                       ) -> pb.ClusterSummaryResponse:
+        view = self.master.cluster_summary()
+        return pb.ClusterSummaryResponse(
+            masters=[status_to_pb(s) for s in view.masters], leader=view.leader,
+            epoch=view.epoch, blob_count=view.blob_count, under_replicated=view.under_replicated,
+        )
+
+    @unary
+    def NodeStatus(self, request: pb.NodeStatusRequest, context: grpc.ServicerContext
+                   ) -> pb.MasterSummary:
+        return status_to_pb(self.master.node_status())

@@ -1,0 +1,395 @@
+"""A master's local blob store: immutable version files, installed durably, verified on read.
+
+Layout under the store root::
+
+    keys/<dirname>/key          the key itself (dirname is an encoding, see blobha.keys)
+    keys/<dirname>/v<seq>.blob  the bytes of one committed version, never modified
+    keys/<dirname>/v<seq>.json  its size, xxh3-128 digest and per-chunk xxh3-64 digests
+    tmp/                        uploads and downloads in progress; emptied at start-up
+
+A version exists only once both files are in place (the ``.json`` is renamed in last), so a
+crash at any point leaves either the old state or the new one, plus debris in ``tmp/`` that
+start-up removes. Every read checks each chunk against its stored digest before handing it out:
+a corrupt chunk raises :class:`ChecksumMismatch` and the version is removed, so it is never
+served twice and the synchroniser fetches a healthy copy.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+from blobha.digest import CHUNK_SIZE, Digester, chunk_digest
+from blobha.errors import ChecksumMismatch, InvalidArgument, KeyNotFound, ResourceExhausted
+from blobha.keys import key_dirname
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class VersionInfo:
+    key: str
+    seq: int
+    size: int
+    digest: str
+    chunk_size: int
+    chunks: tuple[str, ...]
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_json_atomic(path: Path, obj: object) -> None:
+    tmp = path.with_name(path.name + ".tmp-" + uuid.uuid4().hex)
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(obj, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+class TempBlob:
+    """A file being received in ``tmp/``, with its running digest.
+
+    ``write_at`` makes appends idempotent: bytes below the current size were already received
+    (a retried chunk) and are skipped; bytes past it would leave a gap and are refused.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._f: BinaryIO = open(path, "xb")  # noqa: SIM115 - closed in close()/discard()
+        self._digester = Digester()
+
+    @property
+    def size(self) -> int:
+        return self._digester.size
+
+    def write_at(self, offset: int, data: bytes) -> int:
+        """Write ``data`` that starts at ``offset``; return how many new bytes were written."""
+        if offset > self.size:
+            raise InvalidArgument(
+                f"chunk at offset {offset} leaves a gap: {self.size} bytes received so far;"
+                " resume from the offset GetUploadStatus reports"
+            )
+        skip = self.size - offset
+        if skip >= len(data):
+            return 0
+        view = memoryview(data)[skip:]
+        self._f.write(view)
+        self._digester.update(view)
+        return len(view)
+
+    def finish(self) -> str:
+        """Flush and fsync; return the digest of what was received."""
+        self._f.flush()
+        os.fsync(self._f.fileno())
+        self._f.close()
+        return self._digester.hexdigest()
+
+    def discard(self) -> None:
+        if not self._f.closed:
+            self._f.close()
+        self.path.unlink(missing_ok=True)
+
+
+class LocalStore:
+    """One master's blobs on disk. Thread-safe: operations on one key are serialised."""
+
+    def __init__(self, root: Path, reserved_bytes: int = 0) -> None:
+        self.root = root
+        self.reserved_bytes = reserved_bytes
+        self.keys_dir = root / "keys"
+        self.tmp_dir = root / "tmp"
+        self.keys_dir.mkdir(parents=True, exist_ok=True)
+        self.tmp_dir.mkdir(parents=True, exist_ok=True)
+        self._locks: dict[str, threading.RLock] = {}
+        self._locks_guard = threading.Lock()
+        self.clean_temp()
+
+    # ---- housekeeping -------------------------------------------------------------------
+
+    def clean_temp(self) -> int:
+        """Remove debris of crashed writes: everything in tmp/ and half-installed versions."""
+        removed = 0
+        for p in self.tmp_dir.iterdir():
+            if p.is_dir():
+                shutil.rmtree(p, ignore_errors=True)
+            else:
+                p.unlink(missing_ok=True)
+            removed += 1
+        for d in self.keys_dir.iterdir():
+            if not d.is_dir():
+                continue  # not ours (the store only makes directories here); leave it alone
+            for p in d.iterdir():
+                name = p.name
+                orphan_blob = name.endswith(".blob") and not p.with_suffix(".json").exists()
+                if ".tmp-" in name or orphan_blob:
+                    p.unlink(missing_ok=True)
+                    removed += 1
+        if removed:
+            log.info("start-up: removed %d temporary or half-installed files", removed)
+        return removed
+
+    def key_lock(self, key: str) -> threading.RLock:
+        """The lock serialising changes to ``key``; the leader's commit path holds it from
+        install to ZooKeeper commit, so a concurrent clean-up never removes a fresh version."""
+        return self._lock(key)
+
+    def _lock(self, key: str) -> threading.RLock:
+        with self._locks_guard:
+            lock = self._locks.get(key)
+            if lock is None:
+                lock = self._locks[key] = threading.RLock()
+            return lock
+
+    def _dir(self, key: str) -> Path:
+        return self.keys_dir / key_dirname(key)
+
+    # ---- space ---------------------------------------------------------------------------
+
+    def disk_free(self) -> int:
+        return shutil.disk_usage(self.root).free
+
+    def reserve(self, nbytes: int) -> None:
+        """Refuse (RESOURCE_EXHAUSTED) if writing ``nbytes`` would eat into the reservation."""
+        free = self.disk_free()
+        if free - nbytes < self.reserved_bytes:
+            raise ResourceExhausted(
+                f"not enough disk space: {nbytes} bytes would leave {max(free - nbytes, 0)} free,"
+                f" below blobstore.disk.reserved.bytes={self.reserved_bytes}; free space on the"
+                " masters or delete blobs"
+            )
+
+    # ---- writing --------------------------------------------------------------------------
+
+    def new_temp(self, label: str) -> TempBlob:
+        return TempBlob(self.tmp_dir / f"{label}-{uuid.uuid4().hex}.part")
+
+    def install(self, key: str, seq: int, temp: TempBlob, size: int, digest: str) -> VersionInfo:
+        """Make ``temp`` version ``seq`` of ``key``: fsync, verify, rename, fsync the directory.
+
+        Raises :class:`ChecksumMismatch` (and deletes ``temp``) if the bytes on disk are not
+        exactly ``size`` bytes with ``digest``.
+        """
+        try:
+            temp.finish()
+            chunks, actual_digest, actual_size = self._verify_file(temp.path)
+            if actual_size != size or actual_digest != digest:
+                raise ChecksumMismatch(
+                    f"the data received for {key!r} does not match: expected {size} bytes with"
+                    f" xxh3-128 {digest}, got {actual_size} bytes with {actual_digest}; nothing"
+                    " was stored, upload again"
+                )
+        except BaseException:
+            temp.discard()
+            raise
+        info = VersionInfo(key, seq, size, digest, CHUNK_SIZE, tuple(chunks))
+        with self._lock(key):
+            d = self._dir(key)
+            d.mkdir(exist_ok=True)
+            keyfile = d / "key"
+            if not keyfile.exists():
+                _write_json_atomic(keyfile, {"key": key})
+            os.replace(temp.path, d / f"v{seq}.blob")
+            _write_json_atomic(d / f"v{seq}.json", _info_json(info))
+            fsync_dir(d)
+            fsync_dir(self.keys_dir)
+        return info
+
+    def install_copy(self, key: str, seq: int, source: VersionInfo) -> VersionInfo:
+        """Install version ``seq`` with the same bytes as a local version (a roll-back)."""
+        temp = self.new_temp("copy")
+        try:
+            for data in self.read(source.key, source.seq):
+                temp.write_at(temp.size, data)
+        except BaseException:
+            temp.discard()
+            raise
+        return self.install(key, seq, temp, source.size, source.digest)
+
+    @staticmethod
+    def _verify_file(path: Path) -> tuple[list[str], str, int]:
+        whole = Digester()
+        chunks: list[str] = []
+        with open(path, "rb") as f:
+            while data := f.read(CHUNK_SIZE):
+                whole.update(data)
+                chunks.append(chunk_digest(data))
+        return chunks, whole.hexdigest(), whole.size
+
+    # ---- reading --------------------------------------------------------------------------
+
+    def info(self, key: str, seq: int) -> VersionInfo | None:
+        path = self._dir(key) / f"v{seq}.json"
+        try:
+            with open(path, encoding="utf-8") as f:
+                raw = json.load(f)
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError):
+            log.error("unreadable version record %s; removing the version", path)
+            self.delete_version(key, seq)
+            return None
+        return VersionInfo(
+            key, int(raw["seq"]), int(raw["size"]), str(raw["digest"]),
+            int(raw["chunk_size"]), tuple(raw["chunks"]),
+        )
+
+    def versions(self, key: str) -> list[int]:
+        """Installed versions of ``key``, oldest first."""
+        d = self._dir(key)
+        try:
+            names = os.listdir(d)
+        except FileNotFoundError:
+            return []
+        seqs = []
+        for n in names:
+            if n.startswith("v") and n.endswith(".json") and n[1:-5].isdigit():
+                seqs.append(int(n[1:-5]))
+        return sorted(seqs)
+
+    def latest(self, key: str) -> VersionInfo | None:
+        for seq in reversed(self.versions(key)):
+            info = self.info(key, seq)
+            if info is not None:
+                return info
+        return None
+
+    def find_by_digest(self, key: str, digest: str, size: int) -> VersionInfo | None:
+        for seq in reversed(self.versions(key)):
+            info = self.info(key, seq)
+            if info is not None and info.digest == digest and info.size == size:
+                return info
+        return None
+
+    def keys(self) -> list[str]:
+        """Every key with at least one installed version."""
+        out = []
+        for d in self.keys_dir.iterdir():
+            try:
+                with open(d / "key", encoding="utf-8") as f:
+                    key = str(json.load(f)["key"])
+            except (OSError, ValueError, KeyError):
+                continue
+            if self.versions(key):
+                out.append(key)
+        return out
+
+    def read(self, key: str, seq: int, offset: int = 0, length: int = 0) -> Iterator[bytes]:
+        """Yield the bytes of a version, each chunk verified before it is yielded.
+
+        ``length`` 0 means to the end. A mismatch removes the version and raises
+        :class:`ChecksumMismatch`; nothing of the bad chunk is yielded.
+        """
+        info = self.info(key, seq)
+        if info is None:
+            raise KeyNotFound(f"version {seq} of {key!r} is not stored on this master")
+        if offset > info.size:
+            raise InvalidArgument(f"offset {offset} is past the end of {key!r} ({info.size} bytes)")
+        end = info.size if length == 0 else min(info.size, offset + length)
+        path = self._dir(key) / f"v{seq}.blob"
+        try:
+            f = open(path, "rb")  # noqa: SIM115 - closed in the finally below
+        except FileNotFoundError:
+            raise KeyNotFound(f"version {seq} of {key!r} is not stored on this master") from None
+        try:
+            index = offset // info.chunk_size
+            f.seek(index * info.chunk_size)
+            pos = index * info.chunk_size
+            while pos < end:
+                data = f.read(info.chunk_size)
+                if index >= len(info.chunks) or chunk_digest(data) != info.chunks[index] or (
+                    len(data) != min(info.chunk_size, info.size - pos)
+                ):
+                    self._corrupt(info, index)
+                lo = max(offset - pos, 0)
+                hi = min(end - pos, len(data))
+                yield data[lo:hi] if (lo, hi) != (0, len(data)) else data
+                pos += len(data)
+                index += 1
+        finally:
+            f.close()
+
+    def _corrupt(self, info: VersionInfo, index: int) -> None:
+        log.error(
+            "CORRUPT: chunk %d of version %d of %r fails its digest; removing this copy so it is"
+            " never served and a healthy replica is fetched", index, info.seq, info.key,
+        )
+        self.delete_version(info.key, info.seq)
+        raise ChecksumMismatch(
+            f"this master's copy of {info.key!r} version {info.seq} is corrupt and was removed;"
+            " retry, another replica will serve it"
+        )
+
+    def verify(self, key: str, seq: int) -> bool:
+        """Re-read a whole version against its digests (removing it if corrupt)."""
+        try:
+            for _ in self.read(key, seq):
+                pass
+        except (ChecksumMismatch, KeyNotFound):
+            return False
+        return True
+
+    # ---- removal --------------------------------------------------------------------------
+
+    def delete_version(self, key: str, seq: int) -> None:
+        with self._lock(key):
+            d = self._dir(key)
+            # The record goes first: without it the version does not exist, even mid-delete.
+            (d / f"v{seq}.json").unlink(missing_ok=True)
+            (d / f"v{seq}.blob").unlink(missing_ok=True)
+
+    def prune(self, key: str, keep: int) -> None:
+        """Keep only the newest ``keep`` versions of ``key``."""
+        with self._lock(key):
+            for seq in self.versions(key)[:-keep] if keep > 0 else self.versions(key):
+                self.delete_version(key, seq)
+
+    def delete_key(self, key: str) -> None:
+        with self._lock(key):
+            d = self._dir(key)
+            for seq in self.versions(key):
+                self.delete_version(key, seq)
+            shutil.rmtree(d, ignore_errors=True)
+
+    # ---- figures --------------------------------------------------------------------------
+
+    def usage(self) -> tuple[int, int]:
+        """(blobs, bytes) stored: each key counted once, every retained version's bytes."""
+        count = 0
+        total = 0
+        for d in self.keys_dir.iterdir():
+            found = False
+            for p in d.glob("v*.blob"):
+                try:
+                    total += p.stat().st_size
+                    found = True
+                except FileNotFoundError:
+                    pass
+            count += found
+        return count, total
+
+
+def _info_json(info: VersionInfo) -> dict[str, object]:
+    return {
+        "seq": info.seq,
+        "size": info.size,
+        "digest": info.digest,
+        "chunk_size": info.chunk_size,
+        "chunks": list(info.chunks),
+        "installed_at": time.time(),
+    }

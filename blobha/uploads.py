@@ -1,0 +1,130 @@
+"""Upload sessions on the leader: begun, appended to, then committed or aborted.
+
+A session holds a temp file in the store's ``tmp/`` and is bound to the user who began it.
+Sessions idle longer than ``blobstore.upload.expiration.secs`` are aborted by a reaper and their
+data deleted; so are all sessions when this master stops leading, because an upload id is only
+meaningful to the leader that issued it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+
+from blobha.acl import AccessControl
+from blobha.errors import NotAuthorized, upload_not_found
+from blobha.store import LocalStore, TempBlob
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Upload:
+    upload_id: str
+    user: str
+    key: str
+    create: bool
+    acl: list[AccessControl]
+    replication_factor: int
+    expected_version: int
+    write_quorum: int
+    temp: TempBlob
+    last_active: float = field(default_factory=time.monotonic)
+    #: Held while a chunk stream or the commit uses the session, so they never interleave.
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+class UploadManager:
+    def __init__(self, store: LocalStore, expiration_secs: float) -> None:
+        self.store = store
+        self.expiration_secs = expiration_secs
+        self._uploads: dict[str, Upload] = {}
+        self._guard = threading.Lock()
+        self._stop = threading.Event()
+        self._reaper = threading.Thread(target=self._reap_loop, name="upload-reaper", daemon=True)
+
+    def start(self) -> None:
+        self._reaper.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.abort_all("master shutting down")
+
+    def begin(
+        self, user: str, key: str, create: bool, acl: list[AccessControl], replication_factor: int,
+        expected_version: int, write_quorum: int,
+    ) -> Upload:
+        upload_id = uuid.uuid4().hex
+        temp = self.store.new_temp(f"upload-{upload_id}")
+        up = Upload(upload_id, user, key, create, acl, replication_factor, expected_version,
+                    write_quorum, temp)
+        with self._guard:
+            self._uploads[upload_id] = up
+        log.info("upload %s begun by %r for %r (%s)", upload_id, user, key,
+                 "create" if create else "update")
+        return up
+
+    def get(self, upload_id: str, user: str) -> Upload:
+        with self._guard:
+            up = self._uploads.get(upload_id)
+        if up is None:
+            raise upload_not_found(upload_id)
+        if up.user != user:
+            # Same answer as for a stranger's key: the session is not theirs to touch.
+            raise NotAuthorized(f"upload {upload_id!r} belongs to another user; begin your own")
+        up.last_active = time.monotonic()
+        return up
+
+    def take(self, upload_id: str, user: str) -> Upload:
+        """Remove a session for commit: later calls with its id get 'unknown upload'."""
+        up = self.get(upload_id, user)
+        with self._guard:
+            if self._uploads.pop(upload_id, None) is None:
+                raise upload_not_found(upload_id)
+        return up
+
+    def abort(self, upload_id: str, user: str) -> None:
+        up = self.take(upload_id, user)
+        with up.lock:
+            up.temp.discard()
+        log.info("upload %s for %r aborted by its user", upload_id, up.key)
+
+    def abort_all(self, reason: str) -> int:
+        with self._guard:
+            ups = list(self._uploads.values())
+            self._uploads.clear()
+        for up in ups:
+            # A chunk stream may hold the lock; discarding the file under it is still safe
+            # because the stream fails on its next write, and the id is already gone.
+            up.temp.discard()
+        if ups:
+            log.warning("aborted %d in-flight upload(s): %s", len(ups), reason)
+        return len(ups)
+
+    def count(self) -> int:
+        with self._guard:
+            return len(self._uploads)
+
+    def expire(self, now: float | None = None) -> int:
+        now = time.monotonic() if now is None else now
+        with self._guard:
+            stale = [u for u in self._uploads.values()
+                     if now - u.last_active > self.expiration_secs and not u.lock.locked()]
+            for u in stale:
+                del self._uploads[u.upload_id]
+        for u in stale:
+            u.temp.discard()
+            log.warning("upload %s for %r expired after %.0fs idle; its data was deleted",
+                        u.upload_id, u.key, self.expiration_secs)
+        return len(stale)
+
+    def _reap_loop(self) -> None:
+        period = min(max(self.expiration_secs / 4, 0.2), 10.0)
+        while not self._stop.wait(period):
+            try:
+                self.expire()
+            except Exception:
+                log.exception("upload reaper failed; it keeps running")

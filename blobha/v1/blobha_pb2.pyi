@@ -1,0 +1,279 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class AccessControl(_message.Message):
+    __slots__ = ("type", "name", "access")
+    TYPE_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    ACCESS_FIELD_NUMBER: _ClassVar[int]
+    type: str
+    name: str
+    access: int
+    def __init__(self, type: _Optional[str] = ..., name: _Optional[str] = ..., access: _Optional[int] = ...) -> None: ...
+
+class BeginUploadRequest(_message.Message):
+    __slots__ = ("key", "create", "acl", "replication_factor", "expected_version", "size_hint", "write_quorum")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    CREATE_FIELD_NUMBER: _ClassVar[int]
+    ACL_FIELD_NUMBER: _ClassVar[int]
+    REPLICATION_FACTOR_FIELD_NUMBER: _ClassVar[int]
+    EXPECTED_VERSION_FIELD_NUMBER: _ClassVar[int]
+    SIZE_HINT_FIELD_NUMBER: _ClassVar[int]
+    WRITE_QUORUM_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    create: bool
+    acl: _containers.RepeatedCompositeFieldContainer[AccessControl]
+    replication_factor: int
+    expected_version: int
+    size_hint: int
+    write_quorum: int
+    def __init__(self, key: _Optional[str] = ..., create: _Optional[bool] = ..., acl: _Optional[_Iterable[_Union[AccessControl, _Mapping]]] = ..., replication_factor: _Optional[int] = ..., expected_version: _Optional[int] = ..., size_hint: _Optional[int] = ..., write_quorum: _Optional[int] = ...) -> None: ...
+
+class BeginUploadResponse(_message.Message):
+    __slots__ = ("upload_id", "expires_after_secs")
+    UPLOAD_ID_FIELD_NUMBER: _ClassVar[int]
+    EXPIRES_AFTER_SECS_FIELD_NUMBER: _ClassVar[int]
+    upload_id: str
+    expires_after_secs: int
+    def __init__(self, upload_id: _Optional[str] = ..., expires_after_secs: _Optional[int] = ...) -> None: ...
+
+class UploadChunk(_message.Message):
+    __slots__ = ("upload_id", "offset", "data")
+    UPLOAD_ID_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    upload_id: str
+    offset: int
+    data: bytes
+    def __init__(self, upload_id: _Optional[str] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
+
+class UploadStatusRequest(_message.Message):
+    __slots__ = ("upload_id",)
+    UPLOAD_ID_FIELD_NUMBER: _ClassVar[int]
+    upload_id: str
+    def __init__(self, upload_id: _Optional[str] = ...) -> None: ...
+
+class UploadStatus(_message.Message):
+    __slots__ = ("upload_id", "received")
+    UPLOAD_ID_FIELD_NUMBER: _ClassVar[int]
+    RECEIVED_FIELD_NUMBER: _ClassVar[int]
+    upload_id: str
+    received: int
+    def __init__(self, upload_id: _Optional[str] = ..., received: _Optional[int] = ...) -> None: ...
+
+class CommitUploadRequest(_message.Message):
+    __slots__ = ("upload_id", "size", "digest")
+    UPLOAD_ID_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    DIGEST_FIELD_NUMBER: _ClassVar[int]
+    upload_id: str
+    size: int
+    digest: str
+    def __init__(self, upload_id: _Optional[str] = ..., size: _Optional[int] = ..., digest: _Optional[str] = ...) -> None: ...
+
+class AbortUploadRequest(_message.Message):
+    __slots__ = ("upload_id",)
+    UPLOAD_ID_FIELD_NUMBER: _ClassVar[int]
+    upload_id: str
+    def __init__(self, upload_id: _Optional[str] = ...) -> None: ...
+
+class AbortUploadResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class DownloadRequest(_message.Message):
+    __slots__ = ("key", "version", "offset", "length", "any_local_version")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    LENGTH_FIELD_NUMBER: _ClassVar[int]
+    ANY_LOCAL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    version: int
+    offset: int
+    length: int
+    any_local_version: bool
+    def __init__(self, key: _Optional[str] = ..., version: _Optional[int] = ..., offset: _Optional[int] = ..., length: _Optional[int] = ..., any_local_version: _Optional[bool] = ...) -> None: ...
+
+class DownloadChunk(_message.Message):
+    __slots__ = ("info", "data")
+    INFO_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    info: BlobInfo
+    data: bytes
+    def __init__(self, info: _Optional[_Union[BlobInfo, _Mapping]] = ..., data: _Optional[bytes] = ...) -> None: ...
+
+class BlobInfo(_message.Message):
+    __slots__ = ("version", "size", "digest")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    DIGEST_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    size: int
+    digest: str
+    def __init__(self, version: _Optional[int] = ..., size: _Optional[int] = ..., digest: _Optional[str] = ...) -> None: ...
+
+class GetMetaRequest(_message.Message):
+    __slots__ = ("key",)
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    def __init__(self, key: _Optional[str] = ...) -> None: ...
+
+class BlobMeta(_message.Message):
+    __slots__ = ("key", "version", "size", "digest", "acl", "replication_factor", "meta_version", "created_at", "updated_at", "creator", "replication")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    DIGEST_FIELD_NUMBER: _ClassVar[int]
+    ACL_FIELD_NUMBER: _ClassVar[int]
+    REPLICATION_FACTOR_FIELD_NUMBER: _ClassVar[int]
+    META_VERSION_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AT_FIELD_NUMBER: _ClassVar[int]
+    UPDATED_AT_FIELD_NUMBER: _ClassVar[int]
+    CREATOR_FIELD_NUMBER: _ClassVar[int]
+    REPLICATION_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    version: int
+    size: int
+    digest: str
+    acl: _containers.RepeatedCompositeFieldContainer[AccessControl]
+    replication_factor: int
+    meta_version: int
+    created_at: float
+    updated_at: float
+    creator: str
+    replication: int
+    def __init__(self, key: _Optional[str] = ..., version: _Optional[int] = ..., size: _Optional[int] = ..., digest: _Optional[str] = ..., acl: _Optional[_Iterable[_Union[AccessControl, _Mapping]]] = ..., replication_factor: _Optional[int] = ..., meta_version: _Optional[int] = ..., created_at: _Optional[float] = ..., updated_at: _Optional[float] = ..., creator: _Optional[str] = ..., replication: _Optional[int] = ...) -> None: ...
+
+class SetMetaRequest(_message.Message):
+    __slots__ = ("key", "set_acl", "acl", "replication_factor", "expected_meta_version")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    SET_ACL_FIELD_NUMBER: _ClassVar[int]
+    ACL_FIELD_NUMBER: _ClassVar[int]
+    REPLICATION_FACTOR_FIELD_NUMBER: _ClassVar[int]
+    EXPECTED_META_VERSION_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    set_acl: bool
+    acl: _containers.RepeatedCompositeFieldContainer[AccessControl]
+    replication_factor: int
+    expected_meta_version: int
+    def __init__(self, key: _Optional[str] = ..., set_acl: _Optional[bool] = ..., acl: _Optional[_Iterable[_Union[AccessControl, _Mapping]]] = ..., replication_factor: _Optional[int] = ..., expected_meta_version: _Optional[int] = ...) -> None: ...
+
+class DeleteRequest(_message.Message):
+    __slots__ = ("key",)
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    def __init__(self, key: _Optional[str] = ...) -> None: ...
+
+class DeleteResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListRequest(_message.Message):
+    __slots__ = ("prefix", "page_token", "page_size")
+    PREFIX_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    prefix: str
+    page_token: str
+    page_size: int
+    def __init__(self, prefix: _Optional[str] = ..., page_token: _Optional[str] = ..., page_size: _Optional[int] = ...) -> None: ...
+
+class ListResponse(_message.Message):
+    __slots__ = ("keys", "next_page_token")
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    keys: _containers.RepeatedScalarFieldContainer[str]
+    next_page_token: str
+    def __init__(self, keys: _Optional[_Iterable[str]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
+
+class GetReplicationRequest(_message.Message):
+    __slots__ = ("key",)
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    def __init__(self, key: _Optional[str] = ...) -> None: ...
+
+class ReplicationStatus(_message.Message):
+    __slots__ = ("key", "version", "replication", "replication_factor", "holders")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    REPLICATION_FIELD_NUMBER: _ClassVar[int]
+    REPLICATION_FACTOR_FIELD_NUMBER: _ClassVar[int]
+    HOLDERS_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    version: int
+    replication: int
+    replication_factor: int
+    holders: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, key: _Optional[str] = ..., version: _Optional[int] = ..., replication: _Optional[int] = ..., replication_factor: _Optional[int] = ..., holders: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class WaitForReplicationRequest(_message.Message):
+    __slots__ = ("keys", "min_replication", "timeout_secs")
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    MIN_REPLICATION_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_SECS_FIELD_NUMBER: _ClassVar[int]
+    keys: _containers.RepeatedScalarFieldContainer[str]
+    min_replication: int
+    timeout_secs: float
+    def __init__(self, keys: _Optional[_Iterable[str]] = ..., min_replication: _Optional[int] = ..., timeout_secs: _Optional[float] = ...) -> None: ...
+
+class WaitForReplicationResponse(_message.Message):
+    __slots__ = ("reached", "status", "waited_secs")
+    REACHED_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    WAITED_SECS_FIELD_NUMBER: _ClassVar[int]
+    reached: bool
+    status: _containers.RepeatedCompositeFieldContainer[ReplicationStatus]
+    waited_secs: float
+    def __init__(self, reached: _Optional[bool] = ..., status: _Optional[_Iterable[_Union[ReplicationStatus, _Mapping]]] = ..., waited_secs: _Optional[float] = ...) -> None: ...
+
+class ClusterSummaryRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class MasterSummary(_message.Message):
+    __slots__ = ("address", "is_leader", "uptime_secs", "version", "blob_count", "bytes_stored", "disk_free", "lag_blobs", "reachable", "epoch")
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    IS_LEADER_FIELD_NUMBER: _ClassVar[int]
+    UPTIME_SECS_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    BLOB_COUNT_FIELD_NUMBER: _ClassVar[int]
+    BYTES_STORED_FIELD_NUMBER: _ClassVar[int]
+    DISK_FREE_FIELD_NUMBER: _ClassVar[int]
+    LAG_BLOBS_FIELD_NUMBER: _ClassVar[int]
+    REACHABLE_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    address: str
+    is_leader: bool
+    uptime_secs: float
+    version: str
+    blob_count: int
+    bytes_stored: int
+    disk_free: int
+    lag_blobs: int
+    reachable: bool
+    epoch: int
+    def __init__(self, address: _Optional[str] = ..., is_leader: _Optional[bool] = ..., uptime_secs: _Optional[float] = ..., version: _Optional[str] = ..., blob_count: _Optional[int] = ..., bytes_stored: _Optional[int] = ..., disk_free: _Optional[int] = ..., lag_blobs: _Optional[int] = ..., reachable: _Optional[bool] = ..., epoch: _Optional[int] = ...) -> None: ...
+
+class ClusterSummaryResponse(_message.Message):
+    __slots__ = ("masters", "leader", "epoch", "blob_count", "under_replicated")
+    MASTERS_FIELD_NUMBER: _ClassVar[int]
+    LEADER_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    BLOB_COUNT_FIELD_NUMBER: _ClassVar[int]
+    UNDER_REPLICATED_FIELD_NUMBER: _ClassVar[int]
+    masters: _containers.RepeatedCompositeFieldContainer[MasterSummary]
+    leader: str
+    epoch: int
+    blob_count: int
+    under_replicated: int
+    def __init__(self, masters: _Optional[_Iterable[_Union[MasterSummary, _Mapping]]] = ..., leader: _Optional[str] = ..., epoch: _Optional[int] = ..., blob_count: _Optional[int] = ..., under_replicated: _Optional[int] = ...) -> None: ...
+
+class NodeStatusRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...

@@ -1,0 +1,139 @@
+"""What blobha keeps in ZooKeeper, and how it is encoded. All paths are under the chroot.
+
+::
+
+    /blobstore/<key>                  committed metadata of a key (JSON, see BlobState)
+    /blobstore/<key>/<host:port>-<seq> ephemeral: that master holds version <seq> durably
+    /election/n_<seq>                 ephemeral sequential candidacies; lowest = leader
+    /epoch                            the fencing token, bumped by every new leader
+    /masters/<host:port>              ephemeral membership of live masters
+
+The metadata znode's own ZooKeeper version is the key's ``meta_version``: every change (new
+version, ACL, replication factor) is a version-conditional ``set_data``, so concurrent writers
+cannot lose each other's updates.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+from blobha.acl import AccessControl, format_acl, parse_acl
+
+BLOBSTORE = "/blobstore"
+ELECTION = "/election"
+EPOCH = "/epoch"
+MASTERS = "/masters"
+ALL_ROOTS = (BLOBSTORE, ELECTION, MASTERS)
+
+
+def key_path(key: str) -> str:
+    return f"{BLOBSTORE}/{key}"
+
+
+def replica_name(address: str, seq: int) -> str:
+    return f"{address}-{seq}"
+
+
+def replica_path(key: str, address: str, seq: int) -> str:
+    return f"{BLOBSTORE}/{key}/{replica_name(address, seq)}"
+
+
+def parse_replica(name: str) -> tuple[str, int] | None:
+    """``nimbus-1:7800-12`` -> (``nimbus-1:7800``, 12); None for anything else.
+
+    The sequence is after the LAST dash, so host names with dashes parse correctly.
+    """
+    address, sep, seq = name.rpartition("-")
+    # isascii(): str.isdigit() also accepts digits such as '²' that int() refuses.
+    if not sep or not (seq.isascii() and seq.isdigit()) or ":" not in address:
+        return None
+    return address, int(seq)
+
+
+def latest_seq(names: list[str]) -> int:
+    """The highest sequence among replica node names (0 if none)."""
+    seqs = [p[1] for p in map(parse_replica, names) if p is not None]
+    return max(seqs, default=0)
+
+
+def holders(names: list[str], seq: int) -> list[str]:
+    """Addresses of replicas holding exactly ``seq``: stale replicas never count."""
+    out = []
+    for name in names:
+        p = parse_replica(name)
+        if p is not None and p[1] == seq:
+            out.append(p[0])
+    return sorted(set(out))
+
+
+@dataclass(frozen=True)
+class PastVersion:
+    seq: int
+    size: int
+    digest: str
+
+
+@dataclass(frozen=True)
+class BlobState:
+    """The committed state of one key, as stored in ``/blobstore/<key>``."""
+
+    seq: int
+    size: int
+    digest: str
+    acl: tuple[AccessControl, ...]
+    replication_factor: int
+    creator: str
+    created_at: float
+    updated_at: float
+    #: Epoch of the leader that committed ``seq``.
+    epoch: int
+    #: True once the write quorum held ``seq`` and the client was answered. An unacknowledged
+    #: version that no live master holds may be rolled back; an acknowledged one never is.
+    acked: bool
+    write_quorum: int = 1
+    #: Recent earlier versions, newest first, for roll-back.
+    history: tuple[PastVersion, ...] = field(default=())
+    #: The znode version (filled in on read; not stored).
+    meta_version: int = 0
+
+    def encode(self) -> bytes:
+        d: dict[str, Any] = asdict(self)
+        d.pop("meta_version")
+        d["acl"] = format_acl(self.acl)
+        return json.dumps(d, separators=(",", ":")).encode()
+
+    @classmethod
+    def decode(cls, data: bytes, meta_version: int = 0) -> BlobState:
+        d = json.loads(data)
+        d["acl"] = tuple(parse_acl(d["acl"]))
+        d["history"] = tuple(PastVersion(**h) for h in d.get("history", ()))
+        d["meta_version"] = meta_version
+        return cls(**d)
+
+    def with_new_version(
+        self, seq: int, size: int, digest: str, now: float, epoch: int, write_quorum: int,
+        keep_history: int,
+    ) -> BlobState:
+        past = (PastVersion(self.seq, self.size, self.digest), *self.history)[:keep_history]
+        return replace(
+            self, seq=seq, size=size, digest=digest, updated_at=now, epoch=epoch, acked=False,
+            write_quorum=write_quorum, history=past,
+        )
+
+
+@dataclass(frozen=True)
+class EpochRecord:
+    epoch: int
+    leader: str
+
+    def encode(self) -> bytes:
+        return json.dumps({"epoch": self.epoch, "leader": self.leader}).encode()
+
+    @classmethod
+    def decode(cls, data: bytes) -> EpochRecord:
+        if not data:
+            return cls(0, "")
+        d = json.loads(data)
+        return cls(int(d["epoch"]), str(d["leader"]))

@@ -1,0 +1,278 @@
+"""Leader election with a fencing epoch (ha-rules 1-5).
+
+Each master holds an ephemeral-sequential candidacy under ``/election``; the lowest is leader.
+On winning, the leader bumps ``/epoch`` in one transaction with ``check(own candidacy)``: the
+epoch is its fencing token. Every leader write then goes through :meth:`fenced`, which prefixes
+the transaction with ``check(own candidacy)`` and ``check(/epoch, my version)``; if either fails
+the write is not applied and this node steps down. Believing oneself leader never authorises a
+write.
+
+All decisions happen on one election thread. kazoo's event thread only sets flags and wakes it
+(ha-rule 14). A watchdog treats a SUSPENDED connection longer than 2/3 of the session timeout
+as lost, because kazoo only learns of expiry once it reaches a server again.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from kazoo.client import KazooClient, KazooState
+from kazoo.exceptions import (
+    KazooException,
+    NodeExistsError,
+    NoNodeError,
+    RolledBackError,
+    RuntimeInconsistency,
+)
+from kazoo.protocol.states import WatchedEvent
+
+from blobha.zkstate import ELECTION, EPOCH, EpochRecord
+
+log = logging.getLogger(__name__)
+
+_PREFIX = "n_"
+
+
+class Deposed(Exception):
+    """A fenced transaction failed its fences: this node is no longer leader."""
+
+
+class LeaderElection:
+    """Runs this master's candidacy. ``on_elected(epoch)`` prepares the node to lead (it runs
+    on the election thread; leadership is reported only after it returns); ``on_deposed()``
+    tells the node to stop leader work at once."""
+
+    def __init__(
+        self,
+        zk: KazooClient,
+        identity: str,
+        session_timeout: float,
+        on_elected: Callable[[int], None],
+        on_deposed: Callable[[], None],
+    ) -> None:
+        self.zk = zk
+        self.identity = identity
+        self.session_timeout = session_timeout
+        self._on_elected = on_elected
+        self._on_deposed = on_deposed
+        self._wake = threading.Event()
+        self._stopping = threading.Event()
+        self._lock = threading.RLock()
+        self._node: str | None = None  # full path of our candidacy
+        self._session: int | None = None
+        self._leading = False
+        self._ready = False
+        self._epoch = 0
+        self._epoch_version = -1
+        self._suspended_since: float | None = None
+        self._leader_address = ""
+        self._thread = threading.Thread(target=self._run, name="election", daemon=True)
+        zk.add_listener(self._on_state)
+
+    # ---- public view ---------------------------------------------------------------------
+
+    @property
+    def is_leader(self) -> bool:
+        """True only for a ready leader whose connection is not suspended."""
+        return self._leading and self._ready and self._suspended_since is None
+
+    @property
+    def epoch(self) -> int:
+        return self._epoch
+
+    @property
+    def leader_address(self) -> str:
+        """The current leader's advertised address as this node last saw it ('' if none)."""
+        return self.identity if self.is_leader else self._leader_address
+
+    def start(self) -> None:
+        self._thread.start()
+        self._wake.set()
+
+    def stop(self, resign: bool = True) -> None:
+        """Leave the election. With ``resign``, delete the candidacy so a successor takes over
+        now rather than after the session timeout."""
+        self._stopping.set()
+        self._wake.set()
+        with self._lock:
+            was_leading = self._leading
+            self._step_down("shutting down")
+            if resign and self._node is not None:
+                try:
+                    self.zk.delete(self._node)
+                except KazooException:
+                    pass
+                if was_leading:
+                    log.info("resigned leadership (epoch %d)", self._epoch)
+            self._node = None
+        if self._thread.is_alive() and threading.current_thread() is not self._thread:
+            self._thread.join(timeout=5)
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    # ---- fencing -------------------------------------------------------------------------
+
+    def fenced(self, build: Callable[[Any], None]) -> list[Any]:
+        """Commit a transaction guarded by this leader's fences.
+
+        ``build(txn)`` adds the version-conditional operations. Returns the results of those
+        operations. Raises :class:`Deposed` (after stepping down) if a fence failed, or
+        kazoo's exception for the first failing operation otherwise.
+        """
+        with self._lock:
+            if not self.is_leader or self._node is None:
+                raise Deposed("not the leader")
+            node, version = self._node, self._epoch_version
+        txn = self.zk.transaction()
+        txn.check(node, 0)
+        txn.check(EPOCH, version)
+        build(txn)
+        results = txn.commit()
+        fence_failures = [r for r in results[:2] if _is_failure(r)]
+        if fence_failures:
+            self.depose(f"fenced commit refused ({type(fence_failures[0]).__name__})")
+            raise Deposed("leadership was lost; the write was not applied")
+        for r in results[2:]:
+            if _is_failure(r):
+                raise r
+        return results[2:]
+
+    def depose(self, reason: str) -> None:
+        with self._lock:
+            if self._leading:
+                self._step_down(reason)
+                # Going to the back of the queue lets the real leader's fences stay valid.
+                if self._node is not None:
+                    try:
+                        self.zk.delete(self._node)
+                    except KazooException:
+                        pass
+                    self._node = None
+        self._wake.set()
+
+    # ---- internals ----------------------------------------------------------------------
+
+    def _on_state(self, state: str) -> None:
+        # kazoo's event thread: flags only.
+        if state == KazooState.SUSPENDED:
+            self._suspended_since = time.monotonic()
+        elif state == KazooState.CONNECTED:
+            self._suspended_since = None
+        elif state == KazooState.LOST:
+            self._suspended_since = time.monotonic() - self.session_timeout
+        self._wake.set()
+
+    def _on_watch(self, event: WatchedEvent) -> None:
+        self._wake.set()
+
+    def _run(self) -> None:
+        backoff = 0.1
+        while not self._stopping.is_set():
+            self._wake.wait(timeout=0.5)
+            self._wake.clear()
+            if self._stopping.is_set():
+                return
+            try:
+                with self._lock:
+                    self._step()
+                backoff = 0.1
+            except Exception:
+                log.exception("election step failed; retrying in %.1fs", backoff)
+                self._stopping.wait(backoff)
+                backoff = min(backoff * 2, 5.0)
+                self._wake.set()
+
+    def _step(self) -> None:
+        if self.zk.state != KazooState.CONNECTED or self._suspended_since is not None:
+            since = self._suspended_since
+            if self._leading and since is not None:
+                if time.monotonic() - since > self.session_timeout * 2 / 3:
+                    self._step_down("ZooKeeper connection suspended too long")
+            return
+        session = self.zk.client_id[0] if self.zk.client_id else None
+        if self._node is None or session != self._session:
+            if self._leading:
+                self._step_down("ZooKeeper session changed")
+            self._node = self.zk.create(
+                f"{ELECTION}/{_PREFIX}", self.identity.encode(), ephemeral=True, sequence=True,
+                makepath=True,
+            )
+            self._session = session
+            log.info("joined the election as %s", self._node)
+        children = sorted(
+            (c for c in self.zk.get_children(ELECTION, watch=self._on_watch) if c.startswith(_PREFIX)),
+            key=lambda c: c[len(_PREFIX):],
+        )
+        own = self._node.rsplit("/", 1)[1]
+        if own not in children:
+            # Our candidacy vanished (expired session, or deleted); join again.
+            self._step_down("candidacy lost")
+            self._node = None
+            self._wake.set()
+            return
+        lowest = children[0]
+        if lowest == own:
+            self._leader_address = self.identity
+            if not self._leading:
+                self._become_leader()
+        else:
+            if self._leading:
+                self._step_down("another candidacy is lower")
+            try:
+                data, _ = self.zk.get(f"{ELECTION}/{lowest}", watch=self._on_watch)
+                self._leader_address = data.decode()
+            except NoNodeError:
+                self._wake.set()
+
+    def _become_leader(self) -> None:
+        assert self._node is not None
+        try:
+            self.zk.create(EPOCH, EpochRecord(0, "").encode(), makepath=True)
+        except NodeExistsError:
+            pass
+        data, stat = self.zk.get(EPOCH)
+        record = EpochRecord.decode(data)
+        new = EpochRecord(record.epoch + 1, self.identity)
+        txn = self.zk.transaction()
+        txn.check(self._node, 0)
+        txn.set_data(EPOCH, new.encode(), version=stat.version)
+        results = txn.commit()
+        if any(isinstance(r, Exception) for r in results):
+            log.warning("epoch bump lost a race (%s); re-evaluating", results)
+            self._wake.set()
+            return
+        self._epoch = new.epoch
+        self._epoch_version = stat.version + 1
+        self._leading = True
+        self._ready = False
+        log.info("won the election: epoch %d; preparing to lead", self._epoch)
+        # ha-rule 4: catch up with ZooKeeper and reconcile before reporting leadership.
+        self.zk.sync("/")
+        self._on_elected(self._epoch)
+        if self._leading:
+            self._ready = True
+            log.info("leading as %s (epoch %d)", self.identity, self._epoch)
+
+    def _step_down(self, reason: str) -> None:
+        if self._leading:
+            log.warning("stepping down as leader (epoch %d): %s", self._epoch, reason)
+            self._leading = False
+            self._ready = False
+            self._leader_address = ""
+            try:
+                self._on_deposed()
+            except Exception:
+                log.exception("on_deposed failed")
+
+
+def _is_failure(result: object) -> bool:
+    # In a failed multi, the operations before the failing one come back as RolledBackError and
+    # those after it as RuntimeInconsistency; only the failing operation carries the cause.
+    return isinstance(result, Exception) and not isinstance(
+        result, RolledBackError | RuntimeInconsistency
+    )
