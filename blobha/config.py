@@ -152,7 +152,9 @@ def env_name(key: str) -> str:
     return "BLOBHA_" + key.upper().replace(".", "_")
 
 
-def load_config(path: str | os.PathLike[str] | None, env: Mapping[str, str] | None = None) -> Config:
+def load_config(
+    path: str | os.PathLike[str] | None, env: Mapping[str, str] | None = None
+) -> Config:
     """Read ``path`` (may be None), apply ``BLOBHA_*`` environment overrides, validate."""
     raw: dict[str, Any] = {}
     if path is not None:
@@ -162,7 +164,9 @@ def load_config(path: str | os.PathLike[str] | None, env: Mapping[str, str] | No
         except FileNotFoundError:
             raise ConfigError(f"configuration file {os.fspath(path)!r} does not exist") from None
         except tomllib.TOMLDecodeError as e:
-            raise ConfigError(f"configuration file {os.fspath(path)!r} is not valid TOML: {e}") from None
+            raise ConfigError(
+                f"configuration file {os.fspath(path)!r} is not valid TOML: {e}"
+            ) from None
     env = os.environ if env is None else env
     for option in OPTIONS:
         text = env.get(env_name(option.key))
@@ -210,12 +214,14 @@ def _validate(v: dict[str, Any]) -> dict[str, Any]:
     for server in v["zookeeper.servers"].split(","):
         _check_hostport("zookeeper.servers", server.strip(), allow_no_port=True)
     chroot = v["zookeeper.chroot"]
-    if not isinstance(chroot, str) or not chroot.startswith("/") or chroot.endswith("/") and chroot != "/":
+    bad_end = isinstance(chroot, str) and chroot.endswith("/") and chroot != "/"
+    if not isinstance(chroot, str) or not chroot.startswith("/") or bad_end:
         raise ConfigError(f"zookeeper.chroot must be an absolute path like /blobha, got {chroot!r}")
     _check_hostport("master.listen", v["master.listen"])
     if not v["master.advertise"]:
         host, port = v["master.listen"].rsplit(":", 1)
-        v["master.advertise"] = f"{'127.0.0.1' if host in ('', '0.0.0.0', '::', '[::]') else host}:{port}"
+        wildcard = host in ("", "0.0.0.0", "::", "[::]")
+        v["master.advertise"] = f"{'127.0.0.1' if wildcard else host}:{port}"
     _check_hostport("master.advertise", v["master.advertise"])
     if v["master.advertise"].rsplit(":", 1)[0] in ("0.0.0.0", "::", "[::]"):
         raise ConfigError("master.advertise must be an address others can reach, not a wildcard")
@@ -226,7 +232,9 @@ def _validate(v: dict[str, Any]) -> dict[str, Any]:
         raise ConfigError(f"auth.mode {v['auth.mode']!r} is not supported; use 'simple'")
     level = str(v["log.level"]).upper()
     if level not in ("DEBUG", "INFO", "WARNING", "ERROR"):
-        raise ConfigError(f"log.level must be DEBUG, INFO, WARNING or ERROR, got {v['log.level']!r}")
+        raise ConfigError(
+            f"log.level must be DEBUG, INFO, WARNING or ERROR, got {v['log.level']!r}"
+        )
     v["log.level"] = level
     return v
 

@@ -16,6 +16,7 @@ to a version that was never acknowledged and that no live master holds.
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import logging
 import os
@@ -62,7 +63,7 @@ from blobha.keys import validate_key
 from blobha.leader import Deposed, LeaderElection
 from blobha.peers import Peers, PeerStatus
 from blobha.store import LocalStore, VersionInfo
-from blobha.sync import KeyView, Membership, SyncSettings, Synchronizer
+from blobha.sync import KeyView, Membership, Synchronizer, SyncSettings
 from blobha.uploads import UploadManager
 from blobha.version import __version__
 from blobha.zkstate import BLOBSTORE, EPOCH, BlobState, EpochRecord, PastVersion, key_path
@@ -145,6 +146,7 @@ class Master:
         from blobha.service import add_to_server, new_server
 
         try:
+            self._ensure_chroot()
             self.zk.start(timeout=max(15.0, self.session_timeout))
         except Exception as e:
             raise Unavailable(
@@ -166,6 +168,16 @@ class Master:
         self.election.start()
         log.info("master %s serving (blobha %s, data in %s)", self.identity, __version__,
                  self.store.root)
+
+    def _ensure_chroot(self) -> None:
+        # A chrooted client cannot create its own root; do it once without the chroot.
+        root = KazooClient(hosts=self.config["zookeeper.servers"], timeout=self.session_timeout)
+        root.start(timeout=max(15.0, self.session_timeout))
+        try:
+            root.ensure_path(self.config["zookeeper.chroot"])
+        finally:
+            root.stop()
+            root.close()
 
     def stop(self) -> None:
         """Graceful stop: resign leadership at once, abort uploads, drain, disconnect."""
@@ -198,10 +210,8 @@ class Master:
         """Remember which ZooKeeper state this store belongs to. A wiped or foreign ZooKeeper
         must not make this master delete its blobs."""
         local_file = self.store.root / "cluster.json"
-        try:
+        with contextlib.suppress(NodeExistsError):
             self.zk.create(BLOBSTORE + "-id", uuid.uuid4().hex.encode())
-        except NodeExistsError:
-            pass
         zk_id = self.zk.get(BLOBSTORE + "-id")[0].decode()
         local_id = ""
         if local_file.exists():
@@ -460,11 +470,7 @@ class Master:
                 return current
             marked = replace(current, acked=True)
             try:
-                self.election.fenced(
-                    lambda txn, m=marked, c=current: txn.set_data(
-                        key_path(key), m.encode(), version=c.meta_version
-                    )
-                )
+                self._fenced_set(key, marked, current.meta_version)
             except BadVersionError:
                 continue
             except Deposed:
@@ -619,11 +625,7 @@ class Master:
             if replication_factor:
                 new = replace(new, replication_factor=replication_factor)
             try:
-                self.election.fenced(
-                    lambda txn, n=new, s=state: txn.set_data(
-                        key_path(key), n.encode(), version=s.meta_version
-                    )
-                )
+                self._fenced_set(key, new, state.meta_version)
             except BadVersionError:
                 continue
             except NoNodeError:
@@ -639,22 +641,11 @@ class Master:
     def delete(self, user: str, key: str) -> None:
         self._require_leader()
         validate_key(key)
-        path = key_path(key)
         for _ in range(10):
             state = self._state_or_404(key)
             self._check(user, state.acl, acls.WRITE, key)
-            names = self.zk.get_children(path)
-
-            def build(txn: Any, names: list[str] = names, version: int = state.meta_version
-                      ) -> None:
-                # Replica nodes belong to other sessions; deleting them with the key in one
-                # transaction keeps replicas from ever seeing a half-deleted key.
-                for n in names:
-                    txn.delete(f"{path}/{n}")
-                txn.delete(path, version=version)
-
             try:
-                self.election.fenced(build)
+                self._fenced_delete(key, state.meta_version)
             except (NotEmptyError, BadVersionError, NoNodeError):
                 continue  # a replica registered or the meta changed meanwhile: re-read
             except Deposed:
@@ -662,6 +653,25 @@ class Master:
             log.info("deleted %r (was v%d) for %r", key, state.seq, user)
             return
         raise Unavailable(f"{key!r} kept changing while being deleted; retry")
+
+    def _fenced_set(self, key: str, new: BlobState, expected_meta_version: int) -> None:
+        def build(txn: Any) -> None:
+            txn.set_data(key_path(key), new.encode(), version=expected_meta_version)
+
+        self.election.fenced(build)
+
+    def _fenced_delete(self, key: str, expected_meta_version: int) -> None:
+        path = key_path(key)
+        names = self.zk.get_children(path)
+
+        def build(txn: Any) -> None:
+            # Replica nodes belong to other sessions; deleting them with the key in one
+            # transaction keeps replicas from ever seeing a half-deleted key.
+            for n in names:
+                txn.delete(f"{path}/{n}")
+            txn.delete(path, version=expected_meta_version)
+
+        self.election.fenced(build)
 
     # ---- leader duties --------------------------------------------------------------------
 
@@ -692,8 +702,7 @@ class Master:
                 )
                 self.store.install_copy(key, new.seq, source)
                 try:
-                    self.election.fenced(lambda txn: txn.set_data(
-                        key_path(key), new.encode(), version=state.meta_version))
+                    self._fenced_set(key, new, state.meta_version)
                 except BaseException:
                     self.store.delete_version(key, new.seq)
                     raise
@@ -703,9 +712,7 @@ class Master:
                 self.sync.schedule(key)
                 return
             if state.seq == 1 or not state.history:
-                self.election.fenced(lambda txn: (
-                    [txn.delete(f"{key_path(key)}/{n}") for n in self.zk.get_children(key_path(key))],
-                    txn.delete(key_path(key), version=state.meta_version)))
+                self._fenced_delete(key, state.meta_version)
                 log.warning("ROLL-BACK: the create of %r was never acknowledged and no live master"
                             " holds it; removed the key", key)
                 return

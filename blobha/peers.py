@@ -70,7 +70,7 @@ class Peers:
             if stub is None:
                 channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
                 self._channels[address] = channel
-                stub = self._stubs[address] = pb_grpc.BlobStoreStub(channel)
+                stub = self._stubs[address] = pb_grpc.BlobStoreStub(channel)  # type: ignore[no-untyped-call]
             return stub
 
     def close(self) -> None:
@@ -121,4 +121,6 @@ def _error(e: grpc.RpcError) -> BlobError:
     code = e.code() if hasattr(e, "code") else grpc.StatusCode.UNKNOWN
     details = e.details() if hasattr(e, "details") else str(e)
     trailers = e.trailing_metadata() if hasattr(e, "trailing_metadata") else ()
-    return from_status(code, details or "", tuple(trailers or ()))
+    # grpc types each entry as _Metadatum, a (key, value) named tuple.
+    pairs = tuple((str(m[0]), m[1]) for m in (trailers or ()))  # type: ignore[index]
+    return from_status(code, details or "", pairs)

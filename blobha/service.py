@@ -35,7 +35,9 @@ def new_server() -> grpc.Server:
 
 
 def add_to_server(master: Master, server: grpc.Server) -> None:
-    pb_grpc.add_BlobStoreServicer_to_server(BlobStoreServicer(master), server)
+    pb_grpc.add_BlobStoreServicer_to_server(  # type: ignore[no-untyped-call]
+        BlobStoreServicer(master), server
+    )
 
 
 def _abort(context: grpc.ServicerContext, error: BlobError) -> NoReturn:

@@ -14,6 +14,7 @@ as lost, because kazoo only learns of expiry once it reaches a server again.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -102,10 +103,8 @@ class LeaderElection:
             was_leading = self._leading
             self._step_down("shutting down")
             if resign and self._node is not None:
-                try:
+                with contextlib.suppress(KazooException):
                     self.zk.delete(self._node)
-                except KazooException:
-                    pass
                 if was_leading:
                     log.info("resigned leadership (epoch %d)", self._epoch)
             self._node = None
@@ -137,10 +136,11 @@ class LeaderElection:
         if fence_failures:
             self.depose(f"fenced commit refused ({type(fence_failures[0]).__name__})")
             raise Deposed("leadership was lost; the write was not applied")
-        for r in results[2:]:
+        own: list[Any] = list(results[2:])
+        for r in own:
             if _is_failure(r):
                 raise r
-        return results[2:]
+        return own
 
     def depose(self, reason: str) -> None:
         with self._lock:
@@ -148,10 +148,8 @@ class LeaderElection:
                 self._step_down(reason)
                 # Going to the back of the queue lets the real leader's fences stay valid.
                 if self._node is not None:
-                    try:
+                    with contextlib.suppress(KazooException):
                         self.zk.delete(self._node)
-                    except KazooException:
-                        pass
                     self._node = None
         self._wake.set()
 
@@ -190,9 +188,9 @@ class LeaderElection:
     def _step(self) -> None:
         if self.zk.state != KazooState.CONNECTED or self._suspended_since is not None:
             since = self._suspended_since
-            if self._leading and since is not None:
-                if time.monotonic() - since > self.session_timeout * 2 / 3:
-                    self._step_down("ZooKeeper connection suspended too long")
+            too_long = since is not None and time.monotonic() - since > self.session_timeout * 2 / 3
+            if self._leading and too_long:
+                self._step_down("ZooKeeper connection suspended too long")
             return
         session = self.zk.client_id[0] if self.zk.client_id else None
         if self._node is None or session != self._session:
@@ -205,7 +203,8 @@ class LeaderElection:
             self._session = session
             log.info("joined the election as %s", self._node)
         children = sorted(
-            (c for c in self.zk.get_children(ELECTION, watch=self._on_watch) if c.startswith(_PREFIX)),
+            (c for c in self.zk.get_children(ELECTION, watch=self._on_watch)
+             if c.startswith(_PREFIX)),
             key=lambda c: c[len(_PREFIX):],
         )
         own = self._node.rsplit("/", 1)[1]
@@ -231,10 +230,8 @@ class LeaderElection:
 
     def _become_leader(self) -> None:
         assert self._node is not None
-        try:
+        with contextlib.suppress(NodeExistsError):
             self.zk.create(EPOCH, EpochRecord(0, "").encode(), makepath=True)
-        except NodeExistsError:
-            pass
         data, stat = self.zk.get(EPOCH)
         record = EpochRecord.decode(data)
         new = EpochRecord(record.epoch + 1, self.identity)

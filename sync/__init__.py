@@ -1,7 +1,7 @@
 """Background replica synchronisation (imported as ``blobha.sync``)."""
 
 from blobha.sync.membership import Membership
-from blobha.sync.synchronizer import KeyView, SyncDeferred, SyncSettings, Synchronizer
+from blobha.sync.synchronizer import KeyView, SyncDeferred, Synchronizer, SyncSettings
 from blobha.sync.workqueue import WorkQueue
 
 __all__ = ["KeyView", "Membership", "SyncDeferred", "SyncSettings", "Synchronizer", "WorkQueue"]

@@ -6,6 +6,7 @@ period, so a master that restarts or blips its session does not make others copy
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import threading
@@ -46,10 +47,8 @@ class Membership:
             stat = self.zk.exists(path)
             if stat is not None and stat.ephemeralOwner != session:
                 # Left over from our previous session, which ZooKeeper has not expired yet.
-                try:
+                with contextlib.suppress(NoNodeError):
                     self.zk.delete(path)
-                except NoNodeError:
-                    pass
                 self.zk.create(path, data, ephemeral=True, makepath=True)
         self.refresh()
 

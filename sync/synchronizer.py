@@ -26,9 +26,11 @@ import random
 import threading
 import time
 from collections.abc import Callable
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, suppress
 from dataclasses import dataclass
 
+from blobha.sync.membership import Membership
+from blobha.sync.workqueue import WorkQueue
 from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import KazooException, NodeExistsError, NoNodeError
 from kazoo.protocol.states import WatchedEvent
@@ -37,8 +39,6 @@ from blobha import placement, zkstate
 from blobha.errors import BlobError
 from blobha.peers import Peers
 from blobha.store import LocalStore
-from blobha.sync.membership import Membership
-from blobha.sync.workqueue import WorkQueue
 from blobha.zkstate import BLOBSTORE, BlobState, key_path, parse_replica, replica_path
 
 log = logging.getLogger(__name__)
@@ -360,10 +360,8 @@ class Synchronizer:
         self._verified[key] = (seq, session)
 
     def _delete_node(self, path: str) -> None:
-        try:
+        with suppress(NoNodeError):
             self.zk.delete(path)
-        except NoNodeError:
-            pass
 
     def _key_gone(self, key: str) -> None:
         with self._view_lock:

@@ -1,0 +1,269 @@
+"""``blobha local-cluster``: an embedded ZooKeeper plus N real master processes on 127.0.0.1.
+
+The same :class:`LocalCluster` drives the integration tests, so what users try is what is
+tested. Each master is a separate ``blobha serve`` process with its own data directory and
+configuration file, so killing one (``kill -9``) behaves as on a real cluster.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from blobha.peers import CHANNEL_OPTIONS, USER_METADATA_KEY
+from blobha.v1 import blobha_pb2 as pb
+from blobha.v1 import blobha_pb2_grpc as pb_grpc
+from blobha.zkserver import EmbeddedZooKeeper
+
+DEFAULT_BASE_PORT = 6627
+
+
+def _toml_value(v: Any) -> str:
+    # json's string/number/bool/list syntax is valid TOML for the values we write.
+    return json.dumps(v)
+
+
+class MasterProcess:
+    """One ``blobha serve`` child process."""
+
+    def __init__(self, index: int, address: str, config_path: Path, log_path: Path) -> None:
+        self.index = index
+        self.address = address
+        self.config_path = config_path
+        self.log_path = log_path
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the child from here on
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "blobha", "serve", "--config", str(self.config_path)],
+                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                # Run from the data directory: 'python -m' puts the working directory on
+                # sys.path, and a source checkout there would shadow the installed package.
+                cwd=self.config_path.parent, start_new_session=True,
+            )
+        finally:
+            log.close()
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None, "not started"
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def signal(self, sig: int) -> None:
+        if self.alive():
+            assert self.proc is not None
+            self.proc.send_signal(sig)
+
+    def kill(self) -> None:
+        self.signal(signal.SIGKILL)
+        self.wait(10)
+
+    def terminate(self, timeout: float = 15) -> None:
+        """SIGTERM, then SIGKILL if it has not exited after ``timeout``."""
+        if not self.alive():
+            return
+        self.signal(signal.SIGCONT)  # a stopped process cannot act on SIGTERM
+        self.signal(signal.SIGTERM)
+        if not self.wait(timeout):
+            self.kill()
+
+    def wait(self, timeout: float) -> bool:
+        if self.proc is None:
+            return True
+        try:
+            self.proc.wait(timeout)
+            return True
+        except subprocess.TimeoutExpired:
+            return False
+
+
+class LocalCluster:
+    """An embedded ZooKeeper and ``nodes`` masters under ``data_dir``.
+
+    ``overrides`` are configuration keys applied to every master (e.g. a short session timeout
+    for tests). Ports: masters on ``base_port``, ``base_port + 1``, ...; 0 picks free ports.
+    """
+
+    def __init__(
+        self,
+        data_dir: Path,
+        nodes: int = 3,
+        base_port: int = DEFAULT_BASE_PORT,
+        zookeeper_home: str | None = None,
+        overrides: Mapping[str, Any] | None = None,
+        zk_tick_ms: int = 1000,
+    ) -> None:
+        if nodes < 1:
+            raise ValueError("a cluster needs at least one master")
+        self.data_dir = data_dir.resolve()
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.overrides = dict(overrides or {})
+        self.zk = EmbeddedZooKeeper(self.data_dir / "zookeeper", zookeeper_home=zookeeper_home,
+                                    tick_ms=zk_tick_ms)
+        ports = _free_ports(nodes) if base_port == 0 else [base_port + i for i in range(nodes)]
+        self.masters = [
+            MasterProcess(
+                i, f"127.0.0.1:{port}", self.data_dir / f"master-{i + 1}.toml",
+                self.data_dir / f"master-{i + 1}.log",
+            )
+            for i, port in enumerate(ports)
+        ]
+
+    @property
+    def cluster(self) -> str:
+        """The value for ``--cluster`` / ``BLOBHA_CLUSTER``."""
+        return ",".join(m.address for m in self.masters)
+
+    def write_config(self, m: MasterProcess) -> None:
+        values: dict[str, Any] = {
+            "blobstore.dir": str(self.data_dir / f"master-{m.index + 1}"),
+            "zookeeper.servers": self.zk.connect_string,
+            "zookeeper.session.timeout.ms": 6000,
+            "master.listen": m.address,
+            "blobstore.disk.reserved.bytes": 64 * 1024 * 1024,
+            **self.overrides,
+        }
+        m.config_path.write_text(
+            "".join(f"{_toml_value(k)} = {_toml_value(v)}\n" for k, v in values.items())
+        )
+
+    def start(self, timeout: float = 60) -> None:
+        self.zk.start(timeout=timeout)
+        for m in self.masters:
+            self.write_config(m)
+            m.start()
+        self.wait_ready(timeout)
+
+    def start_master(self, m: MasterProcess) -> None:
+        self.write_config(m)
+        m.start()
+
+    def stop(self) -> None:
+        threads = [threading.Thread(target=m.terminate) for m in self.masters]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        self.zk.stop()
+
+    def __enter__(self) -> LocalCluster:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def summary(self, via: MasterProcess | None = None, timeout: float = 3.0
+                ) -> pb.ClusterSummaryResponse:
+        targets = [via] if via else [m for m in self.masters if m.alive()]
+        last: Exception | None = None
+        for m in targets:
+            with grpc.insecure_channel(m.address, options=CHANNEL_OPTIONS) as ch:
+                try:
+                    reply: pb.ClusterSummaryResponse = pb_grpc.BlobStoreStub(ch).ClusterSummary(
+                        pb.ClusterSummaryRequest(), timeout=timeout,
+                        metadata=((USER_METADATA_KEY, "blobha-local"),),
+                    )
+                    return reply
+                except grpc.RpcError as e:
+                    last = e
+        raise RuntimeError(f"no master answered: {last}")
+
+    def wait_ready(self, timeout: float, expect: int | None = None) -> pb.ClusterSummaryResponse:
+        """Wait until a leader is ready and ``expect`` (default: all live) masters answer."""
+        deadline = time.monotonic() + timeout
+        want = expect if expect is not None else sum(m.alive() for m in self.masters)
+        last = "no answer yet"
+        while time.monotonic() < deadline:
+            for m in self.masters:
+                if m.proc is not None and not m.alive() and expect is None:
+                    raise RuntimeError(
+                        f"master {m.address} exited with code {m.proc.returncode}; see"
+                        f" {m.log_path}"
+                    )
+            try:
+                s = self.summary(timeout=1.0)
+                reachable = [x for x in s.masters if x.reachable]
+                if s.leader and len(reachable) >= want:
+                    return s
+                last = f"leader={s.leader or 'none'}, {len(reachable)} of {want} masters"
+            except RuntimeError as e:
+                last = str(e)
+            time.sleep(0.1)
+        raise TimeoutError(f"cluster not ready after {timeout}s: {last}")
+
+    def leader(self, timeout: float = 30) -> MasterProcess:
+        s = self.wait_ready(timeout, expect=0)
+        return next(m for m in self.masters if m.address == s.leader)
+
+
+def _free_ports(n: int) -> list[int]:
+    import socket
+
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def main(nodes: int, data_dir: str | None, base_port: int, zookeeper_home: str | None) -> int:
+    """Run a local cluster in the foreground until Ctrl-C or SIGTERM."""
+    root = Path(data_dir or os.environ.get("BLOBHA_LOCAL_DIR", "blobha-local"))
+    cluster = LocalCluster(root, nodes=nodes, base_port=base_port, zookeeper_home=zookeeper_home)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    print(f"blobha local-cluster: starting ZooKeeper and {nodes} masters in {cluster.data_dir}",
+          flush=True)
+    try:
+        cluster.start()
+    except KeyboardInterrupt:
+        cluster.stop()
+        return 130
+    except Exception as e:
+        print(f"blobha: error: the local cluster did not start: {e}", file=sys.stderr, flush=True)
+        cluster.stop()
+        return 1
+    summary = cluster.summary()
+    print(f"ZooKeeper: {cluster.zk.connect_string} (chroot /blobha)")
+    for m in cluster.masters:
+        role = "leader" if m.address == summary.leader else "follower"
+        print(f"master {m.index + 1}: {m.address} pid {m.pid} ({role}); log {m.log_path}")
+    print("\nIn another shell:\n")
+    print(f"  export BLOBHA_CLUSTER={cluster.cluster}")
+    print("  blobha cluster\n")
+    print("Ctrl-C stops everything.", flush=True)
+    reported: set[int] = set()
+    try:
+        while not stop.wait(0.5):
+            for m in cluster.masters:
+                if not m.alive() and m.index not in reported:
+                    reported.add(m.index)
+                    code = m.proc.returncode if m.proc else None
+                    print(f"master {m.index + 1} ({m.address}) exited with code {code}; the"
+                          " others carry on", flush=True)
+    except KeyboardInterrupt:
+        pass
+    print("stopping the local cluster...", flush=True)
+    cluster.stop()
+    return 0

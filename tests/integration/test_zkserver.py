@@ -1,0 +1,105 @@
+"""EmbeddedZooKeeper against a real ZooKeeper server (needs Java and ZooKeeper jars)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from kazoo.client import KazooClient
+
+from blobha.zkserver import (
+    EmbeddedZooKeeper,
+    JavaNotFound,
+    ZooKeeperNotFound,
+    ZooKeeperStartError,
+    find_java,
+    find_zookeeper_classpath,
+    four_letter_word,
+)
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _needs_zookeeper() -> None:
+    try:
+        find_java()
+        find_zookeeper_classpath()
+    except (JavaNotFound, ZooKeeperNotFound) as e:
+        pytest.skip(str(e))
+
+
+def _process_gone(pid: int) -> bool:
+    # The server is our child and stop() reaps it, so the pid must no longer exist at all.
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+def test_start_use_stop(tmp_path: Path) -> None:
+    zk = EmbeddedZooKeeper(tmp_path / "zk", tick_ms=500)
+    with zk:
+        assert zk.is_running()
+        pid = zk.pid
+        assert pid is not None
+        host, port = zk.connect_string.rsplit(":", 1)
+        assert host == "127.0.0.1" and int(port) == zk.port > 0
+        assert four_letter_word(host, zk.port, "ruok") == "imok"
+
+        client = KazooClient(hosts=zk.connect_string, timeout=2.0)
+        client.start(timeout=15)
+        try:
+            client.create("/blobha/test", b"payload", makepath=True)
+            data, stat = client.get("/blobha/test")
+            assert data == b"payload"
+            assert stat.version == 0
+            # tick 500 ms allows 2 s sessions (minSessionTimeout = 2 ticks).
+            assert client._session_timeout == 2000
+        finally:
+            client.stop()
+            client.close()
+    assert not zk.is_running()
+    assert _process_gone(pid)
+    zk.stop()  # idempotent
+    assert (tmp_path / "zk" / "zoo.cfg").read_text().startswith("tickTime=500\n")
+    assert (tmp_path / "zk" / "zookeeper.log").stat().st_size > 0
+
+
+def test_restart_keeps_port_and_data_and_kill_is_a_crash(tmp_path: Path) -> None:
+    zk = EmbeddedZooKeeper(tmp_path / "zk", tick_ms=500)
+    zk.start()
+    try:
+        first_port = zk.port
+        client = KazooClient(hosts=zk.connect_string, timeout=2.0)
+        client.start(timeout=15)
+        client.create("/kept", b"1")
+        client.stop()
+        client.close()
+
+        zk.kill()
+        assert not zk.is_running()
+        zk.start()
+        assert zk.port == first_port
+        client = KazooClient(hosts=zk.connect_string, timeout=2.0)
+        client.start(timeout=15)
+        try:
+            assert client.get("/kept")[0] == b"1"
+        finally:
+            client.stop()
+            client.close()
+    finally:
+        zk.stop()
+
+
+def test_a_taken_fixed_port_fails_with_the_log(tmp_path: Path) -> None:
+    with EmbeddedZooKeeper(tmp_path / "a", tick_ms=500) as first:
+        second = EmbeddedZooKeeper(tmp_path / "b", port=first.port, tick_ms=500)
+        with pytest.raises(ZooKeeperStartError, match="exited") as info:
+            second.start(timeout=30)
+        assert info.value.port_in_use
+        assert not second.is_running()
+        # The first server is untouched.
+        assert four_letter_word("127.0.0.1", first.port, "ruok") == "imok"

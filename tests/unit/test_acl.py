@@ -1,0 +1,163 @@
+"""ACL grammar and semantics (Storm's; scenarios 4, 8 and 14)."""
+
+from __future__ import annotations
+
+import pytest
+
+from blobha.acl import (
+    ADMIN,
+    ALL,
+    READ,
+    WRITE,
+    AccessControl,
+    allowed,
+    describe,
+    format_acl,
+    normalize_for_create,
+    normalize_for_set,
+    parse_acl,
+    parse_entry,
+)
+from blobha.errors import InvalidArgument
+
+
+def test_parse_user_and_other_entries() -> None:
+    assert parse_acl("u:alice:rwa,o::r") == [
+        AccessControl("u", "alice", ALL),
+        AccessControl("o", "", READ),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("u:bob:r--", AccessControl("u", "bob", READ)),
+        ("u:bob:-w-", AccessControl("u", "bob", WRITE)),
+        ("u:bob:--a", AccessControl("u", "bob", ADMIN)),
+        ("u:bob:wa", AccessControl("u", "bob", WRITE | ADMIN)),
+        ("o::---", AccessControl("o", "", 0)),
+        ("o::rwa", AccessControl("o", "", ALL)),
+        ("  u:carol:r  ", AccessControl("u", "carol", READ)),
+    ],
+)
+def test_parse_entry(text: str, expected: AccessControl) -> None:
+    assert parse_entry(text) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "fragment"),
+    [
+        ("x:alice:r", "type must be"),
+        ("U:alice:r", "type must be"),
+        ("u::r", "needs a user name"),
+        ("o:alice:r", "takes no name"),
+        ("u:alice:rx", "unknown permission 'x'"),
+        ("u:alice:R", "unknown permission 'R'"),
+        ("u:alice:rwar", "up to three"),
+        ("u:alice:", "up to three"),
+        ("u:alice", "expected"),
+        ("alice", "expected"),
+        ("u:alice:r:extra", "expected"),
+        ("", "expected"),
+    ],
+)
+def test_malformed_entries_are_rejected_with_a_reason(text: str, fragment: str) -> None:
+    with pytest.raises(InvalidArgument, match=fragment):
+        parse_entry(text)
+
+
+def test_parse_acl_skips_empty_items_and_accepts_a_list() -> None:
+    assert parse_acl("") == []
+    assert parse_acl(" , u:bob:r ,") == [AccessControl("u", "bob", READ)]
+    assert parse_acl(["u:bob:r", "o::r"]) == [
+        AccessControl("u", "bob", READ),
+        AccessControl("o", "", READ),
+    ]
+
+
+@pytest.mark.parametrize(
+    "text", ["u:alice:r,u:alice:w", "u:alice:rwa,o::r,u:alice:r", "o::r,o::w"]
+)
+def test_duplicate_entries_are_rejected(text: str) -> None:
+    with pytest.raises(InvalidArgument, match="more than once"):
+        parse_acl(text)
+
+
+def test_distinct_users_are_not_duplicates() -> None:
+    assert len(parse_acl("u:alice:r,u:bob:r,o::r")) == 3
+
+
+def test_duplicates_are_rejected_on_set_as_well_as_create() -> None:
+    dup = [AccessControl("u", "alice", READ), AccessControl("u", "alice", WRITE)]
+    with pytest.raises(InvalidArgument, match="more than once"):
+        normalize_for_create(dup, "bob")
+    with pytest.raises(InvalidArgument, match="more than once"):
+        normalize_for_set(dup, "bob")
+
+
+def test_empty_acl_on_create_gives_the_creator_full_access() -> None:
+    acl = normalize_for_create([], "alice")
+    assert acl == [AccessControl("u", "alice", ALL)]
+    assert allowed(acl, "alice", ALL)
+    assert not allowed(acl, "bob", READ)
+
+
+def test_create_ors_full_access_into_the_creators_existing_entry() -> None:
+    acl = normalize_for_create(parse_acl("u:alice:r,o::r"), "alice")
+    assert acl == [AccessControl("u", "alice", ALL), AccessControl("o", "", READ)]
+
+
+def test_set_keeps_admin_for_the_setter_and_nothing_more() -> None:
+    acl = normalize_for_set(parse_acl("u:bob:r"), "alice")
+    assert acl == [AccessControl("u", "bob", READ), AccessControl("u", "alice", ADMIN)]
+    assert allowed(acl, "alice", ADMIN)
+    assert not allowed(acl, "alice", READ)
+    kept = normalize_for_set(parse_acl("u:alice:r"), "alice")
+    assert kept == [AccessControl("u", "alice", READ | ADMIN)]
+
+
+def test_other_entries_apply_to_everyone() -> None:
+    acl = parse_acl("o::r")
+    assert allowed(acl, "anyone", READ)
+    assert not allowed(acl, "anyone", WRITE)
+
+
+def test_user_entries_apply_only_to_that_user() -> None:
+    acl = parse_acl("u:alice:rwa")
+    assert allowed(acl, "alice", READ | WRITE | ADMIN)
+    assert not allowed(acl, "bob", READ)
+    assert not allowed(acl, "alice2", READ)
+    assert not allowed(acl, "", READ)
+
+
+def test_bits_from_user_and_other_entries_add_up() -> None:
+    acl = parse_acl("u:alice:w,o::r")
+    assert allowed(acl, "alice", READ | WRITE)
+    assert not allowed(acl, "alice", ADMIN)
+    assert not allowed(acl, "bob", WRITE)
+
+
+def test_every_requested_bit_is_needed() -> None:
+    acl = parse_acl("u:alice:r")
+    assert not allowed(acl, "alice", READ | WRITE)
+    assert allowed(acl, "alice", 0)
+    assert not allowed([], "alice", READ)
+
+
+@pytest.mark.parametrize(
+    "text", ["u:alice:rwa", "o::r--", "u:bob:-w-", "o::---", "u:alice:r-a,o::r--"]
+)
+def test_str_round_trip(text: str) -> None:
+    acl = parse_acl(text)
+    assert format_acl(acl) == text
+    assert parse_acl(format_acl(acl)) == acl
+
+
+def test_str_uses_the_canonical_three_letter_form() -> None:
+    assert str(parse_entry("u:bob:wa")) == "u:bob:-wa"
+    assert format_acl(parse_acl("u:alice:a,o::r")) == "u:alice:--a,o::r--"
+
+
+def test_describe_names_the_bits() -> None:
+    assert describe(READ) == "READ"
+    assert describe(WRITE | ADMIN) == "WRITE+ADMIN"

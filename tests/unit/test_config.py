@@ -1,0 +1,189 @@
+"""Master configuration: defaults, TOML (nested and flat), environment overrides, validation."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from blobha.config import OPTIONS, Config, ConfigError, env_name, load_config
+
+
+def _write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "blobha.toml"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_defaults() -> None:
+    cfg = load_config(None, env={})
+    assert cfg["blobstore.replication.factor"] == 3
+    assert cfg["blobstore.write.quorum"] == 1
+    assert cfg["blobstore.upload.expiration.secs"] == 600
+    assert cfg["zookeeper.servers"] == "127.0.0.1:2181"
+    assert cfg["zookeeper.chroot"] == "/blobha"
+    assert cfg["zookeeper.session.timeout.ms"] == 20000
+    assert cfg["master.listen"] == "0.0.0.0:6627"
+    assert cfg.advertise == "127.0.0.1:6627"
+    assert cfg.data_dir == Path("blobha-data")
+    assert cfg.admins == frozenset()
+    assert cfg["log.level"] == "INFO"
+    assert set(cfg.values) == {o.key for o in OPTIONS}
+
+
+def test_every_default_is_valid_and_kept() -> None:
+    cfg = Config.of()
+    for option in OPTIONS:
+        if option.key != "master.advertise":
+            assert cfg[option.key] == option.default, option.key
+
+
+def test_nested_tables(tmp_path: Path) -> None:
+    path = _write(
+        tmp_path,
+        """
+admins = ["root", "ops"]
+[blobstore]
+dir = "/var/lib/blobha"
+write.quorum = 2
+[blobstore.replication]
+factor = 5
+[zookeeper]
+servers = "zk1:2181,zk2:2181,zk3"
+[master]
+listen = "10.0.0.5:7000"
+""",
+    )
+    cfg = load_config(path, env={})
+    assert cfg.data_dir == Path("/var/lib/blobha")
+    assert cfg["blobstore.write.quorum"] == 2
+    assert cfg["blobstore.replication.factor"] == 5
+    assert cfg["zookeeper.servers"] == "zk1:2181,zk2:2181,zk3"
+    assert cfg.advertise == "10.0.0.5:7000"
+    assert cfg.admins == frozenset({"root", "ops"})
+
+
+def test_flat_quoted_dotted_keys(tmp_path: Path) -> None:
+    path = _write(
+        tmp_path,
+        """
+"blobstore.dir" = "/srv/blobs"
+"blobstore.write.quorum" = 3
+"blobstore.write.timeout.secs" = 2.5
+"log.level" = "debug"
+""",
+    )
+    cfg = load_config(path, env={})
+    assert cfg.data_dir == Path("/srv/blobs")
+    assert cfg["blobstore.write.quorum"] == 3
+    assert cfg["blobstore.write.timeout.secs"] == 2.5
+    assert cfg["log.level"] == "DEBUG"
+
+
+def test_environment_overrides_the_file(tmp_path: Path) -> None:
+    path = _write(tmp_path, '"blobstore.write.quorum" = 3\n')
+    env = {
+        "BLOBHA_BLOBSTORE_WRITE_QUORUM": "2",
+        "BLOBHA_BLOBSTORE_WRITE_TIMEOUT_SECS": "1.5",
+        "BLOBHA_ADMINS": "alice, bob,",
+        "BLOBHA_MASTER_ADVERTISE": "m1:6627",
+        "UNRELATED": "x",
+    }
+    cfg = load_config(path, env=env)
+    assert cfg["blobstore.write.quorum"] == 2
+    assert isinstance(cfg["blobstore.write.quorum"], int)
+    assert cfg["blobstore.write.timeout.secs"] == 1.5
+    assert cfg.admins == frozenset({"alice", "bob"})
+    assert cfg.advertise == "m1:6627"
+
+
+def test_environment_defaults_to_os_environ(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("BLOBHA_BLOBSTORE_SYNC_THREADS", "7")
+    assert load_config(None)["blobstore.sync.threads"] == 7
+
+
+def test_env_name() -> None:
+    assert env_name("blobstore.write.quorum") == "BLOBHA_BLOBSTORE_WRITE_QUORUM"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "key"),
+    [
+        ({"blobstore.write.quorum": 0}, "blobstore.write.quorum"),
+        ({"blobstore.write.quorum": "two"}, "blobstore.write.quorum"),
+        ({"blobstore.write.quorum": 1.5}, "blobstore.write.quorum"),
+        ({"blobstore.write.quorum": True}, "blobstore.write.quorum"),
+        ({"blobstore.replication.factor": 0}, "blobstore.replication.factor"),
+        ({"blobstore.disk.reserved.bytes": -1}, "blobstore.disk.reserved.bytes"),
+        ({"blobstore.write.timeout.secs": 0}, "blobstore.write.timeout.secs"),
+        ({"zookeeper.session.timeout.ms": 10}, "zookeeper.session.timeout.ms"),
+        ({"master.listen": "nohost"}, "master.listen"),
+        ({"master.listen": "host:0"}, "master.listen"),
+        ({"master.listen": "host:70000"}, "master.listen"),
+        ({"master.listen": "host:http"}, "master.listen"),
+        ({"master.listen": ":6627"}, "master.listen"),
+        ({"master.listen": ""}, "master.listen"),
+        ({"master.advertise": "0.0.0.0:6627"}, "master.advertise"),
+        ({"master.advertise": "m1"}, "master.advertise"),
+        ({"zookeeper.servers": "zk1:2181,zk2:x"}, "zookeeper.servers"),
+        ({"zookeeper.servers": ""}, "zookeeper.servers"),
+        ({"zookeeper.chroot": "blobha"}, "zookeeper.chroot"),
+        ({"zookeeper.chroot": "/blobha/"}, "zookeeper.chroot"),
+        ({"zookeeper.chroot": 5}, "zookeeper.chroot"),
+        ({"admins": "alice"}, "admins"),
+        ({"admins": ["alice", ""]}, "admins"),
+        ({"auth.mode": "kerberos"}, "auth.mode"),
+        ({"log.level": "LOUD"}, "log.level"),
+        ({"blobstore.dir": ""}, "blobstore.dir"),
+        ({"no.such.key": 1}, "no.such.key"),
+    ],
+)
+def test_bad_values_name_the_key(overrides: dict[str, Any], key: str) -> None:
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        Config.of(overrides)
+
+
+def test_bad_environment_value_names_the_key() -> None:
+    with pytest.raises(ConfigError, match=r"blobstore\.write\.quorum"):
+        load_config(None, env={"BLOBHA_BLOBSTORE_WRITE_QUORUM": "0"})
+
+
+def test_unknown_key_in_a_file(tmp_path: Path) -> None:
+    path = _write(tmp_path, "[blobstore]\nwrite_quorum = 2\n")
+    with pytest.raises(ConfigError, match=r"blobstore\.write_quorum"):
+        load_config(path, env={})
+
+
+def test_invalid_toml(tmp_path: Path) -> None:
+    path = _write(tmp_path, "blobstore.dir = \n")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_config(path, env={})
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    path = tmp_path / "absent.toml"
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(path, env={})
+
+
+@pytest.mark.parametrize(
+    ("listen", "advertise"),
+    [
+        ("0.0.0.0:7001", "127.0.0.1:7001"),
+        ("[::]:7002", "127.0.0.1:7002"),
+        ("master-3:7003", "master-3:7003"),
+        ("10.1.2.3:7004", "10.1.2.3:7004"),
+    ],
+)
+def test_advertise_is_derived_from_listen(listen: str, advertise: str) -> None:
+    assert Config.of({"master.listen": listen}).advertise == advertise
+
+
+def test_explicit_advertise_wins_over_listen() -> None:
+    cfg = Config.of({"master.listen": "0.0.0.0:7001", "master.advertise": "m9:7001"})
+    assert cfg.advertise == "m9:7001"
+
+
+def test_root_chroot_is_allowed() -> None:
+    assert Config.of({"zookeeper.chroot": "/"})["zookeeper.chroot"] == "/"

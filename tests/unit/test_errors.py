@@ -1,0 +1,117 @@
+"""The one mapping between blobha errors and gRPC statuses."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+
+from blobha import errors
+from blobha.errors import (
+    LEADER_METADATA_KEY,
+    BlobError,
+    KeyNotFound,
+    NotLeader,
+    Unavailable,
+    UploadNotFound,
+    from_status,
+    to_status,
+    upload_not_found,
+)
+
+ALL_CLASSES = sorted(
+    (c for c in vars(errors).values()
+     if isinstance(c, type) and issubclass(c, BlobError) and c is not BlobError),
+    key=lambda c: c.__name__,
+)
+
+
+def _round_trip(error: BlobError) -> BlobError:
+    code, details, trailers = to_status(error)
+    return from_status(code, details, trailers)
+
+
+def test_every_class_is_covered() -> None:
+    # A new class must be added here on purpose, after checking it round-trips.
+    assert {c.__name__ for c in ALL_CLASSES} == {
+        "KeyNotFound", "KeyAlreadyExists", "NotAuthorized", "InvalidArgument", "NotLeader",
+        "VersionConflict", "ChecksumMismatch", "ResourceExhausted", "Unavailable",
+        "DeadlineExceeded", "UploadNotFound", "InternalError",
+    }
+
+
+@pytest.mark.parametrize("cls", ALL_CLASSES, ids=lambda c: c.__name__)
+def test_round_trip_keeps_class_and_message(cls: type[BlobError]) -> None:
+    if cls is UploadNotFound:
+        original: BlobError = upload_not_found("u-123")
+    elif cls is NotLeader:
+        original = NotLeader("not the leader", "10.0.0.2:6627")
+    else:
+        original = cls(f"something about {cls.__name__}")
+    back = _round_trip(original)
+    assert type(back) is cls
+    assert str(back) == str(original)
+    assert back.code == original.code
+
+
+@pytest.mark.parametrize("cls", ALL_CLASSES, ids=lambda c: c.__name__)
+def test_codes_and_exit_codes(cls: type[BlobError]) -> None:
+    assert isinstance(cls.code, grpc.StatusCode)
+    assert cls.code is not grpc.StatusCode.OK
+    assert cls.exit_code > 1 or cls is BlobError
+
+
+def test_exit_codes_are_distinct() -> None:
+    exit_codes = [c.exit_code for c in ALL_CLASSES]
+    assert len(set(exit_codes)) == len(exit_codes)
+
+
+def test_not_leader_carries_the_leader_in_trailing_metadata() -> None:
+    code, details, trailers = to_status(NotLeader("go elsewhere", "nimbus-2:6627"))
+    assert code is grpc.StatusCode.FAILED_PRECONDITION
+    assert trailers == ((LEADER_METADATA_KEY, "nimbus-2:6627"),)
+    back = from_status(code, details, trailers)
+    assert isinstance(back, NotLeader)
+    assert back.leader == "nimbus-2:6627"
+
+
+def test_not_leader_leader_may_arrive_as_bytes_among_other_metadata() -> None:
+    trailers = (("other", "x"), (LEADER_METADATA_KEY, b"nimbus-3:6627"))
+    back = from_status(grpc.StatusCode.FAILED_PRECONDITION, "no", trailers)
+    assert isinstance(back, NotLeader)
+    assert back.leader == "nimbus-3:6627"
+
+
+def test_not_leader_without_a_known_leader_sends_no_metadata() -> None:
+    code, details, trailers = to_status(NotLeader("no leader yet"))
+    assert trailers == ()
+    back = from_status(code, details, trailers)
+    assert isinstance(back, NotLeader)
+    assert back.leader == ""
+
+
+def test_upload_not_found_is_told_apart_from_key_not_found() -> None:
+    upload = to_status(upload_not_found("abc"))
+    key = to_status(KeyNotFound("key 'k' does not exist"))
+    assert upload[0] == key[0] == grpc.StatusCode.NOT_FOUND
+    up_back = from_status(*upload)
+    key_back = from_status(*key)
+    assert type(up_back) is UploadNotFound
+    assert type(key_back) is KeyNotFound
+    assert "abc" in str(up_back)
+
+
+def test_unknown_codes_become_internal_errors() -> None:
+    back = from_status(grpc.StatusCode.UNIMPLEMENTED, "no such method")
+    assert type(back) is errors.InternalError
+    assert str(back) == "no such method"
+
+
+def test_empty_unavailable_details_get_an_actionable_message() -> None:
+    back = from_status(grpc.StatusCode.UNAVAILABLE, "")
+    assert isinstance(back, Unavailable)
+    assert "BLOBHA_CLUSTER" in str(back)
+
+
+def test_other_empty_details_fall_back_to_the_code_name() -> None:
+    back = from_status(grpc.StatusCode.ABORTED, "")
+    assert str(back) == "ABORTED"

@@ -1,0 +1,110 @@
+"""Blob key rules (Storm's, scenario 15) and the on-disk directory name of a key."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from blobha.errors import InvalidArgument
+from blobha.keys import MAX_KEY_BYTES, key_dirname, validate_key
+
+VALID = [
+    "test",
+    "geo-table_v2",
+    "a.b.c",
+    "données_2024",
+    "日本語キー",
+    "with space",
+    "tab\tkey",
+    "...x",
+    ".hidden",
+    "-leading-dash",
+    "x" * MAX_KEY_BYTES,
+    "é" * (MAX_KEY_BYTES // 2),
+]
+
+INVALID = [
+    "",
+    ".",
+    "..",
+    "a/b",
+    "/abs",
+    "a:b",
+    "host:1-2",
+    "new\nline",
+    "trailing\n",
+    "back\\slash",
+    "star*",
+    "nul\x00byte",
+    "x" * (MAX_KEY_BYTES + 1),
+    "é" * (MAX_KEY_BYTES // 2 + 1),
+]
+
+
+@pytest.mark.parametrize("key", VALID)
+def test_valid_keys_are_returned_unchanged(key: str) -> None:
+    assert validate_key(key) == key
+
+
+@pytest.mark.parametrize("key", INVALID)
+def test_invalid_keys_are_rejected(key: str) -> None:
+    with pytest.raises(InvalidArgument):
+        validate_key(key)
+
+
+def test_rejection_messages_say_why() -> None:
+    with pytest.raises(InvalidArgument, match="empty"):
+        validate_key("")
+    with pytest.raises(InvalidArgument, match="longer than"):
+        validate_key("x" * (MAX_KEY_BYTES + 1))
+    with pytest.raises(InvalidArgument, match="'/'"):
+        validate_key("a/b")
+
+
+@pytest.mark.parametrize("key", VALID)
+def test_dirname_is_a_safe_single_path_component(key: str, tmp_path: Path) -> None:
+    name = key_dirname(key)
+    assert name not in ("", ".", "..")
+    assert not name.startswith(".")
+    assert "/" not in name and "\\" not in name and "\x00" not in name
+    assert all(c.isascii() and c.isprintable() and not c.isspace() for c in name)
+    assert len(name.encode()) <= 255
+    # The file system agrees: the name creates exactly one entry directly under tmp_path.
+    (tmp_path / name).mkdir()
+    assert os.listdir(tmp_path) == [name]
+
+
+def test_dirnames_are_unique_for_distinct_keys() -> None:
+    keys = [
+        *VALID,
+        "A", "a", "a b", "a_b", "a-b", "a.b", "a\tb", ".Hidden", "_hidden", " x", "x ",
+        "x" * 300, "x" * 301, "y" * 300,
+    ]
+    names = [key_dirname(k) for k in keys]
+    assert len(set(names)) == len(keys)
+
+
+def test_a_short_key_never_takes_the_directory_of_a_hashed_long_key() -> None:
+    long_key = "z" * 300
+    hashed = key_dirname(long_key)
+    # A valid key spelled exactly like the hash name must get a directory of its own, or the
+    # two keys would share one directory (and one set of versions) in the store.
+    impostor = validate_key(hashed)
+    assert key_dirname(impostor) != hashed
+
+
+def test_short_keys_stay_readable() -> None:
+    assert key_dirname("geo-table_v2") == "geo-table_v2"
+    assert key_dirname("a.b") == "a.b"
+
+
+def test_long_keys_fall_back_to_a_stable_hash() -> None:
+    # 170 three-byte characters: a valid key whose percent-encoding is far too long.
+    long_key = validate_key("日本語" * 56 + "キー"[:2])
+    name = key_dirname(long_key)
+    assert name.startswith("h-")
+    assert name == key_dirname(long_key)
+    assert name != key_dirname(long_key[:-1])
+    assert key_dirname("x" * 300).startswith("h-")

@@ -1,0 +1,330 @@
+"""The local blob store: durable install, verified reads, housekeeping."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from blobha.digest import CHUNK_SIZE, EMPTY_DIGEST, digest_bytes
+from blobha.errors import ChecksumMismatch, InvalidArgument, KeyNotFound, ResourceExhausted
+from blobha.keys import key_dirname
+from blobha.store import LocalStore, TempBlob, VersionInfo
+
+MiB = 1024 * 1024
+
+
+def _data(size: int, seed: int = 0) -> bytes:
+    # Position-dependent bytes, so a chunk served from the wrong offset cannot look right.
+    block = bytes((i * 31 + seed) % 251 for i in range(251 * 16))
+    return (block * (size // len(block) + 1))[:size]
+
+
+def _put(store: LocalStore, key: str, seq: int, data: bytes) -> VersionInfo:
+    temp = store.new_temp("upload")
+    for start in range(0, len(data), 300_000):
+        temp.write_at(start, data[start:start + 300_000])
+    return store.install(key, seq, temp, len(data), digest_bytes(data))
+
+
+def _read(store: LocalStore, key: str, seq: int, offset: int = 0, length: int = 0) -> bytes:
+    return b"".join(store.read(key, seq, offset, length))
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> LocalStore:
+    return LocalStore(tmp_path / "store")
+
+
+@pytest.mark.parametrize(
+    "size", [0, 1, 4096, MiB - 1, MiB, MiB + 1, 2 * MiB, 3 * MiB + MiB // 2]
+)
+def test_install_and_read_back(store: LocalStore, size: int) -> None:
+    data = _data(size)
+    info = _put(store, "k", 1, data)
+    assert info.size == size
+    assert info.digest == digest_bytes(data)
+    assert len(info.chunks) == -(-size // CHUNK_SIZE)
+    assert _read(store, "k", 1) == data
+    assert store.info("k", 1) == info
+    assert store.latest("k") == info
+    assert store.verify("k", 1)
+    assert os.listdir(store.tmp_dir) == []
+
+
+def test_empty_blob_has_the_empty_digest(store: LocalStore) -> None:
+    info = _put(store, "empty", 1, b"")
+    assert info.digest == EMPTY_DIGEST
+    assert list(store.read("empty", 1)) == []
+
+
+def test_reads_come_in_chunks_of_at_most_chunk_size(store: LocalStore) -> None:
+    _put(store, "k", 1, _data(3 * MiB + 5))
+    sizes = [len(c) for c in store.read("k", 1)]
+    assert sizes == [MiB, MiB, MiB, 5]
+
+
+@pytest.mark.parametrize(
+    ("offset", "length"),
+    [
+        (0, 1),
+        (0, MiB),
+        (MiB - 1, 2),
+        (MiB - 10, MiB + 20),
+        (MiB, MiB),
+        (MiB + 1, 0),
+        (3 * MiB, 0),
+        (3 * MiB + MiB // 2 - 1, 0),
+        (3 * MiB + MiB // 2, 0),
+        (12345, 3 * MiB),
+        (100, 10 * MiB),
+    ],
+)
+def test_ranged_reads(store: LocalStore, offset: int, length: int) -> None:
+    data = _data(3 * MiB + MiB // 2, seed=7)
+    _put(store, "k", 1, data)
+    end = len(data) if length == 0 else offset + length
+    assert _read(store, "k", 1, offset, length) == data[offset:end]
+
+
+def test_offset_past_the_end_is_invalid(store: LocalStore) -> None:
+    _put(store, "k", 1, b"abc")
+    with pytest.raises(InvalidArgument, match="past the end"):
+        _read(store, "k", 1, 4)
+
+
+def test_reading_a_missing_version_is_key_not_found(store: LocalStore) -> None:
+    with pytest.raises(KeyNotFound):
+        _read(store, "nothing", 1)
+    _put(store, "k", 1, b"abc")
+    with pytest.raises(KeyNotFound):
+        _read(store, "k", 2)
+
+
+@pytest.mark.parametrize("wrong", ["digest", "size"])
+def test_digest_mismatch_on_install_leaves_nothing(store: LocalStore, wrong: str) -> None:
+    data = _data(MiB + 3)
+    temp = store.new_temp("upload")
+    temp.write_at(0, data)
+    size = len(data) + (1 if wrong == "size" else 0)
+    digest = digest_bytes(data[:-1]) if wrong == "digest" else digest_bytes(data)
+    with pytest.raises(ChecksumMismatch, match="does not match"):
+        store.install("k", 1, temp, size, digest)
+    assert store.versions("k") == []
+    assert store.latest("k") is None
+    assert store.keys() == []
+    assert os.listdir(store.tmp_dir) == []
+
+
+def test_write_at_skips_retried_bytes_and_refuses_gaps(tmp_path: Path) -> None:
+    temp = TempBlob(tmp_path / "t.part")
+    assert temp.write_at(0, b"hello") == 5
+    # A retried chunk: already received in full.
+    assert temp.write_at(0, b"hello") == 0
+    # A retried chunk that overlaps: only the new tail is written.
+    assert temp.write_at(3, b"lo world") == 6
+    assert temp.size == 11
+    with pytest.raises(InvalidArgument, match="gap"):
+        temp.write_at(12, b"!")
+    assert temp.size == 11
+    assert temp.write_at(11, b"!") == 1
+    assert temp.finish() == digest_bytes(b"hello world!")
+    assert (tmp_path / "t.part").read_bytes() == b"hello world!"
+
+
+def test_discarded_temp_is_removed(store: LocalStore) -> None:
+    temp = store.new_temp("upload")
+    temp.write_at(0, b"abc")
+    temp.discard()
+    temp.discard()
+    assert os.listdir(store.tmp_dir) == []
+
+
+def _flip_byte(store: LocalStore, key: str, seq: int, offset: int) -> None:
+    path = store.keys_dir / key_dirname(key) / f"v{seq}.blob"
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        b = f.read(1)
+        f.seek(offset)
+        f.write(bytes([b[0] ^ 0xFF]))
+
+
+def test_corrupt_chunk_is_never_yielded_and_the_version_is_removed(store: LocalStore) -> None:
+    data = _data(3 * MiB)
+    _put(store, "k", 1, data)
+    _flip_byte(store, "k", 1, MiB + 17)
+    chunks = store.read("k", 1)
+    # The first chunk is intact and served; the second is checked before anything of it leaves.
+    assert next(chunks) == data[:MiB]
+    with pytest.raises(ChecksumMismatch, match="corrupt"):
+        next(chunks)
+    assert store.versions("k") == []
+    assert store.info("k", 1) is None
+    with pytest.raises(KeyNotFound):
+        _read(store, "k", 1)
+
+
+def test_corruption_in_the_first_chunk_yields_nothing(store: LocalStore) -> None:
+    _put(store, "k", 1, _data(1000))
+    _flip_byte(store, "k", 1, 999)
+    received: list[bytes] = []
+    with pytest.raises(ChecksumMismatch):
+        received.extend(store.read("k", 1))
+    assert received == []
+
+
+def test_ranged_read_checks_the_whole_chunk_it_serves_from(store: LocalStore) -> None:
+    _put(store, "k", 1, _data(2 * MiB))
+    _flip_byte(store, "k", 1, MiB + MiB // 2)
+    with pytest.raises(ChecksumMismatch):
+        _read(store, "k", 1, MiB, 10)
+
+
+def test_truncated_blob_is_detected(store: LocalStore) -> None:
+    _put(store, "k", 1, _data(2 * MiB))
+    path = store.keys_dir / key_dirname("k") / "v1.blob"
+    os.truncate(path, MiB)
+    assert not store.verify("k", 1)
+    assert store.versions("k") == []
+
+
+def test_verify_leaves_an_intact_version_alone(store: LocalStore) -> None:
+    _put(store, "k", 1, _data(MiB + 1))
+    assert store.verify("k", 1)
+    assert store.versions("k") == [1]
+
+
+def test_unreadable_record_removes_the_version(store: LocalStore) -> None:
+    _put(store, "k", 1, b"abc")
+    (store.keys_dir / key_dirname("k") / "v1.json").write_text("{not json", encoding="utf-8")
+    assert store.info("k", 1) is None
+    assert store.versions("k") == []
+
+
+def test_start_up_removes_temp_files_and_half_installed_versions(tmp_path: Path) -> None:
+    root = tmp_path / "store"
+    store = LocalStore(root)
+    _put(store, "k", 1, b"committed")
+    d = store.keys_dir / key_dirname("k")
+    (store.tmp_dir / "upload-dead.part").write_bytes(b"partial")
+    (store.tmp_dir / "nested").mkdir()
+    (store.tmp_dir / "nested" / "x").write_bytes(b"x")
+    (d / "v2.blob").write_bytes(b"renamed in, record never written")
+    (d / "v2.json.tmp-abc").write_text("{}", encoding="utf-8")
+    restarted = LocalStore(root)
+    assert os.listdir(restarted.tmp_dir) == []
+    assert sorted(os.listdir(d)) == ["key", "v1.blob", "v1.json"]
+    assert restarted.versions("k") == [1]
+    assert _read(restarted, "k", 1) == b"committed"
+    assert restarted.clean_temp() == 0
+
+
+def test_a_stray_temp_file_does_not_break_delete_key(store: LocalStore) -> None:
+    _put(store, "k", 1, b"one")
+    _put(store, "k", 2, b"two")
+    d = store.keys_dir / key_dirname("k")
+    (d / "v3.blob.tmp-123").write_bytes(b"stray")
+    (store.tmp_dir / "upload-x.part").write_bytes(b"stray")
+    store.delete_key("k")
+    assert not d.exists()
+    assert store.versions("k") == []
+    assert store.keys() == []
+    # The key can be created again afterwards (scenario 2).
+    _put(store, "k", 3, b"again")
+    assert _read(store, "k", 3) == b"again"
+
+
+def test_prune_keeps_the_newest_versions(store: LocalStore) -> None:
+    for seq in (1, 2, 5, 10):
+        _put(store, "k", seq, f"v{seq}".encode())
+    store.prune("k", 2)
+    assert store.versions("k") == [5, 10]
+    assert _read(store, "k", 10) == b"v10"
+    store.prune("k", 5)
+    assert store.versions("k") == [5, 10]
+    store.prune("k", 0)
+    assert store.versions("k") == []
+
+
+def test_versions_sort_numerically(store: LocalStore) -> None:
+    for seq in (10, 9, 100):
+        _put(store, "k", seq, b"x")
+    assert store.versions("k") == [9, 10, 100]
+    latest = store.latest("k")
+    assert latest is not None and latest.seq == 100
+
+
+def test_find_by_digest(store: LocalStore) -> None:
+    _put(store, "k", 1, b"alpha")
+    _put(store, "k", 2, b"beta")
+    found = store.find_by_digest("k", digest_bytes(b"alpha"), 5)
+    assert found is not None and found.seq == 1
+    assert store.find_by_digest("k", digest_bytes(b"gamma"), 5) is None
+
+
+def test_install_copy_rolls_back_to_an_older_version(store: LocalStore) -> None:
+    old = _put(store, "k", 1, _data(MiB + 9))
+    _put(store, "k", 2, b"new")
+    copy = store.install_copy("k", 3, old)
+    assert copy.digest == old.digest and copy.seq == 3
+    assert _read(store, "k", 3) == _data(MiB + 9)
+
+
+def test_usage_counts_keys_once_and_every_retained_byte(store: LocalStore) -> None:
+    assert store.usage() == (0, 0)
+    _put(store, "a", 1, b"12345")
+    _put(store, "a", 2, b"123")
+    _put(store, "b", 1, b"")
+    _put(store, "c", 1, _data(MiB + 1))
+    assert store.usage() == (3, 5 + 3 + 0 + MiB + 1)
+    store.delete_key("c")
+    assert store.usage() == (2, 8)
+
+
+def test_reserve(tmp_path: Path) -> None:
+    LocalStore(tmp_path / "s").reserve(1)
+    huge = LocalStore(tmp_path / "s", reserved_bytes=1 << 62)
+    with pytest.raises(ResourceExhausted, match=r"blobstore\.disk\.reserved\.bytes"):
+        huge.reserve(1)
+    with pytest.raises(ResourceExhausted):
+        LocalStore(tmp_path / "s").reserve(1 << 62)
+
+
+def test_keys_lists_installed_keys_including_unicode(store: LocalStore) -> None:
+    keys = ["plain", "données_2024", "日本語キー", "with space", "tab\tkey", ".dot", "z" * 300]
+    for key in keys:
+        _put(store, key, 1, key.encode())
+    assert sorted(store.keys()) == sorted(keys)
+    for key in keys:
+        assert _read(store, key, 1) == key.encode()
+    record = json.loads((store.keys_dir / key_dirname("日本語キー") / "key").read_text("utf-8"))
+    assert record == {"key": "日本語キー"}
+
+
+def test_a_key_without_versions_is_not_listed(store: LocalStore) -> None:
+    _put(store, "k", 1, b"x")
+    store.delete_version("k", 1)
+    assert store.keys() == []
+
+
+def test_keys_sharing_a_prefix_with_hash_names_stay_apart(store: LocalStore) -> None:
+    long_key = "q" * 300
+    _put(store, long_key, 1, b"long")
+    short_key = key_dirname(long_key)
+    _put(store, short_key, 1, b"short")
+    assert sorted(store.keys()) == sorted([long_key, short_key])
+    assert _read(store, long_key, 1) == b"long"
+    assert _read(store, short_key, 1) == b"short"
+
+
+def test_a_stray_file_among_the_key_directories_does_not_break_start_up(tmp_path: Path) -> None:
+    root = tmp_path / "store"
+    store = LocalStore(root)
+    _put(store, "k", 1, b"kept")
+    (store.keys_dir / "stray.tmp").write_bytes(b"left by someone else")
+    restarted = LocalStore(root)
+    assert restarted.keys() == ["k"]
+    assert restarted.usage() == (1, 4)
+    assert _read(restarted, "k", 1) == b"kept"

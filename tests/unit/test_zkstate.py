@@ -1,0 +1,163 @@
+"""ZooKeeper layout helpers: replica names (scenarios 12, 13) and the committed blob state."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+
+from blobha.acl import ALL, READ, AccessControl
+from blobha.zkstate import (
+    BlobState,
+    EpochRecord,
+    PastVersion,
+    holders,
+    key_path,
+    latest_seq,
+    parse_replica,
+    replica_name,
+    replica_path,
+)
+
+
+def test_latest_seq_among_storm_style_names() -> None:
+    assert latest_seq(["nimbus1:8000-2", "nimbus-1:8000-4"]) == 4
+
+
+def test_latest_seq_compares_numbers_not_strings() -> None:
+    assert latest_seq(["m:1-9", "m:2-10", "m:3-2"]) == 10
+
+
+def test_latest_seq_of_nothing_is_zero() -> None:
+    assert latest_seq([]) == 0
+    assert latest_seq(["garbage", "m:1-x"]) == 0
+
+
+@pytest.mark.parametrize(
+    ("name", "parsed"),
+    [
+        ("nimbus-1:7800-1", ("nimbus-1:7800", 1)),
+        ("nimbus1:8000-2", ("nimbus1:8000", 2)),
+        ("a-b-c:1-2-3", ("a-b-c:1-2", 3)),
+        ("10.0.0.1:6627-42", ("10.0.0.1:6627", 42)),
+        ("[::1]:6627-7", ("[::1]:6627", 7)),
+    ],
+)
+def test_parse_replica(name: str, parsed: tuple[str, int]) -> None:
+    assert parse_replica(name) == parsed
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["", "garbage", "nimbus-1", "host:80", "host:80-", "host:80-x", "host-1", "-5",
+     "host:80-1.5", "host:80- 1", "host:80-+1", "host:80-\u00b2", "host:80-\u0661"],
+)
+def test_garbage_names_give_none(name: str) -> None:
+    # Superscript and non-ASCII digits pass str.isdigit(); they must not crash or parse.
+    assert parse_replica(name) is None
+
+
+def test_garbage_never_breaks_latest_seq_or_holders() -> None:
+    names = ["m1:1-3", "m2:1-\u00b2", "x"]
+    assert latest_seq(names) == 3
+    assert holders(names, 3) == ["m1:1"]
+
+
+def test_replica_name_round_trips() -> None:
+    name = replica_name("nimbus-1:7800", 12)
+    assert name == "nimbus-1:7800-12"
+    assert parse_replica(name) == ("nimbus-1:7800", 12)
+
+
+def test_paths() -> None:
+    assert key_path("k") == "/blobstore/k"
+    assert replica_path("k", "m-1:1", 3) == "/blobstore/k/m-1:1-3"
+
+
+def test_only_replicas_at_the_given_seq_are_holders() -> None:
+    names = ["m1:1-3", "m2:1-2", "m-3:1-3", "m4:1-1", "junk", "m1:1-2"]
+    assert holders(names, 3) == ["m-3:1", "m1:1"]
+    assert holders(names, 2) == ["m1:1", "m2:1"]
+    assert holders(names, 4) == []
+    assert holders(names, latest_seq(names)) == ["m-3:1", "m1:1"]
+
+
+def test_a_master_is_counted_once() -> None:
+    assert holders(["m1:1-3", "m1:1-3"], 3) == ["m1:1"]
+
+
+def _state(**changes: object) -> BlobState:
+    base = BlobState(
+        seq=3,
+        size=11,
+        digest="0" * 32,
+        acl=(AccessControl("u", "alice", ALL), AccessControl("o", "", READ)),
+        replication_factor=3,
+        creator="alice",
+        created_at=100.0,
+        updated_at=200.5,
+        epoch=2,
+        acked=True,
+        write_quorum=2,
+        history=(PastVersion(2, 10, "1" * 32), PastVersion(1, 9, "2" * 32)),
+    )
+    return replace(base, **changes)  # type: ignore[arg-type]
+
+
+def test_blob_state_round_trip() -> None:
+    state = _state()
+    back = BlobState.decode(state.encode(), meta_version=17)
+    assert back == _state(meta_version=17)
+    assert back.acl == state.acl
+    assert back.history == state.history
+
+
+def test_meta_version_is_not_stored() -> None:
+    raw = json.loads(_state(meta_version=5).encode())
+    assert "meta_version" not in raw
+    assert raw["acl"] == "u:alice:rwa,o::r--"
+    assert BlobState.decode(_state(meta_version=5).encode()).meta_version == 0
+
+
+def test_decode_without_history_or_quorum() -> None:
+    raw = json.loads(_state().encode())
+    del raw["history"]
+    del raw["write_quorum"]
+    back = BlobState.decode(json.dumps(raw).encode())
+    assert back.history == ()
+    assert back.write_quorum == 1
+
+
+def test_with_new_version_moves_the_old_one_into_history() -> None:
+    state = _state()
+    new = state.with_new_version(
+        seq=4, size=12, digest="3" * 32, now=300.0, epoch=5, write_quorum=1, keep_history=2
+    )
+    assert (new.seq, new.size, new.digest) == (4, 12, "3" * 32)
+    assert new.updated_at == 300.0 and new.created_at == state.created_at
+    assert new.epoch == 5 and new.write_quorum == 1
+    assert new.acked is False
+    assert new.history == (PastVersion(3, 11, "0" * 32), PastVersion(2, 10, "1" * 32))
+    assert new.acl == state.acl and new.creator == state.creator
+    # The original is untouched (states are values).
+    assert state.seq == 3 and state.acked is True
+
+
+def test_with_new_version_history_limits() -> None:
+    state = _state()
+    none = state.with_new_version(4, 1, "3" * 32, 1.0, 1, 1, keep_history=0)
+    assert none.history == ()
+    many = state.with_new_version(4, 1, "3" * 32, 1.0, 1, 1, keep_history=10)
+    assert [p.seq for p in many.history] == [3, 2, 1]
+
+
+def test_history_survives_encoding_after_an_update() -> None:
+    new = _state().with_new_version(4, 1, "3" * 32, 1.0, 1, 1, keep_history=2)
+    assert BlobState.decode(new.encode()) == new
+
+
+def test_epoch_record() -> None:
+    rec = EpochRecord(7, "m1:6627")
+    assert EpochRecord.decode(rec.encode()) == rec
+    assert EpochRecord.decode(b"") == EpochRecord(0, "")
