@@ -1,6 +1,13 @@
-"""blobha: a ZooKeeper-coordinated, highly available, replicated blob store."""
+"""blobha: a ZooKeeper-coordinated, highly available, replicated blob store.
+
+>>> from blobha import Client
+>>> with Client("127.0.0.1:6627", user="alice") as c:  # doctest: +SKIP
+...     c.create("geo", b"...", acl="o::r")
+...     c.read("geo")
+"""
 
 from blobha.acl import AccessControl, format_acl, parse_acl
+from blobha.client import Client
 from blobha.errors import (
     BlobError,
     ChecksumMismatch,
@@ -22,6 +29,7 @@ __all__ = [
     "AccessControl",
     "BlobError",
     "ChecksumMismatch",
+    "Client",
     "DeadlineExceeded",
     "InternalError",
     "InvalidArgument",

@@ -1,8 +1,10 @@
 """Blob keys: Storm's key rules, and a safe on-disk name for each key.
 
 A key matches ``^[\\w \\t._-]+$`` (``\\w`` is Unicode-aware, so ``données_2024`` is valid), is
-not ``.`` or ``..``, and is at most :data:`MAX_KEY_BYTES` bytes of UTF-8. That excludes ``/``
-(which would nest znodes or escape the blob directory) and ``:`` (which would collide with the
+not ``.`` or ``..``, and is at most :data:`MAX_KEY_BYTES` bytes of UTF-8. Unlike Storm, a key
+may not hold characters ZooKeeper refuses in node names (tab and other control characters),
+which Storm accepted only to fail later in ZooKeeper. The rules exclude ``/`` (which would
+nest znodes or escape the blob directory) and ``:`` (which would collide with the
 ``host:port-seq`` replica node names).
 """
 
@@ -29,12 +31,24 @@ def validate_key(key: str) -> str:
         raise InvalidArgument(f"the key is longer than {MAX_KEY_BYTES} bytes of UTF-8; shorten it")
     if key in (".", ".."):
         raise InvalidArgument(f"{key!r} is not a valid key; choose a name with letters or digits")
+    bad = next((c for c in key if _zookeeper_forbids(c)), None)
+    if bad is not None:
+        raise InvalidArgument(
+            f"invalid key {key!r}: character U+{ord(bad):04X} cannot be stored in a ZooKeeper"
+            " node name (control characters such as tab are not allowed); remove it"
+        )
     if not _KEY_RE.match(key) or "\n" in key:
         raise InvalidArgument(
             f"invalid key {key!r}: keys may contain only letters, digits, '_', '.', '-', space and"
             " tab (no '/', ':' or other punctuation)"
         )
     return key
+
+
+def _zookeeper_forbids(c: str) -> bool:
+    # ZooKeeper's PathUtils rejects these code points in any path component.
+    o = ord(c)
+    return (o < 0x20 or 0x7F <= o <= 0x9F or 0xD800 <= o <= 0xF8FF or 0xFFF0 <= o <= 0xFFFF)
 
 
 def key_dirname(key: str) -> str:

@@ -52,6 +52,7 @@ class MasterProcess:
                 # Run from the data directory: 'python -m' puts the working directory on
                 # sys.path, and a source checkout there would shadow the installed package.
                 cwd=self.config_path.parent, start_new_session=True,
+                env={**os.environ, "BLOBHA_EXIT_WITH_PARENT": str(os.getpid())},
             )
         finally:
             log.close()
@@ -175,7 +176,8 @@ class LocalCluster:
         for m in targets:
             with grpc.insecure_channel(m.address, options=CHANNEL_OPTIONS) as ch:
                 try:
-                    reply: pb.ClusterSummaryResponse = pb_grpc.BlobStoreStub(ch).ClusterSummary(
+                    stub = pb_grpc.BlobStoreStub(ch)  # type: ignore[no-untyped-call]
+                    reply: pb.ClusterSummaryResponse = stub.ClusterSummary(
                         pb.ClusterSummaryRequest(), timeout=timeout,
                         metadata=((USER_METADATA_KEY, "blobha-local"),),
                     )

@@ -135,6 +135,7 @@ class Master:
             deletions_allowed=self._deletions_allowed,
             key_lock=self.store.key_lock,
         )
+        self.store.on_corrupt = self.sync.corrupted
         self._cluster_id_ok = False
         self._server: grpc.Server | None = None
         self._stopped = threading.Event()
@@ -675,17 +676,21 @@ class Master:
 
     # ---- leader duties --------------------------------------------------------------------
 
-    def _leader_duty(self, key: str, view: KeyView) -> None:
+    def _leader_duty(self, key: str, view: KeyView) -> bool:
+        """Leader-only upkeep of one key; True if it changed the key's committed state."""
         state = view.state
         holders = view.holders()
         if state.acked:
-            return
+            return False
         if holders and len(holders) >= state.write_quorum:
             self._mark_acked(key, state)
-        elif not holders and state.epoch != self.election.epoch:
-            self._roll_back(key, state)
+            return True
+        if not holders and state.epoch != self.election.epoch:
+            # Committed by an earlier leader, which died before anyone copied it.
+            return self._roll_back(key, state)
+        return False
 
-    def _roll_back(self, key: str, state: BlobState) -> None:
+    def _roll_back(self, key: str, state: BlobState) -> bool:
         """A version committed by an earlier leader, never acknowledged, held by no live master:
         return the key to the newest version still available, so it never stays unreadable."""
         with self.store.key_lock(key):
@@ -710,14 +715,15 @@ class Master:
                             " it; restored the content of v%d as v%d", key, state.seq, past.seq,
                             new.seq)
                 self.sync.schedule(key)
-                return
+                return True
             if state.seq == 1 or not state.history:
                 self._fenced_delete(key, state.meta_version)
                 log.warning("ROLL-BACK: the create of %r was never acknowledged and no live master"
                             " holds it; removed the key", key)
-                return
+                return True
         log.error("%r v%d is unacknowledged, unheld and no earlier version is available", key,
                   state.seq)
+        return False
 
     def _obtain(self, key: str, past: PastVersion) -> VersionInfo | None:
         local = self.store.find_by_digest(key, past.digest, past.size)
@@ -796,6 +802,22 @@ def serve_main(config_path: str | None) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    parent = os.environ.get("BLOBHA_EXIT_WITH_PARENT")
+    if parent and parent.isdigit():
+        threading.Thread(target=_exit_with_parent, args=(int(parent), stop), daemon=True).start()
     stop.wait()
     master.stop()
     return 0
+
+
+def _exit_with_parent(pid: int, stop: threading.Event) -> None:
+    """Stop when the process that started us is gone (a local cluster whose runner was
+    killed must not leave masters behind)."""
+    while not stop.wait(1.0):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            log.warning("parent process %d is gone; stopping", pid)
+            stop.set()
+        except PermissionError:
+            pass

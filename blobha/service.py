@@ -10,7 +10,13 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import grpc
-from kazoo.exceptions import KazooException
+from kazoo.exceptions import (
+    ConnectionClosedError,
+    ConnectionLoss,
+    OperationTimeoutError,
+    SessionExpiredError,
+    SessionMovedError,
+)
 
 from blobha.acl import AccessControl
 from blobha.digest import CHUNK_SIZE
@@ -51,7 +57,8 @@ def _abort(context: grpc.ServicerContext, error: BlobError) -> NoReturn:
 def _translate(identity: str, method: str, e: Exception) -> BlobError:
     if isinstance(e, BlobError):
         return e
-    if isinstance(e, KazooException):
+    if isinstance(e, ConnectionLoss | SessionExpiredError | ConnectionClosedError
+                  | OperationTimeoutError | SessionMovedError):
         return Unavailable(
             f"ZooKeeper is unreachable from master {identity} ({type(e).__name__}); retry shortly"
         )

@@ -23,7 +23,7 @@ import shutil
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
@@ -116,6 +116,9 @@ class LocalStore:
         self.tmp_dir = root / "tmp"
         self.keys_dir.mkdir(parents=True, exist_ok=True)
         self.tmp_dir.mkdir(parents=True, exist_ok=True)
+        #: Called with (key, seq) after a corrupt version was removed, so the master can
+        #: unregister that replica and fetch a healthy copy.
+        self.on_corrupt: Callable[[str, int], None] | None = None
         self._locks: dict[str, threading.RLock] = {}
         self._locks_guard = threading.Lock()
         self.clean_temp()
@@ -330,6 +333,8 @@ class LocalStore:
             " never served and a healthy replica is fetched", index, info.seq, info.key,
         )
         self.delete_version(info.key, info.seq)
+        if self.on_corrupt is not None:
+            self.on_corrupt(info.key, info.seq)
         raise ChecksumMismatch(
             f"this master's copy of {info.key!r} version {info.seq} is corrupt and was removed;"
             " retry, another replica will serve it"

@@ -79,7 +79,7 @@ class Synchronizer:
         membership: Membership,
         settings: SyncSettings,
         is_leader: Callable[[], bool],
-        leader_duty: Callable[[str, KeyView], None],
+        leader_duty: Callable[[str, KeyView], bool],
         deletions_allowed: Callable[[], bool],
         key_lock: Callable[[str], AbstractContextManager[object]],
     ) -> None:
@@ -271,6 +271,9 @@ class Synchronizer:
             if parsed and parsed[0] == self.identity and (local is None or parsed[1] != state.seq):
                 self._delete_node(f"{path}/{name}")
 
+        if self._is_leader() and self._leader_duty(key, view):
+            return  # the leader changed the key's state; its watch brings it back here
+
         known = self.membership.known()
         rf = min(state.replication_factor, max(len(known), 1))
         targets = placement.choose(key, known, rf)
@@ -290,8 +293,6 @@ class Synchronizer:
             self._fetch(key, state, holders)
 
         self._prune(key, state.seq)
-        if self._is_leader():
-            self._leader_duty(key, view)
 
     def _prune(self, key: str, committed: int) -> None:
         keep_below = self.settings.versions_retained - 1
@@ -358,6 +359,16 @@ class Synchronizer:
         except NoNodeError:
             return
         self._verified[key] = (seq, session)
+
+    def corrupted(self, key: str, seq: int) -> None:
+        """A stored version failed its digest and was removed: stop advertising it and fetch
+        a healthy copy."""
+        self._verified.pop(key, None)
+        try:
+            self._delete_node(replica_path(key, self.identity, seq))
+        except KazooException:
+            log.warning("could not unregister corrupt replica of %r now; the reconcile will", key)
+        self.queue.put(key)
 
     def _delete_node(self, path: str) -> None:
         with suppress(NoNodeError):

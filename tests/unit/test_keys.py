@@ -17,7 +17,6 @@ VALID = [
     "données_2024",
     "日本語キー",
     "with space",
-    "tab\tkey",
     "...x",
     ".hidden",
     "-leading-dash",
@@ -38,6 +37,9 @@ INVALID = [
     "back\\slash",
     "star*",
     "nul\x00byte",
+    "tab\tkey",  # Storm's regex allows tab, but ZooKeeper refuses it in node names
+    "del\x7fchar",
+    "private\ue000use",
     "x" * (MAX_KEY_BYTES + 1),
     "é" * (MAX_KEY_BYTES // 2 + 1),
 ]
@@ -52,6 +54,11 @@ def test_valid_keys_are_returned_unchanged(key: str) -> None:
 def test_invalid_keys_are_rejected(key: str) -> None:
     with pytest.raises(InvalidArgument):
         validate_key(key)
+
+
+def test_characters_zookeeper_refuses_are_named() -> None:
+    with pytest.raises(InvalidArgument, match=r"U\+0009.*ZooKeeper"):
+        validate_key("tab\tkey")
 
 
 def test_rejection_messages_say_why() -> None:

@@ -1,0 +1,703 @@
+"""The ``blobha`` command line, shaped after ``storm blobstore``.
+
+Global options go before or after the command: ``--cluster HOST:PORT[,HOST:PORT...]``
+(default ``$BLOBHA_CLUSTER``, else 127.0.0.1:6627) and ``--user NAME`` (default
+``$BLOBHA_USER``, else the operating-system user).
+
+Errors are one line on stderr, ``blobha: error: <message>``, and the exit status says which
+kind of error it was:
+
+====  =========================================================================
+code  meaning
+====  =========================================================================
+0     success
+1     other error, including a local file that cannot be read or written
+2     usage error (bad command line)
+3     the key does not exist
+4     the key already exists
+5     not authorized (the ACL does not allow it)
+6     invalid argument (bad key, ACL, number...)
+7     not the leader (no leader could be reached for a write)
+8     version conflict (the blob changed meanwhile)
+9     checksum mismatch (corrupt data detected)
+10    resource exhausted (no disk space on the masters, message too large)
+11    unavailable (no master or no leader reachable before the timeout)
+12    deadline exceeded (also: wait-replication did not reach its minimum)
+13    upload lost (it expired, or the leader changed and it could not restart)
+14    internal error
+130   interrupted (Ctrl-C)
+141   broken pipe (the reader of stdout went away, e.g. ``blobha cat k | head``)
+====  =========================================================================
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib
+import json
+import os
+import sys
+import time
+import traceback
+from collections.abc import Callable, Iterator, Sequence
+from datetime import UTC, datetime
+from typing import Any, BinaryIO, TextIO
+
+from blobha.acl import format_acl, parse_acl
+from blobha.client import BlobMeta, Client, ClusterSummary, ProgressCallback, ReplicationStatus
+from blobha.errors import BlobError, DeadlineExceeded, InternalError, KeyNotFound, NotAuthorized
+
+PROG = "blobha"
+DEFAULT_CLUSTER = "127.0.0.1:6627"
+DEFAULT_BASE_PORT = 6627
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+EXIT_BROKEN_PIPE = 141
+
+EXIT_CODES_EPILOG = """\
+exit codes:
+  0 success            1 other error / local file    2 usage error
+  3 key not found      4 key already exists          5 not authorized
+  6 invalid argument   7 not leader                  8 version conflict
+  9 checksum mismatch  10 resource exhausted         11 unavailable
+  12 deadline exceeded (and wait-replication not reached)
+  13 upload lost       14 internal error             130 interrupted
+  141 broken pipe
+
+environment: BLOBHA_CLUSTER (default for --cluster), BLOBHA_USER (default for --user)
+"""
+
+#: Builds the client for a command; tests replace it with a fake (no network).
+ClientFactory = Callable[[str, str | None], Client]
+
+
+def _make_client(cluster: str, user: str | None) -> Client:
+    return Client(cluster, user=user)
+
+
+client_factory: ClientFactory = _make_client
+
+
+# --------------------------------------------------------------------------------------------
+# Argument parsing
+# --------------------------------------------------------------------------------------------
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected 1 or more, got {value}")
+    return value
+
+
+def _seconds(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
+
+
+def _port(text: str) -> int:
+    value = _positive_int(text)
+    if value > 65535:
+        raise argparse.ArgumentTypeError(f"expected a port 1-65535, got {value}")
+    return value
+
+
+def _add_global_options(parser: argparse.ArgumentParser, *, suppress: bool) -> None:
+    # On subcommands the default is SUPPRESS, so an option given only before the command is not
+    # overwritten by the subcommand's default.
+    default = argparse.SUPPRESS if suppress else None
+    group = parser.add_argument_group("global options")
+    group.add_argument(
+        "--cluster",
+        metavar="HOST:PORT[,HOST:PORT...]",
+        default=default,
+        help=f"masters to contact (default: $BLOBHA_CLUSTER, else {DEFAULT_CLUSTER})",
+    )
+    group.add_argument(
+        "--user",
+        metavar="NAME",
+        default=default,
+        help="who you are (default: $BLOBHA_USER, else the operating-system user)",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description="Command line of blobha, a highly available replicated blob store.",
+        epilog=EXIT_CODES_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    _add_global_options(parser, suppress=False)
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    def command(
+        name: str, help_text: str, func: Callable[[argparse.Namespace], int]
+    ) -> argparse.ArgumentParser:
+        sub = commands.add_parser(
+            name,
+            help=help_text,
+            description=help_text,
+            epilog=EXIT_CODES_EPILOG,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        _add_global_options(sub, suppress=True)
+        sub.set_defaults(func=func, parser=sub)
+        return sub
+
+    p = command("create", "create a blob from a file or stdin", _cmd_create)
+    p.add_argument("key", metavar="KEY")
+    p.add_argument("-f", "--file", metavar="FILE", help="read the content from FILE (- = stdin)")
+    p.add_argument(
+        "-a",
+        "--acl",
+        metavar="ACL[,ACL...]",
+        default="",
+        help="access list, e.g. u:alice:rwa,o::r (you always keep full access)",
+    )
+    p.add_argument(
+        "--replication-factor",
+        type=_positive_int,
+        default=0,
+        metavar="N",
+        help="masters that should hold the blob (default: the cluster's)",
+    )
+    p.add_argument(
+        "--wait-replication",
+        type=_positive_int,
+        default=0,
+        metavar="N",
+        help="after creating, wait until N masters hold the blob",
+    )
+    p.add_argument(
+        "--timeout",
+        type=_seconds,
+        default=60.0,
+        metavar="SECONDS",
+        help="how long --wait-replication waits (default 60, negative = forever)",
+    )
+    p.add_argument(
+        "--write-quorum",
+        type=_positive_int,
+        default=0,
+        metavar="W",
+        help="masters that must hold the data before the create returns (default: cluster's)",
+    )
+
+    p = command("update", "write a new version of a blob from a file or stdin", _cmd_update)
+    p.add_argument("key", metavar="KEY")
+    p.add_argument("-f", "--file", metavar="FILE", help="read the content from FILE (- = stdin)")
+
+    p = command("cat", "write a blob to stdout or a file", _cmd_cat)
+    p.add_argument("key", metavar="KEY")
+    p.add_argument(
+        "-f", "--file", metavar="FILE", help="write to FILE (replaced only when complete)"
+    )
+
+    p = command("delete", "delete a blob", _cmd_delete)
+    p.add_argument("key", metavar="KEY")
+
+    p = command("list", "list keys (only the given ones that exist, if any)", _cmd_list)
+    p.add_argument("keys", metavar="KEY", nargs="*")
+    p.add_argument("--prefix", default="", metavar="P", help="only keys starting with P")
+    p.add_argument("--json", action="store_true", help="print a JSON array")
+
+    p = command("meta", "show a blob's metadata", _cmd_meta)
+    p.add_argument("key", metavar="KEY")
+    p.add_argument("--json", action="store_true", help="print JSON")
+
+    p = command("set-acl", "replace a blob's access list", _cmd_set_acl)
+    p.add_argument("key", metavar="KEY")
+    p.add_argument(
+        "-s", "--set", dest="acl", required=True, metavar="ACL[,ACL...]", help="the new ACL"
+    )
+
+    p = command("replication", "read or change a blob's replication", _cmd_replication)
+    p.add_argument("key", metavar="KEY")
+    mode = p.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--read", action="store_true", help="print the current replica count")
+    mode.add_argument("--update", action="store_true", help="change the replication factor")
+    p.add_argument("--replication-factor", type=_positive_int, metavar="N")
+
+    p = command(
+        "wait-replication", "wait until blobs have at least N replicas", _cmd_wait_replication
+    )
+    p.add_argument("keys", metavar="KEY", nargs="+")
+    p.add_argument("--min", type=_positive_int, required=True, metavar="N", dest="minimum")
+    p.add_argument(
+        "--timeout",
+        type=_seconds,
+        default=60.0,
+        metavar="SECONDS",
+        help="give up after this long (default 60, negative = forever)",
+    )
+
+    p = command("cluster", "show the masters and the leader", _cmd_cluster)
+    p.add_argument("--json", action="store_true", help="print JSON")
+
+    p = command("serve", "run a master", _cmd_serve)
+    p.add_argument("--config", required=True, metavar="FILE", help="the master's TOML file")
+
+    p = command("local-cluster", "run ZooKeeper and N masters on this machine", _cmd_local_cluster)
+    p.add_argument("--nodes", type=_positive_int, default=3, metavar="N")
+    p.add_argument("--data-dir", metavar="DIR",
+                   help="where to keep data; kept across runs (default: ./blobha-local)")
+    p.add_argument("--base-port", type=_port, default=DEFAULT_BASE_PORT, metavar="PORT")
+    p.add_argument("--zookeeper-home", metavar="DIR", help="a ZooKeeper installation to use")
+
+    p = command("bench", "measure this cluster against same-run baselines", _cmd_bench)
+    p.add_argument("--local", action="store_true",
+                   help="start a throw-away local cluster (needed for the failover metrics)")
+    p.add_argument("--json", action="store_true", help="one JSON object per metric")
+    p.add_argument("--count", type=_positive_int, default=50, metavar="N",
+                   help="blobs for the replication latency (default 50)")
+    p.add_argument("--size", type=_positive_int, default=1024 * 1024, metavar="BYTES",
+                   help="size of each blob (default 1 MiB)")
+    return parser
+
+
+def _check_args(args: argparse.Namespace) -> None:
+    """Constraints argparse cannot express; reported as usage errors (exit 2)."""
+    if args.command == "replication":
+        if args.update and args.replication_factor is None:
+            args.parser.error("--update needs --replication-factor N")
+        if args.read and args.replication_factor is not None:
+            args.parser.error("--replication-factor goes with --update, not --read")
+
+
+def _version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("blobha")
+    except Exception:  # not installed: running from a source tree
+        return "unknown"
+
+
+# --------------------------------------------------------------------------------------------
+# Output helpers
+# --------------------------------------------------------------------------------------------
+
+
+def _human_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"  # unreachable; keeps the return type total
+
+
+def _human_duration(secs: float) -> str:
+    s = int(secs)
+    days, s = divmod(s, 86400)
+    hours, s = divmod(s, 3600)
+    minutes, s = divmod(s, 60)
+    if days:
+        return f"{days}d{hours}h"
+    if hours:
+        return f"{hours}h{minutes:02d}m"
+    if minutes:
+        return f"{minutes}m{s:02d}s"
+    return f"{s}s"
+
+
+def _iso(ts: float) -> str:
+    if ts <= 0:
+        return "-"
+    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="seconds")
+
+
+class ProgressBar:
+    """A one-line progress display on a terminal: bytes/total, percent, rate."""
+
+    _INTERVAL = 0.1
+
+    def __init__(self, label: str, stream: TextIO, clock: Callable[[], float] = time.monotonic):
+        self._label = label
+        self._stream = stream
+        self._clock = clock
+        self._started = clock()
+        self._last_draw = 0.0
+        self._width = 0
+        self._done = 0
+        self._total = -1
+
+    def __call__(self, done: int, total: int) -> None:
+        self._done, self._total = done, total
+        now = self._clock()
+        # Redrawing on every chunk would cost more than the transfer on a fast link.
+        if now - self._last_draw >= self._INTERVAL:
+            self._last_draw = now
+            self._draw(now)
+
+    def render(self, now: float) -> str:
+        elapsed = max(now - self._started, 1e-6)
+        rate = self._done / elapsed / 1e6
+        if self._total >= 0:
+            pct = 100.0 * self._done / self._total if self._total else 100.0
+            return (
+                f"{self._label}: {_human_bytes(self._done)} / {_human_bytes(self._total)}"
+                f" {pct:5.1f}% {rate:7.1f} MB/s"
+            )
+        return f"{self._label}: {_human_bytes(self._done)} {rate:7.1f} MB/s"
+
+    def _draw(self, now: float) -> None:
+        line = self.render(now)
+        pad = max(0, self._width - len(line))
+        self._width = len(line)
+        self._stream.write("\r" + line + " " * pad)
+        self._stream.flush()
+
+    def close(self) -> None:
+        if self._width:
+            self._draw(self._clock())
+            self._stream.write("\n")
+            self._stream.flush()
+
+
+@contextlib.contextmanager
+def _progress(label: str) -> Iterator[ProgressCallback | None]:
+    if not sys.stderr.isatty():
+        yield None
+        return
+    bar = ProgressBar(label, sys.stderr)
+    try:
+        yield bar
+    finally:
+        bar.close()
+
+
+def _note(message: str) -> None:
+    """Chatter for people at a terminal; scripts read stdout and the exit status."""
+    if sys.stderr.isatty():
+        print(message, file=sys.stderr)
+
+
+def _meta_dict(meta: BlobMeta) -> dict[str, object]:
+    return {
+        "key": meta.key,
+        "version": meta.version,
+        "size": meta.size,
+        "digest": meta.digest,
+        "acl": [str(e) for e in meta.acl],
+        "replication_factor": meta.replication_factor,
+        "meta_version": meta.meta_version,
+        "creator": meta.creator,
+        "created_at": meta.created_at,
+        "updated_at": meta.updated_at,
+    }
+
+
+def format_meta(meta: BlobMeta) -> str:
+    rows = [
+        ("key", meta.key),
+        ("version", str(meta.version)),
+        ("size", f"{meta.size} ({_human_bytes(meta.size)})"),
+        ("digest", f"xxh3-128:{meta.digest}"),
+        ("acl", format_acl(meta.acl) or "-"),
+        ("replication factor", str(meta.replication_factor)),
+        ("meta version", str(meta.meta_version)),
+        ("creator", meta.creator or "-"),
+        ("created", _iso(meta.created_at)),
+        ("updated", _iso(meta.updated_at)),
+    ]
+    width = max(len(name) for name, _ in rows) + 1
+    return "\n".join(f"{name + ':':<{width}} {value}" for name, value in rows)
+
+
+def format_cluster(summary: ClusterSummary) -> str:
+    header = ("ADDRESS", "ROLE", "UPTIME", "VERSION", "BLOBS", "BYTES", "DISK FREE", "LAG")
+    rows: list[tuple[str, ...]] = [header]
+    for m in summary.masters:
+        if not m.reachable:
+            rows.append((m.address, "unreachable", "-", "-", "-", "-", "-", "-"))
+            continue
+        rows.append(
+            (
+                m.address,
+                "leader" if m.is_leader else "follower",
+                _human_duration(m.uptime_secs),
+                m.version or "-",
+                str(m.blob_count),
+                _human_bytes(m.bytes_stored),
+                _human_bytes(m.disk_free),
+                str(m.lag_blobs),
+            )
+        )
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    lines = [
+        "  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip() for r in rows
+    ]
+    lines.append(
+        f"leader: {summary.leader or '(none)'}  epoch: {summary.epoch}"
+        f"  blobs: {summary.blob_count}  under-replicated: {summary.under_replicated}"
+    )
+    return "\n".join(lines)
+
+
+def _cluster_dict(summary: ClusterSummary) -> dict[str, object]:
+    return {
+        "leader": summary.leader,
+        "epoch": summary.epoch,
+        "blob_count": summary.blob_count,
+        "under_replicated": summary.under_replicated,
+        "masters": [
+            {
+                "address": m.address,
+                "role": "unreachable"
+                if not m.reachable
+                else ("leader" if m.is_leader else "follower"),
+                "reachable": m.reachable,
+                "is_leader": m.is_leader,
+                "uptime_secs": m.uptime_secs,
+                "version": m.version,
+                "blob_count": m.blob_count,
+                "bytes_stored": m.bytes_stored,
+                "disk_free": m.disk_free,
+                "lag_blobs": m.lag_blobs,
+                "epoch": m.epoch,
+            }
+            for m in summary.masters
+        ],
+    }
+
+
+def _describe_statuses(statuses: Sequence[ReplicationStatus]) -> str:
+    return ", ".join(
+        f"{s.key} has {s.replication} (version {s.version}, factor {s.replication_factor})"
+        for s in statuses
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Commands
+# --------------------------------------------------------------------------------------------
+
+
+def _client(args: argparse.Namespace) -> Client:
+    cluster = args.cluster or os.environ.get("BLOBHA_CLUSTER") or DEFAULT_CLUSTER
+    return client_factory(cluster, args.user or None)
+
+
+def _stdin() -> BinaryIO:
+    if sys.stdin.isatty():
+        print("reading the blob from stdin; end it with Ctrl-D", file=sys.stderr)
+    return sys.stdin.buffer
+
+
+def _upload_source(path: str | None) -> str | BinaryIO:
+    return _stdin() if path in (None, "-") else str(path)
+
+
+def _cmd_create(args: argparse.Namespace) -> int:
+    acl = parse_acl(args.acl)  # parsed before connecting so a typo costs nothing
+    with _client(args) as c:
+        with _progress(f"create {args.key}") as progress:
+            meta = c.create(
+                args.key,
+                _upload_source(args.file),
+                acl=acl,
+                replication_factor=args.replication_factor,
+                write_quorum=args.write_quorum,
+                progress=progress,
+            )
+        _note(f"created {meta.key} version {meta.version} ({_human_bytes(meta.size)})")
+        if not args.wait_replication:
+            return 0
+        result = c.wait_for_replication([args.key], args.wait_replication, args.timeout)
+        if not result.reached:
+            raise DeadlineExceeded(
+                f"{args.key} version {meta.version} was created, but fewer than"
+                f" {args.wait_replication} masters hold it after {result.waited_secs:.0f} s:"
+                f" {_describe_statuses(result.statuses)}"
+            )
+    return 0
+
+
+def _cmd_update(args: argparse.Namespace) -> int:
+    with _client(args) as c, _progress(f"update {args.key}") as progress:
+        meta = c.update(args.key, _upload_source(args.file), progress=progress)
+    _note(f"updated {meta.key} to version {meta.version} ({_human_bytes(meta.size)})")
+    return 0
+
+
+def _cmd_cat(args: argparse.Namespace) -> int:
+    with _client(args) as c, _progress(f"cat {args.key}") as progress:
+        if args.file in (None, "-"):
+            sys.stdout.flush()
+            c.download(args.key, sys.stdout.buffer, progress=progress)
+            sys.stdout.buffer.flush()
+        else:
+            c.download(args.key, args.file, progress=progress)
+    return 0
+
+
+def _cmd_delete(args: argparse.Namespace) -> int:
+    with _client(args) as c:
+        c.delete(args.key)
+    return 0
+
+
+def _cmd_list(args: argparse.Namespace) -> int:
+    with _client(args) as c:
+        keys: Iterator[str] = (
+            _existing(c, args.keys, args.prefix) if args.keys else c.list(args.prefix)
+        )
+        if args.json:
+            print(json.dumps(list(keys)))
+        else:
+            for key in keys:
+                print(key)
+    return 0
+
+
+def _existing(c: Client, keys: Sequence[str], prefix: str) -> Iterator[str]:
+    for key in keys:
+        if not key.startswith(prefix):
+            continue
+        try:
+            c.get_meta(key)
+        except KeyNotFound:
+            continue
+        except NotAuthorized:
+            pass  # refused means it exists; listing needs no permission in Storm either
+        yield key
+
+
+def _cmd_meta(args: argparse.Namespace) -> int:
+    with _client(args) as c:
+        meta = c.get_meta(args.key)
+    print(json.dumps(_meta_dict(meta), indent=2) if args.json else format_meta(meta))
+    return 0
+
+
+def _cmd_set_acl(args: argparse.Namespace) -> int:
+    acl = parse_acl(args.acl)
+    with _client(args) as c:
+        meta = c.set_acl(args.key, acl)
+    _note(f"ACL of {meta.key} is now {format_acl(meta.acl)}")
+    return 0
+
+
+def _cmd_replication(args: argparse.Namespace) -> int:
+    with _client(args) as c:
+        if args.read:
+            print(c.get_replication(args.key).replication)
+        else:
+            meta = c.set_replication_factor(args.key, args.replication_factor)
+            _note(f"replication factor of {meta.key} is now {meta.replication_factor}")
+    return 0
+
+
+def _cmd_wait_replication(args: argparse.Namespace) -> int:
+    with _client(args) as c:
+        result = c.wait_for_replication(args.keys, args.minimum, args.timeout)
+    for s in result.statuses:
+        print(f"{s.key}\t{s.replication}\tversion {s.version}")
+    if not result.reached:
+        raise DeadlineExceeded(
+            f"fewer than {args.minimum} replicas after {result.waited_secs:.0f} s:"
+            f" {_describe_statuses(result.statuses)}"
+        )
+    return 0
+
+
+def _cmd_cluster(args: argparse.Namespace) -> int:
+    with _client(args) as c:
+        summary = c.cluster_summary()
+    print(json.dumps(_cluster_dict(summary), indent=2) if args.json else format_cluster(summary))
+    return 0
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    serve_main: Callable[[str], int] = _load("blobha.master", "serve_main", "start a master")
+    return int(serve_main(args.config))
+
+
+def _cmd_local_cluster(args: argparse.Namespace) -> int:
+    run: Callable[[int, str | None, int, str | None], int] = _load(
+        "blobha.localcluster", "main", "start a local cluster"
+    )
+    return int(run(args.nodes, args.data_dir, args.base_port, args.zookeeper_home))
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    run: Callable[[str | None, bool, bool, int, int], int] = _load(
+        "blobha.bench", "main", "run the benchmark"
+    )
+    cluster = None if args.local else (args.cluster or os.environ.get("BLOBHA_CLUSTER"))
+    return int(run(cluster, args.local, args.json, args.count, args.size))
+
+
+def _load(module: str, name: str, purpose: str) -> Any:
+    # Imported on use: the client commands must work where the master's dependencies (or the
+    # master itself) are absent, and must not pay for importing them.
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as exc:
+        raise InternalError(f"cannot {purpose}: {exc}") from None
+
+
+# --------------------------------------------------------------------------------------------
+# Entry point
+# --------------------------------------------------------------------------------------------
+
+
+def _fail(message: str) -> None:
+    # One line, whatever the message holds: scripts grep it and logs keep it whole.
+    text = " ".join(message.split()) or "unknown error"
+    print(f"{PROG}: error: {text}", file=sys.stderr)
+
+
+def _describe_os_error(exc: OSError) -> str:
+    reason = exc.strerror or str(exc)
+    if exc.filename is not None:
+        return f"{exc.filename}: {reason}"
+    return reason
+
+
+def _silence_stdout() -> None:
+    # After EPIPE, the interpreter's final flush of stdout would fail again and print a
+    # traceback; point stdout at /dev/null so shutdown stays quiet.
+    with contextlib.suppress(OSError, ValueError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the command line; returns the exit status (see the module docstring)."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+        _check_args(args)
+    except SystemExit as exc:  # argparse: --help, --version, usage errors
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else EXIT_USAGE)
+    try:
+        return int(args.func(args))
+    except BlobError as exc:
+        _fail(str(exc) or type(exc).__name__)
+        return exc.exit_code
+    except BrokenPipeError:
+        _silence_stdout()
+        return EXIT_BROKEN_PIPE
+    except OSError as exc:
+        _fail(_describe_os_error(exc))
+        return 1
+    except KeyboardInterrupt:
+        _fail("interrupted")
+        return EXIT_INTERRUPTED
+    except Exception as exc:
+        if os.environ.get("BLOBHA_DEBUG"):
+            traceback.print_exc()
+        _fail(
+            f"internal error: {type(exc).__name__}: {exc} (set BLOBHA_DEBUG=1 for a traceback"
+            " and please report it)"
+        )
+        return InternalError.exit_code

@@ -1,0 +1,1533 @@
+"""The blobha Python client: one small facade over the wire protocol.
+
+:class:`Client` finds the leader, retries what is safe to retry until a deadline, resumes broken
+uploads, spreads downloads over the replicas and verifies them end to end. Everything it returns
+is a plain frozen dataclass defined here, and every failure is a :class:`~blobha.errors.BlobError`
+subclass: no protobuf or gRPC type crosses this module's boundary.
+
+The network sits behind :class:`Transport` (four calls taking and returning plain values), so the
+logic here can be exercised without sockets.
+"""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+import errno
+import functools
+import getpass
+import io
+import os
+import queue
+import random
+import stat
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any, BinaryIO, Protocol, TypeVar
+
+import grpc
+
+from blobha import errors
+from blobha.acl import AccessControl, check_duplicates, parse_acl
+from blobha.digest import Digester
+from blobha.errors import (
+    BlobError,
+    ChecksumMismatch,
+    DeadlineExceeded,
+    InternalError,
+    InvalidArgument,
+    KeyAlreadyExists,
+    KeyNotFound,
+    NotAuthorized,
+    NotLeader,
+    Unavailable,
+    UploadNotFound,
+)
+from blobha.keys import validate_key
+from blobha.v1 import blobha_pb2 as pb
+from blobha.v1 import blobha_pb2_grpc as pb_grpc
+
+__all__ = [
+    "DEFAULT_CHUNK_SIZE",
+    "DEFAULT_PORT",
+    "BlobInfo",
+    "BlobMeta",
+    "Client",
+    "ClusterSummary",
+    "MasterSummary",
+    "ReplicationStatus",
+    "Transport",
+    "WaitResult",
+    "backoff_delay",
+    "default_user",
+    "parse_cluster",
+]
+
+KiB = 1024
+MiB = 1024 * KiB
+
+DEFAULT_PORT = 6627
+DEFAULT_CHUNK_SIZE = MiB
+MIN_CHUNK_SIZE = 256 * KiB
+MAX_CHUNK_SIZE = MiB
+#: Bounded on both ends so one message can never exhaust memory; a chunk is at most 1 MiB.
+MAX_MESSAGE_BYTES = 8 * MiB
+USER_METADATA_KEY = "x-blobha-user"
+
+BACKOFF_BASE = 0.05
+BACKOFF_CAP = 2.0
+
+# Transfers move in segments, one RPC each: a segment is the unit of resumption (an upload
+# segment is acknowledged as a whole, so a non-seekable source needs to keep at most one segment
+# in memory), and a per-segment deadline catches a stalled peer without capping the total
+# transfer time.
+_UPLOAD_SEGMENT_BYTES = 16 * MiB
+# Downloads keep nothing in memory, and each new stream pays a flow-control ramp-up, so their
+# segments are larger (measured on loopback: 64 MiB segments are ~25% faster than 16 MiB).
+_DOWNLOAD_SEGMENT_BYTES = 64 * MiB
+# One round of leader discovery; ClusterSummary itself asks every master, so allow it time.
+_PROBE_TIMEOUT = 10.0
+# A server-side replication wait answers at its deadline; the RPC must outlive it by this much.
+_WAIT_GRACE = 10.0
+# "Wait forever" is a loop of bounded server calls so a dead master is noticed.
+_FOREVER_SLICE = 60.0
+_ABORT_TIMEOUT = 2.0
+_NOT_HELD_PREFIX = "not held here"
+
+_CHANNEL_OPTIONS: tuple[tuple[str, int], ...] = (
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    # Masters are reached directly; an http_proxy variable meant for web traffic must not
+    # silently reroute (or break) cluster traffic.
+    ("grpc.enable_http_proxy", 0),
+)
+
+T = TypeVar("T")
+
+ProgressCallback = Callable[[int, int], None]
+UploadData = bytes | bytearray | memoryview | str | os.PathLike[str] | BinaryIO
+
+
+# --------------------------------------------------------------------------------------------
+# Plain results
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BlobMeta:
+    """Metadata of a blob's committed version."""
+
+    key: str
+    version: int
+    size: int
+    digest: str
+    acl: tuple[AccessControl, ...]
+    replication_factor: int
+    meta_version: int
+    created_at: float
+    updated_at: float
+    creator: str
+    #: Live replicas holding this version when the answer was made (set on commit; else 0).
+    replication: int
+
+
+@dataclass(frozen=True)
+class BlobInfo:
+    """What a download delivered: the version, and the size and digest of the whole version."""
+
+    version: int
+    size: int
+    digest: str
+
+
+@dataclass(frozen=True)
+class ReplicationStatus:
+    key: str
+    version: int
+    replication: int
+    replication_factor: int
+    #: host:port of every live master holding the committed version.
+    holders: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class WaitResult:
+    reached: bool
+    statuses: tuple[ReplicationStatus, ...]
+    waited_secs: float
+
+
+@dataclass(frozen=True)
+class MasterSummary:
+    address: str
+    is_leader: bool
+    uptime_secs: float
+    version: str
+    blob_count: int
+    bytes_stored: int
+    disk_free: int
+    #: Committed versions this master should hold but does not yet.
+    lag_blobs: int
+    #: False when the master is registered but did not answer.
+    reachable: bool
+    epoch: int
+
+
+@dataclass(frozen=True)
+class ClusterSummary:
+    masters: tuple[MasterSummary, ...]
+    leader: str
+    epoch: int
+    blob_count: int
+    under_replicated: int
+
+
+# --------------------------------------------------------------------------------------------
+# Pure helpers
+# --------------------------------------------------------------------------------------------
+
+
+def parse_cluster(cluster: str | Sequence[str]) -> tuple[str, ...]:
+    """Master addresses from ``"h1:p1,h2:p2"`` or a list of such strings, deduplicated.
+
+    A host without a port gets :data:`DEFAULT_PORT`; IPv6 hosts are written in brackets.
+
+    >>> parse_cluster("m1:6627, m2")
+    ('m1:6627', 'm2:6627')
+    """
+    items = [cluster] if isinstance(cluster, str) else builtins.list(cluster)
+    out: builtins.list[str] = []
+    for item in items:
+        for raw in item.split(","):
+            text = raw.strip()
+            if not text:
+                continue
+            host, port = _split_host_port(text)
+            address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+            if address not in out:
+                out.append(address)
+    if not out:
+        raise InvalidArgument(
+            "no master address given; use HOST:PORT[,HOST:PORT...], e.g. 127.0.0.1:6627"
+        )
+    return tuple(out)
+
+
+def _split_host_port(text: str) -> tuple[str, int]:
+    port_text = ""
+    if text.startswith("["):
+        end = text.find("]")
+        rest = text[end + 1 :] if end > 0 else "?"
+        if end <= 1 or (rest and not rest.startswith(":")):
+            raise InvalidArgument(f"bad master address {text!r}: write IPv6 as [::1]:6627")
+        host, port_text = text[1:end], rest[1:]
+    elif text.count(":") > 1:
+        raise InvalidArgument(f"bad master address {text!r}: write IPv6 as [::1]:6627")
+    else:
+        host, _, port_text = text.partition(":")
+    if not host or any(c.isspace() for c in host):
+        raise InvalidArgument(f"bad master address {text!r}: expected HOST:PORT")
+    if not port_text:
+        return host, DEFAULT_PORT
+    if not port_text.isdigit() or not 0 < int(port_text) < 65536:
+        raise InvalidArgument(f"bad port in master address {text!r}: expected 1-65535")
+    return host, int(port_text)
+
+
+def backoff_delay(
+    attempt: int,
+    base: float = BACKOFF_BASE,
+    cap: float = BACKOFF_CAP,
+    rand: Callable[[], float] = random.random,
+) -> float:
+    """Full-jitter exponential backoff: uniform in ``[0, min(cap, base * 2**attempt))``.
+
+    Full jitter spreads the retries of many clients that failed together (a leader failover)
+    instead of having them hit the new leader in waves.
+    """
+    ceiling = min(cap, base * 2.0 ** min(max(attempt, 0), 32))
+    return float(rand()) * ceiling
+
+
+def default_user() -> str:
+    """The caller's identity: ``$BLOBHA_USER``, else the operating-system user."""
+    user = os.environ.get("BLOBHA_USER", "").strip()
+    if user:
+        return user
+    try:
+        return getpass.getuser()
+    except (OSError, KeyError):
+        raise InvalidArgument(
+            "cannot tell who you are; set BLOBHA_USER or pass a user name"
+        ) from None
+
+
+def _check_user(user: str) -> str:
+    # Call metadata values must be printable ASCII; a bad name would otherwise fail deep
+    # inside gRPC with an obscure message on the first call.
+    if not user or user != user.strip() or not all(" " <= c <= "~" for c in user):
+        raise InvalidArgument(
+            f"invalid user name {user!r}: use printable ASCII without surrounding spaces"
+        )
+    return user
+
+
+def _check_chunk_size(chunk_size: int) -> int:
+    if not MIN_CHUNK_SIZE <= chunk_size <= MAX_CHUNK_SIZE:
+        raise InvalidArgument(
+            f"chunk_size {chunk_size} is out of range: use {MIN_CHUNK_SIZE} to {MAX_CHUNK_SIZE}"
+            " bytes"
+        )
+    return chunk_size
+
+
+def _normalize_acl(acl: str | Sequence[AccessControl] | None) -> builtins.list[AccessControl]:
+    if acl is None:
+        return []
+    if isinstance(acl, str):
+        return parse_acl(acl)
+    entries = builtins.list(acl)
+    for e in entries:
+        if not isinstance(e, AccessControl):
+            raise InvalidArgument(
+                f"ACL entries must be AccessControl values or a string like 'u:alice:rwa', not"
+                f" {type(e).__name__}"
+            )
+    check_duplicates(entries)
+    return entries
+
+
+#: The clock deadlines read; a module attribute so tests can drive time without sleeping.
+_monotonic: Callable[[], float] = time.monotonic
+
+
+class _Deadline:
+    """A point in time, restartable: transfers restart it whenever they make progress."""
+
+    def __init__(self, seconds: float, clock: Callable[[], float] | None = None) -> None:
+        self.seconds = seconds
+        self._clock = clock if clock is not None else _monotonic
+        self._end = self._clock() + seconds
+
+    def remaining(self) -> float:
+        return max(0.0, self._end - self._clock())
+
+    def expired(self) -> bool:
+        return self.remaining() <= 0.0
+
+    def restart(self) -> None:
+        self._end = self._clock() + self.seconds
+
+
+# --------------------------------------------------------------------------------------------
+# Protobuf <-> dataclasses (the only place that reads pb messages)
+# --------------------------------------------------------------------------------------------
+
+
+def _acl_from_pb(entries: Iterable[pb.AccessControl]) -> tuple[AccessControl, ...]:
+    return tuple(AccessControl(e.type, e.name, e.access) for e in entries)
+
+
+def _acl_to_pb(acl: Iterable[AccessControl]) -> builtins.list[pb.AccessControl]:
+    return [pb.AccessControl(type=e.type, name=e.name, access=e.access) for e in acl]
+
+
+def _meta_from_pb(m: pb.BlobMeta) -> BlobMeta:
+    return BlobMeta(
+        key=m.key,
+        version=m.version,
+        size=m.size,
+        digest=m.digest,
+        acl=_acl_from_pb(m.acl),
+        replication_factor=m.replication_factor,
+        meta_version=m.meta_version,
+        created_at=m.created_at,
+        updated_at=m.updated_at,
+        creator=m.creator,
+        replication=m.replication,
+    )
+
+
+def _info_from_pb(i: pb.BlobInfo) -> BlobInfo:
+    return BlobInfo(version=i.version, size=i.size, digest=i.digest)
+
+
+def _replication_from_pb(r: pb.ReplicationStatus) -> ReplicationStatus:
+    return ReplicationStatus(
+        key=r.key,
+        version=r.version,
+        replication=r.replication,
+        replication_factor=r.replication_factor,
+        holders=tuple(r.holders),
+    )
+
+
+def _wait_result_from_pb(r: pb.WaitForReplicationResponse) -> WaitResult:
+    return WaitResult(
+        reached=r.reached,
+        statuses=tuple(_replication_from_pb(s) for s in r.status),
+        waited_secs=r.waited_secs,
+    )
+
+
+def _master_from_pb(m: pb.MasterSummary) -> MasterSummary:
+    return MasterSummary(
+        address=m.address,
+        is_leader=m.is_leader,
+        uptime_secs=m.uptime_secs,
+        version=m.version,
+        blob_count=m.blob_count,
+        bytes_stored=m.bytes_stored,
+        disk_free=m.disk_free,
+        lag_blobs=m.lag_blobs,
+        reachable=m.reachable,
+        epoch=m.epoch,
+    )
+
+
+def _summary_from_pb(s: pb.ClusterSummaryResponse) -> ClusterSummary:
+    return ClusterSummary(
+        masters=tuple(_master_from_pb(m) for m in s.masters),
+        leader=s.leader,
+        epoch=s.epoch,
+        blob_count=s.blob_count,
+        under_replicated=s.under_replicated,
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Transport
+# --------------------------------------------------------------------------------------------
+
+
+class Transport(Protocol):
+    """How the client reaches one master. Implementations raise only :class:`BlobError`."""
+
+    def unary(self, address: str, method: str, request: Any, timeout: float | None) -> Any: ...
+
+    def client_stream(
+        self, address: str, method: str, requests: Iterator[Any], timeout: float | None
+    ) -> Any: ...
+
+    def server_stream(
+        self, address: str, method: str, request: Any, timeout: float | None
+    ) -> Iterator[Any]: ...
+
+    def probe(
+        self, addresses: Sequence[str], method: str, request: Any, timeout: float
+    ) -> Generator[tuple[str, Any], None, None]:
+        """Call every address at once; yield ``(address, response or BlobError)`` as they end."""
+        ...
+
+    def close(self) -> None: ...
+
+
+def _error_from_rpc(address: str, exc: grpc.RpcError) -> BlobError:
+    if not isinstance(exc, grpc.Call):
+        return Unavailable(f"master {address}: {exc}")
+    code = exc.code()
+    details = exc.details() or ""
+    trailers = tuple((str(k), v) for k, v in (exc.trailing_metadata() or ()))
+    if code == grpc.StatusCode.CANCELLED:
+        # Our own cancellations never get here; a cancel from the far side means the master
+        # is going away, which is worth a retry elsewhere.
+        return Unavailable(f"master {address} cancelled the call: {details or 'no reason'}")
+    error = errors.from_status(code, details, trailers)
+    if isinstance(error, Unavailable):
+        return Unavailable(f"master {address} unavailable: {error}")
+    if isinstance(error, DeadlineExceeded):
+        return DeadlineExceeded(f"master {address} did not answer in time ({error})")
+    return error
+
+
+class GrpcTransport:
+    """The gRPC transport: one cached channel per address."""
+
+    def __init__(self, user: str) -> None:
+        self._metadata: tuple[tuple[str, str], ...] = ((USER_METADATA_KEY, user),)
+        self._lock = threading.Lock()
+        self._channels: dict[str, grpc.Channel] = {}
+        self._stubs: dict[str, Any] = {}
+        self._closed = False
+
+    def _stub(self, address: str) -> Any:
+        with self._lock:
+            if self._closed:
+                raise InvalidArgument("this Client is closed; create a new one")
+            stub = self._stubs.get(address)
+            if stub is None:
+                channel = grpc.insecure_channel(address, options=_CHANNEL_OPTIONS)
+                self._channels[address] = channel
+                stub = self._stubs[address] = pb_grpc.BlobStoreStub(channel)  # type: ignore[no-untyped-call]
+            return stub
+
+    def unary(self, address: str, method: str, request: Any, timeout: float | None) -> Any:
+        call = getattr(self._stub(address), method)
+        try:
+            return call(request, timeout=timeout, metadata=self._metadata)
+        except grpc.RpcError as exc:
+            raise _error_from_rpc(address, exc) from None
+
+    def client_stream(
+        self, address: str, method: str, requests: Iterator[Any], timeout: float | None
+    ) -> Any:
+        call = getattr(self._stub(address), method)
+        try:
+            return call(requests, timeout=timeout, metadata=self._metadata)
+        except grpc.RpcError as exc:
+            raise _error_from_rpc(address, exc) from None
+
+    def server_stream(
+        self, address: str, method: str, request: Any, timeout: float | None
+    ) -> Iterator[Any]:
+        call = getattr(self._stub(address), method)(
+            request, timeout=timeout, metadata=self._metadata
+        )
+        try:
+            yield from call
+        except grpc.RpcError as exc:
+            raise _error_from_rpc(address, exc) from None
+        finally:
+            # Frees the stream at once when the consumer stops early; a no-op once finished.
+            call.cancel()
+
+    def probe(
+        self, addresses: Sequence[str], method: str, request: Any, timeout: float
+    ) -> Generator[tuple[str, Any], None, None]:
+        results: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
+        futures: builtins.list[Any] = []
+        try:
+            for address in addresses:
+                future = getattr(self._stub(address), method).future(
+                    request, timeout=timeout, metadata=self._metadata
+                )
+                futures.append(future)
+                future.add_done_callback(functools.partial(_probe_done, results, address))
+            for _ in addresses:
+                try:
+                    # gRPC ends every call by its deadline; the margin only guards that promise.
+                    yield results.get(timeout=timeout + 5.0)
+                except queue.Empty:
+                    return
+        finally:
+            for future in futures:
+                future.cancel()
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            channels = builtins.list(self._channels.values())
+            self._channels.clear()
+            self._stubs.clear()
+        for channel in channels:
+            channel.close()
+
+
+def _probe_done(results: queue.SimpleQueue[tuple[str, Any]], address: str, future: Any) -> None:
+    try:
+        results.put((address, future.result()))
+    except grpc.RpcError as exc:
+        results.put((address, _error_from_rpc(address, exc)))
+    except grpc.FutureCancelledError:
+        results.put((address, Unavailable(f"master {address}: probe cancelled")))
+
+
+# --------------------------------------------------------------------------------------------
+# Upload sources and download sinks
+# --------------------------------------------------------------------------------------------
+
+
+class _Source:
+    """Upload input, readable at any offset from the last acknowledged one onwards."""
+
+    #: Total bytes when known in advance, else -1.
+    size: int = -1
+
+    def read_at(self, offset: int, n: int) -> bytes:
+        raise NotImplementedError
+
+    def ack(self, offset: int) -> None:
+        """Bytes below ``offset`` are safe on the leader and will not be asked for again."""
+
+    def can_restart(self) -> bool:
+        """Whether reading can start over at offset 0 (needed when the leader changes)."""
+        return True
+
+    def close(self) -> None:
+        pass
+
+
+class _BytesSource(_Source):
+    def __init__(self, data: bytes | bytearray | memoryview) -> None:
+        self._view = memoryview(data).cast("B")
+        self.size = len(self._view)
+
+    def read_at(self, offset: int, n: int) -> bytes:
+        return bytes(self._view[offset : offset + n])
+
+
+class _FileSource(_Source):
+    """A seekable file; offsets are relative to where it was positioned when handed over."""
+
+    def __init__(self, f: BinaryIO, owned: bool) -> None:
+        self._f = f
+        self._owned = owned
+        self._start = f.tell()
+        end = f.seek(0, io.SEEK_END)
+        f.seek(self._start)
+        self.size = max(0, end - self._start)
+
+    def read_at(self, offset: int, n: int) -> bytes:
+        self._f.seek(self._start + offset)
+        return _read_up_to(self._f, n)
+
+    def close(self) -> None:
+        if self._owned:
+            self._f.close()
+
+
+class _StreamSource(_Source):
+    """A non-seekable stream (a pipe, stdin). Keeps what the leader has not acknowledged yet,
+    so a broken segment can be re-sent; once bytes are dropped it can no longer restart."""
+
+    def __init__(self, f: BinaryIO) -> None:
+        self._f = f
+        self._buf = bytearray()
+        self._base = 0
+        self._eof = False
+
+    def read_at(self, offset: int, n: int) -> bytes:
+        if offset < self._base:
+            raise InternalError(
+                f"cannot re-send bytes from offset {offset}: the input is a stream that was"
+                " already consumed past it"
+            )
+        while not self._eof and self._base + len(self._buf) < offset + n:
+            data = self._f.read(max(n, 64 * KiB))
+            if not data:
+                self._eof = True
+            else:
+                self._buf += data
+        start = offset - self._base
+        return bytes(self._buf[start : start + n])
+
+    def ack(self, offset: int) -> None:
+        if offset > self._base:
+            del self._buf[: offset - self._base]
+            self._base = offset
+
+    def can_restart(self) -> bool:
+        return self._base == 0
+
+
+def _read_up_to(f: BinaryIO, n: int) -> bytes:
+    # A raw file object may return short reads before the end; only b"" means end of file.
+    parts: builtins.list[bytes] = []
+    want = n
+    while want > 0:
+        data = f.read(want)
+        if not data:
+            break
+        parts.append(data)
+        want -= len(data)
+    return b"".join(parts)
+
+
+def _open_source(data: UploadData) -> _Source:
+    if isinstance(data, (bytes, bytearray, memoryview)):
+        return _BytesSource(data)
+    if isinstance(data, (str, os.PathLike)):
+        return _FileSource(open(data, "rb"), owned=True)
+    if not hasattr(data, "read"):
+        raise InvalidArgument(
+            f"cannot upload a {type(data).__name__}: give bytes, a file path or a binary file"
+        )
+    seekable = False
+    with contextlib.suppress(AttributeError, OSError, ValueError):
+        seekable = bool(data.seekable())
+    return _FileSource(data, owned=False) if seekable else _StreamSource(data)
+
+
+class _Sink:
+    """Where a download goes."""
+
+    def write(self, data: bytes) -> None:
+        raise NotImplementedError
+
+    def restart(self) -> bool:
+        """Discard what was written, if possible, so the download can start over."""
+        return False
+
+
+class _BufferSink(_Sink):
+    def __init__(self) -> None:
+        # A list joined once at the end: growing one buffer would copy the blob repeatedly.
+        self.parts: builtins.list[bytes] = []
+
+    def write(self, data: bytes) -> None:
+        self.parts.append(data)
+
+    def restart(self) -> bool:
+        self.parts.clear()
+        return True
+
+
+class _FileSink(_Sink):
+    """A file object; it can start over only when it is seekable."""
+
+    def __init__(self, f: BinaryIO) -> None:
+        self._f = f
+        self._start: int | None = None
+        with contextlib.suppress(AttributeError, OSError, ValueError):
+            if f.seekable():
+                self._start = f.tell()
+
+    def write(self, data: bytes) -> None:
+        self._f.write(data)
+
+    def restart(self) -> bool:
+        if self._start is None:
+            return False
+        try:
+            self._f.seek(self._start)
+            self._f.truncate()
+        except (OSError, ValueError):
+            return False
+        return True
+
+
+# --------------------------------------------------------------------------------------------
+# The client
+# --------------------------------------------------------------------------------------------
+
+
+class Client:
+    """A connection to a blobha cluster.
+
+    ``cluster`` lists some masters (``"m1:6627,m2:6627"`` or a list); the others and the leader
+    are discovered. ``user`` defaults to ``$BLOBHA_USER``, then the operating-system user.
+    ``timeout`` bounds how long one operation waits for the cluster, retries included (a
+    transfer may run longer as long as every segment, 16 MiB up and 64 MiB down, moves within
+    it).
+
+    Example::
+
+        from blobha.client import Client
+
+        with Client("m1:6627,m2:6627,m3:6627", user="alice") as c:
+            meta = c.create("model.bin", "/tmp/model.bin", acl="u:alice:rwa,o::r")
+            c.wait_for_replication(["model.bin"], min_replication=2, timeout=60)
+            data = c.read("model.bin")
+            for key in c.list(prefix="model"):
+                print(key, c.get_meta(key).version)
+
+    A client may be shared between threads.
+    """
+
+    def __init__(
+        self,
+        cluster: str | Sequence[str],
+        user: str | None = None,
+        timeout: float = 60.0,
+        chunk_size: int = DEFAULT_CHUNK_SIZE,
+        *,
+        transport: Transport | None = None,
+    ) -> None:
+        self._addresses = parse_cluster(cluster)
+        self._user = _check_user(user if user else default_user())
+        if not timeout > 0:
+            raise InvalidArgument(f"timeout must be positive seconds, not {timeout!r}")
+        self._timeout = float(timeout)
+        self._chunk_size = _check_chunk_size(chunk_size)
+        self._transport: Transport = transport or GrpcTransport(self._user)
+        self._rng = random.Random()
+        #: Replaceable so tests do not wait for real backoff.
+        self._sleep: Callable[[float], None] = time.sleep
+        self._lock = threading.Lock()
+        self._known: builtins.list[str] = builtins.list(self._addresses)
+        self._leader: str | None = None
+        # Metadata reads stick to one master (the leader after a write, for read-your-writes)
+        # and move on when it fails; the first pick is random to spread clients out.
+        self._preferred = self._rng.choice(self._addresses)
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    @property
+    def user(self) -> str:
+        return self._user
+
+    @property
+    def timeout(self) -> float:
+        return self._timeout
+
+    def close(self) -> None:
+        """Close every channel. The client cannot be used afterwards."""
+        self._transport.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Client({','.join(self._addresses)!r}, user={self._user!r})"
+
+    # -- writes ----------------------------------------------------------------------------
+
+    def create(
+        self,
+        key: str,
+        data: UploadData,
+        acl: str | Sequence[AccessControl] | None = None,
+        replication_factor: int = 0,
+        write_quorum: int = 0,
+        progress: ProgressCallback | None = None,
+    ) -> BlobMeta:
+        """Create ``key`` with ``data``: bytes, a file path (``str`` or path-like) or a binary
+        file object. ``acl`` is Storm's grammar (``"u:alice:rwa,o::r"``) or entries; the
+        creator always keeps full access. ``replication_factor``/``write_quorum`` 0 = the
+        cluster default. ``progress(done, total)`` is called as bytes go out (total -1 when
+        unknown). Raises :class:`KeyAlreadyExists` if the key exists."""
+        validate_key(key)
+        _check_count("replication_factor", replication_factor, _UINT32_MAX)
+        _check_count("write_quorum", write_quorum, _UINT32_MAX)
+        request = pb.BeginUploadRequest(
+            key=key,
+            create=True,
+            acl=_acl_to_pb(_normalize_acl(acl)),
+            replication_factor=replication_factor,
+            write_quorum=write_quorum,
+        )
+        return self._upload(request, data, progress)
+
+    def update(
+        self,
+        key: str,
+        data: UploadData,
+        expected_version: int = 0,
+        write_quorum: int = 0,
+        progress: ProgressCallback | None = None,
+    ) -> BlobMeta:
+        """Write a new version of ``key``. With ``expected_version`` the update fails with
+        :class:`~blobha.errors.VersionConflict` unless that is the committed version."""
+        validate_key(key)
+        _check_count("expected_version", expected_version)
+        _check_count("write_quorum", write_quorum, _UINT32_MAX)
+        request = pb.BeginUploadRequest(
+            key=key, create=False, expected_version=expected_version, write_quorum=write_quorum
+        )
+        return self._upload(request, data, progress)
+
+    def set_acl(self, key: str, acl: str | Sequence[AccessControl]) -> BlobMeta:
+        """Replace the ACL of ``key`` (needs ADMIN); the caller keeps ADMIN."""
+        validate_key(key)
+        entries = _normalize_acl(acl)
+        request = pb.SetMetaRequest(key=key, set_acl=True, acl=_acl_to_pb(entries))
+        return _meta_from_pb(self._leader_call(f"set the ACL of {key!r}", "SetMeta", request))
+
+    def set_replication_factor(self, key: str, replication_factor: int) -> BlobMeta:
+        """Change how many masters should hold ``key``."""
+        validate_key(key)
+        if replication_factor < 1:
+            raise InvalidArgument(
+                f"the replication factor must be at least 1, not {replication_factor}"
+            )
+        request = pb.SetMetaRequest(key=key, replication_factor=replication_factor)
+        return _meta_from_pb(
+            self._leader_call(f"set the replication factor of {key!r}", "SetMeta", request)
+        )
+
+    def delete(self, key: str) -> None:
+        """Delete ``key`` and all its versions. Raises :class:`KeyNotFound` if absent."""
+        validate_key(key)
+        self._leader_call(
+            f"delete {key!r}", "Delete", pb.DeleteRequest(key=key), missing_ok_on_retry=True
+        )
+
+    # -- reads -----------------------------------------------------------------------------
+
+    def get_meta(self, key: str) -> BlobMeta:
+        validate_key(key)
+        request = pb.GetMetaRequest(key=key)
+        return _meta_from_pb(self._read_call(f"read the metadata of {key!r}", "GetMeta", request))
+
+    def get_replication(self, key: str) -> ReplicationStatus:
+        validate_key(key)
+        request = pb.GetReplicationRequest(key=key)
+        status = self._read_call(f"read the replication of {key!r}", "GetReplication", request)
+        self._learn(status.holders)
+        return _replication_from_pb(status)
+
+    def cluster_summary(self) -> ClusterSummary:
+        summary = self._read_call(
+            "read the cluster summary", "ClusterSummary", pb.ClusterSummaryRequest()
+        )
+        self._learn(m.address for m in summary.masters)
+        return _summary_from_pb(summary)
+
+    def wait_for_replication(
+        self, keys: str | Iterable[str], min_replication: int, timeout: float
+    ) -> WaitResult:
+        """Wait (on the server, from ZooKeeper watches) until every key has at least
+        ``min_replication`` live replicas of its committed version, or ``timeout`` seconds
+        pass (``reached`` is then False). A negative timeout waits forever."""
+        names = [keys] if isinstance(keys, str) else builtins.list(keys)
+        if not names:
+            raise InvalidArgument("give at least one key to wait for")
+        for name in names:
+            validate_key(name)
+        _check_count("min_replication", min_replication, _UINT32_MAX)
+        started = _monotonic()
+        if timeout >= 0:
+            return self._wait_once(names, min_replication, float(timeout))
+        while True:
+            result = self._wait_once(names, min_replication, _FOREVER_SLICE)
+            if result.reached:
+                return WaitResult(True, result.statuses, _monotonic() - started)
+
+    def read(self, key: str, version: int = 0) -> bytes:
+        """The content of ``key`` (``version`` 0 = the committed one), verified."""
+        validate_key(key)
+        _check_count("version", version)
+        sink = _BufferSink()
+        self._download(key, sink, version, 0, 0, None)
+        return b"".join(sink.parts)
+
+    def download(
+        self,
+        key: str,
+        dest: str | os.PathLike[str] | BinaryIO,
+        version: int = 0,
+        offset: int = 0,
+        length: int = 0,
+        progress: ProgressCallback | None = None,
+    ) -> BlobInfo:
+        """Download ``key`` into a file path or a binary file object.
+
+        A path is written through a temporary file next to it and renamed into place only once
+        complete and verified, so a failure never leaves a partial file. ``offset``/``length``
+        (0 = to the end) select a range; only a whole download is checked against the digest
+        (ranged reads are still verified chunk by chunk by the server)."""
+        validate_key(key)
+        for name, value in (("version", version), ("offset", offset), ("length", length)):
+            _check_count(name, value)
+        if not isinstance(dest, (str, os.PathLike)):
+            return self._download(key, _FileSink(dest), version, offset, length, progress)
+        path = Path(dest)
+        # Checked first so the error names the user's path, not our temporary file.
+        if path.is_dir():
+            raise IsADirectoryError(errno.EISDIR, "is a directory", str(path))
+        if not path.parent.is_dir():
+            raise FileNotFoundError(errno.ENOENT, "no such directory", str(path.parent))
+        fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=path.parent)
+        tmp = Path(tmp_name)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                info = self._download(key, _FileSink(f), version, offset, length, progress)
+                f.flush()
+                os.fsync(f.fileno())
+            _copy_mode(path, tmp)
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+            raise
+        return info
+
+    def list(self, prefix: str = "") -> Iterator[str]:
+        """Every key starting with ``prefix``, in server order, following pages as needed."""
+        token = ""
+        while True:
+            request = pb.ListRequest(prefix=prefix, page_token=token)
+            page = self._read_call("list keys", "List", request)
+            yield from page.keys
+            token = page.next_page_token
+            if not token:
+                return
+
+    # -- routing and retries ---------------------------------------------------------------
+
+    def _learn(self, addresses: Iterable[str]) -> None:
+        with self._lock:
+            for address in addresses:
+                if address and address not in self._known:
+                    self._known.append(address)
+
+    def _known_addresses(self) -> builtins.list[str]:
+        with self._lock:
+            return builtins.list(self._known)
+
+    def _redirect(self, tried: str, leader: str) -> None:
+        with self._lock:
+            # A follower naming itself, or naming nobody, knows no better than we do:
+            # forget and discover again after the backoff.
+            self._leader = leader if leader and leader != tried else None
+        if leader:
+            self._learn([leader])
+
+    def _forget_leader(self, address: str) -> None:
+        with self._lock:
+            if self._leader == address:
+                self._leader = None
+            if self._preferred == address:
+                self._preferred = self._next_known(address)
+
+    def _next_known(self, address: str) -> str:
+        # Lock held by the caller.
+        if address not in self._known:
+            return self._known[0]
+        return self._known[(self._known.index(address) + 1) % len(self._known)]
+
+    def _after_write(self, leader: str) -> None:
+        with self._lock:
+            self._preferred = leader
+
+    def _discover_leader(self, deadline: _Deadline) -> str:
+        with self._lock:
+            if self._leader:
+                return self._leader
+        addresses = self._known_addresses()
+        timeout = min(deadline.remaining(), _PROBE_TIMEOUT)
+        if timeout <= 0:
+            raise Unavailable("no leader found before the deadline")
+        first_error: BlobError | None = None
+        answered = False
+        with contextlib.closing(
+            self._transport.probe(addresses, "ClusterSummary", pb.ClusterSummaryRequest(), timeout)
+        ) as results:
+            for _address, result in results:
+                if isinstance(result, BlobError):
+                    first_error = first_error or result
+                    continue
+                answered = True
+                self._learn(m.address for m in result.masters)
+                if result.leader:
+                    self._learn([result.leader])
+                    with self._lock:
+                        self._leader = result.leader
+                    return str(result.leader)
+        if answered:
+            raise Unavailable("no leader is elected yet (a failover may be in progress)")
+        raise Unavailable(
+            f"no master answered at {', '.join(addresses)}"
+            + (f" ({first_error})" if first_error else "")
+        )
+
+    def _pause(self, attempt: int, deadline: _Deadline, last: BlobError, what: str) -> None:
+        """Sleep before retry ``attempt``, or raise ``last`` if the deadline would pass."""
+        delay = backoff_delay(attempt, rand=self._rng.random)
+        if delay >= deadline.remaining():
+            raise _gave_up(last, what, deadline.seconds)
+        self._sleep(delay)
+
+    def _retry(self, what: str, deadline: _Deadline, attempt_fn: Callable[[], T]) -> T:
+        attempt = 0
+        while True:
+            try:
+                return attempt_fn()
+            except (NotLeader, Unavailable) as exc:
+                self._pause(attempt, deadline, exc, what)
+            attempt += 1
+
+    def _leader_call(
+        self, what: str, method: str, request: Any, missing_ok_on_retry: bool = False
+    ) -> Any:
+        deadline = _Deadline(self._timeout)
+        uncertain = False
+
+        def attempt() -> Any:
+            nonlocal uncertain
+            leader = self._discover_leader(deadline)
+            try:
+                response = self._transport.unary(leader, method, request, deadline.remaining())
+            except NotLeader as exc:
+                self._redirect(leader, exc.leader)
+                raise
+            except Unavailable:
+                uncertain = True
+                self._forget_leader(leader)
+                raise
+            except KeyNotFound:
+                # An earlier attempt may have deleted the key before its answer was lost.
+                if missing_ok_on_retry and uncertain:
+                    return None
+                raise
+            self._after_write(leader)
+            return response
+
+        return self._retry(what, deadline, attempt)
+
+    def _read_call(
+        self, what: str, method: str, request: Any, deadline: _Deadline | None = None
+    ) -> Any:
+        deadline = deadline or _Deadline(self._timeout)
+
+        def attempt() -> Any:
+            with self._lock:
+                address = self._preferred
+            try:
+                return self._transport.unary(address, method, request, deadline.remaining())
+            except Unavailable:
+                self._forget_leader(address)
+                raise
+
+        return self._retry(what, deadline, attempt)
+
+    def _wait_once(self, keys: builtins.list[str], minimum: int, secs: float) -> WaitResult:
+        started = _monotonic()
+        end = started + secs
+        # Retries for an unreachable master fit in the wait itself plus the usual timeout.
+        deadline = _Deadline(secs + self._timeout)
+
+        def attempt() -> Any:
+            left = max(0.0, end - _monotonic())
+            request = pb.WaitForReplicationRequest(
+                keys=keys, min_replication=minimum, timeout_secs=left
+            )
+            with self._lock:
+                address = self._preferred
+            try:
+                return self._transport.unary(
+                    address, "WaitForReplication", request, left + _WAIT_GRACE
+                )
+            except Unavailable:
+                self._forget_leader(address)
+                raise
+
+        response = self._retry("wait for replication", deadline, attempt)
+        result = _wait_result_from_pb(response)
+        return WaitResult(result.reached, result.statuses, _monotonic() - started)
+
+    # -- transfers -------------------------------------------------------------------------
+
+    def _upload(
+        self, request: pb.BeginUploadRequest, data: UploadData, progress: ProgressCallback | None
+    ) -> BlobMeta:
+        base_version = 0
+        if not request.create:
+            # Remembered so a commit whose answer was lost can be recognised by a newer version
+            # carrying our digest; a writer who may not read still uploads, less precisely.
+            try:
+                base_version = self.get_meta(request.key).version
+            except NotAuthorized:
+                base_version = request.expected_version
+        source = _open_source(data)
+        try:
+            request.size_hint = source.size
+            return _UploadJob(self, request, source, base_version, progress).run()
+        finally:
+            source.close()
+
+    def _download(
+        self,
+        key: str,
+        sink: _Sink,
+        version: int,
+        offset: int,
+        length: int,
+        progress: ProgressCallback | None,
+    ) -> BlobInfo:
+        return _DownloadJob(self, key, sink, version, offset, length, progress).run()
+
+
+_UINT32_MAX = 2**32 - 1
+_UINT64_MAX = 2**64 - 1
+
+
+def _check_count(name: str, value: int, maximum: int = _UINT64_MAX) -> None:
+    # Checked here so a bad number is an InvalidArgument, not a ValueError from protobuf.
+    if not isinstance(value, int) or not 0 <= value <= maximum:
+        raise InvalidArgument(f"{name} must be a whole number from 0 to {maximum}, not {value!r}")
+
+
+def _gave_up(last: BlobError, what: str, seconds: float) -> BlobError:
+    message = f"could not {what} within {seconds:g} s: {last}"
+    if isinstance(last, NotLeader):
+        return Unavailable(message)
+    return type(last)(message)
+
+
+def _copy_mode(dest: Path, tmp: Path) -> None:
+    # mkstemp creates 0600 files; keep the mode of the file being replaced, else give the 0644
+    # a plain write would usually get, so a download is as readable as any other file.
+    try:
+        mode = stat.S_IMODE(dest.stat().st_mode)
+    except OSError:
+        mode = 0o644
+    tmp.chmod(mode)
+
+
+class _UploadJob:
+    """One create/update: begin, append segments, commit; resumed or restarted on failures."""
+
+    def __init__(
+        self,
+        client: Client,
+        begin: pb.BeginUploadRequest,
+        source: _Source,
+        base_version: int,
+        progress: ProgressCallback | None,
+    ) -> None:
+        self.c = client
+        self.begin = begin
+        self.source = source
+        self.base_version = base_version
+        self.progress = progress
+        self.what = f"{'create' if begin.create else 'update'} {begin.key!r}"
+        self.leader = ""
+        self.upload_id = ""
+        self.started = False
+        self.commit_unknown = False
+        self.digester = Digester()
+        self.hashed = 0  # bytes fed to the digester: the digest covers [0, hashed)
+        self.source_error: BaseException | None = None
+        self.high_water = 0  # most bytes any attempt of this upload got acknowledged
+
+    def run(self) -> BlobMeta:
+        deadline = _Deadline(self.c._timeout)
+        attempt = 0
+        try:
+            while True:
+                try:
+                    return self._step(deadline)
+                except _CannotRestart:
+                    raise
+                except NotLeader as exc:
+                    self.c._redirect(self.leader, exc.leader)
+                    self.upload_id = ""  # bound to the old leader
+                    last: BlobError = exc
+                except UploadNotFound as exc:
+                    self.upload_id = ""
+                    self.c._forget_leader(self.leader)
+                    last = exc
+                except Unavailable as exc:
+                    self.c._forget_leader(self.leader)
+                    last = exc
+                except KeyAlreadyExists:
+                    meta = self._committed_meta() if self.commit_unknown else None
+                    if meta is None:
+                        raise
+                    return meta
+                self.c._pause(attempt, deadline, last, self.what)
+                attempt += 1
+        except BaseException:
+            self._abort_quietly()
+            raise
+
+    def _step(self, deadline: _Deadline) -> BlobMeta:
+        if self.commit_unknown:
+            meta = self._committed_meta()
+            if meta is not None:
+                return meta
+        if self.upload_id and self.c._discover_leader(deadline) != self.leader:
+            self.upload_id = ""  # upload ids die with the leadership that issued them
+        offset = 0
+        if self.upload_id:
+            status = self.c._transport.unary(
+                self.leader,
+                "GetUploadStatus",
+                pb.UploadStatusRequest(upload_id=self.upload_id),
+                deadline.remaining(),
+            )
+            offset = int(status.received)
+        else:
+            self._begin(deadline)
+        self._send(offset, deadline)
+        return self._commit(deadline)
+
+    def _begin(self, deadline: _Deadline) -> None:
+        if self.started and not self.source.can_restart():
+            raise _CannotRestart(
+                f"the leader changed during the upload of {self.begin.key!r} and the data cannot"
+                " be read again (it comes from a stream); nothing was written, upload it again"
+                " (from a file, it would have restarted by itself)"
+            )
+        self.leader = self.c._discover_leader(deadline)
+        response = self.c._transport.unary(
+            self.leader, "BeginUpload", self.begin, deadline.remaining()
+        )
+        self.upload_id = response.upload_id
+        self.started = True
+
+    def _read(self, offset: int) -> bytes:
+        data = self.source.read_at(offset, self.c._chunk_size)
+        end = offset + len(data)
+        if offset <= self.hashed < end:
+            self.digester.update(memoryview(data)[self.hashed - offset :])
+            self.hashed = end
+        return data
+
+    def _send(self, offset: int, deadline: _Deadline) -> None:
+        """Append from ``offset`` to the end of the source."""
+        while True:
+            first = self._read(offset)
+            if not first:
+                if offset != self.hashed:
+                    raise InternalError(
+                        f"the input ended at {offset} bytes but {self.hashed} were read before;"
+                        " was the file truncated during the upload?"
+                    )
+                return
+            sent = offset
+            self.source_error = None
+
+            def chunks(start: int = offset, data: bytes = first) -> Iterator[pb.UploadChunk]:
+                nonlocal sent
+                # gRPC pulls this iterator on its own thread and reports failures inside it
+                # only as a cancelled call, so keep the real error to raise it ourselves.
+                pos = start
+                try:
+                    while data:
+                        yield pb.UploadChunk(upload_id=self.upload_id, offset=pos, data=data)
+                        pos += len(data)
+                        sent = pos
+                        if self.progress is not None:
+                            self.progress(pos, self.source.size)
+                        if pos - start >= _UPLOAD_SEGMENT_BYTES:
+                            return
+                        data = self._read(pos)
+                except GeneratorExit:
+                    raise
+                except BaseException as exc:
+                    self.source_error = exc
+                    raise
+
+            try:
+                status = self.c._transport.client_stream(
+                    self.leader, "AppendUpload", chunks(), self.c._timeout
+                )
+            except BlobError:
+                if self.source_error is not None:
+                    raise self.source_error from None
+                raise
+            received = int(status.received)
+            if received <= offset:
+                raise InternalError(
+                    f"the leader acknowledged no progress at offset {offset} of upload"
+                    f" {self.upload_id!r} ({sent - offset} bytes were sent)"
+                )
+            self.source.ack(received)
+            offset = received
+            if received > self.high_water:
+                # Only new ground renews the deadline; re-sending bytes that an earlier attempt
+                # already delivered is not progress, so a commit that keeps failing still ends.
+                self.high_water = received
+                deadline.restart()
+
+    def _commit(self, deadline: _Deadline) -> BlobMeta:
+        request = pb.CommitUploadRequest(
+            upload_id=self.upload_id, size=self.hashed, digest=self.digester.hexdigest()
+        )
+        try:
+            response = self.c._transport.unary(
+                self.leader, "CommitUpload", request, deadline.remaining()
+            )
+        except Unavailable:
+            # The commit may have happened and only its answer been lost.
+            self.commit_unknown = True
+            raise
+        except DeadlineExceeded:
+            if deadline.remaining() > 1.0:
+                # The master's own answer (write quorum not reached): a definite failure.
+                raise
+            meta = self._committed_meta()
+            if meta is None:
+                raise
+            return meta
+        self.upload_id = ""
+        self.c._after_write(self.leader)
+        return _meta_from_pb(response)
+
+    def _committed_meta(self) -> BlobMeta | None:
+        """The blob's metadata if its committed version is exactly what we uploaded."""
+        try:
+            meta = self.c.get_meta(self.begin.key)
+        except (KeyNotFound, NotAuthorized, Unavailable, DeadlineExceeded):
+            return None
+        if (
+            meta.size == self.hashed
+            and meta.digest == self.digester.hexdigest()
+            and meta.version > self.base_version
+        ):
+            self.commit_unknown = False
+            self.upload_id = ""
+            return meta
+        return None
+
+    def _abort_quietly(self) -> None:
+        if not self.upload_id or not self.leader:
+            return
+        with contextlib.suppress(BlobError):
+            self.c._transport.unary(
+                self.leader,
+                "AbortUpload",
+                pb.AbortUploadRequest(upload_id=self.upload_id),
+                _ABORT_TIMEOUT,
+            )
+        self.upload_id = ""
+
+
+class _CannotRestart(UploadNotFound):
+    """Raised out of the retry loop: the only way forward would be re-reading a stream."""
+
+
+class _DownloadJob:
+    """One download: segments from a chosen replica, failing over and resuming at the byte
+    where the previous replica stopped (pinned to the version first seen)."""
+
+    def __init__(
+        self,
+        client: Client,
+        key: str,
+        sink: _Sink,
+        version: int,
+        offset: int,
+        length: int,
+        progress: ProgressCallback | None,
+    ) -> None:
+        self.c = client
+        self.key = key
+        self.sink = sink
+        self.version = version
+        self.offset = offset
+        self.limit = offset + length if length else None
+        self.progress = progress
+        self.candidates: builtins.list[str] = []
+        self._reset()
+
+    def _reset(self) -> None:
+        self.info: BlobInfo | None = None
+        self.pos = self.offset
+        self.end: int | None = self.limit
+        self.digester = Digester()
+
+    def run(self) -> BlobInfo:
+        deadline = _Deadline(self.c._timeout)
+        attempt = 0
+        what = f"download {self.key!r}"
+        while True:
+            if not self.candidates:
+                self._choose_replicas(deadline)
+            address = self.candidates[0]
+            try:
+                self._segment(address)
+            except (Unavailable, ChecksumMismatch) as exc:
+                last: BlobError = exc
+                self.candidates.pop(0)
+            except KeyNotFound as exc:
+                if str(exc).startswith(_NOT_HELD_PREFIX):
+                    last = exc
+                    self.candidates.pop(0)
+                else:
+                    raise
+            else:
+                deadline.restart()
+                attempt = 0
+                if self.end is not None and self.pos >= self.end:
+                    return self._finish()
+                continue
+            if not self.candidates:
+                self.c._pause(attempt, deadline, last, what)
+                attempt += 1
+
+    def _choose_replicas(self, deadline: _Deadline) -> None:
+        status = self.c._read_call(
+            f"find replicas of {self.key!r}",
+            "GetReplication",
+            pb.GetReplicationRequest(key=self.key),
+            deadline,
+        )
+        if self.info is not None and self.version == 0 and status.version != self.info.version:
+            # Every replica failed us on a version that is no longer the latest: it was
+            # replaced mid-download and is probably pruned. Start over on the new one.
+            if not self.sink.restart():
+                raise KeyNotFound(
+                    f"{self.key!r} was updated during the download and version"
+                    f" {self.info.version} is no longer served; download it again"
+                )
+            self._reset()
+        holders = [h for h in status.holders if h]
+        self.c._learn(holders)
+        wanted = self.info.version if self.info else self.version
+        rng = self.c._rng
+        others = [a for a in self.c._known_addresses() if a not in holders]
+        rng.shuffle(others)
+        if wanted in (0, status.version):
+            rng.shuffle(holders)
+            self.candidates = holders + others
+        else:
+            self.candidates = others + holders
+            rng.shuffle(self.candidates)
+
+    def _segment(self, address: str) -> None:
+        want = _DOWNLOAD_SEGMENT_BYTES
+        bound = self.end if self.end is not None else self.limit
+        if bound is not None:
+            want = min(want, bound - self.pos)
+        request = pb.DownloadRequest(
+            key=self.key,
+            version=self.info.version if self.info else self.version,
+            offset=self.pos,
+            length=want,
+        )
+        got = 0
+        seen_info = False
+        for message in self.c._transport.server_stream(
+            address, "Download", request, self.c._timeout
+        ):
+            if not seen_info:
+                if not message.HasField("info"):
+                    raise InternalError(f"master {address} sent data before the blob info")
+                self._check_info(address, _info_from_pb(message.info))
+                seen_info = True
+            data: bytes = message.data
+            if not data:
+                continue
+            if self.end is not None and self.pos + len(data) > self.end:
+                raise ChecksumMismatch(f"master {address} sent more bytes than the blob holds")
+            self.sink.write(data)
+            self.digester.update(data)
+            self.pos += len(data)
+            got += len(data)
+            if self.progress is not None and self.end is not None:
+                self.progress(self.pos - self.offset, self.end - self.offset)
+        if not seen_info:
+            raise Unavailable(f"master {address} ended the download stream without data")
+        if got < want and self.end is not None and self.pos < self.end:
+            raise Unavailable(f"master {address} ended the download early at byte {self.pos}")
+
+    def _check_info(self, address: str, info: BlobInfo) -> None:
+        if self.info is None:
+            self.info = info
+            self.end = info.size if self.limit is None else min(self.limit, info.size)
+            self.end = max(self.end, self.offset)
+            return
+        if info != self.info:
+            raise ChecksumMismatch(
+                f"master {address} served version {info.version} ({info.digest}) while resuming"
+                f" version {self.info.version} ({self.info.digest})"
+            )
+
+    def _finish(self) -> BlobInfo:
+        info = self.info
+        assert info is not None
+        whole = self.offset == 0 and self.end == info.size
+        if whole and (self.digester.size != info.size or self.digester.hexdigest() != info.digest):
+            raise ChecksumMismatch(
+                f"{self.key!r} version {info.version} arrived corrupt: digest"
+                f" {self.digester.hexdigest()} over {self.digester.size} bytes, expected"
+                f" {info.digest} over {info.size}; a destination path is left untouched, try"
+                " again"
+            )
+        return info

@@ -1,0 +1,147 @@
+"""Integration harness: a real ZooKeeper and real ``blobha serve`` processes per cluster.
+
+``cluster`` is shared by a module's non-destructive tests (each test uses its own keys);
+``fresh_cluster`` gives a test its own cluster to kill, pause or partition. Every cluster is
+stopped, processes and all, even when the test fails, and a failing test prints the tail of
+every master's log.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import grpc
+import pytest
+
+from blobha.client import Client
+from blobha.keys import key_dirname
+from blobha.localcluster import LocalCluster, MasterProcess
+from blobha.peers import CHANNEL_OPTIONS, USER_METADATA_KEY
+from blobha.v1 import blobha_pb2_grpc as pb_grpc
+
+T = TypeVar("T")
+
+SESSION_TIMEOUT_MS = 4000
+#: Settings that make failures show up fast enough for tests (real defaults are slower).
+FAST: dict[str, Any] = {
+    "zookeeper.session.timeout.ms": SESSION_TIMEOUT_MS,
+    "blobstore.upload.expiration.secs": 3,
+    "blobstore.delete.grace.secs": 0.5,
+    "blobstore.replica.grace.secs": 2.0,
+    "blobstore.sync.period.secs": 5.0,
+    "blobstore.disk.reserved.bytes": 0,
+    "admins": ["admin"],
+}
+
+
+def wait_until(condition: Callable[[], T], timeout: float, what: str, interval: float = 0.05) -> T:
+    """Poll ``condition`` until it returns something truthy; fail the test at the deadline."""
+    deadline = time.monotonic() + timeout
+    last: object = None
+    while True:
+        try:
+            result = condition()
+            if result:
+                return result
+            last = result
+        except Exception as e:  # the condition may fail while the cluster converges
+            last = e
+        if time.monotonic() >= deadline:
+            pytest.fail(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
+        time.sleep(interval)
+
+
+def make_cluster(root: Path, nodes: int = 3, **overrides: Any) -> LocalCluster:
+    return LocalCluster(root, nodes=nodes, base_port=0, overrides={**FAST, **overrides})
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    outcome = yield
+    report = outcome.get_result()
+    if report.when == "call" and report.failed:
+        item.stash[_FAILED] = True
+
+
+_FAILED = pytest.StashKey[bool]()
+
+
+def _dump_logs(cluster: LocalCluster) -> None:
+    for m in cluster.masters:
+        try:
+            lines = m.log_path.read_text(errors="replace").splitlines()[-40:]
+        except OSError:
+            continue
+        print(f"\n----- {m.address} ({m.log_path}) -----\n" + "\n".join(lines))
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    c = make_cluster(tmp_path_factory.mktemp("cluster"))
+    try:
+        c.start()
+        yield c
+    finally:
+        c.stop()
+
+
+@pytest.fixture
+def fresh_cluster(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[LocalCluster]:
+    c = make_cluster(tmp_path / "cluster")
+    try:
+        c.start()
+        yield c
+    finally:
+        if request.node.stash.get(_FAILED, False):
+            _dump_logs(c)
+        c.stop()
+
+
+@pytest.fixture(autouse=True)
+def _logs_on_failure(request: pytest.FixtureRequest) -> Iterator[None]:
+    yield
+    if request.node.stash.get(_FAILED, False) and "cluster" in request.fixturenames:
+        _dump_logs(request.getfixturevalue("cluster"))
+
+
+def client_for(cluster: LocalCluster, user: str = "alice", **kw: Any) -> Client:
+    return Client(cluster.cluster, user=user, timeout=kw.pop("timeout", 30.0), **kw)
+
+
+@pytest.fixture
+def alice(cluster: LocalCluster) -> Iterator[Client]:
+    with client_for(cluster, "alice") as c:
+        yield c
+
+
+@pytest.fixture
+def unique_key(request: pytest.FixtureRequest) -> str:
+    return f"{request.node.name[:80]}-{os.getpid()}".replace("[", "_").replace("]", "_")
+
+
+def stub(address: str) -> Any:
+    """A raw gRPC stub for calls a test must make to one specific master."""
+    channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+    return pb_grpc.BlobStoreStub(channel)
+
+
+def md(user: str) -> tuple[tuple[str, str], ...]:
+    return ((USER_METADATA_KEY, user),)
+
+
+def store_dir(m: MasterProcess) -> Path:
+    return m.config_path.parent / f"master-{m.index + 1}"
+
+
+def version_files(m: MasterProcess, key: str) -> list[Path]:
+    d = store_dir(m) / "keys" / key_dirname(key)
+    return sorted(d.glob("v*.blob")) if d.exists() else []
+
+
+def followers(cluster: LocalCluster) -> list[MasterProcess]:
+    leader = cluster.leader()
+    return [m for m in cluster.masters if m is not leader and m.alive()]

@@ -1,0 +1,188 @@
+"""Leader failures, session loss and fencing, each on its own real 3-master cluster."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import grpc
+import pytest
+import xxhash
+from conftest import (
+    SESSION_TIMEOUT_MS,
+    client_for,
+    make_cluster,
+    md,
+    stub,
+    version_files,
+    wait_until,
+)
+from kazoo.client import KazooClient
+
+from blobha.localcluster import LocalCluster
+from blobha.v1 import blobha_pb2 as pb
+
+pytestmark = pytest.mark.integration
+
+SESSION = SESSION_TIMEOUT_MS / 1000
+
+
+def _new_leader(cluster: LocalCluster, old: str) -> str:
+    def check() -> str:
+        s = cluster.summary(timeout=1.0)
+        return s.leader if s.leader and s.leader != old else ""
+    return wait_until(check, SESSION + 10, "a new leader")
+
+
+def test_leader_sigkill_keeps_every_acknowledged_blob(fresh_cluster: LocalCluster) -> None:
+    blobs = {f"k{i}": os.urandom(200_000 + i) for i in range(10)}
+    with client_for(fresh_cluster) as c:
+        for k, v in blobs.items():
+            c.create(k, v, replication_factor=3)
+        old = fresh_cluster.leader()
+        killed_at = time.monotonic()
+        old.kill()
+        new = _new_leader(fresh_cluster, old.address)
+        elapsed = time.monotonic() - killed_at
+        print(f"failover after SIGKILL: {elapsed:.2f}s (session timeout {SESSION}s)")
+        assert elapsed < SESSION + 2 + 3  # detection is bounded by the session timeout
+        for k, v in blobs.items():
+            assert c.read(k) == v
+        # The same client writes through the new leader.
+        c.create("after-failover", b"new")
+        c.update("k0", b"updated")
+        assert c.read("k0") == b"updated"
+        assert c.cluster_summary().leader == new
+
+
+def test_leader_sigterm_hands_over_fast(fresh_cluster: LocalCluster) -> None:
+    with client_for(fresh_cluster) as c:
+        c.create("before", b"x", replication_factor=3)
+        old = fresh_cluster.leader()
+        t0 = time.monotonic()
+        old.signal(signal.SIGTERM)
+        _new_leader(fresh_cluster, old.address)
+        handover = time.monotonic() - t0
+        print(f"handover after SIGTERM: {handover:.3f}s")
+        # A resignation, not a session expiry: clearly faster than the session timeout.
+        assert handover < SESSION
+        assert old.wait(15)
+        c.create("after", b"y")
+        assert c.read("before") == b"x"
+
+
+def test_follower_session_expiry_reregisters_replicas(fresh_cluster: LocalCluster) -> None:
+    with client_for(fresh_cluster) as c:
+        keys = ["a", "b", "c"]
+        for k in keys:
+            c.create(k, k.encode(), replication_factor=3)
+        assert c.wait_for_replication(keys, 3, timeout=10).reached
+        follower = next(m for m in fresh_cluster.masters if m is not fresh_cluster.leader())
+        follower.signal(signal.SIGSTOP)
+        try:
+            wait_until(lambda: all(c.get_replication(k).replication == 2 for k in keys),
+                       SESSION + 10, "the paused follower's replica nodes to expire")
+        finally:
+            follower.signal(signal.SIGCONT)
+        result = c.wait_for_replication(keys, 3, timeout=SESSION + 10)
+        assert result.reached, result
+        holders = {h for s in result.statuses for h in s.holders}
+        assert follower.address in holders
+
+
+def test_deposed_leader_cannot_commit(fresh_cluster: LocalCluster) -> None:
+    with client_for(fresh_cluster) as c:
+        c.create("fenced", b"version one", replication_factor=3)
+        old = fresh_cluster.leader()
+        s = stub(old.address)
+        begun = s.BeginUpload(pb.BeginUploadRequest(key="fenced", create=False),
+                              metadata=md("alice"))
+        data = b"stale write"
+        s.AppendUpload(iter([pb.UploadChunk(upload_id=begun.upload_id, offset=0, data=data)]),
+                       metadata=md("alice"))
+        old.signal(signal.SIGSTOP)
+        try:
+            _new_leader(fresh_cluster, old.address)
+        finally:
+            old.signal(signal.SIGCONT)
+        with pytest.raises(grpc.RpcError) as err:
+            s.CommitUpload(pb.CommitUploadRequest(
+                upload_id=begun.upload_id, size=len(data),
+                digest=xxhash.xxh3_128_hexdigest(data)), metadata=md("alice"), timeout=30)
+        assert err.value.code() in (grpc.StatusCode.UNAVAILABLE,
+                                    grpc.StatusCode.FAILED_PRECONDITION,
+                                    grpc.StatusCode.NOT_FOUND)
+        meta = c.get_meta("fenced")
+        assert meta.version == 1
+        assert c.read("fenced") == b"version one"
+        # The old leader rejoins as a follower and converges.
+        assert c.wait_for_replication(["fenced"], 3, timeout=SESSION + 15).reached
+        assert not any(p.name == "v2.blob" for p in version_files(old, "fenced"))
+        c.update("fenced", b"version two")
+        assert c.read("fenced") == b"version two"
+
+
+def test_deleted_key_disappears_everywhere_and_stays_gone(fresh_cluster: LocalCluster) -> None:
+    with client_for(fresh_cluster) as c:
+        c.create("doomed", b"bye", replication_factor=3)
+        assert c.wait_for_replication(["doomed"], 3, timeout=10).reached
+        follower = next(m for m in fresh_cluster.masters if m is not fresh_cluster.leader())
+        c.delete("doomed")
+        wait_until(lambda: all(not version_files(m, "doomed") for m in fresh_cluster.masters),
+                   15, "every master to delete its copy")
+        # A restart (new session, full reconcile) must not bring it back.
+        follower.terminate()
+        fresh_cluster.start_master(follower)
+        fresh_cluster.wait_ready(30, expect=3)
+        zk = KazooClient(hosts=fresh_cluster.zk.connect_string + "/blobha")
+        zk.start()
+        try:
+            assert zk.exists("/blobstore/doomed") is None
+        finally:
+            zk.stop()
+            zk.close()
+        assert "doomed" not in set(c.list())
+        assert all(not version_files(m, "doomed") for m in fresh_cluster.masters)
+
+
+def test_unacknowledged_version_without_holder_rolls_back(tmp_path: object) -> None:
+    from pathlib import Path
+
+    cluster = make_cluster(Path(str(tmp_path)) / "c", **{"blobstore.write.timeout.secs": 1.0})
+    cluster.start()
+    try:
+        with client_for(cluster, timeout=10) as c:
+            c.create("rb", b"acknowledged", replication_factor=3)
+            assert c.wait_for_replication(["rb"], 3, timeout=10).reached
+            leader = cluster.leader()
+            others = [m for m in cluster.masters if m is not leader]
+            for m in others:
+                m.signal(signal.SIGSTOP)
+            try:
+                s = stub(leader.address)
+                begun = s.BeginUpload(pb.BeginUploadRequest(key="rb", create=False,
+                                                            write_quorum=2),
+                                      metadata=md("alice"))
+                data = b"never acknowledged"
+                s.AppendUpload(iter([pb.UploadChunk(upload_id=begun.upload_id, offset=0,
+                                                    data=data)]), metadata=md("alice"))
+                with pytest.raises(grpc.RpcError) as err:
+                    s.CommitUpload(pb.CommitUploadRequest(
+                        upload_id=begun.upload_id, size=len(data),
+                        digest=xxhash.xxh3_128_hexdigest(data)), metadata=md("alice"))
+                assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+                leader.kill()
+            finally:
+                for m in others:
+                    m.signal(signal.SIGCONT)
+            _new_leader(cluster, leader.address)
+
+            def rolled_back() -> bool:
+                meta = c.get_meta("rb")
+                return meta.version == 3 and meta.digest == xxhash.xxh3_128_hexdigest(
+                    b"acknowledged")
+            wait_until(rolled_back, SESSION + 15, "the roll-back to the acknowledged content")
+            assert c.read("rb") == b"acknowledged"
+    finally:
+        cluster.stop()

@@ -1,0 +1,71 @@
+"""Replication factor, placement and the server-side replication wait."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from conftest import wait_until
+
+from blobha import placement
+from blobha.client import Client
+from blobha.localcluster import LocalCluster
+
+pytestmark = pytest.mark.integration
+
+
+def _holders(c: Client, key: str) -> list[str]:
+    return sorted(c.get_replication(key).holders)
+
+
+def test_create_and_update_replicate_to_three(alice: Client, unique_key: str) -> None:
+    alice.create(unique_key, b"one", replication_factor=3)
+    assert alice.wait_for_replication([unique_key], 3, timeout=10).reached
+    alice.update(unique_key, b"two")
+    result = alice.wait_for_replication([unique_key], 3, timeout=10)
+    assert result.reached
+    assert result.statuses[0].version == 2
+
+
+def test_replication_factor_one_lands_on_the_placement_choice(
+        cluster: LocalCluster, alice: Client, unique_key: str) -> None:
+    masters = [m.address for m in cluster.masters]
+    for i in range(4):
+        key = f"{unique_key}-{i}"
+        alice.create(key, b"x", replication_factor=1)
+        expected = placement.choose(key, masters, 1)
+        wait_until(lambda k=key, e=expected: _holders(alice, k) == e, 15,
+                   f"{key} held exactly by {expected}")
+
+
+def test_raising_and_lowering_the_replication_factor(
+        cluster: LocalCluster, alice: Client, unique_key: str) -> None:
+    masters = [m.address for m in cluster.masters]
+    alice.create(unique_key, b"data", replication_factor=1)
+    expected_one = placement.choose(unique_key, masters, 1)
+    wait_until(lambda: _holders(alice, unique_key) == expected_one, 15, "one holder")
+    meta = alice.set_replication_factor(unique_key, 3)
+    assert meta.replication_factor == 3
+    assert alice.wait_for_replication([unique_key], 3, timeout=15).reached
+    alice.set_replication_factor(unique_key, 2)
+    expected_two = sorted(placement.choose(unique_key, masters, 2))
+    wait_until(lambda: _holders(alice, unique_key) == expected_two, 15,
+               f"extras removed down to {expected_two}")
+    assert alice.read(unique_key) == b"data"
+
+
+def test_wait_for_replication_honours_its_deadline(alice: Client, unique_key: str) -> None:
+    alice.create(unique_key, b"x", replication_factor=3)
+    t0 = time.monotonic()
+    result = alice.wait_for_replication([unique_key], 4, timeout=1.0)
+    waited = time.monotonic() - t0
+    assert not result.reached
+    assert result.statuses[0].replication == 3
+    assert waited >= 1.0
+
+
+def test_wait_for_replication_of_a_missing_key_fails(alice: Client) -> None:
+    from blobha import KeyNotFound
+
+    with pytest.raises(KeyNotFound):
+        alice.wait_for_replication(["no-such-key"], 1, timeout=1.0)

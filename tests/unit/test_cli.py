@@ -1,0 +1,497 @@
+"""Unit tests of the ``blobha`` command line with a fake client (no network, no processes)."""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import sys
+import types
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import pytest
+
+from blobha import cli, errors
+from blobha.acl import AccessControl
+from blobha.client import (
+    BlobInfo,
+    BlobMeta,
+    ClusterSummary,
+    MasterSummary,
+    ReplicationStatus,
+    WaitResult,
+)
+from blobha.errors import (
+    BlobError,
+    KeyAlreadyExists,
+    KeyNotFound,
+    NotAuthorized,
+    Unavailable,
+)
+
+
+class FakeClient:
+    """Stands in for blobha.client.Client; blobs live in the shared ``store``."""
+
+    def __init__(self, store: FakeStore, cluster: str, user: str | None) -> None:
+        self.store = store
+        store.opened.append((cluster, user))
+
+    def __enter__(self) -> FakeClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.store.closed += 1
+
+    def _raise_next(self) -> None:
+        if self.store.error is not None:
+            error, self.store.error = self.store.error, None
+            raise error
+
+    def _meta(self, key: str) -> BlobMeta:
+        if key not in self.store.blobs:
+            raise KeyNotFound(f"no blob with key {key!r}")
+        data, acl, version = self.store.blobs[key]
+        return BlobMeta(key, version, len(data), "ab" * 16, acl, 3, 1, 1.0, 2.0, "alice", 1)
+
+    def create(
+        self,
+        key: str,
+        data: str | BinaryIO,
+        acl: Sequence[AccessControl] = (),
+        replication_factor: int = 0,
+        write_quorum: int = 0,
+        progress: Any = None,
+    ) -> BlobMeta:
+        self._raise_next()
+        self.store.created.append((key, tuple(acl), replication_factor, write_quorum))
+        if key in self.store.blobs:
+            raise KeyAlreadyExists(f"key {key!r} already exists; use 'blobha update'")
+        content = Path(data).read_bytes() if isinstance(data, str) else data.read()
+        self.store.blobs[key] = (content, tuple(acl), 1)
+        return self._meta(key)
+
+    def update(self, key: str, data: str | BinaryIO, progress: Any = None) -> BlobMeta:
+        self._raise_next()
+        old = self._meta(key)
+        content = Path(data).read_bytes() if isinstance(data, str) else data.read()
+        self.store.blobs[key] = (content, old.acl, old.version + 1)
+        return self._meta(key)
+
+    def download(self, key: str, dest: str | BinaryIO, progress: Any = None, **kw: Any) -> BlobInfo:
+        self._raise_next()
+        meta = self._meta(key)
+        data = self.store.blobs[key][0]
+        if isinstance(dest, str):
+            Path(dest).write_bytes(data)
+        else:
+            dest.write(data)
+        return BlobInfo(meta.version, meta.size, meta.digest)
+
+    def delete(self, key: str) -> None:
+        self._raise_next()
+        self._meta(key)
+        del self.store.blobs[key]
+
+    def list(self, prefix: str = "") -> Iterator[str]:
+        self._raise_next()
+        return iter(sorted(k for k in self.store.blobs if k.startswith(prefix)))
+
+    def get_meta(self, key: str) -> BlobMeta:
+        self._raise_next()
+        if key in self.store.forbidden:
+            raise NotAuthorized(f"user lacks READ permission on {key!r}")
+        return self._meta(key)
+
+    def set_acl(self, key: str, acl: Sequence[AccessControl]) -> BlobMeta:
+        data, _, version = self.store.blobs[key]
+        self.store.blobs[key] = (data, tuple(acl), version)
+        return self._meta(key)
+
+    def get_replication(self, key: str) -> ReplicationStatus:
+        self._meta(key)
+        return ReplicationStatus(key, 1, self.store.replicas, 3, ("m1:1",))
+
+    def set_replication_factor(self, key: str, n: int) -> BlobMeta:
+        self.store.replication_factor = n
+        return self._meta(key)
+
+    def wait_for_replication(
+        self, keys: Iterable[str], min_replication: int, timeout: float
+    ) -> WaitResult:
+        names = list(keys)
+        self.store.waits.append((names, min_replication, timeout))
+        statuses = tuple(ReplicationStatus(k, 1, self.store.replicas, 3, ()) for k in names)
+        return WaitResult(self.store.replicas >= min_replication, statuses, max(timeout, 0.0))
+
+    def cluster_summary(self) -> ClusterSummary:
+        self._raise_next()
+        return ClusterSummary(
+            masters=(
+                MasterSummary(
+                    "m1:6627", True, 3725.0, "0.1.0", 2, 3 * 1024**2, 50 * 1024**3, 0, True, 4
+                ),
+                MasterSummary(
+                    "m2:6627", False, 59.0, "0.1.0", 2, 3 * 1024**2, 40 * 1024**3, 1, True, 4
+                ),
+                MasterSummary("m3:6627", False, 0.0, "", 0, 0, 0, 0, False, 0),
+            ),
+            leader="m1:6627",
+            epoch=4,
+            blob_count=2,
+            under_replicated=1,
+        )
+
+
+class FakeStore:
+    def __init__(self) -> None:
+        self.blobs: dict[str, tuple[bytes, tuple[AccessControl, ...], int]] = {}
+        self.opened: list[tuple[str, str | None]] = []
+        self.created: list[tuple[str, tuple[AccessControl, ...], int, int]] = []
+        self.waits: list[tuple[list[str], int, float]] = []
+        self.forbidden: set[str] = set()
+        self.replicas = 1
+        self.replication_factor = 0
+        self.closed = 0
+        self.error: BaseException | None = None
+
+
+@pytest.fixture
+def store(monkeypatch: pytest.MonkeyPatch) -> FakeStore:
+    fake = FakeStore()
+    monkeypatch.setattr(
+        cli, "client_factory", lambda cluster, user: FakeClient(fake, cluster, user)
+    )
+    monkeypatch.delenv("BLOBHA_CLUSTER", raising=False)
+    monkeypatch.delenv("BLOBHA_USER", raising=False)
+    return fake
+
+
+def set_stdin(monkeypatch: pytest.MonkeyPatch, data: bytes) -> None:
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(data)))
+
+
+def one_error_line(err: str) -> str:
+    lines = err.splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("blobha: error: ")
+    assert "Traceback" not in err
+    return lines[0]
+
+
+# ------------------------------------------------------------------------------------------------
+# Parsing
+# ------------------------------------------------------------------------------------------------
+
+
+class TestParsing:
+    def test_global_options_before_and_after_the_command(self) -> None:
+        parser = cli.build_parser()
+        a = parser.parse_args(["--cluster", "h:1", "--user", "u", "meta", "k"])
+        b = parser.parse_args(["meta", "k", "--cluster", "h:1", "--user", "u"])
+        assert (a.cluster, a.user, a.key) == (b.cluster, b.user, b.key) == ("h:1", "u", "k")
+        c = parser.parse_args(["--cluster", "h:1", "meta", "k", "--user", "u"])
+        assert (c.cluster, c.user) == ("h:1", "u")
+        d = parser.parse_args(["meta", "k"])
+        assert d.cluster is None and d.user is None
+
+    def test_storm_style_create(self) -> None:
+        a = cli.build_parser().parse_args(
+            ["create", "k", "-f", "F", "-a", "u:a:rwa,o::r", "--replication-factor", "2"]
+        )
+        assert (a.key, a.file, a.acl, a.replication_factor) == ("k", "F", "u:a:rwa,o::r", 2)
+        assert (a.wait_replication, a.timeout, a.write_quorum) == (0, 60.0, 0)
+
+    @pytest.mark.parametrize(
+        "argv",
+        [
+            [],
+            ["nope"],
+            ["create"],
+            ["create", "k", "--replication-factor", "0"],
+            ["create", "k", "--replication-factor", "x"],
+            ["set-acl", "k"],
+            ["replication", "k"],
+            ["replication", "--read", "--update", "k"],
+            ["replication", "--update", "k"],
+            ["replication", "--read", "--replication-factor", "2", "k"],
+            ["wait-replication", "k"],
+            ["wait-replication", "--min", "1"],
+            ["serve"],
+            ["local-cluster", "--base-port", "70000"],
+        ],
+    )
+    def test_usage_errors_exit_2(self, argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+        assert cli.main(argv) == 2
+        assert "usage:" in capsys.readouterr().err
+
+    def test_help_lists_exit_codes(self, capsys: pytest.CaptureFixture[str]) -> None:
+        assert cli.main(["--help"]) == 0
+        out = capsys.readouterr().out
+        assert "exit codes:" in out and "3 key not found" in out and "130 interrupted" in out
+
+    def test_docstring_table_matches_error_classes(self) -> None:
+        doc = cli.__doc__ or ""
+        table = dict(
+            (int(m.group(1)), m.group(2)) for m in re.finditer(r"^(\d+)\s+(\S.*)$", doc, re.M)
+        )
+        for cls in vars(errors).values():
+            if isinstance(cls, type) and issubclass(cls, BlobError) and cls is not BlobError:
+                assert cls.exit_code in table, cls
+                assert str(cls.exit_code) in cli.EXIT_CODES_EPILOG
+        assert {0, 1, 2, 130}.issubset(table)
+
+
+# ------------------------------------------------------------------------------------------------
+# Commands
+# ------------------------------------------------------------------------------------------------
+
+
+def test_create_from_stdin_and_cat_to_stdout(
+    store: FakeStore, monkeypatch: pytest.MonkeyPatch, capsysbinary: pytest.CaptureFixture[bytes]
+) -> None:
+    set_stdin(monkeypatch, b"\x00binary\xff")
+    assert cli.main(["create", "k", "-a", "o::r"]) == 0
+    assert store.created == [("k", (AccessControl("o", "", 1),), 0, 0)]
+    assert cli.main(["cat", "k"]) == 0
+    assert capsysbinary.readouterr().out == b"\x00binary\xff"
+
+
+def test_cluster_and_user_resolution(store: FakeStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    cli.main(["list"])
+    monkeypatch.setenv("BLOBHA_CLUSTER", "env:1")
+    cli.main(["list", "--user", "bob"])
+    cli.main(["--cluster", "opt:2", "list"])
+    assert store.opened == [("127.0.0.1:6627", None), ("env:1", "bob"), ("opt:2", None)]
+    assert store.closed == 3
+
+
+def test_create_update_and_cat_with_files(store: FakeStore, tmp_path: Path) -> None:
+    src, dest = tmp_path / "in", tmp_path / "out"
+    src.write_bytes(b"v1")
+    assert cli.main(["create", "k", "-f", str(src), "--write-quorum", "2"]) == 0
+    src.write_bytes(b"v2")
+    assert cli.main(["update", "k", "--file", str(src)]) == 0
+    assert cli.main(["cat", "k", "-f", str(dest)]) == 0
+    assert dest.read_bytes() == b"v2" and store.blobs["k"][2] == 2
+    assert store.created[0][3] == 2
+
+
+def test_list_keys_and_json(store: FakeStore, capsys: pytest.CaptureFixture[str]) -> None:
+    for k in ["a", "b", "secret"]:
+        store.blobs[k] = (b"", (), 1)
+    store.forbidden = {"secret"}
+    assert cli.main(["list"]) == 0
+    assert capsys.readouterr().out == "a\nb\nsecret\n"
+    assert cli.main(["list", "b", "missing", "secret", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == ["b", "secret"]
+    assert cli.main(["list", "--prefix", "s"]) == 0
+    assert capsys.readouterr().out == "secret\n"
+
+
+def test_meta_text_and_json(store: FakeStore, capsys: pytest.CaptureFixture[str]) -> None:
+    store.blobs["k"] = (b"12345", (AccessControl("u", "alice", 7), AccessControl("o", "", 1)), 2)
+    assert cli.main(["meta", "k"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"^acl:\s+u:alice:rwa,o::r--$", out, re.M)
+    assert re.search(r"^version:\s+2$", out, re.M)
+    assert re.search(r"^replication factor:\s+3$", out, re.M)
+    assert "creator:" in out and "1970-01-01T00:00:01+00:00" in out
+    assert cli.main(["meta", "k", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["acl"] == ["u:alice:rwa", "o::r--"] and data["size"] == 5
+
+
+def test_set_acl_and_replication(store: FakeStore, capsys: pytest.CaptureFixture[str]) -> None:
+    store.blobs["k"] = (b"x", (), 1)
+    store.replicas = 2
+    assert cli.main(["set-acl", "k", "-s", "u:bob:r,o::-"]) == 0
+    assert store.blobs["k"][1] == (AccessControl("u", "bob", 1), AccessControl("o", "", 0))
+    assert cli.main(["replication", "--read", "k"]) == 0
+    assert capsys.readouterr().out == "2\n"
+    assert cli.main(["replication", "--update", "--replication-factor", "5", "k"]) == 0
+    assert store.replication_factor == 5
+
+
+def test_delete(store: FakeStore) -> None:
+    store.blobs["k"] = (b"x", (), 1)
+    assert cli.main(["delete", "k"]) == 0
+    assert "k" not in store.blobs
+
+
+def test_cluster_table_and_json(store: FakeStore, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["cluster"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split()[:3] == ["ADDRESS", "ROLE", "UPTIME"]
+    assert lines[1].split()[:4] == ["m1:6627", "leader", "1h02m", "0.1.0"]
+    assert lines[2].split()[:3] == ["m2:6627", "follower", "59s"]
+    assert lines[3].split()[:2] == ["m3:6627", "unreachable"]
+    assert lines[4] == "leader: m1:6627  epoch: 4  blobs: 2  under-replicated: 1"
+    assert cli.main(["cluster", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["leader"] == "m1:6627" and data["masters"][2]["role"] == "unreachable"
+
+
+def test_wait_replication_exit_codes(store: FakeStore, capsys: pytest.CaptureFixture[str]) -> None:
+    store.replicas = 2
+    assert cli.main(["wait-replication", "a", "b", "--min", "2", "--timeout", "5"]) == 0
+    assert store.waits[-1] == (["a", "b"], 2, 5.0)
+    code = cli.main(["wait-replication", "a", "--min", "3", "--timeout", "-1"])
+    assert code == errors.DeadlineExceeded.exit_code
+    assert "fewer than 3 replicas" in one_error_line(capsys.readouterr().err)
+    assert store.waits[-1][2] == -1.0
+
+
+def test_create_wait_replication(
+    store: FakeStore, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    set_stdin(monkeypatch, b"x")
+    code = cli.main(["create", "k", "--wait-replication", "2", "--timeout", "7"])
+    assert code == errors.DeadlineExceeded.exit_code
+    assert store.waits == [(["k"], 2, 7.0)]
+    line = one_error_line(capsys.readouterr().err)
+    assert "k version 1 was created" in line
+    set_stdin(monkeypatch, b"x")
+    assert cli.main(["create", "k2", "--wait-replication", "1"]) == 0
+
+
+def test_serve_and_local_cluster_are_loaded_lazily(
+    store: FakeStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls: list[tuple[Any, ...]] = []
+
+    def serve_main(path: str) -> int:
+        calls.append(("serve", path))
+        return 0
+
+    def local_main(*args: Any) -> int:
+        calls.append(("local", *args))
+        return 3
+
+    master = types.ModuleType("blobha.master")
+    master.serve_main = serve_main  # type: ignore[attr-defined]
+    local = types.ModuleType("blobha.localcluster")
+    local.main = local_main  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "blobha.master", master)
+    monkeypatch.setitem(sys.modules, "blobha.localcluster", local)
+    assert cli.main(["serve", "--config", "m.toml"]) == 0
+    assert cli.main(["local-cluster", "--nodes", "5", "--data-dir", "d"]) == 3
+    assert cli.main(["local-cluster"]) == 3
+    assert calls == [
+        ("serve", "m.toml"),
+        ("local", 5, "d", 6627, None),
+        ("local", 3, None, 6627, None),
+    ]
+
+
+# ------------------------------------------------------------------------------------------------
+# Errors: one line on stderr, the class's exit code, never a traceback
+# ------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        errors.KeyNotFound("no blob with key 'k'"),
+        errors.NotAuthorized("user 'u' lacks READ"),
+        errors.Unavailable("master m1:1 unavailable: failed to connect\nto all addresses"),
+        errors.ChecksumMismatch("corrupt"),
+        errors.VersionConflict("moved"),
+        errors.InternalError(""),
+    ],
+)
+def test_blob_errors_map_to_exit_codes(
+    store: FakeStore, error: BlobError, capsys: pytest.CaptureFixture[str]
+) -> None:
+    store.error = error
+    assert cli.main(["cluster"]) == error.exit_code
+    line = one_error_line(capsys.readouterr().err)
+    assert line.endswith(" ".join(str(error).split()) or "InternalError")
+
+
+def test_key_not_found(store: FakeStore, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["meta", "missing"]) == 3
+    assert one_error_line(capsys.readouterr().err) == "blobha: error: no blob with key 'missing'"
+
+
+def test_create_existing_key(store: FakeStore, tmp_path: Path) -> None:
+    store.blobs["k"] = (b"", (), 1)
+    src = tmp_path / "f"
+    src.write_bytes(b"")
+    assert cli.main(["create", "k", "-f", str(src)]) == 4
+
+
+def test_bad_acl_is_invalid_argument(store: FakeStore, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["create", "k", "-a", "x:y:z"]) == errors.InvalidArgument.exit_code
+    assert "bad ACL entry" in one_error_line(capsys.readouterr().err)
+    assert store.created == [] and store.opened == []  # checked before connecting
+    assert cli.main(["set-acl", "k", "-s", "u:a:r,u:a:w"]) == errors.InvalidArgument.exit_code
+
+
+def test_missing_file_is_exit_1(
+    store: FakeStore, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    missing = tmp_path / "nope"
+    assert cli.main(["create", "k", "-f", str(missing)]) == 1
+    line = one_error_line(capsys.readouterr().err)
+    assert str(missing) in line and "No such file" in line
+
+
+def test_keyboard_interrupt_is_130(store: FakeStore, capsys: pytest.CaptureFixture[str]) -> None:
+    store.error = KeyboardInterrupt()
+    assert cli.main(["cluster"]) == 130
+    assert one_error_line(capsys.readouterr().err) == "blobha: error: interrupted"
+
+
+def test_unexpected_exception_has_no_traceback(
+    store: FakeStore, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("BLOBHA_DEBUG", raising=False)
+    store.error = RuntimeError("boom")
+    assert cli.main(["cluster"]) == errors.InternalError.exit_code
+    assert "internal error: RuntimeError: boom" in one_error_line(capsys.readouterr().err)
+
+
+def test_invalid_cluster_address_from_real_factory(capsys: pytest.CaptureFixture[str]) -> None:
+    # The real Client rejects the address before any connection is attempted.
+    assert cli.main(["--cluster", "h:notaport", "list"]) == errors.InvalidArgument.exit_code
+    assert "bad port" in one_error_line(capsys.readouterr().err)
+
+
+def test_unavailable_message_is_one_line(
+    store: FakeStore, capsys: pytest.CaptureFixture[str]
+) -> None:
+    store.error = Unavailable("a\n  b\tc")
+    assert cli.main(["list"]) == errors.Unavailable.exit_code
+    assert one_error_line(capsys.readouterr().err) == "blobha: error: a b c"
+
+
+# ------------------------------------------------------------------------------------------------
+# Progress display
+# ------------------------------------------------------------------------------------------------
+
+
+def test_progress_bar_renders_and_throttles() -> None:
+    now = [0.0]
+    out = io.StringIO()
+    bar = cli.ProgressBar("cat k", out, clock=lambda: now[0])
+    now[0] = 1.0
+    bar(512 * 1024, 1024 * 1024)
+    bar(600 * 1024, 1024 * 1024)  # within the redraw interval: not drawn
+    assert out.getvalue().count("\r") == 1
+    assert "512.0 KiB / 1.0 MiB  50.0%" in out.getvalue()
+    now[0] = 2.0
+    bar(1024 * 1024, -1)
+    bar.close()
+    assert out.getvalue().endswith("\n") and "1.0 MiB" in bar.render(2.0)
+
+
+def test_no_progress_bar_when_stderr_is_not_a_terminal(
+    store: FakeStore, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    src = tmp_path / "f"
+    src.write_bytes(b"abc")
+    assert cli.main(["create", "k", "-f", str(src)]) == 0
+    assert capsys.readouterr().err == ""

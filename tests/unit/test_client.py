@@ -1,0 +1,840 @@
+"""Unit tests of blobha.client: pure helpers, and the retry/redirect/resume logic driven through
+an in-memory fake :class:`~blobha.client.Transport` (no sockets, no sleeping)."""
+
+from __future__ import annotations
+
+import getpass
+import io
+from collections.abc import Generator, Iterator, Sequence
+from pathlib import Path
+from typing import Any, BinaryIO, cast
+
+import pytest
+
+from blobha import client as client_mod
+from blobha.acl import AccessControl
+from blobha.client import (
+    BACKOFF_BASE,
+    BACKOFF_CAP,
+    BlobInfo,
+    BlobMeta,
+    Client,
+    ClusterSummary,
+    MasterSummary,
+    ReplicationStatus,
+    WaitResult,
+    backoff_delay,
+    parse_cluster,
+)
+from blobha.digest import digest_bytes
+from blobha.errors import (
+    BlobError,
+    ChecksumMismatch,
+    InvalidArgument,
+    KeyAlreadyExists,
+    KeyNotFound,
+    NotLeader,
+    Unavailable,
+    UploadNotFound,
+    upload_not_found,
+)
+from blobha.v1 import blobha_pb2 as pb
+
+KiB = 1024
+
+# ------------------------------------------------------------------------------------------------
+# Pure helpers
+# ------------------------------------------------------------------------------------------------
+
+
+class TestParseCluster:
+    def test_comma_separated_with_spaces_and_duplicates(self) -> None:
+        assert parse_cluster(" a:1, b:2 ,a:1,") == ("a:1", "b:2")
+
+    def test_list_and_default_port(self) -> None:
+        assert parse_cluster(["m1", "m2:7000,m3"]) == ("m1:6627", "m2:7000", "m3:6627")
+
+    def test_ipv6_in_brackets(self) -> None:
+        assert parse_cluster("[::1]:7000,[fe80::1]") == ("[::1]:7000", "[fe80::1]:6627")
+
+    @pytest.mark.parametrize(
+        "text", ["", " , ", "h:0", "h:70000", "h:x", ":80", "::1", "[::1", "[]:80", "a b:1"]
+    )
+    def test_rejects(self, text: str) -> None:
+        with pytest.raises(InvalidArgument):
+            parse_cluster(text)
+
+
+class TestBackoff:
+    @pytest.mark.parametrize("attempt", range(12))
+    def test_within_full_jitter_bounds(self, attempt: int) -> None:
+        ceiling = min(BACKOFF_CAP, BACKOFF_BASE * 2**attempt)
+        for _ in range(50):
+            assert 0.0 <= backoff_delay(attempt) <= ceiling
+
+    def test_extremes(self) -> None:
+        assert backoff_delay(0, rand=lambda: 0.0) == 0.0
+        assert backoff_delay(0, rand=lambda: 1.0) == pytest.approx(BACKOFF_BASE)
+        assert backoff_delay(3, rand=lambda: 1.0) == pytest.approx(BACKOFF_BASE * 8)
+        assert backoff_delay(100_000, rand=lambda: 1.0) == BACKOFF_CAP  # no overflow
+        assert backoff_delay(-5, rand=lambda: 1.0) == pytest.approx(BACKOFF_BASE)
+
+    def test_custom_base_and_cap(self) -> None:
+        assert backoff_delay(10, base=1.0, cap=5.0, rand=lambda: 0.5) == 2.5
+
+
+class TestDeadline:
+    def test_remaining_expiry_and_restart(self) -> None:
+        now = [100.0]
+        d = client_mod._Deadline(10.0, clock=lambda: now[0])
+        assert d.remaining() == 10.0
+        now[0] = 108.0
+        assert d.remaining() == pytest.approx(2.0)
+        now[0] = 111.0
+        assert d.remaining() == 0.0 and d.expired()
+        d.restart()
+        assert d.remaining() == 10.0
+
+
+class TestUserAndOptions:
+    def test_user_from_environment(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch.setenv("BLOBHA_USER", "carol")
+        assert client_mod.default_user() == "carol"
+        assert Client("h:1", transport=FakeCluster()).user == "carol"
+
+    def test_explicit_user_wins(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch.setenv("BLOBHA_USER", "carol")
+        assert Client("h:1", user="dave", transport=FakeCluster()).user == "dave"
+
+    def test_os_user_fallback(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch.delenv("BLOBHA_USER", raising=False)
+        monkeypatch.setattr(getpass, "getuser", lambda: "osuser")
+        assert client_mod.default_user() == "osuser"
+
+    @pytest.mark.parametrize("user", ["", " bob", "bob\n", "zoé"])
+    def test_bad_user(self, user: str, monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch.setenv("BLOBHA_USER", "x")
+        with pytest.raises(InvalidArgument):
+            client_mod._check_user(user)
+
+    @pytest.mark.parametrize("size", [1, 256 * KiB - 1, 1024 * KiB + 1])
+    def test_chunk_size_bounds(self, size: int) -> None:
+        with pytest.raises(InvalidArgument):
+            Client("h:1", user="u", chunk_size=size, transport=FakeCluster())
+
+    def test_timeout_must_be_positive(self) -> None:
+        with pytest.raises(InvalidArgument):
+            Client("h:1", user="u", timeout=0, transport=FakeCluster())
+
+    def test_acl_forms(self) -> None:
+        entries = [AccessControl("u", "a", 7)]
+        assert client_mod._normalize_acl(None) == []
+        assert client_mod._normalize_acl("u:a:rwa") == entries
+        assert client_mod._normalize_acl(entries) == entries
+        with pytest.raises(InvalidArgument):
+            client_mod._normalize_acl("u:a:rwa,u:a:r")
+        with pytest.raises(InvalidArgument):
+            client_mod._normalize_acl(["u:a:rwa"])  # type: ignore[list-item]
+
+
+class TestConversions:
+    def test_meta(self) -> None:
+        m = pb.BlobMeta(
+            key="k",
+            version=3,
+            size=10,
+            digest="d" * 32,
+            acl=[pb.AccessControl(type="u", name="alice", access=7), pb.AccessControl(type="o")],
+            replication_factor=2,
+            meta_version=5,
+            created_at=1.5,
+            updated_at=2.5,
+            creator="alice",
+            replication=2,
+        )
+        meta = client_mod._meta_from_pb(m)
+        assert meta == BlobMeta(
+            key="k",
+            version=3,
+            size=10,
+            digest="d" * 32,
+            acl=(AccessControl("u", "alice", 7), AccessControl("o", "", 0)),
+            replication_factor=2,
+            meta_version=5,
+            created_at=1.5,
+            updated_at=2.5,
+            creator="alice",
+            replication=2,
+        )
+        with pytest.raises(AttributeError):
+            meta.version = 4  # type: ignore[misc]
+
+    def test_acl_round_trip(self) -> None:
+        acl = [AccessControl("u", "bob", 3), AccessControl("o", "", 1)]
+        assert list(client_mod._acl_from_pb(client_mod._acl_to_pb(acl))) == acl
+
+    def test_info_replication_wait(self) -> None:
+        assert client_mod._info_from_pb(pb.BlobInfo(version=2, size=5, digest="x")) == BlobInfo(
+            2, 5, "x"
+        )
+        status = pb.ReplicationStatus(
+            key="k", version=2, replication=1, replication_factor=3, holders=["a:1"]
+        )
+        expected = ReplicationStatus("k", 2, 1, 3, ("a:1",))
+        assert client_mod._replication_from_pb(status) == expected
+        wait = pb.WaitForReplicationResponse(reached=True, status=[status], waited_secs=1.25)
+        assert client_mod._wait_result_from_pb(wait) == WaitResult(True, (expected,), 1.25)
+
+    def test_cluster_summary(self) -> None:
+        s = pb.ClusterSummaryResponse(
+            masters=[
+                pb.MasterSummary(
+                    address="a:1",
+                    is_leader=True,
+                    uptime_secs=9.0,
+                    version="0.1",
+                    blob_count=4,
+                    bytes_stored=100,
+                    disk_free=1000,
+                    lag_blobs=1,
+                    reachable=True,
+                    epoch=7,
+                )
+            ],
+            leader="a:1",
+            epoch=7,
+            blob_count=4,
+            under_replicated=1,
+        )
+        assert client_mod._summary_from_pb(s) == ClusterSummary(
+            masters=(MasterSummary("a:1", True, 9.0, "0.1", 4, 100, 1000, 1, True, 7),),
+            leader="a:1",
+            epoch=7,
+            blob_count=4,
+            under_replicated=1,
+        )
+
+
+class TestSources:
+    def test_stream_source_replays_until_acknowledged(self) -> None:
+        src = client_mod._StreamSource(io.BufferedReader(io.BytesIO(b"abcdefghij")))
+        assert src.read_at(0, 4) == b"abcd"
+        assert src.read_at(4, 4) == b"efgh"
+        assert src.read_at(2, 4) == b"cdef"  # a resend after a broken stream
+        assert src.can_restart()
+        src.ack(6)
+        assert not src.can_restart()
+        assert src.read_at(6, 100) == b"ghij"
+        assert src.read_at(10, 4) == b""
+        with pytest.raises(BlobError):
+            src.read_at(0, 1)
+
+    def test_file_source_is_relative_to_start(self, tmp_path: Path) -> None:
+        path = tmp_path / "f"
+        path.write_bytes(b"0123456789")
+        with path.open("rb") as f:
+            f.seek(3)
+            src = client_mod._open_source(f)
+            assert src.size == 7
+            assert src.read_at(0, 3) == b"345"
+            assert src.can_restart()
+
+    def test_rejects_other_types(self) -> None:
+        with pytest.raises(InvalidArgument):
+            client_mod._open_source(12)  # type: ignore[arg-type]
+
+
+# ------------------------------------------------------------------------------------------------
+# A fake cluster behind the Transport interface
+# ------------------------------------------------------------------------------------------------
+
+M1, M2, M3 = "m1:1", "m2:2", "m3:3"
+
+
+class FakeCluster:
+    """Three masters in memory with the protocol's leader/replica rules, plus fault hooks."""
+
+    def __init__(self, leader: str = M1) -> None:
+        self.masters = [M1, M2, M3]
+        self.leader = leader
+        self.blobs: dict[str, tuple[int, bytes]] = {}
+        self.holders: dict[str, list[str]] = {}
+        self.uploads: dict[str, dict[str, Any]] = {}
+        self.down: set[str] = set()
+        self.faults: list[tuple[str, str, BlobError]] = []
+        self.calls: list[tuple[str, str]] = []
+        self.append_break_after: int | None = None  # chunks accepted before the stream breaks
+        self.download_break_after: int | None = None
+        self.commit_then_fail = False
+        self.corrupt: set[str] = set()  # masters that serve flipped bytes without noticing
+        self.failover_on_break: str | None = None
+        self.closed = False
+        self._next_id = 0
+
+    # -- Transport ----------------------------------------------------------------------------
+
+    def _enter(self, address: str, method: str) -> None:
+        self.calls.append((address, method))
+        if address in self.down:
+            raise Unavailable(f"master {address} unavailable: connection refused")
+        for i, (where, name, error) in enumerate(self.faults):
+            if name == method and where in ("*", address):
+                del self.faults[i]
+                raise error
+
+    def unary(self, address: str, method: str, request: Any, timeout: float | None) -> Any:
+        assert timeout is None or timeout > 0
+        self._enter(address, method)
+        return getattr(self, "_" + method)(address, request)
+
+    def client_stream(
+        self, address: str, method: str, requests: Iterator[Any], timeout: float | None
+    ) -> Any:
+        self._enter(address, method)
+        return self._append(address, requests)
+
+    def server_stream(
+        self, address: str, method: str, request: Any, timeout: float | None
+    ) -> Iterator[Any]:
+        self._enter(address, method)
+        return self._download(address, request)
+
+    def probe(
+        self, addresses: Sequence[str], method: str, request: Any, timeout: float
+    ) -> Generator[tuple[str, Any], None, None]:
+        for address in addresses:
+            try:
+                yield address, self.unary(address, method, request, timeout)
+            except BlobError as exc:
+                yield address, exc
+
+    def close(self) -> None:
+        self.closed = True
+
+    # -- helpers ------------------------------------------------------------------------------
+
+    def count(self, method: str, address: str | None = None) -> int:
+        return sum(1 for a, m in self.calls if m == method and address in (None, a))
+
+    def fail_over(self, new_leader: str) -> None:
+        old, self.leader = self.leader, new_leader
+        self.uploads = {k: u for k, u in self.uploads.items() if u["leader"] != old}
+
+    def _leader_only(self, address: str) -> None:
+        if address != self.leader:
+            raise NotLeader(f"{address} is not the leader", self.leader)
+
+    def _upload(self, address: str, upload_id: str) -> dict[str, Any]:
+        up = self.uploads.get(upload_id)
+        if up is None or up["leader"] != address:
+            raise upload_not_found(upload_id)
+        return up
+
+    def _meta(self, key: str) -> pb.BlobMeta:
+        if key not in self.blobs:
+            raise KeyNotFound(f"no blob with key {key!r}")
+        version, data = self.blobs[key]
+        return pb.BlobMeta(key=key, version=version, size=len(data), digest=digest_bytes(data))
+
+    # -- methods ------------------------------------------------------------------------------
+
+    def _ClusterSummary(self, address: str, request: Any) -> pb.ClusterSummaryResponse:
+        return pb.ClusterSummaryResponse(
+            masters=[pb.MasterSummary(address=m, reachable=True) for m in self.masters],
+            leader=self.leader,
+        )
+
+    def _BeginUpload(self, address: str, r: pb.BeginUploadRequest) -> pb.BeginUploadResponse:
+        self._leader_only(address)
+        if r.create and r.key in self.blobs:
+            raise KeyAlreadyExists(f"key {r.key!r} already exists")
+        if not r.create and r.key not in self.blobs:
+            raise KeyNotFound(f"no blob with key {r.key!r}")
+        self._next_id += 1
+        upload_id = f"up{self._next_id}"
+        self.uploads[upload_id] = {"leader": address, "key": r.key, "data": bytearray()}
+        return pb.BeginUploadResponse(upload_id=upload_id)
+
+    def _append(self, address: str, chunks: Iterator[pb.UploadChunk]) -> pb.UploadStatus:
+        up: dict[str, Any] | None = None
+        for n, chunk in enumerate(chunks):
+            if self.append_break_after is not None and n >= self.append_break_after:
+                self.append_break_after = None
+                if self.failover_on_break:
+                    self.fail_over(self.failover_on_break)
+                raise Unavailable(f"master {address} unavailable: connection reset")
+            up = self._upload(address, chunk.upload_id)
+            data: bytearray = up["data"]
+            assert chunk.offset <= len(data), "a gap"
+            data[chunk.offset : chunk.offset + len(chunk.data)] = chunk.data
+        assert up is not None, "empty append stream"
+        return pb.UploadStatus(received=len(up["data"]))
+
+    def _GetUploadStatus(self, address: str, r: pb.UploadStatusRequest) -> pb.UploadStatus:
+        return pb.UploadStatus(received=len(self._upload(address, r.upload_id)["data"]))
+
+    def _CommitUpload(self, address: str, r: pb.CommitUploadRequest) -> pb.BlobMeta:
+        self._leader_only(address)
+        up = self._upload(address, r.upload_id)
+        data = bytes(up["data"])
+        assert r.size == len(data) and r.digest == digest_bytes(data)
+        del self.uploads[r.upload_id]
+        version = self.blobs.get(up["key"], (0, b""))[0] + 1
+        self.blobs[up["key"]] = (version, data)
+        self.holders[up["key"]] = [address]
+        if self.commit_then_fail:
+            self.commit_then_fail = False
+            raise Unavailable(f"master {address} unavailable: connection reset")
+        return self._meta(up["key"])
+
+    def _AbortUpload(self, address: str, r: pb.AbortUploadRequest) -> pb.AbortUploadResponse:
+        self.uploads.pop(r.upload_id, None)
+        return pb.AbortUploadResponse()
+
+    def _GetMeta(self, address: str, r: pb.GetMetaRequest) -> pb.BlobMeta:
+        return self._meta(r.key)
+
+    def _Delete(self, address: str, r: pb.DeleteRequest) -> pb.DeleteResponse:
+        self._leader_only(address)
+        self._meta(r.key)
+        del self.blobs[r.key]
+        return pb.DeleteResponse()
+
+    def _List(self, address: str, r: pb.ListRequest) -> pb.ListResponse:
+        keys = sorted(k for k in self.blobs if k.startswith(r.prefix) and k > r.page_token)
+        page = keys[:2]
+        token = page[-1] if len(keys) > 2 else ""
+        return pb.ListResponse(keys=page, next_page_token=token)
+
+    def _GetReplication(self, address: str, r: pb.GetReplicationRequest) -> pb.ReplicationStatus:
+        meta = self._meta(r.key)
+        holders = self.holders.get(r.key, [])
+        return pb.ReplicationStatus(
+            key=r.key, version=meta.version, replication=len(holders), holders=holders
+        )
+
+    def _WaitForReplication(
+        self, address: str, r: pb.WaitForReplicationRequest
+    ) -> pb.WaitForReplicationResponse:
+        statuses = [self._GetReplication(address, pb.GetReplicationRequest(key=k)) for k in r.keys]
+        reached = all(s.replication >= r.min_replication for s in statuses)
+        return pb.WaitForReplicationResponse(reached=reached, status=statuses)
+
+    def _download(self, address: str, r: pb.DownloadRequest) -> Iterator[pb.DownloadChunk]:
+        meta = self._meta(r.key)
+        version = r.version or meta.version
+        if address not in self.holders.get(r.key, []) or version != meta.version:
+            raise KeyNotFound(f"not held here: {address} does not hold v{version} of {r.key!r}")
+        data = self.blobs[r.key][1]
+        if address in self.corrupt:
+            data = bytes(b ^ 1 for b in data)
+        end = len(data) if not r.length else min(len(data), r.offset + r.length)
+        info = pb.BlobInfo(version=version, size=len(data), digest=meta.digest)
+        sent = 0
+        pos = r.offset
+        first = True
+        while first or pos < end:
+            if self.download_break_after is not None and sent >= self.download_break_after:
+                self.download_break_after = None
+                raise Unavailable(f"master {address} unavailable: connection reset")
+            piece = data[pos : min(end, pos + 256 * KiB)]
+            yield pb.DownloadChunk(info=info, data=piece) if first else pb.DownloadChunk(data=piece)
+            first = False
+            pos += len(piece)
+            sent += 1
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+        self.sleeps: list[float] = []
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, secs: float) -> None:
+        assert secs >= 0
+        self.sleeps.append(secs)
+        self.now += secs
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
+    fake = FakeClock()
+    monkeypatch.setattr(client_mod, "_monotonic", fake)
+    return fake
+
+
+@pytest.fixture
+def cluster() -> FakeCluster:
+    return FakeCluster()
+
+
+@pytest.fixture
+def client(cluster: FakeCluster, clock: FakeClock) -> Iterator[Client]:
+    c = Client([M1, M2, M3], user="alice", timeout=30.0, chunk_size=256 * KiB, transport=cluster)
+    c._sleep = clock.sleep
+    with c:
+        yield c
+    assert cluster.closed
+
+
+def payload(n: int) -> bytes:
+    return bytes((i * 7 + i // 251) % 256 for i in range(n))
+
+
+# ------------------------------------------------------------------------------------------------
+# Writes
+# ------------------------------------------------------------------------------------------------
+
+
+def test_create_discovers_the_leader_and_uploads(client: Client, cluster: FakeCluster) -> None:
+    data = payload(600 * KiB)
+    meta = client.create("k", data)
+    assert meta.version == 1 and meta.size == len(data) and meta.digest == digest_bytes(data)
+    assert cluster.blobs["k"] == (1, data)
+    assert cluster.count("BeginUpload") == 1 and cluster.count("BeginUpload", M1) == 1
+
+
+def test_create_empty_blob(client: Client, cluster: FakeCluster) -> None:
+    assert client.create("empty", b"").size == 0
+    assert cluster.count("AppendUpload") == 0
+    assert client.read("empty") == b""
+
+
+def test_not_leader_redirects_to_named_leader(
+    client: Client, cluster: FakeCluster, clock: FakeClock
+) -> None:
+    client.create("a", b"1")  # caches M1 as leader
+    cluster.leader = M2
+    meta = client.update("a", b"2")
+    assert meta.version == 2
+    assert cluster.count("BeginUpload", M1) == 2 and cluster.count("BeginUpload", M2) == 1
+    assert len(clock.sleeps) == 1 and clock.sleeps[0] <= BACKOFF_BASE
+
+
+def test_broken_stream_resumes_from_upload_status(client: Client, cluster: FakeCluster) -> None:
+    data = payload(1000 * KiB)
+    cluster.append_break_after = 2
+    client.create("k", data)
+    assert cluster.blobs["k"][1] == data
+    assert cluster.count("BeginUpload") == 1  # resumed, not restarted
+    assert cluster.count("GetUploadStatus") == 1
+
+
+def test_leader_change_restarts_a_seekable_upload(
+    client: Client, cluster: FakeCluster, tmp_path: Path
+) -> None:
+    path = tmp_path / "blob"
+    data = payload(700 * KiB)
+    path.write_bytes(data)
+    cluster.append_break_after = 1
+    cluster.failover_on_break = M3
+    client.create("k", path)
+    assert cluster.blobs["k"][1] == data
+    assert cluster.count("BeginUpload", M1) == 1 and cluster.count("BeginUpload", M3) == 1
+
+
+class _Pipe(io.RawIOBase):
+    """A non-seekable stream, like stdin or a pipe."""
+
+    def __init__(self, data: bytes) -> None:
+        self._data = io.BytesIO(data)
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return False
+
+    def readinto(self, b: Any) -> int:
+        data = self._data.read(len(b))
+        b[: len(data)] = data
+        return len(data)
+
+
+def test_leader_change_with_consumed_stream_fails_clearly(
+    client: Client, cluster: FakeCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(client_mod, "_UPLOAD_SEGMENT_BYTES", 256 * KiB)
+    original = cluster._append
+
+    def fail_over_after_first_segment(address: str, chunks: Iterator[pb.UploadChunk]) -> Any:
+        status = original(address, chunks)
+        cluster.fail_over(M2)  # the acknowledged segment is gone with the old leader
+        return status
+
+    monkeypatch.setattr(cluster, "_append", fail_over_after_first_segment)
+    with pytest.raises(UploadNotFound, match="cannot be read again"):
+        client.create("k", cast(BinaryIO, _Pipe(payload(600 * KiB))))
+    assert "k" not in cluster.blobs
+
+
+def test_small_stream_restarts_after_leader_change(client: Client, cluster: FakeCluster) -> None:
+    data = payload(300 * KiB)
+    cluster.append_break_after = 1
+    cluster.failover_on_break = M2
+    client.create("k", cast(BinaryIO, _Pipe(data)))
+    assert cluster.blobs["k"][1] == data
+    assert cluster.count("BeginUpload", M2) == 1
+
+
+def test_commit_with_lost_answer_is_recognised(client: Client, cluster: FakeCluster) -> None:
+    client.create("k", b"old")
+    cluster.commit_then_fail = True
+    meta = client.update("k", b"new content")
+    assert meta.version == 2 and cluster.blobs["k"] == (2, b"new content")
+    assert cluster.count("CommitUpload") == 2 and cluster.count("BeginUpload") == 2
+
+
+def test_create_commit_lost_then_exists_is_success(client: Client, cluster: FakeCluster) -> None:
+    cluster.commit_then_fail = True
+    # The meta checks see a lagging view twice, so the client begins again and is told the key
+    # exists: with the digest matching, that is our own commit.
+    cluster.faults.append(("*", "GetMeta", KeyNotFound("lagging")))
+    cluster.faults.append(("*", "GetMeta", KeyNotFound("lagging")))
+    meta = client.create("k", b"data")
+    assert meta.version == 1 and cluster.count("BeginUpload") == 2
+
+
+def test_not_authorized_is_not_retried(client: Client, cluster: FakeCluster) -> None:
+    from blobha.errors import NotAuthorized
+
+    cluster.faults.append(("*", "BeginUpload", NotAuthorized("no")))
+    with pytest.raises(NotAuthorized):
+        client.create("k", b"x")
+    assert cluster.count("BeginUpload") == 1
+
+
+def test_upload_aborted_on_fatal_error(client: Client, cluster: FakeCluster) -> None:
+    from blobha.errors import ResourceExhausted
+
+    cluster.faults.append(("*", "CommitUpload", ResourceExhausted("disk full")))
+    with pytest.raises(ResourceExhausted):
+        client.create("k", b"x")
+    assert cluster.count("AbortUpload") == 1 and not cluster.uploads
+
+
+def test_unreachable_cluster_gives_up_at_the_deadline(
+    client: Client, cluster: FakeCluster, clock: FakeClock
+) -> None:
+    cluster.down = {M1, M2, M3}
+    with pytest.raises(Unavailable, match="within 30 s"):
+        client.create("k", b"x")
+    assert 10 < len(clock.sleeps) < 200  # backed off, never a tight loop
+    assert max(clock.sleeps) <= BACKOFF_CAP
+    assert sum(clock.sleeps) <= 30.0
+
+
+def test_no_leader_yet_is_retried(client: Client, cluster: FakeCluster) -> None:
+    cluster.leader = ""
+    cluster.faults.append(("*", "ClusterSummary", Unavailable("starting")))
+    calls = 0
+    original = cluster._ClusterSummary
+
+    def elect_later(address: str, request: Any) -> pb.ClusterSummaryResponse:
+        nonlocal calls
+        calls += 1
+        if calls > 4:
+            cluster.leader = M3
+        return original(address, request)
+
+    cluster._ClusterSummary = elect_later  # type: ignore[method-assign]
+    client.create("k", b"x")
+    assert cluster.count("BeginUpload", M3) == 1
+
+
+def test_delete_retry_after_lost_answer(client: Client, cluster: FakeCluster) -> None:
+    client.create("k", b"x")
+    original = cluster._Delete
+
+    def delete_then_fail(address: str, r: pb.DeleteRequest) -> pb.DeleteResponse:
+        cluster._Delete = original  # type: ignore[method-assign]
+        original(address, r)
+        raise Unavailable("connection reset")
+
+    cluster._Delete = delete_then_fail  # type: ignore[method-assign]
+    client.delete("k")
+    assert "k" not in cluster.blobs
+    with pytest.raises(KeyNotFound):
+        client.delete("k")
+
+
+# ------------------------------------------------------------------------------------------------
+# Reads
+# ------------------------------------------------------------------------------------------------
+
+
+def test_download_fails_over_and_resumes(client: Client, cluster: FakeCluster) -> None:
+    data = payload(900 * KiB)
+    client.create("k", data)
+    cluster.holders["k"] = [M2, M3]
+    cluster.download_break_after = 2
+    assert client.read("k") == data
+    # One replica broke after two chunks; the other served the rest from that offset.
+    downloads = [a for a, m in cluster.calls if m == "Download"]
+    assert len(downloads) == 2 and set(downloads) == {M2, M3}
+
+
+def test_not_held_here_tries_another_master(client: Client, cluster: FakeCluster) -> None:
+    client.create("k", b"abc")
+    cluster.holders["k"] = [M3]  # but GetReplication reports none: every master is tried
+    original = cluster._GetReplication
+
+    def no_holders(address: str, r: pb.GetReplicationRequest) -> pb.ReplicationStatus:
+        status = original(address, r)
+        del status.holders[:]
+        return status
+
+    cluster._GetReplication = no_holders  # type: ignore[method-assign]
+    assert client.read("k") == b"abc"
+
+
+def test_corrupt_replica_is_skipped(client: Client, cluster: FakeCluster) -> None:
+    client.create("k", b"abc")
+    cluster.holders["k"] = [M1, M2, M3]
+    cluster.faults.append((M1, "Download", ChecksumMismatch("chunk 0 corrupt on disk")))
+    cluster.faults.append((M2, "Download", ChecksumMismatch("chunk 0 corrupt on disk")))
+    assert client.read("k") == b"abc"
+
+
+def test_digest_mismatch_keeps_no_file(
+    client: Client, cluster: FakeCluster, tmp_path: Path
+) -> None:
+    client.create("k", b"abc")
+    cluster.holders["k"] = [M2]
+    cluster.corrupt = {M2}
+    dest = tmp_path / "out"
+    dest.write_bytes(b"previous")
+    with pytest.raises(ChecksumMismatch):
+        client.download("k", dest)
+    assert dest.read_bytes() == b"previous"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+def test_download_to_path_and_range(client: Client, cluster: FakeCluster, tmp_path: Path) -> None:
+    data = payload(300 * KiB)
+    client.create("k", data)
+    dest = tmp_path / "out"
+    seen: list[tuple[int, int]] = []
+    info = client.download("k", dest, progress=lambda d, t: seen.append((d, t)))
+    assert dest.read_bytes() == data and info == BlobInfo(1, len(data), digest_bytes(data))
+    assert seen[-1] == (len(data), len(data))
+    buf = io.BytesIO()
+    client.download("k", buf, offset=10, length=5)
+    assert buf.getvalue() == data[10:15]
+
+
+def test_list_follows_pages(client: Client, cluster: FakeCluster) -> None:
+    for k in ["a1", "a2", "a3", "b1", "a4"]:
+        cluster.blobs[k] = (1, b"")
+    assert list(client.list("a")) == ["a1", "a2", "a3", "a4"]
+    assert list(client.list()) == ["a1", "a2", "a3", "a4", "b1"]
+
+
+def test_reads_move_to_another_master(client: Client, cluster: FakeCluster) -> None:
+    cluster.blobs["k"] = (4, b"zz")
+    cluster.down = {M1, M2}
+    assert client.get_meta("k").version == 4
+
+
+def test_wait_for_replication(client: Client, cluster: FakeCluster) -> None:
+    client.create("k", b"x")
+    assert client.wait_for_replication(["k"], 1, 5).reached
+    result = client.wait_for_replication("k", 2, 5)
+    assert not result.reached and result.statuses[0].replication == 1
+    with pytest.raises(InvalidArgument):
+        client.wait_for_replication([], 1, 5)
+
+
+def test_wait_forever_loops_bounded_calls(
+    client: Client, cluster: FakeCluster, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    client.create("k", b"x")
+    timeouts: list[float] = []
+    original = cluster._WaitForReplication
+
+    def slow(address: str, r: pb.WaitForReplicationRequest) -> pb.WaitForReplicationResponse:
+        timeouts.append(r.timeout_secs)
+        if len(timeouts) == 3:
+            cluster.holders["k"] = [M1, M2]
+        clock.now += r.timeout_secs
+        return original(address, r)
+
+    cluster._WaitForReplication = slow  # type: ignore[method-assign]
+    result = client.wait_for_replication(["k"], 2, -1)
+    assert result.reached and timeouts == [60.0, 60.0, 60.0]
+    assert result.waited_secs == pytest.approx(180.0)
+
+
+def test_invalid_key_fails_before_any_call(client: Client, cluster: FakeCluster) -> None:
+    with pytest.raises(InvalidArgument):
+        client.get_meta("a/b")
+    assert cluster.calls == []
+
+
+def test_download_in_segments_resumes_at_the_byte(
+    client: Client, cluster: FakeCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(client_mod, "_DOWNLOAD_SEGMENT_BYTES", 512 * KiB)
+    data = payload(1000 * KiB)
+    client.create("k", data)
+    cluster.holders["k"] = [M1, M2]
+    cluster.download_break_after = 1  # the first segment breaks after one 256 KiB chunk
+    requests: list[tuple[int, int, int]] = []
+    original = cluster._download
+
+    def record(address: str, r: pb.DownloadRequest) -> Iterator[pb.DownloadChunk]:
+        requests.append((r.version, r.offset, r.length))
+        return original(address, r)
+
+    monkeypatch.setattr(cluster, "_download", record)
+    assert client.read("k") == data
+    assert requests == [
+        (0, 0, 512 * KiB),
+        (1, 256 * KiB, 512 * KiB),  # pinned to the version the first answer named
+        (1, 768 * KiB, 232 * KiB),
+    ]
+
+
+def test_download_restarts_when_its_version_is_replaced(
+    client: Client, cluster: FakeCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(client_mod, "_DOWNLOAD_SEGMENT_BYTES", 256 * KiB)
+    client.create("k", payload(600 * KiB))
+    original = cluster._download
+    update: list[bytes] = [payload(700 * KiB)[::-1]]
+
+    def update_mid_download(address: str, r: pb.DownloadRequest) -> Iterator[pb.DownloadChunk]:
+        version = cluster.blobs["k"][0]
+        if r.offset > 0 and r.version == version and update:
+            # A new version is committed and the old one pruned everywhere.
+            cluster.blobs["k"] = (version + 1, update.pop())
+        return original(address, r)
+
+    monkeypatch.setattr(cluster, "_download", update_mid_download)
+    assert client.read("k") == payload(700 * KiB)[::-1]
+    # A sink that cannot start over gets a clear error instead.
+    update.append(payload(500 * KiB))
+    with pytest.raises(KeyNotFound, match="updated during the download"):
+        client.download("k", cast(BinaryIO, _Unseekable()))
+
+
+class _Unseekable(io.RawIOBase):
+    def writable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return False
+
+    def write(self, b: Any) -> int:
+        return len(b)
+
+
+def test_download_path_errors_name_the_users_path(client: Client, tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError) as missing:
+        client.download("k", tmp_path / "no" / "out")
+    assert missing.value.filename == str(tmp_path / "no")
+    with pytest.raises(IsADirectoryError) as isdir:
+        client.download("k", tmp_path)
+    assert isdir.value.filename == str(tmp_path)
