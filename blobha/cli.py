@@ -102,9 +102,13 @@ def _seconds(text: str) -> float:
 
 
 def _port(text: str) -> int:
-    value = _positive_int(text)
-    if value > 65535:
-        raise argparse.ArgumentTypeError(f"expected a port 1-65535, got {value}")
+    """A port, or 0 for "pick free ports"."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number, got {text!r}") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a port 0-65535 (0 = any free), got {value}")
     return value
 
 
@@ -249,7 +253,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--nodes", type=_positive_int, default=3, metavar="N")
     p.add_argument("--data-dir", metavar="DIR",
                    help="where to keep data; kept across runs (default: ./blobha-local)")
-    p.add_argument("--base-port", type=_port, default=DEFAULT_BASE_PORT, metavar="PORT")
+    p.add_argument("--base-port", type=_port, default=DEFAULT_BASE_PORT, metavar="PORT",
+                   help="first master's port; the others follow (0 = any free ports)")
     p.add_argument("--zookeeper-home", metavar="DIR", help="a ZooKeeper installation to use")
 
     p = command("bench", "measure this cluster against same-run baselines", _cmd_bench)

@@ -249,8 +249,13 @@ class LeaderElection:
         self._ready = False
         log.info("won the election: epoch %d; preparing to lead", self._epoch)
         # ha-rule 4: catch up with ZooKeeper and reconcile before reporting leadership.
-        self.zk.sync("/")
-        self._on_elected(self._epoch)
+        try:
+            self.zk.sync("/")
+            self._on_elected(self._epoch)
+        except Exception:
+            # Never stay "leading but not ready": give the term up and run for a new one.
+            self._step_down("preparing to lead failed")
+            raise
         if self._leading:
             self._ready = True
             log.info("leading as %s (epoch %d)", self.identity, self._epoch)

@@ -125,9 +125,12 @@ class Synchronizer:
             t.join(timeout=5)
 
     def reconcile_all(self) -> None:
-        """Queue every key known to ZooKeeper or held locally."""
-        self.queue.put(_KEY_LIST)
-        self.queue.put_many(sorted(set(self.store.keys())))
+        """Queue every key known to ZooKeeper or held locally (and re-arm the key-list watch)."""
+        try:
+            keys = set(self.zk.get_children(BLOBSTORE, watch=self._on_event))
+        except NoNodeError:
+            keys = set()
+        self.queue.put_many(sorted(keys | set(self.store.keys())))
 
     def schedule(self, key: str) -> None:
         self.queue.put(key)
@@ -139,16 +142,17 @@ class Synchronizer:
             return self._view.get(key)
 
     def figures(self) -> tuple[int, int, int]:
-        """(keys, under-replicated keys, keys this master should hold but lacks)."""
+        """(keys, keys with fewer holders than their replication factor, keys this master
+        should hold but lacks)."""
         known = self.membership.known()
-        live = self.membership.live()
         with self._view_lock:
             views = list(self._view.items())
         under = lag = 0
         for key, v in views:
             holders = v.holders()
-            wanted = min(v.state.replication_factor, max(len(live), 1))
-            if len(holders) < wanted:
+            # Against the factor asked for, not the capped one: a blob that wants 3 copies in a
+            # cluster with a dead master is under-replicated, and operators should see it.
+            if len(holders) < v.state.replication_factor:
                 under += 1
             rf = min(v.state.replication_factor, max(len(known), 1))
             if self.identity in placement.choose(key, known, rf) and self.identity not in holders:

@@ -83,6 +83,7 @@ def test_follower_session_expiry_reregisters_replicas(fresh_cluster: LocalCluste
         try:
             wait_until(lambda: all(c.get_replication(k).replication == 2 for k in keys),
                        SESSION + 10, "the paused follower's replica nodes to expire")
+            assert c.cluster_summary().under_replicated >= len(keys)
         finally:
             follower.signal(signal.SIGCONT)
         result = c.wait_for_replication(keys, 3, timeout=SESSION + 10)

@@ -69,3 +69,25 @@ def test_wait_for_replication_of_a_missing_key_fails(alice: Client) -> None:
 
     with pytest.raises(KeyNotFound):
         alice.wait_for_replication(["no-such-key"], 1, timeout=1.0)
+
+
+def test_a_lost_holder_is_replaced_after_the_grace_period(fresh_cluster: LocalCluster) -> None:
+    from conftest import SESSION_TIMEOUT_MS, client_for
+
+    with client_for(fresh_cluster) as c:
+        masters = [m.address for m in fresh_cluster.masters]
+        key = "rf2"
+        c.create(key, b"two copies", replication_factor=2)
+        chosen = sorted(placement.choose(key, masters, 2))
+        wait_until(lambda: _holders(c, key) == chosen, 15, f"{key} held by {chosen}")
+        # Lose a holder that is not the leader, so the write path is not what we measure.
+        leader = fresh_cluster.leader().address
+        victim = next(m for m in fresh_cluster.masters
+                      if m.address in chosen and m.address != leader)
+        spare = next(a for a in masters if a not in chosen)
+        victim.kill()
+        # Session expiry, then the replica grace (2 s here), then one fetch.
+        expected = sorted({*chosen, spare} - {victim.address})
+        wait_until(lambda: _holders(c, key) == expected,
+                   SESSION_TIMEOUT_MS / 1000 + 2.0 + 15, f"{spare} to take the lost copy's place")
+        assert c.read(key) == b"two copies"

@@ -1,0 +1,141 @@
+"""The `blobha` command as users run it, against real clusters (the issue's "done when")."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import SESSION_TIMEOUT_MS, wait_until
+
+from blobha.localcluster import LocalCluster
+
+pytestmark = pytest.mark.integration
+
+BLOBHA = str(Path(sys.executable).with_name("blobha"))
+
+
+def run(cluster: LocalCluster, *args: str, stdin: bytes | None = None, user: str = "alice",
+        cwd: Path | None = None) -> subprocess.CompletedProcess[bytes]:
+    env = {**os.environ, "BLOBHA_CLUSTER": cluster.cluster, "BLOBHA_USER": user}
+    return subprocess.run([BLOBHA, *args], input=stdin, capture_output=True, env=env,
+                          timeout=120, cwd=cwd)
+
+
+def test_create_wait_cat_cluster_then_kill_the_leader(fresh_cluster: LocalCluster,
+                                                      tmp_path: Path) -> None:
+    blobs = {}
+    for i in range(3):
+        path = tmp_path / f"blob{i}.bin"
+        path.write_bytes(os.urandom(1024 * 1024))
+        blobs[f"k{i}"] = path
+        r = run(fresh_cluster, "create", f"k{i}", "-f", str(path), "--replication-factor", "3")
+        assert r.returncode == 0, r.stderr
+    r = run(fresh_cluster, "wait-replication", *blobs, "--min", "3", "--timeout", "5")
+    assert r.returncode == 0, r.stderr
+
+    r = run(fresh_cluster, "cluster", "--json")
+    assert r.returncode == 0, r.stderr
+    summary = json.loads(r.stdout)
+    assert len(summary["masters"]) == 3
+    assert sum(m["is_leader"] for m in summary["masters"]) == 1
+    table = run(fresh_cluster, "cluster").stdout.decode()
+    assert table.count("leader") >= 1 and all(m.address in table for m in fresh_cluster.masters)
+
+    old = fresh_cluster.leader()
+    old.kill()
+    t0 = time.monotonic()
+
+    def new_leader() -> str:
+        r = run(fresh_cluster, "cluster", "--json")
+        leader = json.loads(r.stdout)["leader"] if r.returncode == 0 else ""
+        return leader if leader and leader != old.address else ""
+    wait_until(new_leader, SESSION_TIMEOUT_MS / 1000 + 2 + 5, "blobha cluster to name a new leader")
+    print(f"blobha cluster named a new leader {time.monotonic() - t0:.2f}s after kill -9")
+    for key, path in blobs.items():
+        out = tmp_path / f"{key}.out"
+        r = run(fresh_cluster, "cat", key, "-f", str(out))
+        assert r.returncode == 0, r.stderr
+        assert out.read_bytes() == path.read_bytes()
+        r = run(fresh_cluster, "cat", key)
+        assert r.stdout == path.read_bytes()
+
+
+def test_commands_and_exit_codes(cluster: LocalCluster, tmp_path: Path) -> None:
+    r = run(cluster, "create", "cli-key", "-a", "u:alice:rwa,o::r", stdin=b"from stdin")
+    assert r.returncode == 0, r.stderr
+    assert run(cluster, "cat", "cli-key").stdout == b"from stdin"
+    assert "cli-key" in run(cluster, "list").stdout.decode().splitlines()
+    meta = json.loads(run(cluster, "meta", "cli-key", "--json").stdout)
+    assert meta["version"] == 1 and meta["size"] == len(b"from stdin")
+    r = run(cluster, "update", "cli-key", stdin=b"v2")
+    assert r.returncode == 0, r.stderr
+    assert run(cluster, "replication", "--read", "cli-key").returncode == 0
+    r = run(cluster, "replication", "--update", "--replication-factor", "2", "cli-key")
+    assert r.returncode == 0, r.stderr
+    assert run(cluster, "set-acl", "cli-key", "-s", "u:alice:rwa").returncode == 0
+
+    # Errors: one line, no traceback, the documented exit code.
+    r = run(cluster, "cat", "cli-key", user="mallory")
+    assert r.returncode == 5 and b"Traceback" not in r.stderr
+    assert len(r.stderr.decode().strip().splitlines()) == 1
+    assert run(cluster, "cat", "no-such-key").returncode == 3
+    assert run(cluster, "create", "cli-key", stdin=b"again").returncode == 4
+    assert run(cluster, "create", "bad/key", stdin=b"x").returncode == 6
+    r = run(cluster, "wait-replication", "cli-key", "--min", "4", "--timeout", "1")
+    assert r.returncode == 12
+    assert run(cluster, "delete", "cli-key").returncode == 0
+    assert run(cluster, "cat", "cli-key").returncode == 3
+
+
+def test_local_cluster_command_starts_and_stops_cleanly(tmp_path: Path) -> None:
+    data = tmp_path / "local"
+    proc = subprocess.Popen(
+        [BLOBHA, "local-cluster", "--data-dir", str(data), "--base-port", "0"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=tmp_path,
+    )
+    try:
+        assert proc.stdout is not None
+        cluster = ""
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and not cluster:
+            line = proc.stdout.readline().decode()
+            if not line:
+                break
+            if "export BLOBHA_CLUSTER=" in line:
+                cluster = line.split("=", 1)[1].strip()
+        assert cluster, "local-cluster never printed BLOBHA_CLUSTER"
+        env = {**os.environ, "BLOBHA_CLUSTER": cluster}
+        r = subprocess.run([BLOBHA, "cluster", "--json"], capture_output=True, env=env,
+                           timeout=60)
+        summary = json.loads(r.stdout)
+        assert len(summary["masters"]) == 3 and summary["leader"]
+        pids = _children(proc.pid)
+        assert len(pids) >= 4  # ZooKeeper and three masters
+    finally:
+        proc.send_signal(signal.SIGINT)  # Ctrl-C
+        proc.wait(60)
+    assert proc.returncode == 0
+    wait_until(lambda: not any(_alive(p) for p in pids), 30, "every child to exit")
+
+
+def _children(pid: int) -> list[int]:
+    out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True)
+    return [int(x) for x in out.stdout.split()]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie is gone for our purposes.
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except OSError:
+        return False
