@@ -49,6 +49,12 @@ from blobha.errors import (
     UploadNotFound,
 )
 from blobha.keys import validate_key
+from blobha.status import (
+    MasterSummary,
+    ReplicationStatus,
+    master_from_pb,
+    replication_from_pb,
+)
 from blobha.v1 import blobha_pb2 as pb
 from blobha.v1 import blobha_pb2_grpc as pb_grpc
 
@@ -146,36 +152,10 @@ class BlobInfo:
 
 
 @dataclass(frozen=True)
-class ReplicationStatus:
-    key: str
-    version: int
-    replication: int
-    replication_factor: int
-    #: host:port of every live master holding the committed version.
-    holders: tuple[str, ...]
-
-
-@dataclass(frozen=True)
 class WaitResult:
     reached: bool
     statuses: tuple[ReplicationStatus, ...]
     waited_secs: float
-
-
-@dataclass(frozen=True)
-class MasterSummary:
-    address: str
-    is_leader: bool
-    uptime_secs: float
-    version: str
-    blob_count: int
-    bytes_stored: int
-    disk_free: int
-    #: Committed versions this master should hold but does not yet.
-    lag_blobs: int
-    #: False when the master is registered but did not answer.
-    reachable: bool
-    epoch: int
 
 
 @dataclass(frozen=True)
@@ -357,42 +337,17 @@ def _info_from_pb(i: pb.BlobInfo) -> BlobInfo:
     return BlobInfo(version=i.version, size=i.size, digest=i.digest)
 
 
-def _replication_from_pb(r: pb.ReplicationStatus) -> ReplicationStatus:
-    return ReplicationStatus(
-        key=r.key,
-        version=r.version,
-        replication=r.replication,
-        replication_factor=r.replication_factor,
-        holders=tuple(r.holders),
-    )
-
-
 def _wait_result_from_pb(r: pb.WaitForReplicationResponse) -> WaitResult:
     return WaitResult(
         reached=r.reached,
-        statuses=tuple(_replication_from_pb(s) for s in r.status),
+        statuses=tuple(replication_from_pb(s) for s in r.status),
         waited_secs=r.waited_secs,
-    )
-
-
-def _master_from_pb(m: pb.MasterSummary) -> MasterSummary:
-    return MasterSummary(
-        address=m.address,
-        is_leader=m.is_leader,
-        uptime_secs=m.uptime_secs,
-        version=m.version,
-        blob_count=m.blob_count,
-        bytes_stored=m.bytes_stored,
-        disk_free=m.disk_free,
-        lag_blobs=m.lag_blobs,
-        reachable=m.reachable,
-        epoch=m.epoch,
     )
 
 
 def _summary_from_pb(s: pb.ClusterSummaryResponse) -> ClusterSummary:
     return ClusterSummary(
-        masters=tuple(_master_from_pb(m) for m in s.masters),
+        masters=tuple(master_from_pb(m) for m in s.masters),
         leader=s.leader,
         epoch=s.epoch,
         blob_count=s.blob_count,
@@ -867,7 +822,7 @@ class Client:
         request = pb.GetReplicationRequest(key=key)
         status = self._read_call(f"read the replication of {key!r}", "GetReplication", request)
         self._learn(status.holders)
-        return _replication_from_pb(status)
+        return replication_from_pb(status)
 
     def cluster_summary(self) -> ClusterSummary:
         summary = self._read_call(

@@ -61,7 +61,8 @@ from blobha.errors import (
 )
 from blobha.keys import validate_key
 from blobha.leader import Deposed, LeaderElection
-from blobha.peers import Peers, PeerStatus
+from blobha.peers import Peers
+from blobha.status import MasterSummary, ReplicationStatus
 from blobha.store import LocalStore, VersionInfo
 from blobha.sync import KeyView, Membership, Synchronizer, SyncSettings
 from blobha.uploads import UploadManager
@@ -75,17 +76,8 @@ MAX_PAGE = 1000
 
 
 @dataclass(frozen=True)
-class ReplicationInfo:
-    key: str
-    seq: int
-    replication: int
-    replication_factor: int
-    holders: tuple[str, ...]
-
-
-@dataclass(frozen=True)
 class ClusterView:
-    masters: tuple[PeerStatus, ...]
+    masters: tuple[MasterSummary, ...]
     leader: str
     epoch: int
     blob_count: int
@@ -483,7 +475,7 @@ class Master:
         return state
 
     def _await_holders(self, key: str, state: BlobState, minimum: int
-                       ) -> tuple[bool, ReplicationInfo]:
+                       ) -> tuple[bool, ReplicationStatus]:
         deadline = time.monotonic() + self.config["blobstore.write.timeout.secs"]
         reached, infos = self._wait(
             [key], minimum, deadline, seq_of={key: state.seq}, require_leader=True
@@ -542,23 +534,23 @@ class Master:
         return page, token
 
     def _replication(self, key: str, state: BlobState,
-                     watch: Callable[[WatchedEvent], None] | None = None) -> ReplicationInfo:
+                     watch: Callable[[WatchedEvent], None] | None = None) -> ReplicationStatus:
         try:
             names = self.zk.get_children(key_path(key), watch=watch)
         except NoNodeError:
             names = []
         holders = zkstate.holders(names, state.seq)
-        return ReplicationInfo(key, state.seq, len(holders), state.replication_factor,
+        return ReplicationStatus(key, state.seq, len(holders), state.replication_factor,
                                tuple(holders))
 
-    def get_replication(self, user: str, key: str) -> ReplicationInfo:
+    def get_replication(self, user: str, key: str) -> ReplicationStatus:
         validate_key(key)
         state = self._state_or_404(key)
         self._check(user, state.acl, acls.READ, key)
         return self._replication(key, state)
 
     def wait_for_replication(self, user: str, keys: list[str], minimum: int, timeout: float
-                             ) -> tuple[bool, list[ReplicationInfo], float]:
+                             ) -> tuple[bool, list[ReplicationStatus], float]:
         if not keys:
             raise InvalidArgument("name at least one key to wait for")
         if minimum < 1:
@@ -574,7 +566,7 @@ class Master:
     def _wait(
         self, keys: list[str], minimum: int, deadline: float,
         seq_of: dict[str, int] | None = None, require_leader: bool = False,
-    ) -> tuple[bool, list[ReplicationInfo]]:
+    ) -> tuple[bool, list[ReplicationStatus]]:
         """Wait on ZooKeeper watches until every key has ``minimum`` holders of its committed
         version (or of ``seq_of[key]``), or the deadline passes (ha-rule 11)."""
         changed = threading.Event()
@@ -742,27 +734,27 @@ class Master:
 
     # ---- status --------------------------------------------------------------------------
 
-    def node_status(self) -> PeerStatus:
+    def node_status(self) -> MasterSummary:
         count, stored = self.store.usage()
         _, _, lag = self.sync.figures()
-        return PeerStatus(
+        return MasterSummary(
             address=self.identity, is_leader=self.election.is_leader,
             uptime_secs=time.monotonic() - self.started, version=__version__, blob_count=count,
             bytes_stored=stored, disk_free=self.store.disk_free(), lag_blobs=lag,
-            epoch=self.election.epoch,
+            reachable=True, epoch=self.election.epoch,
         )
 
     def cluster_summary(self) -> ClusterView:
         self._require_zk()
         members = sorted(self.membership.live() | {self.identity})
 
-        def ask(address: str) -> PeerStatus:
+        def ask(address: str) -> MasterSummary:
             if address == self.identity:
                 return self.node_status()
             try:
                 return self.peers.status(address, timeout=1.5)
             except BlobError:
-                return PeerStatus(address, False, 0.0, "", 0, 0, 0, 0, 0, reachable=False)
+                return MasterSummary(address, False, 0.0, "", 0, 0, 0, 0, False, 0)
 
         statuses = list(self._summary_pool.map(ask, members))
         try:

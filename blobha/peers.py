@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 import grpc
 
 from blobha.errors import BlobError, ChecksumMismatch, from_status
+from blobha.status import MasterSummary, master_from_pb
 from blobha.store import TempBlob
 from blobha.v1 import blobha_pb2 as pb
 from blobha.v1 import blobha_pb2_grpc as pb_grpc
@@ -26,33 +26,6 @@ CHANNEL_OPTIONS = [
     ("grpc.keepalive_time_ms", 10000),
     ("grpc.keepalive_timeout_ms", 5000),
 ]
-
-
-@dataclass(frozen=True)
-class PeerStatus:
-    address: str
-    is_leader: bool
-    uptime_secs: float
-    version: str
-    blob_count: int
-    bytes_stored: int
-    disk_free: int
-    lag_blobs: int
-    epoch: int
-    reachable: bool = True
-
-
-def status_from_pb(m: pb.MasterSummary) -> PeerStatus:
-    return PeerStatus(m.address, m.is_leader, m.uptime_secs, m.version, m.blob_count,
-                      m.bytes_stored, m.disk_free, m.lag_blobs, m.epoch, m.reachable)
-
-
-def status_to_pb(s: PeerStatus) -> pb.MasterSummary:
-    return pb.MasterSummary(
-        address=s.address, is_leader=s.is_leader, uptime_secs=s.uptime_secs, version=s.version,
-        blob_count=s.blob_count, bytes_stored=s.bytes_stored, disk_free=s.disk_free,
-        lag_blobs=s.lag_blobs, reachable=s.reachable, epoch=s.epoch,
-    )
 
 
 class Peers:
@@ -107,14 +80,14 @@ class Peers:
         except grpc.RpcError as e:
             raise _error(e) from None
 
-    def status(self, address: str, timeout: float) -> PeerStatus:
+    def status(self, address: str, timeout: float) -> MasterSummary:
         try:
             reply = self._stub(address).NodeStatus(
                 pb.NodeStatusRequest(), timeout=timeout, metadata=self._metadata
             )
         except grpc.RpcError as e:
             raise _error(e) from None
-        return status_from_pb(reply)
+        return master_from_pb(reply)
 
 
 def _error(e: grpc.RpcError) -> BlobError:

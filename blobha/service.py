@@ -21,13 +21,14 @@ from kazoo.exceptions import (
 from blobha.acl import AccessControl
 from blobha.digest import CHUNK_SIZE
 from blobha.errors import BlobError, InvalidArgument, Unavailable, to_status
-from blobha.peers import CHANNEL_OPTIONS, USER_METADATA_KEY, status_to_pb
+from blobha.peers import CHANNEL_OPTIONS, USER_METADATA_KEY
+from blobha.status import master_to_pb, replication_to_pb
 from blobha.v1 import blobha_pb2 as pb
 from blobha.v1 import blobha_pb2_grpc as pb_grpc
 from blobha.zkstate import BlobState
 
 if TYPE_CHECKING:
-    from blobha.master import Master, ReplicationInfo
+    from blobha.master import Master
 
 log = logging.getLogger(__name__)
 
@@ -119,11 +120,6 @@ def meta_to_pb(key: str, s: BlobState, replication: int) -> pb.BlobMeta:
         created_at=s.created_at, updated_at=s.updated_at, creator=s.creator,
         replication=replication,
     )
-
-
-def replication_to_pb(r: ReplicationInfo) -> pb.ReplicationStatus:
-    return pb.ReplicationStatus(key=r.key, version=r.seq, replication=r.replication,
-                                replication_factor=r.replication_factor, holders=r.holders)
 
 
 class BlobStoreServicer(pb_grpc.BlobStoreServicer):
@@ -244,11 +240,11 @@ class BlobStoreServicer(pb_grpc.BlobStoreServicer):
                        ) -> pb.ClusterSummaryResponse:
         view = self.master.cluster_summary()
         return pb.ClusterSummaryResponse(
-            masters=[status_to_pb(s) for s in view.masters], leader=view.leader,
+            masters=[master_to_pb(s) for s in view.masters], leader=view.leader,
             epoch=view.epoch, blob_count=view.blob_count, under_replicated=view.under_replicated,
         )
 
     @unary
     def NodeStatus(self, request: pb.NodeStatusRequest, context: grpc.ServicerContext
                    ) -> pb.MasterSummary:
-        return status_to_pb(self.master.node_status())
+        return master_to_pb(self.master.node_status())

@@ -54,3 +54,30 @@ def test_unauthorised_operations_are_refused(cluster: LocalCluster, alice: Clien
             stranger.wait_for_replication([unique_key], 1, timeout=1)
     assert alice.read(unique_key) == b"alice's"
     assert alice.get_meta(unique_key).version == 1
+
+
+def test_zookeeper_unreachable_gives_a_clear_error_and_loses_nothing(tmp_path: Path) -> None:
+    from blobha import Unavailable
+
+    cluster = make_cluster(tmp_path / "c")
+    cluster.start()
+    try:
+        with client_for(cluster, timeout=3) as c:
+            c.create("kept", b"before the outage", replication_factor=3)
+            assert c.wait_for_replication(["kept"], 3, timeout=10).reached
+            cluster.zk.stop()
+            with pytest.raises(Unavailable, match="ZooKeeper|leader|unreachable|no master"):
+                c.create("during", b"x")
+            with pytest.raises(Unavailable):
+                c.get_meta("kept")
+            cluster.zk.start()
+        # Sessions survive a short outage; the cluster serves again without a restart.
+        cluster.wait_ready(60, expect=3)
+        with client_for(cluster, timeout=30) as c:
+            assert c.read("kept") == b"before the outage"
+            c.create("after", b"y")
+            assert c.wait_for_replication(["after"], 3, timeout=20).reached
+            with pytest.raises(KeyNotFound):
+                c.get_meta("during")
+    finally:
+        cluster.stop()

@@ -38,6 +38,7 @@ from blobha.errors import (
     UploadNotFound,
     upload_not_found,
 )
+from blobha.status import replication_from_pb
 from blobha.v1 import blobha_pb2 as pb
 
 KiB = 1024
@@ -181,7 +182,7 @@ class TestConversions:
             key="k", version=2, replication=1, replication_factor=3, holders=["a:1"]
         )
         expected = ReplicationStatus("k", 2, 1, 3, ("a:1",))
-        assert client_mod._replication_from_pb(status) == expected
+        assert replication_from_pb(status) == expected
         wait = pb.WaitForReplicationResponse(reached=True, status=[status], waited_secs=1.25)
         assert client_mod._wait_result_from_pb(wait) == WaitResult(True, (expected,), 1.25)
 
