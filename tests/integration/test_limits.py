@@ -66,7 +66,7 @@ def test_zookeeper_unreachable_gives_a_clear_error_and_loses_nothing(tmp_path: P
             c.create("kept", b"before the outage", replication_factor=3)
             assert c.wait_for_replication(["kept"], 3, timeout=10).reached
             cluster.zk.stop()
-            with pytest.raises(Unavailable, match="ZooKeeper|leader|unreachable|no master"):
+            with pytest.raises(Unavailable, match=r"ZooKeeper|leader|unreachable|no master"):
                 c.create("during", b"x")
             with pytest.raises(Unavailable):
                 c.get_meta("kept")
