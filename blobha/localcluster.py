@@ -246,6 +246,9 @@ def main(nodes: int, data_dir: str | None, base_port: int, zookeeper_home: str |
         print(f"blobha: error: the local cluster did not start: {e}", file=sys.stderr, flush=True)
         cluster.stop()
         return 1
+    # Explicitly, because a process started in the background inherits SIGINT as ignored and
+    # Ctrl-C must still stop everything.
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
     summary = cluster.summary()
     print(f"ZooKeeper: {cluster.zk.connect_string} (chroot /blobha)")
     for m in cluster.masters:

@@ -93,11 +93,18 @@ def test_commands_and_exit_codes(cluster: LocalCluster, tmp_path: Path) -> None:
     assert run(cluster, "cat", "cli-key").returncode == 3
 
 
-def test_local_cluster_command_starts_and_stops_cleanly(tmp_path: Path) -> None:
+def _ignore_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+@pytest.mark.parametrize("background", [False, True], ids=["terminal", "background-job"])
+def test_local_cluster_command_starts_and_stops_cleanly(tmp_path: Path, background: bool) -> None:
     data = tmp_path / "local"
+    # A shell starts background jobs with SIGINT ignored; Ctrl-C must still work then.
     proc = subprocess.Popen(
         [BLOBHA, "local-cluster", "--data-dir", str(data), "--base-port", "0"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=tmp_path,
+        preexec_fn=_ignore_sigint if background else None,
     )
     try:
         assert proc.stdout is not None
