@@ -432,10 +432,8 @@ class Master:
         except ConnectionLoss:
             # ha-rule: after ConnectionLoss the write may or may not have applied: re-read.
             return self._resolve_unknown_commit(key, new)
-        after = self._read_state(key)
-        if after is None or after.seq != new.seq or after.digest != new.digest:
-            raise VersionConflict(f"{key!r} changed right after the commit; retry")
-        return after
+        # meta_version is stale here; _mark_acked re-reads before its conditional write.
+        return new
 
     def _resolve_unknown_commit(self, key: str, new: BlobState) -> BlobState:
         deadline = time.monotonic() + self.session_timeout
@@ -604,6 +602,16 @@ class Master:
         validate_key(key)
         if acl is not None:
             acls.check_duplicates(acl)
+        # The commit path holds this lock from read to conditional write; sharing it means a
+        # metadata change never makes a concurrent upload fail with a spurious conflict.
+        with self.store.key_lock(key):
+            return self._set_meta_locked(user, key, acl, replication_factor,
+                                         expected_meta_version)
+
+    def _set_meta_locked(
+        self, user: str, key: str, acl: list[AccessControl] | None, replication_factor: int,
+        expected_meta_version: int,
+    ) -> BlobState:
         for _ in range(5):
             state = self._state_or_404(key)
             self._check(user, state.acl, acls.ADMIN, key)
@@ -634,6 +642,10 @@ class Master:
     def delete(self, user: str, key: str) -> None:
         self._require_leader()
         validate_key(key)
+        with self.store.key_lock(key):
+            self._delete_locked(user, key)
+
+    def _delete_locked(self, user: str, key: str) -> None:
         for _ in range(10):
             state = self._state_or_404(key)
             self._check(user, state.acl, acls.WRITE, key)
