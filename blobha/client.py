@@ -86,7 +86,9 @@ MAX_MESSAGE_BYTES = 8 * MiB
 USER_METADATA_KEY = "x-blobha-user"
 
 BACKOFF_BASE = 0.05
-BACKOFF_CAP = 2.0
+# Low on purpose: during a failover every retry is a cheap probe, and a long sleep would leave
+# the client idle after the new leader is ready (with full jitter the mean wait is cap / 2).
+BACKOFF_CAP = 0.5
 
 # Transfers move in segments, one RPC each: a segment is the unit of resumption (an upload
 # segment is acknowledged as a whole, so a non-seekable source needs to keep at most one segment

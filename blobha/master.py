@@ -227,11 +227,14 @@ class Master:
     # ---- election callbacks ---------------------------------------------------------------
 
     def _on_elected(self, epoch: int) -> None:
-        # ha-rule 4: do not report leadership before reconciling with ZooKeeper. Blobs the
-        # leader lacks are fetched in the background; it does not need them to lead.
+        # ha-rule 4: the election has already sync()ed with ZooKeeper, and every write reads
+        # the committed state from ZooKeeper itself, so what remains is cheap: drop uploads of
+        # an earlier term and refresh membership. Blobs the leader lacks, and the roll-back of
+        # an earlier leader's unacknowledged commits, follow from a full reconcile that runs
+        # in the background: scanning every key must not delay taking office.
         self.uploads.abort_all("a new leadership term began")
         self.membership.refresh()
-        self.sync.reconcile_all()
+        self.sync.request_full_reconcile()
 
     def _on_deposed(self) -> None:
         self.uploads.abort_all("this master is no longer the leader")

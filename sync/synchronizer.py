@@ -102,6 +102,7 @@ class Synchronizer:
         self._session: int | None = None
         self._stop = threading.Event()
         self._kick = threading.Event()
+        self._full_requested = False
         self._threads: list[threading.Thread] = []
         zk.add_listener(self._on_state)
 
@@ -131,6 +132,12 @@ class Synchronizer:
         except NoNodeError:
             keys = set()
         self.queue.put_many(sorted(keys | set(self.store.keys())))
+
+    def request_full_reconcile(self) -> None:
+        """Ask the periodic thread for a full reconcile now, without waiting for it (it scans
+        every key, which must not delay the caller, e.g. a leader taking office)."""
+        self._full_requested = True
+        self._kick.set()
 
     def schedule(self, key: str) -> None:
         self.queue.put(key)
@@ -200,7 +207,8 @@ class Synchronizer:
                     next_full = 0.0
                 else:
                     self.membership.refresh()
-                if time.monotonic() >= next_full or grace is not None:
+                if time.monotonic() >= next_full or grace is not None or self._full_requested:
+                    self._full_requested = False
                     self.reconcile_all()
                     next_full = time.monotonic() + self.settings.period_secs
             except Exception:
