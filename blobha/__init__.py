@@ -7,6 +7,7 @@
 """
 
 from blobha.acl import AccessControl, format_acl, parse_acl
+from blobha.cache import BlobCache
 from blobha.client import Client
 from blobha.errors import (
     BlobError,
@@ -27,6 +28,7 @@ from blobha.version import __version__
 
 __all__ = [
     "AccessControl",
+    "BlobCache",
     "BlobError",
     "ChecksumMismatch",
     "Client",

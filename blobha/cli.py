@@ -205,6 +205,22 @@ def build_parser() -> argparse.ArgumentParser:
         "-f", "--file", metavar="FILE", help="write to FILE (replaced only when complete)"
     )
 
+    p = command(
+        "fetch", "put blobs in this node's cache (once per node) and print their paths", _cmd_fetch
+    )
+    p.add_argument("keys", metavar="KEY", nargs="+")
+    p.add_argument(
+        "--cache-dir",
+        metavar="DIR",
+        help="the node's cache (default: $BLOBHA_CACHE_DIR, else ~/.cache/blobha)",
+    )
+    p.add_argument(
+        "--uncompress",
+        action="store_true",
+        help="unpack .tar/.tgz/.tar.gz/.zip/.jar archives; the path is then a directory",
+    )
+    p.add_argument("--json", action="store_true", help="print a JSON array")
+
     p = command("delete", "delete a blob", _cmd_delete)
     p.add_argument("key", metavar="KEY")
 
@@ -541,6 +557,33 @@ def _cmd_cat(args: argparse.Namespace) -> int:
             sys.stdout.buffer.flush()
         else:
             c.download(args.key, args.file, progress=progress)
+    return 0
+
+
+def _cmd_fetch(args: argparse.Namespace) -> int:
+    # Local, like the command itself: the cache is used by no other command.
+    from blobha.cache import BlobCache, default_cache_dir
+
+    cache_dir = args.cache_dir or default_cache_dir()
+    fetched: list[dict[str, object]] = []
+    with _client(args) as c, BlobCache(cache_dir, client=c) as cache:
+        for key in args.keys:
+            blob = cache.get(key, uncompress=args.uncompress)
+            if args.json:
+                fetched.append(
+                    {
+                        "key": blob.key,
+                        "version": blob.version,
+                        "size": blob.size,
+                        "digest": blob.digest,
+                        "path": str(blob.path),
+                    }
+                )
+            else:
+                # One line per key as soon as it is ready, for scripts reading a pipe.
+                print(f"{blob.key}\t{blob.version}\t{blob.path}", flush=True)
+    if args.json:
+        print(json.dumps(fetched))
     return 0
 
 

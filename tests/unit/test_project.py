@@ -45,6 +45,7 @@ def test_every_configuration_key_is_documented() -> None:
 def test_public_api_surface() -> None:
     assert set(blobha.__all__) == {
         "AccessControl",
+        "BlobCache",
         "BlobError",
         "ChecksumMismatch",
         "Client",

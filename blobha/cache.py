@@ -1,0 +1,1573 @@
+"""The node-local blob cache: every blob downloaded once per node and shared by its processes.
+
+Storm calls this the localizer and Flink the ``BlobCache``. :class:`BlobCache` keeps the current
+version of each requested key under one directory that any number of processes (and threads)
+on the node share. Everything it knows lives in that directory, so a process that starts later,
+or a restarted one, sees the same cache:
+
+``blobs/<key dir>/key``
+    the key itself (the directory name is :func:`~blobha.keys.key_dirname`, which may be a hash)
+``blobs/<key dir>/v<N>/``
+    version N, installed by one atomic rename of a complete directory: ``meta.json`` (size,
+    digest...), ``file/<name>`` (the blob, read-only), ``used`` (its mtime is the last use),
+    ``staged`` (set by the first cleanup pass that found it unreferenced), and
+    ``unpacked/`` once someone asked for the archive's contents
+``blobs/<key dir>/refs/``
+    one file per reference: who holds it (an owner such as a Spark application id, or a
+    :class:`BlobCache` instance) from which process (boot id, pid and start time, so the
+    references of dead processes are recognised as stale) and for which version
+``blobs/<key dir>/deleted``
+    the cluster said the key no longer exists: evicted first
+``locks/<key dir>.lock``
+    ``flock`` per key: one download per node, and no eviction while a process takes a reference
+``tmp/<instance>/``
+    each instance's scratch space (downloads, extractions, atomic writes); removed at start
+    when its process is dead, so a crash never leaves a half file in view
+``stats.json``
+    download, hit and eviction counters shared by every process
+
+Example::
+
+    from blobha.cache import BlobCache
+
+    with BlobCache("/var/cache/blobha", "m1:6627,m2:6627", user="alice") as cache:
+        model = cache.get("model.bin", owner="app-42")          # a file
+        libs = cache.get("libs.tgz", uncompress=True, owner="app-42")  # a directory
+        print(model.path, model.version, libs.path)
+        ...
+        cache.release("app-42")  # the job ended; its blobs may now be evicted
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import logging
+import os
+import posixpath
+import re
+import secrets
+import shutil
+import stat
+import tarfile
+import tempfile
+import threading
+import time
+import zipfile
+import zlib
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import IO
+
+from blobha.client import BlobMeta, Client
+from blobha.digest import CHUNK_SIZE, Digester
+from blobha.errors import (
+    ChecksumMismatch,
+    DeadlineExceeded,
+    InvalidArgument,
+    KeyNotFound,
+    NotAuthorized,
+    Unavailable,
+)
+from blobha.keys import key_dirname, validate_key
+
+__all__ = [
+    "DEFAULT_CLEANUP_INTERVAL_SECS",
+    "BlobCache",
+    "CacheEntry",
+    "CacheStats",
+    "CachedBlob",
+    "CleanupReport",
+    "default_cache_dir",
+]
+
+log = logging.getLogger(__name__)
+
+GiB = 1024**3
+#: The longest time between two cleanup passes started from :meth:`BlobCache.get`.
+DEFAULT_CLEANUP_INTERVAL_SECS = 30.0
+
+_LAYOUT = "blobha-cache 1"
+_VERSION_DIR = re.compile(r"v([1-9][0-9]{0,18})")
+# A corrupt file is discarded and fetched again; more failures than this in one get mean
+# something other than a bad disk block is wrong.
+_ATTEMPTS = 3
+# Longest file name we give a blob; most file systems cap a name at 255 bytes.
+_MAX_NAME_BYTES = 200
+_STAT_FIELDS = (
+    "downloads",
+    "hits",
+    "evictions",
+    "bytes_downloaded",
+    "corrupt",
+    "removed_versions",
+)
+
+
+def default_cache_dir() -> Path:
+    """``$BLOBHA_CACHE_DIR``, else ``~/.cache/blobha``."""
+    env = os.environ.get("BLOBHA_CACHE_DIR", "").strip()
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "blobha"
+
+
+# --------------------------------------------------------------------------------------------
+# Plain results
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CachedBlob:
+    """A blob as this node holds it. ``path`` is the file, or the directory it was unpacked
+    into when asked with ``uncompress=True``; ``size`` and ``digest`` describe the blob."""
+
+    key: str
+    version: int
+    size: int
+    digest: str
+    path: Path
+
+
+@dataclass(frozen=True)
+class CacheEntry:
+    """One cached version of a key."""
+
+    key: str
+    version: int
+    #: Bytes on disk: the blob plus its unpacked tree, if any.
+    size: int
+    #: Wall-clock time of the last :meth:`BlobCache.get` that returned it.
+    last_used: float
+    #: Live references (of processes that are still running).
+    refs: int
+    #: The blob file.
+    path: Path
+    digest: str = ""
+    #: The unpacked tree, if someone asked for it.
+    unpacked: Path | None = None
+    #: False for an older version still kept for a process that references it.
+    current: bool = True
+    #: The cluster said the key no longer exists.
+    deleted_remotely: bool = False
+    #: Who holds the live references; instances that fetched without an owner appear as
+    #: ``instance:<pid>-...``.
+    owners: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class CacheStats:
+    """Counters kept on disk, so they cover every process that used this cache directory,
+    plus what the cache holds now."""
+
+    downloads: int
+    hits: int
+    #: Current versions removed by cleanup (over the soft limit, or deleted remotely).
+    evictions: int
+    #: Bytes held now (blobs and unpacked trees).
+    bytes: int
+    bytes_downloaded: int
+    #: Cached versions held now.
+    entries: int
+    #: Cached files that failed their digest check and were fetched again.
+    corrupt: int
+    #: Older versions removed once nobody referenced them.
+    removed_versions: int
+
+
+@dataclass(frozen=True)
+class CleanupReport:
+    """What one cleanup pass did. Keys are reported as ``(key, version)``."""
+
+    #: Unreferenced and seen for the first time: deletable from the next pass on, once
+    #: ``retention_secs`` have passed.
+    staged: tuple[tuple[str, int], ...] = ()
+    #: Current versions deleted (deleted remotely, or LRU while over the soft limit).
+    evicted: tuple[tuple[str, int], ...] = ()
+    #: Older versions deleted because no live process references them.
+    removed_versions: tuple[tuple[str, int], ...] = ()
+    #: References of dead processes removed.
+    stale_refs: int = 0
+    freed_bytes: int = 0
+    #: Bytes held after the pass.
+    total_bytes: int = 0
+    #: Keys skipped because another thread or process held them (downloading, say).
+    busy: tuple[str, ...] = ()
+    #: False when another pass was running and this one (started by ``get``) stood aside.
+    ran: bool = True
+
+
+# --------------------------------------------------------------------------------------------
+# Processes: who holds a reference, and whether it still runs
+# --------------------------------------------------------------------------------------------
+
+
+def _boot_id() -> str:
+    # Pids and start times restart at every boot; the boot id tells a reference written before
+    # a reboot (always stale) from one written since.
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return ""
+
+
+_BOOT_ID = _boot_id()
+_HAVE_PROC = Path("/proc/self/stat").exists()
+
+
+def _start_ticks(pid: int) -> int | None:
+    """When ``pid`` started (clock ticks since boot); None if it is gone or a zombie, 0 where
+    the system does not say."""
+    if not _HAVE_PROC:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return None
+        except PermissionError:
+            pass
+        return 0
+    try:
+        data = Path(f"/proc/{pid}/stat").read_bytes()
+    except OSError:
+        return None
+    # The command name (field 2) may hold spaces and parentheses: split after the last ')'.
+    fields = data[data.rfind(b")") + 2 :].split()
+    if len(fields) < 20 or fields[0] in (b"Z", b"X") or not fields[19].isdigit():
+        return None
+    return int(fields[19])
+
+
+@dataclass(frozen=True)
+class _Process:
+    boot: str
+    pid: int
+    start: int
+
+    @staticmethod
+    def me() -> _Process:
+        pid = os.getpid()
+        return _Process(_BOOT_ID, pid, _start_ticks(pid) or 0)
+
+    @property
+    def tag(self) -> str:
+        return f"{self.boot[:8] or 'noboot'}-{self.pid}-{self.start}"
+
+    def alive(self) -> bool:
+        if self.boot and _BOOT_ID and self.boot != _BOOT_ID:
+            return False
+        ticks = _start_ticks(self.pid)
+        return ticks is not None and (ticks == self.start or not _HAVE_PROC)
+
+
+_TAG = re.compile(r"([0-9a-f]{8}|noboot)-([0-9]+)-([0-9]+)")
+
+
+def _tag_alive(tag: str) -> bool:
+    """Whether the process named by a ``_Process.tag`` prefix still runs."""
+    m = _TAG.match(tag)
+    if m is None:
+        return False
+    boot, pid, start = m.group(1), int(m.group(2)), int(m.group(3))
+    if boot != "noboot" and _BOOT_ID and not _BOOT_ID.startswith(boot):
+        return False
+    ticks = _start_ticks(pid)
+    return ticks is not None and (ticks == start or not _HAVE_PROC)
+
+
+@dataclass(frozen=True)
+class _Ref:
+    """A reference file as read back."""
+
+    path: Path
+    owner: str
+    instance: str
+    version: int
+    process: _Process
+
+    @property
+    def holder(self) -> str:
+        return self.owner if self.owner else f"instance:{self.instance}"
+
+
+@dataclass(frozen=True)
+class _RefSpec:
+    """The reference a ``get`` records: an explicit owner, or this instance."""
+
+    filename: str
+    owner: str
+    instance: str
+
+
+# --------------------------------------------------------------------------------------------
+# Locks and files
+# --------------------------------------------------------------------------------------------
+
+
+def _lock_file(path: Path, blocking: bool) -> int | None:
+    """An exclusive ``flock`` on ``path``: the open descriptor, or None if busy (non-blocking).
+
+    Lock files of evicted keys are deleted by their holder, so after locking, check that the
+    name still leads to the locked inode; otherwise another process may hold a newer file.
+    """
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
+        except BlockingIOError:
+            os.close(fd)
+            return None
+        except BaseException:
+            os.close(fd)
+            raise
+        try:
+            named = os.stat(path)
+        except FileNotFoundError:
+            os.close(fd)
+            continue
+        held = os.fstat(fd)
+        if (named.st_dev, named.st_ino) == (held.st_dev, held.st_ino):
+            return fd
+        os.close(fd)
+
+
+class _Held:
+    """A held key lock; ``remove()`` deletes the lock file before it is released."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.remove_file = False
+
+    def remove(self) -> None:
+        self.remove_file = True
+
+
+def _fsync_dir(path: Path) -> None:
+    # A rename is durable only once its directory is; without this a power cut could undo an
+    # install whose data is already on disk (harmless: the blob is fetched again).
+    with contextlib.suppress(OSError):
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _touch(path: Path, when: float) -> None:
+    try:
+        os.utime(path, (when, when))
+    except FileNotFoundError:
+        path.touch()
+        os.utime(path, (when, when))
+
+
+def _unlink(path: Path) -> bool:
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def _tree_size(root: Path) -> int:
+    total = 0
+    for dirpath, _dirs, files in os.walk(root):
+        for name in files:
+            with contextlib.suppress(OSError):
+                st = os.lstat(os.path.join(dirpath, name))
+                if stat.S_ISREG(st.st_mode):
+                    total += st.st_size
+    return total
+
+
+def _hash_file(path: Path) -> tuple[str, int, tuple[int, int]]:
+    """(xxh3-128 digest, size, (device, inode)) of a file."""
+    digester = Digester()
+    with open(path, "rb") as f:
+        st = os.fstat(f.fileno())
+        while chunk := f.read(CHUNK_SIZE):
+            digester.update(chunk)
+    return digester.hexdigest(), digester.size, (st.st_dev, st.st_ino)
+
+
+def _file_name(key: str) -> str:
+    """The name the blob file gets: the key itself (so ``libs.zip`` stays a ``.zip`` for
+    tools that look at the name), or a hash keeping the extension when the key is too long."""
+    if len(key.encode("utf-8")) <= _MAX_NAME_BYTES:
+        return key
+    suffix = next((s for s in _ARCHIVE_SUFFIXES if key.lower().endswith(s)), "")
+    if not suffix:
+        ext = os.path.splitext(key)[1]
+        suffix = ext if 1 < len(ext) <= 16 and ext.isascii() else ""
+    return key_dirname(key) + suffix
+
+
+# --------------------------------------------------------------------------------------------
+# Safe archive extraction
+# --------------------------------------------------------------------------------------------
+
+_ARCHIVE_SUFFIXES: dict[str, str] = {
+    ".tar.gz": "tar",
+    ".tgz": "tar",
+    ".tar": "tar",
+    ".zip": "zip",
+    ".jar": "zip",
+}
+_DRIVE = re.compile(r"^[A-Za-z]:")
+_TAR_ERRORS: tuple[type[BaseException], ...] = (
+    tarfile.TarError,
+    zipfile.BadZipFile,
+    zlib.error,
+    EOFError,
+    UnicodeDecodeError,
+    NotImplementedError,
+    RuntimeError,  # zipfile: encrypted members
+)
+
+
+def _archive_kind(key: str, path: Path) -> str:
+    """``"tar"`` or ``"zip"``: by the key's extension, else by content."""
+    lower = key.lower()
+    for suffix, kind in _ARCHIVE_SUFFIXES.items():
+        if lower.endswith(suffix):
+            ok = zipfile.is_zipfile(path) if kind == "zip" else tarfile.is_tarfile(path)
+            if not ok:
+                raise InvalidArgument(
+                    f"cannot unpack {key!r}: its name ends in {suffix} but its content is not a"
+                    f" {kind} archive; fetch it without uncompress"
+                )
+            return kind
+    if zipfile.is_zipfile(path):
+        return "zip"
+    if tarfile.is_tarfile(path):
+        return "tar"
+    raise InvalidArgument(
+        f"cannot unpack {key!r}: it is neither a tar (.tar, .tgz, .tar.gz) nor a zip (.zip,"
+        " .jar) archive; fetch it without uncompress"
+    )
+
+
+class _Extractor:
+    """Writes archive members under ``root`` and nowhere else.
+
+    Refused, failing the whole archive: absolute names, ``..`` components, hard links to
+    anything but an earlier regular member, symbolic links that are absolute or resolve
+    outside the tree, and devices, FIFOs and other special files. Links are created last,
+    once every file and directory exists, and no member is ever written through a link, so a
+    link in the archive cannot redirect a later write.
+    """
+
+    def __init__(self, root: Path, what: str) -> None:
+        self.root = root
+        self.what = what
+        self.size = 0
+        self._links: list[tuple[str, str]] = []
+        self._real_root = os.path.realpath(root)
+
+    def refuse(self, name: str, why: str) -> InvalidArgument:
+        return InvalidArgument(
+            f"refusing to unpack {self.what!r}: member {name!r} {why}; nothing was unpacked"
+        )
+
+    def name(self, raw: str) -> str:
+        """The member's path relative to the root, normalised; '' for the root itself."""
+        if "\x00" in raw:
+            raise self.refuse(raw, "has a NUL byte in its name")
+        text = raw.replace("\\", "/")
+        if text.startswith("/") or _DRIVE.match(text):
+            raise self.refuse(raw, "has an absolute path")
+        parts = [p for p in text.split("/") if p not in ("", ".")]
+        if ".." in parts:
+            raise self.refuse(raw, "has a '..' component")
+        return "/".join(parts)
+
+    def _parents(self, rel: str) -> None:
+        # Create the directories above ``rel``; each must be a real directory (lstat), so a
+        # write can never pass through a link.
+        path = self.root
+        for part in rel.split("/")[:-1]:
+            path = path / part
+            try:
+                st = os.lstat(path)
+            except FileNotFoundError:
+                os.mkdir(path, 0o755)
+                continue
+            if not stat.S_ISDIR(st.st_mode):
+                raise self.refuse(rel, "lies inside a member that is not a directory")
+
+    def _clear(self, path: Path, rel: str, *, links: bool = False) -> None:
+        # A later member of the same name replaces an earlier one, as tar does.
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            return
+        if stat.S_ISREG(st.st_mode) or (links and stat.S_ISLNK(st.st_mode)):
+            os.unlink(path)
+            return
+        raise self.refuse(rel, "clashes with an earlier member of another type")
+
+    def directory(self, rel: str) -> None:
+        if not rel:
+            return
+        self._parents(rel)
+        path = self.root / rel
+        try:
+            os.mkdir(path, 0o755)
+        except FileExistsError:
+            if not stat.S_ISDIR(os.lstat(path).st_mode):
+                raise self.refuse(rel, "clashes with an earlier member of another type") from None
+
+    def file(self, rel: str, src: IO[bytes], mode: int, mtime: float) -> None:
+        if not rel:
+            raise self.refuse(rel, "is a file without a name")
+        self._parents(rel)
+        path = self.root / rel
+        self._clear(path, rel)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        fd = os.open(path, flags, 0o600)
+        with os.fdopen(fd, "wb") as out:
+            while chunk := src.read(CHUNK_SIZE):
+                out.write(chunk)
+                self.size += len(chunk)
+            out.flush()
+            # Installed by one rename later; the data must be on disk before the name is.
+            os.fsync(fd)
+            # Read-only: the tree is shared by every job on the node.
+            os.fchmod(fd, 0o555 if mode & 0o111 else 0o444)
+            with contextlib.suppress(OSError, OverflowError, ValueError):
+                os.utime(fd, (mtime, mtime))
+
+    def hardlink(self, rel: str, target: str) -> None:
+        if not rel:
+            raise self.refuse(rel, "is a link without a name")
+        try:
+            source = self.name(target)
+        except InvalidArgument:
+            raise self.refuse(rel, f"is a hard link to {target!r}, outside the archive") from None
+        try:
+            st = os.lstat(self.root / source) if source else None
+        except OSError:
+            st = None
+        if st is None or not stat.S_ISREG(st.st_mode):
+            raise self.refuse(rel, f"is a hard link to {target!r}, which is not an earlier file")
+        self._parents(rel)
+        path = self.root / rel
+        self._clear(path, rel)
+        os.link(self.root / source, path, follow_symlinks=False)
+
+    def symlink(self, rel: str, target: str) -> None:
+        if not rel:
+            raise self.refuse(rel, "is a link without a name")
+        text = target.replace("\\", "/")
+        if not target or "\x00" in target:
+            raise self.refuse(rel, "is a symbolic link without a valid target")
+        if text.startswith("/") or _DRIVE.match(text):
+            raise self.refuse(rel, f"is a symbolic link to the absolute path {target!r}")
+        resolved = posixpath.normpath(posixpath.join(posixpath.dirname(rel), text))
+        if resolved == ".." or resolved.startswith("../"):
+            raise self.refuse(rel, f"is a symbolic link to {target!r}, outside the archive")
+        self._links.append((rel, target))
+
+    def finish(self) -> None:
+        for rel, target in self._links:
+            self._parents(rel)
+            path = self.root / rel
+            self._clear(path, rel, links=True)
+            os.symlink(target, path)
+        # The lexical check above cannot see through chains (``d/l -> ..`` then
+        # ``e -> d/l/..``); the real file system can.
+        for rel, target in self._links:
+            real = os.path.realpath(self.root / rel)
+            if real != self._real_root and not real.startswith(self._real_root + os.sep):
+                raise self.refuse(rel, f"is a symbolic link to {target!r}, outside the archive")
+
+
+def _unpack_tar(archive: Path, ex: _Extractor) -> None:
+    with tarfile.open(archive, "r:*") as tf:
+        for member in tf:
+            rel = ex.name(member.name)
+            if member.isdir():
+                ex.directory(rel)
+            elif member.isreg():
+                src = tf.extractfile(member)
+                if src is None:  # pragma: no cover - isreg() members always have data
+                    raise ex.refuse(member.name, "has no data")
+                with src:
+                    ex.file(rel, src, member.mode, member.mtime)
+            elif member.issym():
+                ex.symlink(rel, member.linkname)
+            elif member.islnk():
+                ex.hardlink(rel, member.linkname)
+            else:
+                kind = "a FIFO" if member.isfifo() else "a device" if member.isdev() else None
+                raise ex.refuse(
+                    member.name,
+                    f"is {kind or 'a special file'} (only files, directories and links are kept)",
+                )
+
+
+def _unpack_zip(archive: Path, ex: _Extractor) -> None:
+    with zipfile.ZipFile(archive) as zf:
+        for info in zf.infolist():
+            mode = info.external_attr >> 16
+            kind = stat.S_IFMT(mode)
+            rel = ex.name(info.filename)
+            if info.is_dir() or kind == stat.S_IFDIR:
+                ex.directory(rel)
+            elif kind == stat.S_IFLNK:
+                ex.symlink(rel, zf.read(info).decode("utf-8"))
+            elif kind in (0, stat.S_IFREG):
+                mtime = time.mktime((*info.date_time, 0, 0, -1))
+                with zf.open(info) as src:
+                    ex.file(rel, src, mode, mtime)
+            else:
+                raise ex.refuse(
+                    info.filename, "is a special file (only files, directories and links)"
+                )
+
+
+def _unpack(archive: Path, key: str, dest: Path) -> int:
+    """Unpack ``archive`` into the existing empty directory ``dest``; the bytes written."""
+    kind = _archive_kind(key, archive)
+    ex = _Extractor(dest, key)
+    try:
+        if kind == "zip":
+            _unpack_zip(archive, ex)
+        else:
+            _unpack_tar(archive, ex)
+        ex.finish()
+    except _TAR_ERRORS as exc:
+        raise InvalidArgument(f"cannot unpack {key!r}: broken {kind} archive ({exc})") from None
+    return ex.size
+
+
+# --------------------------------------------------------------------------------------------
+# The cache
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Version:
+    """One installed version as read from disk."""
+
+    key: str
+    version: int
+    dir: Path
+    size: int
+    digest: str
+    created_at: float
+    name: str
+    last_used: float
+    staged: float | None
+    unpacked_size: int | None  # None: not unpacked
+
+    @property
+    def file(self) -> Path:
+        return self.dir / "file" / self.name
+
+    @property
+    def order(self) -> tuple[float, int]:
+        # A key deleted and created again starts over at version 1; its creation time tells the
+        # newer incarnation apart.
+        return (self.created_at, self.version)
+
+    @property
+    def disk_bytes(self) -> int:
+        return self.size + (self.unpacked_size or 0)
+
+
+@dataclass
+class _KeyScan:
+    key: str
+    kd: str
+    versions: dict[int, _Version] = field(default_factory=dict)
+    junk: list[Path] = field(default_factory=list)
+    deleted: bool = False
+
+    def current(self) -> _Version | None:
+        return max(self.versions.values(), key=lambda v: v.order, default=None)
+
+
+@dataclass
+class _Tidied:
+    scan: _KeyScan
+    live: dict[int, list[_Ref]]
+    stale_refs: int
+    gone: list[tuple[str, int, int]]  # (key, version, bytes) removed
+
+
+@dataclass(frozen=True)
+class _Known:
+    meta: BlobMeta
+    checked_at: float
+
+
+class BlobCache:
+    """A node-local cache of blobs, shared by every process and thread that opens the same
+    directory.
+
+    ``cluster`` names masters (default ``$BLOBHA_CLUSTER``), or pass a ready ``client``
+    (``user`` then defaults to its user). ``soft_limit_bytes`` is the size above which
+    unreferenced entries are evicted, least recently used first; ``retention_secs`` the least
+    time an unreferenced entry is kept (Flink's staged cleanup: it is deleted only by the
+    second cleanup pass that finds it unreferenced); ``update_interval_secs`` how often a key's
+    version, and the caller's right to read it, are checked with the cluster. ``clock``
+    (wall-clock seconds) exists for tests.
+
+    :meth:`get` records a reference to what it returns: held by ``owner`` when given (say, a
+    Spark application id; dropped by :meth:`release`), else by this instance (dropped by
+    :meth:`close`). References die with the process that made them. Referenced versions are
+    never removed; an older version is removed as soon as no live reference holds it.
+
+    Processes sharing a directory must see each other's pids (one node, one pid namespace):
+    liveness of references and scratch space is judged by pid and start time. Open one
+    instance per process (not before a fork); an instance may be shared by threads.
+
+    Example::
+
+        with BlobCache("/var/cache/blobha", "m1:6627", user="alice") as cache:
+            blob = cache.get("model.bin", owner="app-42")
+            weights = blob.path.read_bytes()
+            cache.release("app-42")
+    """
+
+    def __init__(
+        self,
+        cache_dir: str | os.PathLike[str],
+        cluster: str | Sequence[str] | None = None,
+        *,
+        user: str | None = None,
+        soft_limit_bytes: int = 10 * GiB,
+        retention_secs: float = 600.0,
+        update_interval_secs: float = 30.0,
+        client: Client | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        if not isinstance(soft_limit_bytes, int) or soft_limit_bytes < 0:
+            raise InvalidArgument(f"soft_limit_bytes must be 0 or more, not {soft_limit_bytes!r}")
+        for name, value in (
+            ("retention_secs", retention_secs),
+            ("update_interval_secs", update_interval_secs),
+        ):
+            if not value >= 0:
+                raise InvalidArgument(f"{name} must be 0 or more seconds, not {value!r}")
+        self._soft_limit = soft_limit_bytes
+        self._retention = float(retention_secs)
+        self._update_interval = float(update_interval_secs)
+        self._cleanup_interval = min(self._retention, DEFAULT_CLEANUP_INTERVAL_SECS)
+        self._clock = clock
+
+        if client is None:
+            addresses = cluster if cluster else os.environ.get("BLOBHA_CLUSTER", "").strip()
+            if not addresses:
+                raise InvalidArgument(
+                    "no cluster given: pass cluster='HOST:PORT,...' or set BLOBHA_CLUSTER"
+                )
+            client = Client(addresses, user=user)
+            self._owns_client = True
+        else:
+            if user is not None and user != client.user:
+                raise InvalidArgument(
+                    f"user {user!r} differs from the client's user {client.user!r}; pass one"
+                )
+            self._owns_client = False
+        self._client = client
+        try:
+            self._root = Path(cache_dir).expanduser().absolute()
+            self._blobs = self._root / "blobs"
+            self._locks = self._root / "locks"
+            self._tmp_root = self._root / "tmp"
+            self._open_dir()
+            self._me = _Process.me()
+            self._instance = f"{self._me.tag}-{secrets.token_hex(4)}"
+            self._tmp = self._tmp_root / self._instance
+            self._sweep_temps()
+            self._tmp.mkdir(mode=0o700)
+        except BaseException:
+            if self._owns_client:
+                client.close()
+            raise
+
+        self._lock = threading.Lock()
+        self._key_locks: dict[str, threading.Lock] = {}
+        self._check_locks: dict[str, threading.Lock] = {}
+        self._stats_lock = threading.Lock()
+        self._cleanup_lock = threading.Lock()
+        self._remote: dict[str, _Known] = {}
+        self._verified: set[tuple[str, int, str]] = set()
+        self._touched: set[str] = set()  # key dirs holding this instance's references
+        self._probed: dict[str, float] = {}
+        self._last_cleanup: float | None = None
+        self._closed = False
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    @property
+    def directory(self) -> Path:
+        return self._root
+
+    @property
+    def user(self) -> str:
+        return self._client.user
+
+    def close(self) -> None:
+        """Drop the references this instance took without an owner, remove its scratch space,
+        and close the client if this instance made it. Cached blobs stay."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            touched = list(self._touched)
+        name = self._instance_spec().filename
+        for kd in touched:
+            _unlink(self._blobs / kd / "refs" / name)
+        shutil.rmtree(self._tmp, ignore_errors=True)
+        if self._owns_client:
+            self._client.close()
+
+    def __enter__(self) -> BlobCache:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"BlobCache({str(self._root)!r}, user={self.user!r})"
+
+    # -- the public operations -------------------------------------------------------------
+
+    def get(self, key: str, *, uncompress: bool = False, owner: str | None = None) -> CachedBlob:
+        """The node-local copy of ``key``'s current version, downloaded if needed.
+
+        Checks with the cluster, at most every ``update_interval_secs`` per key, that this
+        user may read the key (:class:`~blobha.errors.NotAuthorized` otherwise, even when the
+        blob is cached) and whether a newer version exists (then fetched and returned).
+        With ``uncompress`` the result is a directory holding the archive's contents.
+
+        The reference taken holds one version per owner and process: when a later ``get`` for
+        the same owner in the same process returns a newer version, the older one is released
+        (and removed if nobody else holds it). Threads of one process that must keep reading
+        an older version while others move on should use owners of their own.
+        """
+        validate_key(key)
+        spec = self._ref_spec(owner)
+        self._check_open()
+        kd = key_dirname(key)
+        meta = self._remote_meta(key, kd)
+        for _attempt in range(_ATTEMPTS):
+            version, downloaded = self._obtain(key, kd, meta, spec)
+            if not downloaded and not self._verify(key, kd, version):
+                continue
+            path = version.file
+            if uncompress:
+                unpacked = self._unpacked(key, kd, version)
+                if unpacked is None:
+                    continue  # the version was replaced meanwhile: take the new one
+                path = unpacked
+            if not downloaded:
+                self._bump(hits=1)
+            self._maybe_cleanup()
+            return CachedBlob(key, version.version, version.size, version.digest, path)
+        raise ChecksumMismatch(
+            f"the cached copy of {key!r} failed its digest check {_ATTEMPTS} times; check the"
+            f" disk under {self._root}"
+        )
+
+    def release(self, owner: str) -> int:
+        """Drop every reference ``owner`` holds (from any process); how many there were."""
+        prefix = self._owner_prefix(owner)
+        dropped = 0
+        for kd in self._key_dirs():
+            refs = self._blobs / kd / "refs"
+            try:
+                names = os.listdir(refs)
+            except OSError:
+                continue
+            for name in names:
+                if name.startswith(prefix) and _unlink(refs / name):
+                    dropped += 1
+        return dropped
+
+    def version(self, key: str) -> int | None:
+        """The version of ``key`` this node holds, or None if it is not cached."""
+        validate_key(key)
+        current = self._scan_key(key_dirname(key)).current()
+        return current.version if current else None
+
+    def entries(self) -> list[CacheEntry]:
+        """Every cached version, by key and version."""
+        out: list[CacheEntry] = []
+        for scan in self._scan_all():
+            live, _stale = self._refs(scan.kd)
+            current = scan.current()
+            for v in sorted(scan.versions.values(), key=lambda v: v.version):
+                holders = live.get(v.version, [])
+                out.append(
+                    CacheEntry(
+                        key=scan.key,
+                        version=v.version,
+                        size=v.disk_bytes,
+                        last_used=v.last_used,
+                        refs=len(holders),
+                        path=v.file,
+                        digest=v.digest,
+                        unpacked=v.dir / "unpacked" if v.unpacked_size is not None else None,
+                        current=v is current,
+                        deleted_remotely=scan.deleted,
+                        owners=tuple(sorted(r.holder for r in holders)),
+                    )
+                )
+        out.sort(key=lambda e: (e.key, e.version))
+        return out
+
+    def stats(self) -> CacheStats:
+        """The counters of every process that used this directory, and what it holds now."""
+        counters = self._read_stats()
+        held = [v for scan in self._scan_all() for v in scan.versions.values()]
+        return CacheStats(
+            downloads=counters["downloads"],
+            hits=counters["hits"],
+            evictions=counters["evictions"],
+            bytes=sum(v.disk_bytes for v in held),
+            bytes_downloaded=counters["bytes_downloaded"],
+            entries=len(held),
+            corrupt=counters["corrupt"],
+            removed_versions=counters["removed_versions"],
+        )
+
+    def cleanup(self) -> CleanupReport:
+        """Run one staged cleanup and eviction pass now (waits for a pass another process
+        runs to end first)."""
+        self._check_open()
+        return self._cleanup(blocking=True)
+
+    # -- references ------------------------------------------------------------------------
+
+    def _owner_prefix(self, owner: str) -> str:
+        if not isinstance(owner, str) or not owner or "\x00" in owner:
+            raise InvalidArgument(f"owner must be a non-empty string, not {owner!r}")
+        # key_dirname percent-encodes '@' and '=', so the prefix cannot match another owner.
+        return f"o={key_dirname(owner)}@"
+
+    def _ref_spec(self, owner: str | None) -> _RefSpec:
+        if owner is None:
+            return self._instance_spec()
+        return _RefSpec(self._owner_prefix(owner) + self._me.tag, owner, "")
+
+    def _instance_spec(self) -> _RefSpec:
+        return _RefSpec(f"i={self._instance}", "", self._instance)
+
+    def _write_ref(self, kd: str, spec: _RefSpec, version: int, now: float) -> None:
+        path = self._blobs / kd / "refs" / spec.filename
+        since = now
+        with contextlib.suppress(OSError, ValueError, TypeError, AttributeError):
+            old = json.loads(path.read_bytes())
+            if old.get("version") == version and old.get("pid") == self._me.pid:
+                return
+            since = float(old.get("since", now))
+        record = {
+            "owner": spec.owner,
+            "instance": spec.instance,
+            "version": version,
+            "boot": self._me.boot,
+            "pid": self._me.pid,
+            "start": self._me.start,
+            "since": since,
+        }
+        self._write_atomic(path, json.dumps(record).encode())
+        if spec.instance:
+            with self._lock:
+                self._touched.add(kd)
+
+    def _refs(self, kd: str) -> tuple[dict[int, list[_Ref]], list[Path]]:
+        """Live references by version, and the files of stale ones."""
+        live: dict[int, list[_Ref]] = {}
+        stale: list[Path] = []
+        refs = self._blobs / kd / "refs"
+        try:
+            names = os.listdir(refs)
+        except OSError:
+            return live, stale
+        for name in names:
+            path = refs / name
+            try:
+                data = json.loads(path.read_bytes())
+                ref = _Ref(
+                    path=path,
+                    owner=str(data["owner"]),
+                    instance=str(data["instance"]),
+                    version=int(data["version"]),
+                    process=_Process(str(data["boot"]), int(data["pid"]), int(data["start"])),
+                )
+            except FileNotFoundError:
+                continue  # released meanwhile
+            except (OSError, ValueError, TypeError, KeyError):
+                stale.append(path)  # unreadable: written by no version of this code
+                continue
+            if ref.process.alive():
+                live.setdefault(ref.version, []).append(ref)
+            else:
+                stale.append(path)
+        return live, stale
+
+    # -- the cluster -----------------------------------------------------------------------
+
+    def _remote_meta(self, key: str, kd: str) -> BlobMeta:
+        """The key's metadata as this user sees it, asked again once the last answer is
+        ``update_interval_secs`` old. Asking is also the authorisation check: the server
+        answers only users who may read the key."""
+        with self._lock:
+            check_lock = self._check_locks.setdefault(key, threading.Lock())
+        # One question per key at a time: threads asking together share the answer.
+        with check_lock:
+            now = self._clock()
+            with self._lock:
+                known = self._remote.get(key)
+            if known is not None and now - known.checked_at < self._update_interval:
+                return known.meta
+            try:
+                meta = self._client.get_meta(key)
+            except NotAuthorized:
+                with self._lock:
+                    self._remote.pop(key, None)
+                raise
+            except KeyNotFound:
+                with self._lock:
+                    self._remote.pop(key, None)
+                self._mark_deleted(kd)
+                raise
+            except (Unavailable, DeadlineExceeded) as exc:
+                if known is None:
+                    raise
+                # This user was allowed to read this key and nothing newer was known; an
+                # unreachable cluster must not stop jobs that run on cached blobs. Asked again
+                # after the next interval.
+                log.warning("serving cached %r: cannot reach the cluster (%s)", key, exc)
+                with self._lock:
+                    self._remote[key] = _Known(known.meta, now)
+                return known.meta
+            with self._lock:
+                self._remote[key] = _Known(meta, now)
+            return meta
+
+    def _mark_deleted(self, kd: str) -> None:
+        kdir = self._blobs / kd
+        if kdir.is_dir():
+            with contextlib.suppress(OSError):
+                self._write_atomic(kdir / "deleted", str(self._clock()).encode())
+
+    # -- getting a blob --------------------------------------------------------------------
+
+    def _obtain(self, key: str, kd: str, meta: BlobMeta, spec: _RefSpec) -> tuple[_Version, bool]:
+        """Under the key's lock: the version to serve (downloaded if missing) with a reference
+        recorded, so no cleanup can remove it. True if this call downloaded it."""
+        with self._key_lock(kd) as held:
+            assert held is not None
+            self._ensure_key_dir(key, kd)
+            scan = self._scan_key(kd)
+            version = _choose(scan, meta)
+            downloaded = version is None
+            if version is None:
+                version = self._download(key, kd, meta)
+            now = self._clock()
+            self._write_ref(kd, spec, version.version, now)
+            _touch(version.dir / "used", now)
+            _unlink(version.dir / "staged")
+            _unlink(self._blobs / kd / "deleted")
+            self._tidy(kd, keep=version.version)
+        return version, downloaded
+
+    def _download(self, key: str, kd: str, meta: BlobMeta) -> _Version:
+        stage = Path(tempfile.mkdtemp(prefix="d-", dir=self._scratch()))
+        try:
+            name = _file_name(key)
+            (stage / "file").mkdir()
+            target = stage / "file" / name
+            try:
+                # Version 0 = the current one: a version pruned since get_meta cannot stall us,
+                # and an update that landed meanwhile is simply the newer answer.
+                info = self._client.download(key, target)
+            except KeyNotFound:
+                self._mark_deleted(kd)
+                raise
+            target.chmod(0o444)  # shared by every job on the node: nobody may write it
+            now = self._clock()
+            record = {
+                "key": key,
+                "version": info.version,
+                "size": info.size,
+                "digest": info.digest,
+                "created_at": meta.created_at,
+                "installed_at": now,
+                "name": name,
+            }
+            with open(stage / "meta.json", "wb") as f:
+                f.write(json.dumps(record).encode())
+                f.flush()
+                os.fsync(f.fileno())
+            _touch(stage / "used", now)
+            stage.chmod(0o755)
+            dest = self._blobs / kd / f"v{info.version}"
+            if dest.exists():
+                # Another copy of that version number: a key deleted and created again, or a
+                # file that failed its check. We hold the key lock; take it out of view first.
+                self._discard(dest)
+            os.rename(stage, dest)
+            _fsync_dir(dest.parent)
+        finally:
+            if stage.exists():
+                shutil.rmtree(stage, ignore_errors=True)
+        self._bump(downloads=1, bytes_downloaded=info.size)
+        with self._lock:
+            self._verified.add((kd, info.version, info.digest))  # the client checked it
+        installed = self._read_version(key, dest, info.version)
+        if installed is None:  # pragma: no cover - we just wrote it
+            raise ChecksumMismatch(f"the copy of {key!r} just installed cannot be read back")
+        return installed
+
+    def _verify(self, key: str, kd: str, version: _Version) -> bool:
+        """Digest check on this instance's first use of a file it did not download (Flink
+        does the same). A corrupt file is removed; False then, so the caller fetches again."""
+        marker = (kd, version.version, version.digest)
+        with self._lock:
+            if marker in self._verified:
+                return True
+        # Outside the key lock: hashing a large file must not hold up other processes, and
+        # our reference already keeps cleanup away from it.
+        try:
+            digest, size, identity = _hash_file(version.file)
+        except FileNotFoundError:
+            digest, size, identity = "", -1, (0, 0)
+        if digest == version.digest and size == version.size:
+            with self._lock:
+                self._verified.add(marker)
+            return True
+        log.warning(
+            "cached %r version %d is corrupt (digest %s over %d bytes, expected %s over %d);"
+            " fetching it again",
+            key, version.version, digest, size, version.digest, version.size,
+        )
+        with self._key_lock(kd):
+            try:
+                st = os.stat(version.file)
+                now_identity: tuple[int, int] | None = (st.st_dev, st.st_ino)
+            except FileNotFoundError:
+                now_identity = None
+            # Only the file we hashed: another process may have replaced it meanwhile.
+            if version.dir.exists() and now_identity in (identity, None):
+                self._discard(version.dir)
+                self._bump(corrupt=1)
+        return False
+
+    def _unpacked(self, key: str, kd: str, version: _Version) -> Path | None:
+        target = version.dir / "unpacked"
+        if target.is_dir():
+            return target
+        with self._key_lock(kd):
+            if not version.dir.is_dir():
+                return None
+            if target.is_dir():
+                return target
+            stage = Path(tempfile.mkdtemp(prefix="x-", dir=self._scratch()))
+            try:
+                size = _unpack(version.file, key, stage)
+                stage.chmod(0o755)
+                os.rename(stage, target)
+                _fsync_dir(version.dir)
+            finally:
+                if stage.exists():
+                    shutil.rmtree(stage, ignore_errors=True)
+            self._write_atomic(version.dir / "unpacked.size", str(size).encode())
+        return target
+
+    # -- disk state ------------------------------------------------------------------------
+
+    def _open_dir(self) -> None:
+        self._root.mkdir(parents=True, exist_ok=True)
+        layout = self._root / "LAYOUT"
+        try:
+            found = layout.read_text().strip()
+        except FileNotFoundError:
+            found = ""
+            # The marker is written first, so a process starting at the same moment sees it;
+            # a directory holding anything else is not ours to fill (a mistyped --cache-dir).
+            others = [n for n in os.listdir(self._root) if not n.startswith(".LAYOUT.")]
+            if others and "LAYOUT" not in others:
+                raise InvalidArgument(
+                    f"{self._root} is not empty and is not a blobha cache (no LAYOUT file);"
+                    " give a new or empty directory"
+                ) from None
+            tmp = self._root / f".LAYOUT.{os.getpid()}.{secrets.token_hex(4)}"
+            tmp.write_text(_LAYOUT + "\n")
+            os.replace(tmp, layout)
+        if found and found != _LAYOUT:
+            raise InvalidArgument(
+                f"{self._root} holds a cache of another format ({found!r}, expected"
+                f" {_LAYOUT!r}); use another --cache-dir or empty it"
+            )
+        for sub in (self._blobs, self._locks, self._tmp_root):
+            sub.mkdir(exist_ok=True)
+
+    def _sweep_temps(self) -> None:
+        """Remove the scratch directories of processes that died (half downloads, half
+        extractions, half-written files)."""
+        try:
+            names = os.listdir(self._tmp_root)
+        except FileNotFoundError:
+            return
+        for name in names:
+            if not _tag_alive(name):
+                log.info("removing %s, left by a process that ended", self._tmp_root / name)
+                path = self._tmp_root / name
+                if path.is_dir() and not path.is_symlink():
+                    shutil.rmtree(path, ignore_errors=True)
+                else:
+                    _unlink(path)
+
+    def _write_atomic(self, path: Path, data: bytes) -> None:
+        # Written in our scratch directory, which a crash leaves to the sweeper.
+        fd, tmp = tempfile.mkstemp(prefix="w-", dir=self._scratch())
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            os.chmod(tmp, 0o644)
+            os.replace(tmp, path)
+        except BaseException:
+            _unlink(Path(tmp))
+            raise
+
+    def _discard(self, path: Path) -> None:
+        """Take a directory out of view at once (one rename), then delete it."""
+        trash = self._scratch() / f"trash-{secrets.token_hex(6)}"
+        try:
+            os.rename(path, trash)
+        except FileNotFoundError:
+            return
+        shutil.rmtree(trash, ignore_errors=True)
+
+    def _ensure_key_dir(self, key: str, kd: str) -> None:
+        kdir = self._blobs / kd
+        (kdir / "refs").mkdir(parents=True, exist_ok=True)
+        if not (kdir / "key").exists():
+            self._write_atomic(kdir / "key", key.encode("utf-8"))
+
+    def _key_dirs(self) -> list[str]:
+        try:
+            return sorted(os.listdir(self._blobs))
+        except FileNotFoundError:
+            return []
+
+    def _read_version(self, key: str, vdir: Path, number: int) -> _Version | None:
+        try:
+            meta = json.loads((vdir / "meta.json").read_bytes())
+            version = _Version(
+                key=key,
+                version=int(meta["version"]),
+                dir=vdir,
+                size=int(meta["size"]),
+                digest=str(meta["digest"]),
+                created_at=float(meta["created_at"]),
+                name=str(meta["name"]),
+                last_used=float(meta["installed_at"]),
+                staged=None,
+                unpacked_size=None,
+            )
+        except (OSError, ValueError, TypeError, KeyError):
+            return None
+        if version.version != number or "/" in version.name or version.name in ("", ".", ".."):
+            return None
+        with contextlib.suppress(OSError):
+            version.last_used = os.stat(vdir / "used").st_mtime
+        with contextlib.suppress(OSError, ValueError):
+            version.staged = float((vdir / "staged").read_text())
+        if (vdir / "unpacked").is_dir():
+            try:
+                version.unpacked_size = int((vdir / "unpacked.size").read_text())
+            except (OSError, ValueError):
+                version.unpacked_size = _tree_size(vdir / "unpacked")
+        return version
+
+    def _scan_key(self, kd: str, key: str | None = None) -> _KeyScan:
+        kdir = self._blobs / kd
+        if key is None:
+            try:
+                key = (kdir / "key").read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError):
+                key = ""
+        scan = _KeyScan(key, kd, deleted=(kdir / "deleted").exists())
+        try:
+            names = os.listdir(kdir)
+        except OSError:
+            return scan
+        for name in names:
+            m = _VERSION_DIR.fullmatch(name)
+            if m is None:
+                continue
+            version = self._read_version(key, kdir / name, int(m.group(1)))
+            if version is None:
+                scan.junk.append(kdir / name)
+            else:
+                scan.versions[version.version] = version
+        return scan
+
+    def _scan_all(self) -> list[_KeyScan]:
+        scans = [self._scan_key(kd) for kd in self._key_dirs()]
+        return [s for s in scans if s.key]
+
+    def _read_stats(self) -> dict[str, int]:
+        counters = dict.fromkeys(_STAT_FIELDS, 0)
+        try:
+            data = json.loads((self._root / "stats.json").read_bytes())
+        except FileNotFoundError:
+            return counters
+        except (OSError, ValueError) as exc:
+            log.warning("ignoring unreadable %s: %s", self._root / "stats.json", exc)
+            return counters
+        for name in _STAT_FIELDS:
+            with contextlib.suppress(KeyError, TypeError, ValueError):
+                counters[name] = int(data[name])
+        return counters
+
+    def _bump(self, **deltas: int) -> None:
+        """Add to the counters on disk; a read-modify-write under a lock every process takes."""
+        with self._stats_lock:
+            fd = _lock_file(self._root / "stats.lock", blocking=True)
+            assert fd is not None
+            try:
+                counters = self._read_stats()
+                for name, delta in deltas.items():
+                    counters[name] += delta
+                self._write_atomic(self._root / "stats.json", json.dumps(counters).encode())
+            finally:
+                os.close(fd)
+
+    @contextlib.contextmanager
+    def _key_lock(self, kd: str, blocking: bool = True) -> Iterator[_Held | None]:
+        """The key's lock for this thread and process: a thread lock (threads of one process
+        would otherwise each open the file) and then the ``flock`` other processes see.
+        Yields None when not blocking and busy."""
+        with self._lock:
+            thread_lock = self._key_locks.setdefault(kd, threading.Lock())
+        if not thread_lock.acquire(blocking):
+            yield None
+            return
+        try:
+            path = self._locks / f"{kd}.lock"
+            fd = _lock_file(path, blocking)
+            if fd is None:
+                yield None
+                return
+            held = _Held(path)
+            try:
+                yield held
+            finally:
+                if held.remove_file:
+                    _unlink(path)
+                os.close(fd)
+        finally:
+            thread_lock.release()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise InvalidArgument("this BlobCache is closed; create a new one")
+        if os.getpid() != self._me.pid:
+            # References would name the parent, and the gRPC client does not survive a fork.
+            raise InvalidArgument(
+                f"this BlobCache was opened in process {self._me.pid} and cannot be used in a"
+                " forked child; open one in each process"
+            )
+
+    def _scratch(self) -> Path:
+        # Recreated if someone emptied tmp/ under us: every atomic step needs it.
+        self._tmp.mkdir(mode=0o700, exist_ok=True)
+        return self._tmp
+
+    # -- cleanup ---------------------------------------------------------------------------
+
+    def _tidy(self, kd: str, keep: int | None) -> _Tidied:
+        """With the key's lock held: remove stale references, damaged version directories and
+        every version but ``keep`` (None: the current one) that no live process references."""
+        scan = self._scan_key(kd)
+        live, stale = self._refs(kd)
+        stale_count = sum(_unlink(path) for path in stale)
+        for junk in scan.junk:
+            self._discard(junk)
+        if keep is None:
+            current = scan.current()
+            keep = current.version if current else None
+        gone: list[tuple[str, int, int]] = []
+        for number, version in list(scan.versions.items()):
+            if number != keep and not live.get(number):
+                self._discard(version.dir)
+                del scan.versions[number]
+                gone.append((scan.key, number, version.disk_bytes))
+        if gone:
+            self._bump(removed_versions=len(gone))
+        return _Tidied(scan, live, stale_count, gone)
+
+    def _maybe_cleanup(self) -> None:
+        now = self._clock()
+        with self._lock:
+            due = self._last_cleanup is None or now - self._last_cleanup >= self._cleanup_interval
+            if due:
+                self._last_cleanup = now
+        if not due:
+            return
+        try:
+            self._cleanup(blocking=False)
+        except Exception:  # the get itself succeeded; the next pass will try again
+            log.exception("cache cleanup failed under %s", self._root)
+
+    def _cleanup(self, blocking: bool) -> CleanupReport:
+        if not self._cleanup_lock.acquire(blocking):
+            return CleanupReport(ran=False)
+        try:
+            fd = _lock_file(self._root / "cleanup.lock", blocking)
+            if fd is None:
+                return CleanupReport(ran=False)
+            try:
+                return self._cleanup_pass()
+            finally:
+                os.close(fd)
+        finally:
+            self._cleanup_lock.release()
+
+    def _cleanup_pass(self) -> CleanupReport:
+        """Flink's staged cleanup with Storm's LRU eviction.
+
+        Per key, under its lock (busy keys are skipped): stale references go; older versions
+        nobody references go; a current version nobody references is staged on the first
+        pass that finds it so, and becomes deletable on a later pass once ``retention_secs``
+        have passed without use. Deletable versions of keys deleted remotely go; the others
+        go least recently used first while the cache is above the soft limit.
+        """
+        self._sweep_temps()
+        with self._lock:
+            self._last_cleanup = self._clock()
+        staged: list[tuple[str, int]] = []
+        removed: list[tuple[str, int]] = []
+        busy: list[str] = []
+        stale_refs = 0
+        freed = 0
+        total = 0
+        candidates: list[tuple[_KeyScan, _Version]] = []
+        for kd in self._key_dirs():
+            with self._key_lock(kd, blocking=False) as held:
+                if held is None:
+                    scan = self._scan_key(kd)
+                    busy.append(scan.key or kd)
+                    total += sum(v.disk_bytes for v in scan.versions.values())
+                    continue
+                tidied = self._tidy(kd, keep=None)
+                scan, live = tidied.scan, tidied.live
+                stale_refs += tidied.stale_refs
+                for key, number, size in tidied.gone:
+                    removed.append((key, number))
+                    freed += size
+                total += sum(v.disk_bytes for v in scan.versions.values())
+                current = scan.current()
+                if current is None:
+                    if not live:
+                        self._remove_key_dir(kd, held)
+                    continue
+                if live.get(current.version):
+                    _unlink(current.dir / "staged")
+                    continue
+                now = self._clock()
+                if current.staged is None or current.last_used > current.staged:
+                    # First pass to find it unreferenced (or used since it was staged).
+                    self._write_atomic(current.dir / "staged", repr(now).encode())
+                    staged.append((scan.key, current.version))
+                elif now - current.staged >= self._retention:
+                    candidates.append((scan, current))
+
+        if total > self._soft_limit:
+            self._probe_deleted([s for s, _ in candidates if not s.deleted])
+        # Keys deleted remotely first, then least recently used.
+        candidates.sort(key=lambda c: (not c[0].deleted, c[1].last_used))
+        evicted: list[tuple[str, int]] = []
+        for scan, version in candidates:
+            if not scan.deleted and total <= self._soft_limit:
+                break
+            if self._evict(scan, version):
+                evicted.append((scan.key, version.version))
+                total -= version.disk_bytes
+                freed += version.disk_bytes
+        if evicted:
+            self._bump(evictions=len(evicted))
+        return CleanupReport(
+            staged=tuple(staged),
+            evicted=tuple(evicted),
+            removed_versions=tuple(removed),
+            stale_refs=stale_refs,
+            freed_bytes=freed,
+            total_bytes=total,
+            busy=tuple(busy),
+        )
+
+    def _evict(self, scan: _KeyScan, chosen: _Version) -> bool:
+        """Delete a staged version unless, since it was chosen, it was used or referenced."""
+        with self._key_lock(scan.kd, blocking=False) as held:
+            if held is None:
+                return False
+            again = self._scan_key(scan.kd, scan.key)
+            version = again.versions.get(chosen.version)
+            live, _stale = self._refs(scan.kd)
+            if (
+                version is None
+                or live.get(chosen.version)
+                or version.last_used != chosen.last_used
+                or version.staged != chosen.staged
+            ):
+                return False
+            self._discard(version.dir)
+            if not live and not again.versions.keys() - {chosen.version}:
+                self._remove_key_dir(scan.kd, held)
+        log.info("evicted %r version %d from %s", scan.key, chosen.version, self._root)
+        return True
+
+    def _remove_key_dir(self, kd: str, held: _Held) -> None:
+        """Remove a key's directory and lock file (its lock held, nothing left in it)."""
+        self._discard(self._blobs / kd)
+        held.remove()
+
+    def _probe_deleted(self, scans: list[_KeyScan]) -> None:
+        """Ask the cluster whether the keys of eviction candidates still exist, so that those
+        deleted remotely go first; at most once per update interval per key."""
+        for scan in scans:
+            now = self._clock()
+            with self._lock:
+                last = self._probed.get(scan.key)
+            if last is not None and now - last < self._update_interval:
+                continue
+            try:
+                self._client.get_meta(scan.key)
+            except KeyNotFound:
+                self._mark_deleted(scan.kd)
+                scan.deleted = True
+            except NotAuthorized:
+                pass  # it exists; this user just may not read it
+            except (Unavailable, DeadlineExceeded):
+                return  # no answers now; plain LRU this time
+            with self._lock:
+                self._probed[scan.key] = now
+
+
+def _choose(scan: _KeyScan, meta: BlobMeta) -> _Version | None:
+    """The installed version to serve for ``meta``, or None to download."""
+    current = scan.current()
+    if current is None:
+        return None
+    if current.order > (meta.created_at, meta.version):
+        # Another process learnt of a newer version first.
+        return current
+    exact = scan.versions.get(meta.version)
+    if exact is not None and exact.digest == meta.digest:
+        return exact
+    return None
+

@@ -1,0 +1,951 @@
+"""Unit tests of the node-local cache (blobha.cache) with a fake client: no network, no processes.
+
+The fake keeps blobs in memory and writes downloads the way the real client does (a temporary
+file renamed into place); a fake clock drives retention and update intervals without sleeping.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import stat
+import tarfile
+import threading
+import time
+import zipfile
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+
+from blobha import cache as cache_mod
+from blobha import cli
+from blobha.cache import BlobCache, CachedBlob
+from blobha.client import BlobInfo, BlobMeta
+from blobha.digest import digest_bytes
+from blobha.errors import (
+    InvalidArgument,
+    KeyNotFound,
+    NotAuthorized,
+    Unavailable,
+)
+from blobha.keys import key_dirname
+
+T = TypeVar("T")
+
+
+# --------------------------------------------------------------------------------------------
+# Fakes
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Blob:
+    versions: list[bytes]
+    created_at: float
+    readers: set[str] | None = None  # None = everyone
+
+
+@dataclass
+class FakeCluster:
+    blobs: dict[str, _Blob] = field(default_factory=dict)
+    meta_calls: int = 0
+    downloads: int = 0
+    started: int = 0
+    #: When set, downloads wait for it (to hold other askers at the lock).
+    gate: threading.Event | None = None
+    #: Raised by the next download, after writing half the data.
+    fail_next: BaseException | None = None
+    #: Raised by every get_meta.
+    meta_error: BaseException | None = None
+    #: Committed between the metadata answer and the download (a racing update).
+    update_during_download: bytes | None = None
+    _created: float = 1000.0
+
+    def put(self, key: str, data: bytes, readers: set[str] | None = None) -> int:
+        blob = self.blobs.get(key)
+        if blob is None:
+            self._created += 1
+            self.blobs[key] = _Blob([data], self._created, readers)
+            return 1
+        blob.versions.append(data)
+        if readers is not None:
+            blob.readers = readers
+        return len(blob.versions)
+
+    def delete(self, key: str) -> None:
+        del self.blobs[key]
+
+    def client(self, user: str = "alice") -> FakeClient:
+        return FakeClient(self, user)
+
+
+class FakeClient:
+    def __init__(self, cluster: FakeCluster, user: str) -> None:
+        self.cluster = cluster
+        self.user = user
+        self.closed = False
+
+    def _blob(self, key: str) -> _Blob:
+        blob = self.cluster.blobs.get(key)
+        if blob is None:
+            raise KeyNotFound(f"no blob with key {key!r}")
+        if blob.readers is not None and self.user not in blob.readers:
+            raise NotAuthorized(f"{self.user} may not read {key!r}")
+        return blob
+
+    def get_meta(self, key: str) -> BlobMeta:
+        self.cluster.meta_calls += 1
+        if self.cluster.meta_error is not None:
+            raise self.cluster.meta_error
+        blob = self._blob(key)
+        data = blob.versions[-1]
+        return BlobMeta(key, len(blob.versions), len(data), digest_bytes(data), (), 3, 1,
+                        blob.created_at, blob.created_at, "alice", 3)
+
+    def download(self, key: str, dest: str | os.PathLike[str], version: int = 0,
+                 **_: Any) -> BlobInfo:
+        c = self.cluster
+        c.started += 1
+        if c.update_during_download is not None:
+            c.put(key, c.update_during_download)
+            c.update_during_download = None
+        blob = self._blob(key)
+        number = version or len(blob.versions)
+        data = blob.versions[number - 1]
+        path = Path(dest)
+        tmp = path.with_name(f".{path.name}.part")
+        with open(tmp, "wb") as f:
+            f.write(data[: len(data) // 2])
+            if c.fail_next is not None:
+                error, c.fail_next = c.fail_next, None
+                raise error
+            if c.gate is not None:
+                assert c.gate.wait(30), "the test never opened the gate"
+            f.write(data[len(data) // 2 :])
+        os.replace(tmp, path)
+        c.downloads += 1
+        return BlobInfo(number, len(data), digest_bytes(data))
+
+    def close(self) -> None:
+        self.closed = True
+
+    def __enter__(self) -> FakeClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class Clock:
+    def __init__(self, now: float = 1_700_000_000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, secs: float) -> None:
+        self.now += secs
+
+
+@pytest.fixture
+def fake() -> FakeCluster:
+    return FakeCluster()
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def cache_dir(tmp_path: Path) -> Path:
+    return tmp_path / "cache"
+
+
+@pytest.fixture
+def make(fake: FakeCluster, clock: Clock, cache_dir: Path) -> Iterator[Callable[..., BlobCache]]:
+    """Builds caches on ``cache_dir`` (alice, fake clock, no retention by default)."""
+    made: list[BlobCache] = []
+
+    def build(user: str = "alice", **kw: Any) -> BlobCache:
+        kw.setdefault("retention_secs", 0.0)
+        kw.setdefault("clock", clock)
+        c = BlobCache(kw.pop("directory", cache_dir), client=fake.client(user),  # type: ignore[arg-type]
+                      **kw)
+        made.append(c)
+        return c
+
+    yield build
+    for c in made:
+        c.close()
+
+
+def wait_until(condition: Callable[[], T], timeout: float = 10.0, what: str = "") -> T:
+    deadline = time.monotonic() + timeout
+    while True:
+        result = condition()
+        if result:
+            return result
+        if time.monotonic() >= deadline:
+            pytest.fail(f"timed out waiting for {what or condition}")
+        time.sleep(0.01)
+
+
+def version_dirs(cache_dir: Path, key: str) -> list[str]:
+    d = cache_dir / "blobs" / key_dirname(key)
+    return sorted(p.name for p in d.glob("v*")) if d.exists() else []
+
+
+def scratch_files(cache_dir: Path) -> list[Path]:
+    return [p for p in (cache_dir / "tmp").rglob("*") if p.is_file()]
+
+
+# --------------------------------------------------------------------------------------------
+# Fetching, once per node
+# --------------------------------------------------------------------------------------------
+
+
+def test_get_downloads_once_then_serves_the_cached_copy(fake: FakeCluster, make: Any,
+                                                       cache_dir: Path) -> None:
+    fake.put("model.bin", b"weights" * 100)
+    cache = make()
+    first = cache.get("model.bin")
+    second = cache.get("model.bin")
+    assert first == second
+    assert first == CachedBlob("model.bin", 1, 700, digest_bytes(b"weights" * 100), first.path)
+    assert first.path == cache_dir / "blobs" / "model.bin" / "v1" / "file" / "model.bin"
+    assert first.path.read_bytes() == b"weights" * 100
+    assert not first.path.stat().st_mode & 0o222, "cached files are read-only"
+    assert fake.downloads == 1
+    stats = cache.stats()
+    assert (stats.downloads, stats.hits, stats.entries, stats.bytes) == (1, 1, 1, 700)
+    assert stats.bytes_downloaded == 700
+    assert cache.version("model.bin") == 1
+    assert cache.version("other") is None
+
+
+def test_threads_asking_at_once_share_one_download(fake: FakeCluster, make: Any) -> None:
+    fake.put("big", os.urandom(100_000))
+    fake.gate = threading.Event()
+    cache = make()
+    results: list[CachedBlob] = []
+    errors: list[BaseException] = []
+
+    def ask() -> None:
+        try:
+            results.append(cache.get("big"))
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=ask) for _ in range(8)]
+    for t in threads:
+        t.start()
+    wait_until(lambda: fake.started == 1, what="the first download to start")
+    fake.gate.set()
+    for t in threads:
+        t.join(30)
+    assert not errors
+    assert fake.started == 1 and fake.downloads == 1
+    assert len({r.path for r in results}) == 1 and len(results) == 8
+    assert cache.stats().downloads == 1 and cache.stats().hits == 7
+
+
+def test_two_caches_on_one_directory_share_one_download(fake: FakeCluster, make: Any) -> None:
+    # Two instances hold separate flock descriptions, exactly like two processes.
+    fake.put("k", b"x" * 5000)
+    fake.gate = threading.Event()
+    a, b = make(), make()
+    got: dict[str, CachedBlob] = {}
+    ta = threading.Thread(target=lambda: got.setdefault("a", a.get("k")))
+    ta.start()
+    wait_until(lambda: fake.started == 1, what="a's download to start")
+    tb = threading.Thread(target=lambda: got.setdefault("b", b.get("k")))
+    tb.start()
+    fake.gate.set()
+    ta.join(30)
+    tb.join(30)
+    assert got["a"].path == got["b"].path
+    assert fake.downloads == 1
+    assert a.stats().downloads == 1 and b.stats().hits == 1
+
+
+def test_a_failed_download_leaves_nothing_in_view(fake: FakeCluster, make: Any,
+                                                 cache_dir: Path) -> None:
+    fake.put("k", b"abcdef" * 1000)
+    fake.fail_next = Unavailable("master went away")
+    cache = make()
+    with pytest.raises(Unavailable):
+        cache.get("k")
+    assert version_dirs(cache_dir, "k") == []
+    assert scratch_files(cache_dir) == []
+    assert cache.version("k") is None
+    assert cache.get("k").path.read_bytes() == b"abcdef" * 1000
+
+
+def test_stale_temporaries_of_dead_processes_are_removed_at_start(fake: FakeCluster, make: Any,
+                                                                  cache_dir: Path) -> None:
+    live = make()
+    me = cache_mod._Process.me()
+    dead = cache_dir / "tmp" / f"{me.boot[:8]}-{me.pid}-{me.start + 1}-dead"
+    (dead / "d-x" / "file").mkdir(parents=True)
+    (dead / "d-x" / "file" / ".k.part").write_bytes(b"half")
+    junk = cache_dir / "tmp" / "not-a-process"
+    junk.write_bytes(b"?")
+    live_tmp = live._tmp
+    (live_tmp / "d-live").mkdir()
+    make()
+    assert not dead.exists() and not junk.exists()
+    assert (live_tmp / "d-live").exists(), "a live instance's scratch space is left alone"
+
+
+def test_a_newer_version_committed_during_the_download_is_served(fake: FakeCluster,
+                                                                make: Any) -> None:
+    fake.put("k", b"one")
+    fake.update_during_download = b"two"
+    blob = make().get("k")
+    assert (blob.version, blob.path.read_bytes()) == (2, b"two")
+
+
+# --------------------------------------------------------------------------------------------
+# Integrity
+# --------------------------------------------------------------------------------------------
+
+
+def test_a_corrupt_cached_file_is_caught_on_first_use_and_fetched_again(
+    fake: FakeCluster, make: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake.put("k", b"good data" * 100)
+    path = make().get("k").path
+    path.chmod(0o644)
+    path.write_bytes(b"bad data!" * 100)  # same size, other bytes
+    hashed: list[Path] = []
+    real_hash = cache_mod._hash_file
+    monkeypatch.setattr(cache_mod, "_hash_file", lambda p: hashed.append(p) or real_hash(p))
+
+    other = make()
+    blob = other.get("k")
+    assert blob.path.read_bytes() == b"good data" * 100
+    assert fake.downloads == 2
+    stats = other.stats()
+    assert stats.corrupt == 1 and stats.downloads == 2
+    hashed.clear()
+    other.get("k")
+    assert hashed == [], "a file is verified once per instance"
+    assert make().get("k").path.read_bytes() == b"good data" * 100
+    assert len(hashed) == 1 and fake.downloads == 2
+
+
+def test_a_missing_cached_file_is_fetched_again(fake: FakeCluster, make: Any) -> None:
+    fake.put("k", b"data")
+    blob = make().get("k")
+    blob.path.unlink()
+    assert make().get("k").path.read_bytes() == b"data"
+    assert fake.downloads == 2
+
+
+def test_a_key_created_again_with_the_same_version_number_is_fetched_again(
+    fake: FakeCluster, make: Any, clock: Clock
+) -> None:
+    fake.put("k", b"first life")
+    cache = make(update_interval_secs=10)
+    assert cache.get("k").path.read_bytes() == b"first life"
+    fake.delete("k")
+    fake.put("k", b"second life")
+    clock.advance(10)
+    blob = cache.get("k")
+    assert (blob.version, blob.path.read_bytes()) == (1, b"second life")
+    assert fake.downloads == 2
+
+
+# --------------------------------------------------------------------------------------------
+# Authorisation (scenario 21)
+# --------------------------------------------------------------------------------------------
+
+
+def test_a_user_without_read_never_gets_a_cached_file(fake: FakeCluster, make: Any) -> None:
+    fake.put("secret", b"s3cr3t", readers={"alice"})
+    assert make("alice").get("secret").path.read_bytes() == b"s3cr3t"
+    bob = make("bob", update_interval_secs=3600)
+    for _ in range(2):
+        with pytest.raises(NotAuthorized):
+            bob.get("secret")
+    assert fake.downloads == 1
+    assert bob.stats().hits == 0
+
+
+def test_revoked_read_is_noticed_within_the_update_interval(fake: FakeCluster, make: Any,
+                                                           clock: Clock) -> None:
+    fake.put("k", b"data", readers={"alice", "carol"})
+    carol = make("carol", update_interval_secs=30)
+    carol.get("k")
+    fake.blobs["k"].readers = {"alice"}
+    clock.advance(29)
+    carol.get("k")  # checked at most every 30 s: still within the interval
+    clock.advance(1)
+    with pytest.raises(NotAuthorized):
+        carol.get("k")
+
+
+def test_the_cluster_is_asked_at_most_once_per_interval(fake: FakeCluster, make: Any,
+                                                       clock: Clock) -> None:
+    fake.put("k", b"data")
+    cache = make(update_interval_secs=30)
+    for _ in range(5):
+        cache.get("k")
+    assert fake.meta_calls == 1
+    clock.advance(30)
+    cache.get("k")
+    assert fake.meta_calls == 2
+
+
+def test_an_unreachable_cluster_serves_what_this_user_was_allowed_to_read(
+    fake: FakeCluster, make: Any, clock: Clock
+) -> None:
+    fake.put("k", b"data")
+    fake.put("never-checked", b"other")
+    cache = make(update_interval_secs=1)
+    cache.get("k")
+    make().get("never-checked")
+    fake.meta_error = Unavailable("no master answered")
+    clock.advance(5)
+    assert cache.get("k").path.read_bytes() == b"data"
+    with pytest.raises(Unavailable):
+        cache.get("never-checked")  # this instance never verified this user may read it
+
+
+# --------------------------------------------------------------------------------------------
+# Updates (scenario 20)
+# --------------------------------------------------------------------------------------------
+
+
+def test_a_new_version_is_picked_up_and_the_old_one_removed(fake: FakeCluster, make: Any,
+                                                           clock: Clock, cache_dir: Path) -> None:
+    fake.put("k", b"v1")
+    cache = make(update_interval_secs=30)
+    assert cache.get("k", owner="job").version == 1
+    fake.put("k", b"v2")
+    assert cache.get("k", owner="job").version == 1, "not asked again within the interval"
+    clock.advance(30)
+    blob = cache.get("k", owner="job")
+    assert (blob.version, blob.path.read_bytes()) == (2, b"v2")
+    assert version_dirs(cache_dir, "k") == ["v2"]
+    fake.put("k", b"v3")
+    clock.advance(30)
+    assert cache.get("k", owner="job").path.read_bytes() == b"v3"
+    assert version_dirs(cache_dir, "k") == ["v3"]
+    assert cache.stats().removed_versions == 2
+
+
+def test_an_old_version_stays_while_another_owner_references_it(fake: FakeCluster, make: Any,
+                                                               clock: Clock,
+                                                               cache_dir: Path) -> None:
+    fake.put("k", b"v1")
+    reader = make(update_interval_secs=0)
+    old = reader.get("k", owner="reader")
+    fake.put("k", b"v2")
+    assert make(update_interval_secs=0).get("k", owner="job").version == 2
+    assert version_dirs(cache_dir, "k") == ["v1", "v2"]
+    assert old.path.read_bytes() == b"v1"
+    entries = {(e.version, e.current, e.owners) for e in reader.entries()}
+    assert entries == {(1, False, ("reader",)), (2, True, ("job",))}
+    assert reader.release("reader") == 1
+    report = reader.cleanup()
+    assert report.removed_versions == (("k", 1),)
+    assert version_dirs(cache_dir, "k") == ["v2"]
+
+
+# --------------------------------------------------------------------------------------------
+# References
+# --------------------------------------------------------------------------------------------
+
+
+def test_release_drops_the_owners_references(fake: FakeCluster, make: Any) -> None:
+    fake.put("a", b"a")
+    fake.put("b", b"b")
+    cache = make()
+    cache.get("a", owner="app-1")
+    cache.get("b", owner="app-1")
+    cache.get("b", owner="app-2")
+    assert {(e.key, e.refs) for e in cache.entries()} == {("a", 1), ("b", 2)}
+    assert make().release("app-1") == 2  # from any instance or process
+    assert cache.release("app-1") == 0
+    assert {(e.key, e.owners) for e in cache.entries()} == {("a", ()), ("b", ("app-2",))}
+    with pytest.raises(InvalidArgument):
+        cache.release("")
+
+
+def test_a_get_without_owner_is_referenced_until_close(fake: FakeCluster, make: Any) -> None:
+    fake.put("k", b"data")
+    cache = make()
+    cache.get("k")
+    [entry] = cache.entries()
+    assert entry.refs == 1 and entry.owners[0].startswith("instance:")
+    cache.close()
+    assert make().entries()[0].refs == 0
+    with pytest.raises(InvalidArgument, match="closed"):
+        cache.get("k")
+
+
+def test_references_of_dead_processes_are_stale(fake: FakeCluster, make: Any,
+                                               cache_dir: Path) -> None:
+    fake.put("k", b"data")
+    cache = make()
+    cache.get("k", owner="app")
+    refs = cache_dir / "blobs" / "k" / "refs"
+    [mine] = list(refs.iterdir())
+    record = json.loads(mine.read_text())
+    for name, change in (("restarted", {"start": record["start"] + 1}),
+                         ("rebooted", {"boot": "another-boot-id"}),
+                         ("gone", {"pid": 2**22 + 12345})):
+        (refs / f"o=app@{name}").write_text(json.dumps({**record, **change}))
+    assert cache.entries()[0].refs == 1
+    report = cache.cleanup()
+    assert report.stale_refs == 3
+    assert [p.name for p in refs.iterdir()] == [mine.name]
+
+
+# --------------------------------------------------------------------------------------------
+# Staged cleanup and eviction (scenario 19)
+# --------------------------------------------------------------------------------------------
+
+
+def test_an_unreferenced_entry_goes_on_the_second_pass_after_the_retention(
+    fake: FakeCluster, make: Any, clock: Clock, cache_dir: Path
+) -> None:
+    fake.put("k", b"data")
+    cache = make(retention_secs=100, soft_limit_bytes=0)
+    cache.get("k", owner="job")
+    assert cache.cleanup().staged == (), "referenced: not even staged"
+    cache.release("job")
+    clock.advance(1)
+    assert cache.cleanup().staged == (("k", 1),)
+    clock.advance(99.5)
+    report = cache.cleanup()
+    assert report.evicted == () and report.staged == ()
+    # Used again: back to stage one.
+    cache.get("k", owner="job")
+    cache.release("job")
+    clock.advance(1)
+    assert cache.cleanup().staged == (("k", 1),)
+    clock.advance(100)
+    assert cache.cleanup().evicted == (("k", 1),)
+    assert cache.version("k") is None
+    assert not (cache_dir / "blobs" / "k").exists()
+    assert not (cache_dir / "locks" / "k.lock").exists()
+    assert cache.stats().evictions == 1
+
+
+def test_lru_unreferenced_entries_go_first_referenced_never(fake: FakeCluster, make: Any,
+                                                           clock: Clock) -> None:
+    for key in ("k1", "k2", "k3", "k4"):
+        fake.put(key, bytes(100))
+    cache = make(soft_limit_bytes=250)
+    cache.get("k1", owner="job")
+    for key in ("k2", "k3", "k4", "k2"):  # k3 is now the least recently used
+        clock.advance(1)
+        cache.get(key, owner="tmp")
+    cache.release("tmp")
+    clock.advance(1)
+    first = cache.cleanup()
+    assert first.evicted == () and set(first.staged) == {("k2", 1), ("k3", 1), ("k4", 1)}
+    report = cache.cleanup()
+    assert report.evicted == (("k3", 1), ("k4", 1))
+    assert report.total_bytes == 200
+    assert {e.key for e in cache.entries()} == {"k1", "k2"}
+    tight = make(soft_limit_bytes=0)
+    tight.cleanup()
+    assert {e.key for e in tight.entries()} == {"k1"}, "the referenced entry is never evicted"
+
+
+def test_entries_deleted_remotely_go_first_even_below_the_limit(fake: FakeCluster, make: Any,
+                                                               clock: Clock) -> None:
+    fake.put("old", b"x" * 10)
+    fake.put("gone", b"y" * 10)
+    cache = make(update_interval_secs=0)
+    cache.get("old", owner="t")
+    clock.advance(1)
+    cache.get("gone", owner="t")
+    cache.release("t")
+    fake.delete("gone")
+    with pytest.raises(KeyNotFound):
+        cache.get("gone")
+    assert [e.key for e in cache.entries() if e.deleted_remotely] == ["gone"]
+    clock.advance(1)
+    cache.cleanup()
+    assert cache.cleanup().evicted == (("gone", 1),)
+    assert [e.key for e in cache.entries()] == ["old"]
+
+
+def test_over_the_limit_the_cluster_is_asked_which_keys_were_deleted(
+    fake: FakeCluster, make: Any, clock: Clock
+) -> None:
+    fake.put("a", b"x" * 100)
+    fake.put("b", b"y" * 100)
+    cache = make(soft_limit_bytes=150)
+    cache.get("a", owner="t")
+    clock.advance(1)
+    cache.get("b", owner="t")  # the most recently used...
+    cache.release("t")
+    fake.delete("b")  # ...but deleted remotely, which nobody asked about yet
+    clock.advance(1)
+    cache.cleanup()
+    assert cache.cleanup().evicted == (("b", 1),)
+
+
+def test_get_runs_cleanup_at_most_every_interval(fake: FakeCluster, make: Any, clock: Clock,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    fake.put("k", b"data")
+    cache = make(retention_secs=600)
+    passes: list[float] = []
+    real = cache._cleanup_pass
+    monkeypatch.setattr(cache, "_cleanup_pass", lambda: passes.append(clock()) or real())
+    for _ in range(3):
+        cache.get("k")
+        clock.advance(10)
+    assert len(passes) == 1, "the first get cleans, then not before 30 s"
+    cache.get("k")
+    assert len(passes) == 2
+    short = make(retention_secs=5)
+    real_short = short._cleanup_pass
+    monkeypatch.setattr(short, "_cleanup_pass", lambda: passes.append(clock()) or real_short())
+    short.get("k")
+    clock.advance(5)
+    short.get("k")
+    assert len(passes) == 4
+
+
+# --------------------------------------------------------------------------------------------
+# Restart (scenario 22)
+# --------------------------------------------------------------------------------------------
+
+
+def test_a_new_instance_rebuilds_the_index_from_disk(fake: FakeCluster, make: Any,
+                                                    cache_dir: Path) -> None:
+    fake.put("a", b"a" * 10)
+    fake.put("b.tgz", _tar({"x": b"1"}, "w:gz"))
+    first = make()
+    first.get("a", owner="app")
+    first.get("b.tgz", uncompress=True, owner="app")
+    before = first.entries()
+    first.close()
+
+    again = make()
+    assert again.entries() == before
+    assert again.version("a") == 1 and again.version("b.tgz") == 1
+    assert again.get("a").path.read_bytes() == b"a" * 10
+    assert (again.get("b.tgz", uncompress=True).path / "x").read_bytes() == b"1"
+    assert fake.downloads == 2
+    stats = again.stats()
+    assert (stats.downloads, stats.hits, stats.entries) == (2, 2, 2)
+    assert again.release("app") == 2
+
+
+# --------------------------------------------------------------------------------------------
+# Unpacking (scenario 18) and its safety
+# --------------------------------------------------------------------------------------------
+
+
+def _tar(files: dict[str, bytes], mode: str = "w") -> bytes:
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode=mode) as tf:  # type: ignore[call-overload]
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            info.mode = 0o755 if name.endswith(".sh") else 0o644
+            tf.addfile(info, io.BytesIO(data))
+    return out.getvalue()
+
+
+def _tar_members(*members: tuple[str, bytes, str, str]) -> bytes:
+    """Members as (name, data, type, linkname) with type one of f, d, sym, hard, chr, fifo."""
+    types = {"f": tarfile.REGTYPE, "d": tarfile.DIRTYPE, "sym": tarfile.SYMTYPE,
+             "hard": tarfile.LNKTYPE, "chr": tarfile.CHRTYPE, "fifo": tarfile.FIFOTYPE}
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w") as tf:
+        for name, data, kind, link in members:
+            info = tarfile.TarInfo(name)
+            info.type = types[kind]
+            info.linkname = link
+            info.size = len(data) if kind == "f" else 0
+            tf.addfile(info, io.BytesIO(data) if kind == "f" else None)
+    return out.getvalue()
+
+
+def _zip(files: dict[str, bytes], links: dict[str, str] | None = None) -> bytes:
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as zf:
+        for name, data in files.items():
+            zf.writestr(name, data)
+        for name, target in (links or {}).items():
+            info = zipfile.ZipInfo(name)
+            info.create_system = 3
+            info.external_attr = (stat.S_IFLNK | 0o777) << 16
+            zf.writestr(info, target)
+    return out.getvalue()
+
+
+TREE = {"top.txt": b"top", "dir/a.bin": b"\x00\x01", "dir/sub/run.sh": b"#!/bin/sh\n"}
+
+
+def _read_tree(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes()
+            for p in root.rglob("*") if p.is_file() and not p.is_symlink()}
+
+
+@pytest.mark.parametrize("key, data", [
+    ("lib.tgz", _tar(TREE, "w:gz")),
+    ("lib.tar.gz", _tar(TREE, "w:gz")),
+    ("lib.tar", _tar(TREE)),
+    ("lib.zip", _zip(TREE)),
+    ("lib.jar", _zip(TREE)),
+    ("no-extension-tar", _tar(TREE, "w:gz")),
+    ("no-extension-zip", _zip(TREE)),
+])
+def test_archives_unpack_to_the_expected_tree(fake: FakeCluster, make: Any, key: str,
+                                             data: bytes) -> None:
+    fake.put(key, data)
+    cache = make()
+    blob = cache.get(key, uncompress=True)
+    assert blob.path.is_dir() and blob.path.name == "unpacked"
+    assert _read_tree(blob.path) == TREE
+    if key.endswith(("tgz", "gz", "tar")):
+        assert (blob.path / "dir/sub/run.sh").stat().st_mode & 0o111
+    assert cache.get(key).path.read_bytes() == data, "the archive itself stays available"
+    assert cache.get(key, uncompress=True).path == blob.path
+    [entry] = cache.entries()
+    assert entry.unpacked == blob.path and entry.size == len(data) + sum(map(len, TREE.values()))
+
+
+def test_links_inside_the_tree_are_kept(fake: FakeCluster, make: Any) -> None:
+    fake.put("links.tar", _tar_members(
+        ("d/file", b"content", "f", ""),
+        ("d/hard", b"", "hard", "d/file"),
+        ("d/rel", b"", "sym", "file"),
+        ("up", b"", "sym", "d/../d/file"),
+        ("sub/dirlink", b"", "sym", "../d"),
+    ))
+    root = make().get("links.tar", uncompress=True).path
+    assert (root / "d/hard").read_bytes() == b"content"
+    assert os.readlink(root / "d/rel") == "file" and (root / "d/rel").read_bytes() == b"content"
+    assert (root / "up").read_bytes() == b"content"
+    assert (root / "sub/dirlink/file").read_bytes() == b"content"
+
+
+def _outside(tmp_path: Path) -> Path:
+    return tmp_path / "outside"
+
+
+# Extraction happens in cache/tmp/<instance>/x-*/: four levels below tmp_path.
+ESCAPE = "../../../../outside/evil"
+
+MALICIOUS_TARS = {
+    "dotdot": lambda out: _tar_members(("ok", b"1", "f", ""), (ESCAPE, b"evil", "f", "")),
+    "dotdot-inside": lambda out: _tar_members(("a/../../evil", b"evil", "f", "")),
+    "absolute": lambda out: _tar_members((str(out / "evil"), b"evil", "f", "")),
+    "symlink-to-etc-passwd": lambda out: _tar_members(("passwd", b"", "sym", "/etc/passwd")),
+    "symlink-relative-escape": lambda out: _tar_members(("up", b"", "sym", "../../../../..")),
+    "symlink-chain-escape": lambda out: _tar_members(
+        ("d/l", b"", "sym", ".."), ("e", b"", "sym", "d/l/../../../../outside")),
+    # Lexically inside ("d/l/.." is "d"), really the parent of the tree: only the file system
+    # can tell.
+    "symlink-chain-escape-hidden": lambda out: _tar_members(
+        ("d/l", b"", "sym", ".."), ("e", b"", "sym", "d/l/..")),
+    "write-through-symlink": lambda out: _tar_members(
+        ("link", b"", "sym", "."), ("link/evil", b"evil", "f", "")),
+    "hardlink-outside": lambda out: _tar_members(("h", b"", "hard", "/etc/passwd")),
+    "hardlink-dotdot": lambda out: _tar_members(("h", b"", "hard", ESCAPE)),
+    "hardlink-to-symlink": lambda out: _tar_members(
+        ("s", b"", "sym", "x"), ("h", b"", "hard", "s")),
+    "device": lambda out: _tar_members(("null", b"", "chr", "")),
+    "fifo": lambda out: _tar_members(("pipe", b"", "fifo", "")),
+}
+
+MALICIOUS_ZIPS = {
+    "dotdot": lambda out: _zip({ESCAPE: b"evil"}),
+    "backslash-dotdot": lambda out: _zip({"..\\..\\..\\..\\outside\\evil": b"evil"}),
+    "absolute": lambda out: _zip({str(out / "evil"): b"evil"}),
+    "symlink-to-etc-passwd": lambda out: _zip({}, {"passwd": "/etc/passwd"}),
+    "symlink-escape": lambda out: _zip({}, {"up": "../../../../outside"}),
+}
+
+
+@pytest.mark.parametrize("kind, name", [("tar", n) for n in MALICIOUS_TARS]
+                         + [("zip", n) for n in MALICIOUS_ZIPS])
+def test_malicious_archives_are_refused_and_nothing_is_written_outside(
+    fake: FakeCluster, make: Any, tmp_path: Path, cache_dir: Path, kind: str, name: str
+) -> None:
+    outside = _outside(tmp_path)
+    outside.mkdir()
+    build = MALICIOUS_TARS[name] if kind == "tar" else MALICIOUS_ZIPS[name]
+    key = f"evil-{name}.{kind}"
+    fake.put(key, build(outside))
+    cache = make()
+    with pytest.raises(InvalidArgument, match="refusing to unpack"):
+        cache.get(key, uncompress=True)
+    assert list(outside.iterdir()) == []
+    assert not (cache_dir / "blobs" / key / "v1" / "unpacked").exists()
+    assert scratch_files(cache_dir) == [] and not any(
+        p.is_symlink() for p in (cache_dir / "tmp").rglob("*"))
+    assert cache.get(key).path.is_file(), "the blob itself is still served"
+
+
+def test_non_archives_cannot_be_unpacked(fake: FakeCluster, make: Any) -> None:
+    fake.put("plain.bin", b"not an archive")
+    fake.put("liar.zip", _tar(TREE))
+    cache = make()
+    with pytest.raises(InvalidArgument, match="neither a tar"):
+        cache.get("plain.bin", uncompress=True)
+    with pytest.raises(InvalidArgument, match="not a zip archive"):
+        cache.get("liar.zip", uncompress=True)
+
+
+def test_a_truncated_archive_is_refused(fake: FakeCluster, make: Any) -> None:
+    data = _tar({"f": os.urandom(50_000)}, "w:gz")
+    fake.put("cut.tgz", data[: len(data) // 2])
+    with pytest.raises(InvalidArgument, match=r"cut\.tgz"):
+        make().get("cut.tgz", uncompress=True)
+
+
+# --------------------------------------------------------------------------------------------
+# Names, arguments, directory
+# --------------------------------------------------------------------------------------------
+
+
+def test_unusual_keys_get_safe_names(fake: FakeCluster, make: Any) -> None:
+    long_key = "x" * 300 + ".tar.gz"
+    for key in ("données 2024.csv", long_key, ".hidden", "-dash"):
+        fake.put(key, key.encode())
+    cache = make()
+    for key in ("données 2024.csv", ".hidden", "-dash"):
+        assert cache.get(key).path.name == key
+    path = cache.get(long_key).path
+    assert path.name.startswith("h-") and path.name.endswith(".tar.gz")
+    assert path.read_bytes() == long_key.encode()
+    assert {e.key for e in cache.entries()} == {"données 2024.csv", long_key, ".hidden", "-dash"}
+
+
+@pytest.mark.parametrize("kw", [{"soft_limit_bytes": -1}, {"retention_secs": -1.0},
+                                {"update_interval_secs": float("nan")}])
+def test_bad_settings_are_refused(fake: FakeCluster, cache_dir: Path, kw: dict[str, Any]) -> None:
+    with pytest.raises(InvalidArgument):
+        BlobCache(cache_dir, client=fake.client(), **kw)  # type: ignore[arg-type]
+
+
+def test_cluster_and_user_arguments(fake: FakeCluster, cache_dir: Path,
+                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("BLOBHA_CLUSTER", raising=False)
+    with pytest.raises(InvalidArgument, match="BLOBHA_CLUSTER"):
+        BlobCache(cache_dir)
+    with pytest.raises(InvalidArgument, match="differs"):
+        BlobCache(cache_dir, client=fake.client("alice"), user="bob")  # type: ignore[arg-type]
+    monkeypatch.setenv("BLOBHA_CLUSTER", "127.0.0.1:1")
+    with BlobCache(cache_dir, user="carol") as c:
+        assert c.user == "carol"
+
+
+def test_a_foreign_directory_is_not_adopted(fake: FakeCluster, tmp_path: Path) -> None:
+    (tmp_path / "home").mkdir()
+    (tmp_path / "home" / "notes.txt").write_text("mine")
+    with pytest.raises(InvalidArgument, match="not a blobha cache"):
+        BlobCache(tmp_path / "home", client=fake.client())  # type: ignore[arg-type]
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "LAYOUT").write_text("blobha-cache 99\n")
+    with pytest.raises(InvalidArgument, match="another format"):
+        BlobCache(tmp_path / "other", client=fake.client())  # type: ignore[arg-type]
+
+
+def test_bad_keys_and_owners_are_refused(fake: FakeCluster, make: Any) -> None:
+    cache = make()
+    with pytest.raises(InvalidArgument):
+        cache.get("a/b")
+    with pytest.raises(InvalidArgument):
+        cache.get("k", owner="")
+
+
+def test_an_instance_refuses_to_work_in_a_forked_child(fake: FakeCluster, make: Any,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    fake.put("k", b"data")
+    cache = make()
+    parent = os.getpid()
+    monkeypatch.setattr(os, "getpid", lambda: parent + 1)
+    with pytest.raises(InvalidArgument, match="forked child"):
+        cache.get("k")
+    assert fake.meta_calls == 0
+
+
+def test_an_injected_client_is_left_open(fake: FakeCluster,
+                                                        cache_dir: Path) -> None:
+    client = fake.client()
+    with BlobCache(cache_dir, client=client):  # type: ignore[arg-type]
+        pass
+    assert not client.closed, "an injected client belongs to the caller"
+
+
+def test_default_cache_dir(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("BLOBHA_CACHE_DIR", str(tmp_path / "c"))
+    assert cache_mod.default_cache_dir() == tmp_path / "c"
+    monkeypatch.delenv("BLOBHA_CACHE_DIR")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert cache_mod.default_cache_dir() == tmp_path / ".cache" / "blobha"
+
+
+# --------------------------------------------------------------------------------------------
+# blobha fetch
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def fetch(fake: FakeCluster, monkeypatch: pytest.MonkeyPatch,
+          capsys: pytest.CaptureFixture[str]) -> Callable[..., tuple[int, str, str]]:
+    monkeypatch.setattr(cli, "client_factory",
+                        lambda cluster, user: fake.client(user or "alice"))
+
+    def run(*argv: str) -> tuple[int, str, str]:
+        code = cli.main(["fetch", *argv])
+        out = capsys.readouterr()
+        return code, out.out, out.err
+
+    return run
+
+
+def test_fetch_prints_key_version_path(fake: FakeCluster, fetch: Any, cache_dir: Path) -> None:
+    fake.put("a", b"A")
+    fake.put("b.zip", _zip({"f": b"F"}))
+    code, out, err = fetch("a", "b.zip", "--cache-dir", str(cache_dir))
+    assert (code, err) == (0, "")
+    lines = [line.split("\t") for line in out.splitlines()]
+    assert [(k, v) for k, v, _ in lines] == [("a", "1"), ("b.zip", "1")]
+    assert Path(lines[0][2]).read_bytes() == b"A"
+    code, out, _ = fetch("b.zip", "--cache-dir", str(cache_dir), "--uncompress", "--json")
+    assert code == 0
+    [item] = json.loads(out)
+    assert item["key"] == "b.zip" and item["version"] == 1
+    assert (Path(item["path"]) / "f").read_bytes() == b"F"
+    assert fake.downloads == 2
+
+
+def test_fetch_uses_blobha_cache_dir(fake: FakeCluster, fetch: Any, tmp_path: Path,
+                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    fake.put("a", b"A")
+    monkeypatch.setenv("BLOBHA_CACHE_DIR", str(tmp_path / "env-cache"))
+    code, out, _ = fetch("a")
+    assert code == 0 and out.split("\t")[2].strip().startswith(str(tmp_path / "env-cache"))
+
+
+def test_fetch_errors_are_one_line_with_the_usual_exit_codes(fake: FakeCluster, fetch: Any,
+                                                            cache_dir: Path) -> None:
+    fake.put("secret", b"s", readers={"alice"})
+    fake.put("plain", b"p")
+    code, out, err = fetch("missing", "--cache-dir", str(cache_dir))
+    assert code == KeyNotFound.exit_code and out == ""
+    assert err.startswith("blobha: error:") and err.count("\n") == 1
+    code, _, err = fetch("secret", "--cache-dir", str(cache_dir), "--user", "bob")
+    assert code == NotAuthorized.exit_code and "bob" in err
+    code, _, err = fetch("plain", "--cache-dir", str(cache_dir), "--uncompress")
+    assert code == InvalidArgument.exit_code and err.count("\n") == 1
+    code, _, _ = fetch("--cache-dir", str(cache_dir))
+    assert code == 2
