@@ -275,12 +275,27 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = command("bench", "measure this cluster against same-run baselines", _cmd_bench)
     p.add_argument("--local", action="store_true",
-                   help="start a throw-away local cluster (needed for the failover metrics)")
+                   help="start a throw-away local cluster (needed for failover and scale)")
     p.add_argument("--json", action="store_true", help="one JSON object per metric")
-    p.add_argument("--count", type=_positive_int, default=50, metavar="N",
-                   help="blobs for the replication latency (default 50)")
-    p.add_argument("--size", type=_positive_int, default=1024 * 1024, metavar="BYTES",
-                   help="size of each blob (default 1 MiB)")
+    p.add_argument("--size-mb", type=_positive_int, default=1024, metavar="MIB",
+                   help="size of the upload/download/replication blob (default 1024)")
+    p.add_argument("--count", type=_positive_int, default=100, metavar="N",
+                   help="1 MiB creates for the replication latency (default 100)")
+    p.add_argument("--small-ops-seconds", type=_seconds, default=10.0, metavar="SECONDS",
+                   help="duration of each small-operation run (default 10)")
+    p.add_argument("--scale-keys", type=_positive_int, default=100_000, metavar="N",
+                   help="keys in the cluster for the scale metrics (default 100000)")
+    p.add_argument("--repeat", type=_positive_int, default=3, metavar="N",
+                   help="rounds of the big-blob metrics; medians are reported (default 3)")
+    p.add_argument("--metrics", metavar="NAME[,NAME...]",
+                   help="run only these: upload_mbps, replication_1g_s, download_mbps,"
+                        " replication_latency_ms, small_ops_per_s, failover_term_s,"
+                        " failover_kill_s, scale (default: all)")
+    p.add_argument("--zookeeper", metavar="HOST:PORT",
+                   help="a remote cluster's ZooKeeper, for the ZooKeeper baselines")
+    p.add_argument("--baseline-dir", metavar="DIR",
+                   help="where the disk baselines write for a remote cluster (default: a"
+                        " temporary directory)")
     return parser
 
 
@@ -677,11 +692,14 @@ def _cmd_local_cluster(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    run: Callable[[str | None, bool, bool, int, int], int] = _load(
-        "blobha.bench", "main", "run the benchmark"
-    )
+    run: Callable[..., int] = _load("blobha.bench", "main", "run the benchmark")
     cluster = None if args.local else (args.cluster or os.environ.get("BLOBHA_CLUSTER"))
-    return int(run(cluster, args.local, args.json, args.count, args.size))
+    return int(run(
+        cluster, args.local, args.json, count=args.count, size_mb=args.size_mb,
+        small_ops_seconds=args.small_ops_seconds, scale_keys=args.scale_keys,
+        repeat=args.repeat, metrics=args.metrics, zookeeper=args.zookeeper,
+        baseline_dir=args.baseline_dir,
+    ))
 
 
 def _load(module: str, name: str, purpose: str) -> Any:

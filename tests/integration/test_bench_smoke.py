@@ -1,0 +1,61 @@
+"""``blobha bench --local --json`` end to end, tiny sizes: every metric is there, with a
+baseline and a ratio. Structure only: how fast things are belongs to the benchmark itself, not
+to a pass/fail test on a shared, noisy machine."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+BLOBHA = str(Path(sys.executable).with_name("blobha"))
+
+EXPECTED = {
+    "upload_mbps", "replication_1g_s", "download_mbps",
+    "replication_latency_ms_p50", "replication_latency_ms_p99",
+    "small_ops_per_s_create_c1", "small_ops_per_s_create_c8",
+    "small_ops_per_s_read_c1", "small_ops_per_s_read_c8",
+    "failover_term_s", "failover_kill_s",
+    "scale_create_per_s", "scale_keys", "scale_leader_rss_mib", "scale_leader_rss_per_key_b",
+    "scale_follower_rss_mib", "scale_follower_rss_per_key_b", "scale_zk_watches",
+    "scale_zk_znodes", "scale_list_s", "scale_catchup_s",
+}
+# RSS growth per key over a few hundred keys can be zero or negative (the allocator reuses
+# memory freed by earlier phases); only its presence and a baseline are checked.
+MAY_BE_NON_POSITIVE = {"scale_leader_rss_per_key_b", "scale_follower_rss_per_key_b"}
+
+
+def test_bench_local_json_reports_every_metric_with_baseline_and_ratio(tmp_path: Path) -> None:
+    started = time.monotonic()
+    proc = subprocess.run(
+        [BLOBHA, "bench", "--local", "--json", "--size-mb", "4", "--count", "5",
+         "--small-ops-seconds", "0.5", "--scale-keys", "150", "--repeat", "1"],
+        capture_output=True, text=True, timeout=240, cwd=tmp_path,
+        env={**os.environ, "TMPDIR": str(tmp_path)},
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    metrics = json.loads(proc.stdout)
+    by_name = {m["name"]: m for m in metrics}
+    assert set(by_name) == EXPECTED, proc.stderr[-2000:]
+    assert len(metrics) == len(by_name)  # one object per metric
+    for m in metrics:
+        assert set(m) == {"name", "value", "unit", "baseline_name", "baseline_value", "ratio"}
+        assert m["unit"] and m["baseline_name"], m
+        assert isinstance(m["value"], (int, float)) and math.isfinite(m["value"]), m
+        if m["name"] not in MAY_BE_NON_POSITIVE:
+            assert m["value"] > 0, m
+        assert m["baseline_value"] > 0, m
+        assert isinstance(m["ratio"], (int, float)), m
+        assert m["ratio"] == pytest.approx(m["value"] / m["baseline_value"], rel=1e-3, abs=1e-4)
+    assert by_name["scale_keys"]["value"] >= 150
+    # The run cleans up after itself: the throw-away cluster's directory is gone.
+    assert not list(tmp_path.glob("blobha-bench-*"))
+    print(f"bench smoke took {time.monotonic() - started:.1f} s")

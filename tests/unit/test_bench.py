@@ -1,0 +1,297 @@
+"""``blobha bench``'s pure parts: statistics, formatting, parsing, options, the load driver.
+
+No cluster here: the end-to-end run is tests/integration/test_bench_smoke.py.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from blobha import bench, cli
+from blobha.bench import (
+    LOCAL_ONLY,
+    METRIC_GROUPS,
+    BenchOptions,
+    Driver,
+    Metric,
+    format_json,
+    format_number,
+    format_table,
+    mb_per_s,
+    parse_metrics,
+    parse_mntr,
+    parse_vmrss_kib,
+    parse_wchs,
+    percentile,
+)
+
+# ---- statistics --------------------------------------------------------------------------
+
+
+def test_percentile_nearest_rank() -> None:
+    values = [float(v) for v in range(1, 101)]  # 1..100
+    assert percentile(values, 0) == 1
+    assert percentile(values, 50) == 51  # round(49.5) -> 50 (banker's), index 50 -> 51
+    assert percentile(values, 99) == 99
+    assert percentile(values, 100) == 100
+
+
+def test_percentile_ignores_order_and_handles_one_value() -> None:
+    assert percentile([3.0, 1.0, 2.0], 50) == 2.0
+    assert percentile([7.0], 99) == 7.0
+
+
+def test_percentile_of_nothing_is_an_error() -> None:
+    with pytest.raises(ValueError):
+        percentile([], 50)
+
+
+def test_mb_per_s_is_decimal_megabytes_like_dd() -> None:
+    assert mb_per_s(1_000_000, 1.0) == 1.0
+    assert mb_per_s(1024 * 1024 * 1024, 2.0) == pytest.approx(536.87, rel=1e-3)
+    assert mb_per_s(10, 0.0) == math.inf
+
+
+# ---- metrics and output ------------------------------------------------------------------
+
+
+def test_ratio_is_value_over_baseline() -> None:
+    m = Metric("upload_mbps", 300.0, "MB/s", "disk_fdatasync_write_mbps", 400.0)
+    assert m.ratio == 0.75
+    assert m.as_dict() == {
+        "name": "upload_mbps", "value": 300.0, "unit": "MB/s",
+        "baseline_name": "disk_fdatasync_write_mbps", "baseline_value": 400.0, "ratio": 0.75,
+    }
+
+
+@pytest.mark.parametrize("baseline", [0.0, math.nan, math.inf])
+def test_no_usable_baseline_means_no_ratio(baseline: float) -> None:
+    m = Metric("x", 1.0, "s", "b", baseline)
+    assert math.isnan(m.ratio)
+    assert m.as_dict()["ratio"] is None
+
+
+def test_json_is_valid_json_one_object_per_metric() -> None:
+    metrics = [Metric("a", 1.0, "s", "b", 2.0), Metric("c", 3.0, "ms", "d", 0.0)]
+    parsed = json.loads(format_json(metrics))  # no NaN literals: strict JSON parses it
+    assert [o["name"] for o in parsed] == ["a", "c"]
+    assert parsed[0]["ratio"] == 0.5 and parsed[1]["ratio"] is None
+    for o in parsed:
+        assert set(o) == {"name", "value", "unit", "baseline_name", "baseline_value", "ratio"}
+
+
+@pytest.mark.parametrize(("value", "text"), [
+    (12345.6, "12,346"), (1000.0, "1,000"), (123.45, "123.5"), (10.0, "10.0"),
+    (1.23456, "1.235"), (0.0004, "0.000"), (-15.0, "-15.0"), (math.nan, "-"), (math.inf, "-"),
+])
+def test_format_number(value: float, text: str) -> None:
+    assert format_number(value) == text
+
+
+def test_table_aligns_columns_and_shows_ratios() -> None:
+    table = format_table([
+        Metric("upload_mbps", 350.0, "MB/s", "disk_fdatasync_write_mbps", 367.0),
+        Metric("failover_kill_s", 6.5, "s", "session_timeout_s", 6.0),
+        Metric("no_baseline", 2.0, "s", "", 0.0),
+    ])
+    lines = table.splitlines()
+    assert lines[0].split()[:3] == ["metric", "value", "unit"]
+    assert set(lines[1].replace(" ", "")) == {"-"}
+    assert "0.95x" in lines[2] and "1.08x" in lines[3]
+    assert lines[4].split()[-3:] == ["-", "-", "-"]
+    # Right-aligned numbers: the value column ends at the same place on every row.
+    ends = {line.index(v) + len(v) for line, v in zip(lines[2:4], ["350.0", "6.500"],
+                                                      strict=True)}
+    assert len(ends) == 1
+
+
+# ---- ZooKeeper and /proc parsing ---------------------------------------------------------
+
+
+def test_parse_wchs() -> None:
+    assert parse_wchs("3 connections watching 200005 paths\nTotal watches:400010\n") == 400010
+    with pytest.raises(ValueError):
+        parse_wchs("wchs is not executed because it is not in the whitelist.\n")
+
+
+def test_parse_mntr() -> None:
+    text = "zk_version\t3.8.0-abc, built on x\nzk_znode_count\t1217\nzk_approximate_data_size\t9\n"
+    stats = parse_mntr(text)
+    assert stats["zk_znode_count"] == "1217"
+    assert stats["zk_version"].startswith("3.8.0")
+    assert parse_mntr("garbage without tabs") == {}
+
+
+def test_parse_vmrss() -> None:
+    status = "Name:\tpython\nVmPeak:\t  900 kB\nVmRSS:\t   76800 kB\nThreads:\t12\n"
+    assert parse_vmrss_kib(status) == 76800
+    with pytest.raises(ValueError):
+        parse_vmrss_kib("Name:\tkthreadd\n")
+
+
+def test_rss_of_this_process_is_positive() -> None:
+    import os
+
+    assert bench.rss_kib(os.getpid()) > 0
+
+
+# ---- options -----------------------------------------------------------------------------
+
+
+def test_parse_metrics_default_and_subset_in_run_order() -> None:
+    assert parse_metrics(None) == METRIC_GROUPS
+    assert parse_metrics("all") == METRIC_GROUPS
+    assert parse_metrics(" scale , upload_mbps,scale") == ("upload_mbps", "scale")
+
+
+def test_parse_metrics_rejects_unknown_names() -> None:
+    with pytest.raises(ValueError, match="unknown metric upload; choose from upload_mbps"):
+        parse_metrics("upload,scale")
+
+
+def test_options_validation() -> None:
+    BenchOptions().check(local=True, explicit_metrics=False)
+    # A remote run simply skips the local-only groups unless they were asked for by name.
+    BenchOptions().check(local=False, explicit_metrics=False)
+    with pytest.raises(ValueError, match="failover_kill_s, scale need a cluster of our own"):
+        BenchOptions(metrics=("failover_kill_s", "scale")).check(False, explicit_metrics=True)
+    with pytest.raises(ValueError, match="positive"):
+        BenchOptions(small_ops_seconds=0).check(True, False)
+    with pytest.raises(ValueError, match="at least 1"):
+        BenchOptions(size_mb=0).check(True, False)
+    with pytest.raises(ValueError, match="at least 1"):
+        BenchOptions(repeat=0).check(True, False)
+    assert {"failover_term_s", "failover_kill_s", "scale"} == LOCAL_ONLY
+
+
+def test_cli_bench_options_reach_main(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: dict[str, Any] = {}
+
+    def fake_main(cluster: str | None, local: bool, as_json: bool, **kw: Any) -> int:
+        seen.update(cluster=cluster, local=local, as_json=as_json, **kw)
+        return 0
+
+    monkeypatch.setattr(bench, "main", fake_main)
+    assert cli.main(["bench", "--local", "--json", "--size-mb", "4", "--count", "5",
+                     "--small-ops-seconds", "0.5", "--scale-keys", "200", "--repeat", "1",
+                     "--metrics", "scale,upload_mbps"]) == 0
+    assert seen == {
+        "cluster": None, "local": True, "as_json": True, "count": 5, "size_mb": 4,
+        "small_ops_seconds": 0.5, "scale_keys": 200, "repeat": 1,
+        "metrics": "scale,upload_mbps", "zookeeper": None, "baseline_dir": None,
+    }
+
+
+def test_cli_bench_defaults_are_the_full_benchmark(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: dict[str, Any] = {}
+    monkeypatch.setattr(bench, "main", lambda *a, **kw: seen.update(kw) or 0)
+    monkeypatch.setenv("BLOBHA_CLUSTER", "m1:6627")
+    assert cli.main(["bench"]) == 0
+    assert (seen["size_mb"], seen["count"], seen["scale_keys"]) == (1024, 100, 100_000)
+    assert seen["repeat"] == 3
+    assert seen["small_ops_seconds"] == 10.0 and seen["metrics"] is None
+
+
+@pytest.mark.parametrize("argv", [
+    ["bench", "--size-mb", "0"], ["bench", "--count", "-1"], ["bench", "--scale-keys", "x"],
+    ["bench", "--small-ops-seconds", "soon"], ["bench", "--repeat", "0"],
+])
+def test_cli_bench_rejects_bad_numbers(argv: list[str]) -> None:
+    assert cli.main(argv) == cli.EXIT_USAGE
+
+
+def test_main_usage_errors_before_touching_any_cluster(capsys: pytest.CaptureFixture[str]
+                                                      ) -> None:
+    assert bench.main(None, local=False, as_json=False) == 2
+    assert "give --local or --cluster" in capsys.readouterr().err
+    assert bench.main("m1:6627", local=False, as_json=False, metrics="nope") == 2
+    assert "unknown metric nope" in capsys.readouterr().err
+    assert bench.main("m1:6627", local=False, as_json=False, metrics="scale") == 2
+    assert "scale need a cluster of our own: add --local" in capsys.readouterr().err
+
+
+# ---- load driver and machine baselines ---------------------------------------------------
+
+
+def _driver(op: Any, opened: list[int] | None = None) -> Driver[int]:
+    count = iter(range(1000))
+
+    def open_conn() -> int:
+        n = next(count)
+        if opened is not None:
+            opened.append(n)
+        return n
+
+    return Driver(open_conn, lambda c: None, op)
+
+
+def test_driver_total_runs_each_sequence_number_once() -> None:
+    seen: list[int] = []
+    lock = threading.Lock()
+
+    def op(conn: int, i: int) -> None:
+        with lock:
+            seen.append(i)
+
+    opened: list[int] = []
+    result = _driver(op, opened).run(4, total=100)
+    assert sorted(seen) == list(range(100))
+    assert result.ops == 100 and len(result.latencies_ms) == 100
+    assert len(opened) == 4  # one connection per thread
+    assert result.rate > 0
+
+
+def test_driver_for_a_time_stops_at_the_deadline() -> None:
+    import time
+
+    result = _driver(lambda c, i: time.sleep(0.01)).run(2, seconds=0.2)
+    assert 0.2 <= result.secs < 2.0
+    assert 2 <= result.ops <= 60
+
+
+def test_driver_keeps_going_when_one_thread_fails_after_some_work() -> None:
+    def op(conn: int, i: int) -> None:
+        if i == 5:
+            raise RuntimeError("boom")
+
+    result = _driver(op).run(1, total=50)
+    assert result.ops == 5 and len(result.errors) == 1
+
+
+def test_driver_raises_when_nothing_succeeded() -> None:
+    def op(conn: int, i: int) -> None:
+        raise RuntimeError("always")
+
+    with pytest.raises(RuntimeError, match="always"):
+        _driver(op).run(3, total=10)
+
+
+def test_driver_raises_when_a_connection_cannot_open() -> None:
+    def bad_open() -> int:
+        raise ConnectionError("no server")
+
+    with pytest.raises(ConnectionError):
+        Driver(bad_open, lambda c: None, lambda c, i: None).run(3, seconds=1)
+
+
+def test_driver_needs_a_bound() -> None:
+    with pytest.raises(ValueError):
+        _driver(lambda c, i: None).run(1)
+
+
+def test_pattern_has_the_size_asked_for() -> None:
+    data = bench.pattern(3 * 1024 * 1024 + 5)
+    assert len(data) == 3 * 1024 * 1024 + 5
+    assert len(set(data[:4096])) > 200  # random, not zeros
+
+
+def test_disk_write_baseline_cleans_up(tmp_path: Path) -> None:
+    secs = bench.disk_write_secs(tmp_path, 3 * 1024 * 1024 + 7, block=1024 * 1024)
+    assert secs > 0
+    assert list(tmp_path.iterdir()) == []
