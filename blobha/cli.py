@@ -273,6 +273,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="first master's port; the others follow (0 = any free ports)")
     p.add_argument("--zookeeper-home", metavar="DIR", help="a ZooKeeper installation to use")
 
+    # Listed for --help; main() hands the arguments to blobha.spark.submit_main directly.
+    p = command("spark-submit", "wait for blobs' replication, then run spark-submit"
+                " (blobha spark-submit --help)", _cmd_spark_submit)
+    p.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+
     p = command("bench", "measure this cluster against same-run baselines", _cmd_bench)
     p.add_argument("--local", action="store_true",
                    help="start a throw-away local cluster (needed for failover and scale)")
@@ -691,6 +696,12 @@ def _cmd_local_cluster(args: argparse.Namespace) -> int:
     return int(run(args.nodes, args.data_dir, args.base_port, args.zookeeper_home))
 
 
+def _cmd_spark_submit(args: argparse.Namespace) -> int:
+    # Reached only when global options came first; the launcher takes its own --cluster/--user.
+    args.parser.error("put 'spark-submit' first: blobha spark-submit [--cluster ...] ... -- ...")
+    return EXIT_USAGE
+
+
 def _cmd_bench(args: argparse.Namespace) -> int:
     run: Callable[..., int] = _load("blobha.bench", "main", "run the benchmark")
     cluster = None if args.local else (args.cluster or os.environ.get("BLOBHA_CLUSTER"))
@@ -739,6 +750,18 @@ def _silence_stdout() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the command line; returns the exit status (see the module docstring)."""
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["spark-submit"]:
+        # Its arguments (ours, then spark-submit's after "--") are the launcher's to parse;
+        # argparse would try to read spark-submit's options as blobha's.
+        submit: Callable[[list[str]], int] = _load(
+            "blobha.spark", "submit_main", "launch spark-submit (install 'blobha[spark]')"
+        )
+        try:
+            return int(submit(argv[1:]))
+        except BlobError as exc:
+            _fail(str(exc) or type(exc).__name__)
+            return exc.exit_code
     parser = build_parser()
     try:
         args = parser.parse_args(argv)

@@ -495,3 +495,10 @@ def test_no_progress_bar_when_stderr_is_not_a_terminal(
     src.write_bytes(b"abc")
     assert cli.main(["create", "k", "-f", str(src)]) == 0
     assert capsys.readouterr().err == ""
+
+
+def test_spark_submit_goes_to_the_launcher(capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("pyspark")
+    assert cli.main(["spark-submit", "--help"]) == 0
+    assert "SPARK_SUBMIT_ARGS" in capsys.readouterr().out
+    assert cli.main(["--user", "x", "spark-submit", "--blob", "k"]) == 2

@@ -1,0 +1,121 @@
+"""Helpers shared by the tests/spark modules (imported by name: pytest puts this directory on
+sys.path, and tests/integration/conftest.py is not visible from here, so the few helpers needed
+are copied rather than imported)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+
+from blobha.localcluster import LocalCluster
+
+T = TypeVar("T")
+
+#: As tests/integration/conftest.py: failures show up fast enough for tests.
+FAST: dict[str, Any] = {
+    "zookeeper.session.timeout.ms": 4000,
+    "blobstore.upload.expiration.secs": 3,
+    "blobstore.delete.grace.secs": 0.5,
+    "blobstore.replica.grace.secs": 2.0,
+    "blobstore.sync.period.secs": 5.0,
+    "blobstore.disk.reserved.bytes": 0,
+    "admins": ["admin"],
+}
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "deploy" / "examples"
+
+
+def require_spark() -> None:
+    """Skip the module when PySpark or Java is missing (the 'spark' extra is optional)."""
+    pytest.importorskip("pyspark")
+    if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
+        pytest.skip("no Java runtime for Spark")
+
+
+def wait_until(condition: Callable[[], T], timeout: float, what: str, interval: float = 0.05) -> T:
+    """Poll ``condition`` until it returns something truthy; fail the test at the deadline."""
+    deadline = time.monotonic() + timeout
+    last: object = None
+    while True:
+        try:
+            result = condition()
+            if result:
+                return result
+            last = result
+        except Exception as e:  # the condition may fail while things converge
+            last = e
+        if time.monotonic() >= deadline:
+            pytest.fail(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
+        time.sleep(interval)
+
+
+@contextmanager
+def running_cluster(root: Path, nodes: int = 3, **overrides: Any) -> Iterator[LocalCluster]:
+    cluster = LocalCluster(root, nodes=nodes, base_port=0, overrides={**FAST, **overrides})
+    try:
+        cluster.start()
+        yield cluster
+    except BaseException:
+        for m in cluster.masters:
+            try:
+                tail = m.log_path.read_text(errors="replace").splitlines()[-30:]
+            except OSError:
+                continue
+            print(f"\n----- {m.address} -----\n" + "\n".join(tail))
+        raise
+    finally:
+        cluster.stop()
+
+
+def spark_env(work: Path) -> dict[str, str]:
+    """Environment every Spark JVM and Python worker of the tests needs: this interpreter
+    (which has blobha installed) for the workers, and standalone workers' scratch space in a
+    temp dir instead of the pyspark package directory."""
+    return {
+        "PYSPARK_PYTHON": sys.executable,
+        "PYSPARK_DRIVER_PYTHON": sys.executable,
+        "SPARK_WORKER_DIR": str(work),
+        "SPARK_LOCAL_DIRS": str(work / "local"),
+    }
+
+
+#: Conf that keeps test JVMs small and quiet.
+QUIET_CONF: dict[str, str] = {
+    "spark.ui.enabled": "false",
+    "spark.ui.showConsoleProgress": "false",
+    "spark.sql.shuffle.partitions": "4",
+    "spark.driver.memory": "768m",
+    "spark.executor.memory": "768m",
+}
+
+
+def new_session(master: str, name: str, **conf: str) -> Any:
+    from pyspark.sql import SparkSession
+
+    builder = SparkSession.builder.master(master).appName(name)
+    for k, v in {**QUIET_CONF, **conf}.items():
+        builder = builder.config(k, v)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def file_sha256(path: str | os.PathLike[str]) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
