@@ -159,7 +159,7 @@ def test_options_validation() -> None:
     BenchOptions().check(local=True, explicit_metrics=False)
     # A remote run simply skips the local-only groups unless they were asked for by name.
     BenchOptions().check(local=False, explicit_metrics=False)
-    with pytest.raises(ValueError, match="failover_kill_s, scale need a cluster of our own"):
+    with pytest.raises(ValueError, match="failover_kill_s, scale: only with a cluster of our own"):
         BenchOptions(metrics=("failover_kill_s", "scale")).check(False, explicit_metrics=True)
     with pytest.raises(ValueError, match="positive"):
         BenchOptions(small_ops_seconds=0).check(True, False)
@@ -213,7 +213,7 @@ def test_main_usage_errors_before_touching_any_cluster(capsys: pytest.CaptureFix
     assert bench.main("m1:6627", local=False, as_json=False, metrics="nope") == 2
     assert "unknown metric nope" in capsys.readouterr().err
     assert bench.main("m1:6627", local=False, as_json=False, metrics="scale") == 2
-    assert "scale need a cluster of our own: add --local" in capsys.readouterr().err
+    assert "scale: only with a cluster of our own; add --local" in capsys.readouterr().err
 
 
 # ---- load driver and machine baselines ---------------------------------------------------
