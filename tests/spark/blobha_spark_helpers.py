@@ -78,14 +78,34 @@ def running_cluster(root: Path, nodes: int = 3, **overrides: Any) -> Iterator[Lo
 
 def spark_env(work: Path) -> dict[str, str]:
     """Environment every Spark JVM and Python worker of the tests needs: this interpreter
-    (which has blobha installed) for the workers, and standalone workers' scratch space in a
-    temp dir instead of the pyspark package directory."""
+    (which has blobha installed) for the workers, and scratch space in a temp dir."""
     return {
         "PYSPARK_PYTHON": sys.executable,
         "PYSPARK_DRIVER_PYTHON": sys.executable,
-        "SPARK_WORKER_DIR": str(work),
         "SPARK_LOCAL_DIRS": str(work / "local"),
     }
+
+
+def spark_home() -> Path:
+    home = os.environ.get("SPARK_HOME")
+    if home:
+        return Path(home)
+    import pyspark
+
+    return Path(pyspark.__file__).parent
+
+
+def stop_session(spark: Any) -> None:
+    """Stop the application, and remove what local-cluster workers keep of it (executor logs,
+    fetched files) under <spark home>/work: inside site-packages for pip's pyspark, and no
+    setting moves it."""
+    sc = spark.sparkContext
+    if getattr(sc, "_jsc", None) is None:
+        return  # stopped already
+    app_id, master = sc.applicationId, sc.master
+    spark.stop()
+    if (master or "").startswith("local-cluster"):
+        shutil.rmtree(spark_home() / "work" / app_id, ignore_errors=True)
 
 
 #: Conf that keeps test JVMs small and quiet.

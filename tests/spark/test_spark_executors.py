@@ -26,6 +26,7 @@ from blobha_spark_helpers import (
     running_cluster,
     sha256,
     spark_env,
+    stop_session,
     wait_until,
 )
 
@@ -106,7 +107,7 @@ def app1(
         _wait_for_executors(spark)
         yield spark
     finally:
-        spark.stop()
+        stop_session(spark)
 
 
 def _wait_for_executors(spark: Any) -> None:
@@ -272,7 +273,7 @@ def test_second_application_uses_the_cache(
     app1: Any, env: Path, cluster: LocalCluster, blobs: dict[str, bytes], cache_dir: Path
 ) -> None:
     first_app = app1.sparkContext.applicationId
-    app1.stop()  # the first application ends; the node's cache stays
+    stop_session(app1)  # the first application ends; the node's cache stays
     before = _stats(cluster, cache_dir)
     spark = new_session(MASTER, "blobha-exec-app2")
     try:
@@ -296,4 +297,4 @@ def test_second_application_uses_the_cache(
             interval=0.2,
         )
     finally:
-        spark.stop()
+        stop_session(spark)
