@@ -9,19 +9,21 @@ every master's log.
 from __future__ import annotations
 
 import os
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
 import grpc
 import pytest
+from waiting import wait_until
 
 from blobha.client import Client
 from blobha.keys import key_dirname
 from blobha.localcluster import LocalCluster, MasterProcess
 from blobha.peers import CHANNEL_OPTIONS, USER_METADATA_KEY
 from blobha.v1 import blobha_pb2_grpc as pb_grpc
+
+__all__ = ["wait_until"]
 
 T = TypeVar("T")
 
@@ -36,23 +38,6 @@ FAST: dict[str, Any] = {
     "blobstore.disk.reserved.bytes": 0,
     "admins": ["admin"],
 }
-
-
-def wait_until(condition: Callable[[], T], timeout: float, what: str, interval: float = 0.05) -> T:
-    """Poll ``condition`` until it returns something truthy; fail the test at the deadline."""
-    deadline = time.monotonic() + timeout
-    last: object = None
-    while True:
-        try:
-            result = condition()
-            if result:
-                return result
-            last = result
-        except Exception as e:  # the condition may fail while the cluster converges
-            last = e
-        if time.monotonic() >= deadline:
-            pytest.fail(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
-        time.sleep(interval)
 
 
 def make_cluster(root: Path, nodes: int = 3, **overrides: Any) -> LocalCluster:

@@ -8,8 +8,7 @@ import hashlib
 import os
 import shutil
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
@@ -39,23 +38,6 @@ def require_spark() -> None:
     pytest.importorskip("pyspark")
     if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
         pytest.skip("no Java runtime for Spark")
-
-
-def wait_until(condition: Callable[[], T], timeout: float, what: str, interval: float = 0.05) -> T:
-    """Poll ``condition`` until it returns something truthy; fail the test at the deadline."""
-    deadline = time.monotonic() + timeout
-    last: object = None
-    while True:
-        try:
-            result = condition()
-            if result:
-                return result
-            last = result
-        except Exception as e:  # the condition may fail while things converge
-            last = e
-        if time.monotonic() >= deadline:
-            pytest.fail(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
-        time.sleep(interval)
 
 
 @contextmanager

@@ -27,8 +27,8 @@ from blobha_spark_helpers import (
     sha256,
     spark_env,
     stop_session,
-    wait_until,
 )
+from waiting import wait_until
 
 from blobha import spark as blobspark
 from blobha.cache import BlobCache

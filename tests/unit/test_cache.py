@@ -12,7 +12,6 @@ import os
 import stat
 import tarfile
 import threading
-import time
 import zipfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -20,6 +19,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
+from waiting import wait_until
 
 from blobha import cache as cache_mod
 from blobha import cli
@@ -182,17 +182,6 @@ def make(fake: FakeCluster, clock: Clock, cache_dir: Path) -> Iterator[Callable[
     yield build
     for c in made:
         c.close()
-
-
-def wait_until(condition: Callable[[], T], timeout: float = 10.0, what: str = "") -> T:
-    deadline = time.monotonic() + timeout
-    while True:
-        result = condition()
-        if result:
-            return result
-        if time.monotonic() >= deadline:
-            pytest.fail(f"timed out waiting for {what or condition}")
-        time.sleep(0.01)
 
 
 def version_dirs(cache_dir: Path, key: str) -> list[str]:
