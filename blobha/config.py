@@ -84,6 +84,19 @@ OPTIONS: tuple[Option, ...] = (
         4,
         "Parallel background downloads on a master.",
     ),
+    Option(
+        "blobstore.scrub.interval.secs",
+        86400.0,
+        "Seconds between background scrub passes, which re-verify every stored version's"
+        " digests so silent corruption is found and repaired from a healthy replica"
+        " (0 disables scrubbing).",
+    ),
+    Option(
+        "blobstore.scrub.rate.bytes.per.sec",
+        16 * 1024 * 1024,
+        "Read rate cap of the scrubber, so it never competes with clients for the disk"
+        " (0 = unlimited).",
+    ),
     Option("zookeeper.servers", "127.0.0.1:2181", "Comma-separated ZooKeeper host:port list."),
     Option("zookeeper.chroot", "/blobha", "ZooKeeper path under which all blobha state lives."),
     Option(
@@ -206,6 +219,8 @@ def _validate(v: dict[str, Any]) -> dict[str, Any]:
     number("blobstore.delete.grace.secs", float, 0)
     number("blobstore.versions.retained", int, 1)
     number("blobstore.sync.threads", int, 1)
+    number("blobstore.scrub.interval.secs", float, 0)
+    number("blobstore.scrub.rate.bytes.per.sec", int, 0)
     number("zookeeper.session.timeout.ms", int, 1000)
 
     for key in ("blobstore.dir", "zookeeper.servers", "master.listen", "master.principal"):

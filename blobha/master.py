@@ -62,6 +62,7 @@ from blobha.errors import (
 from blobha.keys import validate_key
 from blobha.leader import Deposed, LeaderElection
 from blobha.peers import Peers
+from blobha.scrub import Scrubber
 from blobha.status import MasterSummary, ReplicationStatus
 from blobha.store import LocalStore, VersionInfo
 from blobha.sync import KeyView, Membership, Synchronizer, SyncSettings
@@ -128,6 +129,10 @@ class Master:
             key_lock=self.store.key_lock,
         )
         self.store.on_corrupt = self.sync.corrupted
+        self.scrubber = Scrubber(
+            self.store, config["blobstore.scrub.interval.secs"],
+            config["blobstore.scrub.rate.bytes.per.sec"],
+        )
         self._cluster_id_ok = False
         self._server: grpc.Server | None = None
         self._stopped = threading.Event()
@@ -159,6 +164,7 @@ class Master:
         self.membership.register()
         self.sync.start()
         self.election.start()
+        self.scrubber.start()
         log.info("master %s serving (blobha %s, data in %s)", self.identity, __version__,
                  self.store.root)
 
@@ -183,6 +189,7 @@ class Master:
         if was_leader:
             log.info("leadership handed over")
         self.uploads.stop()
+        self.scrubber.stop()
         if self._server is not None:
             self._server.stop(grace=2.0).wait(3.0)
         self.sync.stop()

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import grpc
 import pytest
 import xxhash
-from conftest import md, store_dir, stub, version_files, wait_until
+from conftest import client_for, make_cluster, md, store_dir, stub, version_files, wait_until
 
 from blobha.client import Client
 from blobha.localcluster import LocalCluster
@@ -97,3 +98,28 @@ def test_ranged_download(alice: Client, unique_key: str, tmp_path: object) -> No
     buf = io.BytesIO()
     alice.download(unique_key, buf, offset=1024 * 1024 - 10, length=2 * 1024 * 1024)
     assert buf.getvalue() == data[1024 * 1024 - 10: 3 * 1024 * 1024 - 10]
+
+
+def test_scrubber_finds_rot_nobody_reads_and_repairs_it(tmp_path: Path) -> None:
+    # No client reads the rotten copy: only the background scrubber can notice it.
+    c = make_cluster(tmp_path, **{"blobstore.scrub.interval.secs": 0.5})
+    try:
+        c.start()
+        data = os.urandom(2 * 1024 * 1024 + 3)
+        with client_for(c) as alice:
+            alice.create("rot", data, replication_factor=3)
+            assert alice.wait_for_replication(["rot"], 3, timeout=15).reached
+        follower = next(m for m in c.masters if m is not c.leader())
+        path = version_files(follower, "rot")[0]
+        raw = bytearray(path.read_bytes())
+        raw[1024 * 1024 + 1] ^= 0x04
+        path.write_bytes(bytes(raw))
+
+        def repaired() -> bool:
+            files = version_files(follower, "rot")
+            return bool(files) and files[-1].read_bytes() == data
+        wait_until(repaired, 30, "the scrubber to replace the rotten copy with a healthy one")
+        log_text = follower.log_path.read_text(errors="replace")
+        assert "CORRUPT" in log_text and "scrub pass" in log_text
+    finally:
+        c.stop()
