@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import importlib
 import json
 import os
@@ -65,7 +66,8 @@ exit codes:
   13 upload lost       14 internal error             130 interrupted
   141 broken pipe
 
-environment: BLOBHA_CLUSTER (default for --cluster), BLOBHA_USER (default for --user)
+environment: BLOBHA_CLUSTER (default for --cluster), BLOBHA_USER (default for --user),
+  BLOBHA_ADDRESS_MAP (ADVERTISED=DIAL,... to reach masters through NAT or published ports)
 """
 
 #: Builds the client for a command; tests replace it with a fake (no network).
@@ -260,6 +262,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     p = command("cluster", "show the masters and the leader", _cmd_cluster)
+    p.add_argument("--json", action="store_true", help="print JSON")
+
+    p = command("health", "check that one master answers (for health checks)", _cmd_health)
+    p.add_argument("address", nargs="?", default="127.0.0.1:6627", metavar="HOST:PORT",
+                   help="the master to ask (default 127.0.0.1:6627)")
     p.add_argument("--json", action="store_true", help="print JSON")
 
     p = command("serve", "run a master", _cmd_serve)
@@ -681,6 +688,18 @@ def _cmd_cluster(args: argparse.Namespace) -> int:
     with _client(args) as c:
         summary = c.cluster_summary()
     print(json.dumps(_cluster_dict(summary), indent=2) if args.json else format_cluster(summary))
+    return 0
+
+
+def _cmd_health(args: argparse.Namespace) -> int:
+    with _client(args) as c:
+        status = c.node_status(args.address)
+    if args.json:
+        print(json.dumps(dataclasses.asdict(status), indent=2))
+    else:
+        role = "leader" if status.is_leader else "follower"
+        print(f"ok {status.address} {role} epoch {status.epoch} blobs {status.blob_count}"
+              f" lag {status.lag_blobs} up {status.uptime_secs:.0f}s")
     return 0
 
 

@@ -24,7 +24,7 @@ import stat
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -236,6 +236,31 @@ def backoff_delay(
     return float(rand()) * ceiling
 
 
+def parse_address_map(text: str) -> dict[str, str]:
+    """``"ADVERTISED=DIAL,..."``, e.g. ``"m1:6627=127.0.0.1:16627,m2:6627=127.0.0.1:16628"``.
+
+    Masters identify themselves by their advertised address (``master.advertise``), which is
+    what the cluster summary and replica lists return. A client outside the masters' network
+    (containers reached through published ports, NAT) cannot dial those, so it maps them."""
+    out: dict[str, str] = {}
+    for item in text.split(","):
+        item = item.strip()
+        if not item:
+            continue
+        advertised, sep, dial = item.partition("=")
+        if not sep:
+            raise InvalidArgument(
+                f"bad address map entry {item!r}: expected ADVERTISED_HOST:PORT=DIAL_HOST:PORT"
+            )
+        out[parse_cluster(advertised)[0]] = parse_cluster(dial)[0]
+    return out
+
+
+def default_address_map() -> dict[str, str]:
+    """``$BLOBHA_ADDRESS_MAP`` parsed (empty when unset)."""
+    return parse_address_map(os.environ.get("BLOBHA_ADDRESS_MAP", ""))
+
+
 def default_user() -> str:
     """The caller's identity: ``$BLOBHA_USER``, else the operating-system user."""
     user = os.environ.get("BLOBHA_USER", "").strip()
@@ -403,10 +428,14 @@ def _error_from_rpc(address: str, exc: grpc.RpcError) -> BlobError:
 
 
 class GrpcTransport:
-    """The gRPC transport: one cached channel per address."""
+    """The gRPC transport: one cached channel per address.
 
-    def __init__(self, user: str) -> None:
+    ``address_map`` translates a master's advertised address to the one this client dials
+    (see :func:`parse_address_map`); unlisted addresses are dialled as they are."""
+
+    def __init__(self, user: str, address_map: Mapping[str, str] | None = None) -> None:
         self._metadata: tuple[tuple[str, str], ...] = ((USER_METADATA_KEY, user),)
+        self._address_map = dict(address_map or {})
         self._lock = threading.Lock()
         self._channels: dict[str, grpc.Channel] = {}
         self._stubs: dict[str, Any] = {}
@@ -418,7 +447,8 @@ class GrpcTransport:
                 raise InvalidArgument("this Client is closed; create a new one")
             stub = self._stubs.get(address)
             if stub is None:
-                channel = grpc.insecure_channel(address, options=_CHANNEL_OPTIONS)
+                target = self._address_map.get(address, address)
+                channel = grpc.insecure_channel(target, options=_CHANNEL_OPTIONS)
                 self._channels[address] = channel
                 stub = self._stubs[address] = pb_grpc.BlobStoreStub(channel)  # type: ignore[no-untyped-call]
             return stub
@@ -668,6 +698,8 @@ class Client:
 
     ``cluster`` lists some masters (``"m1:6627,m2:6627"`` or a list); the others and the leader
     are discovered. ``user`` defaults to ``$BLOBHA_USER``, then the operating-system user.
+    ``address_map`` (default ``$BLOBHA_ADDRESS_MAP``) maps advertised master addresses to the
+    addresses this client dials, for clients outside the masters' network.
     ``timeout`` bounds how long one operation waits for the cluster, retries included (a
     transfer may run longer as long as every segment, 16 MiB up and 64 MiB down, moves within
     it).
@@ -693,6 +725,7 @@ class Client:
         timeout: float = 60.0,
         chunk_size: int = DEFAULT_CHUNK_SIZE,
         *,
+        address_map: Mapping[str, str] | None = None,
         transport: Transport | None = None,
     ) -> None:
         self._addresses = parse_cluster(cluster)
@@ -701,7 +734,9 @@ class Client:
             raise InvalidArgument(f"timeout must be positive seconds, not {timeout!r}")
         self._timeout = float(timeout)
         self._chunk_size = _check_chunk_size(chunk_size)
-        self._transport: Transport = transport or GrpcTransport(self._user)
+        if address_map is None:
+            address_map = default_address_map()
+        self._transport: Transport = transport or GrpcTransport(self._user, address_map)
         self._rng = random.Random()
         #: Replaceable so tests do not wait for real backoff.
         self._sleep: Callable[[float], None] = time.sleep
@@ -825,6 +860,14 @@ class Client:
         status = self._read_call(f"read the replication of {key!r}", "GetReplication", request)
         self._learn(status.holders)
         return replication_from_pb(status)
+
+    def node_status(self, address: str) -> MasterSummary:
+        """The status of one master, asked directly (no leader discovery, no retries): what a
+        health check wants to know about the node it runs on."""
+        target = parse_cluster(address)[0]
+        reply = self._transport.unary(target, "NodeStatus", pb.NodeStatusRequest(),
+                                      min(self._timeout, _PROBE_TIMEOUT))
+        return master_from_pb(reply)
 
     def cluster_summary(self) -> ClusterSummary:
         summary = self._read_call(

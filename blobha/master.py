@@ -34,11 +34,14 @@ import grpc
 from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import (
     BadVersionError,
+    ConnectionClosedError,
     ConnectionLoss,
     KazooException,
     NodeExistsError,
     NoNodeError,
     NotEmptyError,
+    OperationTimeoutError,
+    SessionExpiredError,
 )
 from kazoo.protocol.states import WatchedEvent
 from kazoo.retry import KazooRetry
@@ -492,10 +495,35 @@ class Master:
 
     # ---- reads ---------------------------------------------------------------------------
 
+    def _state_for_read(self, key: str) -> tuple[BlobState, KeyView | None]:
+        """The committed state of ``key`` for a read: from ZooKeeper, or, when ZooKeeper is
+        unreachable, the last committed state this master saw (returned with its view).
+
+        Serving the last known state keeps reads of committed blobs working through a
+        ZooKeeper outage, which is when they matter most. It cannot hand out anything that was
+        never committed: the synchronizer's view only holds states read from ZooKeeper, versions
+        are immutable, and every byte is still checked against its digest. Without quorum no
+        newer version can commit, so the view is stale only on a master cut off alone."""
+        try:
+            return self._state_or_404(key), None
+        except (Unavailable, ConnectionLoss, SessionExpiredError, ConnectionClosedError,
+                OperationTimeoutError):
+            view = self.sync.view(key)
+            if view is None:
+                raise Unavailable(
+                    f"ZooKeeper is unreachable from master {self.identity} and it has no record"
+                    f" of {key!r}; retry shortly or read from another master"
+                ) from None
+            log.info("ZooKeeper unreachable: serving the last committed state of %r (v%d)",
+                     key, view.state.seq)
+            return view.state, view
+
     def get_meta(self, user: str, key: str) -> tuple[BlobState, int]:
         validate_key(key)
-        state = self._state_or_404(key)
+        state, view = self._state_for_read(key)
         self._check(user, state.acl, acls.READ, key)
+        if view is not None:
+            return state, len(view.holders())
         return state, self._replication(key, state).replication
 
     def open_download(
@@ -508,7 +536,7 @@ class Master:
             if info is None:
                 raise KeyNotFound(f"not held here: {self.identity} has no v{version} of {key!r}")
             return info, self.store.read(key, version, offset, length)
-        state = self._state_or_404(key)
+        state, _ = self._state_for_read(key)
         self._check(user, state.acl, acls.READ, key)
         seq = version or state.seq
         if seq > state.seq:
@@ -553,8 +581,12 @@ class Master:
 
     def get_replication(self, user: str, key: str) -> ReplicationStatus:
         validate_key(key)
-        state = self._state_or_404(key)
+        state, view = self._state_for_read(key)
         self._check(user, state.acl, acls.READ, key)
+        if view is not None:
+            holders = view.holders()
+            return ReplicationStatus(key, state.seq, len(holders), state.replication_factor,
+                                     tuple(holders))
         return self._replication(key, state)
 
     def wait_for_replication(self, user: str, keys: list[str], minimum: int, timeout: float

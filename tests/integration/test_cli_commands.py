@@ -93,6 +93,19 @@ def test_commands_and_exit_codes(cluster: LocalCluster, tmp_path: Path) -> None:
     assert run(cluster, "cat", "cli-key").returncode == 3
 
 
+def test_health_asks_one_master_directly(cluster: LocalCluster) -> None:
+    leader = cluster.leader()
+    follower = next(m for m in cluster.masters if m is not leader)
+    r = run(cluster, "health", leader.address)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.decode().startswith(f"ok {leader.address} leader epoch ")
+    status = json.loads(run(cluster, "health", follower.address, "--json").stdout)
+    assert status["address"] == follower.address and status["is_leader"] is False
+    # A master that does not answer is "unavailable" (exit 11), in one line.
+    r = run(cluster, "health", "127.0.0.1:1")
+    assert r.returncode == 11 and b"Traceback" not in r.stderr
+
+
 def _ignore_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 

@@ -839,3 +839,27 @@ def test_download_path_errors_name_the_users_path(client: Client, tmp_path: Path
     with pytest.raises(IsADirectoryError) as isdir:
         client.download("k", tmp_path)
     assert isdir.value.filename == str(tmp_path)
+
+
+def test_address_map_parses_and_rejects_bad_entries() -> None:
+    from blobha.client import parse_address_map
+
+    assert parse_address_map("m1:6627=127.0.0.1:16627, m2=127.0.0.1:16628,") == {
+        "m1:6627": "127.0.0.1:16627", "m2:6627": "127.0.0.1:16628",
+    }
+    assert parse_address_map("") == {}
+    for bad in ("m1:6627", "m1:6627=", "=127.0.0.1:1", "m1:99999=h:1"):
+        with pytest.raises(InvalidArgument):
+            parse_address_map(bad)
+
+
+def test_address_map_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    from blobha.client import GrpcTransport
+
+    monkeypatch.setenv("BLOBHA_ADDRESS_MAP", "m1:6627=127.0.0.1:1")
+    c = Client("m1:6627", user="alice")
+    try:
+        assert isinstance(c._transport, GrpcTransport)
+        assert c._transport._address_map == {"m1:6627": "127.0.0.1:1"}
+    finally:
+        c.close()
