@@ -100,6 +100,10 @@ _UPLOAD_SEGMENT_BYTES = 16 * MiB
 _DOWNLOAD_SEGMENT_BYTES = 64 * MiB
 # One round of leader discovery; ClusterSummary itself asks every master, so allow it time.
 _PROBE_TIMEOUT = 10.0
+#: Longest wait for a cheap control call (begin an upload, ask how much arrived). A leader that
+#: takes longer is treated as gone (paused, partitioned, half-dead) and another is looked for;
+#: retrying these calls is harmless, an unanswered upload simply expires on the server.
+_CONTROL_TIMEOUT = 8.0
 # A server-side replication wait answers at its deadline; the RPC must outlive it by this much.
 _WAIT_GRACE = 10.0
 # "Wait forever" is a loop of bounded server calls so a dead master is noticed.
@@ -113,6 +117,14 @@ _CHANNEL_OPTIONS: tuple[tuple[str, int], ...] = (
     # Masters are reached directly; an http_proxy variable meant for web traffic must not
     # silently reroute (or break) cluster traffic.
     ("grpc.enable_http_proxy", 0),
+    # A paused or partitioned master still has a kernel that accepts TCP, so a call to it
+    # would hang until its deadline. HTTP/2 pings need the process itself: an unanswered ping
+    # closes the connection and fails the call with UNAVAILABLE, and the client moves on.
+    ("grpc.keepalive_time_ms", 4000),
+    ("grpc.keepalive_timeout_ms", 4000),
+    # Likewise a reconnection to such a master gives up after this long instead of 20 s.
+    ("grpc.min_reconnect_backoff_ms", 3000),
+    ("grpc.http2.max_pings_without_data", 0),
 )
 
 T = TypeVar("T")
@@ -1076,11 +1088,19 @@ class Client:
         def attempt() -> Any:
             with self._lock:
                 address = self._preferred
+            limit = min(deadline.remaining(), _CONTROL_TIMEOUT)
             try:
-                return self._transport.unary(address, method, request, deadline.remaining())
+                return self._transport.unary(address, method, request, limit)
             except Unavailable:
                 self._forget_leader(address)
                 raise
+            except DeadlineExceeded:
+                if limit >= deadline.remaining():
+                    raise
+                # A master that neither answers nor refuses (paused, cut off): ask another.
+                self._forget_leader(address)
+                raise Unavailable(f"master {address} did not answer {method} in"
+                                  f" {_CONTROL_TIMEOUT:.0f}s") from None
 
         return self._retry(what, deadline, attempt)
 
@@ -1234,11 +1254,8 @@ class _UploadJob:
             self.upload_id = ""  # upload ids die with the leadership that issued them
         offset = 0
         if self.upload_id:
-            status = self.c._transport.unary(
-                self.leader,
-                "GetUploadStatus",
-                pb.UploadStatusRequest(upload_id=self.upload_id),
-                deadline.remaining(),
+            status = self._control(
+                "GetUploadStatus", pb.UploadStatusRequest(upload_id=self.upload_id), deadline
             )
             offset = int(status.received)
         else:
@@ -1254,11 +1271,21 @@ class _UploadJob:
                 " (from a file, it would have restarted by itself)"
             )
         self.leader = self.c._discover_leader(deadline)
-        response = self.c._transport.unary(
-            self.leader, "BeginUpload", self.begin, deadline.remaining()
-        )
+        response = self._control("BeginUpload", self.begin, deadline)
         self.upload_id = response.upload_id
         self.started = True
+
+    def _control(self, method: str, request: Any, deadline: _Deadline) -> Any:
+        limit = min(deadline.remaining(), _CONTROL_TIMEOUT)
+        try:
+            return self.c._transport.unary(self.leader, method, request, limit)
+        except DeadlineExceeded:
+            if limit >= deadline.remaining():
+                raise
+            raise Unavailable(
+                f"leader {self.leader} did not answer {method} within {_CONTROL_TIMEOUT:.0f}s;"
+                " looking for another leader"
+            ) from None
 
     def _read(self, offset: int) -> bytes:
         data = self.source.read_at(offset, self.c._chunk_size)
@@ -1343,6 +1370,9 @@ class _UploadJob:
                 raise
             meta = self._committed_meta()
             if meta is None:
+                # A leader that let the whole deadline pass without an answer may be paused
+                # or cut off: the next operation looks for the leader again.
+                self.c._forget_leader(self.leader)
                 raise
             return meta
         self.upload_id = ""

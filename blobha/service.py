@@ -36,9 +36,18 @@ T = TypeVar("T")
 MAX_WORKERS = 64
 
 
+#: Clients and peers ping every few seconds during long calls (a commit waiting for its write
+#: quorum sends no data) to notice a paused master; the server must not count those pings as
+#: abuse and close the connection ("too many pings").
+SERVER_OPTIONS = [
+    ("grpc.http2.min_recv_ping_interval_without_data_ms", 1000),
+    ("grpc.http2.max_ping_strikes", 0),
+]
+
+
 def new_server() -> grpc.Server:
     return grpc.server(ThreadPoolExecutor(max_workers=MAX_WORKERS, thread_name_prefix="rpc"),
-                       options=CHANNEL_OPTIONS)
+                       options=[*CHANNEL_OPTIONS, *SERVER_OPTIONS])
 
 
 def add_to_server(master: Master, server: grpc.Server) -> None:

@@ -173,6 +173,11 @@ class Synchronizer:
             self._kick.set()
 
     def _on_event(self, event: WatchedEvent) -> None:
+        if event.path is None:
+            # A session event (kazoo fires pending watches this way when a session expires):
+            # every watch is gone, so look at everything again.
+            self._kick.set()
+            return
         if event.path == BLOBSTORE:
             self.queue.put(_KEY_LIST)
         elif event.path.startswith(BLOBSTORE + "/"):

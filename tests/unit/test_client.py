@@ -30,6 +30,7 @@ from blobha.digest import digest_bytes
 from blobha.errors import (
     BlobError,
     ChecksumMismatch,
+    DeadlineExceeded,
     InvalidArgument,
     KeyAlreadyExists,
     KeyNotFound,
@@ -512,6 +513,19 @@ def test_not_leader_redirects_to_named_leader(
     assert meta.version == 2
     assert cluster.count("BeginUpload", M1) == 2 and cluster.count("BeginUpload", M2) == 1
     assert len(clock.sleeps) == 1 and clock.sleeps[0] <= BACKOFF_BASE
+
+
+def test_a_leader_that_stops_answering_is_left_for_the_new_one(
+    client: Client, cluster: FakeCluster
+) -> None:
+    # A paused or partitioned leader neither refuses nor answers: the begin times out after the
+    # control-call limit (not the whole operation's deadline) and the client finds the new one.
+    client.create("a", b"1")  # caches M1 as leader
+    cluster.leader = M2
+    cluster.faults.append((M1, "BeginUpload", DeadlineExceeded("master m1 did not answer")))
+    meta = client.update("a", b"2")
+    assert meta.version == 2 and cluster.blobs["a"] == (2, b"2")
+    assert cluster.count("BeginUpload", M2) == 1
 
 
 def test_broken_stream_resumes_from_upload_status(client: Client, cluster: FakeCluster) -> None:
