@@ -34,6 +34,7 @@ import grpc
 
 from blobha import errors
 from blobha.acl import AccessControl, check_duplicates, parse_acl
+from blobha.credentials import Credentials
 from blobha.digest import Digester
 from blobha.errors import (
     BlobError,
@@ -403,10 +404,12 @@ def _error_from_rpc(address: str, exc: grpc.RpcError) -> BlobError:
 
 
 class GrpcTransport:
-    """The gRPC transport: one cached channel per address."""
+    """The gRPC transport: one cached channel per address, over TLS when ``credentials`` name
+    a CA or a client certificate, with the token (if any) on every call."""
 
-    def __init__(self, user: str) -> None:
-        self._metadata: tuple[tuple[str, str], ...] = ((USER_METADATA_KEY, user),)
+    def __init__(self, user: str, credentials: Credentials | None = None) -> None:
+        self._credentials = credentials or Credentials()
+        self._metadata: tuple[tuple[str, str], ...] = self._credentials.metadata(user)
         self._lock = threading.Lock()
         self._channels: dict[str, grpc.Channel] = {}
         self._stubs: dict[str, Any] = {}
@@ -418,7 +421,7 @@ class GrpcTransport:
                 raise InvalidArgument("this Client is closed; create a new one")
             stub = self._stubs.get(address)
             if stub is None:
-                channel = grpc.insecure_channel(address, options=_CHANNEL_OPTIONS)
+                channel = self._credentials.channel(address, _CHANNEL_OPTIONS)
                 self._channels[address] = channel
                 stub = self._stubs[address] = pb_grpc.BlobStoreStub(channel)  # type: ignore[no-untyped-call]
             return stub
@@ -667,7 +670,9 @@ class Client:
     """A connection to a blobha cluster.
 
     ``cluster`` lists some masters (``"m1:6627,m2:6627"`` or a list); the others and the leader
-    are discovered. ``user`` defaults to ``$BLOBHA_USER``, then the operating-system user.
+    are discovered. ``user`` defaults to the token's user, then ``$BLOBHA_USER``, then the
+    operating-system user. ``credentials`` (TLS trust, client certificate, token file) default
+    to ``$BLOBHA_CA``, ``$BLOBHA_CERT``/``$BLOBHA_KEY`` and ``$BLOBHA_TOKEN_FILE``.
     ``timeout`` bounds how long one operation waits for the cluster, retries included (a
     transfer may run longer as long as every segment, 16 MiB up and 64 MiB down, moves within
     it).
@@ -693,15 +698,25 @@ class Client:
         timeout: float = 60.0,
         chunk_size: int = DEFAULT_CHUNK_SIZE,
         *,
+        credentials: Credentials | None = None,
         transport: Transport | None = None,
     ) -> None:
         self._addresses = parse_cluster(cluster)
+        if transport is None:
+            credentials = (credentials or Credentials.from_env()).check()
+            token_user = credentials.token_user()
+            if token_user and user and user != token_user:
+                raise InvalidArgument(
+                    f"the token belongs to {token_user!r}, not {user!r}; drop --user or use"
+                    f" {user!r}'s token"
+                )
+            user = user or token_user
         self._user = _check_user(user if user else default_user())
         if not timeout > 0:
             raise InvalidArgument(f"timeout must be positive seconds, not {timeout!r}")
         self._timeout = float(timeout)
         self._chunk_size = _check_chunk_size(chunk_size)
-        self._transport: Transport = transport or GrpcTransport(self._user)
+        self._transport: Transport = transport or GrpcTransport(self._user, credentials)
         self._rng = random.Random()
         #: Replaceable so tests do not wait for real backoff.
         self._sleep: Callable[[float], None] = time.sleep

@@ -36,6 +36,14 @@ class NotAuthorized(BlobError):
     exit_code = 5
 
 
+class Unauthenticated(NotAuthorized):
+    """The call carried no credential, or a wrong one. A subclass of NotAuthorized, so code that
+    handles "not allowed" handles it too; the message says which credential to pass."""
+
+    code = grpc.StatusCode.UNAUTHENTICATED
+    exit_code = 15
+
+
 class InvalidArgument(BlobError):
     code = grpc.StatusCode.INVALID_ARGUMENT
     exit_code = 6
@@ -95,7 +103,7 @@ _BY_CODE: dict[grpc.StatusCode, type[BlobError]] = {
     grpc.StatusCode.NOT_FOUND: KeyNotFound,
     grpc.StatusCode.ALREADY_EXISTS: KeyAlreadyExists,
     grpc.StatusCode.PERMISSION_DENIED: NotAuthorized,
-    grpc.StatusCode.UNAUTHENTICATED: NotAuthorized,
+    grpc.StatusCode.UNAUTHENTICATED: Unauthenticated,
     grpc.StatusCode.INVALID_ARGUMENT: InvalidArgument,
     grpc.StatusCode.OUT_OF_RANGE: InvalidArgument,
     grpc.StatusCode.FAILED_PRECONDITION: NotLeader,
