@@ -395,6 +395,10 @@ def _error_from_rpc(address: str, exc: grpc.RpcError) -> BlobError:
         # Our own cancellations never get here; a cancel from the far side means the master
         # is going away, which is worth a retry elsewhere.
         return Unavailable(f"master {address} cancelled the call: {details or 'no reason'}")
+    if code == grpc.StatusCode.RESOURCE_EXHAUSTED and any(
+            k == errors.BUSY_METADATA_KEY for k, _ in trailers):
+        # Too many of our calls at once on that master: transient, so back off and retry.
+        return Unavailable(f"master {address} is busy: {details}")
     error = errors.from_status(code, details, trailers)
     if isinstance(error, Unavailable):
         return Unavailable(f"master {address} unavailable: {error}")

@@ -11,6 +11,9 @@ import grpc
 
 #: Trailing-metadata key naming the leader when a non-leader refuses a leader-only call.
 LEADER_METADATA_KEY = "x-blobha-leader"
+#: Trailing-metadata key marking a RESOURCE_EXHAUSTED that is only "too many calls at once":
+#: clients back off and retry it, unlike a full disk.
+BUSY_METADATA_KEY = "x-blobha-busy"
 
 
 class BlobError(Exception):

@@ -15,7 +15,7 @@ import grpc
 
 from blobha import audit
 from blobha.auth import ServerAuthentication
-from blobha.errors import Unauthenticated
+from blobha.errors import BUSY_METADATA_KEY, Unauthenticated
 
 #: Calls of this service are authenticated; others (health checks, reflection) are not ours.
 SERVICE_PREFIX = "/blobha.v1.BlobStore/"
@@ -81,6 +81,7 @@ class Gatekeeper(grpc.ServerInterceptor):  # type: ignore[type-arg]
                 refuse = False
                 self._running[user] = running + 1
         if refuse:
+            context.set_trailing_metadata(((BUSY_METADATA_KEY, "1"),))
             context.abort(
                 grpc.StatusCode.RESOURCE_EXHAUSTED,
                 f"user {user!r} already has {self.max_calls} calls in progress on this master"

@@ -205,6 +205,11 @@ def test_one_client_cannot_take_all_of_a_masters_calls(simple: LocalCluster) -> 
                                            metadata=md("carol"))
                          ) is grpc.StatusCode.RESOURCE_EXHAUSTED
             REFUSED["caps: calls beyond the per-client cap"] += 1
+            # The client treats it as transient: it backs off and retries until its deadline.
+            with Client(address, user="carol", timeout=2, credentials=Credentials()) as carol, \
+                    pytest.raises(Unavailable, match="busy"):
+                carol.get_meta("cap-key")
+            REFUSED["caps: calls beyond the per-client cap"] += 1
             s.GetMeta(pb.GetMetaRequest(key="cap-key"), timeout=5, metadata=md("dave"))
         finally:
             for f in held:
