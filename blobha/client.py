@@ -401,6 +401,11 @@ def _error_from_rpc(address: str, exc: grpc.RpcError) -> BlobError:
         return Unavailable(f"master {address} is busy: {details}")
     error = errors.from_status(code, details, trailers)
     if isinstance(error, Unavailable):
+        if "Socket closed" in details or "handshake" in details.lower():
+            # What a plain-text client sees from a TLS master, and TLS against the wrong CA.
+            details += (" (if the masters use TLS, pass --ca / BLOBHA_CA with the CA that"
+                        " signed their certificates)")
+            return Unavailable(f"master {address} unavailable: {details}")
         return Unavailable(f"master {address} unavailable: {error}")
     if isinstance(error, DeadlineExceeded):
         return DeadlineExceeded(f"master {address} did not answer in time ({error})")

@@ -328,6 +328,9 @@ def _validate_security(v: dict[str, Any]) -> None:
     if v["zookeeper.auth.scheme"] == "digest" and not v["zookeeper.auth.file"]:
         raise ConfigError("zookeeper.auth.scheme 'digest' needs zookeeper.auth.file (one"
                           " 'user:password' line)")
+    if v["zookeeper.auth.scheme"] == "digest" and v["zookeeper.chroot"] == "/":
+        raise ConfigError("zookeeper.auth.scheme 'digest' needs a zookeeper.chroot below /: the"
+                          " lock-down never touches ZooKeeper's own root")
     if v["blobstore.list.visibility"] not in ("readable", "all"):
         raise ConfigError(f"blobstore.list.visibility must be 'readable' or 'all', got"
                           f" {v['blobstore.list.visibility']!r}")

@@ -200,6 +200,8 @@ def test_server_certificates_reload_only_when_usable(tmp_path: Path) -> None:
     ({"tls.ca": "ca.pem"}, "tls.ca is set"),
     ({"zookeeper.auth.scheme": "sasl"}, "zookeeper.auth.scheme"),
     ({"zookeeper.auth.scheme": "digest"}, "zookeeper.auth.file"),
+    ({"zookeeper.auth.scheme": "digest", "zookeeper.auth.file": "zk",
+      "zookeeper.chroot": "/"}, "below /"),
     ({"blobstore.list.visibility": "some"}, "blobstore.list.visibility"),
     ({"master.max.calls.per.client": 0}, "master.max.calls.per.client"),
     ({"auth.mtls.rules": "cn x y"}, "auth.mtls.rules"),
