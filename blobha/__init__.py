@@ -9,6 +9,7 @@
 from blobha.acl import AccessControl, format_acl, parse_acl
 from blobha.cache import BlobCache
 from blobha.client import Client
+from blobha.credentials import Credentials
 from blobha.errors import (
     BlobError,
     ChecksumMismatch,
@@ -20,6 +21,7 @@ from blobha.errors import (
     NotAuthorized,
     NotLeader,
     ResourceExhausted,
+    Unauthenticated,
     Unavailable,
     UploadNotFound,
     VersionConflict,
@@ -32,6 +34,7 @@ __all__ = [
     "BlobError",
     "ChecksumMismatch",
     "Client",
+    "Credentials",
     "DeadlineExceeded",
     "InternalError",
     "InvalidArgument",
@@ -40,6 +43,7 @@ __all__ = [
     "NotAuthorized",
     "NotLeader",
     "ResourceExhausted",
+    "Unauthenticated",
     "Unavailable",
     "UploadNotFound",
     "VersionConflict",

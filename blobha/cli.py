@@ -25,6 +25,7 @@ code  meaning
 12    deadline exceeded (also: wait-replication did not reach its minimum)
 13    upload lost (it expired, or the leader changed and it could not restart)
 14    internal error
+15    not authenticated (no or a wrong token or client certificate)
 130   interrupted (Ctrl-C)
 141   broken pipe (the reader of stdout went away, e.g. ``blobha cat k | head``)
 ====  =========================================================================
@@ -47,7 +48,14 @@ from typing import Any, BinaryIO, TextIO
 
 from blobha.acl import format_acl, parse_acl
 from blobha.client import BlobMeta, Client, ClusterSummary, ProgressCallback, ReplicationStatus
-from blobha.errors import BlobError, DeadlineExceeded, InternalError, KeyNotFound, NotAuthorized
+from blobha.errors import (
+    BlobError,
+    DeadlineExceeded,
+    InternalError,
+    InvalidArgument,
+    KeyNotFound,
+    NotAuthorized,
+)
 
 PROG = "blobha"
 DEFAULT_CLUSTER = "127.0.0.1:6627"
@@ -63,11 +71,13 @@ exit codes:
   6 invalid argument   7 not leader                  8 version conflict
   9 checksum mismatch  10 resource exhausted         11 unavailable
   12 deadline exceeded (and wait-replication not reached)
-  13 upload lost       14 internal error             130 interrupted
-  141 broken pipe
+  13 upload lost       14 internal error             15 not authenticated
+  130 interrupted      141 broken pipe
 
 environment: BLOBHA_CLUSTER (default for --cluster), BLOBHA_USER (default for --user),
   BLOBHA_ADDRESS_MAP (ADVERTISED=DIAL,... to reach masters through NAT or published ports)
+  BLOBHA_CA, BLOBHA_CERT, BLOBHA_KEY, BLOBHA_TOKEN_FILE (defaults for --ca, --cert, --key,
+  --token-file)
 """
 
 #: Builds the client for a command; tests replace it with a fake (no network).
@@ -129,8 +139,18 @@ def _add_global_options(parser: argparse.ArgumentParser, *, suppress: bool) -> N
         "--user",
         metavar="NAME",
         default=default,
-        help="who you are (default: $BLOBHA_USER, else the operating-system user)",
+        help="who you are (default: the token's user, else $BLOBHA_USER, else the"
+        " operating-system user)",
     )
+    # dest names stay clear of the commands' own KEY argument.
+    group.add_argument("--ca", metavar="FILE", default=default, dest="tls_ca",
+                       help="CA certificate of the masters; turns TLS on (default: $BLOBHA_CA)")
+    group.add_argument("--cert", metavar="FILE", default=default, dest="tls_cert",
+                       help="client certificate for TLS (default: $BLOBHA_CERT)")
+    group.add_argument("--key", metavar="FILE", default=default, dest="tls_key",
+                       help="private key of --cert (default: $BLOBHA_KEY)")
+    group.add_argument("--token-file", metavar="FILE", default=default,
+                       help="file holding your token (default: $BLOBHA_TOKEN_FILE)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -279,6 +299,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--base-port", type=_port, default=DEFAULT_BASE_PORT, metavar="PORT",
                    help="first master's port; the others follow (0 = any free ports)")
     p.add_argument("--zookeeper-home", metavar="DIR", help="a ZooKeeper installation to use")
+    p.add_argument("--tls", action="store_true",
+                   help="secure set-up: a throwaway CA, TLS everywhere, token authentication"
+                   " (unless --auth says otherwise) and ZooKeeper locked down to the masters")
+    p.add_argument("--auth", choices=("simple", "token", "mtls"), default=None,
+                   help="authentication (default: token with --tls, else simple; mtls needs"
+                   " --tls)")
+
+    p = command("token", "make tokens for auth.mode = 'token'", _cmd_token)
+    p.add_argument("action", choices=("create", "hash"),
+                   help="create: a new token for USER and its token-file line; hash: the"
+                   " token-file line for a token read from stdin")
+    p.add_argument("token_user", nargs="?", metavar="USER", help="whose token to create")
+    p.add_argument("--append", metavar="TOKEN_FILE",
+                   help="append the line to this token file (the masters' auth.token.file)")
+    p.add_argument("--out", metavar="FILE",
+                   help="write the new token to FILE (mode 600) instead of stdout")
 
     # Listed for --help; main() hands the arguments to blobha.spark.submit_main directly.
     p = command("spark-submit", "wait for blobs' replication, then run spark-submit"
@@ -313,6 +349,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _check_args(args: argparse.Namespace) -> None:
     """Constraints argparse cannot express; reported as usage errors (exit 2)."""
+    if args.command == "token":
+        if args.action == "create" and not args.token_user:
+            args.parser.error("'token create' needs the USER the token is for")
+        if args.action == "hash" and (args.token_user or args.out):
+            args.parser.error("'token hash' reads the token from stdin; it takes no USER or --out")
+    if args.command == "local-cluster" and args.auth == "mtls" and not args.tls:
+        args.parser.error("--auth mtls needs --tls")
     if args.command == "replication":
         if args.update and args.replication_factor is None:
             args.parser.error("--update needs --replication-factor N")
@@ -709,10 +752,39 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 
 def _cmd_local_cluster(args: argparse.Namespace) -> int:
-    run: Callable[[int, str | None, int, str | None], int] = _load(
-        "blobha.localcluster", "main", "start a local cluster"
-    )
-    return int(run(args.nodes, args.data_dir, args.base_port, args.zookeeper_home))
+    run: Callable[..., int] = _load("blobha.localcluster", "main", "start a local cluster")
+    return int(run(args.nodes, args.data_dir, args.base_port, args.zookeeper_home,
+                   tls=args.tls, auth=args.auth))
+
+
+def _cmd_token(args: argparse.Namespace) -> int:
+    from blobha.auth import hash_token, new_token
+    from blobha.errors import Unauthenticated
+
+    try:
+        if args.action == "create":
+            token = new_token(args.token_user)
+        else:
+            token = sys.stdin.readline().strip()
+        line = hash_token(token)
+    except Unauthenticated as exc:
+        raise InvalidArgument(str(exc)) from None
+    if args.append:
+        with open(args.append, "a") as f:
+            f.write(line + "\n")
+        _note(f"added a line for {line.split(':', 1)[0]!r} to {args.append}")
+    else:
+        print(line)
+    if args.action == "create":
+        if args.out:
+            fd = os.open(args.out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(token + "\n")
+            _note(f"token written to {args.out}; pass it with --token-file")
+        else:
+            _note("the token (shown once; the masters keep only its hash):")
+            print(token)
+    return 0
 
 
 def _cmd_spark_submit(args: argparse.Namespace) -> int:
@@ -767,6 +839,17 @@ def _silence_stdout() -> None:
         os.dup2(devnull, sys.stdout.fileno())
 
 
+def _export_credentials(args: argparse.Namespace) -> None:
+    # Through the environment, so every client this command builds (the node cache's too)
+    # uses them, exactly as if the BLOBHA_* variables had been set.
+    for option, env in (("tls_ca", "BLOBHA_CA"), ("tls_cert", "BLOBHA_CERT"),
+                        ("tls_key", "BLOBHA_KEY"),
+                        ("token_file", "BLOBHA_TOKEN_FILE")):
+        value = getattr(args, option, None)
+        if value:
+            os.environ[env] = value
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the command line; returns the exit status (see the module docstring)."""
     argv = sys.argv[1:] if argv is None else argv
@@ -787,6 +870,7 @@ def main(argv: list[str] | None = None) -> int:
         _check_args(args)
     except SystemExit as exc:  # argparse: --help, --version, usage errors
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else EXIT_USAGE)
+    _export_credentials(args)
     try:
         return int(args.func(args))
     except BlobError as exc:

@@ -34,6 +34,7 @@ import grpc
 
 from blobha import errors
 from blobha.acl import AccessControl, check_duplicates, parse_acl
+from blobha.credentials import Credentials
 from blobha.digest import Digester
 from blobha.errors import (
     BlobError,
@@ -431,8 +432,17 @@ def _error_from_rpc(address: str, exc: grpc.RpcError) -> BlobError:
         # Our own cancellations never get here; a cancel from the far side means the master
         # is going away, which is worth a retry elsewhere.
         return Unavailable(f"master {address} cancelled the call: {details or 'no reason'}")
+    if code == grpc.StatusCode.RESOURCE_EXHAUSTED and any(
+            k == errors.BUSY_METADATA_KEY for k, _ in trailers):
+        # Too many of our calls at once on that master: transient, so back off and retry.
+        return Unavailable(f"master {address} is busy: {details}")
     error = errors.from_status(code, details, trailers)
     if isinstance(error, Unavailable):
+        if "Socket closed" in details or "handshake" in details.lower():
+            # What a plain-text client sees from a TLS master, and TLS against the wrong CA.
+            details += (" (if the masters use TLS, pass --ca / BLOBHA_CA with the CA that"
+                        " signed their certificates)")
+            return Unavailable(f"master {address} unavailable: {details}")
         return Unavailable(f"master {address} unavailable: {error}")
     if isinstance(error, DeadlineExceeded):
         return DeadlineExceeded(f"master {address} did not answer in time ({error})")
@@ -440,13 +450,16 @@ def _error_from_rpc(address: str, exc: grpc.RpcError) -> BlobError:
 
 
 class GrpcTransport:
-    """The gRPC transport: one cached channel per address.
+    """The gRPC transport: one cached channel per address, over TLS when ``credentials`` name
+    a CA or a client certificate, with the token (if any) on every call.
 
     ``address_map`` translates a master's advertised address to the one this client dials
     (see :func:`parse_address_map`); unlisted addresses are dialled as they are."""
 
-    def __init__(self, user: str, address_map: Mapping[str, str] | None = None) -> None:
-        self._metadata: tuple[tuple[str, str], ...] = ((USER_METADATA_KEY, user),)
+    def __init__(self, user: str, credentials: Credentials | None = None,
+                 address_map: Mapping[str, str] | None = None) -> None:
+        self._credentials = credentials or Credentials()
+        self._metadata: tuple[tuple[str, str], ...] = self._credentials.metadata(user)
         self._address_map = dict(address_map or {})
         self._lock = threading.Lock()
         self._channels: dict[str, grpc.Channel] = {}
@@ -460,7 +473,12 @@ class GrpcTransport:
             stub = self._stubs.get(address)
             if stub is None:
                 target = self._address_map.get(address, address)
-                channel = grpc.insecure_channel(target, options=_CHANNEL_OPTIONS)
+                options: list[tuple[str, object]] = list(_CHANNEL_OPTIONS)
+                if target != address:
+                    # TLS still checks the certificate against the advertised name.
+                    host = address.rsplit(":", 1)[0].strip("[]")
+                    options.append(("grpc.ssl_target_name_override", host))
+                channel = self._credentials.channel(target, options)
                 self._channels[address] = channel
                 stub = self._stubs[address] = pb_grpc.BlobStoreStub(channel)  # type: ignore[no-untyped-call]
             return stub
@@ -709,7 +727,9 @@ class Client:
     """A connection to a blobha cluster.
 
     ``cluster`` lists some masters (``"m1:6627,m2:6627"`` or a list); the others and the leader
-    are discovered. ``user`` defaults to ``$BLOBHA_USER``, then the operating-system user.
+    are discovered. ``user`` defaults to the token's user, then ``$BLOBHA_USER``, then the
+    operating-system user. ``credentials`` (TLS trust, client certificate, token file) default
+    to ``$BLOBHA_CA``, ``$BLOBHA_CERT``/``$BLOBHA_KEY`` and ``$BLOBHA_TOKEN_FILE``.
     ``address_map`` (default ``$BLOBHA_ADDRESS_MAP``) maps advertised master addresses to the
     addresses this client dials, for clients outside the masters' network.
     ``timeout`` bounds how long one operation waits for the cluster, retries included (a
@@ -738,9 +758,19 @@ class Client:
         chunk_size: int = DEFAULT_CHUNK_SIZE,
         *,
         address_map: Mapping[str, str] | None = None,
+        credentials: Credentials | None = None,
         transport: Transport | None = None,
     ) -> None:
         self._addresses = parse_cluster(cluster)
+        if transport is None:
+            credentials = (credentials or Credentials.from_env()).check()
+            token_user = credentials.token_user()
+            if token_user and user and user != token_user:
+                raise InvalidArgument(
+                    f"the token belongs to {token_user!r}, not {user!r}; drop --user or use"
+                    f" {user!r}'s token"
+                )
+            user = user or token_user
         self._user = _check_user(user if user else default_user())
         if not timeout > 0:
             raise InvalidArgument(f"timeout must be positive seconds, not {timeout!r}")
@@ -748,7 +778,8 @@ class Client:
         self._chunk_size = _check_chunk_size(chunk_size)
         if address_map is None:
             address_map = default_address_map()
-        self._transport: Transport = transport or GrpcTransport(self._user, address_map)
+        self._transport: Transport = transport or GrpcTransport(self._user, credentials,
+                                                                address_map)
         self._rng = random.Random()
         #: Replaceable so tests do not wait for real backoff.
         self._sleep: Callable[[float], None] = time.sleep

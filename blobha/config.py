@@ -113,7 +113,68 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option("master.principal", "blobha-master", "User name masters use with each other."),
     Option("admins", [], "Users allowed every operation on every blob."),
-    Option("auth.mode", "simple", "Authenticator: 'simple' trusts the user name the client sends."),
+    Option(
+        "auth.mode",
+        "simple",
+        "Authenticator: 'simple' trusts the user name the client sends; 'token' checks a bearer"
+        " token against auth.token.file; 'mtls' takes the user from the client certificate"
+        " (needs tls.*).",
+    ),
+    Option(
+        "auth.token.file",
+        "",
+        "Token mode: file of 'user:scrypt$salt$hash' lines ('blobha token create' makes them);"
+        " re-read when it changes.",
+    ),
+    Option(
+        "auth.mtls.rules",
+        ["cn ^(.+)$ \\1"],
+        "mtls mode: rules 'cn|san REGEX REPLACEMENT' mapping a client certificate's common name"
+        " or subject alternative name to a user; the first match wins.",
+    ),
+    Option(
+        "tls.cert",
+        "",
+        "PEM certificate of this master; with tls.key, the master serves TLS only. Re-read when"
+        " it changes.",
+    ),
+    Option("tls.key", "", "PEM private key of tls.cert."),
+    Option(
+        "tls.ca",
+        "",
+        "PEM CA certificate(s) that masters' certificates (and in mtls mode clients') must be"
+        " signed by.",
+    ),
+    Option(
+        "zookeeper.auth.scheme",
+        "none",
+        "'digest' locks blobha's znodes down to the masters' ZooKeeper credentials"
+        " (zookeeper.auth.file); 'none' leaves them open to anyone who reaches ZooKeeper.",
+    ),
+    Option(
+        "zookeeper.auth.file",
+        "",
+        "File holding the masters' ZooKeeper digest credentials as one 'user:password' line"
+        " (keep it readable by the master only).",
+    ),
+    Option(
+        "blobstore.list.visibility",
+        "readable",
+        "What 'list' shows: 'readable' = only keys the user may READ (admins see all); 'all' ="
+        " every key, as in Storm.",
+    ),
+    Option(
+        "master.max.calls.per.client",
+        32,
+        "Calls one user may have running at once on a master; more are refused with"
+        " RESOURCE_EXHAUSTED (masters themselves are exempt).",
+    ),
+    Option(
+        "master.max.streams.per.connection",
+        64,
+        "Concurrent gRPC streams one client connection may open (grpc.max_concurrent_streams).",
+    ),
+    Option("audit.file", "", "Also append the audit log (blobha.audit) to this file."),
     Option("log.level", "INFO", "Logging level: DEBUG, INFO, WARNING or ERROR."),
 )
 
@@ -243,8 +304,9 @@ def _validate(v: dict[str, Any]) -> dict[str, Any]:
     admins = v["admins"]
     if not isinstance(admins, list) or not all(isinstance(a, str) and a for a in admins):
         raise ConfigError(f"admins must be a list of user names, got {admins!r}")
-    if v["auth.mode"] != "simple":
-        raise ConfigError(f"auth.mode {v['auth.mode']!r} is not supported; use 'simple'")
+    _validate_security(v)
+    number("master.max.calls.per.client", int, 1)
+    number("master.max.streams.per.connection", int, 1)
     level = str(v["log.level"]).upper()
     if level not in ("DEBUG", "INFO", "WARNING", "ERROR"):
         raise ConfigError(
@@ -252,6 +314,41 @@ def _validate(v: dict[str, Any]) -> dict[str, Any]:
         )
     v["log.level"] = level
     return v
+
+
+def _validate_security(v: dict[str, Any]) -> None:
+    for key in ("auth.token.file", "tls.cert", "tls.key", "tls.ca", "zookeeper.auth.file",
+                "audit.file"):
+        if not isinstance(v[key], str):
+            raise ConfigError(f"{key} must be a file path (a string), got {v[key]!r}")
+    mode = v["auth.mode"]
+    if mode not in ("simple", "token", "mtls"):
+        raise ConfigError(f"auth.mode must be 'simple', 'token' or 'mtls', got {mode!r}")
+    if mode == "token" and not v["auth.token.file"]:
+        raise ConfigError("auth.mode 'token' needs auth.token.file (make lines with"
+                          " 'blobha token create')")
+    rules = v["auth.mtls.rules"]
+    if not isinstance(rules, list) or not all(isinstance(r, str) for r in rules):
+        raise ConfigError(f"auth.mtls.rules must be a list of strings, got {rules!r}")
+    if bool(v["tls.cert"]) != bool(v["tls.key"]):
+        raise ConfigError("tls.cert and tls.key go together: set both or neither")
+    if mode == "mtls" and not (v["tls.cert"] and v["tls.ca"]):
+        raise ConfigError("auth.mode 'mtls' needs TLS: set tls.cert, tls.key and tls.ca")
+    if v["tls.ca"] and not v["tls.cert"]:
+        raise ConfigError("tls.ca is set but tls.cert/tls.key are not; a master serves TLS only"
+                          " with its own certificate")
+    if v["zookeeper.auth.scheme"] not in ("none", "digest"):
+        raise ConfigError(f"zookeeper.auth.scheme must be 'none' or 'digest', got"
+                          f" {v['zookeeper.auth.scheme']!r}")
+    if v["zookeeper.auth.scheme"] == "digest" and not v["zookeeper.auth.file"]:
+        raise ConfigError("zookeeper.auth.scheme 'digest' needs zookeeper.auth.file (one"
+                          " 'user:password' line)")
+    if v["zookeeper.auth.scheme"] == "digest" and v["zookeeper.chroot"] == "/":
+        raise ConfigError("zookeeper.auth.scheme 'digest' needs a zookeeper.chroot below /: the"
+                          " lock-down never touches ZooKeeper's own root")
+    if v["blobstore.list.visibility"] not in ("readable", "all"):
+        raise ConfigError(f"blobstore.list.visibility must be 'readable' or 'all', got"
+                          f" {v['blobstore.list.visibility']!r}")
 
 
 def _check_hostport(key: str, text: str, allow_no_port: bool = False) -> None:

@@ -11,6 +11,9 @@ import grpc
 
 #: Trailing-metadata key naming the leader when a non-leader refuses a leader-only call.
 LEADER_METADATA_KEY = "x-blobha-leader"
+#: Trailing-metadata key marking a RESOURCE_EXHAUSTED that is only "too many calls at once":
+#: clients back off and retry it, unlike a full disk.
+BUSY_METADATA_KEY = "x-blobha-busy"
 
 
 class BlobError(Exception):
@@ -34,6 +37,14 @@ class KeyAlreadyExists(BlobError):
 class NotAuthorized(BlobError):
     code = grpc.StatusCode.PERMISSION_DENIED
     exit_code = 5
+
+
+class Unauthenticated(NotAuthorized):
+    """The call carried no credential, or a wrong one. A subclass of NotAuthorized, so code that
+    handles "not allowed" handles it too; the message says which credential to pass."""
+
+    code = grpc.StatusCode.UNAUTHENTICATED
+    exit_code = 15
 
 
 class InvalidArgument(BlobError):
@@ -95,7 +106,7 @@ _BY_CODE: dict[grpc.StatusCode, type[BlobError]] = {
     grpc.StatusCode.NOT_FOUND: KeyNotFound,
     grpc.StatusCode.ALREADY_EXISTS: KeyAlreadyExists,
     grpc.StatusCode.PERMISSION_DENIED: NotAuthorized,
-    grpc.StatusCode.UNAUTHENTICATED: NotAuthorized,
+    grpc.StatusCode.UNAUTHENTICATED: Unauthenticated,
     grpc.StatusCode.INVALID_ARGUMENT: InvalidArgument,
     grpc.StatusCode.OUT_OF_RANGE: InvalidArgument,
     grpc.StatusCode.FAILED_PRECONDITION: NotLeader,

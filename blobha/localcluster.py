@@ -20,12 +20,15 @@ from typing import Any
 
 import grpc
 
-from blobha.peers import CHANNEL_OPTIONS, USER_METADATA_KEY
+from blobha.credentials import Credentials
+from blobha.peers import CHANNEL_OPTIONS
 from blobha.v1 import blobha_pb2 as pb
 from blobha.v1 import blobha_pb2_grpc as pb_grpc
 from blobha.zkserver import EmbeddedZooKeeper
 
 DEFAULT_BASE_PORT = 6627
+#: Users a secure local cluster makes credentials for; "admin" is in the masters' admins.
+SECURE_USERS = ("admin", "alice", "bob")
 
 
 def _toml_value(v: Any) -> str:
@@ -98,6 +101,11 @@ class LocalCluster:
 
     ``overrides`` are configuration keys applied to every master (e.g. a short session timeout
     for tests). Ports: masters on ``base_port``, ``base_port + 1``, ...; 0 picks free ports.
+
+    ``tls=True`` makes the secure set-up under ``data_dir/secure`` (kept across runs): a
+    throwaway CA and a certificate per master, credentials for :data:`SECURE_USERS` (tokens, or
+    client certificates with ``auth="mtls"``), and ZooKeeper locked down to the masters.
+    :meth:`credentials` gives what a client of that user passes.
     """
 
     def __init__(
@@ -108,12 +116,21 @@ class LocalCluster:
         zookeeper_home: str | None = None,
         overrides: Mapping[str, Any] | None = None,
         zk_tick_ms: int = 1000,
+        tls: bool = False,
+        auth: str | None = None,
+        zk_lockdown: bool | None = None,
     ) -> None:
         if nodes < 1:
             raise ValueError("a cluster needs at least one master")
         self.data_dir = data_dir.resolve()
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.overrides = dict(overrides or {})
+        self.tls = tls
+        self.auth = auth or ("token" if tls else "simple")
+        if self.auth == "mtls" and not tls:
+            raise ValueError("mtls authentication needs tls=True")
+        self.zk_lockdown = tls if zk_lockdown is None else zk_lockdown
+        self.secure_dir = self.data_dir / "secure"
         self.zk = EmbeddedZooKeeper(self.data_dir / "zookeeper", zookeeper_home=zookeeper_home,
                                     tick_ms=zk_tick_ms)
         ports = _free_ports(nodes) if base_port == 0 else [base_port + i for i in range(nodes)]
@@ -137,13 +154,82 @@ class LocalCluster:
             "zookeeper.session.timeout.ms": 6000,
             "master.listen": m.address,
             "blobstore.disk.reserved.bytes": 64 * 1024 * 1024,
+            **self._security_config(m),
             **self.overrides,
         }
         m.config_path.write_text(
             "".join(f"{_toml_value(k)} = {_toml_value(v)}\n" for k, v in values.items())
         )
 
+    # ---- the secure set-up ---------------------------------------------------------------
+
+    def _security_config(self, m: MasterProcess) -> dict[str, Any]:
+        d = self.secure_dir
+        out: dict[str, Any] = {"auth.mode": self.auth}
+        if self.tls or self.auth != "simple" or self.zk_lockdown:
+            out["admins"] = ["admin"]
+        if self.tls:
+            name = f"master-{m.index + 1}"
+            out.update({"tls.ca": str(d / "ca.pem"), "tls.cert": str(d / f"{name}.pem"),
+                        "tls.key": str(d / f"{name}-key.pem")})
+        if self.auth == "token":
+            out["auth.token.file"] = str(d / "tokens.txt")
+        if self.zk_lockdown:
+            out.update({"zookeeper.auth.scheme": "digest",
+                        "zookeeper.auth.file": str(d / "zookeeper.auth")})
+        return out
+
+    def prepare_security(self) -> None:
+        """Make whatever the secure set-up lacks; what exists is kept (ZooKeeper's data is
+        locked with the credentials of the first run)."""
+        from blobha import certgen
+        from blobha.auth import hash_token, new_token
+
+        d = self.secure_dir
+        if not (self.tls or self.auth != "simple" or self.zk_lockdown):
+            return
+        d.mkdir(parents=True, exist_ok=True)
+        os.chmod(d, 0o700)
+        if self.zk_lockdown and not (d / "zookeeper.auth").exists():
+            import secrets
+
+            _write_private(d / "zookeeper.auth", f"blobha:{secrets.token_urlsafe(24)}\n")
+        if self.tls:
+            ca = certgen.CertFiles(d / "ca.pem", d / "ca-key.pem")
+            if not ca.cert.exists():
+                ca = certgen.make_ca(d)
+            for m in self.masters:
+                host = m.address.rsplit(":", 1)[0]
+                if not (d / f"master-{m.index + 1}.pem").exists():
+                    certgen.issue(ca, d, f"master-{m.index + 1}", m.address,
+                                  hosts=[host, "localhost"])
+            if self.auth == "mtls":
+                for user in SECURE_USERS:
+                    if not (d / f"{user}.pem").exists():
+                        certgen.issue(ca, d, user, user)
+        if self.auth == "token":
+            lines = []
+            for user in SECURE_USERS:
+                path = d / f"{user}.token"
+                if not path.exists():
+                    _write_private(path, new_token(user) + "\n")
+                lines.append(hash_token(path.read_text().strip()))
+            if not (d / "tokens.txt").exists():
+                _write_private(d / "tokens.txt", "\n".join(lines) + "\n")
+
+    def credentials(self, user: str = "admin") -> Credentials:
+        """What a client of ``user`` passes to this cluster (a secure cluster knows
+        :data:`SECURE_USERS`)."""
+        d = self.secure_dir
+        return Credentials(
+            ca=str(d / "ca.pem") if self.tls else None,
+            cert=str(d / f"{user}.pem") if self.auth == "mtls" else None,
+            key=str(d / f"{user}-key.pem") if self.auth == "mtls" else None,
+            token_file=str(d / f"{user}.token") if self.auth == "token" else None,
+        )
+
     def start(self, timeout: float = 60) -> None:
+        self.prepare_security()
         self.zk.start(timeout=timeout)
         for m in self.masters:
             self.write_config(m)
@@ -173,13 +259,15 @@ class LocalCluster:
                 ) -> pb.ClusterSummaryResponse:
         targets = [via] if via else [m for m in self.masters if m.alive()]
         last: Exception | None = None
+        user = "admin" if self.auth != "simple" else "blobha-local"
+        creds = self.credentials(user)
         for m in targets:
-            with grpc.insecure_channel(m.address, options=CHANNEL_OPTIONS) as ch:
+            with creds.channel(m.address, CHANNEL_OPTIONS) as ch:
                 try:
                     stub = pb_grpc.BlobStoreStub(ch)  # type: ignore[no-untyped-call]
                     reply: pb.ClusterSummaryResponse = stub.ClusterSummary(
                         pb.ClusterSummaryRequest(), timeout=timeout,
-                        metadata=((USER_METADATA_KEY, "blobha-local"),),
+                        metadata=creds.metadata(user),
                     )
                     return reply
                 except grpc.RpcError as e:
@@ -214,6 +302,12 @@ class LocalCluster:
         return next(m for m in self.masters if m.address == s.leader)
 
 
+def _write_private(path: Path, text: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+
+
 def _free_ports(n: int) -> list[int]:
     import socket
 
@@ -229,10 +323,12 @@ def _free_ports(n: int) -> list[int]:
             s.close()
 
 
-def main(nodes: int, data_dir: str | None, base_port: int, zookeeper_home: str | None) -> int:
+def main(nodes: int, data_dir: str | None, base_port: int, zookeeper_home: str | None,
+         tls: bool = False, auth: str | None = None) -> int:
     """Run a local cluster in the foreground until Ctrl-C or SIGTERM."""
     root = Path(data_dir or os.environ.get("BLOBHA_LOCAL_DIR", "blobha-local"))
-    cluster = LocalCluster(root, nodes=nodes, base_port=base_port, zookeeper_home=zookeeper_home)
+    cluster = LocalCluster(root, nodes=nodes, base_port=base_port, zookeeper_home=zookeeper_home,
+                           tls=tls, auth=auth)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     print(f"blobha local-cluster: starting ZooKeeper and {nodes} masters in {cluster.data_dir}",
@@ -256,6 +352,14 @@ def main(nodes: int, data_dir: str | None, base_port: int, zookeeper_home: str |
         print(f"master {m.index + 1}: {m.address} pid {m.pid} ({role}); log {m.log_path}")
     print("\nIn another shell:\n")
     print(f"  export BLOBHA_CLUSTER={cluster.cluster}")
+    creds = cluster.credentials("alice")
+    for env, value in (("BLOBHA_CA", creds.ca), ("BLOBHA_CERT", creds.cert),
+                       ("BLOBHA_KEY", creds.key), ("BLOBHA_TOKEN_FILE", creds.token_file)):
+        if value:
+            print(f"  export {env}={value}")
+    if cluster.auth != "simple":
+        print(f"  # you are alice; other users' credentials are in {cluster.secure_dir}"
+              f" ({', '.join(SECURE_USERS)}; admin may do anything)")
     print("  blobha cluster\n")
     print("Ctrl-C stops everything.", flush=True)
     reported: set[int] = set()

@@ -49,7 +49,9 @@ from kazoo.retry import KazooRetry
 from blobha import acl as acls
 from blobha import zkstate
 from blobha.acl import AccessControl
+from blobha.auth import ServerAuthentication, make_authenticator, new_cluster_secret
 from blobha.config import Config, ConfigError, load_config
+from blobha.credentials import Credentials
 from blobha.digest import is_digest
 from blobha.errors import (
     BlobError,
@@ -69,9 +71,19 @@ from blobha.scrub import Scrubber
 from blobha.status import MasterSummary, ReplicationStatus
 from blobha.store import LocalStore, VersionInfo
 from blobha.sync import KeyView, Membership, Synchronizer, SyncSettings
+from blobha.tls import ReloadingServerCredentials
 from blobha.uploads import UploadManager
 from blobha.version import __version__
-from blobha.zkstate import BLOBSTORE, EPOCH, BlobState, EpochRecord, PastVersion, key_path
+from blobha.zkauth import ZkCredentials, ZooKeeperAuthError, ensure_locked_chroot
+from blobha.zkstate import (
+    BLOBSTORE,
+    EPOCH,
+    MASTER_SECRET,
+    BlobState,
+    EpochRecord,
+    PastVersion,
+    key_path,
+)
 
 log = logging.getLogger(__name__)
 
@@ -98,6 +110,25 @@ class Master:
         self.session_timeout = config["zookeeper.session.timeout.ms"] / 1000.0
         self.store = LocalStore(config.data_dir, config["blobstore.disk.reserved.bytes"])
         hosts = config["zookeeper.servers"] + config["zookeeper.chroot"]
+        try:
+            self.zk_credentials = (
+                ZkCredentials.from_file(config["zookeeper.auth.file"])
+                if config["zookeeper.auth.scheme"] == "digest" else None
+            )
+            self.authentication = ServerAuthentication(
+                make_authenticator(config["auth.mode"], config["auth.token.file"],
+                                   config["auth.mtls.rules"]),
+                self.principal, lambda: self._cluster_secret,
+            )
+            self.server_tls = (
+                ReloadingServerCredentials(
+                    config["tls.cert"], config["tls.key"], config["tls.ca"],
+                    require_client_cert=config["auth.mode"] == "mtls",
+                ) if config["tls.cert"] else None
+            )
+        except (ValueError, ZooKeeperAuthError) as e:
+            raise ConfigError(str(e)) from None
+        self._cluster_secret = ""
         self.zk = KazooClient(
             hosts=hosts,
             timeout=self.session_timeout,
@@ -105,8 +136,13 @@ class Master:
             # a leader write must not land on a fresh session after leadership was lost.
             connection_retry=KazooRetry(max_tries=-1, max_delay=2.0),
             command_retry=KazooRetry(max_tries=0, ignore_expire=False),
+            **(self.zk_credentials.kazoo_args() if self.zk_credentials else {}),
         )
-        self.peers = Peers(self.principal)
+        # Masters reach each other with this master's own certificate as client certificate.
+        self.peers = Peers(self.principal, Credentials(
+            ca=config["tls.ca"] or None, cert=config["tls.cert"] or None,
+            key=config["tls.key"] or None,
+        ) if config["tls.cert"] else None)
         self.uploads = UploadManager(self.store, config["blobstore.upload.expiration.secs"])
         self.election = LeaderElection(
             self.zk, self.identity, self.session_timeout, self._on_elected, self._on_deposed
@@ -144,11 +180,14 @@ class Master:
     # ---- lifecycle -----------------------------------------------------------------------
 
     def start(self, serve: bool = True) -> None:
+        from blobha.gatekeeper import Gatekeeper
         from blobha.service import add_to_server, new_server
 
         try:
             self._ensure_chroot()
             self.zk.start(timeout=max(15.0, self.session_timeout))
+        except ZooKeeperAuthError as e:
+            raise ConfigError(str(e)) from None
         except Exception as e:
             raise Unavailable(
                 f"cannot reach ZooKeeper at {self.config['zookeeper.servers']} ({e}); check"
@@ -157,12 +196,27 @@ class Master:
         for root in zkstate.ALL_ROOTS:
             self.zk.ensure_path(root)
         self._check_cluster_identity()
+        self._load_cluster_secret()
+        if self.zk_credentials is None and self.config["auth.mode"] != "simple":
+            log.warning("ZooKeeper is not locked down (zookeeper.auth.scheme = 'none'): whoever"
+                        " reaches ZooKeeper can read the cluster secret and forge blobha state")
         self.uploads.start()
         if serve:
-            self._server = new_server()
+            self.gatekeeper = Gatekeeper(self.authentication,
+                                         self.config["master.max.calls.per.client"])
+            self._server = new_server(
+                [self.gatekeeper],
+                [("grpc.max_concurrent_streams",
+                  self.config["master.max.streams.per.connection"])],
+            )
             add_to_server(self, self._server)
-            if self._server.add_insecure_port(self.config["master.listen"]) == 0:
-                raise ConfigError(f"cannot listen on {self.config['master.listen']}: in use?")
+            listen = self.config["master.listen"]
+            if self.server_tls is not None:
+                port = self._server.add_secure_port(listen, self.server_tls.credentials)
+            else:
+                port = self._server.add_insecure_port(listen)
+            if port == 0:
+                raise ConfigError(f"cannot listen on {listen}: in use?")
             self._server.start()
         self.membership.register()
         self.sync.start()
@@ -172,14 +226,18 @@ class Master:
                  self.store.root)
 
     def _ensure_chroot(self) -> None:
-        # A chrooted client cannot create its own root; do it once without the chroot.
-        root = KazooClient(hosts=self.config["zookeeper.servers"], timeout=self.session_timeout)
-        root.start(timeout=max(15.0, self.session_timeout))
-        try:
-            root.ensure_path(self.config["zookeeper.chroot"])
-        finally:
-            root.stop()
-            root.close()
+        # A chrooted client cannot create its own root; do it once without the chroot, and
+        # lock the tree down there (migrating an open one) when ZooKeeper auth is on.
+        ensure_locked_chroot(self.config["zookeeper.servers"], self.config["zookeeper.chroot"],
+                             self.zk_credentials, max(15.0, self.session_timeout))
+
+    def _load_cluster_secret(self) -> None:
+        """The secret masters prove themselves to each other with (see blobha.auth). The first
+        master creates it; under lock-down only masters can read it."""
+        with contextlib.suppress(NodeExistsError):
+            self.zk.create(MASTER_SECRET, new_cluster_secret().encode())
+        self._cluster_secret = self.zk.get(MASTER_SECRET)[0].decode()
+        self.peers.set_cluster_secret(self._cluster_secret)
 
     def stop(self) -> None:
         """Graceful stop: resign leadership at once, abort uploads, drain, disconnect."""
@@ -354,6 +412,10 @@ class Master:
 
                     raise upload_not_found(upload_id) from None
             return up.temp.size
+
+    def upload_key(self, upload_id: str) -> str:
+        """The key an upload session is for ('' if unknown), for the audit log only."""
+        return self.uploads.key_of(upload_id)
 
     def upload_status(self, user: str, upload_id: str) -> int:
         return self.uploads.get(upload_id, user).temp.size
@@ -530,8 +592,9 @@ class Master:
         self, user: str, key: str, version: int, offset: int, length: int,
     ) -> tuple[VersionInfo, Iterator[bytes]]:
         validate_key(key)
-        if self.privileged(user) and version:
-            # Masters syncing from each other may ask for any version this master keeps.
+        if user == self.principal and version:
+            # Masters syncing from each other may ask for any version this master keeps; the
+            # principal is authenticated by the cluster secret (blobha.auth), never claimed.
             info = self.store.info(key, version)
             if info is None:
                 raise KeyNotFound(f"not held here: {self.identity} has no v{version} of {key!r}")
@@ -551,7 +614,8 @@ class Master:
             raise InvalidArgument(f"offset {offset} is past the end of {key!r} ({info.size} bytes)")
         return info, self.store.read(key, seq, offset, length)
 
-    def list_keys(self, prefix: str, page_token: str, page_size: int) -> tuple[list[str], str]:
+    def list_keys(self, user: str, prefix: str, page_token: str, page_size: int
+                  ) -> tuple[list[str], str]:
         self._require_zk()
         size = min(page_size or DEFAULT_PAGE, MAX_PAGE)
         after = ""
@@ -563,11 +627,34 @@ class Master:
         keys = sorted(k for k in self.zk.get_children(BLOBSTORE) if k.startswith(prefix))
         if after:
             keys = [k for k in keys if k > after]
-        page = keys[:size]
+        if self.config["blobstore.list.visibility"] == "all" or self.privileged(user):
+            page = keys[:size]
+            more = len(keys) > size
+        else:
+            page, more = self._readable(user, keys, size)
         token = ""
-        if len(keys) > size:
+        if more and page:
             token = base64.urlsafe_b64encode(page[-1].encode()).decode()
         return page, token
+
+    def _readable(self, user: str, keys: list[str], size: int) -> tuple[list[str], bool]:
+        """Up to ``size`` of ``keys`` that ``user`` may READ, and whether more may follow."""
+        page: list[str] = []
+        batch = 256  # pipelined reads: one round trip per batch, not per key
+        for start in range(0, len(keys), batch):
+            chunk = keys[start:start + batch]
+            pending = [self.zk.get_async(key_path(k)) for k in chunk]
+            for key, result in zip(chunk, pending, strict=True):
+                try:
+                    data, stat = result.get(timeout=self.session_timeout)
+                except NoNodeError:
+                    continue  # deleted meanwhile
+                if acls.allowed(BlobState.decode(data, stat.version).acl, user, acls.READ):
+                    page.append(key)
+                    if len(page) == size:
+                        last = start + chunk.index(key)
+                        return page, last + 1 < len(keys)
+        return page, False
 
     def _replication(self, key: str, state: BlobState,
                      watch: Callable[[WatchedEvent], None] | None = None) -> ReplicationStatus:
@@ -835,6 +922,14 @@ def serve_main(config_path: str | None) -> int:
     )
     # kazoo logs every reconnect attempt at WARNING; its state changes are logged by us.
     logging.getLogger("kazoo.client").setLevel(logging.ERROR)
+    if config["audit.file"]:
+        try:
+            handler = logging.FileHandler(config["audit.file"])
+        except OSError as e:
+            log.error("cannot open audit.file %s: %s", config["audit.file"], e.strerror)
+            return 1
+        handler.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
+        logging.getLogger("blobha.audit").addHandler(handler)
     try:
         master = Master(config)
         master.start()

@@ -11,13 +11,16 @@ from collections.abc import Iterator
 
 import grpc
 
+from blobha.auth import MASTER_SECRET_METADATA_KEY, USER_METADATA_KEY
+from blobha.credentials import Credentials
 from blobha.errors import BlobError, ChecksumMismatch, from_status
 from blobha.status import MasterSummary, master_from_pb
 from blobha.store import TempBlob
 from blobha.v1 import blobha_pb2 as pb
 from blobha.v1 import blobha_pb2_grpc as pb_grpc
 
-USER_METADATA_KEY = "x-blobha-user"
+__all__ = ["CHANNEL_OPTIONS", "MAX_MESSAGE", "USER_METADATA_KEY", "Peers"]
+
 MAX_MESSAGE = 8 * 1024 * 1024
 CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", MAX_MESSAGE),
@@ -29,19 +32,36 @@ CHANNEL_OPTIONS = [
 
 
 class Peers:
-    """Channels to the other masters, authenticated as the master principal."""
+    """Channels to the other masters, authenticated as the master principal: the principal
+    is proven by the cluster secret (see blobha.auth); with TLS, the peer's certificate is
+    verified against tls.ca and this master's own certificate is presented as client
+    certificate. Renewed certificate files are picked up by re-opening the channels."""
 
-    def __init__(self, principal: str) -> None:
-        self._metadata = ((USER_METADATA_KEY, principal),)
+    def __init__(self, principal: str, credentials: Credentials | None = None) -> None:
+        self._principal = principal
+        self._metadata: tuple[tuple[str, str], ...] = ((USER_METADATA_KEY, principal),)
+        self._credentials = credentials or Credentials()
+        self._stamp = self._credentials.stamp()
         self._stubs: dict[str, pb_grpc.BlobStoreStub] = {}
         self._channels: dict[str, grpc.Channel] = {}
         self._guard = threading.Lock()
 
+    def set_cluster_secret(self, secret: str) -> None:
+        self._metadata = ((USER_METADATA_KEY, self._principal),
+                          (MASTER_SECRET_METADATA_KEY, secret))
+
     def _stub(self, address: str) -> pb_grpc.BlobStoreStub:
         with self._guard:
+            stamp = self._credentials.stamp()
+            if stamp != self._stamp:
+                self._stamp = stamp
+                for c in self._channels.values():
+                    c.close()
+                self._channels.clear()
+                self._stubs.clear()
             stub = self._stubs.get(address)
             if stub is None:
-                channel = grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+                channel = self._credentials.channel(address, CHANNEL_OPTIONS)
                 self._channels[address] = channel
                 stub = self._stubs[address] = pb_grpc.BlobStoreStub(channel)  # type: ignore[no-untyped-call]
             return stub

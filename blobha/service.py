@@ -19,9 +19,11 @@ from kazoo.exceptions import (
 )
 
 from blobha.acl import AccessControl
+from blobha.audit import audited
 from blobha.digest import CHUNK_SIZE
 from blobha.errors import BlobError, InvalidArgument, Unavailable, to_status
-from blobha.peers import CHANNEL_OPTIONS, USER_METADATA_KEY
+from blobha.gatekeeper import authenticated_user
+from blobha.peers import CHANNEL_OPTIONS
 from blobha.status import master_to_pb, replication_to_pb
 from blobha.v1 import blobha_pb2 as pb
 from blobha.v1 import blobha_pb2_grpc as pb_grpc
@@ -45,9 +47,11 @@ SERVER_OPTIONS = [
 ]
 
 
-def new_server() -> grpc.Server:
+def new_server(interceptors: Iterable[grpc.ServerInterceptor] = (),  # type: ignore[type-arg]
+               options: Iterable[tuple[str, Any]] = ()) -> grpc.Server:
     return grpc.server(ThreadPoolExecutor(max_workers=MAX_WORKERS, thread_name_prefix="rpc"),
-                       options=[*CHANNEL_OPTIONS, *SERVER_OPTIONS])
+                       interceptors=list(interceptors),
+                       options=[*CHANNEL_OPTIONS, *SERVER_OPTIONS, *options])
 
 
 def add_to_server(master: Master, server: grpc.Server) -> None:
@@ -101,13 +105,8 @@ def streaming(fn: Callable[..., Iterator[T]]) -> Callable[..., Iterator[T]]:
 
 
 def user_of(context: grpc.ServicerContext) -> str:
-    for k, v in context.invocation_metadata():
-        if k == USER_METADATA_KEY:
-            user = v.decode() if isinstance(v, bytes) else v
-            if user and len(user) <= 256 and ":" not in user and "," not in user:
-                return user
-            raise InvalidArgument("the user name must be 1-256 characters without ':' or ','")
-    raise InvalidArgument("no user given; pass --user or set BLOBHA_USER")
+    # Authenticated by the gatekeeper interceptor before any handler runs (blobha.auth).
+    return authenticated_user(context)
 
 
 def acl_from_pb(entries: Iterable[pb.AccessControl]) -> list[AccessControl]:
@@ -138,11 +137,13 @@ class BlobStoreServicer(pb_grpc.BlobStoreServicer):
     @unary
     def BeginUpload(self, request: pb.BeginUploadRequest, context: grpc.ServicerContext
                     ) -> pb.BeginUploadResponse:
-        upload_id, expires = self.master.begin_upload(
-            user_of(context), request.key, request.create, acl_from_pb(request.acl),
-            request.replication_factor, request.expected_version, request.size_hint,
-            request.write_quorum,
-        )
+        user = user_of(context)
+        with audited(user, "begin-create" if request.create else "begin-update", request.key):
+            upload_id, expires = self.master.begin_upload(
+                user, request.key, request.create, acl_from_pb(request.acl),
+                request.replication_factor, request.expected_version, request.size_hint,
+                request.write_quorum,
+            )
         return pb.BeginUploadResponse(upload_id=upload_id, expires_after_secs=expires)
 
     @unary
@@ -167,15 +168,20 @@ class BlobStoreServicer(pb_grpc.BlobStoreServicer):
     @unary
     def CommitUpload(self, request: pb.CommitUploadRequest, context: grpc.ServicerContext
                      ) -> pb.BlobMeta:
-        key, state, replication = self.master.commit(
-            user_of(context), request.upload_id, request.size, request.digest
-        )
+        user = user_of(context)
+        with audited(user, "commit", self.master.upload_key(request.upload_id)) as rec:
+            key, state, replication = self.master.commit(
+                user, request.upload_id, request.size, request.digest
+            )
+            rec.key, rec.version = key, state.seq
         return meta_to_pb(key, state, replication)
 
     @unary
     def AbortUpload(self, request: pb.AbortUploadRequest, context: grpc.ServicerContext
                     ) -> pb.AbortUploadResponse:
-        self.master.abort(user_of(context), request.upload_id)
+        user = user_of(context)
+        with audited(user, "abort-upload", self.master.upload_key(request.upload_id)):
+            self.master.abort(user, request.upload_id)
         return pb.AbortUploadResponse()
 
     @streaming
@@ -206,21 +212,26 @@ class BlobStoreServicer(pb_grpc.BlobStoreServicer):
 
     @unary
     def SetMeta(self, request: pb.SetMetaRequest, context: grpc.ServicerContext) -> pb.BlobMeta:
-        acl = acl_from_pb(request.acl) if request.set_acl else None
-        state = self.master.set_meta(user_of(context), request.key, acl,
-                                     request.replication_factor, request.expected_meta_version)
+        user = user_of(context)
+        with audited(user, "set-meta", request.key) as rec:
+            acl = acl_from_pb(request.acl) if request.set_acl else None
+            state = self.master.set_meta(user, request.key, acl, request.replication_factor,
+                                         request.expected_meta_version)
+            rec.version = state.seq
         return meta_to_pb(request.key, state, 0)
 
     @unary
     def Delete(self, request: pb.DeleteRequest, context: grpc.ServicerContext
                ) -> pb.DeleteResponse:
-        self.master.delete(user_of(context), request.key)
+        user = user_of(context)
+        with audited(user, "delete", request.key):
+            self.master.delete(user, request.key)
         return pb.DeleteResponse()
 
     @unary
     def List(self, request: pb.ListRequest, context: grpc.ServicerContext) -> pb.ListResponse:
-        user_of(context)
-        keys, token = self.master.list_keys(request.prefix, request.page_token, request.page_size)
+        keys, token = self.master.list_keys(user_of(context), request.prefix, request.page_token,
+                                            request.page_size)
         return pb.ListResponse(keys=keys, next_page_token=token)
 
     @unary

@@ -67,6 +67,11 @@ class UploadManager:
                  "create" if create else "update")
         return up
 
+    def key_of(self, upload_id: str) -> str:
+        with self._guard:
+            up = self._uploads.get(upload_id)
+        return up.key if up is not None else ""
+
     def get(self, upload_id: str, user: str) -> Upload:
         with self._guard:
             up = self._uploads.get(upload_id)

@@ -7,6 +7,8 @@
     /election/n_<seq>                 ephemeral sequential candidacies; lowest = leader
     /epoch                            the fencing token, bumped by every new leader
     /masters/<host:port>              ephemeral membership of live masters
+    /master-secret                    the cluster secret masters prove themselves with
+    /blobstore-id                     the cluster id (a wiped ZooKeeper is not this cluster)
 
 The metadata znode's own ZooKeeper version is the key's ``meta_version``: every change (new
 version, ACL, replication factor) is a version-conditional ``set_data``, so concurrent writers
@@ -25,6 +27,7 @@ BLOBSTORE = "/blobstore"
 ELECTION = "/election"
 EPOCH = "/epoch"
 MASTERS = "/masters"
+MASTER_SECRET = "/master-secret"
 ALL_ROOTS = (BLOBSTORE, ELECTION, MASTERS)
 
 

@@ -366,8 +366,8 @@ def test_serve_and_local_cluster_are_loaded_lazily(
         calls.append(("serve", path))
         return 0
 
-    def local_main(*args: Any) -> int:
-        calls.append(("local", *args))
+    def local_main(*args: Any, **kw: Any) -> int:
+        calls.append(("local", *args, *sorted(kw.items())))
         return 3
 
     master = types.ModuleType("blobha.master")
@@ -379,10 +379,12 @@ def test_serve_and_local_cluster_are_loaded_lazily(
     assert cli.main(["serve", "--config", "m.toml"]) == 0
     assert cli.main(["local-cluster", "--nodes", "5", "--data-dir", "d"]) == 3
     assert cli.main(["local-cluster"]) == 3
+    assert cli.main(["local-cluster", "--tls"]) == 3
     assert calls == [
         ("serve", "m.toml"),
-        ("local", 5, "d", 6627, None),
-        ("local", 3, None, 6627, None),
+        ("local", 5, "d", 6627, None, ("auth", None), ("tls", False)),
+        ("local", 3, None, 6627, None, ("auth", None), ("tls", False)),
+        ("local", 3, None, 6627, None, ("auth", None), ("tls", True)),
     ]
 
 

@@ -35,7 +35,7 @@ def test_every_class_is_covered() -> None:
     assert {c.__name__ for c in ALL_CLASSES} == {
         "KeyNotFound", "KeyAlreadyExists", "NotAuthorized", "InvalidArgument", "NotLeader",
         "VersionConflict", "ChecksumMismatch", "ResourceExhausted", "Unavailable",
-        "DeadlineExceeded", "UploadNotFound", "InternalError",
+        "DeadlineExceeded", "UploadNotFound", "InternalError", "Unauthenticated",
     }
 
 

@@ -1,0 +1,234 @@
+"""Authenticators, tokens, client credentials, TLS reloading and security configuration, without
+a network (the integration tests in test_security.py run them against real masters)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from blobha import auth, certgen
+from blobha.audit import AuditRecord
+from blobha.auth import (
+    AUTHORIZATION_METADATA_KEY,
+    MASTER_SECRET_METADATA_KEY,
+    USER_METADATA_KEY,
+    MappingRule,
+    MtlsAuthenticator,
+    ServerAuthentication,
+    SimpleAuthenticator,
+    TokenAuthenticator,
+    hash_token,
+    make_authenticator,
+    new_token,
+    parse_token_file,
+    split_token,
+)
+from blobha.client import Client
+from blobha.config import Config, ConfigError
+from blobha.credentials import Credentials
+from blobha.errors import InvalidArgument, Unauthenticated
+from blobha.tls import ReloadingServerCredentials
+from blobha.zkauth import ZkCredentials, ZooKeeperAuthError
+
+NO_PEER: dict[str, list[str]] = {}
+
+
+def bearer(token: str) -> dict[str, str]:
+    return {AUTHORIZATION_METADATA_KEY: f"Bearer {token}"}
+
+
+# ---- tokens --------------------------------------------------------------------------------------
+
+
+def test_a_token_verifies_against_its_line_and_nothing_else(tmp_path: Path) -> None:
+    alice, bob = new_token("alice"), new_token("bob")
+    assert split_token(alice)[0] == "alice"
+    line = hash_token(alice)
+    assert line.startswith("alice:scrypt$")
+    assert split_token(alice)[1] not in line  # never in the clear on the server
+    path = tmp_path / "tokens"
+    path.write_text(f"# comment\n\n{line}\n{hash_token(bob)}\n")
+    a = TokenAuthenticator(path)
+    assert a.authenticate(bearer(alice), NO_PEER) == "alice"
+    assert a.authenticate(bearer(alice), NO_PEER) == "alice"  # remembered
+    assert a.authenticate(bearer(bob), NO_PEER) == "bob"
+    for wrong in ("alice:" + "x" * 43, "bob:" + split_token(alice)[1], new_token("mallory")):
+        with pytest.raises(Unauthenticated, match="token was refused"):
+            a.authenticate(bearer(wrong), NO_PEER)
+
+
+def test_token_header_problems_say_what_to_pass(tmp_path: Path) -> None:
+    path = tmp_path / "tokens"
+    path.write_text("")
+    a = TokenAuthenticator(path)
+    with pytest.raises(Unauthenticated, match="--token-file"):
+        a.authenticate({}, NO_PEER)
+    with pytest.raises(Unauthenticated, match="Bearer"):
+        a.authenticate({AUTHORIZATION_METADATA_KEY: "Basic abc"}, NO_PEER)
+    with pytest.raises(Unauthenticated, match="USER:SECRET"):
+        a.authenticate(bearer("no-colon"), NO_PEER)
+
+
+def test_token_file_reloads_and_survives_a_broken_edit(tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(auth, "_RELOAD_CHECK_SECS", 0.0)
+    alice, carol = new_token("alice"), new_token("carol")
+    path = tmp_path / "tokens"
+    path.write_text(hash_token(alice) + "\n")
+    a = TokenAuthenticator(path)
+    with pytest.raises(Unauthenticated):
+        a.authenticate(bearer(carol), NO_PEER)
+    path.write_text(hash_token(carol) + "\n")  # alice revoked, carol added
+    assert a.authenticate(bearer(carol), NO_PEER) == "carol"
+    with pytest.raises(Unauthenticated):
+        a.authenticate(bearer(alice), NO_PEER)
+    path.write_text("garbage that is not a token line\n")
+    assert a.authenticate(bearer(carol), NO_PEER) == "carol"  # previous file kept
+
+
+def test_bad_token_files_are_refused_at_start(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="line 2"):
+        parse_token_file("# ok\nalice:md5$x$y\n", "tokens")
+    with pytest.raises(ValueError, match="cannot use the token file"):
+        TokenAuthenticator(tmp_path / "missing")
+    with pytest.raises(ValueError, match=r"auth\.token\.file"):
+        make_authenticator("token", "", [])
+
+
+# ---- simple, mtls, and the masters' principal ----------------------------------------------------
+
+
+def test_simple_mode_needs_a_well_formed_user() -> None:
+    s = SimpleAuthenticator()
+    assert s.authenticate({USER_METADATA_KEY: "alice"}, NO_PEER) == "alice"
+    with pytest.raises(Unauthenticated, match="--user"):
+        s.authenticate({}, NO_PEER)
+    with pytest.raises(Unauthenticated):
+        s.authenticate({USER_METADATA_KEY: "a:b"}, NO_PEER)
+
+
+def test_certificate_rules_map_names_to_users() -> None:
+    m = MtlsAuthenticator([r"san ^spiffe://corp/user/(\w+)$ \1", r"cn ^(.+)\.corp$ \1"])
+    assert m.authenticate({}, {"x509_subject_alternative_name": ["spiffe://corp/user/bob"],
+                               "x509_common_name": ["x"]}) == "bob"
+    assert m.authenticate({}, {"x509_common_name": ["alice.corp"]}) == "alice"
+    # The metadata's claim is ignored: the certificate decides.
+    assert m.authenticate({USER_METADATA_KEY: "root"},
+                          {"x509_common_name": ["alice.corp"]}) == "alice"
+    with pytest.raises(Unauthenticated, match="maps to no user"):
+        m.authenticate({}, {"x509_common_name": ["stranger"]})
+    with pytest.raises(Unauthenticated, match="no client certificate"):
+        m.authenticate({}, NO_PEER)
+    with pytest.raises(ValueError, match="cn\\|san"):
+        MappingRule.parse("subject ^(.*)$ \\1")
+    with pytest.raises(ValueError, match="regular expression"):
+        MappingRule.parse("cn ^(.*$ \\1")
+
+
+def test_the_master_principal_needs_the_cluster_secret() -> None:
+    secret = auth.new_cluster_secret()
+    a = ServerAuthentication(SimpleAuthenticator(), "blobha-master", lambda: secret)
+    assert a.authenticate({USER_METADATA_KEY: "alice"}, NO_PEER) == "alice"
+    with pytest.raises(Unauthenticated, match="reserved for the masters"):
+        a.authenticate({USER_METADATA_KEY: "blobha-master"}, NO_PEER)
+    with pytest.raises(Unauthenticated, match="cluster secret is wrong"):
+        a.authenticate({USER_METADATA_KEY: "alice", MASTER_SECRET_METADATA_KEY: "guess"},
+                       NO_PEER)
+    assert a.authenticate({MASTER_SECRET_METADATA_KEY: secret}, NO_PEER) == "blobha-master"
+    not_loaded = ServerAuthentication(SimpleAuthenticator(), "blobha-master", lambda: "")
+    with pytest.raises(Unauthenticated):
+        not_loaded.authenticate({MASTER_SECRET_METADATA_KEY: ""}, NO_PEER)
+
+
+# ---- client credentials --------------------------------------------------------------------------
+
+
+def test_client_credentials_from_the_environment(tmp_path: Path) -> None:
+    token = new_token("alice")
+    (tmp_path / "t").write_text(token + "\n")
+    creds = Credentials.from_env({"BLOBHA_TOKEN_FILE": str(tmp_path / "t")}).check()
+    assert not creds.tls
+    assert creds.token_user() == "alice"
+    assert (AUTHORIZATION_METADATA_KEY, f"Bearer {token}") in creds.metadata("alice")
+    with Client("127.0.0.1:1", credentials=creds) as c:
+        assert c.user == "alice"
+    with pytest.raises(InvalidArgument, match="belongs to 'alice'"):
+        Client("127.0.0.1:1", user="bob", credentials=creds)
+    with pytest.raises(InvalidArgument, match="--cert and --key"):
+        Credentials(cert="c.pem").check()
+    with pytest.raises(InvalidArgument, match="cannot read"):
+        Credentials(ca=str(tmp_path / "missing.pem")).check()
+    (tmp_path / "empty").write_text("\n")
+    with pytest.raises(InvalidArgument, match="holds no token"):
+        Credentials(token_file=str(tmp_path / "empty")).check()
+
+
+# ---- TLS -----------------------------------------------------------------------------------------
+
+
+def test_server_certificates_reload_only_when_usable(tmp_path: Path) -> None:
+    ca = certgen.make_ca(tmp_path)
+    first = certgen.issue(ca, tmp_path, "m", "m", hosts=["127.0.0.1"])
+    creds = ReloadingServerCredentials(str(first.cert), str(first.key), str(ca.cert),
+                                       require_client_cert=False)
+    assert creds._fetch() is None  # unchanged
+    certgen.issue(ca, tmp_path, "m", "m", hosts=["127.0.0.1"])
+    os.utime(first.cert, ns=(1, 1))  # make the change visible whatever the clock resolution
+    assert creds._fetch() is not None
+    assert creds.reloads == 1
+    # A key that does not match its certificate (a renewal half done) is not taken.
+    other = certgen.issue(ca, tmp_path, "other", "other")
+    first.key.write_bytes(other.key.read_bytes())
+    assert creds._fetch() is None
+    assert creds.reloads == 1
+    with pytest.raises(ValueError, match="does not match"):
+        ReloadingServerCredentials(str(first.cert), str(first.key), "", False)
+    with pytest.raises(ValueError, match=r"tls\.ca"):
+        ReloadingServerCredentials(str(other.cert), str(other.key), "", True)
+
+
+# ---- configuration, ZooKeeper credentials, audit -------------------------------------------------
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    ({"auth.mode": "kerberos"}, "auth.mode"),
+    ({"auth.mode": "token"}, "auth.token.file"),
+    ({"auth.mode": "mtls"}, "needs TLS"),
+    ({"tls.cert": "c.pem"}, "tls.cert and tls.key"),
+    ({"tls.ca": "ca.pem"}, "tls.ca is set"),
+    ({"zookeeper.auth.scheme": "sasl"}, "zookeeper.auth.scheme"),
+    ({"zookeeper.auth.scheme": "digest"}, "zookeeper.auth.file"),
+    ({"zookeeper.auth.scheme": "digest", "zookeeper.auth.file": "zk",
+      "zookeeper.chroot": "/"}, "below /"),
+    ({"blobstore.list.visibility": "some"}, "blobstore.list.visibility"),
+    ({"master.max.calls.per.client": 0}, "master.max.calls.per.client"),
+    ({"auth.mtls.rules": "cn x y"}, "auth.mtls.rules"),
+])
+def test_bad_security_configuration_is_refused(overrides: dict[str, object], message: str
+                                               ) -> None:
+    with pytest.raises(ConfigError, match=message):
+        Config.of(overrides)
+
+
+def test_zookeeper_credentials_file(tmp_path: Path) -> None:
+    path = tmp_path / "zk"
+    path.write_text("blobha:s3cret\n")
+    path.chmod(0o600)
+    creds = ZkCredentials.from_file(path)
+    assert (creds.user, creds.password) == ("blobha", "s3cret")
+    assert creds.kazoo_args()["auth_data"] == [("digest", "blobha:s3cret")]
+    assert creds.acl[0].id.id.startswith("blobha:")  # the hash, not the password
+    assert "s3cret" not in creds.acl[0].id.id
+    path.write_text("no-password\n")
+    with pytest.raises(ZooKeeperAuthError, match="user:password"):
+        ZkCredentials.from_file(path)
+    with pytest.raises(ZooKeeperAuthError, match="cannot read"):
+        ZkCredentials.from_file(tmp_path / "missing")
+
+
+def test_audit_lines_quote_keys() -> None:
+    line = AuditRecord("alice", "delete", 'a "b" c', 3, "PERMISSION_DENIED").line()
+    assert line == ('audit user="alice" op=delete key="a \\"b\\" c" version=3'
+                    " result=PERMISSION_DENIED")
