@@ -44,7 +44,7 @@ from kazoo.protocol.states import WatchedEvent
 from kazoo.retry import KazooRetry
 
 from blobha import acl as acls
-from blobha import zkstate
+from blobha import logs, zkstate
 from blobha.acl import AccessControl
 from blobha.config import Config, ConfigError, load_config
 from blobha.digest import is_digest
@@ -59,10 +59,13 @@ from blobha.errors import (
     Unavailable,
     VersionConflict,
 )
+from blobha.health import MasterHealth
 from blobha.keys import validate_key
-from blobha.leader import Deposed, LeaderElection
+from blobha.leader import Deposed, LeaderElection, LeaderHistory
+from blobha.metrics import MasterMetrics
 from blobha.peers import Peers
 from blobha.status import MasterSummary, ReplicationStatus
+from blobha.statuspage import StatusServer, status_url
 from blobha.store import LocalStore, VersionInfo
 from blobha.sync import KeyView, Membership, Synchronizer, SyncSettings
 from blobha.uploads import UploadManager
@@ -107,11 +110,17 @@ class Master:
         self.election = LeaderElection(
             self.zk, self.identity, self.session_timeout, self._on_elected, self._on_deposed
         )
+        self.history = LeaderHistory()
+        self.health = MasterHealth(self.zk)
+        self.metrics = MasterMetrics(self)
+        self._status_server: StatusServer | None = None
+        info: dict[str, object] = {"address": self.identity, "version": __version__,
+                                   "pid": os.getpid(), "host": socket.gethostname()}
+        if config.metrics_listen:
+            info["status_url"] = status_url(config.metrics_listen, self.identity)
         self.membership = Membership(
             self.zk, self.identity, config["blobstore.replica.grace.secs"],
-            on_change=self._membership_changed,
-            info={"address": self.identity, "version": __version__, "pid": os.getpid(),
-                  "host": socket.gethostname()},
+            on_change=self._membership_changed, info=info,
         )
         self.sync = Synchronizer(
             self.zk, self.store, self.identity, self.peers, self.membership,
@@ -138,6 +147,14 @@ class Master:
     def start(self, serve: bool = True) -> None:
         from blobha.service import add_to_server, new_server
 
+        if serve and self.config.metrics_listen:
+            # First, so a taken port fails the start before anything registers in ZooKeeper.
+            try:
+                self._status_server = StatusServer(self, self.config.metrics_listen)
+            except OSError as e:
+                raise ConfigError(
+                    f"cannot listen on metrics.listen {self.config.metrics_listen}: {e}"
+                ) from None
         try:
             self._ensure_chroot()
             self.zk.start(timeout=max(15.0, self.session_timeout))
@@ -149,9 +166,11 @@ class Master:
         for root in zkstate.ALL_ROOTS:
             self.zk.ensure_path(root)
         self._check_cluster_identity()
+        self.history.watch(self.zk)
+        self.health.start()
         self.uploads.start()
         if serve:
-            self._server = new_server()
+            self._server = new_server(self.metrics.rpc)
             add_to_server(self, self._server)
             if self._server.add_insecure_port(self.config["master.listen"]) == 0:
                 raise ConfigError(f"cannot listen on {self.config['master.listen']}: in use?")
@@ -159,6 +178,10 @@ class Master:
         self.membership.register()
         self.sync.start()
         self.election.start()
+        if self._status_server is not None:
+            self._status_server.start()
+            log.info("status page and metrics on %s",
+                     status_url(self.config.metrics_listen, self.identity))
         log.info("master %s serving (blobha %s, data in %s)", self.identity, __version__,
                  self.store.root)
 
@@ -178,6 +201,7 @@ class Master:
             return
         self._stopped.set()
         log.info("stopping master %s", self.identity)
+        self.health.stop()
         was_leader = self.election.is_leader
         self.election.stop(resign=True)
         if was_leader:
@@ -186,6 +210,8 @@ class Master:
         if self._server is not None:
             self._server.stop(grace=2.0).wait(3.0)
         self.sync.stop()
+        if self._status_server is not None:
+            self._status_server.stop()
         self.peers.close()
         self._summary_pool.shutdown(wait=False, cancel_futures=True)
         try:
@@ -790,12 +816,7 @@ def serve_main(config_path: str | None) -> int:
     except ConfigError as e:
         print(f"blobha: configuration error: {e}", flush=True)
         return 2
-    logging.basicConfig(
-        level=config["log.level"],
-        format=f"%(asctime)s %(levelname)s [{config.advertise}] %(name)s: %(message)s",
-    )
-    # kazoo logs every reconnect attempt at WARNING; its state changes are logged by us.
-    logging.getLogger("kazoo.client").setLevel(logging.ERROR)
+    logs.configure(config["log.level"], config["log.format"], config.advertise)
     try:
         master = Master(config)
         master.start()

@@ -10,6 +10,8 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import grpc
+from grpc_health.v1 import health
+from grpc_reflection.v1alpha import reflection
 from kazoo.exceptions import (
     ConnectionClosedError,
     ConnectionLoss,
@@ -21,6 +23,9 @@ from kazoo.exceptions import (
 from blobha.acl import AccessControl
 from blobha.digest import CHUNK_SIZE
 from blobha.errors import BlobError, InvalidArgument, Unavailable, to_status
+from blobha.health import BLOBSTORE_SERVICE
+from blobha.interceptor import ObservingInterceptor
+from blobha.metrics import RpcMetrics
 from blobha.peers import CHANNEL_OPTIONS, USER_METADATA_KEY
 from blobha.status import master_to_pb, replication_to_pb
 from blobha.v1 import blobha_pb2 as pb
@@ -36,14 +41,24 @@ T = TypeVar("T")
 MAX_WORKERS = 64
 
 
-def new_server() -> grpc.Server:
+def new_server(metrics: RpcMetrics | None = None) -> grpc.Server:
+    """A gRPC server; with ``metrics``, every call gets a request id, metrics and decoding by
+    :class:`blobha.interceptor.ObservingInterceptor`."""
+    interceptors: list[Any] = []
+    if metrics is not None:
+        interceptors.append(ObservingInterceptor(metrics, _abort))
     return grpc.server(ThreadPoolExecutor(max_workers=MAX_WORKERS, thread_name_prefix="rpc"),
-                       options=CHANNEL_OPTIONS)
+                       options=CHANNEL_OPTIONS, interceptors=interceptors)
 
 
 def add_to_server(master: Master, server: grpc.Server) -> None:
     pb_grpc.add_BlobStoreServicer_to_server(  # type: ignore[no-untyped-call]
         BlobStoreServicer(master), server
+    )
+    # The standard services, so grpcurl and health probes work without the .proto file.
+    master.health.add_to_server(server)
+    reflection.enable_server_reflection(
+        (BLOBSTORE_SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME), server
     )
 
 
