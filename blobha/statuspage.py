@@ -27,6 +27,7 @@ from importlib import resources
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, urlsplit
 
+from kazoo.client import KazooState
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from blobha.errors import BlobError
@@ -121,7 +122,9 @@ def status_document(master: Master, blob_limit: int = DEFAULT_BLOB_LIMIT) -> dic
 
 def _status_urls(master: Master, addresses: list[str]) -> dict[str, str]:
     """Each master's status page, as registered in its membership node."""
-    urls = {}
+    urls: dict[str, str] = {}
+    if master.zk.state != KazooState.CONNECTED:
+        return urls  # kazoo would queue the reads until it reconnects
     for address in addresses:
         try:
             data, _ = master.zk.get(f"{MASTERS}/{address}")
