@@ -65,7 +65,8 @@ function masterRow(m, leader) {
   tr.appendChild(el("td", m.reachable ? bytes(m.bytes_stored) : "", "num"));
   tr.appendChild(el("td", m.reachable ? bytes(m.disk_free) : "", "num"));
   tr.appendChild(el("td", m.reachable ? m.lag_blobs : "", "num"));
-  tr.appendChild(el("td", m.reachable ? m.epoch : "", "num"));
+  // A master knows its own term only while it leads.
+  tr.appendChild(el("td", m.reachable && m.is_leader ? m.epoch : "", "num"));
   return tr;
 }
 
