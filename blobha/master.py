@@ -19,6 +19,7 @@ import base64
 import contextlib
 import json
 import logging
+import math
 import os
 import signal
 import socket
@@ -352,6 +353,14 @@ class Master:
                 )
             rf = state.replication_factor
             w = min(w, rf)
+        masters = len(self.membership.known() | {self.identity})
+        if w > masters:
+            # The commit could never be acknowledged: it would time out after committing, and
+            # leave an unacknowledged version behind. Refuse before anything is written.
+            raise InvalidArgument(
+                f"write quorum {w} exceeds the {masters} masters in the cluster; lower it"
+                " (--write-quorum, blobstore.write.quorum) or start more masters"
+            )
         if size_hint >= 0:
             self.store.reserve(size_hint)
         up = self.uploads.begin(user, key, create, acl, rf, expected_version, w)
@@ -582,6 +591,8 @@ class Master:
             raise InvalidArgument("name at least one key to wait for")
         if minimum < 1:
             raise InvalidArgument("the minimum replication must be at least 1")
+        if math.isnan(timeout):
+            raise InvalidArgument("the timeout must be a number of seconds (negative: forever)")
         for key in keys:
             validate_key(key)
             self._check(user, self._state_or_404(key).acl, acls.READ, key)
