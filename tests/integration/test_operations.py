@@ -204,6 +204,10 @@ def test_health_service_reports_serving_for_the_master_and_the_blob_service(
             with pytest.raises(grpc.RpcError) as e:
                 h.Check(health_pb2.HealthCheckRequest(service="no.such.Service"), timeout=5)
             assert e.value.code() == grpc.StatusCode.NOT_FOUND
+            # Watch streams (kept out of the per-call interceptor) answer at once.
+            watch = h.Watch(health_pb2.HealthCheckRequest(service=""), timeout=5)
+            assert next(watch).status == health_pb2.HealthCheckResponse.SERVING
+            watch.cancel()
 
 
 def test_reflection_lists_and_describes_services_like_grpcurl(cluster: LocalCluster) -> None:
