@@ -175,7 +175,19 @@ OPTIONS: tuple[Option, ...] = (
         "Concurrent gRPC streams one client connection may open (grpc.max_concurrent_streams).",
     ),
     Option("audit.file", "", "Also append the audit log (blobha.audit) to this file."),
+    Option(
+        "metrics.listen",
+        "",
+        "host:port of this master's HTTP server for Prometheus metrics (/metrics) and the status"
+        " page (/, /status.json). Empty: no HTTP server.",
+    ),
     Option("log.level", "INFO", "Logging level: DEBUG, INFO, WARNING or ERROR."),
+    Option(
+        "log.format",
+        "text",
+        "Log line format: 'text' (human-readable) or 'json' (one object per line), both with"
+        " the request id of the RPC being served.",
+    ),
 )
 
 _BY_KEY = {o.key: o for o in OPTIONS}
@@ -207,6 +219,11 @@ class Config:
     @property
     def advertise(self) -> str:
         return str(self.values["master.advertise"])
+
+    @property
+    def metrics_listen(self) -> str:
+        """host:port of the metrics and status HTTP server; '' when disabled."""
+        return str(self.values["metrics.listen"])
 
     @property
     def admins(self) -> frozenset[str]:
@@ -313,6 +330,18 @@ def _validate(v: dict[str, Any]) -> dict[str, Any]:
             f"log.level must be DEBUG, INFO, WARNING or ERROR, got {v['log.level']!r}"
         )
     v["log.level"] = level
+    metrics = v["metrics.listen"]
+    if not isinstance(metrics, str):
+        raise ConfigError(f"metrics.listen must be host:port or empty, got {metrics!r}")
+    if metrics.strip():
+        _check_hostport("metrics.listen", metrics.strip())
+        if metrics.strip() == v["master.listen"]:
+            raise ConfigError("metrics.listen must differ from master.listen (the gRPC port)")
+    v["metrics.listen"] = metrics.strip()
+    fmt = str(v["log.format"]).lower()
+    if fmt not in ("text", "json"):
+        raise ConfigError(f"log.format must be 'text' or 'json', got {v['log.format']!r}")
+    v["log.format"] = fmt
     return v
 
 

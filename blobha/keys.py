@@ -2,7 +2,8 @@
 
 A key matches ``^[\\w \\t._-]+$`` (``\\w`` is Unicode-aware, so ``données_2024`` is valid), is
 not ``.`` or ``..``, and is at most :data:`MAX_KEY_BYTES` bytes of UTF-8. Unlike Storm, a key
-may not hold characters ZooKeeper refuses in node names (tab and other control characters),
+may not hold characters ZooKeeper refuses in node names (control characters, and characters
+beyond U+FFFF such as emoji, which Java stores as surrogate pairs),
 which Storm accepted only to fail later in ZooKeeper. The rules exclude ``/`` (which would
 nest znodes or escape the blob directory) and ``:`` (which would collide with the
 ``host:port-seq`` replica node names).
@@ -46,9 +47,10 @@ def validate_key(key: str) -> str:
 
 
 def _zookeeper_forbids(c: str) -> bool:
-    # ZooKeeper's PathUtils rejects these code points in any path component.
+    # ZooKeeper's PathUtils rejects these UTF-16 code units in any path component. A code
+    # point above U+FFFF is a surrogate pair in Java's UTF-16, so it is refused as well.
     o = ord(c)
-    return (o < 0x20 or 0x7F <= o <= 0x9F or 0xD800 <= o <= 0xF8FF or 0xFFF0 <= o <= 0xFFFF)
+    return (o < 0x20 or 0x7F <= o <= 0x9F or 0xD800 <= o <= 0xF8FF or o >= 0xFFF0)
 
 
 def key_dirname(key: str) -> str:

@@ -29,6 +29,8 @@ from blobha.zkserver import EmbeddedZooKeeper
 DEFAULT_BASE_PORT = 6627
 #: Users a secure local cluster makes credentials for; "admin" is in the masters' admins.
 SECURE_USERS = ("admin", "alice", "bob")
+#: A master's status page and metrics listen on its gRPC port plus this (6727 for 6627).
+METRICS_PORT_OFFSET = 100
 
 
 def _toml_value(v: Any) -> str:
@@ -39,9 +41,12 @@ def _toml_value(v: Any) -> str:
 class MasterProcess:
     """One ``blobha serve`` child process."""
 
-    def __init__(self, index: int, address: str, config_path: Path, log_path: Path) -> None:
+    def __init__(self, index: int, address: str, config_path: Path, log_path: Path,
+                 metrics_address: str = "") -> None:
         self.index = index
         self.address = address
+        #: host:port of its status page and /metrics ('' if not enabled).
+        self.metrics_address = metrics_address
         self.config_path = config_path
         self.log_path = log_path
         self.proc: subprocess.Popen[bytes] | None = None
@@ -59,6 +64,10 @@ class MasterProcess:
             )
         finally:
             log.close()
+
+    @property
+    def status_url(self) -> str:
+        return f"http://{self.metrics_address}/" if self.metrics_address else ""
 
     @property
     def pid(self) -> int:
@@ -100,7 +109,8 @@ class LocalCluster:
     """An embedded ZooKeeper and ``nodes`` masters under ``data_dir``.
 
     ``overrides`` are configuration keys applied to every master (e.g. a short session timeout
-    for tests). Ports: masters on ``base_port``, ``base_port + 1``, ...; 0 picks free ports.
+    for tests). Ports: masters on ``base_port``, ``base_port + 1``, ...; their status pages and
+    metrics on those plus :data:`METRICS_PORT_OFFSET`; 0 picks free ports for all.
 
     ``tls=True`` makes the secure set-up under ``data_dir/secure`` (kept across runs): a
     throwaway CA and a certificate per master, credentials for :data:`SECURE_USERS` (tokens, or
@@ -133,13 +143,18 @@ class LocalCluster:
         self.secure_dir = self.data_dir / "secure"
         self.zk = EmbeddedZooKeeper(self.data_dir / "zookeeper", zookeeper_home=zookeeper_home,
                                     tick_ms=zk_tick_ms)
-        ports = _free_ports(nodes) if base_port == 0 else [base_port + i for i in range(nodes)]
+        if base_port == 0:
+            free = _free_ports(2 * nodes)
+            ports, metrics_ports = free[:nodes], free[nodes:]
+        else:
+            ports = [base_port + i for i in range(nodes)]
+            metrics_ports = [p + METRICS_PORT_OFFSET for p in ports]
         self.masters = [
             MasterProcess(
                 i, f"127.0.0.1:{port}", self.data_dir / f"master-{i + 1}.toml",
-                self.data_dir / f"master-{i + 1}.log",
+                self.data_dir / f"master-{i + 1}.log", f"127.0.0.1:{metrics_port}",
             )
-            for i, port in enumerate(ports)
+            for i, (port, metrics_port) in enumerate(zip(ports, metrics_ports, strict=True))
         ]
 
     @property
@@ -153,6 +168,7 @@ class LocalCluster:
             "zookeeper.servers": self.zk.connect_string,
             "zookeeper.session.timeout.ms": 6000,
             "master.listen": m.address,
+            "metrics.listen": m.metrics_address,
             "blobstore.disk.reserved.bytes": 64 * 1024 * 1024,
             **self._security_config(m),
             **self.overrides,
@@ -349,7 +365,8 @@ def main(nodes: int, data_dir: str | None, base_port: int, zookeeper_home: str |
     print(f"ZooKeeper: {cluster.zk.connect_string} (chroot /blobha)")
     for m in cluster.masters:
         role = "leader" if m.address == summary.leader else "follower"
-        print(f"master {m.index + 1}: {m.address} pid {m.pid} ({role}); log {m.log_path}")
+        print(f"master {m.index + 1}: {m.address} pid {m.pid} ({role}); status page"
+              f" {m.status_url}; log {m.log_path}")
     print("\nIn another shell:\n")
     print(f"  export BLOBHA_CLUSTER={cluster.cluster}")
     creds = cluster.credentials("alice")
@@ -361,6 +378,8 @@ def main(nodes: int, data_dir: str | None, base_port: int, zookeeper_home: str |
         print(f"  # you are alice; other users' credentials are in {cluster.secure_dir}"
               f" ({', '.join(SECURE_USERS)}; admin may do anything)")
     print("  blobha cluster\n")
+    print(f"Status page: {cluster.masters[0].status_url} (metrics: {cluster.masters[0].status_url}"
+          "metrics; every master serves both)\n")
     print("Ctrl-C stops everything.", flush=True)
     reported: set[int] = set()
     try:

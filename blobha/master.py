@@ -19,6 +19,7 @@ import base64
 import contextlib
 import json
 import logging
+import math
 import os
 import signal
 import socket
@@ -47,7 +48,7 @@ from kazoo.protocol.states import WatchedEvent
 from kazoo.retry import KazooRetry
 
 from blobha import acl as acls
-from blobha import zkstate
+from blobha import logs, zkstate
 from blobha.acl import AccessControl
 from blobha.auth import ServerAuthentication, make_authenticator, new_cluster_secret
 from blobha.config import Config, ConfigError, load_config
@@ -64,11 +65,14 @@ from blobha.errors import (
     Unavailable,
     VersionConflict,
 )
+from blobha.health import MasterHealth
 from blobha.keys import validate_key
-from blobha.leader import Deposed, LeaderElection
+from blobha.leader import Deposed, LeaderElection, LeaderHistory
+from blobha.metrics import MasterMetrics
 from blobha.peers import Peers
 from blobha.scrub import Scrubber
 from blobha.status import MasterSummary, ReplicationStatus
+from blobha.statuspage import StatusServer, status_url
 from blobha.store import LocalStore, VersionInfo
 from blobha.sync import KeyView, Membership, Synchronizer, SyncSettings
 from blobha.tls import ReloadingServerCredentials
@@ -147,11 +151,17 @@ class Master:
         self.election = LeaderElection(
             self.zk, self.identity, self.session_timeout, self._on_elected, self._on_deposed
         )
+        self.history = LeaderHistory()
+        self.health = MasterHealth(self.zk)
+        self.metrics = MasterMetrics(self)
+        self._status_server: StatusServer | None = None
+        info: dict[str, object] = {"address": self.identity, "version": __version__,
+                                   "pid": os.getpid(), "host": socket.gethostname()}
+        if config.metrics_listen:
+            info["status_url"] = status_url(config.metrics_listen, self.identity)
         self.membership = Membership(
             self.zk, self.identity, config["blobstore.replica.grace.secs"],
-            on_change=self._membership_changed,
-            info={"address": self.identity, "version": __version__, "pid": os.getpid(),
-                  "host": socket.gethostname()},
+            on_change=self._membership_changed, info=info,
         )
         self.sync = Synchronizer(
             self.zk, self.store, self.identity, self.peers, self.membership,
@@ -183,6 +193,14 @@ class Master:
         from blobha.gatekeeper import Gatekeeper
         from blobha.service import add_to_server, new_server
 
+        if serve and self.config.metrics_listen:
+            # First, so a taken port fails the start before anything registers in ZooKeeper.
+            try:
+                self._status_server = StatusServer(self, self.config.metrics_listen)
+            except OSError as e:
+                raise ConfigError(
+                    f"cannot listen on metrics.listen {self.config.metrics_listen}: {e}"
+                ) from None
         try:
             self._ensure_chroot()
             self.zk.start(timeout=max(15.0, self.session_timeout))
@@ -200,6 +218,8 @@ class Master:
         if self.zk_credentials is None and self.config["auth.mode"] != "simple":
             log.warning("ZooKeeper is not locked down (zookeeper.auth.scheme = 'none'): whoever"
                         " reaches ZooKeeper can read the cluster secret and forge blobha state")
+        self.history.watch(self.zk)
+        self.health.start()
         self.uploads.start()
         if serve:
             self.gatekeeper = Gatekeeper(self.authentication,
@@ -208,6 +228,7 @@ class Master:
                 [self.gatekeeper],
                 [("grpc.max_concurrent_streams",
                   self.config["master.max.streams.per.connection"])],
+                metrics=self.metrics.rpc,
             )
             add_to_server(self, self._server)
             listen = self.config["master.listen"]
@@ -222,6 +243,10 @@ class Master:
         self.sync.start()
         self.election.start()
         self.scrubber.start()
+        if self._status_server is not None:
+            self._status_server.start()
+            log.info("status page and metrics on %s",
+                     status_url(self.config.metrics_listen, self.identity))
         log.info("master %s serving (blobha %s, data in %s)", self.identity, __version__,
                  self.store.root)
 
@@ -245,6 +270,7 @@ class Master:
             return
         self._stopped.set()
         log.info("stopping master %s", self.identity)
+        self.health.stop()
         was_leader = self.election.is_leader
         self.election.stop(resign=True)
         if was_leader:
@@ -254,6 +280,8 @@ class Master:
         if self._server is not None:
             self._server.stop(grace=2.0).wait(3.0)
         self.sync.stop()
+        if self._status_server is not None:
+            self._status_server.stop()
         self.peers.close()
         self._summary_pool.shutdown(wait=False, cancel_futures=True)
         try:
@@ -394,6 +422,14 @@ class Master:
                 )
             rf = state.replication_factor
             w = min(w, rf)
+        masters = len(self.membership.known() | {self.identity})
+        if w > masters:
+            # The commit could never be acknowledged: it would time out after committing, and
+            # leave an unacknowledged version behind. Refuse before anything is written.
+            raise InvalidArgument(
+                f"write quorum {w} exceeds the {masters} masters in the cluster; lower it"
+                " (--write-quorum, blobstore.write.quorum) or start more masters"
+            )
         if size_hint >= 0:
             self.store.reserve(size_hint)
         up = self.uploads.begin(user, key, create, acl, rf, expected_version, w)
@@ -682,6 +718,8 @@ class Master:
             raise InvalidArgument("name at least one key to wait for")
         if minimum < 1:
             raise InvalidArgument("the minimum replication must be at least 1")
+        if math.isnan(timeout):
+            raise InvalidArgument("the timeout must be a number of seconds (negative: forever)")
         for key in keys:
             validate_key(key)
             self._check(user, self._state_or_404(key).acl, acls.READ, key)
@@ -916,12 +954,7 @@ def serve_main(config_path: str | None) -> int:
     except ConfigError as e:
         print(f"blobha: configuration error: {e}", flush=True)
         return 2
-    logging.basicConfig(
-        level=config["log.level"],
-        format=f"%(asctime)s %(levelname)s [{config.advertise}] %(name)s: %(message)s",
-    )
-    # kazoo logs every reconnect attempt at WARNING; its state changes are logged by us.
-    logging.getLogger("kazoo.client").setLevel(logging.ERROR)
+    logs.configure(config["log.level"], config["log.format"], config.advertise)
     if config["audit.file"]:
         try:
             handler = logging.FileHandler(config["audit.file"])

@@ -10,6 +10,8 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import grpc
+from grpc_health.v1 import health
+from grpc_reflection.v1alpha import reflection
 from kazoo.exceptions import (
     ConnectionClosedError,
     ConnectionLoss,
@@ -23,6 +25,9 @@ from blobha.audit import audited
 from blobha.digest import CHUNK_SIZE
 from blobha.errors import BlobError, InvalidArgument, Unavailable, to_status
 from blobha.gatekeeper import authenticated_user
+from blobha.health import BLOBSTORE_SERVICE
+from blobha.interceptor import ObservingInterceptor
+from blobha.metrics import RpcMetrics
 from blobha.peers import CHANNEL_OPTIONS
 from blobha.status import master_to_pb, replication_to_pb
 from blobha.v1 import blobha_pb2 as pb
@@ -48,15 +53,28 @@ SERVER_OPTIONS = [
 
 
 def new_server(interceptors: Iterable[grpc.ServerInterceptor] = (),  # type: ignore[type-arg]
-               options: Iterable[tuple[str, Any]] = ()) -> grpc.Server:
+               options: Iterable[tuple[str, Any]] = (),
+               metrics: RpcMetrics | None = None) -> grpc.Server:
+    """A gRPC server. With ``metrics``, every call first gets a request id, metrics and
+    decoding by :class:`blobha.interceptor.ObservingInterceptor` (so refused calls are counted
+    too); ``interceptors`` (authentication) come after it."""
+    chain: list[Any] = []
+    if metrics is not None:
+        chain.append(ObservingInterceptor(metrics, _abort))
+    chain.extend(interceptors)
     return grpc.server(ThreadPoolExecutor(max_workers=MAX_WORKERS, thread_name_prefix="rpc"),
-                       interceptors=list(interceptors),
+                       interceptors=chain,
                        options=[*CHANNEL_OPTIONS, *SERVER_OPTIONS, *options])
 
 
 def add_to_server(master: Master, server: grpc.Server) -> None:
     pb_grpc.add_BlobStoreServicer_to_server(  # type: ignore[no-untyped-call]
         BlobStoreServicer(master), server
+    )
+    # The standard services, so grpcurl and health probes work without the .proto file.
+    master.health.add_to_server(server)
+    reflection.enable_server_reflection(
+        (BLOBSTORE_SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME), server
     )
 
 

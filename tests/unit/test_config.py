@@ -187,3 +187,22 @@ def test_explicit_advertise_wins_over_listen() -> None:
 
 def test_root_chroot_is_allowed() -> None:
     assert Config.of({"zookeeper.chroot": "/"})["zookeeper.chroot"] == "/"
+
+
+def test_metrics_listen_is_off_by_default_and_validated() -> None:
+    assert Config.of().metrics_listen == ""
+    assert Config.of({"metrics.listen": " 0.0.0.0:6727 "}).metrics_listen == "0.0.0.0:6727"
+    env = load_config(None, env={"BLOBHA_METRICS_LISTEN": "127.0.0.1:9100"})
+    assert env.metrics_listen == "127.0.0.1:9100"
+    for bad in ("6727", "host:", "h:0", "h:70000", 6727):
+        with pytest.raises(ConfigError, match=r"metrics\.listen"):
+            Config.of({"metrics.listen": bad})
+    with pytest.raises(ConfigError, match=r"must differ from master\.listen"):
+        Config.of({"metrics.listen": "0.0.0.0:6627"})
+
+
+def test_log_format_is_text_or_json() -> None:
+    assert Config.of()["log.format"] == "text"
+    assert Config.of({"log.format": "JSON"})["log.format"] == "json"
+    with pytest.raises(ConfigError, match=r"log\.format must be 'text' or 'json'"):
+        Config.of({"log.format": "xml"})

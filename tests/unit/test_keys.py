@@ -61,6 +61,15 @@ def test_characters_zookeeper_refuses_are_named() -> None:
         validate_key("tab\tkey")
 
 
+def test_characters_beyond_the_bmp_are_refused_like_zookeeper_does() -> None:
+    # Found by the request fuzzer: ZooKeeper refused U+10000 at commit time (BadArguments, an
+    # INTERNAL error) because Java stores it as a surrogate pair, which its path check rejects.
+    for key in ("\U00010000", "emoji-\U0001F600", "cjk-ext-b-\U00020000"):
+        with pytest.raises(InvalidArgument, match=r"U\+[0-9A-F]{5}.*ZooKeeper"):
+            validate_key(key)
+    assert validate_key("données-日本語-\uac00") == "données-日本語-\uac00"  # BMP: still valid
+
+
 def test_rejection_messages_say_why() -> None:
     with pytest.raises(InvalidArgument, match="empty"):
         validate_key("")

@@ -1,0 +1,331 @@
+"""Operations on a real cluster: /metrics, /status.json, the gRPC health and reflection services,
+request ids in trailers and logs, JSON logs, and the leader-change history."""
+
+from __future__ import annotations
+
+import json
+import os
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from conftest import (
+    SESSION_TIMEOUT_MS,
+    client_for,
+    followers,
+    make_cluster,
+    md,
+    stub,
+    wait_until,
+)
+from google.protobuf import descriptor_pool
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
+    ProtoReflectionDescriptorDatabase,
+)
+from prometheus_client.parser import text_string_to_metric_families
+
+from blobha.client import Client
+from blobha.localcluster import LocalCluster, MasterProcess
+from blobha.peers import CHANNEL_OPTIONS
+from blobha.v1 import blobha_pb2 as pb
+
+pytestmark = pytest.mark.integration
+
+REQUEST_ID = "x-request-id"
+
+
+def http_get(url: str, timeout: float = 10.0) -> tuple[int, str, bytes]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return r.status, r.headers.get("Content-Type", ""), r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.headers.get("Content-Type", ""), e.read()
+
+
+def scrape(m: MasterProcess) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    status, ctype, body = http_get(m.status_url + "metrics")
+    assert status == 200 and ctype.startswith("text/plain")
+    out = {}
+    for family in text_string_to_metric_families(body.decode()):
+        for s in family.samples:
+            out[(s.name, frozenset(s.labels.items()))] = s.value
+    return out
+
+
+def value(samples: dict[tuple[str, frozenset[tuple[str, str]]], float], name: str,
+          **labels: str) -> float:
+    """Sum of the samples named ``name`` whose labels include ``labels``."""
+    want = set(labels.items())
+    return sum(v for (n, ls), v in samples.items() if n == name and want <= ls)
+
+
+def status_json(m: MasterProcess) -> dict[str, Any]:
+    status, ctype, body = http_get(m.status_url + "status.json")
+    assert status == 200 and ctype == "application/json"
+    doc: dict[str, Any] = json.loads(body)
+    return doc
+
+
+def test_metrics_count_calls_by_method_and_code_and_bytes(cluster: LocalCluster, alice: Client,
+                                                          unique_key: str) -> None:
+    leader = cluster.leader()
+    before = [scrape(m) for m in cluster.masters]
+    data = os.urandom(300_000)
+    alice.create(unique_key, data, replication_factor=3)
+    assert alice.read(unique_key) == data
+    with pytest.raises(Exception, match="no blob"):
+        alice.get_meta(unique_key + "-missing")
+    with grpc.insecure_channel(leader.address) as ch, pytest.raises(grpc.RpcError) as e:
+        ch.unary_unary("/blobha.v1.BlobStore/Nope")(b"", timeout=5)
+    assert e.value.code() == grpc.StatusCode.UNIMPLEMENTED
+    after = [scrape(m) for m in cluster.masters]
+
+    def delta(name: str, **labels: str) -> float:
+        return sum(value(a, name, **labels) - value(b, name, **labels)
+                   for a, b in zip(after, before, strict=True))
+
+    i = cluster.masters.index(leader)
+    assert value(after[i], "grpc_server_handled_total", grpc_method="CommitUpload",
+                 grpc_code="OK") - value(before[i], "grpc_server_handled_total",
+                                         grpc_method="CommitUpload", grpc_code="OK") >= 1
+    assert delta("grpc_server_handled_total", grpc_method="GetMeta", grpc_code="NOT_FOUND") >= 1
+    assert delta("grpc_server_started_total", grpc_method="BeginUpload") >= 1
+    # Upload bytes arrive at the leader; download bytes leave whichever replicas served them
+    # (and the followers' sync fetches): at least the blob's size each way.
+    assert value(after[i], "blobha_rpc_received_bytes_total", grpc_method="AppendUpload") - \
+        value(before[i], "blobha_rpc_received_bytes_total", grpc_method="AppendUpload") \
+        >= len(data)
+    assert delta("blobha_rpc_sent_bytes_total", grpc_method="Download") >= len(data)
+    assert delta("grpc_server_handling_seconds_count", grpc_method="CommitUpload") >= 1
+    # A call that is not a known method is not counted (callers cannot invent label values).
+    assert not any("grpc_method" in dict(ls) and dict(ls)["grpc_method"] == "Nope"
+                   for a in after for (_, ls) in a)
+
+
+def test_state_metrics_show_leader_zookeeper_blobs_and_under_replication(
+    cluster: LocalCluster, alice: Client, unique_key: str,
+) -> None:
+    alice.create(unique_key, b"abc" * 1000, replication_factor=3)
+    # More copies than there are masters: under-replicated for as long as it exists.
+    alice.create(unique_key + "-wants-5", b"five", replication_factor=5)
+    alice.wait_for_replication([unique_key, unique_key + "-wants-5"], 3, timeout=20)
+    leader = cluster.leader()
+
+    def settled() -> list[dict[tuple[str, frozenset[tuple[str, str]]], float]]:
+        all_ = [scrape(m) for m in cluster.masters]
+        ok = all(value(s, "blobha_under_replicated_blobs") >= 1
+                 and value(s, "blobha_sync_lag_blobs") == 0 for s in all_)
+        return all_ if ok else []
+
+    samples = wait_until(settled, 20, "every master to see the under-replicated blob")
+    leaders = [m for m, s in zip(cluster.masters, samples, strict=True)
+               if value(s, "blobha_is_leader") == 1]
+    assert leaders == [leader]
+    epochs = {value(s, "blobha_leader_epoch") for s in samples}
+    assert len(epochs) == 1 and epochs.pop() >= 1
+    for m, s in zip(cluster.masters, samples, strict=True):
+        assert value(s, "blobha_zookeeper_session_state", state="CONNECTED") == 1
+        assert value(s, "blobha_zookeeper_session_state", state="SUSPENDED") == 0
+        assert value(s, "blobha_blobs_stored") >= 2
+        assert value(s, "blobha_stored_bytes") >= 3000
+        assert value(s, "blobha_cluster_blobs") >= 2
+        assert value(s, "blobha_disk_free_bytes") > 0
+        assert ("blobha_sync_queue_depth", frozenset()) in s
+        assert value(s, "blobha_build_info", address=m.address) == 1
+        assert value(s, "blobha_uptime_seconds") > 0
+        # The scrubber's counters: its first pass runs at start; nothing here is corrupt.
+        assert ("blobha_scrub_passes_total", frozenset()) in s
+        assert value(s, "blobha_scrub_corrupt_found_total") == 0
+        assert ("blobha_scrub_bytes_verified_total", frozenset()) in s
+
+
+def test_status_json_shows_masters_leader_blobs_and_terms(
+    cluster: LocalCluster, alice: Client, unique_key: str,
+) -> None:
+    alice.create(unique_key, b"z" * 5000, replication_factor=3)
+    alice.wait_for_replication([unique_key], 3, timeout=20)
+    leader = cluster.leader()
+    for m in cluster.masters:
+        doc = wait_until(
+            lambda m=m: (d := status_json(m)) and any(
+                b["key"] == unique_key and b["replication"] == 3 for b in d["blobs"]) and d,
+            15, f"{m.address} to show {unique_key} with 3 replicas",
+        )
+        assert doc["this_master"] == m.address
+        assert doc["leader"] == leader.address
+        assert doc["errors"] == []
+        assert {x["address"] for x in doc["masters"]} == {x.address for x in cluster.masters}
+        assert {x["address"]: x["status_url"] for x in doc["masters"]} == {
+            x.address: x.status_url for x in cluster.masters}
+        row = next(x for x in doc["masters"] if x["address"] == leader.address)
+        assert row["is_leader"] and row["reachable"] and row["uptime_secs"] > 0
+        assert row["disk_free"] > 0 and row["version"]
+        blob = next(b for b in doc["blobs"] if b["key"] == unique_key)
+        assert blob == {**blob, "version": 1, "size": 5000, "replication": 3,
+                        "replication_factor": 3, "target": 3, "under_replicated": False}
+        assert sorted(blob["holders"]) == sorted(x.address for x in cluster.masters)
+        assert doc["failovers"][0]["leader"] == leader.address
+        assert doc["failovers"][0]["epoch"] == doc["epoch"]
+    # Under-replicated blobs come first.
+    alice.create(unique_key + "-wants-4", b"four", replication_factor=4)
+    doc = wait_until(lambda: (d := status_json(cluster.masters[0])) and any(
+        b["key"] == unique_key + "-wants-4" for b in d["blobs"]) and d, 15, "the rf-4 blob")
+    flags = [b["under_replicated"] for b in doc["blobs"]]
+    assert flags == sorted(flags, reverse=True) and flags[0]
+    assert doc["under_replicated"] == sum(flags)
+
+
+def test_http_endpoints_serve_the_page_and_refuse_bad_requests(cluster: LocalCluster) -> None:
+    m = cluster.masters[0]
+    status, ctype, body = http_get(m.status_url)
+    assert status == 200 and ctype.startswith("text/html") and b"status.js" in body
+    status, ctype, body = http_get(m.status_url + "status.js")
+    assert status == 200 and ctype.startswith("text/javascript") and b"status.json" in body
+    assert http_get(m.status_url + "status.css")[0] == 200
+    status, _, body = http_get(m.status_url + "nope")
+    assert status == 404 and b"/status.json" in body
+    status, _, body = http_get(m.status_url + "status.json?limit=abc")
+    assert status == 400 and b"limit" in body
+    doc = json.loads(http_get(m.status_url + "status.json?limit=1")[2])
+    assert len(doc["blobs"]) <= 1
+
+
+def test_health_service_reports_serving_for_the_master_and_the_blob_service(
+    cluster: LocalCluster,
+) -> None:
+    for m in cluster.masters:
+        with grpc.insecure_channel(m.address, options=CHANNEL_OPTIONS) as ch:
+            h = health_pb2_grpc.HealthStub(ch)
+            for service in ("", "blobha.v1.BlobStore"):
+                reply = h.Check(health_pb2.HealthCheckRequest(service=service), timeout=5)
+                assert reply.status == health_pb2.HealthCheckResponse.SERVING
+            with pytest.raises(grpc.RpcError) as e:
+                h.Check(health_pb2.HealthCheckRequest(service="no.such.Service"), timeout=5)
+            assert e.value.code() == grpc.StatusCode.NOT_FOUND
+            # Watch streams (kept out of the per-call interceptor) answer at once.
+            watch = h.Watch(health_pb2.HealthCheckRequest(service=""), timeout=5)
+            assert next(watch).status == health_pb2.HealthCheckResponse.SERVING
+            watch.cancel()
+
+
+def test_reflection_lists_and_describes_services_like_grpcurl(cluster: LocalCluster) -> None:
+    with grpc.insecure_channel(cluster.masters[0].address, options=CHANNEL_OPTIONS) as ch:
+        db = ProtoReflectionDescriptorDatabase(ch)
+        services = set(db.get_services())
+        assert {"blobha.v1.BlobStore", "grpc.health.v1.Health",
+                "grpc.reflection.v1alpha.ServerReflection"} <= services
+        pool = descriptor_pool.DescriptorPool(db)
+        svc = pool.FindServiceByName("blobha.v1.BlobStore")
+        methods = {m.name for m in svc.methods}
+        assert {"BeginUpload", "AppendUpload", "Download", "ClusterSummary"} <= methods
+        begin = pool.FindMessageTypeByName("blobha.v1.BeginUploadRequest")
+        assert {f.name for f in begin.fields} >= {"key", "acl", "replication_factor"}
+
+
+def test_request_id_comes_back_in_trailers_and_appears_in_the_log(
+    cluster: LocalCluster, unique_key: str,
+) -> None:
+    leader = cluster.leader()
+    s = stub(leader.address)
+    _, call = s.ClusterSummary.with_call(pb.ClusterSummaryRequest(), timeout=10,
+                                         metadata=(*md("alice"), (REQUEST_ID, "ops-test-ok-1")))
+    assert (REQUEST_ID, "ops-test-ok-1") in tuple(call.trailing_metadata())
+    # Without one, the master makes one up and still returns it.
+    _, call = s.ClusterSummary.with_call(pb.ClusterSummaryRequest(), timeout=10,
+                                         metadata=md("alice"))
+    assert dict(call.trailing_metadata())[REQUEST_ID]
+    # An unusable id (here with spaces) is replaced, not refused.
+    _, call = s.ClusterSummary.with_call(pb.ClusterSummaryRequest(), timeout=10,
+                                         metadata=(*md("alice"), (REQUEST_ID, "a b")))
+    assert dict(call.trailing_metadata())[REQUEST_ID] not in ("", "a b")
+
+    # On errors too, next to the handler's own trailers (the leader's address on a redirect).
+    follower = followers(cluster)[0]
+    rid = f"ops-redirect-{os.getpid()}"
+    with pytest.raises(grpc.RpcError) as e:
+        stub(follower.address).BeginUpload(
+            pb.BeginUploadRequest(key=unique_key, create=True, size_hint=-1), timeout=10,
+            metadata=(*md("alice"), (REQUEST_ID, rid)))
+    assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    trailers = dict(e.value.trailing_metadata())
+    assert trailers[REQUEST_ID] == rid
+    assert trailers["x-blobha-leader"] == leader.address
+    # Failed calls are logged with their id, so an operator can find the call.
+    wait_until(lambda: any(rid in line and "FAILED_PRECONDITION" in line
+                           for line in follower.log_path.read_text().splitlines()),
+               10, "the refused call in the follower's log")
+
+
+def test_json_logs_carry_the_request_id(tmp_path: Path) -> None:
+    c = make_cluster(tmp_path / "c", nodes=1, **{"log.format": "json"})
+    try:
+        c.start()
+        m = c.masters[0]
+        with pytest.raises(grpc.RpcError) as e:
+            stub(m.address).GetMeta(pb.GetMetaRequest(key="absent"), timeout=10,
+                                    metadata=(*md("alice"), (REQUEST_ID, "json-log-1")))
+        assert e.value.code() == grpc.StatusCode.NOT_FOUND
+
+        def records() -> list[dict[str, Any]]:
+            return [json.loads(line) for line in m.log_path.read_text().splitlines()
+                    if line.startswith("{")]
+
+        hit = wait_until(lambda: [r for r in records() if r["request_id"] == "json-log-1"],
+                         10, "a JSON log record with the request id")
+        assert hit[0]["level"] == "INFO" and "NOT_FOUND" in hit[0]["message"]
+        assert hit[0]["master"] == m.address and hit[0]["logger"] and hit[0]["ts"]
+        recs = records()
+        assert any(r["message"].startswith("master ") and "serving" in r["message"] for r in recs)
+        assert {r["request_id"] for r in recs if "serving" in r["message"]} == {"-"}
+        # Every line the master wrote is JSON (nothing else writes to its log).
+        lines = [x for x in m.log_path.read_text().splitlines() if x.strip()]
+        assert all(x.startswith("{") for x in lines), [x for x in lines if not x.startswith("{")]
+    finally:
+        c.stop()
+
+
+def test_leader_changes_reach_history_metrics_and_health(fresh_cluster: LocalCluster) -> None:
+    old = fresh_cluster.leader()
+    survivor = next(m for m in fresh_cluster.masters if m is not old)
+    start_epoch = status_json(survivor)["epoch"]
+    old.kill()
+
+    def new_term() -> dict[str, Any]:
+        d = status_json(survivor)
+        return d if d["leader"] and d["leader"] != old.address and len(d["failovers"]) >= 2 \
+            else {}
+
+    doc = wait_until(new_term, SESSION_TIMEOUT_MS / 1000 + 15, "a new leader on the page")
+    newest, previous = doc["failovers"][0], doc["failovers"][1]
+    assert newest["leader"] == doc["leader"] and newest["epoch"] > start_epoch
+    assert not newest["at_start"]
+    assert previous["leader"] == old.address and previous["epoch"] == start_epoch
+    assert doc["leader_changes"] >= 1
+    assert value(scrape(survivor), "blobha_leader_changes_total") >= 1
+    dead = next(x for x in doc["masters"] if x["address"] == old.address) \
+        if any(x["address"] == old.address for x in doc["masters"]) else None
+    assert dead is None or not dead["reachable"]
+
+    # ZooKeeper down: masters report NOT_SERVING (and the page still answers); back: SERVING.
+    def health(m: MasterProcess) -> int:
+        with grpc.insecure_channel(m.address, options=CHANNEL_OPTIONS) as ch:
+            return int(health_pb2_grpc.HealthStub(ch).Check(
+                health_pb2.HealthCheckRequest(service=""), timeout=3).status)
+
+    fresh_cluster.zk.stop()
+    try:
+        wait_until(lambda: health(survivor) == health_pb2.HealthCheckResponse.NOT_SERVING,
+                   15, "NOT_SERVING while ZooKeeper is down")
+        down = status_json(survivor)
+        assert down["zookeeper"]["state"] != "CONNECTED" and down["errors"]
+        assert value(scrape(survivor), "blobha_zookeeper_session_state", state="CONNECTED") == 0
+    finally:
+        fresh_cluster.zk.start()
+    wait_until(lambda: health(survivor) == health_pb2.HealthCheckResponse.SERVING,
+               30, "SERVING once ZooKeeper is back")
+    with client_for(fresh_cluster) as c:
+        c.create("after-outage", b"ok")

@@ -1,0 +1,91 @@
+"""The metrics registry of a master, read from a stand-in master (no ZooKeeper needed)."""
+
+from __future__ import annotations
+
+import time
+from types import SimpleNamespace
+from typing import Any
+
+from blobha.leader import LeaderHistory
+from prometheus_client.parser import text_string_to_metric_families
+
+from blobha.metrics import MasterMetrics
+from blobha.statuspage import status_url
+
+
+def fake_master(**overrides: Any) -> SimpleNamespace:
+    history = LeaderHistory()
+    history.observe(3, "m1:6627")
+    history.observe(4, "m2:6627")
+    m = SimpleNamespace(
+        identity="m2:6627", started=time.monotonic() - 5,
+        election=SimpleNamespace(is_leader=True, epoch=4), history=history,
+        zk=SimpleNamespace(state="CONNECTED"),
+        store=SimpleNamespace(usage=lambda: (7, 7000), disk_free=lambda: 123456),
+        uploads=SimpleNamespace(count=lambda: 2),
+        sync=SimpleNamespace(figures=lambda: (9, 1, 3), queue=SimpleNamespace(depth=lambda: 5)),
+    )
+    for k, v in overrides.items():
+        setattr(m, k, v)
+    return m
+
+
+def samples(metrics: MasterMetrics) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    out = {}
+    for family in text_string_to_metric_families(metrics.render().decode()):
+        for s in family.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def test_state_is_read_at_scrape_time() -> None:
+    s = samples(MasterMetrics(fake_master()))  # type: ignore[arg-type]
+    assert s[("blobha_is_leader", ())] == 1
+    assert s[("blobha_leader_epoch", ())] == 4
+    assert s[("blobha_leader_changes_total", ())] == 1
+    assert s[("blobha_zookeeper_session_state", (("state", "CONNECTED"),))] == 1
+    assert s[("blobha_zookeeper_session_state", (("state", "LOST"),))] == 0
+    assert s[("blobha_blobs_stored", ())] == 7
+    assert s[("blobha_stored_bytes", ())] == 7000
+    assert s[("blobha_disk_free_bytes", ())] == 123456
+    assert s[("blobha_uploads_in_progress", ())] == 2
+    assert s[("blobha_cluster_blobs", ())] == 9
+    assert s[("blobha_under_replicated_blobs", ())] == 1
+    assert s[("blobha_sync_lag_blobs", ())] == 3
+    assert s[("blobha_sync_queue_depth", ())] == 5
+    assert s[("blobha_uptime_seconds", ())] >= 5
+    assert not any(name.startswith("blobha_scrub") for name, _ in s)
+    assert not any(name.endswith("_created") for name, _ in s)
+
+
+def test_a_follower_reports_the_term_it_last_saw() -> None:
+    m = fake_master(election=SimpleNamespace(is_leader=False, epoch=0),
+                    zk=SimpleNamespace(state="SUSPENDED"))
+    s = samples(MasterMetrics(m))  # type: ignore[arg-type]
+    assert s[("blobha_is_leader", ())] == 0
+    assert s[("blobha_leader_epoch", ())] == 4
+    assert s[("blobha_zookeeper_session_state", (("state", "SUSPENDED"),))] == 1
+
+
+def test_scrub_counters_appear_once_a_scrubber_exists() -> None:
+    scrubber = SimpleNamespace(files_verified=10, bytes_verified=4096, corrupt_found=1, passes=2)
+    s = samples(MasterMetrics(fake_master(scrubber=scrubber)))  # type: ignore[arg-type]
+    assert s[("blobha_scrub_files_verified_total", ())] == 10
+    assert s[("blobha_scrub_bytes_verified_total", ())] == 4096
+    assert s[("blobha_scrub_corrupt_found_total", ())] == 1
+    assert s[("blobha_scrub_passes_total", ())] == 2
+
+
+def test_a_failing_part_leaves_the_rest_of_the_scrape_intact() -> None:
+    def broken() -> tuple[int, int]:
+        raise OSError("disk gone")
+
+    m = fake_master(store=SimpleNamespace(usage=broken, disk_free=lambda: 1))
+    s = samples(MasterMetrics(m))  # type: ignore[arg-type]
+    assert ("blobha_blobs_stored", ()) not in s
+    assert s[("blobha_is_leader", ())] == 1 and s[("blobha_sync_queue_depth", ())] == 5
+
+
+def test_status_url_uses_the_advertised_host_for_a_wildcard_listen() -> None:
+    assert status_url("0.0.0.0:6727", "10.1.2.3:6627") == "http://10.1.2.3:6727/"
+    assert status_url("192.168.0.9:9100", "10.1.2.3:6627") == "http://192.168.0.9:9100/"
