@@ -473,11 +473,13 @@ class Verdict:
     corrupt_reads: int
     replica_reads: int
     problems: list[str]
+    #: Keys whose committed version is a newer copy of the last acknowledged bytes.
+    rolled_back: int = 0
 
     def figures(self) -> dict[str, Any]:
         return {"writes_acknowledged": self.acknowledged, "writes_failed": self.failed,
                 "keys": self.keys, "lost": self.lost, "corrupt_reads": self.corrupt_reads,
-                "replica_reads": self.replica_reads}
+                "replica_reads": self.replica_reads, "rolled_back_versions": self.rolled_back}
 
 
 def verify(cluster: ChaosCluster, records: Records, min_replication: int = 3,
@@ -490,7 +492,7 @@ def verify(cluster: ChaosCluster, records: Records, min_replication: int = 3,
         for f in records.failures:
             failed_digests.setdefault(f.key, set()).add(f.digest)
     problems: list[str] = []
-    lost = corrupt = reads = 0
+    lost = corrupt = reads = rolled_back = 0
     keys = sorted(latest)
     if keys:
         result = client.wait_for_replication(keys, min_replication, timeout=wait_secs)
@@ -506,8 +508,19 @@ def verify(cluster: ChaosCluster, records: Records, min_replication: int = 3,
             problems.append(f"{key}: acknowledged v{ack.version} but the cluster has"
                             f" v{meta.version}")
             continue
-        if meta.version > ack.version and meta.digest not in failed_digests.get(key, set()):
-            problems.append(f"{key}: v{meta.version} matches no write that was attempted")
+        if meta.version > ack.version:
+            if meta.digest == ack.digest:
+                # A newer version holding exactly the last acknowledged bytes: the leader
+                # rolled back a version that was committed but never acknowledged (its old
+                # leader died or paused before the write quorum), or an upload was retried
+                # after its first commit's answer was lost. Readers see what was acknowledged.
+                rolled_back += 1
+            elif meta.digest not in failed_digests.get(key, set()):
+                history = sorted((a.version, a.digest[:8]) for a in records.acks if a.key == key)
+                problems.append(
+                    f"{key}: v{meta.version} ({meta.digest[:8]}) matches no write that was"
+                    f" attempted; acknowledged {history}, failed"
+                    f" {sorted(d[:8] for d in failed_digests.get(key, set()))}")
         holders = client.get_replication(key).holders
         by_address = {m.address: m for m in cluster.masters}
         for h in holders:
@@ -527,7 +540,7 @@ def verify(cluster: ChaosCluster, records: Records, min_replication: int = 3,
                 problems.append(f"{key}: replica {h} served bytes that fail the digest")
     with records.lock:
         n_acks, n_failed = len(records.acks), len(records.failures)
-    return Verdict(n_acks, n_failed, len(keys), lost, corrupt, reads, problems)
+    return Verdict(n_acks, n_failed, len(keys), lost, corrupt, reads, problems, rolled_back)
 
 
 class LeaderSampler:
