@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import signal
+from collections.abc import Iterator
+
+import pytest
+from failures import FAILED
 
 
 def _interrupt(signum: int, frame: object) -> None:
@@ -12,3 +16,11 @@ def _interrupt(signum: int, frame: object) -> None:
 
 
 signal.signal(signal.SIGTERM, _interrupt)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    outcome = yield
+    report = outcome.get_result()
+    if report.when == "call" and report.failed:
+        item.stash[FAILED] = True

@@ -18,10 +18,10 @@ from typing import Any
 
 import pytest
 from chaos_harness import IMAGE, ChaosCluster, sweep_leftovers
+from failures import failed
 
 REPORT_DIR = Path(os.environ.get("BLOBHA_TEST_OUTPUT", "test-output"))
 _RESULTS: list[dict[str, Any]] = []
-_FAILED = pytest.StashKey[bool]()
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -29,13 +29,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         if "tests/chaos/" in str(item.fspath).replace(os.sep, "/"):
             item.add_marker(pytest.mark.chaos)
 
-
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
-    outcome = yield
-    report = outcome.get_result()
-    if report.when == "call" and report.failed:
-        item.stash[_FAILED] = True
 
 
 @pytest.fixture(scope="session")
@@ -69,7 +62,7 @@ def scenario(request: pytest.FixtureRequest) -> Iterator[dict[str, Any]]:
     yield figures
     entry = {
         "scenario": request.node.name,
-        "passed": not request.node.stash.get(_FAILED, False),
+        "passed": not failed(request.node),
         "duration_s": round(time.monotonic() - started, 1),
         **figures,
     }
@@ -100,7 +93,7 @@ def chaos_cluster(docker_ready: None, tmp_path: Path,
         c.start()
         yield c
     finally:
-        if request.node.stash.get(_FAILED, False):
+        if failed(request.node):
             for node in [*c.masters, *c.zks]:
                 print(f"\n----- {node.name} -----\n{c.logs(node)}")
         c.stop()

@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 
 import grpc
 import pytest
+from failures import failed
 from waiting import wait_until
 
 from blobha.client import Client
@@ -44,15 +45,7 @@ def make_cluster(root: Path, nodes: int = 3, **overrides: Any) -> LocalCluster:
     return LocalCluster(root, nodes=nodes, base_port=0, overrides={**FAST, **overrides})
 
 
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
-    outcome = yield
-    report = outcome.get_result()
-    if report.when == "call" and report.failed:
-        item.stash[_FAILED] = True
 
-
-_FAILED = pytest.StashKey[bool]()
 
 
 def _dump_logs(cluster: LocalCluster) -> None:
@@ -81,7 +74,7 @@ def fresh_cluster(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Lo
         c.start()
         yield c
     finally:
-        if request.node.stash.get(_FAILED, False):
+        if failed(request.node):
             _dump_logs(c)
         c.stop()
 
@@ -89,7 +82,7 @@ def fresh_cluster(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Lo
 @pytest.fixture(autouse=True)
 def _logs_on_failure(request: pytest.FixtureRequest) -> Iterator[None]:
     yield
-    if request.node.stash.get(_FAILED, False) and "cluster" in request.fixturenames:
+    if failed(request.node) and "cluster" in request.fixturenames:
         _dump_logs(request.getfixturevalue("cluster"))
 
 
