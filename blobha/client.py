@@ -155,6 +155,9 @@ class BlobMeta:
     creator: str
     #: Live replicas holding this version when the answer was made (set on commit; else 0).
     replication: int
+    #: The version reached its write quorum (its commit was acknowledged). False only for a
+    #: version whose leader failed before the quorum: it may still be rolled back.
+    acknowledged: bool = True
 
 
 @dataclass(frozen=True)
@@ -370,6 +373,7 @@ def _meta_from_pb(m: pb.BlobMeta) -> BlobMeta:
         updated_at=m.updated_at,
         creator=m.creator,
         replication=m.replication,
+        acknowledged=m.acknowledged,
     )
 
 
@@ -1420,6 +1424,10 @@ class _UploadJob:
             meta.size == self.hashed
             and meta.digest == self.digester.hexdigest()
             and meta.version > self.base_version
+            # Committed is not enough: a version its leader could not get acknowledged (the
+            # leader failed before the write quorum) may be rolled back by the next leader, so
+            # it is not ours to report as written; the upload is made again instead.
+            and meta.acknowledged
         ):
             self.commit_unknown = False
             self.upload_id = ""

@@ -581,7 +581,11 @@ class Master:
                     " committed but unacknowledged: re-read the metadata and retry if needed"
                 ) from None
             return replace(marked, meta_version=current.meta_version + 1)
-        return state
+        # Never answer success for a version ZooKeeper does not record as acknowledged: a later
+        # leader could roll it back. The client re-reads and, finding it unacknowledged,
+        # uploads again.
+        raise Unavailable(f"{key!r} v{state.seq} is committed but could not be marked"
+                          " acknowledged (the key kept changing); retry")
 
     def _await_holders(self, key: str, state: BlobState, minimum: int
                        ) -> tuple[bool, ReplicationStatus]:

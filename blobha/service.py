@@ -144,7 +144,7 @@ def meta_to_pb(key: str, s: BlobState, replication: int) -> pb.BlobMeta:
         acl=[pb.AccessControl(type=a.type, name=a.name, access=a.access) for a in s.acl],
         replication_factor=s.replication_factor, meta_version=s.meta_version,
         created_at=s.created_at, updated_at=s.updated_at, creator=s.creator,
-        replication=replication,
+        replication=replication, acknowledged=s.acked,
     )
 
 

@@ -125,7 +125,7 @@ class GetMetaRequest(_message.Message):
     def __init__(self, key: _Optional[str] = ...) -> None: ...
 
 class BlobMeta(_message.Message):
-    __slots__ = ("key", "version", "size", "digest", "acl", "replication_factor", "meta_version", "created_at", "updated_at", "creator", "replication")
+    __slots__ = ("key", "version", "size", "digest", "acl", "replication_factor", "meta_version", "created_at", "updated_at", "creator", "replication", "acknowledged")
     KEY_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -137,6 +137,7 @@ class BlobMeta(_message.Message):
     UPDATED_AT_FIELD_NUMBER: _ClassVar[int]
     CREATOR_FIELD_NUMBER: _ClassVar[int]
     REPLICATION_FIELD_NUMBER: _ClassVar[int]
+    ACKNOWLEDGED_FIELD_NUMBER: _ClassVar[int]
     key: str
     version: int
     size: int
@@ -148,7 +149,8 @@ class BlobMeta(_message.Message):
     updated_at: float
     creator: str
     replication: int
-    def __init__(self, key: _Optional[str] = ..., version: _Optional[int] = ..., size: _Optional[int] = ..., digest: _Optional[str] = ..., acl: _Optional[_Iterable[_Union[AccessControl, _Mapping]]] = ..., replication_factor: _Optional[int] = ..., meta_version: _Optional[int] = ..., created_at: _Optional[float] = ..., updated_at: _Optional[float] = ..., creator: _Optional[str] = ..., replication: _Optional[int] = ...) -> None: ...
+    acknowledged: bool
+    def __init__(self, key: _Optional[str] = ..., version: _Optional[int] = ..., size: _Optional[int] = ..., digest: _Optional[str] = ..., acl: _Optional[_Iterable[_Union[AccessControl, _Mapping]]] = ..., replication_factor: _Optional[int] = ..., meta_version: _Optional[int] = ..., created_at: _Optional[float] = ..., updated_at: _Optional[float] = ..., creator: _Optional[str] = ..., replication: _Optional[int] = ..., acknowledged: _Optional[bool] = ...) -> None: ...
 
 class SetMetaRequest(_message.Message):
     __slots__ = ("key", "set_acl", "acl", "replication_factor", "expected_meta_version")

@@ -153,6 +153,7 @@ class TestConversions:
             updated_at=2.5,
             creator="alice",
             replication=2,
+            acknowledged=True,
         )
         meta = client_mod._meta_from_pb(m)
         assert meta == BlobMeta(
@@ -268,6 +269,8 @@ class FakeCluster:
         self.append_break_after: int | None = None  # chunks accepted before the stream breaks
         self.download_break_after: int | None = None
         self.commit_then_fail = False
+        #: Keys whose committed version is not acknowledged (its leader failed before quorum).
+        self.unacknowledged: set[str] = set()
         self.corrupt: set[str] = set()  # masters that serve flipped bytes without noticing
         self.failover_on_break: str | None = None
         self.closed = False
@@ -336,7 +339,8 @@ class FakeCluster:
         if key not in self.blobs:
             raise KeyNotFound(f"no blob with key {key!r}")
         version, data = self.blobs[key]
-        return pb.BlobMeta(key=key, version=version, size=len(data), digest=digest_bytes(data))
+        return pb.BlobMeta(key=key, version=version, size=len(data), digest=digest_bytes(data),
+                           acknowledged=key not in self.unacknowledged)
 
     # -- methods ------------------------------------------------------------------------------
 
@@ -600,6 +604,31 @@ def test_commit_with_lost_answer_is_recognised(client: Client, cluster: FakeClus
     meta = client.update("k", b"new content")
     assert meta.version == 2 and cluster.blobs["k"] == (2, b"new content")
     assert cluster.count("CommitUpload") == 2 and cluster.count("BeginUpload") == 2
+
+
+def test_a_committed_but_unacknowledged_version_is_not_taken_as_ours(
+    client: Client, cluster: FakeCluster
+) -> None:
+    # The leader committed v2 and died before its write quorum: the next leader may roll v2
+    # back, so the client must not report it written. It uploads again and gets an
+    # acknowledged version.
+    client.create("k", b"old")
+    cluster.commit_then_fail = True
+    cluster.unacknowledged.add("k")
+    original_commit = cluster._CommitUpload
+
+    def commit_and_acknowledge(address: str, r: pb.CommitUploadRequest) -> pb.BlobMeta:
+        failing = cluster.commit_then_fail
+        try:
+            return original_commit(address, r)
+        finally:
+            if not failing:
+                cluster.unacknowledged.discard("k")
+    cluster._CommitUpload = commit_and_acknowledge  # type: ignore[method-assign]
+    meta = client.update("k", b"new content")
+    assert meta.version == 3 and cluster.blobs["k"] == (3, b"new content")
+    # One create, then the update's lost commit and its re-upload: v2 was never reported.
+    assert cluster.count("BeginUpload") == 3 and cluster.count("CommitUpload") == 3
 
 
 def test_create_commit_lost_then_exists_is_success(client: Client, cluster: FakeCluster) -> None:
