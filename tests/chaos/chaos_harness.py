@@ -16,14 +16,12 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import grpc
 import xxhash
-from kazoo.client import KazooClient
 from testcontainers.core.container import DockerContainer
 from testcontainers.core.network import Network
 from waiting import wait_until
@@ -223,13 +221,6 @@ class ChaosCluster:
         except grpc.RpcError:
             return None
 
-    def leader(self) -> Node | None:
-        for m in self.masters:
-            s = self.status(m)
-            if s is not None and s.is_leader:
-                return m
-        return None
-
     def wait_leader(self, timeout: float, not_in: tuple[Node, ...] = ()) -> Node:
         found: list[Node] = []
 
@@ -271,12 +262,6 @@ class ChaosCluster:
         wait_until(lambda: all(self.zk_mode(z) in ("leader", "follower") for z in nodes),
                    timeout, "the ZooKeeper ensemble to form a quorum")
 
-    def kazoo(self) -> KazooClient:
-        hosts = ",".join(f"127.0.0.1:{z.host_port}" for z in self.zks)
-        zk = KazooClient(hosts=hosts + "/blobha", timeout=10)
-        zk.start(timeout=30)
-        return zk
-
     # -- faults ---------------------------------------------------------------------------
 
     def disconnect(self, node: Node) -> None:
@@ -294,10 +279,10 @@ class ChaosCluster:
             else:
                 p.unlink()
 
-    def exec_python(self, node: Node, code: str) -> dict[str, Any]:
-        """Run Python inside a master's container (reaching it even when partitioned) and
-        return the JSON object it prints last."""
-        result = node.container.exec(["python3", "-c", code])
+    def exec_python(self, node: Node, code: str, **args: Any) -> dict[str, Any]:
+        """Run Python inside a master's container (reaching it even when partitioned), with
+        ``args`` as JSON in ``sys.argv[1]``, and return the JSON object it prints last."""
+        result = node.container.exec(["python3", "-c", code, json.dumps(args)])
         out = result.output.decode(errors="replace").strip()
         assert result.exit_code == 0, f"in-container script failed: {out}"
         return dict(json.loads(out.splitlines()[-1]))
@@ -494,6 +479,7 @@ def verify(cluster: ChaosCluster, records: Records, min_replication: int = 3,
     problems: list[str] = []
     lost = corrupt = reads = rolled_back = 0
     keys = sorted(latest)
+    by_address = {m.address: m for m in cluster.masters}
     if keys:
         result = client.wait_for_replication(keys, min_replication, timeout=wait_secs)
         if not result.reached:
@@ -522,7 +508,6 @@ def verify(cluster: ChaosCluster, records: Records, min_replication: int = 3,
                     f" attempted; acknowledged {history}, failed"
                     f" {sorted(d[:8] for d in failed_digests.get(key, set()))}")
         holders = client.get_replication(key).holders
-        by_address = {m.address: m for m in cluster.masters}
         for h in holders:
             node = by_address.get(h)
             if node is None:
@@ -590,10 +575,4 @@ def begin_inflight(cluster: ChaosCluster, node: Node, key: str, data: bytes) -> 
     s.AppendUpload(iter([pb.UploadChunk(upload_id=begun.upload_id, offset=0, data=data)]),
                    metadata=md(), timeout=30)
     return str(begun.upload_id)
-
-
-def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
-    t = time.monotonic()
-    out = fn()
-    return time.monotonic() - t, out
 

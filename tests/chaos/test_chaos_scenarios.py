@@ -5,6 +5,7 @@ no corrupt read, one leader per fenced epoch."""
 
 from __future__ import annotations
 
+import random
 import time
 from typing import Any
 
@@ -99,15 +100,6 @@ print(json.dumps(out))
 '''
 
 
-def _in_container(c: ChaosCluster, node: Any, **args: Any) -> dict[str, Any]:
-    import json as _json
-
-    result = node.container.exec(["python3", "-c", _PROBE, _json.dumps(args)])
-    text = result.output.decode(errors="replace").strip()
-    assert result.exit_code == 0, text
-    return dict(_json.loads(text.splitlines()[-1]))
-
-
 def _absent(c: ChaosCluster, key: str) -> bool:
     from blobha.errors import KeyNotFound
 
@@ -124,24 +116,24 @@ def test_02_leader_partitioned_is_fenced_and_rejoins(chaos_cluster: ChaosCluster
     with LeaderSampler(c) as sampler, Workload(c, "part", max_secs=90, big=False) as w:
         w.wait_acks(10, 60)
         old = c.wait_leader(10)
-        stale = payload(2 * 1024 * 1024, __import__("random").Random(2), "stale")
+        stale = payload(2 * 1024 * 1024, random.Random(2), "stale")
         upload_id = begin_inflight(c, old, "fenced-inflight", stale)
         t_cut = time.monotonic()
         c.disconnect(old)
         t_probe = time.monotonic()
-        probe = _in_container(c, old, mode="probe", limit=SESSION_S * 3)
+        probe = c.exec_python(old, _PROBE, mode="probe", limit=SESSION_S * 3)
         refused = (t_probe - t_cut) + probe["refused_after"]
         new = c.wait_leader(SESSION_S * 5, not_in=(old,))
         t_new = time.monotonic() - t_cut
         w.wait_acks(5, 60)
         # After losing leadership it cannot land the upload it had in flight.
-        late = _in_container(c, old, mode="commit", upload_id=upload_id, size=len(stale),
+        late = c.exec_python(old, _PROBE, mode="commit", upload_id=upload_id, size=len(stale),
                              digest=digest(stale))
         c.reconnect(old)
         t_heal = time.monotonic()
         c.wait_ready(120)
         rejoin = time.monotonic() - t_heal
-        late_after_heal = _in_container(c, old, mode="commit", upload_id=upload_id,
+        late_after_heal = c.exec_python(old, _PROBE, mode="commit", upload_id=upload_id,
                                         size=len(stale), digest=digest(stale))
     scenario.update(refused_writes_after_s=round(refused, 2), new_leader_after_s=round(t_new, 2),
                     rejoined_and_converged_after_heal_s=round(rejoin, 2),
@@ -170,7 +162,7 @@ def test_03_leader_paused_past_session_timeout(chaos_cluster: ChaosCluster,
                                                op_timeout=15) as w:
         w.wait_acks(10, 60)
         old = c.wait_leader(10)
-        stale = payload(3 * 1024 * 1024, __import__("random").Random(3), "stale")
+        stale = payload(3 * 1024 * 1024, random.Random(3), "stale")
         upload_id = begin_inflight(c, old, "paused-inflight", stale)
         t_pause = time.monotonic()
         old.docker.pause()
@@ -241,8 +233,6 @@ def test_04_zookeeper_nodes_killed(chaos_cluster: ChaosCluster,
 
 
 def _preload(c: ChaosCluster, prefix: str, sizes: list[int], rf: int = 3) -> dict[str, str]:
-    import random
-
     rng = random.Random(prefix)
     client = c.client(timeout=120)
     out = {}
