@@ -1115,6 +1115,21 @@ class Client:
 
         return self._retry(what, deadline, attempt)
 
+    def _control_call(self, address: str, method: str, request: Any, deadline: _Deadline
+                      ) -> Any:
+        """A cheap call, given at most :data:`_CONTROL_TIMEOUT` of ``deadline``: a master that
+        neither answers nor refuses in that time (paused, cut off) raises :class:`Unavailable`,
+        so the caller moves on to another master; only the deadline's own end raises
+        :class:`DeadlineExceeded`."""
+        limit = min(deadline.remaining(), _CONTROL_TIMEOUT)
+        try:
+            return self._transport.unary(address, method, request, limit)
+        except DeadlineExceeded:
+            if limit >= deadline.remaining():
+                raise
+            raise Unavailable(f"master {address} did not answer {method} within"
+                              f" {_CONTROL_TIMEOUT:.0f}s; trying another") from None
+
     def _read_call(
         self, what: str, method: str, request: Any, deadline: _Deadline | None = None
     ) -> Any:
@@ -1123,19 +1138,11 @@ class Client:
         def attempt() -> Any:
             with self._lock:
                 address = self._preferred
-            limit = min(deadline.remaining(), _CONTROL_TIMEOUT)
             try:
-                return self._transport.unary(address, method, request, limit)
+                return self._control_call(address, method, request, deadline)
             except Unavailable:
                 self._forget_leader(address)
                 raise
-            except DeadlineExceeded:
-                if limit >= deadline.remaining():
-                    raise
-                # A master that neither answers nor refuses (paused, cut off): ask another.
-                self._forget_leader(address)
-                raise Unavailable(f"master {address} did not answer {method} in"
-                                  f" {_CONTROL_TIMEOUT:.0f}s") from None
 
         return self._retry(what, deadline, attempt)
 
@@ -1311,16 +1318,7 @@ class _UploadJob:
         self.started = True
 
     def _control(self, method: str, request: Any, deadline: _Deadline) -> Any:
-        limit = min(deadline.remaining(), _CONTROL_TIMEOUT)
-        try:
-            return self.c._transport.unary(self.leader, method, request, limit)
-        except DeadlineExceeded:
-            if limit >= deadline.remaining():
-                raise
-            raise Unavailable(
-                f"leader {self.leader} did not answer {method} within {_CONTROL_TIMEOUT:.0f}s;"
-                " looking for another leader"
-            ) from None
+        return self.c._control_call(self.leader, method, request, deadline)
 
     def _read(self, offset: int) -> bytes:
         data = self.source.read_at(offset, self.c._chunk_size)

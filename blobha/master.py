@@ -616,7 +616,8 @@ class Master:
                     f"ZooKeeper is unreachable from master {self.identity} and it has no record"
                     f" of {key!r}; retry shortly or read from another master"
                 ) from None
-            log.info("ZooKeeper unreachable: serving the last committed state of %r (v%d)",
+            # Debug only: during an outage this runs for every read (health shows the outage).
+            log.debug("ZooKeeper unreachable: serving the last committed state of %r (v%d)",
                      key, view.state.seq)
             return view.state, view
 

@@ -101,8 +101,8 @@ class Scrubber:
             return True
         whole = Digester()
         try:
-            # LocalStore.read checks every chunk and, on a mismatch, removes the version and
-            # calls on_corrupt before raising, so the repair starts from here.
+            # LocalStore.read checks every chunk and, on a mismatch, discards the version
+            # (discard_corrupt) before raising, so the repair starts from here.
             for data in self.store.read(key, seq):
                 whole.update(data)
                 self.bytes_verified += len(data)
@@ -119,11 +119,8 @@ class Scrubber:
         if whole.hexdigest() != info.digest or whole.size != info.size:
             # Every chunk matched its own digest but the whole does not: the version record
             # itself is inconsistent. Treat it as corrupt, the same way.
-            log.error("CORRUPT: version %d of %r fails its whole digest; removing it", seq, key)
             self.corrupt_found += 1
-            self.store.delete_version(key, seq)
-            if self.store.on_corrupt is not None:
-                self.store.on_corrupt(key, seq)
+            self.store.discard_corrupt(key, seq, "the whole content")
             return False
         return True
 

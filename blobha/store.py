@@ -327,14 +327,17 @@ class LocalStore:
         finally:
             f.close()
 
-    def _corrupt(self, info: VersionInfo, index: int) -> None:
-        log.error(
-            "CORRUPT: chunk %d of version %d of %r fails its digest; removing this copy so it is"
-            " never served and a healthy replica is fetched", index, info.seq, info.key,
-        )
-        self.delete_version(info.key, info.seq)
+    def discard_corrupt(self, key: str, seq: int, what: str) -> None:
+        """Remove a version found corrupt (``what`` says how) so it is never served, and tell
+        ``on_corrupt`` so a healthy replica is fetched."""
+        log.error("CORRUPT: %s of version %d of %r fails its digest; removing this copy so it is"
+                  " never served and a healthy replica is fetched", what, seq, key)
+        self.delete_version(key, seq)
         if self.on_corrupt is not None:
-            self.on_corrupt(info.key, info.seq)
+            self.on_corrupt(key, seq)
+
+    def _corrupt(self, info: VersionInfo, index: int) -> None:
+        self.discard_corrupt(info.key, info.seq, f"chunk {index}")
         raise ChecksumMismatch(
             f"this master's copy of {info.key!r} version {info.seq} is corrupt and was removed;"
             " retry, another replica will serve it"
