@@ -43,9 +43,6 @@ class Scrubber:
         self.files_verified = 0
         self.bytes_verified = 0
         self.corrupt_found = 0
-        self.last_pass_secs = 0.0
-        #: Versions verified so far in the current pass (progress within a pass).
-        self.pass_files = 0
 
     @property
     def enabled(self) -> bool:
@@ -69,19 +66,16 @@ class Scrubber:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            started = self._clock()
             try:
                 self.scrub_pass()
             except Exception:  # a bug here must not kill the thread; the next pass retries
                 log.exception("scrub pass failed")
-            self.last_pass_secs = self._clock() - started
             self._wake.wait(self.interval_secs)
             self._wake.clear()
 
     def scrub_pass(self) -> int:
         """Verify every stored version once; return how many were corrupt."""
         found = 0
-        self.pass_files = 0
         budget = _RateLimit(self.rate, self._clock, self._stop)
         for key in self.store.keys():  # noqa: SIM118 - a method of the store, not a dict
             for seq in self.store.versions(key):
@@ -115,7 +109,6 @@ class Scrubber:
             self.corrupt_found += 1
             return False
         self.files_verified += 1
-        self.pass_files += 1
         if whole.hexdigest() != info.digest or whole.size != info.size:
             # Every chunk matched its own digest but the whole does not: the version record
             # itself is inconsistent. Treat it as corrupt, the same way.
