@@ -35,7 +35,7 @@ import grpc
 from blobha import errors
 from blobha.acl import AccessControl, check_duplicates, parse_acl
 from blobha.credentials import Credentials
-from blobha.digest import Digester
+from blobha.digest import PUT_MAX_BYTES, Digester
 from blobha.errors import (
     BlobError,
     ChecksumMismatch,
@@ -96,6 +96,8 @@ BACKOFF_CAP = 0.5
 # in memory), and a per-segment deadline catches a stalled peer without capping the total
 # transfer time.
 _UPLOAD_SEGMENT_BYTES = 16 * MiB
+#: Blobs up to this size go whole in one Put call (module level so tests can lower it).
+_PUT_MAX_BYTES = PUT_MAX_BYTES
 # Downloads keep nothing in memory, and each new stream pays a flow-control ramp-up, so their
 # segments are larger (measured on loopback: 64 MiB segments are ~25% faster than 16 MiB).
 _DOWNLOAD_SEGMENT_BYTES = 64 * MiB
@@ -1294,6 +1296,8 @@ class _UploadJob:
                 return meta
         if self.upload_id and self.c._discover_leader(deadline) != self.leader:
             self.upload_id = ""  # upload ids die with the leadership that issued them
+        if not self.upload_id and 0 <= self.source.size <= _PUT_MAX_BYTES:
+            return self._put(deadline)
         offset = 0
         if self.upload_id:
             status = self._control(
@@ -1385,14 +1389,32 @@ class _UploadJob:
                 self.high_water = received
                 deadline.restart()
 
+    def _put(self, deadline: _Deadline) -> BlobMeta:
+        """A small blob of known size: begin, append and commit in one call."""
+        data = self.source.read_at(0, PUT_MAX_BYTES + 1)
+        if len(data) != self.source.size:
+            raise InternalError(
+                f"the input changed size during the {self.what}: {self.source.size} bytes"
+                f" expected, {len(data)} read; nothing was written"
+            )
+        self.digester = Digester()
+        self.digester.update(data)
+        self.hashed = len(data)
+        self.leader = self.c._discover_leader(deadline)
+        self.started = True
+        request = pb.PutRequest(begin=self.begin, data=data, digest=self.digester.hexdigest())
+        return self._finish("Put", request, deadline)
+
     def _commit(self, deadline: _Deadline) -> BlobMeta:
         request = pb.CommitUploadRequest(
             upload_id=self.upload_id, size=self.hashed, digest=self.digester.hexdigest()
         )
+        return self._finish("CommitUpload", request, deadline)
+
+    def _finish(self, method: str, request: Any, deadline: _Deadline) -> BlobMeta:
+        """The call that commits (CommitUpload or Put), and what a lost answer means."""
         try:
-            response = self.c._transport.unary(
-                self.leader, "CommitUpload", request, deadline.remaining()
-            )
+            response = self.c._transport.unary(self.leader, method, request, deadline.remaining())
         except Unavailable:
             # The commit may have happened and only its answer been lost.
             self.commit_unknown = True
@@ -1471,6 +1493,7 @@ class _DownloadJob:
         self.limit = offset + length if length else None
         self.progress = progress
         self.candidates: builtins.list[str] = []
+        self.failed: set[str] = set()
         self._reset()
 
     def _reset(self) -> None:
@@ -1483,19 +1506,32 @@ class _DownloadJob:
         deadline = _Deadline(self.c._timeout)
         attempt = 0
         what = f"download {self.key!r}"
+        may_guess = True
+        guessing = False
         while True:
             if not self.candidates:
-                self._choose_replicas(deadline)
+                known = self.c._known_addresses() if may_guess else []
+                may_guess = False
+                guessing = bool(known)
+                if guessing:
+                    # Any master that holds the committed version serves it, and one that does
+                    # not says so: try one straight away and ask where the replicas are only
+                    # on a miss (one call instead of two for most reads).
+                    self.candidates = [self.c._rng.choice(known)]
+                else:
+                    self._choose_replicas(deadline)
             address = self.candidates[0]
             try:
                 self._segment(address)
             except (Unavailable, ChecksumMismatch) as exc:
                 last: BlobError = exc
                 self.candidates.pop(0)
+                self.failed.add(address)
             except KeyNotFound as exc:
                 if str(exc).startswith(_NOT_HELD_PREFIX):
                     last = exc
                     self.candidates.pop(0)
+                    self.failed.add(address)
                 else:
                     raise
             else:
@@ -1504,9 +1540,10 @@ class _DownloadJob:
                 if self.end is not None and self.pos >= self.end:
                     return self._finish()
                 continue
-            if not self.candidates:
+            if not self.candidates and not guessing:
                 self.c._pause(attempt, deadline, last, what)
                 attempt += 1
+            guessing = False
 
     def _choose_replicas(self, deadline: _Deadline) -> None:
         status = self.c._read_call(
@@ -1536,6 +1573,8 @@ class _DownloadJob:
         else:
             self.candidates = others + holders
             rng.shuffle(self.candidates)
+        # Masters that already failed this download go last (stable: the order stays random).
+        self.candidates.sort(key=lambda a: a in self.failed)
 
     def _segment(self, address: str) -> None:
         want = _DOWNLOAD_SEGMENT_BYTES

@@ -14,6 +14,10 @@ import xxhash
 #: Granularity of the stored chunk digests, and the size of chunks the master streams.
 CHUNK_SIZE = 1024 * 1024
 
+#: The largest blob a single Put call carries whole (one chunk); larger ones use the
+#: resumable upload.
+PUT_MAX_BYTES = CHUNK_SIZE
+
 EMPTY_DIGEST = xxhash.xxh3_128_hexdigest(b"")
 
 
@@ -30,6 +34,31 @@ class Digester:
 
     def hexdigest(self) -> str:
         return str(self._h.hexdigest())
+
+
+class ChunkDigests:
+    """xxh3-64 of every ``CHUNK_SIZE`` piece of a stream that arrives in pieces of any size."""
+
+    def __init__(self) -> None:
+        self._h = xxhash.xxh3_64()
+        self._fill = 0
+        self.done: list[str] = []
+
+    def update(self, data: bytes | memoryview) -> None:
+        view = memoryview(data)
+        while view:
+            take = min(CHUNK_SIZE - self._fill, len(view))
+            self._h.update(view[:take])
+            self._fill += take
+            view = view[take:]
+            if self._fill == CHUNK_SIZE:
+                self.done.append(str(self._h.hexdigest()))
+                self._h.reset()
+                self._fill = 0
+
+    def digests(self) -> list[str]:
+        """Every chunk's digest, the last partial chunk's included."""
+        return self.done + ([str(self._h.hexdigest())] if self._fill else [])
 
 
 def chunk_digest(data: bytes | memoryview) -> str:

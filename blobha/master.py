@@ -53,7 +53,7 @@ from blobha.acl import AccessControl
 from blobha.auth import ServerAuthentication, make_authenticator, new_cluster_secret
 from blobha.config import Config, ConfigError, load_config
 from blobha.credentials import Credentials
-from blobha.digest import is_digest
+from blobha.digest import PUT_MAX_BYTES, is_digest
 from blobha.errors import (
     BlobError,
     DeadlineExceeded,
@@ -87,6 +87,7 @@ from blobha.zkstate import (
     EpochRecord,
     PastVersion,
     key_path,
+    replica_path,
 )
 
 log = logging.getLogger(__name__)
@@ -391,8 +392,10 @@ class Master:
 
     def begin_upload(
         self, user: str, key: str, create: bool, acl: list[AccessControl], replication_factor: int,
-        expected_version: int, size_hint: int, write_quorum: int,
+        expected_version: int, size_hint: int, write_quorum: int, precheck: bool = True,
     ) -> tuple[str, int]:
+        """Open an upload session; ``precheck=False`` skips the early look for an existing key
+        of a create (for :meth:`put`, whose commit follows at once and checks it anyway)."""
         self._require_leader()
         validate_key(key)
         acls.check_duplicates(acl)
@@ -407,7 +410,7 @@ class Master:
             w = write_quorum
         else:
             w = min(self.config["blobstore.write.quorum"], rf)
-        state = self._read_state(key)
+        state = self._read_state(key) if precheck or not create else None
         if create:
             if state is not None:
                 raise KeyAlreadyExists(f"key {key!r} already exists; use 'blobha update'")
@@ -448,6 +451,28 @@ class Master:
 
                     raise upload_not_found(upload_id) from None
             return up.temp.size
+
+    def put(
+        self, user: str, key: str, create: bool, acl: list[AccessControl], replication_factor: int,
+        expected_version: int, write_quorum: int, data: bytes, digest: str,
+    ) -> tuple[str, BlobState, int]:
+        """A whole small blob in one call: the upload session's three steps, without the wait
+        between them (so no early look for an existing key: the commit checks it)."""
+        if len(data) > PUT_MAX_BYTES:
+            raise InvalidArgument(
+                f"Put carries at most {PUT_MAX_BYTES} bytes, not {len(data)}; use the resumable"
+                " upload (BeginUpload, AppendUpload, CommitUpload) for larger blobs"
+            )
+        upload_id, _ = self.begin_upload(
+            user, key, create, acl, replication_factor, expected_version, len(data),
+            write_quorum, precheck=False,
+        )
+        try:
+            self.append(user, upload_id, 0, data)
+        except BaseException:
+            self.uploads.abort(upload_id, user)
+            raise
+        return self.commit(user, upload_id, len(data), digest)
 
     def upload_key(self, upload_id: str) -> str:
         """The key an upload session is for ('' if unknown), for the audit log only."""
@@ -498,6 +523,9 @@ class Master:
             except BaseException:
                 up.temp.discard()
                 raise
+            # With a write quorum of 1 the leader's own durable copy (installed above) is the
+            # quorum, so the version is acknowledged by the very transaction that commits it.
+            new = replace(new, acked=new.write_quorum <= 1)
             try:
                 committed = self._commit_state(key, new, create=up.create, previous=state)
             except BaseException:
@@ -506,6 +534,9 @@ class Master:
             self.sync.register_replica(key, committed.seq)
         log.info("committed %r v%d (%d bytes, epoch %d) for %r", key, committed.seq, size,
                  committed.epoch, user)
+        if committed.acked:
+            self.sync.schedule(key)
+            return key, committed, 1
         reached, info = self._await_holders(key, committed, committed.write_quorum)
         if not reached:
             raise DeadlineExceeded(
@@ -521,6 +552,7 @@ class Master:
     def _commit_state(self, key: str, new: BlobState, create: bool,
                       previous: BlobState | None) -> BlobState:
         path = key_path(key)
+        session = self.zk.client_id[0] if self.zk.client_id else 0
 
         def build(txn: Any) -> None:
             if create:
@@ -528,6 +560,9 @@ class Master:
             else:
                 assert previous is not None
                 txn.set_data(path, new.encode(), version=previous.meta_version)
+            # Our replica registers in the same transaction (it was installed durably before):
+            # one ZooKeeper round trip fewer, and the version never appears without a holder.
+            txn.create(replica_path(key, self.identity, new.seq), b"", ephemeral=True)
 
         try:
             self.election.fenced(build)
@@ -543,6 +578,7 @@ class Master:
         except ConnectionLoss:
             # ha-rule: after ConnectionLoss the write may or may not have applied: re-read.
             return self._resolve_unknown_commit(key, new)
+        self.sync.registered(key, new.seq, session)
         # meta_version is stale here; _mark_acked re-reads before its conditional write.
         return new
 

@@ -195,6 +195,18 @@ class BlobStoreServicer(pb_grpc.BlobStoreServicer):
         return meta_to_pb(key, state, replication)
 
     @unary
+    def Put(self, request: pb.PutRequest, context: grpc.ServicerContext) -> pb.BlobMeta:
+        user = user_of(context)
+        b = request.begin
+        with audited(user, "put-create" if b.create else "put-update", b.key) as rec:
+            key, state, replication = self.master.put(
+                user, b.key, b.create, acl_from_pb(b.acl), b.replication_factor,
+                b.expected_version, b.write_quorum, request.data, request.digest,
+            )
+            rec.version = state.seq
+        return meta_to_pb(key, state, replication)
+
+    @unary
     def AbortUpload(self, request: pb.AbortUploadRequest, context: grpc.ServicerContext
                     ) -> pb.AbortUploadResponse:
         user = user_of(context)

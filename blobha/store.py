@@ -2,9 +2,9 @@
 
 Layout under the store root::
 
-    keys/<dirname>/key          the key itself (dirname is an encoding, see blobha.keys)
     keys/<dirname>/v<seq>.blob  the bytes of one committed version, never modified
-    keys/<dirname>/v<seq>.json  its size, xxh3-128 digest and per-chunk xxh3-64 digests
+    keys/<dirname>/v<seq>.json  its key (dirname is an encoding, see blobha.keys), size, xxh3-128
+                                digest and per-chunk xxh3-64 digests
     tmp/                        uploads and downloads in progress; emptied at start-up
 
 A version exists only once both files are in place (the ``.json`` is renamed in last), so a
@@ -16,6 +16,8 @@ served twice and the synchroniser fetches a healthy copy.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import json
 import logging
 import os
@@ -28,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from blobha.digest import CHUNK_SIZE, Digester, chunk_digest
+from blobha.digest import CHUNK_SIZE, ChunkDigests, Digester, chunk_digest
 from blobha.errors import ChecksumMismatch, InvalidArgument, KeyNotFound, ResourceExhausted
 from blobha.keys import key_dirname
 
@@ -43,6 +45,30 @@ class VersionInfo:
     digest: str
     chunk_size: int
     chunks: tuple[str, ...]
+
+
+#: How much a temp file accumulates before its write-back to disk is started.
+WRITEBACK_BYTES = 8 * 1024 * 1024
+
+
+def _load_sync_file_range() -> Callable[[int, int, int], None] | None:
+    """``sync_file_range(fd, offset, n, SYNC_FILE_RANGE_WRITE)`` (Linux), or None elsewhere."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        fn = libc.sync_file_range
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+    fn.restype = ctypes.c_int
+    write = 2  # SYNC_FILE_RANGE_WRITE: start write-back of dirty pages, do not wait for it
+
+    def start(fd: int, offset: int, nbytes: int) -> None:
+        fn(fd, offset, nbytes, write)  # advisory: a failure only means the fsync does it all
+
+    return start
+
+
+_start_writeback = _load_sync_file_range()
 
 
 def fsync_dir(path: Path) -> None:
@@ -63,22 +89,28 @@ def _write_json_atomic(path: Path, obj: object) -> None:
 
 
 class TempBlob:
-    """A file being received in ``tmp/``, with its running digest.
+    """A file being received in ``tmp/``, with its running digests.
 
     ``write_at`` makes appends idempotent: bytes below the current size were already received
     (a retried chunk) and are skipped; bytes past it would leave a gap and are refused.
+
+    The whole-blob digest and the per-chunk digests are computed from the very bytes handed to
+    the file as they arrive, so installing needs no second pass over the data: reading the file
+    back right after writing it would only re-read the page cache, not the disk.
     """
 
     def __init__(self, path: Path) -> None:
         self.path = path
         self._f: BinaryIO = open(path, "xb")  # noqa: SIM115 - closed in close()/discard()
         self._digester = Digester()
+        self._chunks = ChunkDigests()
+        self._flushed = 0  # bytes whose write-back to disk was started
 
     @property
     def size(self) -> int:
         return self._digester.size
 
-    def write_at(self, offset: int, data: bytes) -> int:
+    def write_at(self, offset: int, data: bytes | memoryview) -> int:
         """Write ``data`` that starts at ``offset``; return how many new bytes were written."""
         if offset > self.size:
             raise InvalidArgument(
@@ -91,14 +123,22 @@ class TempBlob:
         view = memoryview(data)[skip:]
         self._f.write(view)
         self._digester.update(view)
+        self._chunks.update(view)
+        if _start_writeback is not None and self.size - self._flushed >= WRITEBACK_BYTES:
+            # Start writing to disk now, while more bytes arrive, instead of leaving a whole
+            # blob of dirty pages for the final fsync: a large upload then costs about the
+            # longer of network and disk, not their sum.
+            self._f.flush()
+            _start_writeback(self._f.fileno(), self._flushed, self.size - self._flushed)
+            self._flushed = self.size
         return len(view)
 
-    def finish(self) -> str:
-        """Flush and fsync; return the digest of what was received."""
+    def finish(self) -> tuple[str, list[str], int]:
+        """Flush and fsync; return (whole digest, chunk digests, size) of what was received."""
         self._f.flush()
         os.fsync(self._f.fileno())
         self._f.close()
-        return self._digester.hexdigest()
+        return self._digester.hexdigest(), self._chunks.digests(), self.size
 
     def discard(self) -> None:
         if not self._f.closed:
@@ -185,12 +225,11 @@ class LocalStore:
     def install(self, key: str, seq: int, temp: TempBlob, size: int, digest: str) -> VersionInfo:
         """Make ``temp`` version ``seq`` of ``key``: fsync, verify, rename, fsync the directory.
 
-        Raises :class:`ChecksumMismatch` (and deletes ``temp``) if the bytes on disk are not
+        Raises :class:`ChecksumMismatch` (and deletes ``temp``) if the bytes written are not
         exactly ``size`` bytes with ``digest``.
         """
         try:
-            temp.finish()
-            chunks, actual_digest, actual_size = self._verify_file(temp.path)
+            actual_digest, chunks, actual_size = temp.finish()
             if actual_size != size or actual_digest != digest:
                 raise ChecksumMismatch(
                     f"the data received for {key!r} does not match: expected {size} bytes with"
@@ -203,14 +242,17 @@ class LocalStore:
         info = VersionInfo(key, seq, size, digest, CHUNK_SIZE, tuple(chunks))
         with self._lock(key):
             d = self._dir(key)
-            d.mkdir(exist_ok=True)
-            keyfile = d / "key"
-            if not keyfile.exists():
-                _write_json_atomic(keyfile, {"key": key})
+            try:
+                d.mkdir()
+                new_dir = True
+            except FileExistsError:
+                new_dir = False
             os.replace(temp.path, d / f"v{seq}.blob")
             _write_json_atomic(d / f"v{seq}.json", _info_json(info))
             fsync_dir(d)
-            fsync_dir(self.keys_dir)
+            if new_dir:
+                # Only a new key directory changes keys/ itself.
+                fsync_dir(self.keys_dir)
         return info
 
     def install_copy(self, key: str, seq: int, source: VersionInfo) -> VersionInfo:
@@ -223,16 +265,6 @@ class LocalStore:
             temp.discard()
             raise
         return self.install(key, seq, temp, source.size, source.digest)
-
-    @staticmethod
-    def _verify_file(path: Path) -> tuple[list[str], str, int]:
-        whole = Digester()
-        chunks: list[str] = []
-        with open(path, "rb") as f:
-            while data := f.read(CHUNK_SIZE):
-                whole.update(data)
-                chunks.append(chunk_digest(data))
-        return chunks, whole.hexdigest(), whole.size
 
     # ---- reading --------------------------------------------------------------------------
 
@@ -283,12 +315,8 @@ class LocalStore:
         """Every key with at least one installed version."""
         out = []
         for d in self.keys_dir.iterdir():
-            try:
-                with open(d / "key", encoding="utf-8") as f:
-                    key = str(json.load(f)["key"])
-            except (OSError, ValueError, KeyError):
-                continue
-            if self.versions(key):
+            key = _key_of_dir(d)
+            if key is not None and self.versions(key):
                 out.append(key)
         return out
 
@@ -392,8 +420,26 @@ class LocalStore:
         return count, total
 
 
+def _key_of_dir(d: Path) -> str | None:
+    """The key a directory under keys/ holds: named in each version record (the directory name
+    is an encoding that long keys make one-way); stores written before that have a ``key``
+    file."""
+    try:
+        names = sorted(n for n in os.listdir(d) if n.startswith("v") and n.endswith(".json"))
+    except OSError:
+        return None
+    for name in [*names, "key"]:
+        try:
+            with open(d / name, encoding="utf-8") as f:
+                return str(json.load(f)["key"])
+        except (OSError, ValueError, KeyError):
+            continue
+    return None
+
+
 def _info_json(info: VersionInfo) -> dict[str, object]:
     return {
+        "key": info.key,
         "seq": info.seq,
         "size": info.size,
         "digest": info.digest,

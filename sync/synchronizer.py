@@ -377,6 +377,10 @@ class Synchronizer:
             return
         self._verified[key] = (seq, session)
 
+    def registered(self, key: str, seq: int, session: int) -> None:
+        """The leader's commit created our replica node of ``seq`` in ``session``."""
+        self._verified[key] = (seq, session)
+
     def corrupted(self, key: str, seq: int) -> None:
         """A stored version failed its digest and was removed: stop advertising it and fetch
         a healthy copy."""

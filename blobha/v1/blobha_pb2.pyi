@@ -76,6 +76,16 @@ class CommitUploadRequest(_message.Message):
     digest: str
     def __init__(self, upload_id: _Optional[str] = ..., size: _Optional[int] = ..., digest: _Optional[str] = ...) -> None: ...
 
+class PutRequest(_message.Message):
+    __slots__ = ("begin", "data", "digest")
+    BEGIN_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    DIGEST_FIELD_NUMBER: _ClassVar[int]
+    begin: BeginUploadRequest
+    data: bytes
+    digest: str
+    def __init__(self, begin: _Optional[_Union[BeginUploadRequest, _Mapping]] = ..., data: _Optional[bytes] = ..., digest: _Optional[str] = ...) -> None: ...
+
 class AbortUploadRequest(_message.Message):
     __slots__ = ("upload_id",)
     UPLOAD_ID_FIELD_NUMBER: _ClassVar[int]

@@ -59,6 +59,11 @@ class BlobStoreStub:
                 request_serializer=blobha_dot_v1_dot_blobha__pb2.AbortUploadRequest.SerializeToString,
                 response_deserializer=blobha_dot_v1_dot_blobha__pb2.AbortUploadResponse.FromString,
                 _registered_method=True)
+        self.Put = channel.unary_unary(
+                '/blobha.v1.BlobStore/Put',
+                request_serializer=blobha_dot_v1_dot_blobha__pb2.PutRequest.SerializeToString,
+                response_deserializer=blobha_dot_v1_dot_blobha__pb2.BlobMeta.FromString,
+                _registered_method=True)
         self.Download = channel.unary_stream(
                 '/blobha.v1.BlobStore/Download',
                 request_serializer=blobha_dot_v1_dot_blobha__pb2.DownloadRequest.SerializeToString,
@@ -137,6 +142,15 @@ class BlobStoreServicer:
 
     def AbortUpload(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Put(self, request, context):
+        """A small blob whole, in one call: begin, append and commit at once, with the same checks,
+        durability and acknowledgement as the three calls (data at most 1 MiB; larger blobs use the
+        resumable upload).
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -228,6 +242,11 @@ def add_BlobStoreServicer_to_server(servicer, server):
                     servicer.AbortUpload,
                     request_deserializer=blobha_dot_v1_dot_blobha__pb2.AbortUploadRequest.FromString,
                     response_serializer=blobha_dot_v1_dot_blobha__pb2.AbortUploadResponse.SerializeToString,
+            ),
+            'Put': grpc.unary_unary_rpc_method_handler(
+                    servicer.Put,
+                    request_deserializer=blobha_dot_v1_dot_blobha__pb2.PutRequest.FromString,
+                    response_serializer=blobha_dot_v1_dot_blobha__pb2.BlobMeta.SerializeToString,
             ),
             'Download': grpc.unary_stream_rpc_method_handler(
                     servicer.Download,
@@ -410,6 +429,33 @@ class BlobStore:
             '/blobha.v1.BlobStore/AbortUpload',
             blobha_dot_v1_dot_blobha__pb2.AbortUploadRequest.SerializeToString,
             blobha_dot_v1_dot_blobha__pb2.AbortUploadResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Put(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/blobha.v1.BlobStore/Put',
+            blobha_dot_v1_dot_blobha__pb2.PutRequest.SerializeToString,
+            blobha_dot_v1_dot_blobha__pb2.BlobMeta.FromString,
             options,
             channel_credentials,
             insecure,

@@ -37,6 +37,48 @@ def test_digest_mismatch_is_rejected_and_leaves_nothing(cluster: LocalCluster,
     assert not any((store_dir(leader) / "tmp").iterdir())
 
 
+def test_put_checks_like_the_upload_and_leaves_nothing_when_refused(
+        cluster: LocalCluster, unique_key: str, alice: Client) -> None:
+    leader = cluster.leader()
+    s = stub(leader.address)
+    data = os.urandom(200_000)
+    begin = pb.BeginUploadRequest(key=unique_key, create=True, write_quorum=1)
+    with pytest.raises(grpc.RpcError) as err:
+        s.Put(pb.PutRequest(begin=begin, data=data, digest=xxhash.xxh3_128_hexdigest(b"other")),
+              metadata=md("alice"))
+    assert err.value.code() == grpc.StatusCode.DATA_LOSS
+    too_big = os.urandom(1024 * 1024 + 1)
+    with pytest.raises(grpc.RpcError) as err:
+        s.Put(pb.PutRequest(begin=begin, data=too_big, digest=xxhash.xxh3_128_hexdigest(too_big)),
+              metadata=md("alice"))
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "resumable upload" in (err.value.details() or "")
+    follower = next(m for m in cluster.masters if m is not leader)
+    with pytest.raises(grpc.RpcError) as err:
+        stub(follower.address).Put(
+            pb.PutRequest(begin=begin, data=data, digest=xxhash.xxh3_128_hexdigest(data)),
+            metadata=md("alice"))
+    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert not version_files(leader, unique_key) and not version_files(follower, unique_key)
+    assert not any((store_dir(leader) / "tmp").iterdir())
+    with pytest.raises(grpc.RpcError) as err:
+        s.GetMeta(pb.GetMetaRequest(key=unique_key), metadata=md("alice"))
+    assert err.value.code() == grpc.StatusCode.NOT_FOUND
+
+    # Accepted: with a write quorum of 1 the one transaction that commits also acknowledges
+    # and registers the leader's replica.
+    meta = s.Put(pb.PutRequest(begin=begin, data=data, digest=xxhash.xxh3_128_hexdigest(data)),
+                 metadata=md("alice"))
+    assert meta.version == 1 and meta.acknowledged and meta.replication >= 1
+    status = s.GetReplication(pb.GetReplicationRequest(key=unique_key), metadata=md("alice"))
+    assert leader.address in status.holders
+    assert alice.read(unique_key) == data
+    with pytest.raises(grpc.RpcError) as err:
+        s.Put(pb.PutRequest(begin=begin, data=data, digest=xxhash.xxh3_128_hexdigest(data)),
+              metadata=md("alice"))
+    assert err.value.code() == grpc.StatusCode.ALREADY_EXISTS
+
+
 def test_retried_chunks_are_written_once(cluster: LocalCluster, unique_key: str,
                                          alice: Client) -> None:
     s = stub(cluster.leader().address)

@@ -74,9 +74,10 @@ def test_metrics_count_calls_by_method_and_code_and_bytes(cluster: LocalCluster,
                                                           unique_key: str) -> None:
     leader = cluster.leader()
     before = [scrape(m) for m in cluster.masters]
-    data = os.urandom(300_000)
+    data = os.urandom(1_500_000)  # above the one-call Put size: the resumable upload
     alice.create(unique_key, data, replication_factor=3)
     assert alice.read(unique_key) == data
+    alice.create(unique_key + "-small", b"small")  # a Put
     with pytest.raises(Exception, match="no blob"):
         alice.get_meta(unique_key + "-missing")
     with grpc.insecure_channel(leader.address) as ch, pytest.raises(grpc.RpcError) as e:
@@ -93,6 +94,8 @@ def test_metrics_count_calls_by_method_and_code_and_bytes(cluster: LocalCluster,
                  grpc_code="OK") - value(before[i], "grpc_server_handled_total",
                                          grpc_method="CommitUpload", grpc_code="OK") >= 1
     assert delta("grpc_server_handled_total", grpc_method="GetMeta", grpc_code="NOT_FOUND") >= 1
+    assert value(after[i], "grpc_server_handled_total", grpc_method="Put", grpc_code="OK") - \
+        value(before[i], "grpc_server_handled_total", grpc_method="Put", grpc_code="OK") >= 1
     assert delta("grpc_server_started_total", grpc_method="BeginUpload") >= 1
     # Upload bytes arrive at the leader; download bytes leave whichever replicas served them
     # (and the followers' sync fetches): at least the blob's size each way.

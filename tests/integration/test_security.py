@@ -169,9 +169,8 @@ def test_every_mutation_is_audited(simple: LocalCluster) -> None:
         alice.delete("audited key")
     leader = simple.leader()
     expected = [
-        'user="alice" op=begin-create key="audited key" version=0 result=OK',
-        'user="alice" op=commit key="audited key" version=1 result=OK',
-        'user="alice" op=commit key="audited key" version=2 result=OK',
+        'user="alice" op=put-create key="audited key" version=1 result=OK',
+        'user="alice" op=put-update key="audited key" version=2 result=OK',
         'user="alice" op=set-meta key="audited key" version=2 result=OK',
         'user="bob" op=delete key="audited key" version=0 result=PERMISSION_DENIED',
         'user="alice" op=delete key="audited key" version=0 result=OK',

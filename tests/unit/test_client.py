@@ -393,6 +393,14 @@ class FakeCluster:
             raise Unavailable(f"master {address} unavailable: connection reset")
         return self._meta(up["key"])
 
+    def _Put(self, address: str, r: pb.PutRequest) -> pb.BlobMeta:
+        # The three steps at once, with the same rules and fault hooks as the resumable upload.
+        upload_id = self._BeginUpload(address, r.begin).upload_id
+        self.uploads[upload_id]["data"] = bytearray(r.data)
+        return self._CommitUpload(
+            address, pb.CommitUploadRequest(upload_id=upload_id, size=len(r.data), digest=r.digest)
+        )
+
     def _AbortUpload(self, address: str, r: pb.AbortUploadRequest) -> pb.AbortUploadResponse:
         self.uploads.pop(r.upload_id, None)
         return pb.AbortUploadResponse()
@@ -465,6 +473,12 @@ class FakeClock:
 
 
 @pytest.fixture
+def resumable_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every upload takes the resumable path (begin, append, commit), however small."""
+    monkeypatch.setattr(client_mod, "_PUT_MAX_BYTES", -1)
+
+
+@pytest.fixture
 def clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
     fake = FakeClock()
     monkeypatch.setattr(client_mod, "_monotonic", fake)
@@ -494,6 +508,7 @@ def payload(n: int) -> bytes:
 # ------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.usefixtures("resumable_only")
 def test_create_discovers_the_leader_and_uploads(client: Client, cluster: FakeCluster) -> None:
     data = payload(600 * KiB)
     meta = client.create("k", data)
@@ -508,6 +523,52 @@ def test_create_empty_blob(client: Client, cluster: FakeCluster) -> None:
     assert client.read("empty") == b""
 
 
+def test_a_small_blob_goes_in_one_put_and_a_large_one_resumably(
+    client: Client, cluster: FakeCluster
+) -> None:
+    small = payload(client_mod.PUT_MAX_BYTES)
+    meta = client.create("small", small)
+    assert meta.version == 1 and cluster.blobs["small"] == (1, small)
+    assert cluster.count("Put") == 1 and cluster.count("BeginUpload") == 0
+    large = payload(client_mod.PUT_MAX_BYTES + 1)
+    client.create("large", large)
+    assert cluster.blobs["large"] == (1, large)
+    assert cluster.count("Put") == 1 and cluster.count("BeginUpload") == 1
+
+
+def test_a_put_follows_the_leader_and_recognises_a_lost_answer(
+    client: Client, cluster: FakeCluster
+) -> None:
+    client.create("k", b"old")  # caches M1 as leader
+    cluster.leader = M2
+    cluster.commit_then_fail = True
+    meta = client.update("k", b"new content")
+    # M1 redirected to M2; M2 committed but its answer was lost; the re-read found v2 ours.
+    assert meta.version == 2 and cluster.blobs["k"] == (2, b"new content")
+    assert [a for a, m in cluster.calls if m == "Put"] == [M1, M1, M2]
+
+
+def test_an_unacknowledged_put_is_sent_again(client: Client, cluster: FakeCluster) -> None:
+    client.create("k", b"old")
+    cluster.commit_then_fail = True
+    cluster.unacknowledged.add("k")
+    original = cluster._Put
+
+    def put_and_acknowledge(address: str, r: pb.PutRequest) -> pb.BlobMeta:
+        failing = cluster.commit_then_fail
+        try:
+            return original(address, r)
+        finally:
+            if not failing:
+                cluster.unacknowledged.discard("k")
+    cluster._Put = put_and_acknowledge  # type: ignore[method-assign]
+    meta = client.update("k", b"new content")
+    # v2 was committed but never acknowledged: not ours to report; the put was made again.
+    assert meta.version == 3 and cluster.blobs["k"] == (3, b"new content")
+    assert cluster.count("Put") == 3
+
+
+@pytest.mark.usefixtures("resumable_only")
 def test_not_leader_redirects_to_named_leader(
     client: Client, cluster: FakeCluster, clock: FakeClock
 ) -> None:
@@ -519,6 +580,7 @@ def test_not_leader_redirects_to_named_leader(
     assert len(clock.sleeps) == 1 and clock.sleeps[0] <= BACKOFF_BASE
 
 
+@pytest.mark.usefixtures("resumable_only")
 def test_a_leader_that_stops_answering_is_left_for_the_new_one(
     client: Client, cluster: FakeCluster
 ) -> None:
@@ -532,6 +594,7 @@ def test_a_leader_that_stops_answering_is_left_for_the_new_one(
     assert cluster.count("BeginUpload", M2) == 1
 
 
+@pytest.mark.usefixtures("resumable_only")
 def test_broken_stream_resumes_from_upload_status(client: Client, cluster: FakeCluster) -> None:
     data = payload(1000 * KiB)
     cluster.append_break_after = 2
@@ -541,6 +604,7 @@ def test_broken_stream_resumes_from_upload_status(client: Client, cluster: FakeC
     assert cluster.count("GetUploadStatus") == 1
 
 
+@pytest.mark.usefixtures("resumable_only")
 def test_leader_change_restarts_a_seekable_upload(
     client: Client, cluster: FakeCluster, tmp_path: Path
 ) -> None:
@@ -598,6 +662,7 @@ def test_small_stream_restarts_after_leader_change(client: Client, cluster: Fake
     assert cluster.count("BeginUpload", M2) == 1
 
 
+@pytest.mark.usefixtures("resumable_only")
 def test_commit_with_lost_answer_is_recognised(client: Client, cluster: FakeCluster) -> None:
     client.create("k", b"old")
     cluster.commit_then_fail = True
@@ -606,6 +671,7 @@ def test_commit_with_lost_answer_is_recognised(client: Client, cluster: FakeClus
     assert cluster.count("CommitUpload") == 2 and cluster.count("BeginUpload") == 2
 
 
+@pytest.mark.usefixtures("resumable_only")
 def test_a_committed_but_unacknowledged_version_is_not_taken_as_ours(
     client: Client, cluster: FakeCluster
 ) -> None:
@@ -631,6 +697,7 @@ def test_a_committed_but_unacknowledged_version_is_not_taken_as_ours(
     assert cluster.count("BeginUpload") == 3 and cluster.count("CommitUpload") == 3
 
 
+@pytest.mark.usefixtures("resumable_only")
 def test_create_commit_lost_then_exists_is_success(client: Client, cluster: FakeCluster) -> None:
     cluster.commit_then_fail = True
     # The meta checks see a lagging view twice, so the client begins again and is told the key
@@ -641,6 +708,7 @@ def test_create_commit_lost_then_exists_is_success(client: Client, cluster: Fake
     assert meta.version == 1 and cluster.count("BeginUpload") == 2
 
 
+@pytest.mark.usefixtures("resumable_only")
 def test_not_authorized_is_not_retried(client: Client, cluster: FakeCluster) -> None:
     from blobha.errors import NotAuthorized
 
@@ -650,6 +718,7 @@ def test_not_authorized_is_not_retried(client: Client, cluster: FakeCluster) -> 
     assert cluster.count("BeginUpload") == 1
 
 
+@pytest.mark.usefixtures("resumable_only")
 def test_upload_aborted_on_fatal_error(client: Client, cluster: FakeCluster) -> None:
     from blobha.errors import ResourceExhausted
 
@@ -670,6 +739,7 @@ def test_unreachable_cluster_gives_up_at_the_deadline(
     assert sum(clock.sleeps) <= 30.0
 
 
+@pytest.mark.usefixtures("resumable_only")
 def test_no_leader_yet_is_retried(client: Client, cluster: FakeCluster) -> None:
     cluster.leader = ""
     cluster.faults.append(("*", "ClusterSummary", Unavailable("starting")))
@@ -715,9 +785,28 @@ def test_download_fails_over_and_resumes(client: Client, cluster: FakeCluster) -
     cluster.holders["k"] = [M2, M3]
     cluster.download_break_after = 2
     assert client.read("k") == data
-    # One replica broke after two chunks; the other served the rest from that offset.
+    # One replica broke after two chunks; the other served the rest from that offset. (A first
+    # guess at M1, which holds nothing, is answered "not held here" and costs one call.)
     downloads = [a for a, m in cluster.calls if m == "Download"]
-    assert len(downloads) == 2 and set(downloads) == {M2, M3}
+    served = [a for a in downloads if a != M1]
+    assert len(served) == 2 and set(served) == {M2, M3} and len(downloads) <= 3
+
+
+def test_a_read_goes_straight_to_a_master_and_asks_for_replicas_only_on_a_miss(
+    client: Client, cluster: FakeCluster
+) -> None:
+    client.create("k", b"abc")
+    cluster.holders["k"] = [M1, M2, M3]
+    cluster.calls.clear()
+    assert client.read("k") == b"abc"
+    assert [m for _, m in cluster.calls] == ["Download"]
+    cluster.holders["k"] = [M3]
+    for _ in range(10):
+        cluster.calls.clear()
+        assert client.read("k") == b"abc"
+        methods = [m for _, m in cluster.calls]
+        assert methods in (["Download"], ["Download", "GetReplication", "Download"])
+        assert cluster.calls[-1] == (M3, "Download")
 
 
 def test_not_held_here_tries_another_master(client: Client, cluster: FakeCluster) -> None:
@@ -823,7 +912,7 @@ def test_download_in_segments_resumes_at_the_byte(
     monkeypatch.setattr(client_mod, "_DOWNLOAD_SEGMENT_BYTES", 512 * KiB)
     data = payload(1000 * KiB)
     client.create("k", data)
-    cluster.holders["k"] = [M1, M2]
+    cluster.holders["k"] = [M1, M2, M3]
     cluster.download_break_after = 1  # the first segment breaks after one 256 KiB chunk
     requests: list[tuple[int, int, int]] = []
     original = cluster._download

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from blobha.digest import CHUNK_SIZE, EMPTY_DIGEST, digest_bytes
+from blobha.digest import CHUNK_SIZE, EMPTY_DIGEST, chunk_digest, digest_bytes
 from blobha.errors import ChecksumMismatch, InvalidArgument, KeyNotFound, ResourceExhausted
 from blobha.keys import key_dirname
 from blobha.store import LocalStore, TempBlob, VersionInfo
@@ -130,8 +130,18 @@ def test_write_at_skips_retried_bytes_and_refuses_gaps(tmp_path: Path) -> None:
         temp.write_at(12, b"!")
     assert temp.size == 11
     assert temp.write_at(11, b"!") == 1
-    assert temp.finish() == digest_bytes(b"hello world!")
+    assert temp.finish() == (digest_bytes(b"hello world!"), [chunk_digest(b"hello world!")], 12)
     assert (tmp_path / "t.part").read_bytes() == b"hello world!"
+
+
+def test_chunk_digests_do_not_depend_on_how_the_bytes_arrive(tmp_path: Path) -> None:
+    data = os.urandom(2 * CHUNK_SIZE + 12345)
+    expected = [chunk_digest(data[i:i + CHUNK_SIZE]) for i in range(0, len(data), CHUNK_SIZE)]
+    for piece in (1000, CHUNK_SIZE - 1, CHUNK_SIZE, CHUNK_SIZE + 7, len(data)):
+        temp = TempBlob(tmp_path / f"p{piece}.part")
+        for i in range(0, len(data), piece):
+            temp.write_at(i, data[i:i + piece])
+        assert temp.finish() == (digest_bytes(data), expected, len(data))
 
 
 def test_discarded_temp_is_removed(store: LocalStore) -> None:
@@ -215,7 +225,7 @@ def test_start_up_removes_temp_files_and_half_installed_versions(tmp_path: Path)
     (d / "v2.json.tmp-abc").write_text("{}", encoding="utf-8")
     restarted = LocalStore(root)
     assert os.listdir(restarted.tmp_dir) == []
-    assert sorted(os.listdir(d)) == ["key", "v1.blob", "v1.json"]
+    assert sorted(os.listdir(d)) == ["v1.blob", "v1.json"]
     assert restarted.versions("k") == [1]
     assert _read(restarted, "k", 1) == b"committed"
     assert restarted.clean_temp() == 0
@@ -299,8 +309,20 @@ def test_keys_lists_installed_keys_including_unicode(store: LocalStore) -> None:
     assert sorted(store.keys()) == sorted(keys)
     for key in keys:
         assert _read(store, key, 1) == key.encode()
-    record = json.loads((store.keys_dir / key_dirname("日本語キー") / "key").read_text("utf-8"))
-    assert record == {"key": "日本語キー"}
+    record = json.loads((store.keys_dir / key_dirname("日本語キー") / "v1.json").read_text("utf-8"))
+    assert record["key"] == "日本語キー"
+
+
+def test_keys_of_a_store_written_with_key_files_are_still_found(store: LocalStore) -> None:
+    # Stores written before the key moved into the version records named it in a "key" file.
+    _put(store, "z" * 300, 1, b"x")
+    d = store.keys_dir / key_dirname("z" * 300)
+    record = json.loads((d / "v1.json").read_text("utf-8"))
+    del record["key"]
+    (d / "v1.json").write_text(json.dumps(record), "utf-8")
+    assert store.keys() == []
+    (d / "key").write_text(json.dumps({"key": "z" * 300}), "utf-8")
+    assert store.keys() == ["z" * 300]
 
 
 def test_a_key_without_versions_is_not_listed(store: LocalStore) -> None:
