@@ -32,7 +32,7 @@ from typing import Any, BinaryIO, Protocol, TypeVar
 
 import grpc
 
-from blobha import errors
+from blobha import chunkwire, errors
 from blobha.acl import AccessControl, check_duplicates, parse_acl
 from blobha.credentials import Credentials
 from blobha.digest import PUT_MAX_BYTES, Digester
@@ -508,9 +508,19 @@ class GrpcTransport:
     def server_stream(
         self, address: str, method: str, request: Any, timeout: float | None
     ) -> Iterator[Any]:
-        call = getattr(self._stub(address), method)(
-            request, timeout=timeout, metadata=self._metadata
-        )
+        stub = self._stub(address)
+        if method == "Download":
+            # Chunks decoded by hand: their data are views into the received messages.
+            with self._lock:
+                channel = self._channels[address]
+            multi = channel.unary_stream(
+                chunkwire.DOWNLOAD_METHOD,
+                request_serializer=pb.DownloadRequest.SerializeToString,
+                response_deserializer=chunkwire.decode_chunk,
+            )
+        else:
+            multi = getattr(stub, method)
+        call: Any = multi(request, timeout=timeout, metadata=self._metadata)
         try:
             yield from call
         except grpc.RpcError as exc:
@@ -679,7 +689,7 @@ def _open_source(data: UploadData) -> _Source:
 class _Sink:
     """Where a download goes."""
 
-    def write(self, data: bytes) -> None:
+    def write(self, data: bytes | memoryview) -> None:
         raise NotImplementedError
 
     def restart(self) -> bool:
@@ -690,9 +700,9 @@ class _Sink:
 class _BufferSink(_Sink):
     def __init__(self) -> None:
         # A list joined once at the end: growing one buffer would copy the blob repeatedly.
-        self.parts: builtins.list[bytes] = []
+        self.parts: builtins.list[bytes | memoryview] = []
 
-    def write(self, data: bytes) -> None:
+    def write(self, data: bytes | memoryview) -> None:
         self.parts.append(data)
 
     def restart(self) -> bool:
@@ -710,7 +720,7 @@ class _FileSink(_Sink):
             if f.seekable():
                 self._start = f.tell()
 
-    def write(self, data: bytes) -> None:
+    def write(self, data: bytes | memoryview) -> None:
         self._f.write(data)
 
     def restart(self) -> bool:
@@ -1597,7 +1607,7 @@ class _DownloadJob:
                     raise InternalError(f"master {address} sent data before the blob info")
                 self._check_info(address, _info_from_pb(message.info))
                 seen_info = True
-            data: bytes = message.data
+            data: bytes | memoryview = message.data
             if not data:
                 continue
             if self.end is not None and self.pos + len(data) > self.end:

@@ -7,10 +7,11 @@ values, so the sync logic never sees protobuf or channels.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterable
 
 import grpc
 
+from blobha import chunkwire
 from blobha.auth import MASTER_SECRET_METADATA_KEY, USER_METADATA_KEY
 from blobha.credentials import Credentials
 from blobha.errors import BlobError, ChecksumMismatch, from_status
@@ -66,6 +67,11 @@ class Peers:
                 stub = self._stubs[address] = pb_grpc.BlobStoreStub(channel)  # type: ignore[no-untyped-call]
             return stub
 
+    def _channel(self, address: str) -> grpc.Channel:
+        self._stub(address)  # creates (or renews) the channel
+        with self._guard:
+            return self._channels[address]
+
     def close(self) -> None:
         with self._guard:
             for c in self._channels.values():
@@ -83,16 +89,23 @@ class Peers:
         """
         request = pb.DownloadRequest(key=key, version=seq, offset=dest.size)
         try:
-            stream: Iterator[pb.DownloadChunk] = self._stub(address).Download(
+            # Chunks decoded by hand (blobha.chunkwire): their data are views, not copies.
+            download = self._channel(address).unary_stream(
+                chunkwire.DOWNLOAD_METHOD,
+                request_serializer=pb.DownloadRequest.SerializeToString,
+                response_deserializer=chunkwire.decode_chunk,
+            )
+            stream: Iterable[chunkwire.Chunk] = download(
                 request, timeout=timeout, metadata=self._metadata
             )
             first = True
             for chunk in stream:
                 if first:
                     first = False
-                    if chunk.info.digest != digest:
+                    offered = chunk.info.digest if chunk.info is not None else "none"
+                    if offered != digest:
                         raise ChecksumMismatch(
-                            f"{address} offers {key!r} v{seq} with digest {chunk.info.digest},"
+                            f"{address} offers {key!r} v{seq} with digest {offered},"
                             f" ZooKeeper says {digest}"
                         )
                 if chunk.data:

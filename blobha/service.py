@@ -22,6 +22,7 @@ from kazoo.exceptions import (
 
 from blobha.acl import AccessControl
 from blobha.audit import audited
+from blobha.chunkwire import encode_chunk, serialize_response
 from blobha.digest import CHUNK_SIZE
 from blobha.errors import BlobError, InvalidArgument, Unavailable, to_status
 from blobha.gatekeeper import authenticated_user
@@ -67,9 +68,37 @@ def new_server(interceptors: Iterable[grpc.ServerInterceptor] = (),  # type: ign
                        options=[*CHANNEL_OPTIONS, *SERVER_OPTIONS, *options])
 
 
+class _HandlerCapture:
+    """Stands in for a server to take the generated method handlers, so one can be changed."""
+
+    def __init__(self) -> None:
+        self.handlers: dict[str, grpc.RpcMethodHandler[Any, Any]] = {}
+
+    def add_generic_rpc_handlers(self, handlers: Any) -> None:
+        pass
+
+    def add_registered_method_handlers(self, service: str, handlers: Any) -> None:
+        self.handlers = dict(handlers)
+
+
 def add_to_server(master: Master, server: grpc.Server) -> None:
-    pb_grpc.add_BlobStoreServicer_to_server(  # type: ignore[no-untyped-call]
-        BlobStoreServicer(master), server
+    servicer = BlobStoreServicer(master)
+    capture = _HandlerCapture()
+    pb_grpc.add_BlobStoreServicer_to_server(servicer, capture)  # type: ignore[no-untyped-call]
+    if "Download" not in capture.handlers:
+        raise RuntimeError("the generated gRPC code registers no handlers; regenerate it with"
+                           " proto/generate.sh")
+    # Download answers with chunks serialised by hand (one copy of each MiB, not three).
+    capture.handlers["Download"] = grpc.unary_stream_rpc_method_handler(
+        servicer.Download,
+        request_deserializer=pb.DownloadRequest.FromString,
+        response_serializer=serialize_response,
+    )
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler(BLOBSTORE_SERVICE, capture.handlers),)
+    )
+    server.add_registered_method_handlers(  # type: ignore[attr-defined]
+        BLOBSTORE_SERVICE, capture.handlers
     )
     # The standard services, so grpcurl and health probes work without the .proto file.
     master.health.add_to_server(server)
@@ -216,24 +245,20 @@ class BlobStoreServicer(pb_grpc.BlobStoreServicer):
 
     @streaming
     def Download(self, request: pb.DownloadRequest, context: grpc.ServicerContext
-                 ) -> Iterator[pb.DownloadChunk]:
+                 ) -> Iterator[bytes]:
         info, chunks = self.master.open_download(
             user_of(context), request.key, request.version, request.offset, request.length
         )
-        first = pb.DownloadChunk(info=pb.BlobInfo(version=info.seq, size=info.size,
-                                                  digest=info.digest))
-        sent_first = False
+        first: pb.BlobInfo | None = pb.BlobInfo(version=info.seq, size=info.size,
+                                                digest=info.digest)
         for data in chunks:
-            # Chunks come verified from the store, at most CHUNK_SIZE each.
+            # Chunks come verified from the store, at most CHUNK_SIZE each; encoded by hand
+            # (blobha.chunkwire), as serialised DownloadChunk messages.
             assert len(data) <= CHUNK_SIZE
-            if not sent_first:
-                first.data = data
-                sent_first = True
-                yield first
-            else:
-                yield pb.DownloadChunk(data=data)
-        if not sent_first:
-            yield first
+            yield encode_chunk(data, first)
+            first = None
+        if first is not None:
+            yield encode_chunk(b"", first)
 
     @unary
     def GetMeta(self, request: pb.GetMetaRequest, context: grpc.ServicerContext) -> pb.BlobMeta:
