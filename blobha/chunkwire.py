@@ -1,24 +1,30 @@
-"""``DownloadChunk`` messages encoded and decoded by hand, without copying the data.
+"""``DownloadChunk`` and ``UploadChunk`` messages encoded and decoded by hand, without copying
+the data.
 
-A download moves gigabytes in 1 MiB messages. Through the generated protobuf code each message
-costs two extra copies of its data on each side: the server copies the bytes into a message and
-serialises that into another buffer, and the client parses a message and copies its ``data``
-field out again. The wire format of this one message is simple and fixed by ``blobha.proto``
-(field 1 ``info``, a ``BlobInfo``; field 2 ``data``, bytes), so these functions write it with a
-single copy and read it as views into the received buffer. Anything else (the info, unknown
-fields) goes through the generated code, and the result is the same bytes on the wire, so
-either side may use the generated code instead.
+Uploads and downloads move gigabytes in 1 MiB messages. Through the generated protobuf code
+each message costs two extra copies of its data on each side: the sender copies the bytes into
+a message and serialises that into another buffer, and the receiver parses a message and copies
+its ``data`` field out again. The wire format of these two messages is simple and fixed by
+``blobha.proto``, so these functions write it with a single copy and read it as views into the
+received buffer. Anything else (the info, unknown fields) goes through the generated code or is
+skipped, and the bytes on the wire are the same, so either side may use the generated code.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from blobha.v1 import blobha_pb2 as pb
 
-_INFO_TAG = 0x0A  # field 1, length-delimited
-_DATA_TAG = 0x12  # field 2, length-delimited
+_INFO_TAG = 0x0A  # DownloadChunk field 1, length-delimited
+_DATA_TAG = 0x12  # DownloadChunk field 2, length-delimited
+_UPLOAD_ID_TAG = 0x0A  # UploadChunk field 1, length-delimited
+_OFFSET_TAG = 0x10  # UploadChunk field 2, varint
+_UPLOAD_DATA_TAG = 0x1A  # UploadChunk field 3, length-delimited
 
-#: The fully qualified method name, for calls made with these (de)serialisers.
+#: The fully qualified method names, for calls made with these (de)serialisers.
 DOWNLOAD_METHOD = "/blobha.v1.BlobStore/Download"
+APPEND_METHOD = "/blobha.v1.BlobStore/AppendUpload"
 
 
 def _varint(n: int) -> bytes:
@@ -78,31 +84,78 @@ class Chunk:
         return name == "info" and self.info is not None
 
 
-def decode_chunk(raw: bytes) -> Chunk:
-    """Parse a serialised ``DownloadChunk``; raises ValueError if it is malformed."""
+def _fields(raw: bytes, what: str) -> Iterator[tuple[int, int | memoryview]]:
+    """(field number, value) of each length-delimited (a view) or varint (an int) field;
+    fixed-size fields are skipped. Raises ValueError if the message is malformed."""
     buf = memoryview(raw)
     pos = 0
-    info: pb.BlobInfo | None = None
-    data = buf[0:0]
     while pos < len(buf):
         key, pos = _read_varint(buf, pos)
         field, wire = key >> 3, key & 7
         if wire == 2:
             n, pos = _read_varint(buf, pos)
             if pos + n > len(buf):
-                raise ValueError("a DownloadChunk field runs past the end of the message")
-            value = buf[pos:pos + n]
+                raise ValueError(f"a field runs past the end of the {what}")
+            yield field, buf[pos:pos + n]
             pos += n
+        elif wire == 0:
+            value, pos = _read_varint(buf, pos)
+            yield field, value
+        elif wire in (1, 5):
+            pos += 8 if wire == 1 else 4
+        else:
+            raise ValueError(f"unexpected wire type {wire} in a {what}")
+    if pos != len(buf):
+        raise ValueError(f"a field runs past the end of the {what}")
+
+
+def decode_chunk(raw: bytes) -> Chunk:
+    """Parse a serialised ``DownloadChunk``; raises ValueError if it is malformed."""
+    info: pb.BlobInfo | None = None
+    data = memoryview(b"")
+    for field, value in _fields(raw, "DownloadChunk"):
+        if isinstance(value, memoryview):
             if field == 1:
                 info = pb.BlobInfo.FromString(bytes(value))
             elif field == 2:
                 data = value
-        elif wire == 0:
-            _, pos = _read_varint(buf, pos)
-        elif wire in (1, 5):
-            pos += 8 if wire == 1 else 4
-        else:
-            raise ValueError(f"unexpected wire type {wire} in a DownloadChunk")
-    if pos != len(buf):
-        raise ValueError("a DownloadChunk field runs past the end of the message")
     return Chunk(info, data)
+
+
+def encode_upload_chunk(upload_id: str, offset: int, data: bytes | memoryview) -> bytes:
+    """A serialised ``UploadChunk`` (what the generated code would send), one copy of ``data``."""
+    parts: list[bytes | memoryview] = []
+    if upload_id:
+        raw = upload_id.encode("utf-8")
+        parts += [bytes([_UPLOAD_ID_TAG]), _varint(len(raw)), raw]
+    if offset:
+        parts += [bytes([_OFFSET_TAG]), _varint(offset)]
+    if data:
+        parts += [bytes([_UPLOAD_DATA_TAG]), _varint(len(data)), data]
+    return b"".join(parts)
+
+
+class UploadPiece:
+    """A decoded ``UploadChunk``; ``data`` is a view into the received message."""
+
+    __slots__ = ("data", "offset", "upload_id")
+
+    def __init__(self, upload_id: str, offset: int, data: memoryview) -> None:
+        self.upload_id = upload_id
+        self.offset = offset
+        self.data = data
+
+
+def decode_upload_chunk(raw: bytes) -> UploadPiece:
+    """Parse a serialised ``UploadChunk``; raises ValueError if it is malformed."""
+    upload_id = ""
+    offset = 0
+    data = memoryview(b"")
+    for field, value in _fields(raw, "UploadChunk"):
+        if field == 1 and isinstance(value, memoryview):
+            upload_id = bytes(value).decode("utf-8")  # UnicodeDecodeError is a ValueError
+        elif field == 2 and isinstance(value, int):
+            offset = value
+        elif field == 3 and isinstance(value, memoryview):
+            data = value
+    return UploadPiece(upload_id, offset, data)

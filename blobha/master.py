@@ -438,7 +438,7 @@ class Master:
         up = self.uploads.begin(user, key, create, acl, rf, expected_version, w)
         return up.upload_id, int(self.uploads.expiration_secs)
 
-    def append(self, user: str, upload_id: str, offset: int, data: bytes) -> int:
+    def append(self, user: str, upload_id: str, offset: int, data: bytes | memoryview) -> int:
         up = self.uploads.get(upload_id, user)
         with up.lock:
             if data:

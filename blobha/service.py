@@ -22,7 +22,7 @@ from kazoo.exceptions import (
 
 from blobha.acl import AccessControl
 from blobha.audit import audited
-from blobha.chunkwire import encode_chunk, serialize_response
+from blobha.chunkwire import UploadPiece, decode_upload_chunk, encode_chunk, serialize_response
 from blobha.digest import CHUNK_SIZE
 from blobha.errors import BlobError, InvalidArgument, Unavailable, to_status
 from blobha.gatekeeper import authenticated_user
@@ -88,7 +88,12 @@ def add_to_server(master: Master, server: grpc.Server) -> None:
     if "Download" not in capture.handlers:
         raise RuntimeError("the generated gRPC code registers no handlers; regenerate it with"
                            " proto/generate.sh")
-    # Download answers with chunks serialised by hand (one copy of each MiB, not three).
+    # Upload and download chunks are (de)serialised by hand: one copy of each MiB, not three.
+    capture.handlers["AppendUpload"] = grpc.stream_unary_rpc_method_handler(
+        servicer.AppendUpload,
+        request_deserializer=decode_upload_chunk,
+        response_serializer=pb.UploadStatus.SerializeToString,
+    )
     capture.handlers["Download"] = grpc.unary_stream_rpc_method_handler(
         servicer.Download,
         request_deserializer=pb.DownloadRequest.FromString,
@@ -194,7 +199,7 @@ class BlobStoreServicer(pb_grpc.BlobStoreServicer):
         return pb.BeginUploadResponse(upload_id=upload_id, expires_after_secs=expires)
 
     @unary
-    def AppendUpload(self, request_iterator: Iterator[pb.UploadChunk],
+    def AppendUpload(self, request_iterator: Iterator[UploadPiece],
                      context: grpc.ServicerContext) -> pb.UploadStatus:
         user = user_of(context)
         upload_id = ""

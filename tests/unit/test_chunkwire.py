@@ -6,7 +6,13 @@ import os
 
 import pytest
 
-from blobha.chunkwire import decode_chunk, encode_chunk, serialize_response
+from blobha.chunkwire import (
+    decode_chunk,
+    decode_upload_chunk,
+    encode_chunk,
+    encode_upload_chunk,
+    serialize_response,
+)
 from blobha.v1 import blobha_pb2 as pb
 
 INFO = pb.BlobInfo(version=7, size=123456789, digest="ab" * 16)
@@ -45,3 +51,22 @@ def test_the_server_serialiser_passes_encoded_chunks_through() -> None:
     assert serialize_response(encoded) is encoded
     message = pb.DownloadChunk(data=b"y")
     assert serialize_response(message) == message.SerializeToString()
+
+
+@pytest.mark.parametrize("offset", [0, 1, 300, 2**40 + 5])
+@pytest.mark.parametrize("size", [0, 1, 1024 * 1024])
+def test_upload_chunks_match_the_generated_code(offset: int, size: int) -> None:
+    data = os.urandom(size)
+    expected = pb.UploadChunk(upload_id="up-ü1", offset=offset, data=data).SerializeToString()
+    assert encode_upload_chunk("up-ü1", offset, memoryview(data)) == expected
+    piece = decode_upload_chunk(expected)
+    assert (piece.upload_id, piece.offset, bytes(piece.data)) == ("up-ü1", offset, data)
+    # A later chunk of a stream may leave the upload id out.
+    assert decode_upload_chunk(encode_upload_chunk("", offset, data)).upload_id == ""
+
+
+def test_a_malformed_upload_chunk_is_refused() -> None:
+    good = encode_upload_chunk("id", 5, b"abc")
+    for bad in (good[:-1], bytes([0x0A, 2, 0xFF, 0xFE]), bytes([0x10])):
+        with pytest.raises(ValueError):
+            decode_upload_chunk(bad)

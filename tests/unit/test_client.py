@@ -361,7 +361,7 @@ class FakeCluster:
         self.uploads[upload_id] = {"leader": address, "key": r.key, "data": bytearray()}
         return pb.BeginUploadResponse(upload_id=upload_id)
 
-    def _append(self, address: str, chunks: Iterator[pb.UploadChunk]) -> pb.UploadStatus:
+    def _append(self, address: str, chunks: Iterator[Any]) -> pb.UploadStatus:
         up: dict[str, Any] | None = None
         for n, chunk in enumerate(chunks):
             if self.append_break_after is not None and n >= self.append_break_after:
@@ -642,7 +642,7 @@ def test_leader_change_with_consumed_stream_fails_clearly(
     monkeypatch.setattr(client_mod, "_UPLOAD_SEGMENT_BYTES", 256 * KiB)
     original = cluster._append
 
-    def fail_over_after_first_segment(address: str, chunks: Iterator[pb.UploadChunk]) -> Any:
+    def fail_over_after_first_segment(address: str, chunks: Iterator[Any]) -> Any:
         status = original(address, chunks)
         cluster.fail_over(M2)  # the acknowledged segment is gone with the old leader
         return status
