@@ -112,6 +112,10 @@ class LocalCluster:
     for tests). Ports: masters on ``base_port``, ``base_port + 1``, ...; their status pages and
     metrics on those plus :data:`METRICS_PORT_OFFSET`; 0 picks free ports for all.
 
+    ZooKeeper ticks every ``zk_tick_ms`` (200 ms): it expires sessions on tick boundaries, so a
+    dead master's session ends up to one tick after its timeout, and a short tick keeps
+    failover close to the session timeout.
+
     ``tls=True`` makes the secure set-up under ``data_dir/secure`` (kept across runs): a
     throwaway CA and a certificate per master, credentials for :data:`SECURE_USERS` (tokens, or
     client certificates with ``auth="mtls"``), and ZooKeeper locked down to the masters.
@@ -125,7 +129,7 @@ class LocalCluster:
         base_port: int = DEFAULT_BASE_PORT,
         zookeeper_home: str | None = None,
         overrides: Mapping[str, Any] | None = None,
-        zk_tick_ms: int = 1000,
+        zk_tick_ms: int = 200,
         tls: bool = False,
         auth: str | None = None,
         zk_lockdown: bool | None = None,
