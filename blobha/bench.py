@@ -23,6 +23,11 @@ Metric groups (``--metrics`` picks a subset; every metric name starts with its g
 ``replication_1g_s``
     From the big blob's acknowledgement to 3 replicas. Baseline: writing twice its size with
     fdatasync (the two followers write one copy each to the same disk).
+``spark`` (needs pyspark)
+    The Spark comparison of :mod:`blobha.bench_spark`: from job start until every executor
+    (two separate executor processes) holds a ``--spark-size-mb`` blob (default 256 MiB),
+    blobha's node cache against ``sc.addFile``, for a first and a second application.
+    Baseline: ``addFile``'s time in the same run.
 ``failover_term_s`` / ``failover_kill_s`` (``--local``)
     From SIGTERM or SIGKILL of the leader to the first successful write through the client.
     Baseline: the configured ZooKeeper session timeout.
@@ -55,6 +60,7 @@ and notes go to stderr, so ``--json`` output stays machine-readable.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import io
 import json
 import math
@@ -102,6 +108,8 @@ SCALE_BLOB = 1024
 #: Bytes of each raw ZooKeeper baseline znode: about the size of a key's metadata znode.
 ZK_NODE_BYTES = 256
 CATCHUP_TIMEOUT = 3600.0
+#: Separate executor processes in the Spark comparison (Spark's local-cluster mode).
+SPARK_EXECUTORS = 2
 
 #: Metric groups in the order they run; the big-blob groups share one upload.
 METRIC_GROUPS: tuple[str, ...] = (
@@ -110,6 +118,7 @@ METRIC_GROUPS: tuple[str, ...] = (
     "download_mbps",
     "replication_latency_ms",
     "small_ops_per_s",
+    "spark",
     "failover_term_s",
     "failover_kill_s",
     "scale",
@@ -253,6 +262,8 @@ class BenchOptions:
     scale_keys: int = 100_000
     #: Rounds of the big-blob metrics (medians are reported).
     repeat: int = 3
+    #: Size of the blob every Spark executor gets in the ``spark`` group.
+    spark_size_mb: int = 256
     metrics: tuple[str, ...] = METRIC_GROUPS
     #: A remote cluster's ZooKeeper ("host:port"), for the ZooKeeper baselines.
     zookeeper: str | None = None
@@ -261,8 +272,9 @@ class BenchOptions:
 
     def check(self, local: bool, explicit_metrics: bool) -> None:
         """Raise ValueError for a combination that cannot run."""
-        if min(self.size_mb, self.count, self.scale_keys, self.repeat) < 1:
-            raise ValueError("--size-mb, --count, --scale-keys and --repeat must be at least 1")
+        if min(self.size_mb, self.count, self.scale_keys, self.repeat, self.spark_size_mb) < 1:
+            raise ValueError("--size-mb, --count, --scale-keys, --repeat and --spark-size-mb must"
+                             " be at least 1")
         if not self.small_ops_seconds > 0:
             raise ValueError("--small-ops-seconds must be positive")
         if not local and explicit_metrics:
@@ -633,6 +645,8 @@ class Bench:
             self.replication_latency()
         if "small_ops_per_s" in groups:
             self.small_ops()
+        if "spark" in groups:
+            self.spark()
         for name, sig in (("failover_term_s", signal.SIGTERM), ("failover_kill_s", signal.SIGKILL)):
             if name in groups and self.lc is not None:
                 self.failover(name, sig)
@@ -790,6 +804,23 @@ class Bench:
         if res.errors:
             self.log.note(f"{what}: {len(res.errors)} client thread(s) failed and stopped early"
                           f" (first: {type(res.errors[0]).__name__}: {res.errors[0]})")
+
+    # ---- Spark -----------------------------------------------------------------------
+
+    def spark(self) -> None:
+        """The Spark comparison (blobha.bench_spark): time until every executor holds a
+        ``--spark-size-mb`` blob, blobha against ``sc.addFile``, first and second application."""
+        if importlib.util.find_spec("pyspark") is None:
+            self.log.note("spark skipped: pyspark is not installed (deploy/setup.sh spark)")
+            return
+        from blobha.bench_spark import run_spark_bench
+
+        size = self.opts.spark_size_mb * MiB
+        self.log.say(f"Spark: every executor gets a {self.opts.spark_size_mb} MiB blob, blobha"
+                     " against sc.addFile, first and second application")
+        for m in run_spark_bench(self.cluster, size, executors=SPARK_EXECUTORS):
+            self.add(str(m["name"]), float(cast(float, m["value"])), str(m["unit"]),
+                     str(m["baseline_name"]), float(cast(float, m["baseline_value"])))
 
     # ---- failover ---------------------------------------------------------------------
 
@@ -1029,6 +1060,7 @@ def main(
     repeat: int = 3,
     zookeeper: str | None = None,
     baseline_dir: str | None = None,
+    spark_size_mb: int = 256,
 ) -> int:
     """``blobha bench``; returns the exit status."""
     if not local and not cluster:
@@ -1038,6 +1070,7 @@ def main(
         opts = BenchOptions(
             size_mb=size_mb, count=count, small_ops_seconds=small_ops_seconds,
             scale_keys=scale_keys, repeat=repeat, metrics=parse_metrics(metrics),
+            spark_size_mb=spark_size_mb,
             zookeeper=zookeeper,
             baseline_dir=baseline_dir,
         )
@@ -1058,7 +1091,7 @@ def main(
         where = "a local 3-master cluster" if local else cluster
         print(f"blobha bench against {where}: --size-mb {opts.size_mb} --count {opts.count}"
               f" --small-ops-seconds {opts.small_ops_seconds:g} --scale-keys {opts.scale_keys}"
-              f" --repeat {opts.repeat}")
+              f" --repeat {opts.repeat} --spark-size-mb {opts.spark_size_mb}")
         print(format_table(results))
         for n in log.notes:
             print(f"note: {n}")

@@ -337,8 +337,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="rounds of the big-blob metrics; medians are reported (default 3)")
     p.add_argument("--metrics", metavar="NAME[,NAME...]",
                    help="run only these: upload_mbps, replication_1g_s, download_mbps,"
-                        " replication_latency_ms, small_ops_per_s, failover_term_s,"
+                        " replication_latency_ms, small_ops_per_s, spark, failover_term_s,"
                         " failover_kill_s, scale (default: all)")
+    p.add_argument("--spark-size-mb", type=_positive_int, default=256, metavar="MIB",
+                   help="size of the blob every Spark executor gets (default 256)")
     p.add_argument("--zookeeper", metavar="HOST:PORT",
                    help="a remote cluster's ZooKeeper, for the ZooKeeper baselines")
     p.add_argument("--baseline-dir", metavar="DIR",
@@ -800,7 +802,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         cluster, args.local, args.json, count=args.count, size_mb=args.size_mb,
         small_ops_seconds=args.small_ops_seconds, scale_keys=args.scale_keys,
         repeat=args.repeat, metrics=args.metrics, zookeeper=args.zookeeper,
-        baseline_dir=args.baseline_dir,
+        baseline_dir=args.baseline_dir, spark_size_mb=args.spark_size_mb,
     ))
 
 

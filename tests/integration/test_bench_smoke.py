@@ -23,6 +23,8 @@ EXPECTED = {
     "replication_latency_ms_p50", "replication_latency_ms_p99",
     "small_ops_per_s_create_c1", "small_ops_per_s_create_c8",
     "small_ops_per_s_read_c1", "small_ops_per_s_read_c8",
+    "spark_first_app_blob_ready_s", "spark_second_app_blob_ready_s",
+    "spark_second_app_blob_ready_client_loaded_s",
     "failover_term_s", "failover_kill_s",
     "scale_create_per_s", "scale_keys", "scale_leader_rss_mib", "scale_leader_rss_per_key_b",
     "scale_follower_rss_mib", "scale_follower_rss_per_key_b", "scale_zk_watches",
@@ -37,8 +39,9 @@ def test_bench_local_json_reports_every_metric_with_baseline_and_ratio(tmp_path:
     started = time.monotonic()
     proc = subprocess.run(
         [BLOBHA, "bench", "--local", "--json", "--size-mb", "4", "--count", "5",
-         "--small-ops-seconds", "0.5", "--scale-keys", "150", "--repeat", "1"],
-        capture_output=True, text=True, timeout=240, cwd=tmp_path,
+         "--small-ops-seconds", "0.5", "--scale-keys", "150", "--repeat", "1",
+         "--spark-size-mb", "4"],
+        capture_output=True, text=True, timeout=600, cwd=tmp_path,
         env={**os.environ, "TMPDIR": str(tmp_path)},
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
