@@ -83,6 +83,7 @@ import grpc
 from kazoo.client import KazooClient
 
 from blobha.client import Client
+from blobha.credentials import Credentials
 from blobha.digest import CHUNK_SIZE
 from blobha.localcluster import LocalCluster, MasterProcess
 from blobha.peers import CHANNEL_OPTIONS, USER_METADATA_KEY
@@ -418,8 +419,15 @@ class Driver(Generic[C]):
         return result
 
 
+def _bench_user() -> str | None:
+    """The user the bench acts as: on a secure cluster whoever the credentials (token or client
+    certificate, from the command line or ``BLOBHA_*``) say; otherwise a user of its own."""
+    creds = Credentials.from_env()
+    return None if creds.token_file or creds.cert else USER
+
+
 def _bench_client(cluster: str) -> Client:
-    return Client(cluster, user=USER, timeout=120)
+    return Client(cluster, user=_bench_user(), timeout=120)
 
 
 def client_driver(cluster: str, op: Callable[[Client, int], object]) -> Driver[Client]:
@@ -818,7 +826,8 @@ class Bench:
         size = self.opts.spark_size_mb * MiB
         self.log.say(f"Spark: every executor gets a {self.opts.spark_size_mb} MiB blob, blobha"
                      " against sc.addFile, first and second application")
-        for m in run_spark_bench(self.cluster, size, executors=SPARK_EXECUTORS):
+        for m in run_spark_bench(self.cluster, size, executors=SPARK_EXECUTORS,
+                                 user=_bench_user()):
             self.add(str(m["name"]), float(cast(float, m["value"])), str(m["unit"]),
                      str(m["baseline_name"]), float(cast(float, m["baseline_value"])))
 

@@ -14,6 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from blobha.client import Client
+from blobha.localcluster import LocalCluster
+
 pytestmark = pytest.mark.integration
 
 BLOBHA = str(Path(sys.executable).with_name("blobha"))
@@ -62,3 +65,27 @@ def test_bench_local_json_reports_every_metric_with_baseline_and_ratio(tmp_path:
     # The run cleans up after itself: the throw-away cluster's directory is gone.
     assert not list(tmp_path.glob("blobha-bench-*"))
     print(f"bench smoke took {time.monotonic() - started:.1f} s")
+
+
+def test_bench_runs_against_a_secure_cluster_with_the_given_credentials(tmp_path: Path) -> None:
+    lc = LocalCluster(tmp_path / "secure", nodes=3, base_port=0, tls=True,
+                      overrides={"blobstore.disk.reserved.bytes": 0})
+    try:
+        lc.start()
+        creds = lc.credentials("alice")
+        assert creds.ca and creds.token_file
+        proc = subprocess.run(
+            [BLOBHA, "--cluster", lc.cluster, "--ca", creds.ca, "--token-file", creds.token_file,
+             "bench", "--json", "--size-mb", "2", "--count", "3", "--small-ops-seconds", "0.3",
+             "--repeat", "1", "--metrics", "upload_mbps,download_mbps,small_ops_per_s"],
+            capture_output=True, text=True, timeout=240, cwd=tmp_path,
+            env={**os.environ, "TMPDIR": str(tmp_path)},
+        )
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        names = {m["name"] for m in json.loads(proc.stdout)}
+        assert {"upload_mbps", "download_mbps", "small_ops_per_s_create_c1"} <= names
+        # It left nothing behind on a cluster not its own (an admin sees every key).
+        with Client(lc.cluster, credentials=lc.credentials("admin")) as admin:
+            assert list(admin.list()) == []
+    finally:
+        lc.stop()
