@@ -50,8 +50,6 @@ from pathlib import Path
 from typing import Any
 
 from blobha import spark as blobspark
-from blobha.cache import BlobCache
-from blobha.client import Client
 
 log = logging.getLogger("blobha.bench_spark")
 
@@ -214,6 +212,11 @@ def _one_round(
     cluster: str, user: str, master: str, executors: int, size: int, root: Path
 ) -> dict[tuple[int, str], float]:
     """Both applications once, with a new key and an empty node cache."""
+    # Here, not at the top: executors import this module to run _blobha_ready, and the client
+    # is no part of what a job's task pays for blob_path.
+    from blobha.cache import BlobCache
+    from blobha.client import Client
+
     key = f"bench-spark-{uuid.uuid4().hex[:12]}"
     root.mkdir()
     blob_file = root / LOCAL_NAME
