@@ -787,8 +787,9 @@ class BlobCache:
     unreferenced entries are evicted, least recently used first; ``retention_secs`` the least
     time an unreferenced entry is kept (Flink's staged cleanup: it is deleted only by the
     second cleanup pass that finds it unreferenced); ``update_interval_secs`` how often a key's
-    version, and the caller's right to read it, are checked with the cluster. ``clock``
-    (wall-clock seconds) exists for tests.
+    version, and the caller's right to read it, are checked with the cluster: at most once per
+    interval for each user on the node, as every process reuses the answers recorded there.
+    ``clock`` (wall-clock seconds) exists for tests.
 
     :meth:`get` records a reference to what it returns: held by ``owner`` when given (say, a
     Spark application id; dropped by :meth:`release`), else by this instance (dropped by
