@@ -211,6 +211,18 @@ def _check(rows: list[tuple[Any, ...]], executors: int, size: int) -> None:
         raise RuntimeError(f"not every executor got the whole file: {rows}")
 
 
+def _node_counters(cache_dir: Path, user: str) -> tuple[int, int, int, int]:
+    """(downloads, version checks, digest re-checks, hits) of the node cache so far."""
+    from blobha.cache import BlobCache
+
+    def no_client() -> Any:
+        raise AssertionError("reading the counters needs no client")
+
+    with BlobCache(cache_dir, user=user, connect=no_client) as cache:
+        s = cache.stats()
+    return s.downloads, s.checks, s.verifications, s.hits
+
+
 def _compile_blobha() -> None:
     """Write blobha's bytecode, as installing the package does.
 
@@ -263,8 +275,15 @@ def _one_round(
                 )
                 app.warm_up(load_blobha=app_no == 3)
                 empty = app.time_empty_job()
+                before = _node_counters(cache_dir, user)
                 total, waited = app.time_blobha(key, cluster, user, size)
                 timings[app_no, "blobha"] = total
+                after = _node_counters(cache_dir, user)
+                log.info(
+                    "application %d: the node cache made %d download(s), %d version check(s)"
+                    " with the cluster and %d digest re-check(s), and served %d hit(s)",
+                    app_no, *(after[i] - before[i] for i in range(4)),
+                )
                 timings[app_no, "addFile"] = app.time_addfile(blob_file, size)
             finally:
                 app.stop()

@@ -113,6 +113,8 @@ _STAT_FIELDS = (
     "bytes_downloaded",
     "corrupt",
     "removed_versions",
+    "checks",
+    "verifications",
 )
 
 
@@ -183,6 +185,12 @@ class CacheStats:
     corrupt: int
     #: Older versions removed once nobody referenced them.
     removed_versions: int
+    #: Questions to the cluster about a key's current version (and the user's right to read
+    #: it); answers recorded for the node spare the others.
+    checks: int = 0
+    #: Cached files hashed again to check their digest (a file the node's cache had not
+    #: checked since the node started, or that changed since).
+    verifications: int = 0
 
 
 @dataclass(frozen=True)
@@ -1028,6 +1036,8 @@ class BlobCache:
             entries=len(held),
             corrupt=counters["corrupt"],
             removed_versions=counters["removed_versions"],
+            checks=counters["checks"],
+            verifications=counters["verifications"],
         )
 
     def cleanup(self) -> CleanupReport:
@@ -1147,6 +1157,7 @@ class BlobCache:
                 with self._lock:
                     self._remote[key] = recorded
                 return recorded, False
+            self._bump(checks=1)
             try:
                 meta = _Remote.of(self._cluster().get_meta(key))
             except NotAuthorized:
@@ -1330,6 +1341,7 @@ class BlobCache:
             return True
         # Outside the key lock: hashing a large file must not hold up other processes, and
         # our reference already keeps cleanup away from it.
+        self._bump(verifications=1)
         try:
             digest, size, st = _hash_file(version.file)
             identity = (st.st_dev, st.st_ino)

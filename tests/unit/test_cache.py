@@ -371,7 +371,9 @@ def test_a_file_checked_on_the_node_is_not_hashed_again_by_later_instances(
     for _ in range(3):
         assert make().get("k").path == path
     assert hashed == [], "later instances trust the node's record"
-    assert fake.downloads == 1 and make().stats().corrupt == 0
+    stats = make().stats()
+    assert fake.downloads == 1 and stats.corrupt == 0
+    assert stats.verifications <= 1 and stats.hits == 4
 
 
 def test_a_file_changed_behind_the_records_back_is_verified_again(
@@ -398,6 +400,7 @@ def test_a_file_changed_behind_the_records_back_is_verified_again(
     assert hashed == [path], "the changed file was hashed, found corrupt and fetched again"
     stats = cache.stats()
     assert (stats.corrupt, stats.downloads, fake.downloads) == (1, 2, 2)
+    assert stats.verifications >= 1
 
 
 def test_the_first_use_after_the_node_restarts_verifies_again(
@@ -506,7 +509,8 @@ def test_a_new_process_within_the_interval_needs_no_round_trip(
     later, connected = lazy(fake, make, "alice", update_interval_secs=30)
     assert later.get("k").path.read_bytes() == b"data"
     assert connected == [] and fake.meta_calls == 1, "the node's record answered"
-    assert later.stats().hits == 1
+    stats = later.stats()
+    assert (stats.hits, stats.checks) == (1, 1)
 
 
 def test_a_recorded_check_counts_from_when_the_cluster_answered(
