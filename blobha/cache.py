@@ -80,7 +80,7 @@ from blobha.keys import key_dirname, validate_key
 if TYPE_CHECKING:
     # Imported when a cache first talks to the cluster: a process served from a warm cache
     # never does, and grpc and the client's other dependencies would cost it more than the
-    # lookup itself (see _connect).
+    # lookup itself (see _cluster).
     from blobha.client import BlobMeta, Client
 
 __all__ = [
