@@ -1036,6 +1036,32 @@ def test_an_instance_refuses_to_work_in_a_forked_child(fake: FakeCluster, make: 
     assert fake.meta_calls == 0
 
 
+def test_connect_makes_the_client_when_first_needed_and_the_cache_owns_it(
+    fake: FakeCluster, cache_dir: Path
+) -> None:
+    fake.put("k", b"data")
+    made: list[FakeClient] = []
+
+    def connect() -> FakeClient:
+        made.append(fake.client("alice"))
+        return made[-1]
+
+    with BlobCache(cache_dir, user="alice", connect=connect) as cache:  # type: ignore[arg-type]
+        assert made == [] and cache.user == "alice"
+        cache.get("k")
+        cache.get("k")
+        assert len(made) == 1
+    assert made[0].closed, "a client made through connect belongs to the cache"
+    with BlobCache(cache_dir, connect=connect) as cache:  # type: ignore[arg-type]
+        assert len(made) == 2, "without a user, only the client can tell who we are"
+        assert cache.user == "alice"
+    with pytest.raises(InvalidArgument, match="not both"):
+        BlobCache(cache_dir, client=fake.client(), connect=connect)  # type: ignore[arg-type]
+    bob = BlobCache(cache_dir, user="bob", connect=connect)  # type: ignore[arg-type]
+    with bob, pytest.raises(InvalidArgument, match="serves 'bob'"):
+        bob.get("k")
+
+
 def test_an_injected_client_is_left_open(fake: FakeCluster,
                                                         cache_dir: Path) -> None:
     client = fake.client()
