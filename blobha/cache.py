@@ -10,8 +10,12 @@ or a restarted one, sees the same cache:
 ``blobs/<key dir>/v<N>/``
     version N, installed by one atomic rename of a complete directory: ``meta.json`` (size,
     digest...), ``file/<name>`` (the blob, read-only), ``used`` (its mtime is the last use),
-    ``staged`` (set by the first cleanup pass that found it unreferenced), and
-    ``unpacked/`` once someone asked for the archive's contents
+    ``staged`` (set by the first cleanup pass that found it unreferenced), ``verified`` (the
+    node checked the file's digest: which file, in which boot) and ``unpacked/`` once someone
+    asked for the archive's contents
+``blobs/<key dir>/checks/<user>``
+    the cluster's last answer to that user about the key (its current version, and so the
+    right to read it) and when it came: reused by every process for the update interval
 ``blobs/<key dir>/refs/``
     one file per reference: who holds it (an owner such as a Spark application id, or a
     :class:`BlobCache` instance) from which process (boot id, pid and start time, so the
@@ -60,9 +64,8 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import IO
+from typing import IO, TYPE_CHECKING
 
-from blobha.client import BlobMeta, Client
 from blobha.digest import CHUNK_SIZE, Digester
 from blobha.errors import (
     ChecksumMismatch,
@@ -73,6 +76,12 @@ from blobha.errors import (
     Unavailable,
 )
 from blobha.keys import key_dirname, validate_key
+
+if TYPE_CHECKING:
+    # Imported when a cache first talks to the cluster: a process served from a warm cache
+    # never does, and grpc and the client's other dependencies would cost it more than the
+    # lookup itself (see _cluster).
+    from blobha.client import BlobMeta, Client
 
 __all__ = [
     "DEFAULT_CLEANUP_INTERVAL_SECS",
@@ -104,6 +113,8 @@ _STAT_FIELDS = (
     "bytes_downloaded",
     "corrupt",
     "removed_versions",
+    "checks",
+    "verifications",
 )
 
 
@@ -174,6 +185,12 @@ class CacheStats:
     corrupt: int
     #: Older versions removed once nobody referenced them.
     removed_versions: int
+    #: Questions to the cluster about a key's current version (and the user's right to read
+    #: it); answers recorded for the node spare the others.
+    checks: int = 0
+    #: Cached files hashed again to check their digest (a file the node's cache had not
+    #: checked since the node started, or that changed since).
+    verifications: int = 0
 
 
 @dataclass(frozen=True)
@@ -380,14 +397,63 @@ def _tree_size(root: Path) -> int:
     return total
 
 
-def _hash_file(path: Path) -> tuple[str, int, tuple[int, int]]:
-    """(xxh3-128 digest, size, (device, inode)) of a file."""
+def _hash_file(path: Path) -> tuple[str, int, os.stat_result]:
+    """(xxh3-128 digest, size, status when opened) of a file."""
     digester = Digester()
     with open(path, "rb") as f:
         st = os.fstat(f.fileno())
         while chunk := f.read(CHUNK_SIZE):
             digester.update(chunk)
-    return digester.hexdigest(), digester.size, (st.st_dev, st.st_ino)
+    return digester.hexdigest(), digester.size, st
+
+
+# Verification records: ``v<N>/verified`` says that this node's cache checked the digest of
+# ``v<N>/file/<name>`` (a download checked by the client end to end, or a re-verification) and
+# which file that was: its device, inode, size, modification and change times, and the boot.
+# A later process trusts a record that still matches instead of hashing the whole blob again
+# (hundreds of MiB for every new Spark application otherwise), because a file cannot change
+# without changing what is recorded: it is read-only, a rewrite or chmod moves its change
+# time (which no program can set back), a replacement is another inode. Records are trusted
+# only within the boot that wrote them: the first use after the node restarts (when a crash
+# may have left damage, or the disk was checked or restored meanwhile) verifies the file again,
+# as Flink does on a cache's first use of a file. Change times have a coarse clock, so, as git
+# does with its index, a record written in the same clock tick as the file's last change
+# proves nothing (a change later in that tick would leave the same time) and is not trusted.
+_VERIFIED = "verified"
+
+
+def _same_file(a: os.stat_result, b: os.stat_result) -> bool:
+    return (a.st_dev, a.st_ino, a.st_size, a.st_mtime_ns, a.st_ctime_ns) == (
+        b.st_dev, b.st_ino, b.st_size, b.st_mtime_ns, b.st_ctime_ns
+    )
+
+
+def _verification_record(st: os.stat_result, digest: str) -> bytes:
+    return json.dumps({
+        "boot": _BOOT_ID, "dev": st.st_dev, "ino": st.st_ino, "size": st.st_size,
+        "mtime_ns": st.st_mtime_ns, "ctime_ns": st.st_ctime_ns, "digest": digest,
+    }).encode()
+
+
+def _verified_on_node(file: Path, record: Path, digest: str, size: int) -> bool:
+    """Whether ``record`` vouches for ``file`` holding ``size`` bytes with ``digest``."""
+    if not _BOOT_ID:
+        return False  # cannot tell a restart: verify every time
+    try:
+        with open(record, "rb") as f:
+            written = os.fstat(f.fileno()).st_mtime_ns
+            data = json.loads(f.read())
+        st = os.stat(file)
+        return bool(
+            data["boot"] == _BOOT_ID
+            and data["digest"] == digest
+            and (data["dev"], data["ino"], data["size"], data["mtime_ns"], data["ctime_ns"])
+            == (st.st_dev, st.st_ino, size, st.st_mtime_ns, st.st_ctime_ns)
+            and st.st_size == size
+            and written > st.st_ctime_ns
+        )
+    except (OSError, ValueError, TypeError, KeyError):
+        return False
 
 
 def _file_name(key: str) -> str:
@@ -697,8 +763,24 @@ class _Tidied:
 
 
 @dataclass(frozen=True)
+class _Remote:
+    """What the cluster said of a key's current version: all a cache needs of its metadata,
+    and what a check record keeps."""
+
+    version: int
+    digest: str
+    size: int
+    created_at: float
+
+    @staticmethod
+    def of(meta: BlobMeta) -> _Remote:
+        return _Remote(meta.version, meta.digest, meta.size, meta.created_at)
+
+
+@dataclass(frozen=True)
 class _Known:
-    meta: BlobMeta
+    meta: _Remote
+    #: When the cluster gave this answer (this cache's clock), whichever process asked.
     checked_at: float
 
 
@@ -707,12 +789,15 @@ class BlobCache:
     directory.
 
     ``cluster`` names masters (default ``$BLOBHA_CLUSTER``), or pass a ready ``client``
-    (``user`` then defaults to its user). ``soft_limit_bytes`` is the size above which
+    (``user`` then defaults to its user), or ``connect``, which makes the client when one is
+    first needed (with ``user`` given: a process served by the node's records never needs
+    one). ``soft_limit_bytes`` is the size above which
     unreferenced entries are evicted, least recently used first; ``retention_secs`` the least
     time an unreferenced entry is kept (Flink's staged cleanup: it is deleted only by the
     second cleanup pass that finds it unreferenced); ``update_interval_secs`` how often a key's
-    version, and the caller's right to read it, are checked with the cluster. ``clock``
-    (wall-clock seconds) exists for tests.
+    version, and the caller's right to read it, are checked with the cluster: at most once per
+    interval for each user on the node, as every process reuses the answers recorded there.
+    ``clock`` (wall-clock seconds) exists for tests.
 
     :meth:`get` records a reference to what it returns: held by ``owner`` when given (say, a
     Spark application id; dropped by :meth:`release`), else by this instance (dropped by
@@ -741,6 +826,7 @@ class BlobCache:
         retention_secs: float = 600.0,
         update_interval_secs: float = 30.0,
         client: Client | None = None,
+        connect: Callable[[], Client] | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         if not isinstance(soft_limit_bytes, int) or soft_limit_bytes < 0:
@@ -757,21 +843,29 @@ class BlobCache:
         self._cleanup_interval = min(self._retention, DEFAULT_CLEANUP_INTERVAL_SECS)
         self._clock = clock
 
-        if client is None:
+        if client is not None and connect is not None:
+            raise InvalidArgument("pass a client or a way to connect, not both")
+        # A cache owns (and closes) the client it made or had ``connect`` make, not one it
+        # was given.
+        self._owns_client = client is None
+        if connect is not None and user is None:
+            client, connect = connect(), None  # only the client can tell who we are
+        elif client is None and connect is None:
             addresses = cluster if cluster else os.environ.get("BLOBHA_CLUSTER", "").strip()
             if not addresses:
                 raise InvalidArgument(
                     "no cluster given: pass cluster='HOST:PORT,...' or set BLOBHA_CLUSTER"
                 )
+            from blobha.client import Client
+
             client = Client(addresses, user=user)
-            self._owns_client = True
-        else:
-            if user is not None and user != client.user:
-                raise InvalidArgument(
-                    f"user {user!r} differs from the client's user {client.user!r}; pass one"
-                )
-            self._owns_client = False
-        self._client = client
+        elif client is not None and user is not None and user != client.user:
+            raise InvalidArgument(
+                f"user {user!r} differs from the client's user {client.user!r}; pass one"
+            )
+        self._client: Client | None = client
+        self._connect = connect
+        self._user: str = client.user if client is not None else str(user)
         try:
             self._root = Path(cache_dir).expanduser().absolute()
             self._blobs = self._root / "blobs"
@@ -784,7 +878,7 @@ class BlobCache:
             self._sweep_temps()
             self._tmp.mkdir(mode=0o700)
         except BaseException:
-            if self._owns_client:
+            if self._owns_client and client is not None:
                 client.close()
             raise
 
@@ -808,7 +902,7 @@ class BlobCache:
 
     @property
     def user(self) -> str:
-        return self._client.user
+        return self._user
 
     def close(self) -> None:
         """Drop the references this instance took without an owner, remove its scratch space,
@@ -822,8 +916,10 @@ class BlobCache:
         for kd in touched:
             _unlink(self._blobs / kd / "refs" / name)
         shutil.rmtree(self._tmp, ignore_errors=True)
-        if self._owns_client:
-            self._client.close()
+        with self._lock:
+            client, self._client = self._client, None
+        if self._owns_client and client is not None:
+            client.close()
 
     def __enter__(self) -> BlobCache:
         return self
@@ -858,9 +954,11 @@ class BlobCache:
         spec = self._ref_spec(owner)
         self._check_open()
         kd = key_dirname(key)
-        meta = self._remote_meta(key, kd)
+        known, asked = self._remote_meta(key, kd)
+        check = known if asked else None
         for _attempt in range(_ATTEMPTS):
-            version, downloaded = self._obtain(key, kd, meta, spec)
+            version, downloaded = self._obtain(key, kd, known.meta, spec, check)
+            check = None
             if not downloaded and not self._verify(key, kd, version):
                 continue
             path = version.file
@@ -938,6 +1036,8 @@ class BlobCache:
             entries=len(held),
             corrupt=counters["corrupt"],
             removed_versions=counters["removed_versions"],
+            checks=counters["checks"],
+            verifications=counters["verifications"],
         )
 
     def cleanup(self) -> CleanupReport:
@@ -1017,8 +1117,28 @@ class BlobCache:
 
     # -- the cluster -----------------------------------------------------------------------
 
-    def _remote_meta(self, key: str, kd: str) -> BlobMeta:
-        """The key's metadata as this user sees it, asked again once the last answer is
+    def _cluster(self) -> Client:
+        """The client, made on first use when the cache was given ``connect``: a process whose
+        every blob is served from the node's records never pays for it."""
+        with self._lock:
+            if self._client is None:
+                if self._closed or self._connect is None:
+                    raise InvalidArgument("this BlobCache is closed; create a new one")
+                client = self._connect()
+                if client.user != self._user:
+                    client.close()
+                    raise InvalidArgument(
+                        f"connected as {client.user!r}, but this cache serves {self._user!r}"
+                    )
+                self._client = client
+            return self._client
+
+    def _remote_meta(self, key: str, kd: str) -> tuple[_Known, bool]:
+        """The key's current version as this user sees it, and whether the cluster was asked
+        just now (the answer is then to be recorded for the node).
+
+        The cluster is asked once the last answer to this user about this key, given to this
+        process or (through a check record) to another on the node, is
         ``update_interval_secs`` old. Asking is also the authorisation check: the server
         answers only users who may read the key."""
         with self._lock:
@@ -1029,31 +1149,90 @@ class BlobCache:
             with self._lock:
                 known = self._remote.get(key)
             if known is not None and now - known.checked_at < self._update_interval:
-                return known.meta
+                return known, False
+            recorded = self._read_check(kd)
+            if recorded is not None and 0 <= now - recorded.checked_at < self._update_interval:
+                # Keeps the time of the cluster's answer, so the interval still bounds how
+                # long a new version or a revoked READ takes to be noticed.
+                with self._lock:
+                    self._remote[key] = recorded
+                return recorded, False
+            self._bump(checks=1)
             try:
-                meta = self._client.get_meta(key)
+                meta = _Remote.of(self._cluster().get_meta(key))
             except NotAuthorized:
                 with self._lock:
                     self._remote.pop(key, None)
+                _unlink(self._check_path(kd))
                 raise
             except KeyNotFound:
                 with self._lock:
                     self._remote.pop(key, None)
                 self._mark_deleted(kd)
+                with contextlib.suppress(OSError):
+                    for name in os.listdir(self._blobs / kd / "checks"):
+                        _unlink(self._blobs / kd / "checks" / name)
                 raise
             except (Unavailable, DeadlineExceeded) as exc:
                 if known is None:
                     raise
                 # This user was allowed to read this key and nothing newer was known; an
                 # unreachable cluster must not stop jobs that run on cached blobs. Asked again
-                # after the next interval.
+                # after the next interval. (Not recorded for the node: other processes ask
+                # for themselves.)
                 log.warning("serving cached %r: cannot reach the cluster (%s)", key, exc)
                 with self._lock:
                     self._remote[key] = _Known(known.meta, now)
-                return known.meta
+                return known, False
+            known = _Known(meta, now)
             with self._lock:
-                self._remote[key] = _Known(meta, now)
-            return meta
+                self._remote[key] = known
+            return known, True
+
+    # Check records: ``blobs/<key dir>/checks/<user>`` holds the cluster's last answer to that
+    # user about the key (its current version, hence also "this user may read it") and when it
+    # was given. Every process on the node reuses it for the rest of its update interval, so a
+    # new Spark application within the interval of an earlier one needs no round trip (and no
+    # client) at all. This keeps the spec's bounds: a new version, and a revoked READ, are
+    # noticed within the interval of the cluster's answer, as a long-running process already
+    # noticed them. Authorisation stays per user: a record only ever serves the user the
+    # cluster answered, and a user without a fresh record of their own asks the cluster (a
+    # refusal removes the user's record). The records add no trust in the directory: whoever
+    # can write them can also replace the blob files, which the cache serves to every user.
+
+    def _check_path(self, kd: str) -> Path:
+        return self._blobs / kd / "checks" / key_dirname(self._user)
+
+    def _read_check(self, kd: str) -> _Known | None:
+        try:
+            data = json.loads(self._check_path(kd).read_bytes())
+            if data["user"] != self._user:
+                return None
+            meta = _Remote(
+                int(data["version"]), str(data["digest"]), int(data["size"]),
+                float(data["created_at"]),
+            )
+            return _Known(meta, float(data["checked_at"]))
+        except (OSError, ValueError, TypeError, KeyError):
+            return None  # none yet, or unreadable: ask the cluster
+
+    def _write_check(self, kd: str, known: _Known) -> None:
+        """Record the cluster's answer for the node (with the key's lock held, so the key's
+        directory exists and stays)."""
+        record = {
+            "user": self._user,
+            "checked_at": known.checked_at,
+            "version": known.meta.version,
+            "digest": known.meta.digest,
+            "size": known.meta.size,
+            "created_at": known.meta.created_at,
+        }
+        path = self._check_path(kd)
+        try:
+            path.parent.mkdir(exist_ok=True)
+            self._write_atomic(path, json.dumps(record).encode())
+        except OSError as exc:  # only costs other processes a round trip
+            log.warning("cannot record the version check in %s: %s", path, exc)
 
     def _mark_deleted(self, kd: str) -> None:
         kdir = self._blobs / kd
@@ -1063,12 +1242,17 @@ class BlobCache:
 
     # -- getting a blob --------------------------------------------------------------------
 
-    def _obtain(self, key: str, kd: str, meta: BlobMeta, spec: _RefSpec) -> tuple[_Version, bool]:
+    def _obtain(
+        self, key: str, kd: str, meta: _Remote, spec: _RefSpec, check: _Known | None
+    ) -> tuple[_Version, bool]:
         """Under the key's lock: the version to serve (downloaded if missing) with a reference
-        recorded, so no cleanup can remove it. True if this call downloaded it."""
+        recorded, so no cleanup can remove it, and ``check`` recorded for the node if given.
+        True if this call downloaded it."""
         with self._key_lock(kd) as held:
             assert held is not None
             self._ensure_key_dir(key, kd)
+            if check is not None:
+                self._write_check(kd, check)
             scan = self._scan_key(kd)
             version = _choose(scan, meta)
             downloaded = version is None
@@ -1082,7 +1266,7 @@ class BlobCache:
             self._tidy(kd, keep=version.version)
         return version, downloaded
 
-    def _download(self, key: str, kd: str, meta: BlobMeta) -> _Version:
+    def _download(self, key: str, kd: str, meta: _Remote) -> _Version:
         stage = Path(tempfile.mkdtemp(prefix="d-", dir=self._scratch()))
         try:
             name = _file_name(key)
@@ -1091,7 +1275,7 @@ class BlobCache:
             try:
                 # Version 0 = the current one: a version pruned since get_meta cannot stall us,
                 # and an update that landed meanwhile is simply the newer answer.
-                info = self._client.download(key, target)
+                info = self._cluster().download(key, target)
             except KeyNotFound:
                 self._mark_deleted(kd)
                 raise
@@ -1122,6 +1306,9 @@ class BlobCache:
         finally:
             if stage.exists():
                 shutil.rmtree(stage, ignore_errors=True)
+        # The client checked the digest end to end: recorded so the node's other processes
+        # need not hash it again (see _verified_on_node).
+        self._record_verified(dest / "file" / name, dest, info.digest)
         self._bump(downloads=1, bytes_downloaded=info.size)
         with self._lock:
             self._verified.add((kd, info.version, info.digest))  # the client checked it
@@ -1130,20 +1317,42 @@ class BlobCache:
             raise ChecksumMismatch(f"the copy of {key!r} just installed cannot be read back")
         return installed
 
+    def _record_verified(self, file: Path, vdir: Path, digest: str,
+                         st: os.stat_result | None = None) -> None:
+        """Write ``vdir``'s verification record for ``file`` as it was (``st``) or is now."""
+        try:
+            self._write_atomic(vdir / _VERIFIED, _verification_record(st or os.stat(file),
+                                                                      digest))
+        except OSError as exc:  # only costs the next process a hash
+            log.debug("cannot record the verification of %s: %s", file, exc)
+
     def _verify(self, key: str, kd: str, version: _Version) -> bool:
-        """Digest check on this instance's first use of a file it did not download (Flink
-        does the same). A corrupt file is removed; False then, so the caller fetches again."""
+        """Digest check on the node's first use of a file its cache did not download or
+        check since the node started (Flink checks on first use too; see _verified_on_node).
+        A corrupt file is removed; False then, so the caller fetches again."""
         marker = (kd, version.version, version.digest)
         with self._lock:
             if marker in self._verified:
                 return True
+        if _verified_on_node(version.file, version.dir / _VERIFIED, version.digest,
+                             version.size):
+            with self._lock:
+                self._verified.add(marker)
+            return True
         # Outside the key lock: hashing a large file must not hold up other processes, and
         # our reference already keeps cleanup away from it.
+        self._bump(verifications=1)
         try:
-            digest, size, identity = _hash_file(version.file)
+            digest, size, st = _hash_file(version.file)
+            identity = (st.st_dev, st.st_ino)
         except FileNotFoundError:
-            digest, size, identity = "", -1, (0, 0)
-        if digest == version.digest and size == version.size:
+            digest, size, identity, st = "", -1, (0, 0), None
+        if st is not None and digest == version.digest and size == version.size:
+            # Recorded for the node only if the file is still the one opened before hashing
+            # (as that status): a change meanwhile leaves the next process to hash it again.
+            with contextlib.suppress(OSError):
+                if _same_file(os.stat(version.file), st):
+                    self._record_verified(version.file, version.dir, digest, st)
             with self._lock:
                 self._verified.add(marker)
             return True
@@ -1546,7 +1755,7 @@ class BlobCache:
             if last is not None and now - last < self._update_interval:
                 continue
             try:
-                self._client.get_meta(scan.key)
+                self._cluster().get_meta(scan.key)
             except KeyNotFound:
                 self._mark_deleted(scan.kd)
                 scan.deleted = True
@@ -1558,7 +1767,7 @@ class BlobCache:
                 self._probed[scan.key] = now
 
 
-def _choose(scan: _KeyScan, meta: BlobMeta) -> _Version | None:
+def _choose(scan: _KeyScan, meta: _Remote) -> _Version | None:
     """The installed version to serve for ``meta``, or None to download."""
     current = scan.current()
     if current is None:

@@ -638,7 +638,9 @@ def _cmd_fetch(args: argparse.Namespace) -> int:
 
     cache_dir = args.cache_dir or default_cache_dir()
     fetched: list[dict[str, object]] = []
-    with _client(args) as c, BlobCache(cache_dir, client=c) as cache:
+    # Interval 0: a command asks the cluster for the current version (its user may just have
+    # updated the key) instead of reusing a check that another process recorded for the node.
+    with _client(args) as c, BlobCache(cache_dir, client=c, update_interval_secs=0) as cache:
         for key in args.keys:
             blob = cache.get(key, uncompress=args.uncompress)
             if args.json:

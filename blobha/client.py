@@ -34,6 +34,7 @@ import grpc
 
 from blobha import chunkwire, errors
 from blobha.acl import AccessControl, check_duplicates, parse_acl
+from blobha.addresses import DEFAULT_PORT, parse_cluster
 from blobha.credentials import Credentials
 from blobha.digest import PUT_MAX_BYTES, Digester
 from blobha.errors import (
@@ -78,7 +79,6 @@ __all__ = [
 KiB = 1024
 MiB = 1024 * KiB
 
-DEFAULT_PORT = 6627
 DEFAULT_CHUNK_SIZE = MiB
 MIN_CHUNK_SIZE = 256 * KiB
 MAX_CHUNK_SIZE = MiB
@@ -190,53 +190,6 @@ class ClusterSummary:
 # --------------------------------------------------------------------------------------------
 # Pure helpers
 # --------------------------------------------------------------------------------------------
-
-
-def parse_cluster(cluster: str | Sequence[str]) -> tuple[str, ...]:
-    """Master addresses from ``"h1:p1,h2:p2"`` or a list of such strings, deduplicated.
-
-    A host without a port gets :data:`DEFAULT_PORT`; IPv6 hosts are written in brackets.
-
-    >>> parse_cluster("m1:6627, m2")
-    ('m1:6627', 'm2:6627')
-    """
-    items = [cluster] if isinstance(cluster, str) else builtins.list(cluster)
-    out: builtins.list[str] = []
-    for item in items:
-        for raw in item.split(","):
-            text = raw.strip()
-            if not text:
-                continue
-            host, port = _split_host_port(text)
-            address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-            if address not in out:
-                out.append(address)
-    if not out:
-        raise InvalidArgument(
-            "no master address given; use HOST:PORT[,HOST:PORT...], e.g. 127.0.0.1:6627"
-        )
-    return tuple(out)
-
-
-def _split_host_port(text: str) -> tuple[str, int]:
-    port_text = ""
-    if text.startswith("["):
-        end = text.find("]")
-        rest = text[end + 1 :] if end > 0 else "?"
-        if end <= 1 or (rest and not rest.startswith(":")):
-            raise InvalidArgument(f"bad master address {text!r}: write IPv6 as [::1]:6627")
-        host, port_text = text[1:end], rest[1:]
-    elif text.count(":") > 1:
-        raise InvalidArgument(f"bad master address {text!r}: write IPv6 as [::1]:6627")
-    else:
-        host, _, port_text = text.partition(":")
-    if not host or any(c.isspace() for c in host):
-        raise InvalidArgument(f"bad master address {text!r}: expected HOST:PORT")
-    if not port_text:
-        return host, DEFAULT_PORT
-    if not port_text.isdigit() or not 0 < int(port_text) < 65536:
-        raise InvalidArgument(f"bad port in master address {text!r}: expected 1-65535")
-    return host, int(port_text)
 
 
 def backoff_delay(

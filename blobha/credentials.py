@@ -17,7 +17,6 @@ import grpc
 
 from blobha.auth import AUTHORIZATION_METADATA_KEY, USER_METADATA_KEY, split_token
 from blobha.errors import InvalidArgument, Unauthenticated
-from blobha.tls import channel_credentials
 
 ENV_CA = "BLOBHA_CA"
 ENV_CERT = "BLOBHA_CERT"
@@ -92,6 +91,10 @@ class Credentials:
     def channel(self, address: str, options: Sequence[tuple[str, object]]) -> grpc.Channel:
         if not self.tls:
             return grpc.insecure_channel(address, options=list(options))
+        # Only here: blobha.tls loads cryptography (tens of milliseconds), which a client of a
+        # plain-text cluster (a Spark task checking a blob's version, say) has no use for.
+        from blobha.tls import channel_credentials
+
         try:
             creds = channel_credentials(self.ca, self.cert, self.key)
         except ValueError as e:

@@ -7,7 +7,11 @@ the client turns a status back into the same class with :func:`from_status`.
 
 from __future__ import annotations
 
-import grpc
+import functools
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import grpc
 
 #: Trailing-metadata key naming the leader when a non-leader refuses a leader-only call.
 LEADER_METADATA_KEY = "x-blobha-leader"
@@ -16,26 +20,44 @@ LEADER_METADATA_KEY = "x-blobha-leader"
 BUSY_METADATA_KEY = "x-blobha-busy"
 
 
+class _StatusCode:
+    """A class's gRPC status code, looked up by name on first use.
+
+    Every blobha module raises these errors, but not every process makes gRPC calls: a Spark
+    task served from a warm node cache never does, and importing grpc there would cost it more
+    (tens of milliseconds) than the whole lookup. So this module names codes and imports grpc
+    only when one is asked for.
+    """
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __get__(self, obj: object, owner: type | None = None) -> grpc.StatusCode:
+        import grpc
+
+        return grpc.StatusCode[self.name]
+
+
 class BlobError(Exception):
     """Base class of every blobha error. ``code`` is the gRPC status it maps to."""
 
-    code: grpc.StatusCode = grpc.StatusCode.INTERNAL
+    code = _StatusCode("INTERNAL")
     #: Process exit status used by the CLI for this class of error.
     exit_code: int = 1
 
 
 class KeyNotFound(BlobError):
-    code = grpc.StatusCode.NOT_FOUND
+    code = _StatusCode("NOT_FOUND")
     exit_code = 3
 
 
 class KeyAlreadyExists(BlobError):
-    code = grpc.StatusCode.ALREADY_EXISTS
+    code = _StatusCode("ALREADY_EXISTS")
     exit_code = 4
 
 
 class NotAuthorized(BlobError):
-    code = grpc.StatusCode.PERMISSION_DENIED
+    code = _StatusCode("PERMISSION_DENIED")
     exit_code = 5
 
 
@@ -43,19 +65,19 @@ class Unauthenticated(NotAuthorized):
     """The call carried no credential, or a wrong one. A subclass of NotAuthorized, so code that
     handles "not allowed" handles it too; the message says which credential to pass."""
 
-    code = grpc.StatusCode.UNAUTHENTICATED
+    code = _StatusCode("UNAUTHENTICATED")
     exit_code = 15
 
 
 class InvalidArgument(BlobError):
-    code = grpc.StatusCode.INVALID_ARGUMENT
+    code = _StatusCode("INVALID_ARGUMENT")
     exit_code = 6
 
 
 class NotLeader(BlobError):
     """A leader-only call reached a follower. ``leader`` is where to go instead, if known."""
 
-    code = grpc.StatusCode.FAILED_PRECONDITION
+    code = _StatusCode("FAILED_PRECONDITION")
     exit_code = 7
 
     def __init__(self, message: str, leader: str = "") -> None:
@@ -64,60 +86,66 @@ class NotLeader(BlobError):
 
 
 class VersionConflict(BlobError):
-    code = grpc.StatusCode.ABORTED
+    code = _StatusCode("ABORTED")
     exit_code = 8
 
 
 class ChecksumMismatch(BlobError):
-    code = grpc.StatusCode.DATA_LOSS
+    code = _StatusCode("DATA_LOSS")
     exit_code = 9
 
 
 class ResourceExhausted(BlobError):
-    code = grpc.StatusCode.RESOURCE_EXHAUSTED
+    code = _StatusCode("RESOURCE_EXHAUSTED")
     exit_code = 10
 
 
 class Unavailable(BlobError):
     """ZooKeeper is unreachable, there is no leader yet, or leadership was lost mid-call."""
 
-    code = grpc.StatusCode.UNAVAILABLE
+    code = _StatusCode("UNAVAILABLE")
     exit_code = 11
 
 
 class DeadlineExceeded(BlobError):
-    code = grpc.StatusCode.DEADLINE_EXCEEDED
+    code = _StatusCode("DEADLINE_EXCEEDED")
     exit_code = 12
 
 
 class UploadNotFound(BlobError):
     """The upload id is unknown: it expired, was aborted, or its leader changed."""
 
-    code = grpc.StatusCode.NOT_FOUND
+    code = _StatusCode("NOT_FOUND")
     exit_code = 13
 
 
 class InternalError(BlobError):
-    code = grpc.StatusCode.INTERNAL
+    code = _StatusCode("INTERNAL")
     exit_code = 14
 
 
-_BY_CODE: dict[grpc.StatusCode, type[BlobError]] = {
-    grpc.StatusCode.NOT_FOUND: KeyNotFound,
-    grpc.StatusCode.ALREADY_EXISTS: KeyAlreadyExists,
-    grpc.StatusCode.PERMISSION_DENIED: NotAuthorized,
-    grpc.StatusCode.UNAUTHENTICATED: Unauthenticated,
-    grpc.StatusCode.INVALID_ARGUMENT: InvalidArgument,
-    grpc.StatusCode.OUT_OF_RANGE: InvalidArgument,
-    grpc.StatusCode.FAILED_PRECONDITION: NotLeader,
-    grpc.StatusCode.ABORTED: VersionConflict,
-    grpc.StatusCode.DATA_LOSS: ChecksumMismatch,
-    grpc.StatusCode.RESOURCE_EXHAUSTED: ResourceExhausted,
-    grpc.StatusCode.UNAVAILABLE: Unavailable,
-    grpc.StatusCode.DEADLINE_EXCEEDED: DeadlineExceeded,
-    grpc.StatusCode.INTERNAL: InternalError,
-    grpc.StatusCode.UNKNOWN: InternalError,
-}
+@functools.cache
+def _by_code() -> dict[grpc.StatusCode, type[BlobError]]:
+    import grpc
+
+    codes = grpc.StatusCode
+    return {
+        codes.NOT_FOUND: KeyNotFound,
+        codes.ALREADY_EXISTS: KeyAlreadyExists,
+        codes.PERMISSION_DENIED: NotAuthorized,
+        codes.UNAUTHENTICATED: Unauthenticated,
+        codes.INVALID_ARGUMENT: InvalidArgument,
+        codes.OUT_OF_RANGE: InvalidArgument,
+        codes.FAILED_PRECONDITION: NotLeader,
+        codes.ABORTED: VersionConflict,
+        codes.DATA_LOSS: ChecksumMismatch,
+        codes.RESOURCE_EXHAUSTED: ResourceExhausted,
+        codes.UNAVAILABLE: Unavailable,
+        codes.DEADLINE_EXCEEDED: DeadlineExceeded,
+        codes.INTERNAL: InternalError,
+        codes.UNKNOWN: InternalError,
+    }
+
 
 # An upload-id miss and a key miss share NOT_FOUND on the wire; the message prefix tells them
 # apart so the client can raise the precise class.
@@ -136,9 +164,11 @@ def from_status(
     code: grpc.StatusCode, details: str, trailers: tuple[tuple[str, str | bytes], ...] = ()
 ) -> BlobError:
     """The error a client raises for a failed call."""
+    import grpc
+
     if code == grpc.StatusCode.NOT_FOUND and details.startswith(_UPLOAD_PREFIX):
         return UploadNotFound(details)
-    cls = _BY_CODE.get(code, InternalError)
+    cls = _by_code().get(code, InternalError)
     if cls is NotLeader:
         leader = ""
         for k, v in trailers:

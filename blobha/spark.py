@@ -81,9 +81,9 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any, cast
 
+from blobha.addresses import parse_cluster
 from blobha.cache import BlobCache, CachedBlob
 from blobha.cache import default_cache_dir as _cache_default_dir
-from blobha.client import BlobMeta, Client, default_user, parse_cluster
 from blobha.errors import (
     BlobError,
     DeadlineExceeded,
@@ -93,11 +93,13 @@ from blobha.errors import (
     Unavailable,
 )
 from blobha.keys import validate_key
-from blobha.status import ReplicationStatus
 
 if TYPE_CHECKING:
     from pyspark import SparkContext
     from pyspark.sql import SparkSession
+
+    from blobha.client import BlobMeta, Client
+    from blobha.status import ReplicationStatus
 
 __all__ = [
     "CONF_CACHE_DIR",
@@ -664,7 +666,7 @@ def check_access(client: Client, keys: Sequence[str]) -> dict[str, BlobMeta]:
     forbidden = [k for k, a in answers.items() if isinstance(a, NotAuthorized)]
     if missing or forbidden:
         raise BlobsNotAccessible(client.user, missing, forbidden)
-    return {k: a for k, a in answers.items() if isinstance(a, BlobMeta)}
+    return {k: a for k, a in answers.items() if not isinstance(a, BlobError)}
 
 
 def wait_for_replication(
@@ -707,6 +709,8 @@ def wait_for_replication(
         raise InvalidArgument("max wait must be seconds >= 0, or -1 to wait forever")
     own = client is None
     if client is None:
+        from blobha.client import Client
+
         if cluster is None:
             cluster = os.environ.get("BLOBHA_CLUSTER", "")
         client = Client(cluster, user=user, timeout=timeout)
@@ -857,6 +861,8 @@ def prepare(
     if not settings.blobs:
         raise NotConfigured(f"no blobs: pass blob_map or set {CONF_MAP}")
     if settings.user is None:
+        from blobha.client import default_user
+
         settings = settings.replace(
             user=os.environ.get("BLOBHA_USER", "").strip() or sc.sparkUser() or default_user()
         )
@@ -1045,7 +1051,7 @@ class _Localizer:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._caches: dict[tuple[Any, ...], tuple[BlobCache, Client]] = {}
+        self._caches: dict[tuple[Any, ...], BlobCache] = {}
         self._held: dict[tuple[Any, ...], _Held] = {}
         # One lookup per blob at a time in this process; different blobs do not wait for
         # each other's downloads.
@@ -1061,7 +1067,7 @@ class _Localizer:
         with self._lock:
             ended = self._owners - {owner}
             self._owners = {owner}
-            caches = [cache for cache, _ in self._caches.values()]
+            caches = list(self._caches.values())
             for ident in [i for i in self._held if i[2] in ended]:
                 del self._held[ident]
         for old in ended:
@@ -1089,20 +1095,25 @@ class _Localizer:
         with self._lock:
             found = self._caches.get(ident)
             if found is not None:
-                return found[0]
-            client = Client(cluster, user=settings.user, timeout=settings.client_timeout_secs)
-            try:
-                cache = BlobCache(
-                    ident[0],
-                    soft_limit_bytes=settings.cache_soft_limit_bytes,
-                    retention_secs=settings.cache_retention_secs,
-                    update_interval_secs=settings.update_interval_secs,
-                    client=client,
-                )
-            except BaseException:
-                client.close()
-                raise
-            self._caches[ident] = (cache, client)
+                return found
+
+            def connect() -> Client:
+                # Made (and grpc loaded) only when the cache must ask the cluster or download:
+                # a task served by the node's records, as every task of a second application
+                # within the update interval is, never needs it.
+                from blobha.client import Client
+
+                return Client(cluster, user=settings.user, timeout=settings.client_timeout_secs)
+
+            cache = BlobCache(
+                ident[0],
+                user=settings.user,
+                soft_limit_bytes=settings.cache_soft_limit_bytes,
+                retention_secs=settings.cache_retention_secs,
+                update_interval_secs=settings.update_interval_secs,
+                connect=connect,
+            )
+            self._caches[ident] = cache
             return cache
 
     def get(self, settings: SparkBlobSettings, localname: str) -> CachedBlob:
@@ -1148,11 +1159,9 @@ class _Localizer:
 
     def close(self) -> None:
         with self._lock:
-            for cache, client in self._caches.values():
+            for cache in self._caches.values():
                 with contextlib.suppress(Exception):
                     cache.close()
-                with contextlib.suppress(Exception):
-                    client.close()
             self._caches.clear()
             self._held.clear()
 
@@ -1368,6 +1377,8 @@ def _settings_from_args(
         raise InvalidArgument("no blobs given: use --blob KEY[:LOCALNAME][:uncompress]")
     user = settings.user or os.environ.get("BLOBHA_USER", "").strip() or None
     if user is None:
+        from blobha.client import default_user
+
         # The job runs as spark-submit's user (or its --proxy-user, which Spark checks); the
         # blob store must see the same identity on the driver and on every executor, whatever
         # OS user the executors run as.
@@ -1456,6 +1467,8 @@ def submit_main(argv: list[str]) -> int:
         spark_submit = args.spark_submit or pyspark_submit_path()
         command = build_submit_command(settings, spark_submit, rest)
         if args.dry_run:
+            from blobha.client import Client
+
             with Client(settings.resolved_cluster(), user=settings.user,
                         timeout=settings.client_timeout_secs) as c:
                 check_access(c, settings.keys)

@@ -345,6 +345,37 @@ def test_21_revoked_read_is_enforced_on_cache_hits(cluster: LocalCluster, alice:
             carol.get(unique_key)
 
 
+def test_21_a_warm_node_cache_refuses_tasks_of_a_user_without_read(
+    cluster: LocalCluster, alice: Client, unique_key: str, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The executor path (blob_path): alice's tasks leave the node's records behind (the file
+    # checked, the cluster's answer to alice); a task of bob's, within the interval and with
+    # the file in place, must still ask the cluster, and be refused.
+    from blobha import spark as blobspark
+
+    alice.create(unique_key, b"alice only", acl="u:alice:rwa")
+
+    def carrier(user: str) -> str:
+        return blobspark.SparkBlobSettings.from_conf({
+            blobspark.CONF_MAP: json.dumps({unique_key: {"localname": "data"}}),
+            blobspark.CONF_CLUSTER: cluster.cluster,
+            blobspark.CONF_USER: user,
+            blobspark.CONF_CACHE_DIR: str(tmp_path / "node"),
+            blobspark.CONF_UPDATE_INTERVAL: "3600",
+            "spark.app.id": f"app-of-{user}",
+        }).to_json()
+
+    monkeypatch.setenv(blobspark.ENV_CONF, carrier("alice"))
+    assert Path(blobspark.blob_path("data")).read_bytes() == b"alice only"
+    monkeypatch.setenv(blobspark.ENV_CONF, carrier("bob"))
+    for _ in range(2):
+        with pytest.raises(NotAuthorized):
+            blobspark.blob_path("data")
+    with BlobCache(tmp_path / "node", client=alice) as cache:
+        assert (cache.stats().downloads, cache.stats().hits) == (1, 0)
+
+
 # --------------------------------------------------------------------------------------------
 # 22: restart
 # --------------------------------------------------------------------------------------------

@@ -174,8 +174,11 @@ def make(fake: FakeCluster, clock: Clock, cache_dir: Path) -> Iterator[Callable[
     def build(user: str = "alice", **kw: Any) -> BlobCache:
         kw.setdefault("retention_secs", 0.0)
         kw.setdefault("clock", clock)
-        c = BlobCache(kw.pop("directory", cache_dir), client=fake.client(user),  # type: ignore[arg-type]
-                      **kw)
+        if "connect" in kw:
+            kw["user"] = user
+        else:
+            kw.setdefault("client", fake.client(user))
+        c = BlobCache(kw.pop("directory", cache_dir), **kw)
         made.append(c)
         return c
 
@@ -191,6 +194,37 @@ def version_dirs(cache_dir: Path, key: str) -> list[str]:
 
 def scratch_files(cache_dir: Path) -> list[Path]:
     return [p for p in (cache_dir / "tmp").rglob("*") if p.is_file()]
+
+
+def settle(path: Path) -> None:
+    """Wait until the file system's clock has moved past ``path``'s last change.
+
+    Verification records made in the same clock tick as a file's last change are not trusted
+    (file systems with coarse timestamps could hide a change within that tick); after this,
+    a record made or a change done is in a later tick."""
+    probe = path.parent.parent / "settle-probe"
+
+    def moved() -> bool:
+        probe.touch()
+        return probe.stat().st_mtime_ns > path.stat().st_ctime_ns
+
+    wait_until(moved, timeout=5, what=f"the file system clock to pass {path}'s change time",
+               interval=0.001)
+    probe.unlink()
+
+
+@pytest.fixture
+def hashed(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
+    """The files the caches hash from now on."""
+    seen: list[Path] = []
+    real_hash = cache_mod._hash_file
+
+    def counting(path: Path) -> tuple[str, int, os.stat_result]:
+        seen.append(path)
+        return real_hash(path)
+
+    monkeypatch.setattr(cache_mod, "_hash_file", counting)
+    return seen
 
 
 # --------------------------------------------------------------------------------------------
@@ -305,27 +339,89 @@ def test_a_newer_version_committed_during_the_download_is_served(fake: FakeClust
 
 
 def test_a_corrupt_cached_file_is_caught_on_first_use_and_fetched_again(
-    fake: FakeCluster, make: Any, monkeypatch: pytest.MonkeyPatch
+    fake: FakeCluster, make: Any, hashed: list[Path]
 ) -> None:
     fake.put("k", b"good data" * 100)
     path = make().get("k").path
     path.chmod(0o644)
     path.write_bytes(b"bad data!" * 100)  # same size, other bytes
-    hashed: list[Path] = []
-    real_hash = cache_mod._hash_file
-    monkeypatch.setattr(cache_mod, "_hash_file", lambda p: hashed.append(p) or real_hash(p))
 
     other = make()
     blob = other.get("k")
     assert blob.path.read_bytes() == b"good data" * 100
-    assert fake.downloads == 2
+    assert fake.downloads == 2 and len(hashed) == 1
     stats = other.stats()
     assert stats.corrupt == 1 and stats.downloads == 2
     hashed.clear()
     other.get("k")
     assert hashed == [], "a file is verified once per instance"
     assert make().get("k").path.read_bytes() == b"good data" * 100
-    assert len(hashed) == 1 and fake.downloads == 2
+    assert fake.downloads == 2
+
+
+def test_a_file_checked_on_the_node_is_not_hashed_again_by_later_instances(
+    fake: FakeCluster, make: Any, hashed: list[Path], cache_dir: Path
+) -> None:
+    fake.put("k", os.urandom(50_000))
+    path = make().get("k").path
+    assert (path.parent.parent / "verified").exists(), "the download is recorded as checked"
+    settle(path)
+    make().get("k")  # hashes only if the download's record was made in the change's tick
+    hashed.clear()
+    for _ in range(3):
+        assert make().get("k").path == path
+    assert hashed == [], "later instances trust the node's record"
+    stats = make().stats()
+    assert fake.downloads == 1 and stats.corrupt == 0
+    assert stats.verifications <= 1 and stats.hits == 4
+
+
+def test_a_file_changed_behind_the_records_back_is_verified_again(
+    fake: FakeCluster, make: Any, hashed: list[Path]
+) -> None:
+    good = os.urandom(50_000)
+    fake.put("k", good)
+    path = make().get("k").path
+    settle(path)
+    make().get("k")
+    settle(path)
+    # Same size, and the modification time set back: only the change time (which no program
+    # can set) and the content tell.
+    before = path.stat()
+    path.chmod(0o644)
+    path.write_bytes(bytes(b ^ 1 for b in good))
+    path.chmod(0o444)
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert path.stat().st_mtime_ns == before.st_mtime_ns
+    hashed.clear()
+
+    cache = make()
+    assert cache.get("k").path.read_bytes() == good
+    assert hashed == [path], "the changed file was hashed, found corrupt and fetched again"
+    stats = cache.stats()
+    assert (stats.corrupt, stats.downloads, fake.downloads) == (1, 2, 2)
+    assert stats.verifications >= 1
+
+
+def test_the_first_use_after_the_node_restarts_verifies_again(
+    fake: FakeCluster, make: Any, hashed: list[Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake.put("k", os.urandom(50_000))
+    path = make().get("k").path
+    settle(path)
+    make().get("k")
+    hashed.clear()
+    make().get("k")
+    assert hashed == []
+    # Another boot: the records of the previous one prove nothing about the disk now.
+    monkeypatch.setattr(cache_mod, "_BOOT_ID", "0123abcd-0000-4000-8000-000000000000")
+    assert make().get("k").path == path
+    assert hashed == [path]
+    settle(path)
+    hashed.clear()
+    make().get("k")
+    assert hashed == [], "recorded again, for this boot"
+    assert fake.downloads == 1
 
 
 def test_a_missing_cached_file_is_fetched_again(fake: FakeCluster, make: Any) -> None:
@@ -389,6 +485,80 @@ def test_the_cluster_is_asked_at_most_once_per_interval(fake: FakeCluster, make:
     clock.advance(30)
     cache.get("k")
     assert fake.meta_calls == 2
+
+
+def lazy(fake: FakeCluster, make: Any, user: str, **kw: Any) -> tuple[BlobCache, list[str]]:
+    """A cache that connects only when it must (as the Spark executors' do), and the users it
+    connected as."""
+    connected: list[str] = []
+
+    def connect() -> FakeClient:
+        connected.append(user)
+        return fake.client(user)
+
+    return make(user, connect=connect, **kw), connected
+
+
+def test_a_new_process_within_the_interval_needs_no_round_trip(
+    fake: FakeCluster, make: Any, clock: Clock
+) -> None:
+    fake.put("k", b"data")
+    make(update_interval_secs=30).get("k")
+    assert fake.meta_calls == 1
+    clock.advance(20)
+    later, connected = lazy(fake, make, "alice", update_interval_secs=30)
+    assert later.get("k").path.read_bytes() == b"data"
+    assert connected == [] and fake.meta_calls == 1, "the node's record answered"
+    stats = later.stats()
+    assert (stats.hits, stats.checks) == (1, 1)
+
+
+def test_a_recorded_check_counts_from_when_the_cluster_answered(
+    fake: FakeCluster, make: Any, clock: Clock
+) -> None:
+    fake.put("k", b"v1")
+    make(update_interval_secs=30).get("k", owner="app-1")
+    fake.put("k", b"v2")
+    clock.advance(20)
+    second, connected = lazy(fake, make, "alice", update_interval_secs=30)
+    assert second.get("k", owner="app-2").version == 1, "within the interval of the answer"
+    clock.advance(10)  # 30 s after the cluster's answer, 10 s after this instance started
+    blob = second.get("k", owner="app-2")
+    assert (blob.version, blob.path.read_bytes()) == (2, b"v2")
+    assert connected == ["alice"] and fake.meta_calls == 2
+
+
+def test_a_user_without_read_is_refused_from_a_warm_cache(
+    fake: FakeCluster, make: Any, clock: Clock
+) -> None:
+    fake.put("secret", b"s3cr3t", readers={"alice"})
+    make("alice", update_interval_secs=3600).get("secret")
+    bob, connected = lazy(fake, make, "bob", update_interval_secs=3600)
+    for _ in range(2):
+        with pytest.raises(NotAuthorized):
+            bob.get("secret")
+    assert connected == ["bob"], "alice's record does not answer for bob"
+    assert fake.meta_calls == 3 and fake.downloads == 1
+    assert bob.stats().hits == 0
+
+
+def test_a_revoked_read_reaches_new_processes_within_the_interval(
+    fake: FakeCluster, make: Any, clock: Clock
+) -> None:
+    fake.put("k", b"data", readers={"alice", "carol"})
+    make("carol", update_interval_secs=30).get("k")
+    fake.blobs["k"].readers = {"alice"}
+    clock.advance(29)
+    lazy(fake, make, "carol", update_interval_secs=30)[0].get("k")  # the answer is 29 s old
+    clock.advance(1)
+    with pytest.raises(NotAuthorized):
+        lazy(fake, make, "carol", update_interval_secs=30)[0].get("k")
+    # The refusal removed carol's record: no process of hers is served from it any more, even
+    # one that counts a longer interval.
+    late, connected = lazy(fake, make, "carol", update_interval_secs=3600)
+    with pytest.raises(NotAuthorized):
+        late.get("k")
+    assert connected == ["carol"]
 
 
 def test_an_unreachable_cluster_serves_what_this_user_was_allowed_to_read(
@@ -864,6 +1034,32 @@ def test_an_instance_refuses_to_work_in_a_forked_child(fake: FakeCluster, make: 
     with pytest.raises(InvalidArgument, match="forked child"):
         cache.get("k")
     assert fake.meta_calls == 0
+
+
+def test_connect_makes_the_client_when_first_needed_and_the_cache_owns_it(
+    fake: FakeCluster, cache_dir: Path
+) -> None:
+    fake.put("k", b"data")
+    made: list[FakeClient] = []
+
+    def connect() -> FakeClient:
+        made.append(fake.client("alice"))
+        return made[-1]
+
+    with BlobCache(cache_dir, user="alice", connect=connect) as cache:  # type: ignore[arg-type]
+        assert made == [] and cache.user == "alice"
+        cache.get("k")
+        cache.get("k")
+        assert len(made) == 1
+    assert made[0].closed, "a client made through connect belongs to the cache"
+    with BlobCache(cache_dir, connect=connect) as cache:  # type: ignore[arg-type]
+        assert len(made) == 2, "without a user, only the client can tell who we are"
+        assert cache.user == "alice"
+    with pytest.raises(InvalidArgument, match="not both"):
+        BlobCache(cache_dir, client=fake.client(), connect=connect)  # type: ignore[arg-type]
+    bob = BlobCache(cache_dir, user="bob", connect=connect)  # type: ignore[arg-type]
+    with bob, pytest.raises(InvalidArgument, match="serves 'bob'"):
+        bob.get("k")
 
 
 def test_an_injected_client_is_left_open(fake: FakeCluster,
