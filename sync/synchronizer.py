@@ -23,11 +23,14 @@ from __future__ import annotations
 
 import logging
 import random
+import sys
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import AbstractContextManager, suppress
 from dataclasses import dataclass
+from typing import Any
 
 from blobha.sync.membership import Membership
 from blobha.sync.workqueue import WorkQueue
@@ -39,12 +42,28 @@ from blobha import placement, zkstate
 from blobha.errors import BlobError
 from blobha.peers import Peers
 from blobha.store import LocalStore
-from blobha.zkstate import BLOBSTORE, BlobState, key_path, parse_replica, replica_path
+from blobha.zkstate import (
+    BLOBSTORE,
+    BlobState,
+    key_path,
+    parse_replica,
+    replica_name,
+    replica_path,
+)
 
 log = logging.getLogger(__name__)
 
 # Queue entry meaning "re-read the list of keys"; never a valid key (keys are non-empty).
 _KEY_LIST = ""
+
+#: Keys a worker takes at once: their ZooKeeper reads are pipelined (one round trip for the
+#: batch instead of two per key) and their replica nodes registered in a few transactions.
+BATCH = 200
+#: Replica nodes created per ZooKeeper transaction (a multi-op is one request, well under
+#: jute.maxbuffer at this size).
+REGISTER_BATCH = 100
+#: Bound on waiting for one pipelined ZooKeeper answer; a dead connection fails sooner.
+_READ_TIMEOUT = 60.0
 
 
 class SyncDeferred(Exception):
@@ -58,6 +77,39 @@ class KeyView:
 
     def holders(self) -> list[str]:
         return zkstate.holders(list(self.replicas), self.state.seq)
+
+
+class _Entry:
+    """What this master last read of one key, kept compact: a cluster holds 100,000s of keys
+    and every master keeps one entry per key. The metadata stays as the znode's bytes (decoded
+    only when a caller wants the full state: the status page, a read during a ZooKeeper
+    outage); the fields the figures need on every status call are kept decoded."""
+
+    __slots__ = ("data", "holders", "meta_version", "registered", "rf", "seq")
+
+    def __init__(self, data: bytes, meta_version: int, seq: int, rf: int,
+                 holders: tuple[str, ...], registered: int) -> None:
+        self.data = data
+        self.meta_version = meta_version
+        self.seq = seq
+        self.rf = rf
+        #: Addresses (interned: a handful of distinct strings) holding ``seq``, sorted.
+        self.holders = holders
+        #: The ZooKeeper session in which our replica node of ``seq`` was verified (0: not).
+        self.registered = registered
+
+    def view(self) -> KeyView:
+        state = BlobState.decode(self.data, self.meta_version)
+        return KeyView(state, tuple(replica_name(a, self.seq) for a in self.holders))
+
+
+def _holders(names: list[str], seq: int) -> tuple[str, ...]:
+    out = set()
+    for name in names:
+        p = parse_replica(name)
+        if p is not None and p[1] == seq:
+            out.add(sys.intern(p[0]))
+    return tuple(sorted(out))
 
 
 @dataclass(frozen=True)
@@ -94,12 +146,18 @@ class Synchronizer:
         self._deletions_allowed = deletions_allowed
         self._key_lock = key_lock
         self.queue = WorkQueue()
-        self._view: dict[str, KeyView] = {}
+        self._view: dict[str, _Entry] = {}
         self._view_lock = threading.Lock()
+        # Bumped on every change of _view, so figures() recomputes only when something moved.
+        self._generation = 0
+        self._figures: tuple[tuple[int, frozenset[str]], tuple[int, int, int]] | None = None
         self._deleted_since: dict[str, float] = {}
         self._failures: dict[str, int] = {}
-        self._verified: dict[str, tuple[int, int]] = {}  # key -> (seq, session) checked
         self._session: int | None = None
+        # Downloads of one batch run in parallel: a small blob's fetch is a few round trips
+        # and fsyncs, not CPU, so one at a time would leave the machine idle.
+        self._fetchers = ThreadPoolExecutor(max_workers=settings.threads,
+                                            thread_name_prefix="sync-fetch")
         self._stop = threading.Event()
         self._kick = threading.Event()
         self._full_requested = False
@@ -124,6 +182,7 @@ class Synchronizer:
         self.queue.close()
         for t in self._threads:
             t.join(timeout=5)
+        self._fetchers.shutdown(wait=False, cancel_futures=True)
 
     def reconcile_all(self) -> None:
         """Queue every key known to ZooKeeper or held locally (and re-arm the key-list watch)."""
@@ -146,25 +205,35 @@ class Synchronizer:
 
     def view(self, key: str) -> KeyView | None:
         with self._view_lock:
-            return self._view.get(key)
+            entry = self._view.get(key)
+        return entry.view() if entry is not None else None
 
     def figures(self) -> tuple[int, int, int]:
         """(keys, keys with fewer holders than their replication factor, keys this master
         should hold but lacks)."""
-        known = self.membership.known()
+        known = frozenset(self.membership.known())
         with self._view_lock:
-            views = list(self._view.items())
+            stamp = (self._generation, known)
+            if self._figures is not None and self._figures[0] == stamp:
+                return self._figures[1]
+            entries = list(self._view.items())
+        n = max(len(known), 1)
+        me = self.identity
         under = lag = 0
-        for key, v in views:
-            holders = v.holders()
+        for key, e in entries:
             # Against the factor asked for, not the capped one: a blob that wants 3 copies in a
             # cluster with a dead master is under-replicated, and operators should see it.
-            if len(holders) < v.state.replication_factor:
+            if len(e.holders) < e.rf:
                 under += 1
-            rf = min(v.state.replication_factor, max(len(known), 1))
-            if self.identity in placement.choose(key, known, rf) and self.identity not in holders:
-                lag += 1
-        return len(views), under, lag
+            if me not in e.holders:
+                rf = min(e.rf, n)
+                # With rf >= the masters known, every one of them is chosen: skip the hashing.
+                mine = me in known if rf >= len(known) else me in placement.choose(key, known, rf)
+                lag += mine
+        result = (len(entries), under, lag)
+        with self._view_lock:
+            self._figures = (stamp, result)
+        return result
 
     # ---- events (kazoo's event thread: hand off only) -------------------------------------
 
@@ -207,7 +276,8 @@ class Synchronizer:
                     # ha-rule 6: a new session lost every ephemeral node; put them back.
                     log.info("new ZooKeeper session %s: re-registering and reconciling", session)
                     self.membership.register()
-                    self._verified.clear()
+                    # Every entry's `registered` names the old session, so each replica node
+                    # is verified (and re-created if need be) again.
                     self._session = session
                     next_full = 0.0
                 else:
@@ -223,22 +293,24 @@ class Synchronizer:
 
     def _worker(self) -> None:
         while True:
-            key = self.queue.get()
-            if key is None:
+            keys = self.queue.get_batch(BATCH)
+            if not keys:
                 return
             try:
-                if key == _KEY_LIST:
-                    self._refresh_keys()
+                failures = self._handle(keys)
+            except Exception as e:  # a bug in the batch logic must not kill the loop
+                log.exception("sync batch failed")
+                failures = dict.fromkeys(keys, e)
+            for key in keys:
+                error = failures.get(key)
+                if error is None:
+                    self._failures.pop(key, None)
+                elif isinstance(error, SyncDeferred):
+                    log.debug("sync of %r deferred: %s", key, error)
+                    self._retry_later(key, quiet=True)
                 else:
-                    self._reconcile(key)
-                self._failures.pop(key, None)
-            except SyncDeferred as e:
-                log.debug("sync of %r deferred: %s", key, e)
-                self._retry_later(key, quiet=True)
-            except Exception as e:
-                self._retry_later(key, error=e)
-            finally:
-                self.queue.done(key)
+                    self._retry_later(key, error=error)
+            self.queue.done_many(keys)
 
     def _retry_later(self, key: str, error: Exception | None = None, quiet: bool = False) -> None:
         n = self._failures[key] = self._failures.get(key, 0) + 1
@@ -264,39 +336,117 @@ class Synchronizer:
         self.queue.put_many(sorted(keys - known))
         self.queue.put_many(sorted(known - keys))
 
-    def _reconcile(self, key: str) -> None:
-        path = key_path(key)
-        try:
-            data, stat = self.zk.get(path, watch=self._on_event)
-            names = self.zk.get_children(path, watch=self._on_event)
-        except NoNodeError:
-            self._key_gone(key)
-            return
+    def _handle(self, keys: list[str]) -> dict[str, Exception]:
+        """Reconcile a batch of keys; the failures, per key (the others succeeded)."""
+        failures: dict[str, Exception] = {}
+        if _KEY_LIST in keys:
+            try:
+                self._refresh_keys()
+            except Exception as e:
+                failures[_KEY_LIST] = e
+            keys = [k for k in keys if k != _KEY_LIST]
+        to_fetch: list[tuple[str, BlobState, list[str]]] = []
+        to_register: list[tuple[str, int]] = []
+        for key, read in self._read_many(keys).items():
+            try:
+                if isinstance(read, Exception):
+                    raise read
+                if read is None:
+                    self._key_gone(key)
+                    continue
+                action = self._decide(key, *read)
+                if isinstance(action, tuple):
+                    to_fetch.append((key, action[0], action[1]))
+                elif action is not None:
+                    to_register.append((key, action))
+            except Exception as e:
+                failures[key] = e
+        futures: list[tuple[str, BlobState, Future[None]]] = [
+            (key, state, self._fetchers.submit(self._fetch, key, state, holders))
+            for key, state, holders in to_fetch
+        ]
+        for key, state, future in futures:
+            try:
+                future.result()
+                to_register.append((key, state.seq))
+            except Exception as e:
+                failures[key] = e
+        failures.update(self._register_many(to_register))
+        for key, state, _ in futures:
+            if key not in failures:
+                try:
+                    self._prune(key, state.seq)
+                except Exception as e:
+                    failures[key] = e
+        return failures
+
+    def _read_many(self, keys: list[str]
+                   ) -> dict[str, tuple[bytes, Any, list[str]] | Exception | None]:
+        """Each key's (metadata bytes, stat, replica names), None if the key is gone, or the
+        error; pipelined, every read arming the key's watches."""
+        pending = []
+        for key in keys:
+            # One path string for both reads: kazoo keys its watcher tables by it.
+            path = key_path(key)
+            pending.append((key, self.zk.get_async(path, watch=self._on_event),
+                            self.zk.get_children_async(path, watch=self._on_event)))
+        out: dict[str, tuple[bytes, Any, list[str]] | Exception | None] = {}
+        for key, data_result, children_result in pending:
+            try:
+                data, stat = data_result.get(timeout=_READ_TIMEOUT)
+                names = children_result.get(timeout=_READ_TIMEOUT)
+                out[key] = (data, stat, names)
+            except NoNodeError:
+                out[key] = None
+            except Exception as e:
+                out[key] = e
+        return out
+
+    def _decide(self, key: str, data: bytes, stat: Any, names: list[str]
+                ) -> tuple[BlobState, list[str]] | int | None:
+        """Bring ``key`` in line with what ZooKeeper says, except for the slow parts, which it
+        returns: (state, holders) to fetch, or the version whose replica node to (re-)register
+        (our copy is installed and verified), or None."""
         state = BlobState.decode(data, stat.version)
-        view = KeyView(state, tuple(names))
+        holders = _holders(names, state.seq)
+        session = self._session_id()
         with self._view_lock:
-            self._view[key] = view
+            old = self._view.get(key)
+            unchanged = (old is not None and old.seq == state.seq and old.data == data
+                         and old.meta_version == stat.version)
+            registered = (old.registered if old is not None and old.seq == state.seq
+                          and self.identity in holders else 0)
+            self._view[key] = _Entry(data, stat.version, state.seq, state.replication_factor,
+                                     holders, registered)
+            self._generation += 1
         self._deleted_since.pop(key, None)
 
-        local = self.store.info(key, state.seq)
-        if local is not None and (local.digest != state.digest or local.size != state.size):
-            # A version of an earlier incarnation of the key, or of a commit that never was.
-            self.store.delete_version(key, state.seq)
-            local = None
+        path = key_path(key)
+        if unchanged and registered == session and session:
+            # Nothing moved since we verified our copy in this session: skip re-reading its
+            # record (100,000s of keys every period), only check it is still on disk.
+            has_local = self.store.has_version(key, state.seq)
+            trusted = has_local
+        else:
+            trusted = False
+            local = self.store.info(key, state.seq)
+            if local is not None and (local.digest != state.digest or local.size != state.size):
+                # A version of an earlier incarnation of the key, or of a commit that never was.
+                self.store.delete_version(key, state.seq)
+                local = None
+            has_local = local is not None
         for name in names:
             parsed = parse_replica(name)
-            if parsed and parsed[0] == self.identity and (local is None or parsed[1] != state.seq):
+            if parsed and parsed[0] == self.identity and (not has_local or parsed[1] != state.seq):
                 self._delete_node(f"{path}/{name}")
 
-        if self._is_leader() and self._leader_duty(key, view):
-            return  # the leader changed the key's state; its watch brings it back here
+        if self._is_leader() and self._leader_duty(key, KeyView(state, tuple(names))):
+            return None  # the leader changed the key's state; its watch brings it back here
 
         known = self.membership.known()
         rf = min(state.replication_factor, max(len(known), 1))
         targets = placement.choose(key, known, rf)
-        holders = view.holders()
-        if local is not None:
-            self.register_replica(key, state.seq)
+        if has_local:
             others = [h for h in holders if h != self.identity]
             if self.identity not in targets and set(targets) <= set(holders) and len(others) >= rf:
                 # Lowering R or a membership change: drop extras only once the set is complete.
@@ -304,12 +454,18 @@ class Synchronizer:
                 self._delete_node(replica_path(key, self.identity, state.seq))
                 with self._key_lock(key):
                     self.store.delete_key(key)
-                self._verified.pop(key, None)
-                return
-        elif self.identity in targets:
-            self._fetch(key, state, holders)
-
+                self._unregistered(key)
+                return None
+            if not trusted:
+                self._prune(key, state.seq)
+            return None if registered == session and session else state.seq
+        if self.identity in targets:
+            return state, list(holders)
         self._prune(key, state.seq)
+        return None
+
+    def _session_id(self) -> int:
+        return self.zk.client_id[0] if self.zk.client_id else 0
 
     def _prune(self, key: str, committed: int) -> None:
         keep_below = self.settings.versions_retained - 1
@@ -355,15 +511,16 @@ class Synchronizer:
             except BaseException:
                 temp.discard()
                 raise
-            log.info("synced %r v%d (%d bytes) in %.3fs", key, state.seq, state.size,
-                     time.monotonic() - started)
-        self.register_replica(key, state.seq)
+            log.debug("synced %r v%d (%d bytes) in %.3fs", key, state.seq, state.size,
+                      time.monotonic() - started)
 
     def register_replica(self, key: str, seq: int) -> None:
         """Make our replica node exist, owned by the current session (ha-rules 6, 7)."""
-        session = self.zk.client_id[0] if self.zk.client_id else 0
-        if self._verified.get(key) == (seq, session):
-            return
+        session = self._session_id()
+        with self._view_lock:
+            entry = self._view.get(key)
+            if entry is not None and entry.seq == seq and entry.registered == session and session:
+                return
         path = replica_path(key, self.identity, seq)
         try:
             # No makepath: if the key was deleted meanwhile, we must not resurrect it.
@@ -375,12 +532,56 @@ class Synchronizer:
                 self.zk.create(path, b"", ephemeral=True)
         except NoNodeError:
             return
-        self._verified[key] = (seq, session)
+        self._registered(key, seq, session)
+
+    def _register_many(self, items: list[tuple[str, int]]) -> dict[str, Exception]:
+        """Register many replica nodes, ``REGISTER_BATCH`` per ZooKeeper transaction; the
+        failures per key. Callers pass only versions installed and verified (ha-rule 7)."""
+        failures: dict[str, Exception] = {}
+        session = self._session_id()
+        for start in range(0, len(items), REGISTER_BATCH):
+            chunk = items[start:start + REGISTER_BATCH]
+            ok = False
+            if len(chunk) > 1:
+                txn = self.zk.transaction()
+                for key, seq in chunk:
+                    # No makepath here either: a deleted key fails the create.
+                    txn.create(replica_path(key, self.identity, seq), b"", ephemeral=True)
+                try:
+                    results = txn.commit()
+                    # commit() does not raise when an op fails: every element must be checked.
+                    ok = all(not isinstance(r, BaseException) for r in results)
+                except KazooException:
+                    ok = False  # outcome unknown: the one-by-one path below re-reads
+            if ok:
+                for key, seq in chunk:
+                    self._registered(key, seq, session)
+                continue
+            # A multi-op is all or nothing: one node left over from an earlier session, or one
+            # key deleted meanwhile, fails it all. Those cases take the careful path per key.
+            for key, seq in chunk:
+                try:
+                    self.register_replica(key, seq)
+                except Exception as e:
+                    failures[key] = e
+        return failures
+
+    def _registered(self, key: str, seq: int, session: int) -> None:
+        with self._view_lock:
+            entry = self._view.get(key)
+            if entry is not None and entry.seq == seq:
+                entry.registered = session
+
+    def _unregistered(self, key: str) -> None:
+        with self._view_lock:
+            entry = self._view.get(key)
+            if entry is not None:
+                entry.registered = 0
 
     def corrupted(self, key: str, seq: int) -> None:
         """A stored version failed its digest and was removed: stop advertising it and fetch
         a healthy copy."""
-        self._verified.pop(key, None)
+        self._unregistered(key)
         try:
             self._delete_node(replica_path(key, self.identity, seq))
         except KazooException:
@@ -393,8 +594,8 @@ class Synchronizer:
 
     def _key_gone(self, key: str) -> None:
         with self._view_lock:
-            self._view.pop(key, None)
-        self._verified.pop(key, None)
+            if self._view.pop(key, None) is not None:
+                self._generation += 1
         if not self.store.versions(key):
             self._deleted_since.pop(key, None)
             return
@@ -420,7 +621,8 @@ class Synchronizer:
     # Used by the leader's roll-back to report progress on a key without a holder.
     def views(self) -> dict[str, KeyView]:
         with self._view_lock:
-            return dict(self._view)
+            entries = list(self._view.items())
+        return {key: e.view() for key, e in entries}
 
 
 __all__ = ["KeyView", "SyncDeferred", "SyncSettings", "Synchronizer"]
