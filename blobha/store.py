@@ -16,6 +16,7 @@ served twice and the synchroniser fetches a healthy copy.
 
 from __future__ import annotations
 
+import ctypes
 import json
 import logging
 import os
@@ -46,6 +47,59 @@ class VersionInfo:
     chunks: tuple[str, ...]
 
 
+def _load_syncfs() -> Callable[[int], int] | None:
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        fn: Callable[[int], int] = libc.syncfs
+    except (OSError, AttributeError):
+        return None  # not Linux: sync_fs() falls back to os.sync()
+    return fn
+
+
+_syncfs = _load_syncfs()
+
+
+def sync_fs(path: Path) -> None:
+    """Make everything written on the file system holding ``path`` durable: file contents,
+    new names, renames. One call for a whole batch of files, where fsync would take one
+    journal commit per file and directory (about 2,000 a second on a virtual disk, so five per
+    small blob capped a sync at a few hundred blobs a second)."""
+    if _syncfs is None:
+        os.sync()
+        return
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        if _syncfs(fd) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"syncfs of {path} failed: {os.strerror(err)}")
+    finally:
+        os.close(fd)
+
+
+class BlobBuffer:
+    """A small blob received into memory for :meth:`LocalStore.install_many`; appends behave
+    as :meth:`TempBlob.write_at` (a retried chunk is skipped, a gap refused)."""
+
+    def __init__(self) -> None:
+        self._data = bytearray()
+
+    @property
+    def size(self) -> int:
+        return len(self._data)
+
+    def write_at(self, offset: int, data: bytes) -> int:
+        if offset > self.size:
+            raise InvalidArgument(f"chunk at offset {offset} leaves a gap after {self.size} bytes")
+        skip = self.size - offset
+        if skip >= len(data):
+            return 0
+        self._data += memoryview(data)[skip:]
+        return len(data) - skip
+
+    def value(self) -> bytes:
+        return bytes(self._data)
+
+
 def fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -54,12 +108,15 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _write_json_atomic(path: Path, obj: object) -> None:
+def _write_json_atomic(path: Path, obj: object, sync: bool = True) -> None:
+    """Write ``obj`` to a temp file and rename it to ``path``; ``sync=False`` leaves the fsync
+    to the caller's file-system sync (a batch)."""
     tmp = path.with_name(path.name + ".tmp-" + uuid.uuid4().hex)
     with open(tmp, "w", encoding="utf-8") as f:
         json.dump(obj, f)
-        f.flush()
-        os.fsync(f.fileno())
+        if sync:
+            f.flush()
+            os.fsync(f.fileno())
     os.replace(tmp, path)
 
 
@@ -228,6 +285,56 @@ class LocalStore:
             temp.discard()
             raise
         return self.install(key, seq, temp, source.size, source.digest)
+
+    def install_many(self, items: list[tuple[str, int, bytes, int, str]]
+                     ) -> list[VersionInfo | ChecksumMismatch]:
+        """Install many small versions, each ``(key, seq, data, size, digest)``, with the durability
+        of :meth:`install` for each but two file-system syncs for the whole batch instead of
+        five fsyncs per version: write every temp file -> sync -> verify each file on disk
+        against its size and digest -> rename into place and write its record -> sync. Nothing
+        is returned (so nothing registered) before the last sync. One entry per item: its
+        VersionInfo, or the ChecksumMismatch that kept it out (its temp file removed)."""
+        temps: list[Path] = []
+        installed: list[VersionInfo] = []
+        try:
+            for _key, _seq, data, _size, _digest in items:
+                path = self.tmp_dir / f"sync-{uuid.uuid4().hex}.part"
+                temps.append(path)
+                with open(path, "xb") as f:
+                    f.write(data)
+            sync_fs(self.tmp_dir)
+            out: list[VersionInfo | ChecksumMismatch] = []
+            for (key, seq, _data, size, digest), path in zip(items, temps, strict=True):
+                chunks, actual_digest, actual_size = self._verify_file(path)
+                if actual_size != size or actual_digest != digest:
+                    path.unlink(missing_ok=True)
+                    out.append(ChecksumMismatch(
+                        f"the copy of {key!r} v{seq} does not match: expected {size} bytes"
+                        f" with xxh3-128 {digest}, got {actual_size} bytes with {actual_digest}"
+                    ))
+                    continue
+                info = VersionInfo(key, seq, actual_size, digest, CHUNK_SIZE, tuple(chunks))
+                with self._lock(key):
+                    d = self._dir(key)
+                    d.mkdir(exist_ok=True)
+                    keyfile = d / "key"
+                    if not keyfile.exists():
+                        _write_json_atomic(keyfile, {"key": key}, sync=False)
+                    os.replace(path, d / f"v{seq}.blob")
+                    # The record last: a version exists only once its record does.
+                    _write_json_atomic(d / f"v{seq}.json", _info_json(info), sync=False)
+                installed.append(info)
+                out.append(info)
+            sync_fs(self.keys_dir)
+            return out
+        except BaseException:
+            # Nothing of a failed batch may stay: a version on disk gets registered by the next
+            # reconcile, and these were never made durable.
+            for info in installed:
+                self.delete_version(info.key, info.seq)
+            for path in temps:
+                path.unlink(missing_ok=True)
+            raise
 
     @staticmethod
     def _verify_file(path: Path) -> tuple[list[str], str, int]:

@@ -41,7 +41,7 @@ from kazoo.protocol.states import WatchedEvent
 from blobha import placement, zkstate
 from blobha.errors import BlobError
 from blobha.peers import Peers
-from blobha.store import LocalStore
+from blobha.store import BlobBuffer, LocalStore, TempBlob
 from blobha.zkstate import (
     BLOBSTORE,
     BlobState,
@@ -62,6 +62,9 @@ BATCH = 200
 #: Replica nodes created per ZooKeeper transaction (a multi-op is one request, well under
 #: jute.maxbuffer at this size).
 REGISTER_BATCH = 100
+#: Blobs up to this size are fetched into memory and installed a batch at a time (two
+#: file-system syncs per batch); bigger ones stream to a temp file and install one by one.
+SMALL_BLOB = 64 * 1024
 #: Bound on waiting for one pipelined ZooKeeper answer; a dead connection fails sooner.
 _READ_TIMEOUT = 60.0
 
@@ -85,14 +88,15 @@ class _Entry:
     only when a caller wants the full state: the status page, a read during a ZooKeeper
     outage); the fields the figures need on every status call are kept decoded."""
 
-    __slots__ = ("data", "holders", "meta_version", "registered", "rf", "seq")
+    __slots__ = ("acked", "data", "holders", "meta_version", "registered", "rf", "seq")
 
-    def __init__(self, data: bytes, meta_version: int, seq: int, rf: int,
+    def __init__(self, data: bytes, meta_version: int, seq: int, rf: int, acked: bool,
                  holders: tuple[str, ...], registered: int) -> None:
         self.data = data
         self.meta_version = meta_version
         self.seq = seq
         self.rf = rf
+        self.acked = acked
         #: Addresses (interned: a handful of distinct strings) holding ``seq``, sorted.
         self.holders = holders
         #: The ZooKeeper session in which our replica node of ``seq`` was verified (0: not).
@@ -239,6 +243,9 @@ class Synchronizer:
 
     def _on_state(self, state: str) -> None:
         if state == KazooState.CONNECTED:
+            # kazoo does not re-send watches after a reconnect, even within one session: look
+            # at everything again, which re-arms them.
+            self._full_requested = True
             self._kick.set()
 
     def _on_event(self, event: WatchedEvent) -> None:
@@ -347,13 +354,16 @@ class Synchronizer:
             keys = [k for k in keys if k != _KEY_LIST]
         to_fetch: list[tuple[str, BlobState, list[str]]] = []
         to_register: list[tuple[str, int]] = []
-        for key, read in self._read_many(keys).items():
+        reads = self._read_many(keys)
+        seen: list[str] = []
+        for key, read in reads.items():
             try:
                 if isinstance(read, Exception):
                     raise read
                 if read is None:
                     self._key_gone(key)
                     continue
+                seen.append(key)
                 action = self._decide(key, *read)
                 if isinstance(action, tuple):
                     to_fetch.append((key, action[0], action[1]))
@@ -361,16 +371,25 @@ class Synchronizer:
                     to_register.append((key, action))
             except Exception as e:
                 failures[key] = e
-        futures: list[tuple[str, BlobState, Future[None]]] = [
+        futures: list[tuple[str, BlobState, Future[bytes | None]]] = [
             (key, state, self._fetchers.submit(self._fetch, key, state, holders))
             for key, state, holders in to_fetch
         ]
+        fetched: list[tuple[str, BlobState, bytes]] = []
         for key, state, future in futures:
             try:
-                future.result()
-                to_register.append((key, state.seq))
+                data = future.result()
             except Exception as e:
                 failures[key] = e
+                continue
+            if data is None:
+                to_register.append((key, state.seq))
+            else:
+                fetched.append((key, state, data))
+        installed = self._install_fetched(fetched)
+        failures.update(installed)
+        to_register += [(key, state.seq) for key, state, _ in fetched if key not in installed]
+        # Only now, with every byte durable and verified, do the replica nodes appear (ha-rule 7).
         failures.update(self._register_many(to_register))
         for key, state, _ in futures:
             if key not in failures:
@@ -378,18 +397,71 @@ class Synchronizer:
                     self._prune(key, state.seq)
                 except Exception as e:
                     failures[key] = e
+        self._watch_replicas(seen, failures)
         return failures
+
+    def _watch_replicas(self, keys: list[str], failures: dict[str, Exception]) -> None:
+        """Arm a watch on the replica list of the keys still in motion, with a fresh read.
+
+        Every key keeps a watch on its metadata (a new version, a delete, a meta change must
+        reach every master within milliseconds). ZooKeeper 3.6+ could cover them all with one
+        persistent recursive watch, but kazoo 2.11 has no AddWatch, and a change journal would
+        need the leader's commit to write it; so that watch stays per key. The replica list
+        is watched only where its changes drive something: a key under-replicated (a copy
+        appearing is progress to act on and to report), unacknowledged (the leader marks it
+        acknowledged or rolls it back), or held here beyond its placement (dropped once the
+        chosen set is complete). A fully replicated, acknowledged key - the steady state of
+        nearly every key - carries no such watch: that saves a watch and its bookkeeping per
+        key and per master, and a registration does not make every other master re-read the
+        key. What such a key's list can still lose (a master's session ending) changes
+        membership, which triggers a full reconcile, and the periodic reconcile covers the
+        rest (a replica removed as corrupt elsewhere: the under-replicated figure lags by up
+        to one period)."""
+        known = self.membership.known()
+        leader = self._is_leader()
+        arm: list[tuple[str, _Entry]] = []
+        with self._view_lock:
+            for key in keys:
+                entry = self._view.get(key)
+                if entry is not None and self._in_motion(key, entry, known, leader):
+                    arm.append((key, entry))
+        pending = [(key, entry, self.zk.get_children_async(key_path(key), watch=self._on_event))
+                   for key, entry in arm]
+        for key, entry, result in pending:
+            try:
+                names = result.get(timeout=_READ_TIMEOUT)
+            except NoNodeError:
+                self.queue.put(key)  # deleted meanwhile: its data watch fired as well
+                continue
+            except Exception as e:
+                failures.setdefault(key, e)
+                continue
+            holders = _holders(names, entry.seq)
+            if holders != entry.holders:
+                # Changed since this batch read it: no event will tell, so look again now.
+                with self._view_lock:
+                    entry.holders = holders
+                    self._generation += 1
+                self.queue.put(key)
+
+    def _in_motion(self, key: str, entry: _Entry, known: set[str], leader: bool) -> bool:
+        if len(entry.holders) < entry.rf or (leader and not entry.acked):
+            return True
+        if self.identity in entry.holders:
+            rf = min(entry.rf, max(len(known), 1))
+            return self.identity not in placement.choose(key, known, rf)
+        return False
 
     def _read_many(self, keys: list[str]
                    ) -> dict[str, tuple[bytes, Any, list[str]] | Exception | None]:
         """Each key's (metadata bytes, stat, replica names), None if the key is gone, or the
-        error; pipelined, every read arming the key's watches."""
+        error; pipelined, each arming the watch on the key's metadata."""
         pending = []
         for key in keys:
-            # One path string for both reads: kazoo keys its watcher tables by it.
             path = key_path(key)
+            # The replica list without a watch: _watch_replicas arms one where it matters.
             pending.append((key, self.zk.get_async(path, watch=self._on_event),
-                            self.zk.get_children_async(path, watch=self._on_event)))
+                            self.zk.get_children_async(path)))
         out: dict[str, tuple[bytes, Any, list[str]] | Exception | None] = {}
         for key, data_result, children_result in pending:
             try:
@@ -417,7 +489,7 @@ class Synchronizer:
             registered = (old.registered if old is not None and old.seq == state.seq
                           and self.identity in holders else 0)
             self._view[key] = _Entry(data, stat.version, state.seq, state.replication_factor,
-                                     holders, registered)
+                                     state.acked, holders, registered)
             self._generation += 1
         self._deleted_since.pop(key, None)
 
@@ -480,39 +552,64 @@ class Synchronizer:
         for seq in older[: max(len(older) - keep_below, 0)]:
             self.store.delete_version(key, seq)
 
-    def _fetch(self, key: str, state: BlobState, holders: list[str]) -> None:
+    def _fetch(self, key: str, state: BlobState, holders: list[str]) -> bytes | None:
+        """Obtain the committed version of ``key``: a small blob's bytes, for the caller to
+        install with the rest of its batch, or None once a big one (or a local copy) is
+        installed here."""
         copy = self.store.find_by_digest(key, state.digest, state.size)
         if copy is not None:
             self.store.install_copy(key, state.seq, copy)
-        else:
-            sources = [h for h in holders if h != self.identity]
-            if not sources:
-                raise SyncDeferred(f"no live replica holds v{state.seq} yet")
-            random.shuffle(sources)
-            self.store.reserve(state.size)
-            temp = self.store.new_temp("sync")
-            started = time.monotonic()
-            try:
-                timeout = 60.0 + state.size / (20 * 1024 * 1024)
-                last: Exception | None = None
-                for source in sources:
-                    try:
-                        self.peers.fetch(source, key, state.seq, state.digest, temp, timeout)
-                        last = None
-                        break
-                    except BlobError as e:
-                        # Resume from the next replica at the offset already received.
-                        last = e
-                        log.info("fetch of %r v%d from %s failed (%s); trying another",
-                                 key, state.seq, source, e)
-                if last is not None:
-                    raise last
-                self.store.install(key, state.seq, temp, state.size, state.digest)
-            except BaseException:
-                temp.discard()
-                raise
-            log.debug("synced %r v%d (%d bytes) in %.3fs", key, state.seq, state.size,
-                      time.monotonic() - started)
+            return None
+        sources = [h for h in holders if h != self.identity]
+        if not sources:
+            raise SyncDeferred(f"no live replica holds v{state.seq} yet")
+        random.shuffle(sources)
+        self.store.reserve(state.size)
+        small = state.size <= SMALL_BLOB
+        dest: TempBlob | BlobBuffer = BlobBuffer() if small else self.store.new_temp("sync")
+        started = time.monotonic()
+        try:
+            timeout = 60.0 + state.size / (20 * 1024 * 1024)
+            last: Exception | None = None
+            for source in sources:
+                try:
+                    self.peers.fetch(source, key, state.seq, state.digest, dest, timeout)
+                    last = None
+                    break
+                except BlobError as e:
+                    # Resume from the next replica at the offset already received.
+                    last = e
+                    log.info("fetch of %r v%d from %s failed (%s); trying another",
+                             key, state.seq, source, e)
+            if last is not None:
+                raise last
+            if isinstance(dest, BlobBuffer):
+                return dest.value()
+            self.store.install(key, state.seq, dest, state.size, state.digest)
+        except BaseException:
+            if isinstance(dest, TempBlob):
+                dest.discard()
+            raise
+        log.info("synced %r v%d (%d bytes) in %.3fs", key, state.seq, state.size,
+                 time.monotonic() - started)
+        return None
+
+    def _install_fetched(self, fetched: list[tuple[str, BlobState, bytes]]
+                         ) -> dict[str, Exception]:
+        """Install the small blobs a batch fetched, together (see LocalStore.install_many)."""
+        if not fetched:
+            return {}
+        try:
+            outcomes = self.store.install_many(
+                [(key, state.seq, data, state.size, state.digest) for key, state, data in fetched])
+        except Exception as e:
+            return {key: e for key, _, _ in fetched}
+        failures: dict[str, Exception] = {}
+        for (key, _, _), outcome in zip(fetched, outcomes, strict=True):
+            if isinstance(outcome, Exception):
+                failures[key] = outcome
+        log.info("synced %d small blobs", len(fetched) - len(failures))
+        return failures
 
     def register_replica(self, key: str, seq: int) -> None:
         """Make our replica node exist, owned by the current session (ha-rules 6, 7)."""
@@ -571,12 +668,18 @@ class Synchronizer:
             entry = self._view.get(key)
             if entry is not None and entry.seq == seq:
                 entry.registered = session
+                if self.identity not in entry.holders:
+                    entry.holders = tuple(sorted((*entry.holders, self.identity)))
+                    self._generation += 1
 
     def _unregistered(self, key: str) -> None:
         with self._view_lock:
             entry = self._view.get(key)
             if entry is not None:
                 entry.registered = 0
+                if self.identity in entry.holders:
+                    entry.holders = tuple(h for h in entry.holders if h != self.identity)
+                    self._generation += 1
 
     def corrupted(self, key: str, seq: int) -> None:
         """A stored version failed its digest and was removed: stop advertising it and fetch
