@@ -65,6 +65,10 @@ REGISTER_BATCH = 100
 #: Blobs up to this size are fetched into memory and installed a batch at a time (two
 #: file-system syncs per batch); bigger ones stream to a temp file and install one by one.
 SMALL_BLOB = 64 * 1024
+#: Rate at which the periodic safety-net pass hands keys to the workers: 100,000 keys take
+#: under a minute, at a fraction of a core.
+PERIODIC_KEYS_PER_SEC = 2000
+_PACE_STEP = 0.25
 #: Bound on waiting for one pipelined ZooKeeper answer; a dead connection fails sooner.
 _READ_TIMEOUT = 60.0
 
@@ -190,11 +194,14 @@ class Synchronizer:
 
     def reconcile_all(self) -> None:
         """Queue every key known to ZooKeeper or held locally (and re-arm the key-list watch)."""
+        self.queue.put_many(self._all_keys())
+
+    def _all_keys(self) -> list[str]:
         try:
             keys = set(self.zk.get_children(BLOBSTORE, watch=self._on_event))
         except NoNodeError:
             keys = set()
-        self.queue.put_many(sorted(keys | set(self.store.keys())))
+        return sorted(keys | set(self.store.keys()))
 
     def request_full_reconcile(self) -> None:
         """Ask the periodic thread for a full reconcile now, without waiting for it (it scans
@@ -266,11 +273,14 @@ class Synchronizer:
 
     def _periodic(self) -> None:
         next_full = 0.0
+        paced: list[str] = []  # keys of the periodic pass still to hand to the workers
         while not self._stop.is_set():
             grace = self.membership.next_grace_expiry()
             wait = max(0.0, next_full - time.monotonic())
             if grace is not None:
                 wait = min(wait, grace + 0.05)
+            if paced:
+                wait = min(wait, _PACE_STEP)
             self._kick.wait(timeout=wait)
             self._kick.clear()
             if self._stop.is_set():
@@ -279,6 +289,7 @@ class Synchronizer:
                 if self.zk.state != KazooState.CONNECTED:
                     continue
                 session = self.zk.client_id[0] if self.zk.client_id else None
+                urgent = grace is not None or self._full_requested
                 if session != self._session:
                     # ha-rule 6: a new session lost every ephemeral node; put them back.
                     log.info("new ZooKeeper session %s: re-registering and reconciling", session)
@@ -286,13 +297,29 @@ class Synchronizer:
                     # Every entry's `registered` names the old session, so each replica node
                     # is verified (and re-created if need be) again.
                     self._session = session
-                    next_full = 0.0
+                    urgent = True
                 else:
                     self.membership.refresh()
-                if time.monotonic() >= next_full or grace is not None or self._full_requested:
+                if urgent:
+                    # All at once: after a new session or a reconnect, with membership moving,
+                    # or for a new leader, every key matters now.
                     self._full_requested = False
+                    paced = []
                     self.reconcile_all()
                     next_full = time.monotonic() + self.settings.period_secs
+                elif not paced and time.monotonic() >= next_full:
+                    # The safety net only: fed at a bounded rate, so at 100,000s of keys it
+                    # neither takes a core nor queues every key ahead of the changes events
+                    # bring (a new version would otherwise wait behind the whole pass).
+                    paced = self._all_keys()
+                    paced.reverse()  # handed out from the end: in key order
+                    next_full = float("inf")
+                if paced:
+                    step = max(1, int(PERIODIC_KEYS_PER_SEC * _PACE_STEP))
+                    self.queue.put_many(paced[:-step - 1:-1])
+                    del paced[-step:]
+                    if not paced:
+                        next_full = time.monotonic() + self.settings.period_secs
             except Exception:
                 log.exception("periodic reconcile failed; retrying shortly")
                 self._stop.wait(1.0)
