@@ -111,13 +111,24 @@ class _Entry:
         return KeyView(state, tuple(replica_name(a, self.seq) for a in self.holders))
 
 
+# Canonical holder tuples: nearly every key has the same few holder sets (with three masters,
+# all three), so entries share one tuple instead of 100,000s of equal ones.
+_holder_sets: dict[tuple[str, ...], tuple[str, ...]] = {}
+
+
+def _canonical(holders: tuple[str, ...]) -> tuple[str, ...]:
+    if len(_holder_sets) > 4096:
+        _holder_sets.clear()  # bounded: membership churn over years cannot grow it forever
+    return _holder_sets.setdefault(holders, holders)
+
+
 def _holders(names: list[str], seq: int) -> tuple[str, ...]:
     out = set()
     for name in names:
         p = parse_replica(name)
         if p is not None and p[1] == seq:
             out.add(sys.intern(p[0]))
-    return tuple(sorted(out))
+    return _canonical(tuple(sorted(out)))
 
 
 @dataclass(frozen=True)
@@ -696,7 +707,7 @@ class Synchronizer:
             if entry is not None and entry.seq == seq:
                 entry.registered = session
                 if self.identity not in entry.holders:
-                    entry.holders = tuple(sorted((*entry.holders, self.identity)))
+                    entry.holders = _canonical(tuple(sorted((*entry.holders, self.identity))))
                     self._generation += 1
 
     def _unregistered(self, key: str) -> None:
@@ -705,7 +716,8 @@ class Synchronizer:
             if entry is not None:
                 entry.registered = 0
                 if self.identity in entry.holders:
-                    entry.holders = tuple(h for h in entry.holders if h != self.identity)
+                    entry.holders = _canonical(
+                        tuple(h for h in entry.holders if h != self.identity))
                     self._generation += 1
 
     def corrupted(self, key: str, seq: int) -> None:
