@@ -549,6 +549,9 @@ class Synchronizer:
             parsed = parse_replica(name)
             if parsed and parsed[0] == self.identity and (not has_local or parsed[1] != state.seq):
                 self._delete_node(f"{path}/{name}")
+                if parsed[1] == state.seq:
+                    self._unregistered(key)  # so a later install registers it afresh
+                    registered = 0
 
         if self._is_leader() and self._leader_duty(key, KeyView(state, tuple(names))):
             return None  # the leader changed the key's state; its watch brings it back here
