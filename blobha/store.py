@@ -495,10 +495,10 @@ class LocalStore:
     def recent_usage(self) -> tuple[int, int]:
         """:meth:`usage` for status figures: a scan of every key directory takes a second or
         more at 100,000s of keys and status calls come every second, so a result is reused for
-        twenty times as long as its scan took: exact on small stores, at most a twentieth of a core
+        four times as long as its scan took: exact on small stores, at most a fifth of a core
         on big ones."""
         cached = self._usage
-        if cached is not None and time.monotonic() - cached[0] < 20 * cached[1]:
+        if cached is not None and time.monotonic() - cached[0] < 4 * cached[1]:
             return cached[2]
         started = time.monotonic()
         figures = self.usage()
