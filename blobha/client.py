@@ -85,6 +85,8 @@ MAX_CHUNK_SIZE = MiB
 #: Bounded on both ends so one message can never exhaust memory; a chunk is at most 1 MiB.
 MAX_MESSAGE_BYTES = 8 * MiB
 USER_METADATA_KEY = "x-blobha-user"
+#: Keys per List call: the most a master serves (blobha.master.MAX_PAGE).
+LIST_PAGE = 1000
 
 BACKOFF_BASE = 0.05
 # Low on purpose: during a failover every retry is a cheap probe, and a long sleep would leave
@@ -976,7 +978,8 @@ class Client:
         """Every key starting with ``prefix``, in server order, following pages as needed."""
         token = ""
         while True:
-            request = pb.ListRequest(prefix=prefix, page_token=token)
+            # The largest page a master serves: a listing of 100,000 keys is 100 calls.
+            request = pb.ListRequest(prefix=prefix, page_token=token, page_size=LIST_PAGE)
             page = self._read_call("list keys", "List", request)
             yield from page.keys
             token = page.next_page_token

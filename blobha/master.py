@@ -16,7 +16,9 @@ to a version that was never acknowledged and that no live master holds.
 from __future__ import annotations
 
 import base64
+import bisect
 import contextlib
+import itertools
 import json
 import logging
 import math
@@ -26,7 +28,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any
@@ -94,6 +96,16 @@ log = logging.getLogger(__name__)
 
 DEFAULT_PAGE = 100
 MAX_PAGE = 1000
+
+
+def keys_after(keys: list[str], prefix: str, after: str) -> Iterator[str]:
+    """The keys of sorted ``keys`` that start with ``prefix`` and sort after ``after`` (a
+    page token; "" for the first page), in order. The start is found by bisection, so each
+    page costs its own size and a full listing is linear in the keys, not quadratic."""
+    start = bisect.bisect_left(keys, prefix)
+    if after:
+        start = max(start, bisect.bisect_right(keys, after))
+    return itertools.takewhile(lambda k: k.startswith(prefix), itertools.islice(keys, start, None))
 
 
 @dataclass(frozen=True)
@@ -184,6 +196,7 @@ class Master:
             config["blobstore.scrub.rate.bytes.per.sec"],
         )
         self._cluster_id_ok = False
+        self._key_list: tuple[int, list[str]] | None = None  # (cversion, sorted keys)
         self._server: grpc.Server | None = None
         self._stopped = threading.Event()
         self._summary_pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="summary")
@@ -701,36 +714,61 @@ class Master:
                 after = base64.urlsafe_b64decode(page_token.encode()).decode()
             except (ValueError, UnicodeDecodeError):
                 raise InvalidArgument("bad page token; start the listing again") from None
-        keys = sorted(k for k in self.zk.get_children(BLOBSTORE) if k.startswith(prefix))
-        if after:
-            keys = [k for k in keys if k > after]
+        candidates = keys_after(self._sorted_keys(), prefix, after)
         if self.config["blobstore.list.visibility"] == "all" or self.privileged(user):
-            page = keys[:size]
-            more = len(keys) > size
+            page = list(itertools.islice(candidates, size + 1))
+            more = len(page) > size
+            page = page[:size]
         else:
-            page, more = self._readable(user, keys, size)
+            page, more = self._readable(user, candidates, size)
         token = ""
         if more and page:
             token = base64.urlsafe_b64encode(page[-1].encode()).decode()
         return page, token
 
-    def _readable(self, user: str, keys: list[str], size: int) -> tuple[list[str], bool]:
+    def _sorted_keys(self) -> list[str]:
+        """Every key, sorted; re-read only when the key list changed (ZooKeeper bumps the
+        parent's cversion on every create and delete of a child), so the pages of one listing
+        cost one small stat each instead of fetching and sorting 100,000s of names."""
+        stat = self.zk.exists(BLOBSTORE)
+        cached = self._key_list
+        if cached is not None and stat is not None and cached[0] == stat.cversion:
+            return cached[1]
+        try:
+            names, stat = self.zk.get_children(BLOBSTORE, include_data=True)
+        except NoNodeError:
+            return []
+        keys = sorted(names)
+        self._key_list = (stat.cversion, keys)
+        return keys
+
+    def _readable(self, user: str, keys: Iterable[str], size: int) -> tuple[list[str], bool]:
         """Up to ``size`` of ``keys`` that ``user`` may READ, and whether more may follow."""
         page: list[str] = []
         batch = 256  # pipelined reads: one round trip per batch, not per key
-        for start in range(0, len(keys), batch):
-            chunk = keys[start:start + batch]
-            pending = [self.zk.get_async(key_path(k)) for k in chunk]
-            for key, result in zip(chunk, pending, strict=True):
-                try:
-                    data, stat = result.get(timeout=self.session_timeout)
-                except NoNodeError:
-                    continue  # deleted meanwhile
-                if acls.allowed(BlobState.decode(data, stat.version).acl, user, acls.READ):
+        it = iter(keys)
+        while chunk := list(itertools.islice(it, batch)):
+            # The ACL comes from the synchroniser's watched view when it has the key (it
+            # trails ZooKeeper by a watch event, and a listing shows names, never content);
+            # only keys it has not seen yet are read from ZooKeeper, pipelined.
+            views = [self.sync.view(k) for k in chunk]
+            pending = [self.zk.get_async(key_path(k)) if v is None else None
+                       for k, v in zip(chunk, views, strict=True)]
+            for i, (key, view, result) in enumerate(zip(chunk, views, pending, strict=True)):
+                if view is not None:
+                    acl = view.state.acl
+                else:
+                    assert result is not None
+                    try:
+                        data, stat = result.get(timeout=self.session_timeout)
+                    except NoNodeError:
+                        continue  # deleted meanwhile
+                    acl = BlobState.decode(data, stat.version).acl
+                if acls.allowed(acl, user, acls.READ):
                     page.append(key)
                     if len(page) == size:
-                        last = start + chunk.index(key)
-                        return page, last + 1 < len(keys)
+                        # More may follow if this chunk or the rest still has keys.
+                        return page, i + 1 < len(chunk) or next(it, None) is not None
         return page, False
 
     def _replication(self, key: str, state: BlobState,
@@ -955,7 +993,7 @@ class Master:
     # ---- status --------------------------------------------------------------------------
 
     def node_status(self) -> MasterSummary:
-        count, stored = self.store.usage()
+        count, stored = self.store.recent_usage()
         _, _, lag = self.sync.figures()
         return MasterSummary(
             address=self.identity, is_leader=self.election.is_leader,

@@ -16,7 +16,7 @@ from blobha.auth import MASTER_SECRET_METADATA_KEY, USER_METADATA_KEY
 from blobha.credentials import Credentials
 from blobha.errors import BlobError, ChecksumMismatch, from_status
 from blobha.status import MasterSummary, master_from_pb
-from blobha.store import TempBlob
+from blobha.store import BlobBuffer, TempBlob
 from blobha.v1 import blobha_pb2 as pb
 from blobha.v1 import blobha_pb2_grpc as pb_grpc
 
@@ -80,7 +80,8 @@ class Peers:
             self._stubs.clear()
 
     def fetch(
-        self, address: str, key: str, seq: int, digest: str, dest: TempBlob, timeout: float,
+        self, address: str, key: str, seq: int, digest: str, dest: TempBlob | BlobBuffer,
+        timeout: float,
     ) -> None:
         """Append version ``seq`` of ``key`` from ``address`` to ``dest``, resuming at its size.
 

@@ -25,6 +25,7 @@ import shutil
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -71,6 +72,59 @@ def _load_sync_file_range() -> Callable[[int, int, int], None] | None:
 _start_writeback = _load_sync_file_range()
 
 
+def _load_syncfs() -> Callable[[int], int] | None:
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        fn: Callable[[int], int] = libc.syncfs
+    except (OSError, AttributeError):
+        return None  # not Linux: sync_fs() falls back to os.sync()
+    return fn
+
+
+_syncfs = _load_syncfs()
+
+
+def sync_fs(path: Path) -> None:
+    """Make everything written on the file system holding ``path`` durable: file contents,
+    new names, renames. One call for a whole batch of files, where fsync would take one
+    journal commit per file and directory (about 2,000 a second on a virtual disk, so five per
+    small blob capped a sync at a few hundred blobs a second)."""
+    if _syncfs is None:
+        os.sync()
+        return
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        if _syncfs(fd) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"syncfs of {path} failed: {os.strerror(err)}")
+    finally:
+        os.close(fd)
+
+
+class BlobBuffer:
+    """A small blob received into memory for :meth:`LocalStore.install_many`; appends behave
+    as :meth:`TempBlob.write_at` (a retried chunk is skipped, a gap refused)."""
+
+    def __init__(self) -> None:
+        self._data = bytearray()
+
+    @property
+    def size(self) -> int:
+        return len(self._data)
+
+    def write_at(self, offset: int, data: bytes | memoryview) -> int:
+        if offset > self.size:
+            raise InvalidArgument(f"chunk at offset {offset} leaves a gap after {self.size} bytes")
+        skip = self.size - offset
+        if skip >= len(data):
+            return 0
+        self._data += memoryview(data)[skip:]
+        return len(data) - skip
+
+    def value(self) -> bytes:
+        return bytes(self._data)
+
+
 def fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -79,12 +133,15 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _write_json_atomic(path: Path, obj: object) -> None:
+def _write_json_atomic(path: Path, obj: object, sync: bool = True) -> None:
+    """Write ``obj`` to a temp file and rename it to ``path``; ``sync=False`` leaves the fsync
+    to the caller's file-system sync (a batch)."""
     tmp = path.with_name(path.name + ".tmp-" + uuid.uuid4().hex)
     with open(tmp, "w", encoding="utf-8") as f:
         json.dump(obj, f)
-        f.flush()
-        os.fsync(f.fileno())
+        if sync:
+            f.flush()
+            os.fsync(f.fileno())
     os.replace(tmp, path)
 
 
@@ -159,8 +216,12 @@ class LocalStore:
         #: Called with (key, seq) after a corrupt version was removed, so the master can
         #: unregister that replica and fetch a healthy copy.
         self.on_corrupt: Callable[[str, int], None] | None = None
-        self._locks: dict[str, threading.RLock] = {}
+        # Weak: a key's lock lives while someone holds or waits for it, so 100,000s of keys
+        # do not keep one lock each forever; whoever holds it keeps the same object alive.
+        self._locks: weakref.WeakValueDictionary[str, threading.RLock] = (
+            weakref.WeakValueDictionary())
         self._locks_guard = threading.Lock()
+        self._usage: tuple[float, float, tuple[int, int]] | None = None  # (at, secs, figures)
         self.clean_temp()
 
     # ---- housekeeping -------------------------------------------------------------------
@@ -266,6 +327,63 @@ class LocalStore:
             raise
         return self.install(key, seq, temp, source.size, source.digest)
 
+    def install_many(self, items: list[tuple[str, int, bytes, int, str]]
+                     ) -> list[VersionInfo | ChecksumMismatch]:
+        """Install many small versions, each ``(key, seq, data, size, digest)``, with the durability
+        of :meth:`install` for each but two file-system syncs for the whole batch instead of
+        five fsyncs per version: write every temp file -> sync -> verify each file on disk
+        against its size and digest -> rename into place and write its record -> sync. Nothing
+        is returned (so nothing registered) before the last sync. One entry per item: its
+        VersionInfo, or the ChecksumMismatch that kept it out (its temp file removed)."""
+        temps: list[Path] = []
+        installed: list[VersionInfo] = []
+        try:
+            for _key, _seq, data, _size, _digest in items:
+                path = self.tmp_dir / f"sync-{uuid.uuid4().hex}.part"
+                temps.append(path)
+                with open(path, "xb") as f:
+                    f.write(data)
+            sync_fs(self.tmp_dir)
+            out: list[VersionInfo | ChecksumMismatch] = []
+            for (key, seq, _data, size, digest), path in zip(items, temps, strict=True):
+                chunks, actual_digest, actual_size = self._verify_file(path)
+                if actual_size != size or actual_digest != digest:
+                    path.unlink(missing_ok=True)
+                    out.append(ChecksumMismatch(
+                        f"the copy of {key!r} v{seq} does not match: expected {size} bytes"
+                        f" with xxh3-128 {digest}, got {actual_size} bytes with {actual_digest}"
+                    ))
+                    continue
+                info = VersionInfo(key, seq, actual_size, digest, CHUNK_SIZE, tuple(chunks))
+                with self._lock(key):
+                    d = self._dir(key)
+                    d.mkdir(exist_ok=True)
+                    os.replace(path, d / f"v{seq}.blob")
+                    # The record last: a version exists only once its record does.
+                    _write_json_atomic(d / f"v{seq}.json", _info_json(info), sync=False)
+                installed.append(info)
+                out.append(info)
+            sync_fs(self.keys_dir)
+            return out
+        except BaseException:
+            # Nothing of a failed batch may stay: a version on disk gets registered by the next
+            # reconcile, and these were never made durable.
+            for info in installed:
+                self.delete_version(info.key, info.seq)
+            for path in temps:
+                path.unlink(missing_ok=True)
+            raise
+
+    @staticmethod
+    def _verify_file(path: Path) -> tuple[list[str], str, int]:
+        whole = Digester()
+        chunks: list[str] = []
+        with open(path, "rb") as f:
+            while data := f.read(CHUNK_SIZE):
+                whole.update(data)
+                chunks.append(chunk_digest(data))
+        return chunks, whole.hexdigest(), whole.size
+
     # ---- reading --------------------------------------------------------------------------
 
     def info(self, key: str, seq: int) -> VersionInfo | None:
@@ -283,6 +401,10 @@ class LocalStore:
             key, int(raw["seq"]), int(raw["size"]), str(raw["digest"]),
             int(raw["chunk_size"]), tuple(raw["chunks"]),
         )
+
+    def has_version(self, key: str, seq: int) -> bool:
+        """Whether version ``seq`` is installed (its record exists); one stat, no parsing."""
+        return (self._dir(key) / f"v{seq}.json").exists()
 
     def versions(self, key: str) -> list[int]:
         """Installed versions of ``key``, oldest first."""
@@ -404,19 +526,38 @@ class LocalStore:
 
     # ---- figures --------------------------------------------------------------------------
 
+    def recent_usage(self) -> tuple[int, int]:
+        """:meth:`usage` for status figures: a scan of every key directory takes a second or
+        more at 100,000s of keys and status calls come every second, so a result is reused for
+        four times as long as its scan took: exact on small stores, at most a fifth of a core
+        on big ones."""
+        cached = self._usage
+        if cached is not None and time.monotonic() - cached[0] < 4 * cached[1]:
+            return cached[2]
+        started = time.monotonic()
+        figures = self.usage()
+        self._usage = (started, time.monotonic() - started, figures)
+        return figures
+
     def usage(self) -> tuple[int, int]:
         """(blobs, bytes) stored: each key counted once, every retained version's bytes."""
         count = 0
         total = 0
-        for d in self.keys_dir.iterdir():
-            found = False
-            for p in d.glob("v*.blob"):
+        with os.scandir(self.keys_dir) as dirs:
+            for d in dirs:
+                found = False
                 try:
-                    total += p.stat().st_size
-                    found = True
-                except FileNotFoundError:
-                    pass
-            count += found
+                    with os.scandir(d.path) as files:
+                        for f in files:
+                            if f.name.startswith("v") and f.name.endswith(".blob"):
+                                try:
+                                    total += f.stat().st_size
+                                    found = True
+                                except FileNotFoundError:
+                                    pass
+                except (FileNotFoundError, NotADirectoryError):
+                    continue
+                count += found
         return count, total
 
 

@@ -23,11 +23,14 @@ from __future__ import annotations
 
 import logging
 import random
+import sys
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import AbstractContextManager, suppress
 from dataclasses import dataclass
+from typing import Any
 
 from blobha.sync.membership import Membership
 from blobha.sync.workqueue import WorkQueue
@@ -38,13 +41,36 @@ from kazoo.protocol.states import WatchedEvent
 from blobha import placement, zkstate
 from blobha.errors import BlobError
 from blobha.peers import Peers
-from blobha.store import LocalStore
-from blobha.zkstate import BLOBSTORE, BlobState, key_path, parse_replica, replica_path
+from blobha.store import BlobBuffer, LocalStore, TempBlob
+from blobha.zkstate import (
+    BLOBSTORE,
+    BlobState,
+    key_path,
+    parse_replica,
+    replica_name,
+    replica_path,
+)
 
 log = logging.getLogger(__name__)
 
 # Queue entry meaning "re-read the list of keys"; never a valid key (keys are non-empty).
 _KEY_LIST = ""
+
+#: Keys a worker takes at once: their ZooKeeper reads are pipelined (one round trip for the
+#: batch instead of two per key) and their replica nodes registered in a few transactions.
+BATCH = 200
+#: Replica nodes created per ZooKeeper transaction (a multi-op is one request, well under
+#: jute.maxbuffer at this size).
+REGISTER_BATCH = 100
+#: Blobs up to this size are fetched into memory and installed a batch at a time (two
+#: file-system syncs per batch); bigger ones stream to a temp file and install one by one.
+SMALL_BLOB = 64 * 1024
+#: Rate at which the periodic safety-net pass hands keys to the workers: 100,000 keys take
+#: under a minute, at a fraction of a core.
+PERIODIC_KEYS_PER_SEC = 2000
+_PACE_STEP = 0.25
+#: Bound on waiting for one pipelined ZooKeeper answer; a dead connection fails sooner.
+_READ_TIMEOUT = 60.0
 
 
 class SyncDeferred(Exception):
@@ -58,6 +84,51 @@ class KeyView:
 
     def holders(self) -> list[str]:
         return zkstate.holders(list(self.replicas), self.state.seq)
+
+
+class _Entry:
+    """What this master last read of one key, kept compact: a cluster holds 100,000s of keys
+    and every master keeps one entry per key. The metadata stays as the znode's bytes (decoded
+    only when a caller wants the full state: the status page, a read during a ZooKeeper
+    outage); the fields the figures need on every status call are kept decoded."""
+
+    __slots__ = ("acked", "data", "holders", "meta_version", "registered", "rf", "seq")
+
+    def __init__(self, data: bytes, meta_version: int, seq: int, rf: int, acked: bool,
+                 holders: tuple[str, ...], registered: int) -> None:
+        self.data = data
+        self.meta_version = meta_version
+        self.seq = seq
+        self.rf = rf
+        self.acked = acked
+        #: Addresses (interned: a handful of distinct strings) holding ``seq``, sorted.
+        self.holders = holders
+        #: The ZooKeeper session in which our replica node of ``seq`` was verified (0: not).
+        self.registered = registered
+
+    def view(self) -> KeyView:
+        state = BlobState.decode(self.data, self.meta_version)
+        return KeyView(state, tuple(replica_name(a, self.seq) for a in self.holders))
+
+
+# Canonical holder tuples: nearly every key has the same few holder sets (with three masters,
+# all three), so entries share one tuple instead of 100,000s of equal ones.
+_holder_sets: dict[tuple[str, ...], tuple[str, ...]] = {}
+
+
+def _canonical(holders: tuple[str, ...]) -> tuple[str, ...]:
+    if len(_holder_sets) > 4096:
+        _holder_sets.clear()  # bounded: membership churn over years cannot grow it forever
+    return _holder_sets.setdefault(holders, holders)
+
+
+def _holders(names: list[str], seq: int) -> tuple[str, ...]:
+    out = set()
+    for name in names:
+        p = parse_replica(name)
+        if p is not None and p[1] == seq:
+            out.add(sys.intern(p[0]))
+    return _canonical(tuple(sorted(out)))
 
 
 @dataclass(frozen=True)
@@ -94,12 +165,22 @@ class Synchronizer:
         self._deletions_allowed = deletions_allowed
         self._key_lock = key_lock
         self.queue = WorkQueue()
-        self._view: dict[str, KeyView] = {}
+        self._view: dict[str, _Entry] = {}
         self._view_lock = threading.Lock()
+        # Replica nodes the leader's commit transactions created, for keys whose view entry
+        # was not at that version yet: the next reconcile takes them as registered instead of
+        # asking ZooKeeper again. Emptied as those reconciles run (or the keys go).
+        self._committed_here: dict[str, tuple[int, int]] = {}
+        # Bumped on every change of _view, so figures() recomputes only when something moved.
+        self._generation = 0
+        self._figures: tuple[tuple[int, frozenset[str]], tuple[int, int, int]] | None = None
         self._deleted_since: dict[str, float] = {}
         self._failures: dict[str, int] = {}
-        self._verified: dict[str, tuple[int, int]] = {}  # key -> (seq, session) checked
         self._session: int | None = None
+        # Downloads of one batch run in parallel: a small blob's fetch is a few round trips
+        # and fsyncs, not CPU, so one at a time would leave the machine idle.
+        self._fetchers = ThreadPoolExecutor(max_workers=settings.threads,
+                                            thread_name_prefix="sync-fetch")
         self._stop = threading.Event()
         self._kick = threading.Event()
         self._full_requested = False
@@ -124,14 +205,18 @@ class Synchronizer:
         self.queue.close()
         for t in self._threads:
             t.join(timeout=5)
+        self._fetchers.shutdown(wait=False, cancel_futures=True)
 
     def reconcile_all(self) -> None:
         """Queue every key known to ZooKeeper or held locally (and re-arm the key-list watch)."""
+        self.queue.put_many(self._all_keys())
+
+    def _all_keys(self) -> list[str]:
         try:
             keys = set(self.zk.get_children(BLOBSTORE, watch=self._on_event))
         except NoNodeError:
             keys = set()
-        self.queue.put_many(sorted(keys | set(self.store.keys())))
+        return sorted(keys | set(self.store.keys()))
 
     def request_full_reconcile(self) -> None:
         """Ask the periodic thread for a full reconcile now, without waiting for it (it scans
@@ -146,30 +231,43 @@ class Synchronizer:
 
     def view(self, key: str) -> KeyView | None:
         with self._view_lock:
-            return self._view.get(key)
+            entry = self._view.get(key)
+        return entry.view() if entry is not None else None
 
     def figures(self) -> tuple[int, int, int]:
         """(keys, keys with fewer holders than their replication factor, keys this master
         should hold but lacks)."""
-        known = self.membership.known()
+        known = frozenset(self.membership.known())
         with self._view_lock:
-            views = list(self._view.items())
+            stamp = (self._generation, known)
+            if self._figures is not None and self._figures[0] == stamp:
+                return self._figures[1]
+            entries = list(self._view.items())
+        n = max(len(known), 1)
+        me = self.identity
         under = lag = 0
-        for key, v in views:
-            holders = v.holders()
+        for key, e in entries:
             # Against the factor asked for, not the capped one: a blob that wants 3 copies in a
             # cluster with a dead master is under-replicated, and operators should see it.
-            if len(holders) < v.state.replication_factor:
+            if len(e.holders) < e.rf:
                 under += 1
-            rf = min(v.state.replication_factor, max(len(known), 1))
-            if self.identity in placement.choose(key, known, rf) and self.identity not in holders:
-                lag += 1
-        return len(views), under, lag
+            if me not in e.holders:
+                rf = min(e.rf, n)
+                # With rf >= the masters known, every one of them is chosen: skip the hashing.
+                mine = me in known if rf >= len(known) else me in placement.choose(key, known, rf)
+                lag += mine
+        result = (len(entries), under, lag)
+        with self._view_lock:
+            self._figures = (stamp, result)
+        return result
 
     # ---- events (kazoo's event thread: hand off only) -------------------------------------
 
     def _on_state(self, state: str) -> None:
         if state == KazooState.CONNECTED:
+            # kazoo does not re-send watches after a reconnect, even within one session: look
+            # at everything again, which re-arms them.
+            self._full_requested = True
             self._kick.set()
 
     def _on_event(self, event: WatchedEvent) -> None:
@@ -190,11 +288,14 @@ class Synchronizer:
 
     def _periodic(self) -> None:
         next_full = 0.0
+        paced: list[str] = []  # keys of the periodic pass still to hand to the workers
         while not self._stop.is_set():
             grace = self.membership.next_grace_expiry()
             wait = max(0.0, next_full - time.monotonic())
             if grace is not None:
                 wait = min(wait, grace + 0.05)
+            if paced:
+                wait = min(wait, _PACE_STEP)
             self._kick.wait(timeout=wait)
             self._kick.clear()
             if self._stop.is_set():
@@ -203,19 +304,37 @@ class Synchronizer:
                 if self.zk.state != KazooState.CONNECTED:
                     continue
                 session = self.zk.client_id[0] if self.zk.client_id else None
+                urgent = grace is not None or self._full_requested
                 if session != self._session:
                     # ha-rule 6: a new session lost every ephemeral node; put them back.
                     log.info("new ZooKeeper session %s: re-registering and reconciling", session)
                     self.membership.register()
-                    self._verified.clear()
+                    # Every entry's `registered` names the old session, so each replica node
+                    # is verified (and re-created if need be) again.
                     self._session = session
-                    next_full = 0.0
+                    urgent = True
                 else:
                     self.membership.refresh()
-                if time.monotonic() >= next_full or grace is not None or self._full_requested:
+                if urgent:
+                    # All at once: after a new session or a reconnect, with membership moving,
+                    # or for a new leader, every key matters now.
                     self._full_requested = False
+                    paced = []
                     self.reconcile_all()
                     next_full = time.monotonic() + self.settings.period_secs
+                elif not paced and time.monotonic() >= next_full:
+                    # The safety net only: fed at a bounded rate, so at 100,000s of keys it
+                    # neither takes a core nor queues every key ahead of the changes events
+                    # bring (a new version would otherwise wait behind the whole pass).
+                    paced = self._all_keys()
+                    paced.reverse()  # handed out from the end: in key order
+                    next_full = float("inf")
+                if paced:
+                    step = max(1, int(PERIODIC_KEYS_PER_SEC * _PACE_STEP))
+                    self.queue.put_many(paced[:-step - 1:-1])
+                    del paced[-step:]
+                    if not paced:
+                        next_full = time.monotonic() + self.settings.period_secs
             except Exception:
                 log.exception("periodic reconcile failed; retrying shortly")
                 self._stop.wait(1.0)
@@ -223,22 +342,24 @@ class Synchronizer:
 
     def _worker(self) -> None:
         while True:
-            key = self.queue.get()
-            if key is None:
+            keys = self.queue.get_batch(BATCH)
+            if not keys:
                 return
             try:
-                if key == _KEY_LIST:
-                    self._refresh_keys()
+                failures = self._handle(keys)
+            except Exception as e:  # a bug in the batch logic must not kill the loop
+                log.exception("sync batch failed")
+                failures = dict.fromkeys(keys, e)
+            for key in keys:
+                error = failures.get(key)
+                if error is None:
+                    self._failures.pop(key, None)
+                elif isinstance(error, SyncDeferred):
+                    log.debug("sync of %r deferred: %s", key, error)
+                    self._retry_later(key, quiet=True)
                 else:
-                    self._reconcile(key)
-                self._failures.pop(key, None)
-            except SyncDeferred as e:
-                log.debug("sync of %r deferred: %s", key, e)
-                self._retry_later(key, quiet=True)
-            except Exception as e:
-                self._retry_later(key, error=e)
-            finally:
-                self.queue.done(key)
+                    self._retry_later(key, error=error)
+            self.queue.done_many(keys)
 
     def _retry_later(self, key: str, error: Exception | None = None, quiet: bool = False) -> None:
         n = self._failures[key] = self._failures.get(key, 0) + 1
@@ -264,39 +385,185 @@ class Synchronizer:
         self.queue.put_many(sorted(keys - known))
         self.queue.put_many(sorted(known - keys))
 
-    def _reconcile(self, key: str) -> None:
-        path = key_path(key)
-        try:
-            data, stat = self.zk.get(path, watch=self._on_event)
-            names = self.zk.get_children(path, watch=self._on_event)
-        except NoNodeError:
-            self._key_gone(key)
-            return
-        state = BlobState.decode(data, stat.version)
-        view = KeyView(state, tuple(names))
+    def _handle(self, keys: list[str]) -> dict[str, Exception]:
+        """Reconcile a batch of keys; the failures, per key (the others succeeded)."""
+        failures: dict[str, Exception] = {}
+        if _KEY_LIST in keys:
+            try:
+                self._refresh_keys()
+            except Exception as e:
+                failures[_KEY_LIST] = e
+            keys = [k for k in keys if k != _KEY_LIST]
+        to_fetch: list[tuple[str, BlobState, list[str]]] = []
+        to_register: list[tuple[str, int]] = []
+        reads = self._read_many(keys)
+        seen: list[str] = []
+        for key, read in reads.items():
+            try:
+                if isinstance(read, Exception):
+                    raise read
+                if read is None:
+                    self._key_gone(key)
+                    continue
+                seen.append(key)
+                action = self._decide(key, *read)
+                if isinstance(action, tuple):
+                    to_fetch.append((key, action[0], action[1]))
+                elif action is not None:
+                    to_register.append((key, action))
+            except Exception as e:
+                failures[key] = e
+        futures: list[tuple[str, BlobState, Future[bytes | None]]] = [
+            (key, state, self._fetchers.submit(self._fetch, key, state, holders))
+            for key, state, holders in to_fetch
+        ]
+        fetched: list[tuple[str, BlobState, bytes]] = []
+        for key, state, future in futures:
+            try:
+                data = future.result()
+            except Exception as e:
+                failures[key] = e
+                continue
+            if data is None:
+                to_register.append((key, state.seq))
+            else:
+                fetched.append((key, state, data))
+        installed = self._install_fetched(fetched)
+        failures.update(installed)
+        to_register += [(key, state.seq) for key, state, _ in fetched if key not in installed]
+        # Only now, with every byte durable and verified, do the replica nodes appear (ha-rule 7).
+        failures.update(self._register_many(to_register))
+        for key, state, _ in futures:
+            if key not in failures:
+                try:
+                    self._prune(key, state.seq)
+                except Exception as e:
+                    failures[key] = e
+        self._watch_replicas(seen, failures)
+        return failures
+
+    def _watch_replicas(self, keys: list[str], failures: dict[str, Exception]) -> None:
+        """Arm a watch on the replica list of the keys still in motion, with a fresh read.
+
+        Every key keeps a watch on its metadata (a new version, a delete, a meta change must
+        reach every master within milliseconds). ZooKeeper 3.6+ could cover them all with one
+        persistent recursive watch, but kazoo 2.11 has no AddWatch, and a change journal would
+        need the leader's commit to write it; so that watch stays per key. The replica list
+        is watched only where its changes drive something: a key under-replicated (a copy
+        appearing is progress to act on and to report), unacknowledged (the leader marks it
+        acknowledged or rolls it back), or held here beyond its placement (dropped once the
+        chosen set is complete). A fully replicated, acknowledged key - the steady state of
+        nearly every key - carries no such watch: that saves a watch and its bookkeeping per
+        key and per master, and a registration does not make every other master re-read the
+        key. What such a key's list can still lose (a master's session ending) changes
+        membership, which triggers a full reconcile, and the periodic reconcile covers the
+        rest (a replica removed as corrupt elsewhere: the under-replicated figure lags by up
+        to one period)."""
+        known = self.membership.known()
+        leader = self._is_leader()
+        arm: list[tuple[str, _Entry]] = []
         with self._view_lock:
-            self._view[key] = view
+            for key in keys:
+                entry = self._view.get(key)
+                if entry is not None and self._in_motion(key, entry, known, leader):
+                    arm.append((key, entry))
+        pending = [(key, entry, self.zk.get_children_async(key_path(key), watch=self._on_event))
+                   for key, entry in arm]
+        for key, entry, result in pending:
+            try:
+                names = result.get(timeout=_READ_TIMEOUT)
+            except NoNodeError:
+                self.queue.put(key)  # deleted meanwhile: its data watch fired as well
+                continue
+            except Exception as e:
+                failures.setdefault(key, e)
+                continue
+            holders = _holders(names, entry.seq)
+            if holders != entry.holders:
+                # Changed since this batch read it: no event will tell, so look again now.
+                with self._view_lock:
+                    entry.holders = holders
+                    self._generation += 1
+                self.queue.put(key)
+
+    def _in_motion(self, key: str, entry: _Entry, known: set[str], leader: bool) -> bool:
+        if len(entry.holders) < entry.rf or (leader and not entry.acked):
+            return True
+        if self.identity in entry.holders:
+            rf = min(entry.rf, max(len(known), 1))
+            return self.identity not in placement.choose(key, known, rf)
+        return False
+
+    def _read_many(self, keys: list[str]
+                   ) -> dict[str, tuple[bytes, Any, list[str]] | Exception | None]:
+        """Each key's (metadata bytes, stat, replica names), None if the key is gone, or the
+        error; pipelined, each arming the watch on the key's metadata."""
+        pending = []
+        for key in keys:
+            path = key_path(key)
+            # The replica list without a watch: _watch_replicas arms one where it matters.
+            pending.append((key, self.zk.get_async(path, watch=self._on_event),
+                            self.zk.get_children_async(path)))
+        out: dict[str, tuple[bytes, Any, list[str]] | Exception | None] = {}
+        for key, data_result, children_result in pending:
+            try:
+                data, stat = data_result.get(timeout=_READ_TIMEOUT)
+                names = children_result.get(timeout=_READ_TIMEOUT)
+                out[key] = (data, stat, names)
+            except NoNodeError:
+                out[key] = None
+            except Exception as e:
+                out[key] = e
+        return out
+
+    def _decide(self, key: str, data: bytes, stat: Any, names: list[str]
+                ) -> tuple[BlobState, list[str]] | int | None:
+        """Bring ``key`` in line with what ZooKeeper says, except for the slow parts, which it
+        returns: (state, holders) to fetch, or the version whose replica node to (re-)register
+        (our copy is installed and verified), or None."""
+        state = BlobState.decode(data, stat.version)
+        holders = _holders(names, state.seq)
+        session = self._session_id()
+        with self._view_lock:
+            old = self._view.get(key)
+            unchanged = (old is not None and old.seq == state.seq and old.data == data
+                         and old.meta_version == stat.version)
+            registered = (old.registered if old is not None and old.seq == state.seq
+                          and self.identity in holders else 0)
+            self._view[key] = _Entry(data, stat.version, state.seq, state.replication_factor,
+                                     state.acked, holders, registered)
+            self._generation += 1
         self._deleted_since.pop(key, None)
 
-        local = self.store.info(key, state.seq)
-        if local is not None and (local.digest != state.digest or local.size != state.size):
-            # A version of an earlier incarnation of the key, or of a commit that never was.
-            self.store.delete_version(key, state.seq)
-            local = None
+        path = key_path(key)
+        if unchanged and registered == session and session:
+            # Nothing moved since we verified our copy in this session: skip re-reading its
+            # record (100,000s of keys every period), only check it is still on disk.
+            has_local = self.store.has_version(key, state.seq)
+            trusted = has_local
+        else:
+            trusted = False
+            local = self.store.info(key, state.seq)
+            if local is not None and (local.digest != state.digest or local.size != state.size):
+                # A version of an earlier incarnation of the key, or of a commit that never was.
+                self.store.delete_version(key, state.seq)
+                local = None
+            has_local = local is not None
         for name in names:
             parsed = parse_replica(name)
-            if parsed and parsed[0] == self.identity and (local is None or parsed[1] != state.seq):
+            if parsed and parsed[0] == self.identity and (not has_local or parsed[1] != state.seq):
                 self._delete_node(f"{path}/{name}")
+                if parsed[1] == state.seq:
+                    self._unregistered(key)  # so a later install registers it afresh
+                    registered = 0
 
-        if self._is_leader() and self._leader_duty(key, view):
-            return  # the leader changed the key's state; its watch brings it back here
+        if self._is_leader() and self._leader_duty(key, KeyView(state, tuple(names))):
+            return None  # the leader changed the key's state; its watch brings it back here
 
         known = self.membership.known()
         rf = min(state.replication_factor, max(len(known), 1))
         targets = placement.choose(key, known, rf)
-        holders = view.holders()
-        if local is not None:
-            self.register_replica(key, state.seq)
+        if has_local:
             others = [h for h in holders if h != self.identity]
             if self.identity not in targets and set(targets) <= set(holders) and len(others) >= rf:
                 # Lowering R or a membership change: drop extras only once the set is complete.
@@ -304,12 +571,18 @@ class Synchronizer:
                 self._delete_node(replica_path(key, self.identity, state.seq))
                 with self._key_lock(key):
                     self.store.delete_key(key)
-                self._verified.pop(key, None)
-                return
-        elif self.identity in targets:
-            self._fetch(key, state, holders)
-
+                self._unregistered(key)
+                return None
+            if not trusted:
+                self._prune(key, state.seq)
+            return None if registered == session and session else state.seq
+        if self.identity in targets:
+            return state, list(holders)
         self._prune(key, state.seq)
+        return None
+
+    def _session_id(self) -> int:
+        return self.zk.client_id[0] if self.zk.client_id else 0
 
     def _prune(self, key: str, committed: int) -> None:
         keep_below = self.settings.versions_retained - 1
@@ -324,45 +597,75 @@ class Synchronizer:
         for seq in older[: max(len(older) - keep_below, 0)]:
             self.store.delete_version(key, seq)
 
-    def _fetch(self, key: str, state: BlobState, holders: list[str]) -> None:
+    def _fetch(self, key: str, state: BlobState, holders: list[str]) -> bytes | None:
+        """Obtain the committed version of ``key``: a small blob's bytes, for the caller to
+        install with the rest of its batch, or None once a big one (or a local copy) is
+        installed here."""
         copy = self.store.find_by_digest(key, state.digest, state.size)
         if copy is not None:
             self.store.install_copy(key, state.seq, copy)
-        else:
-            sources = [h for h in holders if h != self.identity]
-            if not sources:
-                raise SyncDeferred(f"no live replica holds v{state.seq} yet")
-            random.shuffle(sources)
-            self.store.reserve(state.size)
-            temp = self.store.new_temp("sync")
-            started = time.monotonic()
-            try:
-                timeout = 60.0 + state.size / (20 * 1024 * 1024)
-                last: Exception | None = None
-                for source in sources:
-                    try:
-                        self.peers.fetch(source, key, state.seq, state.digest, temp, timeout)
-                        last = None
-                        break
-                    except BlobError as e:
-                        # Resume from the next replica at the offset already received.
-                        last = e
-                        log.info("fetch of %r v%d from %s failed (%s); trying another",
-                                 key, state.seq, source, e)
-                if last is not None:
-                    raise last
-                self.store.install(key, state.seq, temp, state.size, state.digest)
-            except BaseException:
-                temp.discard()
-                raise
-            log.info("synced %r v%d (%d bytes) in %.3fs", key, state.seq, state.size,
-                     time.monotonic() - started)
-        self.register_replica(key, state.seq)
+            return None
+        sources = [h for h in holders if h != self.identity]
+        if not sources:
+            raise SyncDeferred(f"no live replica holds v{state.seq} yet")
+        random.shuffle(sources)
+        self.store.reserve(state.size)
+        small = state.size <= SMALL_BLOB
+        dest: TempBlob | BlobBuffer = BlobBuffer() if small else self.store.new_temp("sync")
+        started = time.monotonic()
+        try:
+            timeout = 60.0 + state.size / (20 * 1024 * 1024)
+            last: Exception | None = None
+            for source in sources:
+                try:
+                    self.peers.fetch(source, key, state.seq, state.digest, dest, timeout)
+                    last = None
+                    break
+                except BlobError as e:
+                    # Resume from the next replica at the offset already received.
+                    last = e
+                    log.info("fetch of %r v%d from %s failed (%s); trying another",
+                             key, state.seq, source, e)
+            if last is not None:
+                raise last
+            if isinstance(dest, BlobBuffer):
+                return dest.value()
+            self.store.install(key, state.seq, dest, state.size, state.digest)
+        except BaseException:
+            if isinstance(dest, TempBlob):
+                dest.discard()
+            raise
+        log.info("synced %r v%d (%d bytes) in %.3fs", key, state.seq, state.size,
+                 time.monotonic() - started)
+        return None
+
+    def _install_fetched(self, fetched: list[tuple[str, BlobState, bytes]]
+                         ) -> dict[str, Exception]:
+        """Install the small blobs a batch fetched, together (see LocalStore.install_many)."""
+        if not fetched:
+            return {}
+        try:
+            outcomes = self.store.install_many(
+                [(key, state.seq, data, state.size, state.digest) for key, state, data in fetched])
+        except Exception as e:
+            return {key: e for key, _, _ in fetched}
+        failures: dict[str, Exception] = {}
+        for (key, _, _), outcome in zip(fetched, outcomes, strict=True):
+            if isinstance(outcome, Exception):
+                failures[key] = outcome
+        log.info("synced %d small blobs", len(fetched) - len(failures))
+        return failures
 
     def register_replica(self, key: str, seq: int) -> None:
         """Make our replica node exist, owned by the current session (ha-rules 6, 7)."""
-        session = self.zk.client_id[0] if self.zk.client_id else 0
-        if self._verified.get(key) == (seq, session):
+        session = self._session_id()
+        with self._view_lock:
+            entry = self._view.get(key)
+            if entry is not None and entry.seq == seq and entry.registered == session and session:
+                return
+            committed = self._committed_here.pop(key, None)
+        if committed == (seq, session) and session:
+            self._registered(key, seq, session)
             return
         path = replica_path(key, self.identity, seq)
         try:
@@ -375,16 +678,73 @@ class Synchronizer:
                 self.zk.create(path, b"", ephemeral=True)
         except NoNodeError:
             return
-        self._verified[key] = (seq, session)
+        self._registered(key, seq, session)
+
+    def _register_many(self, items: list[tuple[str, int]]) -> dict[str, Exception]:
+        """Register many replica nodes, ``REGISTER_BATCH`` per ZooKeeper transaction; the
+        failures per key. Callers pass only versions installed and verified (ha-rule 7)."""
+        failures: dict[str, Exception] = {}
+        session = self._session_id()
+        for start in range(0, len(items), REGISTER_BATCH):
+            chunk = items[start:start + REGISTER_BATCH]
+            ok = False
+            if len(chunk) > 1:
+                txn = self.zk.transaction()
+                for key, seq in chunk:
+                    # No makepath here either: a deleted key fails the create.
+                    txn.create(replica_path(key, self.identity, seq), b"", ephemeral=True)
+                try:
+                    results = txn.commit()
+                    # commit() does not raise when an op fails: every element must be checked.
+                    ok = all(not isinstance(r, BaseException) for r in results)
+                except KazooException:
+                    ok = False  # outcome unknown: the one-by-one path below re-reads
+            if ok:
+                for key, seq in chunk:
+                    self._registered(key, seq, session)
+                continue
+            # A multi-op is all or nothing: one node left over from an earlier session, or one
+            # key deleted meanwhile, fails it all. Those cases take the careful path per key.
+            for key, seq in chunk:
+                try:
+                    self.register_replica(key, seq)
+                except Exception as e:
+                    failures[key] = e
+        return failures
+
+    def _registered(self, key: str, seq: int, session: int) -> None:
+        with self._view_lock:
+            entry = self._view.get(key)
+            if entry is not None and entry.seq == seq:
+                entry.registered = session
+                if self.identity not in entry.holders:
+                    entry.holders = _canonical(tuple(sorted((*entry.holders, self.identity))))
+                    self._generation += 1
+
+    def _unregistered(self, key: str) -> None:
+        with self._view_lock:
+            self._committed_here.pop(key, None)
+            entry = self._view.get(key)
+            if entry is not None:
+                entry.registered = 0
+                if self.identity in entry.holders:
+                    entry.holders = _canonical(
+                        tuple(h for h in entry.holders if h != self.identity))
+                    self._generation += 1
 
     def registered(self, key: str, seq: int, session: int) -> None:
-        """The leader's commit created our replica node of ``seq`` in ``session``."""
-        self._verified[key] = (seq, session)
+        """The leader's commit created our replica node of ``seq`` in ``session`` (in the same
+        transaction as the version itself)."""
+        with self._view_lock:
+            entry = self._view.get(key)
+            if entry is None or entry.seq != seq:
+                self._committed_here[key] = (seq, session)
+        self._registered(key, seq, session)
 
     def corrupted(self, key: str, seq: int) -> None:
         """A stored version failed its digest and was removed: stop advertising it and fetch
         a healthy copy."""
-        self._verified.pop(key, None)
+        self._unregistered(key)
         try:
             self._delete_node(replica_path(key, self.identity, seq))
         except KazooException:
@@ -397,8 +757,9 @@ class Synchronizer:
 
     def _key_gone(self, key: str) -> None:
         with self._view_lock:
-            self._view.pop(key, None)
-        self._verified.pop(key, None)
+            self._committed_here.pop(key, None)
+            if self._view.pop(key, None) is not None:
+                self._generation += 1
         if not self.store.versions(key):
             self._deleted_since.pop(key, None)
             return
@@ -424,7 +785,8 @@ class Synchronizer:
     # Used by the leader's roll-back to report progress on a key without a holder.
     def views(self) -> dict[str, KeyView]:
         with self._view_lock:
-            return dict(self._view)
+            entries = list(self._view.items())
+        return {key: e.view() for key, e in entries}
 
 
 __all__ = ["KeyView", "SyncDeferred", "SyncSettings", "Synchronizer"]

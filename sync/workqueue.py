@@ -7,6 +7,7 @@ none is handled twice in parallel. Failed keys come back after a per-key backoff
 from __future__ import annotations
 
 import heapq
+import itertools
 import threading
 import time
 
@@ -48,6 +49,33 @@ class WorkQueue:
                 timeout = self._delayed[0][0] - now if self._delayed else None
                 self._cond.wait(timeout)
             return None
+
+    def get_batch(self, limit: int) -> list[str]:
+        """Block until at least one key is due; take up to ``limit`` due keys that no worker
+        handles (each is then running until :meth:`done`). Empty once closed.
+
+        Batches let the synchroniser pipeline its ZooKeeper reads and replica registrations:
+        one round trip for many keys instead of one per key."""
+        with self._cond:
+            while not self._closed:
+                now = time.monotonic()
+                while self._delayed and self._delayed[0][0] <= now:
+                    self._ready[heapq.heappop(self._delayed)[1]] = None
+                batch = [k for k in itertools.islice(
+                    (k for k in self._ready if k not in self._running), limit)]
+                if batch:
+                    for key in batch:
+                        del self._ready[key]
+                        self._running.add(key)
+                    return batch
+                timeout = self._delayed[0][0] - now if self._delayed else None
+                self._cond.wait(timeout)
+            return []
+
+    def done_many(self, keys: list[str]) -> None:
+        with self._cond:
+            self._running.difference_update(keys)
+            self._cond.notify_all()
 
     def done(self, key: str) -> None:
         with self._cond:

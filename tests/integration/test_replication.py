@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import shutil
 import time
 
 import pytest
-from conftest import wait_until
+from conftest import client_for, followers, store_dir, wait_until
+from kazoo.client import KazooClient
 
 from blobha import placement
+from blobha.bench import node_status
 from blobha.client import Client
 from blobha.localcluster import LocalCluster
+from blobha.zkstate import MASTERS, key_path, replica_path
 
 pytestmark = pytest.mark.integration
 
@@ -91,3 +95,47 @@ def test_a_lost_holder_is_replaced_after_the_grace_period(fresh_cluster: LocalCl
         wait_until(lambda: _holders(c, key) == expected,
                    SESSION_TIMEOUT_MS / 1000 + 2.0 + 15, f"{spare} to take the lost copy's place")
         assert c.read(key) == b"two copies"
+
+
+def test_a_wiped_follower_catches_up_in_batches_and_registers_in_its_own_session(
+        fresh_cluster: LocalCluster) -> None:
+    # More keys than one registration transaction holds, so batching and its fall-back (the
+    # killed master's replica nodes outlive it until its session expires) both run.
+    keys = [f"batch-{i:03d}" for i in range(250)]
+    with client_for(fresh_cluster) as c:
+        for key in keys:
+            c.create(key, key.encode() * 10)
+    m = followers(fresh_cluster)[0]
+    wait_until(lambda: node_status(m.address).blob_count == len(keys), 60, "all keys everywhere")
+    m.kill()
+    shutil.rmtree(store_dir(m))
+    fresh_cluster.start_master(m)
+
+    def caught_up() -> bool:
+        s = node_status(m.address, timeout=2)
+        return s.blob_count == len(keys) and s.lag_blobs == 0
+
+    wait_until(caught_up, 120, f"{m.address} holds every key again")
+    zk = KazooClient(hosts=fresh_cluster.zk.connect_string + "/blobha")
+    zk.start()
+    try:
+        def owned_by_new_session() -> bool:
+            member = zk.exists(f"{MASTERS}/{m.address}")
+            if member is None:
+                return False
+            for key in keys:
+                stat = zk.exists(replica_path(key, m.address, 1))
+                if stat is None or stat.ephemeralOwner != member.ephemeralOwner:
+                    return False
+            return True
+
+        wait_until(owned_by_new_session, 30, "every replica node owned by the new session")
+        # Exactly one node per holder and key: nothing registered twice, nothing stale.
+        for key in keys:
+            assert sorted(zk.get_children(key_path(key))) == sorted(
+                f"{x.address}-1" for x in fresh_cluster.masters)
+    finally:
+        zk.stop()
+        zk.close()
+    with client_for(fresh_cluster) as c:
+        assert c.read(keys[-1]) == keys[-1].encode() * 10

@@ -156,6 +156,13 @@ def test_list_shows_only_readable_keys_except_to_admins(simple: LocalCluster) ->
         assert set(bob.list(prefix="list-")) == {"list-public"}
     with _client(simple, "admin") as admin:
         assert {"list-private", "list-public"} <= set(admin.list(prefix="list-"))
+    # Visibility follows ACL changes (through the masters' watched views, within moments).
+    with _client(simple, "alice") as alice:
+        alice.set_acl("list-private", "u:alice:rwa,o::r")
+        alice.set_acl("list-public", "u:alice:rwa")
+    with _client(simple, "bob") as bob:
+        wait_until(lambda: set(bob.list(prefix="list-")) == {"list-private"}, timeout=10,
+                   what="the listing to follow the ACL changes")
 
 
 def test_every_mutation_is_audited(simple: LocalCluster) -> None:

@@ -350,3 +350,75 @@ def test_a_stray_file_among_the_key_directories_does_not_break_start_up(tmp_path
     assert restarted.keys() == ["k"]
     assert restarted.usage() == (1, 4)
     assert _read(restarted, "k", 1) == b"kept"
+
+
+def test_install_many_installs_each_version_durably_and_readably(store: LocalStore) -> None:
+    items = [(f"k{i}", 1, _data(100 + i, seed=i), 100 + i, digest_bytes(_data(100 + i, seed=i)))
+             for i in range(5)]
+    _put(store, "k0", 1, b"stale")  # an earlier copy is replaced, not kept
+    out = store.install_many(items)
+    assert [o.key for o in out if isinstance(o, VersionInfo)] == [f"k{i}" for i in range(5)]
+    for key, seq, data, _, digest in items:
+        assert _read(store, key, seq) == data
+        info = store.info(key, seq)
+        assert info is not None and info.digest == digest
+    assert list(store.tmp_dir.iterdir()) == []
+
+
+def test_install_many_keeps_out_a_copy_that_does_not_match(store: LocalStore) -> None:
+    good, bad = _data(64), _data(64, seed=1)
+    out = store.install_many([
+        ("good", 1, good, len(good), digest_bytes(good)),
+        ("bad", 1, bad, len(bad), digest_bytes(good)),  # bytes that do not match the digest
+        ("short", 1, good, len(good) + 1, digest_bytes(good)),
+    ])
+    assert isinstance(out[0], VersionInfo)
+    assert isinstance(out[1], ChecksumMismatch) and isinstance(out[2], ChecksumMismatch)
+    assert store.versions("bad") == [] and store.versions("short") == []
+    assert _read(store, "good", 1) == good
+    assert list(store.tmp_dir.iterdir()) == []
+
+
+def test_a_failed_install_many_leaves_no_version_behind(
+        store: LocalStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    import blobha.store as store_module
+
+    calls = []
+
+    def failing_sync(path: Path) -> None:
+        calls.append(path)
+        if len(calls) == 2:  # the sync that would make the installed records durable
+            raise OSError(5, "I/O error")
+
+    monkeypatch.setattr(store_module, "sync_fs", failing_sync)
+    data = _data(10)
+    with pytest.raises(OSError):
+        store.install_many([("a", 1, data, len(data), digest_bytes(data)),
+                            ("b", 1, data, len(data), digest_bytes(data))])
+    # Never made durable, so never left for a reconcile to register.
+    assert store.versions("a") == [] and store.versions("b") == []
+    assert list(store.tmp_dir.iterdir()) == []
+
+
+def test_blob_buffer_appends_like_a_temp_blob() -> None:
+    from blobha.store import BlobBuffer
+
+    buf = BlobBuffer()
+    assert buf.write_at(0, b"abc") == 3
+    assert buf.write_at(1, b"bcde") == 2  # a retried chunk: only the new bytes count
+    assert buf.write_at(5, b"") == 0
+    with pytest.raises(InvalidArgument):
+        buf.write_at(9, b"gap")
+    assert buf.value() == b"abcde" and buf.size == 5
+
+
+def test_recent_usage_is_reused_only_for_a_multiple_of_its_scan_time(
+        store: LocalStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    import blobha.store as store_module
+
+    now = [100.0]
+    monkeypatch.setattr(store_module.time, "monotonic", lambda: now[0])
+    assert store.recent_usage() == (0, 0)
+    _put(store, "a", 1, b"xyz")
+    # The scan took no time at all (the clock stood still), so nothing is reused.
+    assert store.recent_usage() == (1, 3)
