@@ -46,6 +46,7 @@ from kazoo.exceptions import (
     OperationTimeoutError,
     SessionExpiredError,
 )
+from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.protocol.states import WatchedEvent
 from kazoo.retry import KazooRetry
 
@@ -95,6 +96,8 @@ from blobha.zkstate import (
 log = logging.getLogger(__name__)
 
 DEFAULT_PAGE = 100
+#: How long a cluster summary waits for its ZooKeeper reads.
+SUMMARY_ZK_TIMEOUT = 2.0
 MAX_PAGE = 1000
 
 
@@ -1014,14 +1017,26 @@ class Master:
             except BlobError:
                 return MasterSummary(address, False, 0.0, "", 0, 0, 0, 0, False, 0)
 
+        # Both reads at once, and bounded: a ZooKeeper that lost its quorum may hold a request
+        # until the session notices, and clients discover the leader through this call, so it
+        # must say "unreachable" quickly rather than leave them guessing.
+        epoch_read = self.zk.get_async(EPOCH)
+        count_read = self.zk.exists_async(BLOBSTORE)  # the child count, not 100,000s of names
         statuses = list(self._summary_pool.map(ask, members))
         try:
-            epoch = EpochRecord.decode(self.zk.get(EPOCH)[0])
-        except NoNodeError:
-            epoch = EpochRecord(0, "")
+            try:
+                epoch = EpochRecord.decode(epoch_read.get(timeout=SUMMARY_ZK_TIMEOUT)[0])
+            except NoNodeError:
+                epoch = EpochRecord(0, "")
+            stat = count_read.get(timeout=SUMMARY_ZK_TIMEOUT)  # exists: None if absent
+        except KazooTimeoutError:
+            raise Unavailable(
+                f"ZooKeeper did not answer master {self.identity} within"
+                f" {SUMMARY_ZK_TIMEOUT:g} s (no quorum?); retry shortly or ask another master"
+            ) from None
         leaders = [s.address for s in statuses if s.is_leader]
         _, under, _ = self.sync.figures()
-        blob_count = len(self.zk.get_children(BLOBSTORE))
+        blob_count = stat.numChildren if stat is not None else 0
         return ClusterView(tuple(statuses), leaders[0] if leaders else "", epoch.epoch,
                            blob_count, under)
 
