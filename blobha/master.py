@@ -18,6 +18,8 @@ from __future__ import annotations
 import base64
 import bisect
 import contextlib
+import ctypes
+import ctypes.util
 import itertools
 import json
 import logging
@@ -1041,8 +1043,25 @@ class Master:
                            blob_count, under)
 
 
+def _limit_malloc_arenas(arenas: int = 2) -> None:
+    """Cap glibc's malloc arenas (before any thread starts). By default every thread that
+    allocates may get an arena of its own, up to eight per core; a master runs dozens of
+    threads (gRPC workers, sync fetchers, kazoo), and the memory freed by one thread's blob
+    buffers stays fragmented in its arena, which showed as resident memory growing with the
+    number of keys. A no-op off glibc."""
+    if os.environ.get("MALLOC_ARENA_MAX"):
+        return  # the operator chose
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        m_arena_max = -8
+        libc.mallopt(m_arena_max, arenas)
+    except (OSError, AttributeError):
+        pass
+
+
 def serve_main(config_path: str | None) -> int:
     """``blobha serve --config FILE``: run one master until SIGTERM or SIGINT."""
+    _limit_malloc_arenas()
     try:
         config = load_config(config_path)
     except ConfigError as e:
