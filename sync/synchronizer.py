@@ -55,6 +55,9 @@ log = logging.getLogger(__name__)
 
 # Queue entry meaning "re-read the list of keys"; never a valid key (keys are non-empty).
 _KEY_LIST = ""
+#: A change of the key list is looked at no sooner than this many times the last listing's
+#: duration after it: listings then take at most 1/(1+KEY_LIST_PACING) of the time.
+KEY_LIST_PACING = 4.0
 
 #: Keys a worker takes at once: their ZooKeeper reads are pipelined (one round trip for the
 #: batch instead of two per key) and their replica nodes registered in a few transactions.
@@ -171,6 +174,7 @@ class Synchronizer:
         # was not at that version yet: the next reconcile takes them as registered instead of
         # asking ZooKeeper again. Emptied as those reconciles run (or the keys go).
         self._committed_here: dict[str, tuple[int, int]] = {}
+        self._key_list_next = 0.0  # monotonic time before which the key list is not re-read
         # Bumped on every change of _view, so figures() recomputes only when something moved.
         self._generation = 0
         self._figures: tuple[tuple[int, frozenset[str]], tuple[int, int, int]] | None = None
@@ -277,7 +281,12 @@ class Synchronizer:
             self._kick.set()
             return
         if event.path == BLOBSTORE:
-            self.queue.put(_KEY_LIST)
+            # Listing /blobstore takes time linear in the number of keys, and a busy cluster
+            # changes the list with every create. The next listing waits until KEY_LIST_PACING
+            # times the last one's duration has passed, so listings keep to a bounded share of
+            # the ZooKeeper connection (at once while they are cheap; nothing is missed: the
+            # listing sees every change since the last one and re-arms the watch).
+            self.queue.put(_KEY_LIST, delay=max(self._key_list_next - time.monotonic(), 0.0))
         elif event.path.startswith(BLOBSTORE + "/"):
             self.queue.put(event.path[len(BLOBSTORE) + 1:].split("/", 1)[0])
 
@@ -376,10 +385,14 @@ class Synchronizer:
     # ---- reconcile ----------------------------------------------------------------------
 
     def _refresh_keys(self) -> None:
+        started = time.monotonic()
         try:
             keys = set(self.zk.get_children(BLOBSTORE, watch=self._on_event))
         except NoNodeError:
             keys = set()
+        finally:
+            ended = time.monotonic()
+            self._key_list_next = ended + KEY_LIST_PACING * (ended - started)
         with self._view_lock:
             known = set(self._view)
         self.queue.put_many(sorted(keys - known))
