@@ -101,12 +101,24 @@ QUIET_CONF: dict[str, str] = {
 
 
 def new_session(master: str, name: str, **conf: str) -> Any:
+    from pyspark.errors import PySparkRuntimeError
     from pyspark.sql import SparkSession
 
     builder = SparkSession.builder.master(master).appName(name)
     for k, v in {**QUIET_CONF, **conf}.items():
         builder = builder.config(k, v)
-    spark = builder.getOrCreate()
+    for attempt in range(3):
+        try:
+            spark = builder.getOrCreate()
+            break
+        except PySparkRuntimeError as e:
+            # The JVM gateway is started by fork+exec from this process, which has gRPC's
+            # threads running; on a loaded machine the child occasionally dies before the JVM
+            # starts ("Java gateway process exited"). That is the test process's environment,
+            # not blobha under test: start it again, a bounded number of times.
+            if "JAVA_GATEWAY_EXITED" not in str(e) or attempt == 2:
+                raise
+            print(f"Spark's gateway did not start ({e}); starting it again", file=sys.stderr)
     spark.sparkContext.setLogLevel("ERROR")
     return spark
 
