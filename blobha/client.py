@@ -448,6 +448,12 @@ class GrpcTransport:
                 stub = self._stubs[address] = pb_grpc.BlobStoreStub(channel)  # type: ignore[no-untyped-call]
             return stub
 
+    def _channel(self, address: str) -> grpc.Channel:
+        """The channel to ``address``, for calls made with our own (de)serialisers."""
+        self._stub(address)  # creates it if needed
+        with self._lock:
+            return self._channels[address]
+
     def unary(self, address: str, method: str, request: Any, timeout: float | None) -> Any:
         call = getattr(self._stub(address), method)
         try:
@@ -461,9 +467,7 @@ class GrpcTransport:
         stub = self._stub(address)
         if method == "AppendUpload":
             # Chunks serialised by hand from UploadPiece: one copy of the data, not two.
-            with self._lock:
-                channel = self._channels[address]
-            call = channel.stream_unary(
+            call = self._channel(address).stream_unary(
                 chunkwire.APPEND_METHOD,
                 request_serializer=_encode_piece,
                 response_deserializer=pb.UploadStatus.FromString,
@@ -481,9 +485,7 @@ class GrpcTransport:
         stub = self._stub(address)
         if method == "Download":
             # Chunks decoded by hand: their data are views into the received messages.
-            with self._lock:
-                channel = self._channels[address]
-            multi = channel.unary_stream(
+            multi = self._channel(address).unary_stream(
                 chunkwire.DOWNLOAD_METHOD,
                 request_serializer=pb.DownloadRequest.SerializeToString,
                 response_deserializer=chunkwire.decode_chunk,

@@ -523,6 +523,22 @@ def test_create_empty_blob(client: Client, cluster: FakeCluster) -> None:
     assert client.read("empty") == b""
 
 
+def _acknowledge_when_answered(cluster: FakeCluster, method: str, key: str) -> None:
+    """Make the commits of ``method`` acknowledge ``key``, except one whose answer is lost
+    (``commit_then_fail``): that version stays committed but unacknowledged."""
+    original = getattr(cluster, method)
+
+    def commit(address: str, r: Any) -> pb.BlobMeta:
+        failing = cluster.commit_then_fail
+        try:
+            result: pb.BlobMeta = original(address, r)
+            return result
+        finally:
+            if not failing:
+                cluster.unacknowledged.discard(key)
+    setattr(cluster, method, commit)
+
+
 def test_a_small_blob_goes_in_one_put_and_a_large_one_resumably(
     client: Client, cluster: FakeCluster
 ) -> None:
@@ -552,16 +568,7 @@ def test_an_unacknowledged_put_is_sent_again(client: Client, cluster: FakeCluste
     client.create("k", b"old")
     cluster.commit_then_fail = True
     cluster.unacknowledged.add("k")
-    original = cluster._Put
-
-    def put_and_acknowledge(address: str, r: pb.PutRequest) -> pb.BlobMeta:
-        failing = cluster.commit_then_fail
-        try:
-            return original(address, r)
-        finally:
-            if not failing:
-                cluster.unacknowledged.discard("k")
-    cluster._Put = put_and_acknowledge  # type: ignore[method-assign]
+    _acknowledge_when_answered(cluster, "_Put", "k")
     meta = client.update("k", b"new content")
     # v2 was committed but never acknowledged: not ours to report; the put was made again.
     assert meta.version == 3 and cluster.blobs["k"] == (3, b"new content")
@@ -681,16 +688,7 @@ def test_a_committed_but_unacknowledged_version_is_not_taken_as_ours(
     client.create("k", b"old")
     cluster.commit_then_fail = True
     cluster.unacknowledged.add("k")
-    original_commit = cluster._CommitUpload
-
-    def commit_and_acknowledge(address: str, r: pb.CommitUploadRequest) -> pb.BlobMeta:
-        failing = cluster.commit_then_fail
-        try:
-            return original_commit(address, r)
-        finally:
-            if not failing:
-                cluster.unacknowledged.discard("k")
-    cluster._CommitUpload = commit_and_acknowledge  # type: ignore[method-assign]
+    _acknowledge_when_answered(cluster, "_CommitUpload", "k")
     meta = client.update("k", b"new content")
     assert meta.version == 3 and cluster.blobs["k"] == (3, b"new content")
     # One create, then the update's lost commit and its re-upload: v2 was never reported.
