@@ -331,38 +331,41 @@ class LocalStore:
                      ) -> list[VersionInfo | ChecksumMismatch]:
         """Install many small versions, each ``(key, seq, data, size, digest)``, with the durability
         of :meth:`install` for each but two file-system syncs for the whole batch instead of
-        five fsyncs per version: write every temp file -> sync -> verify each file on disk
-        against its size and digest -> rename into place and write its record -> sync. Nothing
-        is returned (so nothing registered) before the last sync. One entry per item: its
-        VersionInfo, or the ChecksumMismatch that kept it out (its temp file removed)."""
-        temps: list[Path] = []
+        five fsyncs per version: verify each blob's size and digest (from the very bytes to be
+        written, as :class:`TempBlob` does) -> write every temp file -> sync -> rename into
+        place and write its record -> sync. Nothing is returned (so nothing registered) before
+        the last sync. One entry per item: its VersionInfo, or the ChecksumMismatch that kept
+        it out."""
+        out: list[VersionInfo | ChecksumMismatch] = []
+        staged: list[tuple[VersionInfo, Path]] = []
         installed: list[VersionInfo] = []
         try:
-            for _key, _seq, data, _size, _digest in items:
-                path = self.tmp_dir / f"sync-{uuid.uuid4().hex}.part"
-                temps.append(path)
-                with open(path, "xb") as f:
-                    f.write(data)
-            sync_fs(self.tmp_dir)
-            out: list[VersionInfo | ChecksumMismatch] = []
-            for (key, seq, _data, size, digest), path in zip(items, temps, strict=True):
-                chunks, actual_digest, actual_size = self._verify_file(path)
-                if actual_size != size or actual_digest != digest:
-                    path.unlink(missing_ok=True)
+            for key, seq, data, size, digest in items:
+                whole, chunks = Digester(), ChunkDigests()
+                whole.update(data)
+                chunks.update(data)
+                if len(data) != size or whole.hexdigest() != digest:
                     out.append(ChecksumMismatch(
                         f"the copy of {key!r} v{seq} does not match: expected {size} bytes"
-                        f" with xxh3-128 {digest}, got {actual_size} bytes with {actual_digest}"
+                        f" with xxh3-128 {digest}, got {len(data)} bytes with"
+                        f" {whole.hexdigest()}"
                     ))
                     continue
-                info = VersionInfo(key, seq, actual_size, digest, CHUNK_SIZE, tuple(chunks))
-                with self._lock(key):
-                    d = self._dir(key)
+                path = self.tmp_dir / f"sync-{uuid.uuid4().hex}.part"
+                with open(path, "xb") as f:
+                    staged.append((VersionInfo(key, seq, size, digest, CHUNK_SIZE,
+                                               tuple(chunks.digests())), path))
+                    f.write(data)
+                out.append(staged[-1][0])
+            sync_fs(self.tmp_dir)
+            for info, path in staged:
+                with self._lock(info.key):
+                    d = self._dir(info.key)
                     d.mkdir(exist_ok=True)
-                    os.replace(path, d / f"v{seq}.blob")
+                    os.replace(path, d / f"v{info.seq}.blob")
                     # The record last: a version exists only once its record does.
-                    _write_json_atomic(d / f"v{seq}.json", _info_json(info), sync=False)
+                    _write_json_atomic(d / f"v{info.seq}.json", _info_json(info), sync=False)
                 installed.append(info)
-                out.append(info)
             sync_fs(self.keys_dir)
             return out
         except BaseException:
@@ -370,19 +373,9 @@ class LocalStore:
             # reconcile, and these were never made durable.
             for info in installed:
                 self.delete_version(info.key, info.seq)
-            for path in temps:
+            for _, path in staged:
                 path.unlink(missing_ok=True)
             raise
-
-    @staticmethod
-    def _verify_file(path: Path) -> tuple[list[str], str, int]:
-        whole = Digester()
-        chunks: list[str] = []
-        with open(path, "rb") as f:
-            while data := f.read(CHUNK_SIZE):
-                whole.update(data)
-                chunks.append(chunk_digest(data))
-        return chunks, whole.hexdigest(), whole.size
 
     # ---- reading --------------------------------------------------------------------------
 
