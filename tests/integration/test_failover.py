@@ -39,7 +39,9 @@ def test_leader_sigkill_keeps_every_acknowledged_blob(fresh_cluster: LocalCluste
     blobs = {f"k{i}": os.urandom(200_000 + i) for i in range(10)}
     with client_for(fresh_cluster) as c:
         for k, v in blobs.items():
-            c.create(k, v, replication_factor=3)
+            # W=2: acknowledged means on two masters, so it survives the leader (with W=1 an
+            # acknowledged copy may be the leader's alone until a follower fetches it).
+            c.create(k, v, replication_factor=3, write_quorum=2)
         old = fresh_cluster.leader()
         killed_at = time.monotonic()
         old.kill()
