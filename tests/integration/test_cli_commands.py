@@ -106,19 +106,18 @@ def test_health_asks_one_master_directly(cluster: LocalCluster) -> None:
     assert r.returncode == 11 and b"Traceback" not in r.stderr
 
 
-def _ignore_sigint() -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-
-
 @pytest.mark.parametrize("background", [False, True], ids=["terminal", "background-job"])
 def test_local_cluster_command_starts_and_stops_cleanly(tmp_path: Path, background: bool) -> None:
     data = tmp_path / "local"
-    # A shell starts background jobs with SIGINT ignored; Ctrl-C must still work then.
-    proc = subprocess.Popen(
-        [BLOBHA, "local-cluster", "--data-dir", str(data), "--base-port", "0"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=tmp_path,
-        preexec_fn=_ignore_sigint if background else None,
-    )
+    command = [BLOBHA, "local-cluster", "--data-dir", str(data), "--base-port", "0"]
+    if background:
+        # A shell starts background jobs with SIGINT ignored, and exec keeps an ignored
+        # signal ignored; Ctrl-C must still work then. A shell sets it up rather than a
+        # preexec_fn, which runs Python in a fork of this multi-threaded test process.
+        command = ["sh", "-c", 'trap "" INT; exec "$0" "$@"', *command]
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            cwd=tmp_path)
+    output: list[str] = []
     try:
         assert proc.stdout is not None
         cluster = ""
@@ -127,9 +126,13 @@ def test_local_cluster_command_starts_and_stops_cleanly(tmp_path: Path, backgrou
             line = proc.stdout.readline().decode()
             if not line:
                 break
+            output.append(line)
             if "export BLOBHA_CLUSTER=" in line:
                 cluster = line.split("=", 1)[1].strip()
-        assert cluster, "local-cluster never printed BLOBHA_CLUSTER"
+        assert cluster, (
+            f"local-cluster never printed BLOBHA_CLUSTER (exit {proc.poll()}):\n"
+            + "".join(output)
+        )
         env = {**os.environ, "BLOBHA_CLUSTER": cluster}
         r = subprocess.run([BLOBHA, "cluster", "--json"], capture_output=True, env=env,
                            timeout=60)
