@@ -9,6 +9,7 @@
     /masters/<host:port>              ephemeral membership of live masters
     /master-secret                    the cluster secret masters prove themselves with
     /blobstore-id                     the cluster id (a wiped ZooKeeper is not this cluster)
+    /journal                          the last keys the leader changed (JSON, see JournalRecord)
 
 The metadata znode's own ZooKeeper version is the key's ``meta_version``: every change (new
 version, ACL, replication factor) is a version-conditional ``set_data``, so concurrent writers
@@ -28,7 +29,8 @@ ELECTION = "/election"
 EPOCH = "/epoch"
 MASTERS = "/masters"
 MASTER_SECRET = "/master-secret"
-ALL_ROOTS = (BLOBSTORE, ELECTION, MASTERS)
+JOURNAL = "/journal"
+ALL_ROOTS = (BLOBSTORE, ELECTION, MASTERS, JOURNAL)
 
 
 def key_path(key: str) -> str:
@@ -140,3 +142,49 @@ class EpochRecord:
             return cls(0, "")
         d = json.loads(data)
         return cls(int(d["epoch"]), str(d["leader"]))
+
+
+@dataclass(frozen=True)
+class JournalRecord:
+    """The change journal: the keys of the leader's last writes, numbered.
+
+    Every fenced leader transaction that changes a key also rewrites ``/journal`` with the
+    newest entries, so a master watching that one znode learns which keys changed without
+    listing ``/blobstore`` (linear in the number of keys) after every create. Entry ``i`` of
+    ``keys`` has number ``last - len(keys) + 1 + i``. An entry is a hint to look at a key,
+    never a state: a number that was skipped, or a key whose transaction failed, only costs a
+    re-read.
+    """
+
+    last: int
+    keys: tuple[str, ...]
+
+    @property
+    def first(self) -> int:
+        return self.last - len(self.keys) + 1
+
+    def encode(self) -> bytes:
+        return json.dumps({"last": self.last, "keys": list(self.keys)},
+                          separators=(",", ":")).encode()
+
+    @classmethod
+    def decode(cls, data: bytes) -> JournalRecord:
+        """The record, or an empty one for an empty or unreadable znode (a reader then
+        finds a gap and lists the keys, which is always safe)."""
+        try:
+            raw = json.loads(data) if data else {}
+            keys = raw.get("keys", [])
+            last = raw.get("last", 0)
+            if (not isinstance(last, int) or not isinstance(keys, list)
+                    or not all(isinstance(k, str) for k in keys)):
+                raise ValueError("malformed journal")
+            return cls(last, tuple(keys))
+        except (ValueError, AttributeError, TypeError):
+            return cls(0, ())
+
+    def since(self, seen: int) -> tuple[str, ...] | None:
+        """The keys changed after entry ``seen``; None if some are no longer in the record
+        (or the journal restarted), so the caller must look at every key instead."""
+        if self.last < seen or self.first > seen + 1:
+            return None
+        return self.keys[len(self.keys) - (self.last - seen):] if self.last > seen else ()

@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from blobha.leader.journal import ChangeJournal
 from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import (
     KazooException,
@@ -31,7 +32,7 @@ from kazoo.exceptions import (
 )
 from kazoo.protocol.states import WatchedEvent
 
-from blobha.zkstate import ELECTION, EPOCH, EpochRecord
+from blobha.zkstate import ELECTION, EPOCH, JOURNAL, EpochRecord
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +73,7 @@ class LeaderElection:
         self._suspended_since: float | None = None
         self._leader_address = ""
         self._thread = threading.Thread(target=self._run, name="election", daemon=True)
+        self.journal = ChangeJournal(zk)
         zk.add_listener(self._on_state)
 
     # ---- public view ---------------------------------------------------------------------
@@ -116,22 +118,41 @@ class LeaderElection:
 
     # ---- fencing -------------------------------------------------------------------------
 
-    def fenced(self, build: Callable[[Any], None]) -> list[Any]:
+    def fenced(self, build: Callable[[Any], None], changed: tuple[str, ...] = ()) -> list[Any]:
         """Commit a transaction guarded by this leader's fences.
 
-        ``build(txn)`` adds the version-conditional operations. Returns the results of those
-        operations. Raises :class:`Deposed` (after stepping down) if a fence failed, or
-        kazoo's exception for the first failing operation otherwise.
+        ``build(txn)`` adds the version-conditional operations. ``changed`` names the keys
+        whose metadata they change: the same transaction records them in the change journal.
+        Returns the results of ``build``'s operations. Raises :class:`Deposed` (after stepping
+        down) if a fence failed, or kazoo's exception for the first failing operation
+        otherwise.
         """
         with self._lock:
             if not self.is_leader or self._node is None:
                 raise Deposed("not the leader")
-            node, version = self._node, self._epoch_version
-        txn = self.zk.transaction()
-        txn.check(node, 0)
-        txn.check(EPOCH, version)
-        build(txn)
-        results = txn.commit()
+            node, version, epoch = self._node, self._epoch_version, self._epoch
+        for attempt in range(2):
+            txn = self.zk.transaction()
+            txn.check(node, 0)
+            txn.check(EPOCH, version)
+            build(txn)
+            if not changed:
+                results = txn.commit()
+                break
+            # Appended and submitted under one lock: records reach ZooKeeper in journal order.
+            with self.journal.lock:
+                txn.set_data(JOURNAL, self.journal.record_for(epoch, changed))
+                pending = txn.commit_async()
+            results = pending.get()
+            journal_result = results[-1]
+            if _is_failure(journal_result):  # then it is the operation that failed
+                if isinstance(journal_result, NoNodeError) and attempt == 0:
+                    # The journal znode was removed (by hand): put it back and write again.
+                    self.zk.ensure_path(JOURNAL)
+                    continue
+                raise journal_result
+            results = results[:-1]
+            break
         fence_failures = [r for r in results[:2] if _is_failure(r)]
         if fence_failures:
             self.depose(f"fenced commit refused ({type(fence_failures[0]).__name__})")

@@ -1,10 +1,14 @@
 """Background replica synchronisation on every master (ha-rules 6-12).
 
-Watch-driven: every key's metadata znode and replica list carry a watch whose only job is to
-queue the key; worker threads then *re-read and reconcile* it, so a follower starts fetching a
-new version within milliseconds of its commit. A periodic full reconcile (Storm's only mechanism,
-here a safety net) re-arms every watch and catches anything missed, and runs at once after every
-new ZooKeeper session, re-registering this master's replica nodes.
+Watch-driven: the change journal (``/journal``, written by every leader transaction that changes
+a key), every key's metadata znode and the replica lists of keys in motion carry watches whose
+only job is to queue keys; worker threads then *re-read and reconcile* them, so a follower starts
+fetching a new version within milliseconds of its commit. New keys come from the journal: no
+master lists ``/blobstore`` (linear in the number of keys) after each create; a master that
+missed journal entries (they are kept for the last 128 changes) lists it once. A periodic full
+reconcile (Storm's only mechanism, here a safety net) re-arms every watch and catches anything
+missed, and runs at once after every new ZooKeeper session, re-registering this master's replica
+nodes.
 
 Reconciling a key means:
 
@@ -44,7 +48,9 @@ from blobha.peers import Peers
 from blobha.store import BlobBuffer, LocalStore, TempBlob
 from blobha.zkstate import (
     BLOBSTORE,
+    JOURNAL,
     BlobState,
+    JournalRecord,
     key_path,
     parse_replica,
     replica_name,
@@ -53,10 +59,11 @@ from blobha.zkstate import (
 
 log = logging.getLogger(__name__)
 
-# Queue entry meaning "re-read the list of keys"; never a valid key (keys are non-empty).
+# Queue entry meaning "re-read the list of keys" (after a gap in the change journal); never a
+# valid key (keys are non-empty).
 _KEY_LIST = ""
-#: A change of the key list is looked at no sooner than this many times the last listing's
-#: duration after it: listings then take at most 1/(1+KEY_LIST_PACING) of the time.
+#: A listing follows the last no sooner than this many times its duration after it: listings
+#: then take at most 1/(1+KEY_LIST_PACING) of the time.
 KEY_LIST_PACING = 4.0
 
 #: Keys a worker takes at once: their ZooKeeper reads are pipelined (one round trip for the
@@ -175,6 +182,9 @@ class Synchronizer:
         # asking ZooKeeper again. Emptied as those reconciles run (or the keys go).
         self._committed_here: dict[str, tuple[int, int]] = {}
         self._key_list_next = 0.0  # monotonic time before which the key list is not re-read
+        # Number of the last change-journal entry acted on (None: not read in this session).
+        self._journal_seen: int | None = None
+        self._journal_lock = threading.Lock()
         # Bumped on every change of _view, so figures() recomputes only when something moved.
         self._generation = 0
         self._figures: tuple[tuple[int, frozenset[str]], tuple[int, int, int]] | None = None
@@ -216,8 +226,18 @@ class Synchronizer:
         self.queue.put_many(self._all_keys())
 
     def _all_keys(self) -> list[str]:
+        # The journal first, re-arming its watch: a key created after this read shows up in
+        # the journal's next change, one created before it in the listing below.
         try:
-            keys = set(self.zk.get_children(BLOBSTORE, watch=self._on_event))
+            data, _ = self.zk.get(JOURNAL, watch=self._on_journal)
+            record = JournalRecord.decode(data)
+        except NoNodeError:
+            self.zk.exists(JOURNAL, watch=self._on_journal)
+            record = JournalRecord(0, ())
+        with self._journal_lock:
+            self._journal_seen = record.last
+        try:
+            keys = set(self.zk.get_children(BLOBSTORE))
         except NoNodeError:
             keys = set()
         return sorted(keys | set(self.store.keys()))
@@ -280,15 +300,47 @@ class Synchronizer:
             # every watch is gone, so look at everything again.
             self._kick.set()
             return
-        if event.path == BLOBSTORE:
-            # Listing /blobstore takes time linear in the number of keys, and a busy cluster
-            # changes the list with every create. The next listing waits until KEY_LIST_PACING
-            # times the last one's duration has passed, so listings keep to a bounded share of
-            # the ZooKeeper connection (at once while they are cheap; nothing is missed: the
-            # listing sees every change since the last one and re-arms the watch).
-            self.queue.put(_KEY_LIST, delay=max(self._key_list_next - time.monotonic(), 0.0))
-        elif event.path.startswith(BLOBSTORE + "/"):
+        if event.path.startswith(BLOBSTORE + "/"):
             self.queue.put(event.path[len(BLOBSTORE) + 1:].split("/", 1)[0])
+
+    def _on_journal(self, event: WatchedEvent) -> None:
+        if event.path is None:
+            self._kick.set()
+            return
+        # Read the new record at once, from here, rather than through the work queue: workers
+        # busy with a batch of fetches would let it run past the entries it keeps.
+        self.zk.get_async(JOURNAL, watch=self._on_journal).rawlink(self._journal_read)
+
+    def _journal_read(self, result: Any) -> None:
+        # kazoo's callback thread: parse and queue only.
+        try:
+            data, _ = result.get_nowait()
+        except NoNodeError:
+            self.zk.exists_async(JOURNAL, watch=self._on_journal)
+            return
+        except Exception:
+            # The connection failed: the reconnect's full reconcile reads the journal again.
+            return
+        self.take_journal(JournalRecord.decode(data))
+
+    def take_journal(self, record: JournalRecord) -> None:
+        """Queue the keys the journal says changed since the last record seen; list every key
+        instead if some of those entries are gone from it."""
+        with self._journal_lock:
+            seen = self._journal_seen
+            if seen is None:
+                return  # the full reconcile to come reads the journal itself
+            self._journal_seen = record.last
+        if self._is_leader():
+            # Its own writes: each of them queues its key here already.
+            return
+        changed = record.since(seen)
+        if changed is None:
+            log.info("change journal moved from entry %d to %d-%d: listing every key", seen,
+                     record.first, record.last)
+            self.queue.put(_KEY_LIST, delay=max(self._key_list_next - time.monotonic(), 0.0))
+        elif changed:
+            self.queue.put_many(list(dict.fromkeys(changed)))
 
     def membership_changed(self) -> None:
         self._kick.set()
@@ -387,7 +439,7 @@ class Synchronizer:
     def _refresh_keys(self) -> None:
         started = time.monotonic()
         try:
-            keys = set(self.zk.get_children(BLOBSTORE, watch=self._on_event))
+            keys = set(self.zk.get_children(BLOBSTORE))
         except NoNodeError:
             keys = set()
         finally:
@@ -459,9 +511,9 @@ class Synchronizer:
         """Arm a watch on the replica list of the keys still in motion, with a fresh read.
 
         Every key keeps a watch on its metadata (a new version, a delete, a meta change must
-        reach every master within milliseconds). ZooKeeper 3.6+ could cover them all with one
-        persistent recursive watch, but kazoo 2.11 has no AddWatch, and a change journal would
-        need the leader's commit to write it; so that watch stays per key. The replica list
+        reach every master within milliseconds); the change journal names the same keys, so
+        these watches are a second path, kept because a journal gap only brings a listing,
+        which finds new and vanished keys but not changed ones. The replica list
         is watched only where its changes drive something: a key under-replicated (a copy
         appearing is progress to act on and to report), unacknowledged (the leader marks it
         acknowledged or rolls it back), or held here beyond its placement (dropped once the

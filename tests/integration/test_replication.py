@@ -13,7 +13,7 @@ from blobha import placement
 from blobha.bench import node_status
 from blobha.client import Client
 from blobha.localcluster import LocalCluster
-from blobha.zkstate import MASTERS, key_path, replica_path
+from blobha.zkstate import JOURNAL, MASTERS, JournalRecord, key_path, replica_path
 
 pytestmark = pytest.mark.integration
 
@@ -139,3 +139,33 @@ def test_a_wiped_follower_catches_up_in_batches_and_registers_in_its_own_session
         zk.close()
     with client_for(fresh_cluster) as c:
         assert c.read(keys[-1]) == keys[-1].encode() * 10
+
+
+def test_the_change_journal_names_each_write_and_a_gap_brings_a_listing(
+        fresh_cluster: LocalCluster) -> None:
+    zk = KazooClient(hosts=fresh_cluster.zk.connect_string + "/blobha")
+    zk.start()
+    try:
+        with client_for(fresh_cluster) as c:
+            c.create("journal-a", b"a", replication_factor=3)
+            c.set_replication_factor("journal-a", 3)
+            record = JournalRecord.decode(zk.get(JOURNAL)[0])
+            # One entry per leader transaction that changed a key: the create, the
+            # acknowledgement is in the create's own transaction (W=1), the meta change.
+            assert record.keys[-2:] == ("journal-a", "journal-a")
+            assert c.wait_for_replication(["journal-a"], 3, timeout=20).reached
+            # No master lists /blobstore on its own: a new key reaches the followers through
+            # the journal.
+            for m in followers(fresh_cluster):
+                assert "listing every key" not in m.log_path.read_text()
+            # Entries the followers never saw (numbers jump far ahead): each lists the keys
+            # once, and the next write (numbered lower again) still reaches them.
+            zk.set(JOURNAL, JournalRecord(record.last + 10_000, ()).encode())
+            c.create("journal-b", b"b", replication_factor=3)
+            assert c.wait_for_replication(["journal-b"], 3, timeout=30).reached
+        for m in followers(fresh_cluster):
+            wait_until(lambda m=m: "listing every key" in m.log_path.read_text(), 15,
+                       f"{m.address} to list the keys after the gap")
+    finally:
+        zk.stop()
+        zk.close()
