@@ -555,7 +555,6 @@ class Master:
             except BaseException:
                 self.store.delete_version(key, new.seq)
                 raise
-            self.sync.register_replica(key, committed.seq)
         log.info("committed %r v%d (%d bytes, epoch %d) for %r", key, committed.seq, size,
                  committed.epoch, user)
         if committed.acked:
@@ -576,7 +575,7 @@ class Master:
     def _commit_state(self, key: str, new: BlobState, create: bool,
                       previous: BlobState | None) -> BlobState:
         path = key_path(key)
-        session = self.zk.client_id[0] if self.zk.client_id else 0
+        session = self.sync.session_id()
 
         def build(txn: Any) -> None:
             if create:
@@ -589,7 +588,8 @@ class Master:
             txn.create(replica_path(key, self.identity, new.seq), b"", ephemeral=True)
 
         try:
-            self.election.fenced(build, changed=(key,))
+            # A create goes into the change journal: no watch tells the other masters of it.
+            self.election.fenced(build, changed=(key,) if create else ())
         except Deposed:
             raise Unavailable(
                 "leadership was lost before the commit; nothing was committed, retry (the client"
@@ -601,7 +601,8 @@ class Master:
             raise VersionConflict(f"{key!r} changed during the commit; retry") from None
         except ConnectionLoss:
             # ha-rule: after ConnectionLoss the write may or may not have applied: re-read.
-            return self._resolve_unknown_commit(key, new)
+            new = self._resolve_unknown_commit(key, new)
+        # The transaction applied, and with it our replica node.
         self.sync.registered(key, new.seq, session)
         # meta_version is stale here; _mark_acked re-reads before its conditional write.
         return new
@@ -686,7 +687,7 @@ class Master:
         state, view = self._state_for_read(key)
         self._check(user, state.acl, acls.READ, key)
         if view is not None:
-            return state, len(view.holders())
+            return state, len(view.holders)
         return state, self._replication(key, state).replication
 
     def open_download(
@@ -797,7 +798,7 @@ class Master:
         state, view = self._state_for_read(key)
         self._check(user, state.acl, acls.READ, key)
         if view is not None:
-            holders = view.holders()
+            holders = view.holders
             return ReplicationStatus(key, state.seq, len(holders), state.replication_factor,
                                      tuple(holders))
         return self._replication(key, state)
@@ -920,7 +921,7 @@ class Master:
         def build(txn: Any) -> None:
             txn.set_data(key_path(key), new.encode(), version=expected_meta_version)
 
-        self.election.fenced(build, changed=(key,))
+        self.election.fenced(build)
 
     def _fenced_delete(self, key: str, expected_meta_version: int) -> None:
         path = key_path(key)
@@ -933,14 +934,14 @@ class Master:
                 txn.delete(f"{path}/{n}")
             txn.delete(path, version=expected_meta_version)
 
-        self.election.fenced(build, changed=(key,))
+        self.election.fenced(build)
 
     # ---- leader duties --------------------------------------------------------------------
 
     def _leader_duty(self, key: str, view: KeyView) -> bool:
         """Leader-only upkeep of one key; True if it changed the key's committed state."""
         state = view.state
-        holders = view.holders()
+        holders = view.holders
         if state.acked:
             return False
         if holders and len(holders) >= state.write_quorum:

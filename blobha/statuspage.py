@@ -81,7 +81,7 @@ def status_document(master: Master, blob_limit: int = DEFAULT_BLOB_LIMIT) -> dic
     blobs = []
     under = 0
     for key, v in master.sync.views().items():
-        holders = v.holders()
+        holders = v.holders
         rf = v.state.replication_factor
         is_under = len(holders) < rf
         under += is_under

@@ -9,7 +9,7 @@
     /masters/<host:port>              ephemeral membership of live masters
     /master-secret                    the cluster secret masters prove themselves with
     /blobstore-id                     the cluster id (a wiped ZooKeeper is not this cluster)
-    /journal                          the last keys the leader changed (JSON, see JournalRecord)
+    /journal                          the last keys the leader created (JSON, see JournalRecord)
 
 The metadata znode's own ZooKeeper version is the key's ``meta_version``: every change (new
 version, ACL, replication factor) is a version-conditional ``set_data``, so concurrent writers
@@ -146,11 +146,12 @@ class EpochRecord:
 
 @dataclass(frozen=True)
 class JournalRecord:
-    """The change journal: the keys of the leader's last writes, numbered.
+    """The change journal: the keys of the leader's last creates, numbered.
 
-    Every fenced leader transaction that changes a key also rewrites ``/journal`` with the
-    newest entries, so a master watching that one znode learns which keys changed without
-    listing ``/blobstore`` (linear in the number of keys) after every create. Entry ``i`` of
+    Every leader transaction that creates a key also rewrites ``/journal`` with the newest
+    entries, so a master watching that one znode learns of new keys without listing
+    ``/blobstore`` (linear in the number of keys) after every create; every other change of a
+    key fires the watch each master keeps on that key's metadata. Entry ``i`` of
     ``keys`` has number ``last - len(keys) + 1 + i``. An entry is a hint to look at a key,
     never a state: a number that was skipped, or a key whose transaction failed, only costs a
     re-read.
@@ -165,7 +166,7 @@ class JournalRecord:
 
     def encode(self) -> bytes:
         return json.dumps({"last": self.last, "keys": list(self.keys)},
-                          separators=(",", ":")).encode()
+                          separators=(",", ":"), ensure_ascii=False).encode()
 
     @classmethod
     def decode(cls, data: bytes) -> JournalRecord:

@@ -122,7 +122,7 @@ class LeaderElection:
         """Commit a transaction guarded by this leader's fences.
 
         ``build(txn)`` adds the version-conditional operations. ``changed`` names the keys
-        whose metadata they change: the same transaction records them in the change journal.
+        they create: the same transaction records them in the change journal.
         Returns the results of ``build``'s operations. Raises :class:`Deposed` (after stepping
         down) if a fence failed, or kazoo's exception for the first failing operation
         otherwise.
@@ -131,28 +131,22 @@ class LeaderElection:
             if not self.is_leader or self._node is None:
                 raise Deposed("not the leader")
             node, version, epoch = self._node, self._epoch_version, self._epoch
-        for attempt in range(2):
-            txn = self.zk.transaction()
-            txn.check(node, 0)
-            txn.check(EPOCH, version)
-            build(txn)
-            if not changed:
-                results = txn.commit()
-                break
+        txn = self.zk.transaction()
+        txn.check(node, 0)
+        txn.check(EPOCH, version)
+        build(txn)
+        if changed:
             # Appended and submitted under one lock: records reach ZooKeeper in journal order.
             with self.journal.lock:
                 txn.set_data(JOURNAL, self.journal.record_for(epoch, changed))
                 pending = txn.commit_async()
-            results = pending.get()
-            journal_result = results[-1]
+            *results, journal_result = pending.get()
             if _is_failure(journal_result):  # then it is the operation that failed
-                if isinstance(journal_result, NoNodeError) and attempt == 0:
-                    # The journal znode was removed (by hand): put it back and write again.
-                    self.zk.ensure_path(JOURNAL)
-                    continue
+                if isinstance(journal_result, NoNodeError):
+                    self.zk.ensure_path(JOURNAL)  # removed by hand: the retry finds it again
                 raise journal_result
-            results = results[:-1]
-            break
+        else:
+            results = txn.commit()
         fence_failures = [r for r in results[:2] if _is_failure(r)]
         if fence_failures:
             self.depose(f"fenced commit refused ({type(fence_failures[0]).__name__})")

@@ -1,7 +1,7 @@
 """The leader's side of the change journal (``/journal``, see :class:`JournalRecord`).
 
 The leader keeps the newest entries in memory and adds a ``set_data`` of the whole record to
-each fenced transaction that changes keys. Transactions are submitted in journal order while
+each fenced transaction that creates keys. Transactions are submitted in journal order while
 holding the journal's lock (ZooKeeper applies one session's requests in order), so every
 record written contains the entries of the transactions submitted before it; a transaction
 that fails leaves its entry in later records, which costs readers one needless re-read.
@@ -12,6 +12,7 @@ A new leader continues from the record in ZooKeeper, so numbers keep growing acr
 
 from __future__ import annotations
 
+import json
 import threading
 from collections import deque
 from collections.abc import Iterable
@@ -61,8 +62,13 @@ class ChangeJournal:
 
     def _push(self, key: str) -> None:
         self._keys.append(key)
-        self._bytes += len(key.encode()) + 3
+        self._bytes += _encoded_size(key)
         while len(self._keys) > JOURNAL_ENTRIES or (
             self._bytes > JOURNAL_MAX_BYTES and len(self._keys) > 1
         ):
-            self._bytes -= len(self._keys.popleft().encode()) + 3
+            self._bytes -= _encoded_size(self._keys.popleft())
+
+
+def _encoded_size(key: str) -> int:
+    """Bytes ``key`` takes in the encoded record (quoted, escaped, and a comma)."""
+    return len(json.dumps(key, ensure_ascii=False).encode()) + 1

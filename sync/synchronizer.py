@@ -1,11 +1,11 @@
 """Background replica synchronisation on every master (ha-rules 6-12).
 
-Watch-driven: the change journal (``/journal``, written by every leader transaction that changes
+Watch-driven: the change journal (``/journal``, written by every leader transaction that creates
 a key), every key's metadata znode and the replica lists of keys in motion carry watches whose
 only job is to queue keys; worker threads then *re-read and reconcile* them, so a follower starts
 fetching a new version within milliseconds of its commit. New keys come from the journal: no
 master lists ``/blobstore`` (linear in the number of keys) after each create; a master that
-missed journal entries (they are kept for the last 128 changes) lists it once. A periodic full
+missed journal entries (they are kept for the last 128 creates) lists it once. A periodic full
 reconcile (Storm's only mechanism, here a safety net) re-arms every watch and catches anything
 missed, and runs at once after every new ZooKeeper session, re-registering this master's replica
 nodes.
@@ -53,7 +53,6 @@ from blobha.zkstate import (
     JournalRecord,
     key_path,
     parse_replica,
-    replica_name,
     replica_path,
 )
 
@@ -90,10 +89,8 @@ class SyncDeferred(Exception):
 @dataclass(frozen=True)
 class KeyView:
     state: BlobState
-    replicas: tuple[str, ...]
-
-    def holders(self) -> list[str]:
-        return zkstate.holders(list(self.replicas), self.state.seq)
+    #: Addresses of the masters holding ``state.seq``, sorted.
+    holders: tuple[str, ...]
 
 
 class _Entry:
@@ -118,7 +115,7 @@ class _Entry:
 
     def view(self) -> KeyView:
         state = BlobState.decode(self.data, self.meta_version)
-        return KeyView(state, tuple(replica_name(a, self.seq) for a in self.holders))
+        return KeyView(state, self.holders)
 
 
 # Canonical holder tuples: nearly every key has the same few holder sets (with three masters,
@@ -133,12 +130,7 @@ def _canonical(holders: tuple[str, ...]) -> tuple[str, ...]:
 
 
 def _holders(names: list[str], seq: int) -> tuple[str, ...]:
-    out = set()
-    for name in names:
-        p = parse_replica(name)
-        if p is not None and p[1] == seq:
-            out.add(sys.intern(p[0]))
-    return _canonical(tuple(sorted(out)))
+    return _canonical(tuple(sys.intern(a) for a in zkstate.holders(names, seq)))
 
 
 @dataclass(frozen=True)
@@ -182,8 +174,10 @@ class Synchronizer:
         # asking ZooKeeper again. Emptied as those reconciles run (or the keys go).
         self._committed_here: dict[str, tuple[int, int]] = {}
         self._key_list_next = 0.0  # monotonic time before which the key list is not re-read
-        # Number of the last change-journal entry acted on (None: not read in this session).
+        # The last change-journal record acted on: its last entry (None: not read yet) and the
+        # zxid that wrote it (answers can arrive out of order; older ones are ignored).
         self._journal_seen: int | None = None
+        self._journal_zxid = -1
         self._journal_lock = threading.Lock()
         # Bumped on every change of _view, so figures() recomputes only when something moved.
         self._generation = 0
@@ -222,20 +216,17 @@ class Synchronizer:
         self._fetchers.shutdown(wait=False, cancel_futures=True)
 
     def reconcile_all(self) -> None:
-        """Queue every key known to ZooKeeper or held locally (and re-arm the key-list watch)."""
+        """Queue every key known to ZooKeeper or held locally (and re-arm the journal watch)."""
         self.queue.put_many(self._all_keys())
 
     def _all_keys(self) -> list[str]:
         # The journal first, re-arming its watch: a key created after this read shows up in
         # the journal's next change, one created before it in the listing below.
         try:
-            data, _ = self.zk.get(JOURNAL, watch=self._on_journal)
-            record = JournalRecord.decode(data)
+            data, stat = self.zk.get(JOURNAL, watch=self._on_journal)
+            self._take_journal(JournalRecord.decode(data), stat.mzxid, listing_follows=True)
         except NoNodeError:
             self.zk.exists(JOURNAL, watch=self._on_journal)
-            record = JournalRecord(0, ())
-        with self._journal_lock:
-            self._journal_seen = record.last
         try:
             keys = set(self.zk.get_children(BLOBSTORE))
         except NoNodeError:
@@ -307,6 +298,12 @@ class Synchronizer:
         if event.path is None:
             self._kick.set()
             return
+        if self._is_leader():
+            # The journal names the leader's own creates, each queued here by its commit:
+            # only re-arm the watch. Once deposed, the first record read shows a gap: one
+            # listing.
+            self.zk.exists_async(JOURNAL, watch=self._on_journal)
+            return
         # Read the new record at once, from here, rather than through the work queue: workers
         # busy with a batch of fetches would let it run past the entries it keeps.
         self.zk.get_async(JOURNAL, watch=self._on_journal).rawlink(self._journal_read)
@@ -314,33 +311,30 @@ class Synchronizer:
     def _journal_read(self, result: Any) -> None:
         # kazoo's callback thread: parse and queue only.
         try:
-            data, _ = result.get_nowait()
+            data, stat = result.get_nowait()
         except NoNodeError:
             self.zk.exists_async(JOURNAL, watch=self._on_journal)
             return
         except Exception:
             # The connection failed: the reconnect's full reconcile reads the journal again.
             return
-        self.take_journal(JournalRecord.decode(data))
+        self._take_journal(JournalRecord.decode(data), stat.mzxid)
 
-    def take_journal(self, record: JournalRecord) -> None:
-        """Queue the keys the journal says changed since the last record seen; list every key
-        instead if some of those entries are gone from it."""
+    def _take_journal(self, record: JournalRecord, zxid: int,
+                      listing_follows: bool = False) -> None:
+        """Queue the keys the journal says were created since the last record taken; list
+        every key instead if some of those entries are gone from it."""
         with self._journal_lock:
-            seen = self._journal_seen
-            if seen is None:
-                return  # the full reconcile to come reads the journal itself
-            self._journal_seen = record.last
-        if self._is_leader():
-            # Its own writes: each of them queues its key here already.
-            return
-        changed = record.since(seen)
-        if changed is None:
-            log.info("change journal moved from entry %d to %d-%d: listing every key", seen,
+            if zxid <= self._journal_zxid:
+                return  # an older record answered late
+            seen, self._journal_seen, self._journal_zxid = self._journal_seen, record.last, zxid
+        changed = None if seen is None else record.since(seen)
+        if changed:
+            self.queue.put_many(list(dict.fromkeys(changed)))
+        elif changed is None and not listing_follows:
+            log.info("change journal moved from entry %s to %d-%d: listing every key", seen,
                      record.first, record.last)
             self.queue.put(_KEY_LIST, delay=max(self._key_list_next - time.monotonic(), 0.0))
-        elif changed:
-            self.queue.put_many(list(dict.fromkeys(changed)))
 
     def membership_changed(self) -> None:
         self._kick.set()
@@ -364,7 +358,7 @@ class Synchronizer:
             try:
                 if self.zk.state != KazooState.CONNECTED:
                     continue
-                session = self.zk.client_id[0] if self.zk.client_id else None
+                session = self.session_id() or None
                 urgent = grace is not None or self._full_requested
                 if session != self._session:
                     # ha-rule 6: a new session lost every ephemeral node; put them back.
@@ -511,9 +505,8 @@ class Synchronizer:
         """Arm a watch on the replica list of the keys still in motion, with a fresh read.
 
         Every key keeps a watch on its metadata (a new version, a delete, a meta change must
-        reach every master within milliseconds); the change journal names the same keys, so
-        these watches are a second path, kept because a journal gap only brings a listing,
-        which finds new and vanished keys but not changed ones. The replica list
+        reach every master within milliseconds); the change journal names only new keys. The
+        replica list
         is watched only where its changes drive something: a key under-replicated (a copy
         appearing is progress to act on and to report), unacknowledged (the leader marks it
         acknowledged or rolls it back), or held here beyond its placement (dropped once the
@@ -588,16 +581,22 @@ class Synchronizer:
         (our copy is installed and verified), or None."""
         state = BlobState.decode(data, stat.version)
         holders = _holders(names, state.seq)
-        session = self._session_id()
+        session = self.session_id()
         with self._view_lock:
             old = self._view.get(key)
             unchanged = (old is not None and old.seq == state.seq and old.data == data
                          and old.meta_version == stat.version)
             registered = (old.registered if old is not None and old.seq == state.seq
                           and self.identity in holders else 0)
+            committed = self._committed_here.get(key)
+            if committed is not None and committed[0] <= state.seq:
+                del self._committed_here[key]
+                if committed == (state.seq, session) and self.identity in holders:
+                    registered = session  # the commit's own transaction registered it
+            if not (unchanged and old is not None and old.holders == holders):
+                self._generation += 1
             self._view[key] = _Entry(data, stat.version, state.seq, state.replication_factor,
                                      state.acked, holders, registered)
-            self._generation += 1
         self._deleted_since.pop(key, None)
 
         path = key_path(key)
@@ -622,7 +621,7 @@ class Synchronizer:
                     self._unregistered(key)  # so a later install registers it afresh
                     registered = 0
 
-        if self._is_leader() and self._leader_duty(key, KeyView(state, tuple(names))):
+        if self._is_leader() and self._leader_duty(key, KeyView(state, holders)):
             return None  # the leader changed the key's state; its watch brings it back here
 
         known = self.membership.known()
@@ -646,7 +645,8 @@ class Synchronizer:
         self._prune(key, state.seq)
         return None
 
-    def _session_id(self) -> int:
+    def session_id(self) -> int:
+        """The current ZooKeeper session's id (0 when there is none)."""
         return self.zk.client_id[0] if self.zk.client_id else 0
 
     def _prune(self, key: str, committed: int) -> None:
@@ -723,15 +723,11 @@ class Synchronizer:
 
     def register_replica(self, key: str, seq: int) -> None:
         """Make our replica node exist, owned by the current session (ha-rules 6, 7)."""
-        session = self._session_id()
+        session = self.session_id()
         with self._view_lock:
             entry = self._view.get(key)
             if entry is not None and entry.seq == seq and entry.registered == session and session:
                 return
-            committed = self._committed_here.pop(key, None)
-        if committed == (seq, session) and session:
-            self._registered(key, seq, session)
-            return
         path = replica_path(key, self.identity, seq)
         try:
             # No makepath: if the key was deleted meanwhile, we must not resurrect it.
@@ -749,7 +745,7 @@ class Synchronizer:
         """Register many replica nodes, ``REGISTER_BATCH`` per ZooKeeper transaction; the
         failures per key. Callers pass only versions installed and verified (ha-rule 7)."""
         failures: dict[str, Exception] = {}
-        session = self._session_id()
+        session = self.session_id()
         for start in range(0, len(items), REGISTER_BATCH):
             chunk = items[start:start + REGISTER_BATCH]
             ok = False
@@ -847,7 +843,7 @@ class Synchronizer:
             else:
                 self.queue.put(key)
 
-    # Used by the leader's roll-back to report progress on a key without a holder.
+    # For the status page.
     def views(self) -> dict[str, KeyView]:
         with self._view_lock:
             entries = list(self._view.items())

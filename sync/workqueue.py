@@ -34,25 +34,9 @@ class WorkQueue:
                 self._ready[k] = None
             self._cond.notify_all()
 
-    def get(self) -> str | None:
-        """Block until a key is due and not being handled; None once closed."""
-        with self._cond:
-            while not self._closed:
-                now = time.monotonic()
-                while self._delayed and self._delayed[0][0] <= now:
-                    self._ready[heapq.heappop(self._delayed)[1]] = None
-                for key in self._ready:
-                    if key not in self._running:
-                        del self._ready[key]
-                        self._running.add(key)
-                        return key
-                timeout = self._delayed[0][0] - now if self._delayed else None
-                self._cond.wait(timeout)
-            return None
-
     def get_batch(self, limit: int) -> list[str]:
         """Block until at least one key is due; take up to ``limit`` due keys that no worker
-        handles (each is then running until :meth:`done`). Empty once closed.
+        handles (each is then running until :meth:`done_many`). Empty once closed.
 
         Batches let the synchroniser pipeline its ZooKeeper reads and replica registrations:
         one round trip for many keys instead of one per key."""
@@ -75,11 +59,6 @@ class WorkQueue:
     def done_many(self, keys: list[str]) -> None:
         with self._cond:
             self._running.difference_update(keys)
-            self._cond.notify_all()
-
-    def done(self, key: str) -> None:
-        with self._cond:
-            self._running.discard(key)
             self._cond.notify_all()
 
     def depth(self) -> int:

@@ -71,3 +71,12 @@ def test_the_ring_is_bounded_in_entries_and_bytes() -> None:
     r = JournalRecord.decode(data)
     assert len(data) <= JOURNAL_MAX_BYTES + 600 and r.keys[-1].endswith("39")
     assert r.since(r.last - len(r.keys)) == r.keys
+
+
+def test_the_byte_bound_counts_the_encoded_size_of_non_ascii_keys() -> None:
+    j = ChangeJournal(_FakeZk(None))  # type: ignore[arg-type]
+    key = "ü" * 200  # 400 bytes of UTF-8
+    for i in range(100):
+        data = j.record_for(1, [f"{key}{i}"])
+    assert len(data) <= JOURNAL_MAX_BYTES + 450
+    assert JournalRecord.decode(data).keys[-1] == f"{key}99"
