@@ -1169,9 +1169,6 @@ class BlobCache:
                 with self._lock:
                     self._remote.pop(key, None)
                 self._mark_deleted(kd)
-                with contextlib.suppress(OSError):
-                    for name in os.listdir(self._blobs / kd / "checks"):
-                        _unlink(self._blobs / kd / "checks" / name)
                 raise
             except (Unavailable, DeadlineExceeded) as exc:
                 if known is None:
@@ -1239,6 +1236,10 @@ class BlobCache:
         if kdir.is_dir():
             with contextlib.suppress(OSError):
                 self._write_atomic(kdir / "deleted", str(self._clock()).encode())
+            # No user's version check may vouch for a key the cluster no longer has.
+            with contextlib.suppress(OSError):
+                for name in os.listdir(kdir / "checks"):
+                    _unlink(kdir / "checks" / name)
 
     # -- getting a blob --------------------------------------------------------------------
 
