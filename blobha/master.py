@@ -18,8 +18,6 @@ from __future__ import annotations
 import base64
 import bisect
 import contextlib
-import ctypes
-import ctypes.util
 import itertools
 import json
 import logging
@@ -78,7 +76,7 @@ from blobha.peers import Peers
 from blobha.scrub import Scrubber
 from blobha.status import MasterSummary, ReplicationStatus
 from blobha.statuspage import StatusServer, status_url
-from blobha.store import LocalStore, VersionInfo
+from blobha.store import LocalStore, VersionInfo, libc_function
 from blobha.sync import KeyView, Membership, Synchronizer, SyncSettings
 from blobha.tls import ReloadingServerCredentials
 from blobha.uploads import UploadManager
@@ -1058,12 +1056,10 @@ def _limit_malloc_arenas(arenas: int = 2) -> None:
     number of keys. A no-op off glibc."""
     if os.environ.get("MALLOC_ARENA_MAX"):
         return  # the operator chose
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    mallopt = libc_function("mallopt")
+    if mallopt is not None:
         m_arena_max = -8
-        libc.mallopt(m_arena_max, arenas)
-    except (OSError, AttributeError):
-        pass
+        mallopt(m_arena_max, arenas)
 
 
 def serve_main(config_path: str | None) -> int:

@@ -16,8 +16,8 @@ served twice and the synchroniser fetches a healthy copy.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
-import ctypes.util
 import json
 import logging
 import os
@@ -29,7 +29,7 @@ import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from blobha.digest import CHUNK_SIZE, ChunkDigests, Digester, chunk_digest
 from blobha.errors import ChecksumMismatch, InvalidArgument, KeyNotFound, ResourceExhausted
@@ -52,12 +52,29 @@ class VersionInfo:
 WRITEBACK_BYTES = 8 * 1024 * 1024
 
 
+def libc_function(name: str) -> Any:
+    """A function of the C library this process runs on (ctypes), or None where it has none
+    (not Linux, not glibc)."""
+    try:
+        return getattr(_LIBC, name) if _LIBC is not None else None
+    except AttributeError:
+        return None
+
+
+def _load_libc() -> ctypes.CDLL | None:
+    try:
+        return ctypes.CDLL(None, use_errno=True)  # the one already loaded in this process
+    except OSError:
+        return None
+
+
+_LIBC = _load_libc()
+
+
 def _load_sync_file_range() -> Callable[[int, int, int], None] | None:
     """``sync_file_range(fd, offset, n, SYNC_FILE_RANGE_WRITE)`` (Linux), or None elsewhere."""
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-        fn = libc.sync_file_range
-    except (OSError, AttributeError):
+    fn = libc_function("sync_file_range")
+    if fn is None:
         return None
     fn.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
     fn.restype = ctypes.c_int
@@ -70,18 +87,8 @@ def _load_sync_file_range() -> Callable[[int, int, int], None] | None:
 
 
 _start_writeback = _load_sync_file_range()
-
-
-def _load_syncfs() -> Callable[[int], int] | None:
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        fn: Callable[[int], int] = libc.syncfs
-    except (OSError, AttributeError):
-        return None  # not Linux: sync_fs() falls back to os.sync()
-    return fn
-
-
-_syncfs = _load_syncfs()
+# None where there is no syncfs: sync_fs() falls back to os.sync().
+_syncfs: Callable[[int], int] | None = libc_function("syncfs")
 
 
 def sync_fs(path: Path) -> None:
@@ -246,6 +253,9 @@ class LocalStore:
                     removed += 1
         if removed:
             log.info("start-up: removed %d temporary or half-installed files", removed)
+        # install() syncs keys/ only when it makes a key's directory; one made before a crash
+        # and not yet synced would otherwise never be.
+        fsync_dir(self.keys_dir)
         return removed
 
     def key_lock(self, key: str) -> threading.RLock:
@@ -331,11 +341,11 @@ class LocalStore:
                      ) -> list[VersionInfo | ChecksumMismatch]:
         """Install many small versions, each ``(key, seq, data, size, digest)``, with the durability
         of :meth:`install` for each but two file-system syncs for the whole batch instead of
-        five fsyncs per version: verify each blob's size and digest (from the very bytes to be
-        written, as :class:`TempBlob` does) -> write every temp file -> sync -> rename into
-        place and write its record -> sync. Nothing is returned (so nothing registered) before
-        the last sync. One entry per item: its VersionInfo, or the ChecksumMismatch that kept
-        it out."""
+        three or four fsyncs per version: verify each blob's size and digest (from the very
+        bytes to be written, as :class:`TempBlob` does) -> write every temp file -> sync ->
+        rename into place and write its record -> sync. Nothing is returned (so nothing
+        registered) before the last sync. One entry per item: its VersionInfo, or the
+        ChecksumMismatch that kept it out."""
         out: list[VersionInfo | ChecksumMismatch] = []
         staged: list[tuple[VersionInfo, Path]] = []
         installed: list[VersionInfo] = []
@@ -375,6 +385,9 @@ class LocalStore:
                 self.delete_version(info.key, info.seq)
             for _, path in staged:
                 path.unlink(missing_ok=True)
+            # Key directories made here stay; install() syncs keys/ only for those it makes.
+            with contextlib.suppress(OSError):
+                fsync_dir(self.keys_dir)
             raise
 
     # ---- reading --------------------------------------------------------------------------
