@@ -13,6 +13,7 @@ skipped, and the bytes on the wire are the same, so either side may use the gene
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 from blobha.v1 import blobha_pb2 as pb
 
@@ -159,3 +160,27 @@ def decode_upload_chunk(raw: bytes) -> UploadPiece:
         elif field == 3 and isinstance(value, memoryview):
             data = value
     return UploadPiece(upload_id, offset, data)
+
+
+def encode_piece(piece: UploadPiece) -> bytes:
+    return encode_upload_chunk(piece.upload_id, piece.offset, piece.data)
+
+
+def stub(channel: Any) -> Any:
+    """The generated ``BlobStore`` stub on ``channel``, with ``Download`` and
+    ``AppendUpload`` going through these functions: chunks arrive as :class:`Chunk` (views of
+    the received data), and ``AppendUpload`` takes :class:`UploadPiece` requests."""
+    from blobha.v1 import blobha_pb2_grpc as pb_grpc  # grpc: not for the executors' imports
+
+    s = pb_grpc.BlobStoreStub(channel)  # type: ignore[no-untyped-call]
+    s.Download = channel.unary_stream(
+        DOWNLOAD_METHOD,
+        request_serializer=pb.DownloadRequest.SerializeToString,
+        response_deserializer=decode_chunk,
+    )
+    s.AppendUpload = channel.stream_unary(
+        APPEND_METHOD,
+        request_serializer=encode_piece,
+        response_deserializer=pb.UploadStatus.FromString,
+    )
+    return s

@@ -58,7 +58,6 @@ from blobha.status import (
     replication_from_pb,
 )
 from blobha.v1 import blobha_pb2 as pb
-from blobha.v1 import blobha_pb2_grpc as pb_grpc
 
 __all__ = [
     "DEFAULT_CHUNK_SIZE",
@@ -410,10 +409,6 @@ def _error_from_rpc(address: str, exc: grpc.RpcError) -> BlobError:
     return error
 
 
-def _encode_piece(piece: chunkwire.UploadPiece) -> bytes:
-    return chunkwire.encode_upload_chunk(piece.upload_id, piece.offset, piece.data)
-
-
 class GrpcTransport:
     """The gRPC transport: one cached channel per address, over TLS when ``credentials`` name
     a CA or a client certificate, with the token (if any) on every call.
@@ -445,14 +440,8 @@ class GrpcTransport:
                     options.append(("grpc.ssl_target_name_override", host))
                 channel = self._credentials.channel(target, options)
                 self._channels[address] = channel
-                stub = self._stubs[address] = pb_grpc.BlobStoreStub(channel)  # type: ignore[no-untyped-call]
+                stub = self._stubs[address] = chunkwire.stub(channel)
             return stub
-
-    def _channel(self, address: str) -> grpc.Channel:
-        """The channel to ``address``, for calls made with our own (de)serialisers."""
-        self._stub(address)  # creates it if needed
-        with self._lock:
-            return self._channels[address]
 
     def unary(self, address: str, method: str, request: Any, timeout: float | None) -> Any:
         call = getattr(self._stub(address), method)
@@ -464,16 +453,7 @@ class GrpcTransport:
     def client_stream(
         self, address: str, method: str, requests: Iterator[Any], timeout: float | None
     ) -> Any:
-        stub = self._stub(address)
-        if method == "AppendUpload":
-            # Chunks serialised by hand from UploadPiece: one copy of the data, not two.
-            call = self._channel(address).stream_unary(
-                chunkwire.APPEND_METHOD,
-                request_serializer=_encode_piece,
-                response_deserializer=pb.UploadStatus.FromString,
-            )
-        else:
-            call = getattr(stub, method)
+        call = getattr(self._stub(address), method)
         try:
             return call(requests, timeout=timeout, metadata=self._metadata)
         except grpc.RpcError as exc:
@@ -482,16 +462,7 @@ class GrpcTransport:
     def server_stream(
         self, address: str, method: str, request: Any, timeout: float | None
     ) -> Iterator[Any]:
-        stub = self._stub(address)
-        if method == "Download":
-            # Chunks decoded by hand: their data are views into the received messages.
-            multi = self._channel(address).unary_stream(
-                chunkwire.DOWNLOAD_METHOD,
-                request_serializer=pb.DownloadRequest.SerializeToString,
-                response_deserializer=chunkwire.decode_chunk,
-            )
-        else:
-            multi = getattr(stub, method)
+        multi = getattr(self._stub(address), method)
         call: Any = multi(request, timeout=timeout, metadata=self._metadata)
         try:
             yield from call

@@ -64,13 +64,8 @@ class Peers:
             if stub is None:
                 channel = self._credentials.channel(address, CHANNEL_OPTIONS)
                 self._channels[address] = channel
-                stub = self._stubs[address] = pb_grpc.BlobStoreStub(channel)  # type: ignore[no-untyped-call]
+                stub = self._stubs[address] = chunkwire.stub(channel)
             return stub
-
-    def _channel(self, address: str) -> grpc.Channel:
-        self._stub(address)  # creates (or renews) the channel
-        with self._guard:
-            return self._channels[address]
 
     def close(self) -> None:
         with self._guard:
@@ -91,12 +86,7 @@ class Peers:
         request = pb.DownloadRequest(key=key, version=seq, offset=dest.size)
         try:
             # Chunks decoded by hand (blobha.chunkwire): their data are views, not copies.
-            download = self._channel(address).unary_stream(
-                chunkwire.DOWNLOAD_METHOD,
-                request_serializer=pb.DownloadRequest.SerializeToString,
-                response_deserializer=chunkwire.decode_chunk,
-            )
-            stream: Iterable[chunkwire.Chunk] = download(
+            stream: Iterable[chunkwire.Chunk] = self._stub(address).Download(
                 request, timeout=timeout, metadata=self._metadata
             )
             first = True
