@@ -28,7 +28,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any
@@ -59,6 +59,7 @@ from blobha.credentials import Credentials
 from blobha.digest import PUT_MAX_BYTES, is_digest
 from blobha.errors import (
     BlobError,
+    ChecksumMismatch,
     DeadlineExceeded,
     InvalidArgument,
     KeyAlreadyExists,
@@ -99,6 +100,10 @@ DEFAULT_PAGE = 100
 #: How long a cluster summary waits for its ZooKeeper reads.
 SUMMARY_ZK_TIMEOUT = 2.0
 MAX_PAGE = 1000
+#: Versions one FetchVersions call may name, and the largest that comes whole in it (a sync
+#: batch of small blobs; anything bigger goes through Download, resumable).
+FETCH_MAX_VERSIONS = 1000
+FETCH_WHOLE_MAX_BYTES = PUT_MAX_BYTES
 
 
 def keys_after(keys: list[str], prefix: str, after: str) -> Iterator[str]:
@@ -713,6 +718,41 @@ class Master:
         if offset > info.size:
             raise InvalidArgument(f"offset {offset} is past the end of {key!r} ({info.size} bytes)")
         return info, self.store.read(key, seq, offset, length)
+
+    def fetch_versions(self, user: str, refs: Sequence[tuple[str, int]]
+                       ) -> Iterator[tuple[str, int, VersionInfo | None, bytes]]:
+        """For a master syncing: each named version whole, verified against its stored digests
+        as it is read, as (key, seq, info, data); info None where this master does not hold it
+        (or it is too big to come whole, or it failed its digest and was removed)."""
+        if user != self.principal:
+            raise NotAuthorized(
+                f"{user!r} may not call FetchVersions: it is for masters syncing from each"
+                " other; read blobs with Download"
+            )
+        if len(refs) > FETCH_MAX_VERSIONS:
+            raise InvalidArgument(
+                f"{len(refs)} versions asked for in one call; ask for at most"
+                f" {FETCH_MAX_VERSIONS}"
+            )
+        for key, _ in refs:
+            validate_key(key)
+        return self._fetch_versions(refs)
+
+    def _fetch_versions(self, refs: Sequence[tuple[str, int]]
+                        ) -> Iterator[tuple[str, int, VersionInfo | None, bytes]]:
+        for key, seq in refs:
+            info = self.store.info(key, seq) if seq else None
+            if info is None or info.size > FETCH_WHOLE_MAX_BYTES:
+                yield key, seq, None, b""
+                continue
+            try:
+                data = b"".join(self.store.read(key, seq))
+            except (KeyNotFound, ChecksumMismatch):
+                # Deleted meanwhile, or corrupt here (then removed by the store): the caller
+                # takes it from another replica.
+                yield key, seq, None, b""
+                continue
+            yield key, seq, info, data
 
     def list_keys(self, user: str, prefix: str, page_token: str, page_size: int
                   ) -> tuple[list[str], str]:

@@ -7,7 +7,7 @@ values, so the sync logic never sees protobuf or channels.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import grpc
 
@@ -103,6 +103,26 @@ class Peers:
                     dest.write_at(dest.size, chunk.data)
         except grpc.RpcError as e:
             raise _error(e) from None
+
+    def fetch_many(self, address: str, refs: Sequence[tuple[str, int]], timeout: float
+                   ) -> list[tuple[str, int, str, bytes]]:
+        """Small versions from ``address`` in one call: (key, seq, digest, data) for each one it
+        holds; those it lacks are left out. The caller verifies every one against the digest
+        ZooKeeper holds. Raises a :class:`BlobError` when the call fails (a master of an
+        older release answers UNIMPLEMENTED): fetch them one by one then."""
+        request = pb.FetchVersionsRequest(
+            versions=[pb.VersionRef(key=key, version=seq) for key, seq in refs])
+        out: list[tuple[str, int, str, bytes]] = []
+        try:
+            replies: Iterable[pb.FetchedVersions] = self._stub(address).FetchVersions(
+                request, timeout=timeout, metadata=self._metadata
+            )
+            for reply in replies:
+                out.extend((v.key, v.version, v.digest, v.data)
+                           for v in reply.versions if not v.missing)
+        except grpc.RpcError as e:
+            raise _error(e) from None
+        return out
 
     def status(self, address: str, timeout: float) -> MasterSummary:
         try:

@@ -42,6 +42,8 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 MAX_WORKERS = 64
+#: FetchVersions packs versions into messages of about this size (well under MAX_MESSAGE).
+FETCH_MESSAGE_BYTES = 1024 * 1024
 
 
 #: Clients and peers ping every few seconds during long calls (a commit waiting for its write
@@ -264,6 +266,24 @@ class BlobStoreServicer(pb_grpc.BlobStoreServicer):
             first = None
         if first is not None:
             yield encode_chunk(b"", first)
+
+    @streaming
+    def FetchVersions(self, request: pb.FetchVersionsRequest, context: grpc.ServicerContext
+                      ) -> Iterator[pb.FetchedVersions]:
+        found = self.master.fetch_versions(
+            user_of(context), [(r.key, r.version) for r in request.versions])
+        reply, size = pb.FetchedVersions(), 0
+        for key, seq, info, data in found:
+            if info is None:
+                reply.versions.add(key=key, version=seq, missing=True)
+            else:
+                reply.versions.add(key=key, version=seq, digest=info.digest, data=data)
+                size += len(data)
+            if size >= FETCH_MESSAGE_BYTES:
+                yield reply
+                reply, size = pb.FetchedVersions(), 0
+        if reply.versions:
+            yield reply
 
     @unary
     def GetMeta(self, request: pb.GetMetaRequest, context: grpc.ServicerContext) -> pb.BlobMeta:

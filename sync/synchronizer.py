@@ -25,11 +25,13 @@ One failing key is logged and retried with backoff; the loop itself never stops.
 
 from __future__ import annotations
 
+import functools
 import logging
 import random
 import sys
 import threading
 import time
+import zlib
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import AbstractContextManager, suppress
@@ -40,7 +42,7 @@ from blobha.sync.membership import Membership
 from blobha.sync.workqueue import WorkQueue
 from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import KazooException, NodeExistsError, NoNodeError
-from kazoo.protocol.states import WatchedEvent
+from kazoo.protocol.states import EventType, WatchedEvent
 
 from blobha import placement, zkstate
 from blobha.errors import BlobError
@@ -74,6 +76,8 @@ REGISTER_BATCH = 100
 #: Blobs up to this size are fetched into memory and installed a batch at a time (two
 #: file-system syncs per batch); bigger ones stream to a temp file and install one by one.
 SMALL_BLOB = 64 * 1024
+#: Versions asked for in one FetchVersions call (a master serves up to 1,000).
+FETCH_BATCH = 200
 #: Rate at which the periodic safety-net pass hands keys to the workers: 100,000 keys take
 #: under a minute, at a fraction of a core.
 PERIODIC_KEYS_PER_SEC = 2000
@@ -93,16 +97,40 @@ class KeyView:
     holders: tuple[str, ...]
 
 
+#: A typical metadata record, as preset dictionary for packing records in memory: the field
+#: names and usual values then cost a few bits each.
+_META_DICT = (
+    b'{"seq":1,"size":0,"digest":"","acl":"u:alice:rwa,o::r","replication_factor":3,'
+    b'"creator":"","created_at":1700000000.000000,"updated_at":1700000000.000000,"epoch":1,'
+    b'"acked":true,"write_quorum":1,"history":[{"seq":1,"size":0,"digest":""}]}'
+)
+# Raw deflate with a 2 KiB window and little state: packing a record takes microseconds.
+_PACK_WBITS = -11
+
+
+def _pack(data: bytes) -> bytes:
+    """A metadata record packed for keeping in memory (a 260-byte record takes about 85)."""
+    c = zlib.compressobj(6, zlib.DEFLATED, _PACK_WBITS, 1, zlib.Z_DEFAULT_STRATEGY, _META_DICT)
+    return c.compress(data) + c.flush()
+
+
+def _unpack(packed: bytes) -> bytes:
+    d = zlib.decompressobj(_PACK_WBITS, _META_DICT)
+    return d.decompress(packed) + d.flush()
+
+
 class _Entry:
     """What this master last read of one key, kept compact: a cluster holds 100,000s of keys
-    and every master keeps one entry per key. The metadata stays as the znode's bytes (decoded
-    only when a caller wants the full state: the status page, a read during a ZooKeeper
-    outage); the fields the figures need on every status call are kept decoded."""
+    and every master keeps one entry per key. The metadata stays as the znode's bytes, packed
+    (unpacked and decoded only when a caller wants the full state: the status page, a read
+    during a ZooKeeper outage); the fields the figures need on every status call are kept
+    decoded."""
 
     __slots__ = ("acked", "data", "holders", "meta_version", "registered", "rf", "seq")
 
     def __init__(self, data: bytes, meta_version: int, seq: int, rf: int, acked: bool,
                  holders: tuple[str, ...], registered: int) -> None:
+        #: The metadata znode's bytes, packed (_pack).
         self.data = data
         self.meta_version = meta_version
         self.seq = seq
@@ -114,7 +142,7 @@ class _Entry:
         self.registered = registered
 
     def view(self) -> KeyView:
-        state = BlobState.decode(self.data, self.meta_version)
+        state = BlobState.decode(_unpack(self.data), self.meta_version)
         return KeyView(state, self.holders)
 
 
@@ -193,6 +221,10 @@ class Synchronizer:
         self._kick = threading.Event()
         self._full_requested = False
         self._threads: list[threading.Thread] = []
+        # One bound method for every key's watch: kazoo keeps the watcher it is given in a set
+        # per path, and `self._on_event` makes a new object on each access (64 bytes per key
+        # held for as long as the watch is armed, on every master).
+        self._watcher = self._on_event
         zk.add_listener(self._on_state)
 
     # ---- lifecycle -----------------------------------------------------------------------
@@ -292,7 +324,36 @@ class Synchronizer:
             self._kick.set()
             return
         if event.path.startswith(BLOBSTORE + "/"):
-            self.queue.put(event.path[len(BLOBSTORE) + 1:].split("/", 1)[0])
+            key = event.path[len(BLOBSTORE) + 1:].split("/", 1)[0]
+            if event.type == EventType.CHILD:
+                # Only the replica list moved (another master registered a copy, most often):
+                # one read of the list, without a watch, instead of a full reconcile of the key
+                # (three reads and a worker's turn on every master, per registration). The key
+                # goes to a worker, which re-arms the watch, only if it is still in motion.
+                self.zk.get_children_async(event.path).rawlink(
+                    functools.partial(self._replicas_read, key))
+                return
+            self.queue.put(key)
+
+    def _replicas_read(self, key: str, result: Any) -> None:
+        # kazoo's callback thread: no blocking calls here.
+        try:
+            names = result.get_nowait()
+        except Exception:
+            self.queue.put(key)  # deleted (its data watch fires too) or the connection failed
+            return
+        known = self.membership.known()
+        leader = self._is_leader()
+        with self._view_lock:
+            entry = self._view.get(key)
+            if entry is not None:
+                holders = _holders(names, entry.seq)
+                if holders != entry.holders:
+                    entry.holders = holders
+                    self._generation += 1
+                lost = entry.registered != 0 and self.identity not in holders
+        if entry is None or lost or self._in_motion(key, entry, known, leader):
+            self.queue.put(key)
 
     def _on_journal(self, event: WatchedEvent) -> None:
         if event.path is None:
@@ -472,27 +533,14 @@ class Synchronizer:
                     to_register.append((key, action))
             except Exception as e:
                 failures[key] = e
-        futures: list[tuple[str, BlobState, Future[bytes | None]]] = [
-            (key, state, self._fetchers.submit(self._fetch, key, state, holders))
-            for key, state, holders in to_fetch
-        ]
-        fetched: list[tuple[str, BlobState, bytes]] = []
-        for key, state, future in futures:
-            try:
-                data = future.result()
-            except Exception as e:
-                failures[key] = e
-                continue
-            if data is None:
-                to_register.append((key, state.seq))
-            else:
-                fetched.append((key, state, data))
+        fetched, done = self._fetch_all(to_fetch, failures)
+        to_register += done
         installed = self._install_fetched(fetched)
         failures.update(installed)
         to_register += [(key, state.seq) for key, state, _ in fetched if key not in installed]
         # Only now, with every byte durable and verified, do the replica nodes appear (ha-rule 7).
         failures.update(self._register_many(to_register))
-        for key, state, _ in futures:
+        for key, state, _ in to_fetch:
             if key not in failures:
                 try:
                     self._prune(key, state.seq)
@@ -525,7 +573,7 @@ class Synchronizer:
                 entry = self._view.get(key)
                 if entry is not None and self._in_motion(key, entry, known, leader):
                     arm.append((key, entry))
-        pending = [(key, entry, self.zk.get_children_async(key_path(key), watch=self._on_event))
+        pending = [(key, entry, self.zk.get_children_async(key_path(key), watch=self._watcher))
                    for key, entry in arm]
         for key, entry, result in pending:
             try:
@@ -560,7 +608,7 @@ class Synchronizer:
         for key in keys:
             path = key_path(key)
             # The replica list without a watch: _watch_replicas arms one where it matters.
-            pending.append((key, self.zk.get_async(path, watch=self._on_event),
+            pending.append((key, self.zk.get_async(path, watch=self._watcher),
                             self.zk.get_children_async(path)))
         out: dict[str, tuple[bytes, Any, list[str]] | Exception | None] = {}
         for key, data_result, children_result in pending:
@@ -582,9 +630,10 @@ class Synchronizer:
         state = BlobState.decode(data, stat.version)
         holders = _holders(names, state.seq)
         session = self.session_id()
+        packed = _pack(data)
         with self._view_lock:
             old = self._view.get(key)
-            unchanged = (old is not None and old.seq == state.seq and old.data == data
+            unchanged = (old is not None and old.seq == state.seq and old.data == packed
                          and old.meta_version == stat.version)
             registered = (old.registered if old is not None and old.seq == state.seq
                           and self.identity in holders else 0)
@@ -595,7 +644,7 @@ class Synchronizer:
                     registered = session  # the commit's own transaction registered it
             if not (unchanged and old is not None and old.holders == holders):
                 self._generation += 1
-            self._view[key] = _Entry(data, stat.version, state.seq, state.replication_factor,
+            self._view[key] = _Entry(packed, stat.version, state.seq, state.replication_factor,
                                      state.acked, holders, registered)
         self._deleted_since.pop(key, None)
 
@@ -661,6 +710,83 @@ class Synchronizer:
                 older.append(seq)
         for seq in older[: max(len(older) - keep_below, 0)]:
             self.store.delete_version(key, seq)
+
+    def _fetch_all(self, to_fetch: list[tuple[str, BlobState, list[str]]],
+                   failures: dict[str, Exception]
+                   ) -> tuple[list[tuple[str, BlobState, bytes]], list[tuple[str, int]]]:
+        """Fetch a batch's versions: (small blobs fetched, for the caller to install together;
+        versions installed here already, to register). Failures go into ``failures``.
+
+        Small blobs of keys with nothing local come in one FetchVersions call per source (a
+        catching-up master has 100,000s of them; a call each would cost more than the bytes);
+        the rest, and whatever a batch call did not bring, one Download each, in parallel."""
+        groups: dict[str, list[tuple[str, BlobState, list[str]]]] = {}
+        singles: list[tuple[str, BlobState, list[str]]] = []
+        for item in to_fetch:
+            key, state, holders = item
+            sources = [h for h in holders if h != self.identity]
+            # A key with a local version goes alone: _fetch may find the bytes locally.
+            if state.size <= SMALL_BLOB and sources and not self.store.versions(key):
+                groups.setdefault(random.choice(sources), []).append(item)
+            else:
+                singles.append(item)
+        batches = [
+            (source, part, self._fetchers.submit(self._fetch_batch, source, part))
+            for source, items in groups.items()
+            for part in (items[i:i + FETCH_BATCH] for i in range(0, len(items), FETCH_BATCH))
+        ]
+        futures: list[tuple[str, BlobState, Future[bytes | None]]] = [
+            (key, state, self._fetchers.submit(self._fetch, key, state, holders))
+            for key, state, holders in singles
+        ]
+        fetched: list[tuple[str, BlobState, bytes]] = []
+        for source, items, batch in batches:
+            try:
+                got = batch.result()
+            except Exception as e:
+                log.info("fetching %d small blobs from %s in one call failed (%s); fetching"
+                         " them one by one", len(items), source, e)
+                got = {}
+            for key, state, holders in items:
+                data = got.get(key)
+                if data is not None:
+                    fetched.append((key, state, data))
+                else:
+                    futures.append(
+                        (key, state, self._fetchers.submit(self._fetch, key, state, holders)))
+        done: list[tuple[str, int]] = []
+        for key, state, future in futures:
+            try:
+                result = future.result()
+            except Exception as e:
+                failures[key] = e
+                continue
+            if result is None:
+                done.append((key, state.seq))
+            else:
+                fetched.append((key, state, result))
+        return fetched, done
+
+    def _fetch_batch(self, source: str, items: list[tuple[str, BlobState, list[str]]]
+                     ) -> dict[str, bytes]:
+        """The bytes of the small versions ``source`` sent whose digest it gives as ZooKeeper
+        does (install_many verifies the bytes themselves)."""
+        wanted = {key: state for key, state, _ in items}
+        total = sum(state.size for state in wanted.values())
+        self.store.reserve(total)
+        timeout = 60.0 + total / (20 * 1024 * 1024)
+        got: dict[str, bytes] = {}
+        refs = [(key, state.seq) for key, state in wanted.items()]
+        for key, seq, digest, data in self.peers.fetch_many(source, refs, timeout):
+            state = wanted.get(key)
+            if state is None or state.seq != seq:
+                continue
+            if digest != state.digest:
+                log.warning("%s offers %r v%d with digest %s, ZooKeeper says %s; fetching it"
+                            " elsewhere", source, key, seq, digest, state.digest)
+                continue
+            got[key] = data
+        return got
 
     def _fetch(self, key: str, state: BlobState, holders: list[str]) -> bytes | None:
         """Obtain the committed version of ``key``: a small blob's bytes, for the caller to

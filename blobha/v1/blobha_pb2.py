@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16\x62lobha/v1/blobha.proto\x12\tblobha.v1\";\n\rAccessControl\x12\x0c\n\x04type\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x0e\n\x06\x61\x63\x63\x65ss\x18\x03 \x01(\r\"\xb7\x01\n\x12\x42\x65ginUploadRequest\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x0e\n\x06\x63reate\x18\x02 \x01(\x08\x12%\n\x03\x61\x63l\x18\x03 \x03(\x0b\x32\x18.blobha.v1.AccessControl\x12\x1a\n\x12replication_factor\x18\x04 \x01(\r\x12\x18\n\x10\x65xpected_version\x18\x05 \x01(\x04\x12\x11\n\tsize_hint\x18\x06 \x01(\x03\x12\x14\n\x0cwrite_quorum\x18\x07 \x01(\r\"D\n\x13\x42\x65ginUploadResponse\x12\x11\n\tupload_id\x18\x01 \x01(\t\x12\x1a\n\x12\x65xpires_after_secs\x18\x02 \x01(\r\">\n\x0bUploadChunk\x12\x11\n\tupload_id\x18\x01 \x01(\t\x12\x0e\n\x06offset\x18\x02 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\"(\n\x13UploadStatusRequest\x12\x11\n\tupload_id\x18\x01 \x01(\t\"3\n\x0cUploadStatus\x12\x11\n\tupload_id\x18\x01 \x01(\t\x12\x10\n\x08received\x18\x02 \x01(\x04\"F\n\x13\x43ommitUploadRequest\x12\x11\n\tupload_id\x18\x01 \x01(\t\x12\x0c\n\x04size\x18\x02 \x01(\x04\x12\x0e\n\x06\x64igest\x18\x03 \x01(\t\"X\n\nPutRequest\x12,\n\x05\x62\x65gin\x18\x01 \x01(\x0b\x32\x1d.blobha.v1.BeginUploadRequest\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\x12\x0e\n\x06\x64igest\x18\x03 \x01(\t\"\'\n\x12\x41\x62ortUploadRequest\x12\x11\n\tupload_id\x18\x01 \x01(\t\"\x15\n\x13\x41\x62ortUploadResponse\"j\n\x0f\x44ownloadRequest\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x04\x12\x0e\n\x06offset\x18\x03 \x01(\x04\x12\x0e\n\x06length\x18\x04 \x01(\x04\x12\x19\n\x11\x61ny_local_version\x18\x05 \x01(\x08\"@\n\rDownloadChunk\x12!\n\x04info\x18\x01 \x01(\x0b\x32\x13.blobha.v1.BlobInfo\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\"9\n\x08\x42lobInfo\x12\x0f\n\x07version\x18\x01 \x01(\x04\x12\x0c\n\x04size\x18\x02 \x01(\x04\x12\x0e\n\x06\x64igest\x18\x03 \x01(\t\"\x1d\n\x0eGetMetaRequest\x12\x0b\n\x03key\x18\x01 \x01(\t\"\x83\x02\n\x08\x42lobMeta\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x04\x12\x0c\n\x04size\x18\x03 \x01(\x04\x12\x0e\n\x06\x64igest\x18\x04 \x01(\t\x12%\n\x03\x61\x63l\x18\x05 \x03(\x0b\x32\x18.blobha.v1.AccessControl\x12\x1a\n\x12replication_factor\x18\x06 \x01(\r\x12\x14\n\x0cmeta_version\x18\x07 \x01(\x04\x12\x12\n\ncreated_at\x18\x08 \x01(\x01\x12\x12\n\nupdated_at\x18\t \x01(\x01\x12\x0f\n\x07\x63reator\x18\n \x01(\t\x12\x13\n\x0breplication\x18\x0b \x01(\r\x12\x14\n\x0c\x61\x63knowledged\x18\x0c \x01(\x08\"\x90\x01\n\x0eSetMetaRequest\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x0f\n\x07set_acl\x18\x02 \x01(\x08\x12%\n\x03\x61\x63l\x18\x03 \x03(\x0b\x32\x18.blobha.v1.AccessControl\x12\x1a\n\x12replication_factor\x18\x04 \x01(\r\x12\x1d\n\x15\x65xpected_meta_version\x18\x05 \x01(\x04\"\x1c\n\rDeleteRequest\x12\x0b\n\x03key\x18\x01 \x01(\t\"\x10\n\x0e\x44\x65leteResponse\"D\n\x0bListRequest\x12\x0e\n\x06prefix\x18\x01 \x01(\t\x12\x12\n\npage_token\x18\x02 \x01(\t\x12\x11\n\tpage_size\x18\x03 \x01(\r\"5\n\x0cListResponse\x12\x0c\n\x04keys\x18\x01 \x03(\t\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"$\n\x15GetReplicationRequest\x12\x0b\n\x03key\x18\x01 \x01(\t\"s\n\x11ReplicationStatus\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x04\x12\x13\n\x0breplication\x18\x03 \x01(\r\x12\x1a\n\x12replication_factor\x18\x04 \x01(\r\x12\x0f\n\x07holders\x18\x05 \x03(\t\"X\n\x19WaitForReplicationRequest\x12\x0c\n\x04keys\x18\x01 \x03(\t\x12\x17\n\x0fmin_replication\x18\x02 \x01(\r\x12\x14\n\x0ctimeout_secs\x18\x03 \x01(\x01\"p\n\x1aWaitForReplicationResponse\x12\x0f\n\x07reached\x18\x01 \x01(\x08\x12,\n\x06status\x18\x02 \x03(\x0b\x32\x1c.blobha.v1.ReplicationStatus\x12\x13\n\x0bwaited_secs\x18\x03 \x01(\x01\"\x17\n\x15\x43lusterSummaryRequest\"\xcb\x01\n\rMasterSummary\x12\x0f\n\x07\x61\x64\x64ress\x18\x01 \x01(\t\x12\x11\n\tis_leader\x18\x02 \x01(\x08\x12\x13\n\x0buptime_secs\x18\x03 \x01(\x01\x12\x0f\n\x07version\x18\x04 \x01(\t\x12\x12\n\nblob_count\x18\x05 \x01(\x04\x12\x14\n\x0c\x62ytes_stored\x18\x06 \x01(\x04\x12\x11\n\tdisk_free\x18\x07 \x01(\x04\x12\x11\n\tlag_blobs\x18\x08 \x01(\x04\x12\x11\n\treachable\x18\t \x01(\x08\x12\r\n\x05\x65poch\x18\n \x01(\x04\"\x90\x01\n\x16\x43lusterSummaryResponse\x12)\n\x07masters\x18\x01 \x03(\x0b\x32\x18.blobha.v1.MasterSummary\x12\x0e\n\x06leader\x18\x02 \x01(\t\x12\r\n\x05\x65poch\x18\x03 \x01(\x04\x12\x12\n\nblob_count\x18\x04 \x01(\x04\x12\x18\n\x10under_replicated\x18\x05 \x01(\x04\"\x13\n\x11NodeStatusRequest2\xb2\x08\n\tBlobStore\x12L\n\x0b\x42\x65ginUpload\x12\x1d.blobha.v1.BeginUploadRequest\x1a\x1e.blobha.v1.BeginUploadResponse\x12\x41\n\x0c\x41ppendUpload\x12\x16.blobha.v1.UploadChunk\x1a\x17.blobha.v1.UploadStatus(\x01\x12J\n\x0fGetUploadStatus\x12\x1e.blobha.v1.UploadStatusRequest\x1a\x17.blobha.v1.UploadStatus\x12\x43\n\x0c\x43ommitUpload\x12\x1e.blobha.v1.CommitUploadRequest\x1a\x13.blobha.v1.BlobMeta\x12L\n\x0b\x41\x62ortUpload\x12\x1d.blobha.v1.AbortUploadRequest\x1a\x1e.blobha.v1.AbortUploadResponse\x12\x31\n\x03Put\x12\x15.blobha.v1.PutRequest\x1a\x13.blobha.v1.BlobMeta\x12\x42\n\x08\x44ownload\x12\x1a.blobha.v1.DownloadRequest\x1a\x18.blobha.v1.DownloadChunk0\x01\x12\x39\n\x07GetMeta\x12\x19.blobha.v1.GetMetaRequest\x1a\x13.blobha.v1.BlobMeta\x12\x39\n\x07SetMeta\x12\x19.blobha.v1.SetMetaRequest\x1a\x13.blobha.v1.BlobMeta\x12=\n\x06\x44\x65lete\x12\x18.blobha.v1.DeleteRequest\x1a\x19.blobha.v1.DeleteResponse\x12\x37\n\x04List\x12\x16.blobha.v1.ListRequest\x1a\x17.blobha.v1.ListResponse\x12P\n\x0eGetReplication\x12 .blobha.v1.GetReplicationRequest\x1a\x1c.blobha.v1.ReplicationStatus\x12\x61\n\x12WaitForReplication\x12$.blobha.v1.WaitForReplicationRequest\x1a%.blobha.v1.WaitForReplicationResponse\x12U\n\x0e\x43lusterSummary\x12 .blobha.v1.ClusterSummaryRequest\x1a!.blobha.v1.ClusterSummaryResponse\x12\x44\n\nNodeStatus\x12\x1c.blobha.v1.NodeStatusRequest\x1a\x18.blobha.v1.MasterSummaryb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16\x62lobha/v1/blobha.proto\x12\tblobha.v1\";\n\rAccessControl\x12\x0c\n\x04type\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x0e\n\x06\x61\x63\x63\x65ss\x18\x03 \x01(\r\"\xb7\x01\n\x12\x42\x65ginUploadRequest\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x0e\n\x06\x63reate\x18\x02 \x01(\x08\x12%\n\x03\x61\x63l\x18\x03 \x03(\x0b\x32\x18.blobha.v1.AccessControl\x12\x1a\n\x12replication_factor\x18\x04 \x01(\r\x12\x18\n\x10\x65xpected_version\x18\x05 \x01(\x04\x12\x11\n\tsize_hint\x18\x06 \x01(\x03\x12\x14\n\x0cwrite_quorum\x18\x07 \x01(\r\"D\n\x13\x42\x65ginUploadResponse\x12\x11\n\tupload_id\x18\x01 \x01(\t\x12\x1a\n\x12\x65xpires_after_secs\x18\x02 \x01(\r\">\n\x0bUploadChunk\x12\x11\n\tupload_id\x18\x01 \x01(\t\x12\x0e\n\x06offset\x18\x02 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\"(\n\x13UploadStatusRequest\x12\x11\n\tupload_id\x18\x01 \x01(\t\"3\n\x0cUploadStatus\x12\x11\n\tupload_id\x18\x01 \x01(\t\x12\x10\n\x08received\x18\x02 \x01(\x04\"F\n\x13\x43ommitUploadRequest\x12\x11\n\tupload_id\x18\x01 \x01(\t\x12\x0c\n\x04size\x18\x02 \x01(\x04\x12\x0e\n\x06\x64igest\x18\x03 \x01(\t\"X\n\nPutRequest\x12,\n\x05\x62\x65gin\x18\x01 \x01(\x0b\x32\x1d.blobha.v1.BeginUploadRequest\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\x12\x0e\n\x06\x64igest\x18\x03 \x01(\t\"\'\n\x12\x41\x62ortUploadRequest\x12\x11\n\tupload_id\x18\x01 \x01(\t\"\x15\n\x13\x41\x62ortUploadResponse\"j\n\x0f\x44ownloadRequest\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x04\x12\x0e\n\x06offset\x18\x03 \x01(\x04\x12\x0e\n\x06length\x18\x04 \x01(\x04\x12\x19\n\x11\x61ny_local_version\x18\x05 \x01(\x08\"@\n\rDownloadChunk\x12!\n\x04info\x18\x01 \x01(\x0b\x32\x13.blobha.v1.BlobInfo\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\"9\n\x08\x42lobInfo\x12\x0f\n\x07version\x18\x01 \x01(\x04\x12\x0c\n\x04size\x18\x02 \x01(\x04\x12\x0e\n\x06\x64igest\x18\x03 \x01(\t\"*\n\nVersionRef\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x04\"?\n\x14\x46\x65tchVersionsRequest\x12\'\n\x08versions\x18\x01 \x03(\x0b\x32\x15.blobha.v1.VersionRef\"]\n\x0e\x46\x65tchedVersion\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x04\x12\x0e\n\x06\x64igest\x18\x03 \x01(\t\x12\x0c\n\x04\x64\x61ta\x18\x04 \x01(\x0c\x12\x0f\n\x07missing\x18\x05 \x01(\x08\">\n\x0f\x46\x65tchedVersions\x12+\n\x08versions\x18\x01 \x03(\x0b\x32\x19.blobha.v1.FetchedVersion\"\x1d\n\x0eGetMetaRequest\x12\x0b\n\x03key\x18\x01 \x01(\t\"\x83\x02\n\x08\x42lobMeta\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x04\x12\x0c\n\x04size\x18\x03 \x01(\x04\x12\x0e\n\x06\x64igest\x18\x04 \x01(\t\x12%\n\x03\x61\x63l\x18\x05 \x03(\x0b\x32\x18.blobha.v1.AccessControl\x12\x1a\n\x12replication_factor\x18\x06 \x01(\r\x12\x14\n\x0cmeta_version\x18\x07 \x01(\x04\x12\x12\n\ncreated_at\x18\x08 \x01(\x01\x12\x12\n\nupdated_at\x18\t \x01(\x01\x12\x0f\n\x07\x63reator\x18\n \x01(\t\x12\x13\n\x0breplication\x18\x0b \x01(\r\x12\x14\n\x0c\x61\x63knowledged\x18\x0c \x01(\x08\"\x90\x01\n\x0eSetMetaRequest\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x0f\n\x07set_acl\x18\x02 \x01(\x08\x12%\n\x03\x61\x63l\x18\x03 \x03(\x0b\x32\x18.blobha.v1.AccessControl\x12\x1a\n\x12replication_factor\x18\x04 \x01(\r\x12\x1d\n\x15\x65xpected_meta_version\x18\x05 \x01(\x04\"\x1c\n\rDeleteRequest\x12\x0b\n\x03key\x18\x01 \x01(\t\"\x10\n\x0e\x44\x65leteResponse\"D\n\x0bListRequest\x12\x0e\n\x06prefix\x18\x01 \x01(\t\x12\x12\n\npage_token\x18\x02 \x01(\t\x12\x11\n\tpage_size\x18\x03 \x01(\r\"5\n\x0cListResponse\x12\x0c\n\x04keys\x18\x01 \x03(\t\x12\x17\n\x0fnext_page_token\x18\x02 \x01(\t\"$\n\x15GetReplicationRequest\x12\x0b\n\x03key\x18\x01 \x01(\t\"s\n\x11ReplicationStatus\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x04\x12\x13\n\x0breplication\x18\x03 \x01(\r\x12\x1a\n\x12replication_factor\x18\x04 \x01(\r\x12\x0f\n\x07holders\x18\x05 \x03(\t\"X\n\x19WaitForReplicationRequest\x12\x0c\n\x04keys\x18\x01 \x03(\t\x12\x17\n\x0fmin_replication\x18\x02 \x01(\r\x12\x14\n\x0ctimeout_secs\x18\x03 \x01(\x01\"p\n\x1aWaitForReplicationResponse\x12\x0f\n\x07reached\x18\x01 \x01(\x08\x12,\n\x06status\x18\x02 \x03(\x0b\x32\x1c.blobha.v1.ReplicationStatus\x12\x13\n\x0bwaited_secs\x18\x03 \x01(\x01\"\x17\n\x15\x43lusterSummaryRequest\"\xcb\x01\n\rMasterSummary\x12\x0f\n\x07\x61\x64\x64ress\x18\x01 \x01(\t\x12\x11\n\tis_leader\x18\x02 \x01(\x08\x12\x13\n\x0buptime_secs\x18\x03 \x01(\x01\x12\x0f\n\x07version\x18\x04 \x01(\t\x12\x12\n\nblob_count\x18\x05 \x01(\x04\x12\x14\n\x0c\x62ytes_stored\x18\x06 \x01(\x04\x12\x11\n\tdisk_free\x18\x07 \x01(\x04\x12\x11\n\tlag_blobs\x18\x08 \x01(\x04\x12\x11\n\treachable\x18\t \x01(\x08\x12\r\n\x05\x65poch\x18\n \x01(\x04\"\x90\x01\n\x16\x43lusterSummaryResponse\x12)\n\x07masters\x18\x01 \x03(\x0b\x32\x18.blobha.v1.MasterSummary\x12\x0e\n\x06leader\x18\x02 \x01(\t\x12\r\n\x05\x65poch\x18\x03 \x01(\x04\x12\x12\n\nblob_count\x18\x04 \x01(\x04\x12\x18\n\x10under_replicated\x18\x05 \x01(\x04\"\x13\n\x11NodeStatusRequest2\x82\t\n\tBlobStore\x12L\n\x0b\x42\x65ginUpload\x12\x1d.blobha.v1.BeginUploadRequest\x1a\x1e.blobha.v1.BeginUploadResponse\x12\x41\n\x0c\x41ppendUpload\x12\x16.blobha.v1.UploadChunk\x1a\x17.blobha.v1.UploadStatus(\x01\x12J\n\x0fGetUploadStatus\x12\x1e.blobha.v1.UploadStatusRequest\x1a\x17.blobha.v1.UploadStatus\x12\x43\n\x0c\x43ommitUpload\x12\x1e.blobha.v1.CommitUploadRequest\x1a\x13.blobha.v1.BlobMeta\x12L\n\x0b\x41\x62ortUpload\x12\x1d.blobha.v1.AbortUploadRequest\x1a\x1e.blobha.v1.AbortUploadResponse\x12\x31\n\x03Put\x12\x15.blobha.v1.PutRequest\x1a\x13.blobha.v1.BlobMeta\x12\x42\n\x08\x44ownload\x12\x1a.blobha.v1.DownloadRequest\x1a\x18.blobha.v1.DownloadChunk0\x01\x12N\n\rFetchVersions\x12\x1f.blobha.v1.FetchVersionsRequest\x1a\x1a.blobha.v1.FetchedVersions0\x01\x12\x39\n\x07GetMeta\x12\x19.blobha.v1.GetMetaRequest\x1a\x13.blobha.v1.BlobMeta\x12\x39\n\x07SetMeta\x12\x19.blobha.v1.SetMetaRequest\x1a\x13.blobha.v1.BlobMeta\x12=\n\x06\x44\x65lete\x12\x18.blobha.v1.DeleteRequest\x1a\x19.blobha.v1.DeleteResponse\x12\x37\n\x04List\x12\x16.blobha.v1.ListRequest\x1a\x17.blobha.v1.ListResponse\x12P\n\x0eGetReplication\x12 .blobha.v1.GetReplicationRequest\x1a\x1c.blobha.v1.ReplicationStatus\x12\x61\n\x12WaitForReplication\x12$.blobha.v1.WaitForReplicationRequest\x1a%.blobha.v1.WaitForReplicationResponse\x12U\n\x0e\x43lusterSummary\x12 .blobha.v1.ClusterSummaryRequest\x1a!.blobha.v1.ClusterSummaryResponse\x12\x44\n\nNodeStatus\x12\x1c.blobha.v1.NodeStatusRequest\x1a\x18.blobha.v1.MasterSummaryb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -57,36 +57,44 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_DOWNLOADCHUNK']._serialized_end=911
   _globals['_BLOBINFO']._serialized_start=913
   _globals['_BLOBINFO']._serialized_end=970
-  _globals['_GETMETAREQUEST']._serialized_start=972
-  _globals['_GETMETAREQUEST']._serialized_end=1001
-  _globals['_BLOBMETA']._serialized_start=1004
-  _globals['_BLOBMETA']._serialized_end=1263
-  _globals['_SETMETAREQUEST']._serialized_start=1266
-  _globals['_SETMETAREQUEST']._serialized_end=1410
-  _globals['_DELETEREQUEST']._serialized_start=1412
-  _globals['_DELETEREQUEST']._serialized_end=1440
-  _globals['_DELETERESPONSE']._serialized_start=1442
-  _globals['_DELETERESPONSE']._serialized_end=1458
-  _globals['_LISTREQUEST']._serialized_start=1460
-  _globals['_LISTREQUEST']._serialized_end=1528
-  _globals['_LISTRESPONSE']._serialized_start=1530
-  _globals['_LISTRESPONSE']._serialized_end=1583
-  _globals['_GETREPLICATIONREQUEST']._serialized_start=1585
-  _globals['_GETREPLICATIONREQUEST']._serialized_end=1621
-  _globals['_REPLICATIONSTATUS']._serialized_start=1623
-  _globals['_REPLICATIONSTATUS']._serialized_end=1738
-  _globals['_WAITFORREPLICATIONREQUEST']._serialized_start=1740
-  _globals['_WAITFORREPLICATIONREQUEST']._serialized_end=1828
-  _globals['_WAITFORREPLICATIONRESPONSE']._serialized_start=1830
-  _globals['_WAITFORREPLICATIONRESPONSE']._serialized_end=1942
-  _globals['_CLUSTERSUMMARYREQUEST']._serialized_start=1944
-  _globals['_CLUSTERSUMMARYREQUEST']._serialized_end=1967
-  _globals['_MASTERSUMMARY']._serialized_start=1970
-  _globals['_MASTERSUMMARY']._serialized_end=2173
-  _globals['_CLUSTERSUMMARYRESPONSE']._serialized_start=2176
-  _globals['_CLUSTERSUMMARYRESPONSE']._serialized_end=2320
-  _globals['_NODESTATUSREQUEST']._serialized_start=2322
-  _globals['_NODESTATUSREQUEST']._serialized_end=2341
-  _globals['_BLOBSTORE']._serialized_start=2344
-  _globals['_BLOBSTORE']._serialized_end=3418
+  _globals['_VERSIONREF']._serialized_start=972
+  _globals['_VERSIONREF']._serialized_end=1014
+  _globals['_FETCHVERSIONSREQUEST']._serialized_start=1016
+  _globals['_FETCHVERSIONSREQUEST']._serialized_end=1079
+  _globals['_FETCHEDVERSION']._serialized_start=1081
+  _globals['_FETCHEDVERSION']._serialized_end=1174
+  _globals['_FETCHEDVERSIONS']._serialized_start=1176
+  _globals['_FETCHEDVERSIONS']._serialized_end=1238
+  _globals['_GETMETAREQUEST']._serialized_start=1240
+  _globals['_GETMETAREQUEST']._serialized_end=1269
+  _globals['_BLOBMETA']._serialized_start=1272
+  _globals['_BLOBMETA']._serialized_end=1531
+  _globals['_SETMETAREQUEST']._serialized_start=1534
+  _globals['_SETMETAREQUEST']._serialized_end=1678
+  _globals['_DELETEREQUEST']._serialized_start=1680
+  _globals['_DELETEREQUEST']._serialized_end=1708
+  _globals['_DELETERESPONSE']._serialized_start=1710
+  _globals['_DELETERESPONSE']._serialized_end=1726
+  _globals['_LISTREQUEST']._serialized_start=1728
+  _globals['_LISTREQUEST']._serialized_end=1796
+  _globals['_LISTRESPONSE']._serialized_start=1798
+  _globals['_LISTRESPONSE']._serialized_end=1851
+  _globals['_GETREPLICATIONREQUEST']._serialized_start=1853
+  _globals['_GETREPLICATIONREQUEST']._serialized_end=1889
+  _globals['_REPLICATIONSTATUS']._serialized_start=1891
+  _globals['_REPLICATIONSTATUS']._serialized_end=2006
+  _globals['_WAITFORREPLICATIONREQUEST']._serialized_start=2008
+  _globals['_WAITFORREPLICATIONREQUEST']._serialized_end=2096
+  _globals['_WAITFORREPLICATIONRESPONSE']._serialized_start=2098
+  _globals['_WAITFORREPLICATIONRESPONSE']._serialized_end=2210
+  _globals['_CLUSTERSUMMARYREQUEST']._serialized_start=2212
+  _globals['_CLUSTERSUMMARYREQUEST']._serialized_end=2235
+  _globals['_MASTERSUMMARY']._serialized_start=2238
+  _globals['_MASTERSUMMARY']._serialized_end=2441
+  _globals['_CLUSTERSUMMARYRESPONSE']._serialized_start=2444
+  _globals['_CLUSTERSUMMARYRESPONSE']._serialized_end=2588
+  _globals['_NODESTATUSREQUEST']._serialized_start=2590
+  _globals['_NODESTATUSREQUEST']._serialized_end=2609
+  _globals['_BLOBSTORE']._serialized_start=2612
+  _globals['_BLOBSTORE']._serialized_end=3766
 # @@protoc_insertion_point(module_scope)

@@ -128,6 +128,40 @@ class BlobInfo(_message.Message):
     digest: str
     def __init__(self, version: _Optional[int] = ..., size: _Optional[int] = ..., digest: _Optional[str] = ...) -> None: ...
 
+class VersionRef(_message.Message):
+    __slots__ = ("key", "version")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    version: int
+    def __init__(self, key: _Optional[str] = ..., version: _Optional[int] = ...) -> None: ...
+
+class FetchVersionsRequest(_message.Message):
+    __slots__ = ("versions",)
+    VERSIONS_FIELD_NUMBER: _ClassVar[int]
+    versions: _containers.RepeatedCompositeFieldContainer[VersionRef]
+    def __init__(self, versions: _Optional[_Iterable[_Union[VersionRef, _Mapping]]] = ...) -> None: ...
+
+class FetchedVersion(_message.Message):
+    __slots__ = ("key", "version", "digest", "data", "missing")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    DIGEST_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    MISSING_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    version: int
+    digest: str
+    data: bytes
+    missing: bool
+    def __init__(self, key: _Optional[str] = ..., version: _Optional[int] = ..., digest: _Optional[str] = ..., data: _Optional[bytes] = ..., missing: _Optional[bool] = ...) -> None: ...
+
+class FetchedVersions(_message.Message):
+    __slots__ = ("versions",)
+    VERSIONS_FIELD_NUMBER: _ClassVar[int]
+    versions: _containers.RepeatedCompositeFieldContainer[FetchedVersion]
+    def __init__(self, versions: _Optional[_Iterable[_Union[FetchedVersion, _Mapping]]] = ...) -> None: ...
+
 class GetMetaRequest(_message.Message):
     __slots__ = ("key",)
     KEY_FIELD_NUMBER: _ClassVar[int]

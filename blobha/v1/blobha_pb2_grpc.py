@@ -69,6 +69,11 @@ class BlobStoreStub:
                 request_serializer=blobha_dot_v1_dot_blobha__pb2.DownloadRequest.SerializeToString,
                 response_deserializer=blobha_dot_v1_dot_blobha__pb2.DownloadChunk.FromString,
                 _registered_method=True)
+        self.FetchVersions = channel.unary_stream(
+                '/blobha.v1.BlobStore/FetchVersions',
+                request_serializer=blobha_dot_v1_dot_blobha__pb2.FetchVersionsRequest.SerializeToString,
+                response_deserializer=blobha_dot_v1_dot_blobha__pb2.FetchedVersions.FromString,
+                _registered_method=True)
         self.GetMeta = channel.unary_unary(
                 '/blobha.v1.BlobStore/GetMeta',
                 request_serializer=blobha_dot_v1_dot_blobha__pb2.GetMetaRequest.SerializeToString,
@@ -164,6 +169,16 @@ class BlobStoreServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def FetchVersions(self, request, context):
+        """Masters only (the cluster principal): many small versions in one call, for sync. Each
+        version comes whole, verified against its stored digests, or is named as missing (not held
+        here, or too big to come whole: fetch those with Download). The caller verifies each
+        against the digest ZooKeeper holds before installing it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def GetMeta(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -252,6 +267,11 @@ def add_BlobStoreServicer_to_server(servicer, server):
                     servicer.Download,
                     request_deserializer=blobha_dot_v1_dot_blobha__pb2.DownloadRequest.FromString,
                     response_serializer=blobha_dot_v1_dot_blobha__pb2.DownloadChunk.SerializeToString,
+            ),
+            'FetchVersions': grpc.unary_stream_rpc_method_handler(
+                    servicer.FetchVersions,
+                    request_deserializer=blobha_dot_v1_dot_blobha__pb2.FetchVersionsRequest.FromString,
+                    response_serializer=blobha_dot_v1_dot_blobha__pb2.FetchedVersions.SerializeToString,
             ),
             'GetMeta': grpc.unary_unary_rpc_method_handler(
                     servicer.GetMeta,
@@ -483,6 +503,33 @@ class BlobStore:
             '/blobha.v1.BlobStore/Download',
             blobha_dot_v1_dot_blobha__pb2.DownloadRequest.SerializeToString,
             blobha_dot_v1_dot_blobha__pb2.DownloadChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def FetchVersions(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/blobha.v1.BlobStore/FetchVersions',
+            blobha_dot_v1_dot_blobha__pb2.FetchVersionsRequest.SerializeToString,
+            blobha_dot_v1_dot_blobha__pb2.FetchedVersions.FromString,
             options,
             channel_credentials,
             insecure,

@@ -9,6 +9,8 @@ every master's log.
 from __future__ import annotations
 
 import os
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TypeVar
@@ -16,6 +18,7 @@ from typing import Any, TypeVar
 import grpc
 import pytest
 from failures import failed
+from prometheus_client.parser import text_string_to_metric_families
 from waiting import wait_until
 
 from blobha.client import Client
@@ -123,3 +126,28 @@ def version_files(m: MasterProcess, key: str) -> list[Path]:
 def followers(cluster: LocalCluster) -> list[MasterProcess]:
     leader = cluster.leader()
     return [m for m in cluster.masters if m is not leader and m.alive()]
+
+
+def http_get(url: str, timeout: float = 10.0) -> tuple[int, str, bytes]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return r.status, r.headers.get("Content-Type", ""), r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.headers.get("Content-Type", ""), e.read()
+
+
+def scrape(m: MasterProcess) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    status, ctype, body = http_get(m.status_url + "metrics")
+    assert status == 200 and ctype.startswith("text/plain")
+    out = {}
+    for family in text_string_to_metric_families(body.decode()):
+        for s in family.samples:
+            out[(s.name, frozenset(s.labels.items()))] = s.value
+    return out
+
+
+def value(samples: dict[tuple[str, frozenset[tuple[str, str]]], float], name: str,
+          **labels: str) -> float:
+    """Sum of the samples named ``name`` whose labels include ``labels``."""
+    want = set(labels.items())
+    return sum(v for (n, ls), v in samples.items() if n == name and want <= ls)

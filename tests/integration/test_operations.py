@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -16,9 +14,12 @@ from conftest import (
     SESSION_TIMEOUT_MS,
     client_for,
     followers,
+    http_get,
     make_cluster,
     md,
+    scrape,
     stub,
+    value,
     wait_until,
 )
 from google.protobuf import descriptor_pool
@@ -26,7 +27,6 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
     ProtoReflectionDescriptorDatabase,
 )
-from prometheus_client.parser import text_string_to_metric_families
 
 from blobha.client import Client
 from blobha.localcluster import LocalCluster, MasterProcess
@@ -36,31 +36,6 @@ from blobha.v1 import blobha_pb2 as pb
 pytestmark = pytest.mark.integration
 
 REQUEST_ID = "x-request-id"
-
-
-def http_get(url: str, timeout: float = 10.0) -> tuple[int, str, bytes]:
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as r:
-            return r.status, r.headers.get("Content-Type", ""), r.read()
-    except urllib.error.HTTPError as e:
-        return e.code, e.headers.get("Content-Type", ""), e.read()
-
-
-def scrape(m: MasterProcess) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
-    status, ctype, body = http_get(m.status_url + "metrics")
-    assert status == 200 and ctype.startswith("text/plain")
-    out = {}
-    for family in text_string_to_metric_families(body.decode()):
-        for s in family.samples:
-            out[(s.name, frozenset(s.labels.items()))] = s.value
-    return out
-
-
-def value(samples: dict[tuple[str, frozenset[tuple[str, str]]], float], name: str,
-          **labels: str) -> float:
-    """Sum of the samples named ``name`` whose labels include ``labels``."""
-    want = set(labels.items())
-    return sum(v for (n, ls), v in samples.items() if n == name and want <= ls)
 
 
 def status_json(m: MasterProcess) -> dict[str, Any]:

@@ -2,18 +2,23 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import time
 
+import grpc
 import pytest
-from conftest import client_for, followers, store_dir, wait_until
+from conftest import client_for, followers, md, scrape, store_dir, stub, value, wait_until
 from kazoo.client import KazooClient
 
 from blobha import placement
+from blobha.auth import MASTER_SECRET_METADATA_KEY
 from blobha.bench import node_status
 from blobha.client import Client
 from blobha.localcluster import LocalCluster
-from blobha.zkstate import JOURNAL, MASTERS, JournalRecord, key_path, replica_path
+from blobha.master import FETCH_MAX_VERSIONS, FETCH_WHOLE_MAX_BYTES
+from blobha.v1 import blobha_pb2 as pb
+from blobha.zkstate import JOURNAL, MASTER_SECRET, MASTERS, JournalRecord, key_path, replica_path
 
 pytestmark = pytest.mark.integration
 
@@ -107,6 +112,8 @@ def test_a_wiped_follower_catches_up_in_batches_and_registers_in_its_own_session
             c.create(key, key.encode() * 10)
     m = followers(fresh_cluster)[0]
     wait_until(lambda: node_status(m.address).blob_count == len(keys), 60, "all keys everywhere")
+    sources = [x for x in fresh_cluster.masters if x is not m]
+    before = [scrape(x) for x in sources]
     m.kill()
     shutil.rmtree(store_dir(m))
     fresh_cluster.start_master(m)
@@ -116,6 +123,17 @@ def test_a_wiped_follower_catches_up_in_batches_and_registers_in_its_own_session
         return s.blob_count == len(keys) and s.lag_blobs == 0
 
     wait_until(caught_up, 120, f"{m.address} holds every key again")
+
+    def served(method: str) -> float:
+        return sum(value(scrape(x), "grpc_server_handled_total", grpc_method=method,
+                         grpc_code="OK") - value(b, "grpc_server_handled_total",
+                                                 grpc_method=method, grpc_code="OK")
+                   for x, b in zip(sources, before, strict=True))
+
+    # The small blobs came in a few FetchVersions calls (at most 200 each, per source), not in
+    # a Download each.
+    assert 2 <= served("FetchVersions") <= 20
+    assert served("Download") < len(keys) / 10
     zk = KazooClient(hosts=fresh_cluster.zk.connect_string + "/blobha")
     zk.start()
     try:
@@ -172,3 +190,45 @@ def test_the_change_journal_names_each_write_and_a_gap_brings_a_listing(
     finally:
         zk.stop()
         zk.close()
+
+
+def test_fetch_versions_serves_small_versions_whole_to_masters_only(
+        cluster: LocalCluster, alice: Client, unique_key: str) -> None:
+    small = [f"{unique_key}-{i}" for i in range(3)]
+    big = f"{unique_key}-big"
+    for key in small:
+        alice.create(key, key.encode() * 100, replication_factor=3)
+    alice.create(big, os.urandom(FETCH_WHOLE_MAX_BYTES + 1), replication_factor=3)
+    assert alice.wait_for_replication([*small, big], 3, timeout=30).reached
+    zk = KazooClient(hosts=cluster.zk.connect_string + "/blobha")
+    zk.start()
+    try:
+        secret = zk.get(MASTER_SECRET)[0].decode()
+    finally:
+        zk.stop()
+        zk.close()
+    as_master = (*md("blobha-master"), (MASTER_SECRET_METADATA_KEY, secret))
+    refs = [(k, 1) for k in small] + [(big, 1), (small[0], 7), ("no-such-key", 1)]
+    request = pb.FetchVersionsRequest(versions=[pb.VersionRef(key=k, version=v) for k, v in refs])
+    for m in cluster.masters:
+        s = stub(m.address)
+        got = [v for reply in s.FetchVersions(request, timeout=10, metadata=as_master)
+               for v in reply.versions]
+        assert [(v.key, v.version, v.missing) for v in got] == [
+            (k, v, not (v == 1 and k in small)) for k, v in refs]
+        for v in got[:3]:
+            assert v.data == v.key.encode() * 100
+            assert v.digest == alice.get_meta(v.key).digest
+        assert all(not v.data and not v.digest for v in got[3:])
+
+        # Users download; they may not take the masters' bulk path, even for their own keys.
+        with pytest.raises(grpc.RpcError) as refused:
+            list(s.FetchVersions(request, timeout=10, metadata=md("alice")))
+        assert refused.value.code() is grpc.StatusCode.PERMISSION_DENIED
+        assert "Download" in (refused.value.details() or "")
+
+        too_many = pb.FetchVersionsRequest(
+            versions=[pb.VersionRef(key=small[0], version=1)] * (FETCH_MAX_VERSIONS + 1))
+        with pytest.raises(grpc.RpcError) as refused:
+            list(s.FetchVersions(too_many, timeout=10, metadata=as_master))
+        assert refused.value.code() is grpc.StatusCode.INVALID_ARGUMENT
