@@ -69,9 +69,10 @@ from blobha.errors import (
     Unavailable,
     VersionConflict,
 )
+from blobha.groupcommit import GroupCommitter
 from blobha.health import MasterHealth
 from blobha.keys import validate_key
-from blobha.leader import Deposed, LeaderElection, LeaderHistory
+from blobha.leader import Deposed, LeaderElection, LeaderHistory, is_failure
 from blobha.metrics import MasterMetrics
 from blobha.peers import Peers
 from blobha.scrub import Scrubber
@@ -104,6 +105,25 @@ MAX_PAGE = 1000
 #: batch of small blobs; anything bigger goes through Download, resumable).
 FETCH_MAX_VERSIONS = 1000
 FETCH_WHOLE_MAX_BYTES = PUT_MAX_BYTES
+#: Bytes of blob data one group commit installs at most: a batch is acknowledged only once
+#: all of it is durable, so this bounds what one writer waits for on behalf of the others.
+PUT_BATCH_BYTES = 8 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class _Put:
+    """A whole small blob waiting for its group commit (see :meth:`Master.put`)."""
+
+    user: str
+    key: str
+    create: bool
+    acl: tuple[AccessControl, ...]
+    #: Requested for a create; an update keeps the key's own.
+    replication_factor: int
+    write_quorum: int
+    expected_version: int
+    data: bytes
+    digest: str
 
 
 def keys_after(keys: list[str], prefix: str, after: str) -> Iterator[str]:
@@ -169,6 +189,10 @@ class Master:
             key=config["tls.key"] or None,
         ) if config["tls.cert"] else None)
         self.uploads = UploadManager(self.store, config["blobstore.upload.expiration.secs"])
+        self.puts: GroupCommitter[_Put, BlobState] = GroupCommitter(
+            self._commit_puts, key=lambda p: p.key, name="put-commit",
+            weight=lambda p: len(p.data), max_weight=PUT_BATCH_BYTES,
+        )
         self.election = LeaderElection(
             self.zk, self.identity, self.session_timeout, self._on_elected, self._on_deposed
         )
@@ -301,6 +325,7 @@ class Master:
         self.scrubber.stop()
         if self._server is not None:
             self._server.stop(grace=2.0).wait(3.0)
+        self.puts.close(timeout=5.0)
         self.sync.stop()
         if self._status_server is not None:
             self._status_server.stop()
@@ -411,12 +436,10 @@ class Master:
 
     # ---- uploads -------------------------------------------------------------------------
 
-    def begin_upload(
-        self, user: str, key: str, create: bool, acl: list[AccessControl], replication_factor: int,
-        expected_version: int, size_hint: int, write_quorum: int, precheck: bool = True,
-    ) -> tuple[str, int]:
-        """Open an upload session; ``precheck=False`` skips the early look for an existing key
-        of a create (for :meth:`put`, whose commit follows at once and checks it anyway)."""
+    def _write_settings(self, key: str, acl: Sequence[AccessControl], replication_factor: int,
+                        write_quorum: int) -> tuple[int, int]:
+        """Check a write's arguments; its replication factor and write quorum (an update then
+        keeps the key's own factor, and its quorum is capped by it)."""
         self._require_leader()
         validate_key(key)
         acls.check_duplicates(acl)
@@ -428,24 +451,21 @@ class Master:
                 raise InvalidArgument(
                     f"write quorum {write_quorum} exceeds the replication factor {rf}; lower it"
                 )
-            w = write_quorum
-        else:
-            w = min(self.config["blobstore.write.quorum"], rf)
-        state = self._read_state(key) if precheck or not create else None
-        if create:
-            if state is not None:
-                raise KeyAlreadyExists(f"key {key!r} already exists; use 'blobha update'")
-            acl = acls.normalize_for_create(acl, user)
-        else:
-            if state is None:
-                raise KeyNotFound(f"no blob with key {key!r}; use 'blobha create' first")
-            self._check(user, state.acl, acls.WRITE, key)
-            if expected_version and state.seq != expected_version:
-                raise VersionConflict(
-                    f"{key!r} is at version {state.seq}, not {expected_version}; re-read and retry"
-                )
-            rf = state.replication_factor
-            w = min(w, rf)
+            return rf, write_quorum
+        return rf, min(self.config["blobstore.write.quorum"], rf)
+
+    def _check_update(self, user: str, key: str, state: BlobState | None,
+                      expected_version: int) -> BlobState:
+        if state is None:
+            raise KeyNotFound(f"no blob with key {key!r}; use 'blobha create' first")
+        self._check(user, state.acl, acls.WRITE, key)
+        if expected_version and state.seq != expected_version:
+            raise VersionConflict(
+                f"{key!r} is at version {state.seq}, not {expected_version}; re-read and retry"
+            )
+        return state
+
+    def _check_quorum(self, w: int) -> None:
         masters = len(self.membership.known() | {self.identity})
         if w > masters:
             # The commit could never be acknowledged: it would time out after committing, and
@@ -454,6 +474,23 @@ class Master:
                 f"write quorum {w} exceeds the {masters} masters in the cluster; lower it"
                 " (--write-quorum, blobstore.write.quorum) or start more masters"
             )
+
+    def begin_upload(
+        self, user: str, key: str, create: bool, acl: list[AccessControl], replication_factor: int,
+        expected_version: int, size_hint: int, write_quorum: int,
+    ) -> tuple[str, int]:
+        """Open an upload session (the resumable path, for blobs of any size)."""
+        rf, w = self._write_settings(key, acl, replication_factor, write_quorum)
+        state = self._read_state(key)
+        if create:
+            if state is not None:
+                raise KeyAlreadyExists(f"key {key!r} already exists; use 'blobha update'")
+            acl = acls.normalize_for_create(acl, user)
+        else:
+            state = self._check_update(user, key, state, expected_version)
+            rf = state.replication_factor
+            w = min(w, rf)
+        self._check_quorum(w)
         if size_hint >= 0:
             self.store.reserve(size_hint)
         up = self.uploads.begin(user, key, create, acl, rf, expected_version, w)
@@ -477,23 +514,23 @@ class Master:
         self, user: str, key: str, create: bool, acl: list[AccessControl], replication_factor: int,
         expected_version: int, write_quorum: int, data: bytes, digest: str,
     ) -> tuple[str, BlobState, int]:
-        """A whole small blob in one call: the upload session's three steps, without the wait
-        between them (so no early look for an existing key: the commit checks it)."""
+        """A whole small blob in one call, committed together with the other writers' that
+        arrive meanwhile (:mod:`blobha.groupcommit`): the durability and fencing of the upload
+        session's commit, without its temp file per call or its early look for the key."""
         if len(data) > PUT_MAX_BYTES:
             raise InvalidArgument(
                 f"Put carries at most {PUT_MAX_BYTES} bytes, not {len(data)}; use the resumable"
                 " upload (BeginUpload, AppendUpload, CommitUpload) for larger blobs"
             )
-        upload_id, _ = self.begin_upload(
-            user, key, create, acl, replication_factor, expected_version, len(data),
-            write_quorum, precheck=False,
-        )
-        try:
-            self.append(user, upload_id, 0, data)
-        except BaseException:
-            self.uploads.abort(upload_id, user)
-            raise
-        return self.commit(user, upload_id, len(data), digest)
+        rf, w = self._write_settings(key, acl, replication_factor, write_quorum)
+        _check_digest(digest)
+        if create:
+            acl = acls.normalize_for_create(acl, user)
+            self._check_quorum(w)
+        self.store.reserve(len(data))
+        committed = self.puts.submit(_Put(user, key, create, tuple(acl), rf, w,
+                                           expected_version, data, digest))
+        return self._acknowledge(key, committed, user)
 
     def upload_key(self, upload_id: str) -> str:
         """The key an upload session is for ('' if unknown), for the audit log only."""
@@ -512,54 +549,59 @@ class Master:
         key = up.key
         with up.lock, self.store.key_lock(key):
             try:
-                if not is_digest(digest):
-                    raise InvalidArgument(
-                        "the digest must be the xxh3-128 of the content as 32 lower-case hex digits"
-                    )
-                if up.create and self.sync.view(key) is None and not self.store.versions(key):
-                    # Nothing of this key here (we hold its lock, so no copy can arrive until
-                    # the commit is over): installing v1 clobbers nothing, and the transaction's
-                    # create fails if the key exists. One ZooKeeper round trip fewer per create.
-                    state = None
-                else:
-                    state = self._read_state(key)
-                now = time.time()
-                epoch = self.election.epoch
-                if up.create:
-                    if state is not None:
-                        raise KeyAlreadyExists(f"key {key!r} was created meanwhile; use update")
-                    new = BlobState(
-                        seq=1, size=size, digest=digest, acl=tuple(up.acl),
-                        replication_factor=up.replication_factor, creator=user, created_at=now,
-                        updated_at=now, epoch=epoch, acked=False, write_quorum=up.write_quorum,
-                    )
-                else:
-                    if state is None:
-                        raise KeyNotFound(f"key {key!r} was deleted meanwhile; nothing stored")
-                    self._check(user, state.acl, acls.WRITE, key)
-                    if up.expected_version and state.seq != up.expected_version:
-                        raise VersionConflict(
-                            f"{key!r} moved to version {state.seq} during the upload; re-read and"
-                            " retry"
-                        )
-                    new = state.with_new_version(
-                        state.seq + 1, size, digest, now, epoch, up.write_quorum,
-                        self.config["blobstore.versions.retained"],
-                    )
+                _check_digest(digest)
+                state = None if up.create and self._nothing_here(key) else self._read_state(key)
+                new = self._next_state(user, key, up.create, tuple(up.acl), up.replication_factor,
+                                       up.write_quorum, up.expected_version, size, digest, state,
+                                       time.time())
                 self.store.install(key, new.seq, up.temp, size, digest)
             except BaseException:
                 up.temp.discard()
                 raise
-            # With a write quorum of 1 the leader's own durable copy (installed above) is the
-            # quorum, so the version is acknowledged by the very transaction that commits it.
-            new = replace(new, acked=new.write_quorum <= 1)
             try:
-                committed = self._commit_state(key, new, create=up.create, previous=state)
+                result = self._commit_together([(key, up.create, new)])[0]
             except BaseException:
                 self.store.delete_version(key, new.seq)
                 raise
-        log.info("committed %r v%d (%d bytes, epoch %d) for %r", key, committed.seq, size,
-                 committed.epoch, user)
+            if isinstance(result, BaseException):
+                self.store.delete_version(key, new.seq)
+                raise result
+        return self._acknowledge(key, result, user)
+
+    def _nothing_here(self, key: str) -> bool:
+        """Nothing of ``key`` on this master (the caller holds its lock, so no copy can arrive
+        until its commit is over): a create then clobbers nothing, and its transaction's create
+        fails if the key exists, so it needs no ZooKeeper read first."""
+        return self.sync.view(key) is None and not self.store.versions(key)
+
+    def _next_state(self, user: str, key: str, create: bool, acl: tuple[AccessControl, ...],
+                    replication_factor: int, write_quorum: int, expected_version: int,
+                    size: int, digest: str, state: BlobState | None, now: float) -> BlobState:
+        """The state a write commits over ``state`` (the key's current one, None if absent);
+        acknowledged at once where the leader's own durable copy is the quorum (W=1)."""
+        epoch = self.election.epoch
+        if create:
+            if state is not None:
+                raise KeyAlreadyExists(f"key {key!r} already exists; use 'blobha update'")
+            new = BlobState(
+                seq=1, size=size, digest=digest, acl=acl, replication_factor=replication_factor,
+                creator=user, created_at=now, updated_at=now, epoch=epoch, acked=False,
+                write_quorum=write_quorum,
+            )
+        else:
+            state = self._check_update(user, key, state, expected_version)
+            new = state.with_new_version(
+                state.seq + 1, size, digest, now, epoch,
+                min(write_quorum, state.replication_factor),
+                self.config["blobstore.versions.retained"],
+            )
+        return replace(new, acked=new.write_quorum <= 1)
+
+    def _acknowledge(self, key: str, committed: BlobState, user: str
+                     ) -> tuple[str, BlobState, int]:
+        """Answer for a committed version once W masters hold it: (key, state, holders)."""
+        log.info("committed %r v%d (%d bytes, epoch %d) for %r", key, committed.seq,
+                 committed.size, committed.epoch, user)
         if committed.acked:
             self.sync.schedule(key)
             return key, committed, 1
@@ -575,40 +617,132 @@ class Master:
         self.sync.schedule(key)
         return key, final, info.replication
 
-    def _commit_state(self, key: str, new: BlobState, create: bool,
-                      previous: BlobState | None) -> BlobState:
-        path = key_path(key)
+    def _commit_puts(self, batch: Sequence[_Put]) -> list[BlobState | BaseException]:
+        """One group commit (:class:`GroupCommitter` handler): the batch's new versions are
+        installed together (two file-system syncs in all) and committed in one fenced
+        transaction. A write whose operation fails there (the key appeared, moved or vanished
+        meanwhile) leaves the batch with its error, and the others commit without it."""
+        out: list[BlobState | BaseException] = [
+            Unavailable("not committed; retry")] * len(batch)
+        with contextlib.ExitStack() as locks:
+            for p in sorted(batch, key=lambda p: p.key):
+                locks.enter_context(self.store.key_lock(p.key))
+            try:
+                self._require_leader()
+            except BlobError as e:
+                return [e] * len(batch)
+            news: dict[int, BlobState] = {}
+            now = time.time()
+            for i, (p, state) in enumerate(zip(batch, self._states_for_commit(batch),
+                                               strict=True)):
+                try:
+                    if isinstance(state, BaseException):
+                        raise state
+                    news[i] = new = self._next_state(
+                        p.user, p.key, p.create, p.acl, p.replication_factor, p.write_quorum,
+                        p.expected_version, len(p.data), p.digest, state, now)
+                    if not p.create:
+                        self._check_quorum(new.write_quorum)
+                except Exception as e:
+                    out[i] = e
+                    news.pop(i, None)
+            if not news:
+                return out
+            installed = self.store.install_many(
+                [(batch[i].key, new.seq, batch[i].data, len(batch[i].data), batch[i].digest)
+                 for i, new in news.items()])
+            live: list[int] = []
+            for i, result in zip(list(news), installed, strict=True):
+                if isinstance(result, ChecksumMismatch):
+                    out[i] = ChecksumMismatch(
+                        f"the data received for {batch[i].key!r} does not match its digest"
+                        f" {batch[i].digest}: {result}; nothing was stored, upload again")
+                else:
+                    live.append(i)
+            try:
+                results = self._commit_together(
+                    [(batch[i].key, batch[i].create, news[i]) for i in live])
+                for i, committed in zip(live, results, strict=True):
+                    out[i] = committed
+            finally:
+                for i in live:
+                    if not isinstance(out[i], BlobState):
+                        self.store.delete_version(batch[i].key, news[i].seq)
+        return out
+
+    def _states_for_commit(self, batch: Sequence[_Put]
+                           ) -> list[BlobState | BaseException | None]:
+        """Each write's current key state (the caller holds the keys' locks), read in one
+        pipelined round trip; none is read for a create of a key this master knows nothing of."""
+        pending = [None if p.create and self._nothing_here(p.key)
+                   else self.zk.get_async(key_path(p.key)) for p in batch]
+        out: list[BlobState | BaseException | None] = []
+        for result in pending:
+            if result is None:
+                out.append(None)
+                continue
+            try:
+                data, stat = result.get(timeout=self.session_timeout)
+                out.append(BlobState.decode(data, stat.version))
+            except NoNodeError:
+                out.append(None)
+            except Exception as e:
+                out.append(e)
+        return out
+
+    def _commit_together(self, writes: Sequence[tuple[str, bool, BlobState]]
+                         ) -> list[BlobState | BaseException]:
+        """Commit ``writes`` (key, create?, new state) in one fenced transaction: each its
+        metadata and this master's replica node (installed durably before, so a version never
+        appears without a holder), and the created keys in the change journal (no watch tells
+        the other masters of them). A write whose own operation fails gets its error and the
+        others are tried again without it. One result per write: its state, or its error."""
+        out: list[BlobState | BaseException | None] = [None] * len(writes)
+        live = list(range(len(writes)))
         session = self.sync.session_id()
+        while live:
+            batch = [writes[i] for i in live]
 
-        def build(txn: Any) -> None:
-            if create:
-                txn.create(path, new.encode())
-            else:
-                assert previous is not None
-                txn.set_data(path, new.encode(), version=previous.meta_version)
-            # Our replica registers in the same transaction (it was installed durably before):
-            # one ZooKeeper round trip fewer, and the version never appears without a holder.
-            txn.create(replica_path(key, self.identity, new.seq), b"", ephemeral=True)
+            def build(txn: Any, batch: list[tuple[str, bool, BlobState]] = batch) -> None:
+                for key, create, new in batch:
+                    if create:
+                        txn.create(key_path(key), new.encode())
+                    else:
+                        # The version read under the key's lock: any change since fails it.
+                        txn.set_data(key_path(key), new.encode(), version=new.meta_version)
+                    txn.create(replica_path(key, self.identity, new.seq), b"", ephemeral=True)
 
-        try:
-            # A create goes into the change journal: no watch tells the other masters of it.
-            self.election.fenced(build, changed=(key,) if create else ())
-        except Deposed:
-            raise Unavailable(
-                "leadership was lost before the commit; nothing was committed, retry (the client"
-                " finds the new leader)"
-            ) from None
-        except NodeExistsError:
-            raise KeyAlreadyExists(f"key {key!r} already exists; use 'blobha update'") from None
-        except (BadVersionError, NoNodeError):
-            raise VersionConflict(f"{key!r} changed during the commit; retry") from None
-        except ConnectionLoss:
-            # ha-rule: after ConnectionLoss the write may or may not have applied: re-read.
-            new = self._resolve_unknown_commit(key, new)
-        # The transaction applied, and with it our replica node.
-        self.sync.registered(key, new.seq, session)
-        # meta_version is stale here; _mark_acked re-reads before its conditional write.
-        return new
+            try:
+                results = self.election.fenced_results(
+                    build, changed=[key for key, create, _ in batch if create])
+            except Deposed:
+                lost = Unavailable("leadership was lost before the commit; nothing was"
+                                   " committed, retry (the client finds the new leader)")
+                for i in live:
+                    out[i] = lost
+                break
+            except ConnectionLoss:
+                # ha-rule: after ConnectionLoss the write may or may not have applied: re-read.
+                # A transaction applies whole, so one key's state tells for all of them.
+                key, _, new = batch[0]
+                try:
+                    self._resolve_unknown_commit(key, new)
+                except Unavailable as e:
+                    for i in live:
+                        out[i] = e
+                    break
+                results = [True] * (2 * len(batch))
+            failed = next((n for n, r in enumerate(results) if is_failure(r)), None)
+            if failed is None:
+                for i in live:
+                    key, _, new = writes[i]
+                    self.sync.registered(key, new.seq, session)
+                    # meta_version is stale here; _mark_acked re-reads before its write.
+                    out[i] = new
+                break
+            i = live.pop(failed // 2)
+            out[i] = _commit_error(writes[i][0], results[failed], metadata=failed % 2 == 0)
+        return [r if r is not None else Unavailable("not committed; retry") for r in out]
 
     def _resolve_unknown_commit(self, key: str, new: BlobState) -> BlobState:
         deadline = time.monotonic() + self.session_timeout
@@ -1086,6 +1220,23 @@ class Master:
         blob_count = stat.numChildren if stat is not None else 0
         return ClusterView(tuple(statuses), leaders[0] if leaders else "", epoch.epoch,
                            blob_count, under)
+
+
+def _check_digest(digest: str) -> None:
+    if not is_digest(digest):
+        raise InvalidArgument(
+            "the digest must be the xxh3-128 of the content as 32 lower-case hex digits"
+        )
+
+
+def _commit_error(key: str, error: Exception, metadata: bool) -> BlobError:
+    """What a write is told when its operation failed in a commit transaction."""
+    if isinstance(error, NodeExistsError) and metadata:
+        return KeyAlreadyExists(f"key {key!r} already exists; use 'blobha update'")
+    if isinstance(error, BadVersionError | NoNodeError):
+        return VersionConflict(f"{key!r} changed during the commit; retry")
+    return Unavailable(f"the commit of {key!r} failed ({type(error).__name__}); nothing was"
+                       " committed, retry")
 
 
 def _limit_malloc_arenas(arenas: int = 2) -> None:

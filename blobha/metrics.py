@@ -89,7 +89,7 @@ class MasterCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         for part in (self._identity, self._leadership, self._zookeeper, self._store,
-                     self._replication, self._scrub):
+                     self._replication, self._group_commit, self._scrub):
             try:
                 yield from part()
             except Exception:
@@ -164,6 +164,18 @@ class MasterCollector(Collector):
             "blobha_sync_queue_depth", "Keys queued or in progress in this master's synchroniser.",
             value=float(sync.queue.depth()),
         )
+
+    def _group_commit(self) -> Iterator[Metric]:
+        puts = self.master.puts
+        yield CounterMetricFamily(
+            "blobha_group_commits", "Group commits of whole small blobs (Put) this master made.",
+            value=float(puts.batches),
+        )
+        yield CounterMetricFamily("blobha_group_commit_writes",
+                                  "Writes those group commits carried.", value=float(puts.writes))
+        yield GaugeMetricFamily("blobha_group_commit_largest",
+                                "The most writes one group commit has carried.",
+                                value=float(puts.largest))
 
     def _scrub(self) -> Iterator[Metric]:
         scrubber = getattr(self.master, "scrubber", None)

@@ -18,7 +18,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from blobha.leader.journal import ChangeJournal
@@ -124,9 +124,20 @@ class LeaderElection:
         ``build(txn)`` adds the version-conditional operations. ``changed`` names the keys
         they create: the same transaction records them in the change journal.
         Returns the results of ``build``'s operations. Raises :class:`Deposed` (after stepping
-        down) if a fence failed, or kazoo's exception for the first failing operation
-        otherwise.
+        down) if a fence failed, or kazoo's exception for the failing operation otherwise.
         """
+        own = self.fenced_results(build, changed)
+        for r in own:
+            if is_failure(r):
+                raise r
+        return own
+
+    def fenced_results(self, build: Callable[[Any], None], changed: Sequence[str] = ()
+                       ) -> list[Any]:
+        """:meth:`fenced`, but an operation of ``build``'s that fails is not raised: the result
+        of each operation comes back, in order, so a caller committing several writes in one
+        transaction can tell which one failed (:func:`is_failure`; the others then come back as
+        rolled back). Fence failures still raise :class:`Deposed`."""
         with self._lock:
             if not self.is_leader or self._node is None:
                 raise Deposed("not the leader")
@@ -141,21 +152,17 @@ class LeaderElection:
                 txn.set_data(JOURNAL, self.journal.record_for(epoch, changed))
                 pending = txn.commit_async()
             *results, journal_result = pending.get()
-            if _is_failure(journal_result):  # then it is the operation that failed
+            if is_failure(journal_result):  # then it is the operation that failed
                 if isinstance(journal_result, NoNodeError):
                     self.zk.ensure_path(JOURNAL)  # removed by hand: the retry finds it again
                 raise journal_result
         else:
             results = txn.commit()
-        fence_failures = [r for r in results[:2] if _is_failure(r)]
+        fence_failures = [r for r in results[:2] if is_failure(r)]
         if fence_failures:
             self.depose(f"fenced commit refused ({type(fence_failures[0]).__name__})")
             raise Deposed("leadership was lost; the write was not applied")
-        own: list[Any] = list(results[2:])
-        for r in own:
-            if _is_failure(r):
-                raise r
-        return own
+        return list(results[2:])
 
     def depose(self, reason: str) -> None:
         with self._lock:
@@ -287,7 +294,7 @@ class LeaderElection:
                 log.exception("on_deposed failed")
 
 
-def _is_failure(result: object) -> bool:
+def is_failure(result: object) -> bool:
     # In a failed multi, the operations before the failing one come back as RolledBackError and
     # those after it as RuntimeInconsistency; only the failing operation carries the cause.
     return isinstance(result, Exception) and not isinstance(

@@ -24,6 +24,7 @@ def fake_master(**overrides: Any) -> SimpleNamespace:
         store=SimpleNamespace(usage=lambda: (7, 7000), disk_free=lambda: 123456),
         uploads=SimpleNamespace(count=lambda: 2),
         sync=SimpleNamespace(figures=lambda: (9, 1, 3), queue=SimpleNamespace(depth=lambda: 5)),
+        puts=SimpleNamespace(batches=4, writes=11, largest=6),
     )
     for k, v in overrides.items():
         setattr(m, k, v)
@@ -53,6 +54,9 @@ def test_state_is_read_at_scrape_time() -> None:
     assert s[("blobha_under_replicated_blobs", ())] == 1
     assert s[("blobha_sync_lag_blobs", ())] == 3
     assert s[("blobha_sync_queue_depth", ())] == 5
+    assert s[("blobha_group_commits_total", ())] == 4
+    assert s[("blobha_group_commit_writes_total", ())] == 11
+    assert s[("blobha_group_commit_largest", ())] == 6
     assert s[("blobha_uptime_seconds", ())] >= 5
     assert not any(name.startswith("blobha_scrub") for name, _ in s)
     assert not any(name.endswith("_created") for name, _ in s)

@@ -1,0 +1,126 @@
+"""Group commit on a real cluster: concurrent small writes share commits on the leader, and each
+still gets exactly its own outcome (a clash fails only itself, nothing of it is stored)."""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Any
+
+from conftest import client_for, scrape, store_dir, value, version_files
+from waiting import wait_until
+
+from blobha.errors import KeyAlreadyExists, VersionConflict
+from blobha.localcluster import LocalCluster
+
+WRITERS = 8
+PER_WRITER = 6
+
+
+def test_concurrent_small_writes_share_commits_and_keep_their_own_outcomes(
+    cluster: LocalCluster, unique_key: str
+) -> None:
+    leader = cluster.leader()
+    before = scrape(leader)
+    taken, moving = f"{unique_key}-taken", f"{unique_key}-moving"
+    with client_for(cluster) as c:
+        c.create(taken, b"the first and only")
+        c.create(moving, b"v1")
+    payloads = {f"{unique_key}-{w}-{i}": os.urandom(4096 + 97 * w + i)
+                for w in range(WRITERS) for i in range(PER_WRITER)}
+    start = threading.Barrier(WRITERS)
+    outcomes: dict[str, Any] = {}
+    lock = threading.Lock()
+
+    def writer(w: int) -> None:
+        mine = [k for k in payloads if k.startswith(f"{unique_key}-{w}-")]
+        with client_for(cluster) as c:
+            start.wait(30)
+            for n, key in enumerate(mine):
+                result: Any
+                try:
+                    result = c.create(key, payloads[key]).version
+                except Exception as e:
+                    result = e
+                with lock:
+                    outcomes[key] = result
+                if w == 0 and n == 1:
+                    # In the middle of the others' writes: a create that clashes, an update
+                    # against a stale version, and one against the right one.
+                    for name, call in (
+                        ("clash", lambda c=c: c.create(taken, b"must not land")),
+                        ("stale", lambda c=c: c.update(moving, b"stale", expected_version=7)),
+                        ("fresh", lambda c=c: c.update(moving, b"v2", expected_version=1)),
+                    ):
+                        try:
+                            outcome: Any = call().version
+                        except Exception as e:
+                            outcome = e
+                        with lock:
+                            outcomes[name] = outcome
+
+    threads = [threading.Thread(target=writer, args=(w,)) for w in range(WRITERS)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+        assert not t.is_alive(), "a writer hung"
+
+    failed = {k: v for k, v in outcomes.items() if k in payloads and v != 1}
+    assert not failed, f"writes that did not commit as version 1: {failed}"
+    assert isinstance(outcomes["clash"], KeyAlreadyExists)
+    assert isinstance(outcomes["stale"], VersionConflict)
+    assert outcomes["fresh"] == 2
+
+    with client_for(cluster) as c:
+        assert c.wait_for_replication(list(payloads), 3, timeout=60).reached
+        for key, data in payloads.items():
+            assert c.read(key) == data
+        # The refused writes left nothing behind: no version on disk, the content unchanged.
+        assert c.read(taken) == b"the first and only"
+        assert c.get_meta(taken).version == 1
+        assert c.read(moving) == b"v2"
+    assert [p.name for p in version_files(leader, taken)] == ["v1.blob"]
+    assert list((store_dir(leader) / "tmp").iterdir()) == []
+
+    after = scrape(leader)
+    writes = (value(after, "blobha_group_commit_writes_total")
+              - value(before, "blobha_group_commit_writes_total"))
+    commits = (value(after, "blobha_group_commits_total")
+               - value(before, "blobha_group_commits_total"))
+    # Every Put went through the group commit (the 48 creates, the clash and two updates;
+    # plus the two set-up creates), and concurrent writers shared commits.
+    assert writes == len(payloads) + 3 + 2
+    assert commits < writes
+    assert value(after, "blobha_group_commit_largest") >= 2
+
+
+def test_a_create_racing_a_create_of_the_same_key_commits_once(
+    cluster: LocalCluster, unique_key: str
+) -> None:
+    """Same-key writes never share a batch: of many concurrent creates of one key exactly one
+    wins, the others are told it exists, and the stored bytes are the winner's."""
+    racers = 6
+    start = threading.Barrier(racers)
+    results: list[Any] = [None] * racers
+
+    def racer(i: int) -> None:
+        with client_for(cluster) as c:
+            start.wait(30)
+            try:
+                results[i] = c.create(unique_key, f"racer {i}".encode()).version
+            except Exception as e:
+                results[i] = e
+
+    threads = [threading.Thread(target=racer, args=(i,)) for i in range(racers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    winners = [i for i, r in enumerate(results) if r == 1]
+    assert len(winners) == 1, results
+    assert all(isinstance(r, KeyAlreadyExists) for i, r in enumerate(results) if i != winners[0])
+    with client_for(cluster) as c:
+        assert c.read(unique_key) == f"racer {winners[0]}".encode()
+        wait_until(lambda: c.get_replication(unique_key).replication == 3, 30,
+                   "the winner's version on every master")
