@@ -30,6 +30,7 @@ from kazoo.exceptions import (
     RolledBackError,
     RuntimeInconsistency,
 )
+from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.protocol.states import WatchedEvent
 
 from blobha.zkstate import ELECTION, EPOCH, JOURNAL, EpochRecord
@@ -37,6 +38,8 @@ from blobha.zkstate import ELECTION, EPOCH, JOURNAL, EpochRecord
 log = logging.getLogger(__name__)
 
 _PREFIX = "n_"
+#: Seconds a resigning master waits for ZooKeeper to delete its candidacy.
+RESIGN_TIMEOUT = 3.0
 
 
 class Deposed(Exception):
@@ -105,10 +108,16 @@ class LeaderElection:
             was_leading = self._leading
             self._step_down("shutting down")
             if resign and self._node is not None:
-                with contextlib.suppress(KazooException):
-                    self.zk.delete(self._node)
-                if was_leading:
-                    log.info("resigned leadership (epoch %d)", self._epoch)
+                # Bounded: with ZooKeeper unreachable a plain delete waits for a connection
+                # forever, and the master would never exit. The session's expiry removes the
+                # node then, and a successor takes over as after a crash.
+                try:
+                    self.zk.delete_async(self._node).get(timeout=RESIGN_TIMEOUT)
+                    if was_leading:
+                        log.info("resigned leadership (epoch %d)", self._epoch)
+                except (KazooException, KazooTimeoutError) as e:
+                    log.warning("could not resign through ZooKeeper (%s); the candidacy goes"
+                                " when the session expires", type(e).__name__)
             self._node = None
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join(timeout=5)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import signal
 from pathlib import Path
 
 import pytest
@@ -54,6 +55,23 @@ def test_unauthorised_operations_are_refused(cluster: LocalCluster, alice: Clien
             stranger.wait_for_replication([unique_key], 1, timeout=1)
     assert alice.read(unique_key) == b"alice's"
     assert alice.get_meta(unique_key).version == 1
+
+
+def test_a_master_told_to_stop_while_zookeeper_is_down_exits_by_itself(tmp_path: Path) -> None:
+    """SIGTERM with ZooKeeper unreachable: the master resigns as far as it can and exits on
+    its own, cleanly (it used to wait forever for ZooKeeper to delete its candidacy)."""
+    cluster = make_cluster(tmp_path / "c")
+    cluster.start()
+    try:
+        leader = cluster.leader()
+        cluster.zk.stop()
+        leader.signal(signal.SIGTERM)
+        # Well inside LocalCluster's own SIGKILL fallback (15 s), which would hide a hang.
+        assert leader.wait(12), "the master did not exit within 12 s of SIGTERM"
+        assert leader.proc is not None and leader.proc.returncode == 0
+        assert "could not resign through ZooKeeper" in leader.log_path.read_text()
+    finally:
+        cluster.stop()
 
 
 def test_zookeeper_unreachable_gives_a_clear_error_and_loses_nothing(tmp_path: Path) -> None:
