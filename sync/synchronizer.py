@@ -331,11 +331,11 @@ class Synchronizer:
                 # (three reads and a worker's turn on every master, per registration). The key
                 # goes to a worker, which re-arms the watch, only if it is still in motion.
                 self.zk.get_children_async(event.path).rawlink(
-                    functools.partial(self._replicas_read, key))
+                    functools.partial(self._replicas_read, key, event.path))
                 return
             self.queue.put(key)
 
-    def _replicas_read(self, key: str, result: Any) -> None:
+    def _replicas_read(self, key: str, path: str, result: Any) -> None:
         # kazoo's callback thread: no blocking calls here.
         try:
             names = result.get_nowait()
@@ -352,8 +352,43 @@ class Synchronizer:
                     entry.holders = holders
                     self._generation += 1
                 lost = entry.registered != 0 and self.identity not in holders
-        if entry is None or lost or self._in_motion(key, entry, known, leader):
+        if entry is None or lost or self._has_work(key, entry, known, leader):
             self.queue.put(key)
+        elif self._in_motion(key, entry, known, leader):
+            # Still under-replicated, and nothing for this master to do but follow it (its
+            # figures): re-arm the watch with one more read, instead of a worker's reconcile of
+            # the key (three reads) on every master for every copy registered elsewhere.
+            self.zk.get_children_async(path, watch=self._watcher).rawlink(
+                functools.partial(self._replicas_rearmed, key))
+
+    def _replicas_rearmed(self, key: str, result: Any) -> None:
+        # kazoo's callback thread. The watch is armed; a change between the two reads fires
+        # no event, so it is compared here.
+        try:
+            names = result.get_nowait()
+        except Exception:
+            self.queue.put(key)
+            return
+        with self._view_lock:
+            entry = self._view.get(key)
+            moved = entry is None or _holders(names, entry.seq) != entry.holders
+        if moved:
+            self.queue.put(key)
+
+    def _has_work(self, key: str, entry: _Entry, known: set[str], leader: bool) -> bool:
+        """Whether a change of ``key``'s replica list may leave this master something to do
+        beyond following it: acknowledge or roll back (the leader, for an unacknowledged
+        version), fetch, register, or drop a copy held beyond the placement."""
+        if leader and not entry.acked:
+            return True
+        rf = min(entry.rf, max(len(known), 1))
+        # With rf >= the masters known, every one of them is chosen: skip the hashing.
+        target = (self.identity in known if rf >= len(known)
+                  else self.identity in placement.choose(key, known, rf))
+        if self.identity in entry.holders:
+            session = self.session_id()
+            return not target or entry.registered != session or not session
+        return target
 
     def _on_journal(self, event: WatchedEvent) -> None:
         if event.path is None:

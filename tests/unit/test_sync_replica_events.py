@@ -1,0 +1,116 @@
+"""What a master does when a key's replica list changes: a reconcile only where it has work on
+the key, otherwise one more read that re-arms the watch while the key is under-replicated."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from blobha.sync.synchronizer import Synchronizer, SyncSettings, _Entry, _holders
+
+ME, A, B = "m1:6627", "m2:6627", "m3:6627"
+SESSION = 77
+PATH = "/blobstore/k"
+
+
+class Answer:
+    """A kazoo async result that has already arrived."""
+
+    def __init__(self, names: list[str]) -> None:
+        self.names = names
+
+    def get_nowait(self) -> list[str]:
+        return self.names
+
+    def rawlink(self, callback: Any) -> None:
+        callback(self)
+
+
+class FakeZk:
+    client_id = (SESSION, b"")
+
+    def __init__(self) -> None:
+        self.watched_reads: list[tuple[str, Any]] = []
+        self.next_names: list[str] = []
+
+    def add_listener(self, fn: Any) -> None:
+        pass
+
+    def get_children_async(self, path: str, watch: Any = None) -> Answer:
+        self.watched_reads.append((path, watch))
+        return Answer(self.next_names)
+
+
+def synchroniser(leader: bool = False) -> tuple[Synchronizer, FakeZk]:
+    zk = FakeZk()
+    s = Synchronizer(
+        zk, store=SimpleNamespace(), identity=ME, peers=SimpleNamespace(),  # type: ignore[arg-type]
+        membership=SimpleNamespace(known=lambda: {ME, A, B}),  # type: ignore[arg-type]
+        settings=SyncSettings(replica_grace_secs=1, delete_grace_secs=1, period_secs=60,
+                              versions_retained=2, threads=1),
+        is_leader=lambda: leader, leader_duty=lambda key, view: False,
+        deletions_allowed=lambda: True, key_lock=lambda key: None,  # type: ignore[arg-type,return-value]
+    )
+    return s, zk
+
+
+def entry(holders: list[str], registered: int = SESSION, acked: bool = True) -> _Entry:
+    return _Entry(b"", 0, 5, 3, acked, _holders([f"{h}-5" for h in holders], 5), registered)
+
+
+def names(*holders: str) -> list[str]:
+    return [f"{h}-5" for h in holders]
+
+
+def test_a_holder_with_nothing_to_do_only_re_arms_the_watch() -> None:
+    s, zk = synchroniser()
+    s._view["k"] = entry([ME])
+    zk.next_names = names(ME, A)
+    s._replicas_read("k", PATH, Answer(names(ME, A)))
+    assert s.queue.depth() == 0
+    assert zk.watched_reads == [(PATH, s._watcher)]
+    assert s._view["k"].holders == (ME, A)
+
+
+def test_a_change_between_the_two_reads_brings_a_reconcile() -> None:
+    s, zk = synchroniser()
+    s._view["k"] = entry([ME])
+    zk.next_names = names(ME, A, B)  # the re-arming read already sees the third copy
+    s._replicas_read("k", PATH, Answer(names(ME, A)))
+    assert s.queue.depth() == 1
+
+
+def test_a_fully_replicated_key_is_left_alone() -> None:
+    s, zk = synchroniser()
+    s._view["k"] = entry([ME, A])
+    s._replicas_read("k", PATH, Answer(names(ME, A, B)))
+    assert s.queue.depth() == 0 and zk.watched_reads == []
+
+
+@pytest.mark.parametrize("case", [
+    "leader, unacknowledged",
+    "copy not registered in this session",
+    "chosen holder lacking the version",
+    "unknown key",
+    "our copy lost",
+])
+def test_where_this_master_has_work_the_key_is_reconciled(case: str) -> None:
+    s, zk = synchroniser(leader=case.startswith("leader"))
+    if case == "leader, unacknowledged":
+        s._view["k"] = entry([ME], acked=False)
+        listed = names(ME, A)
+    elif case == "copy not registered in this session":
+        s._view["k"] = entry([ME], registered=SESSION - 1)
+        listed = names(ME, A)
+    elif case == "chosen holder lacking the version":
+        s._view["k"] = entry([A], registered=0)
+        listed = names(A, B)
+    elif case == "our copy lost":
+        s._view["k"] = entry([ME, A])
+        listed = names(A)
+    else:
+        listed = names(A)
+    s._replicas_read("k", PATH, Answer(listed))
+    assert s.queue.depth() == 1
+    assert zk.watched_reads == []
