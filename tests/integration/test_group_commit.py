@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from conftest import client_for, scrape, store_dir, value, version_files
@@ -15,6 +16,23 @@ from blobha.localcluster import LocalCluster
 
 WRITERS = 8
 PER_WRITER = 6
+
+
+def outcome(write: Callable[[], Any]) -> Any:
+    """The version a write committed, or the exception it raised."""
+    try:
+        return write().version
+    except Exception as e:
+        return e
+
+
+def run_together(target: Callable[[int], None], n: int, timeout: float) -> None:
+    threads = [threading.Thread(target=target, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout)
+        assert not t.is_alive(), "a writer hung"
 
 
 def test_concurrent_small_writes_share_commits_and_keep_their_own_outcomes(
@@ -37,11 +55,7 @@ def test_concurrent_small_writes_share_commits_and_keep_their_own_outcomes(
         with client_for(cluster) as c:
             start.wait(30)
             for n, key in enumerate(mine):
-                result: Any
-                try:
-                    result = c.create(key, payloads[key]).version
-                except Exception as e:
-                    result = e
+                result = outcome(lambda c=c, key=key: c.create(key, payloads[key]))
                 with lock:
                     outcomes[key] = result
                 if w == 0 and n == 1:
@@ -52,19 +66,11 @@ def test_concurrent_small_writes_share_commits_and_keep_their_own_outcomes(
                         ("stale", lambda c=c: c.update(moving, b"stale", expected_version=7)),
                         ("fresh", lambda c=c: c.update(moving, b"v2", expected_version=1)),
                     ):
-                        try:
-                            outcome: Any = call().version
-                        except Exception as e:
-                            outcome = e
+                        result = outcome(call)
                         with lock:
-                            outcomes[name] = outcome
+                            outcomes[name] = result
 
-    threads = [threading.Thread(target=writer, args=(w,)) for w in range(WRITERS)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
-        assert not t.is_alive(), "a writer hung"
+    run_together(writer, WRITERS, 120)
 
     failed = {k: v for k, v in outcomes.items() if k in payloads and v != 1}
     assert not failed, f"writes that did not commit as version 1: {failed}"
@@ -107,16 +113,9 @@ def test_a_create_racing_a_create_of_the_same_key_commits_once(
     def racer(i: int) -> None:
         with client_for(cluster) as c:
             start.wait(30)
-            try:
-                results[i] = c.create(unique_key, f"racer {i}".encode()).version
-            except Exception as e:
-                results[i] = e
+            results[i] = outcome(lambda: c.create(unique_key, f"racer {i}".encode()))
 
-    threads = [threading.Thread(target=racer, args=(i,)) for i in range(racers)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
+    run_together(racer, racers, 60)
     winners = [i for i, r in enumerate(results) if r == 1]
     assert len(winners) == 1, results
     assert all(isinstance(r, KeyAlreadyExists) for i, r in enumerate(results) if i != winners[0])
