@@ -216,6 +216,7 @@ class Master:
                 period_secs=config["blobstore.sync.period.secs"],
                 versions_retained=config["blobstore.versions.retained"],
                 threads=config["blobstore.sync.threads"],
+                periodic_keys_per_sec=config["blobstore.sync.periodic.keys.per.sec"],
             ),
             is_leader=lambda: self.election.is_leader,
             leader_duty=self._leader_duty,

@@ -7,10 +7,10 @@ from collections.abc import Sequence
 from concurrent.futures import Future
 
 import pytest
+from waiting import wait_until
 
 from blobha.errors import Unavailable
 from blobha.groupcommit import GroupCommitter
-from waiting import wait_until
 
 
 class Recorder:
