@@ -158,6 +158,14 @@ def _holders(names: list[str], seq: int) -> tuple[str, ...]:
     return _canonical(tuple(sys.intern(a) for a in zkstate.holders(names, seq)))
 
 
+def _chosen(me: str, key: str, rf: int, known: set[str] | frozenset[str]) -> bool:
+    """Whether ``me`` is among the holders the placement chooses for ``key`` with replication
+    factor ``rf`` (capped at the masters known)."""
+    rf = min(rf, max(len(known), 1))
+    # With rf >= the masters known, every one of them is chosen: skip the hashing.
+    return me in known if rf >= len(known) else me in placement.choose(key, known, rf)
+
+
 @dataclass(frozen=True)
 class SyncSettings:
     replica_grace_secs: float
@@ -291,7 +299,6 @@ class Synchronizer:
             if self._figures is not None and self._figures[0] == stamp:
                 return self._figures[1]
             entries = list(self._view.items())
-        n = max(len(known), 1)
         me = self.identity
         under = lag = 0
         for key, e in entries:
@@ -300,10 +307,7 @@ class Synchronizer:
             if len(e.holders) < e.rf:
                 under += 1
             if me not in e.holders:
-                rf = min(e.rf, n)
-                # With rf >= the masters known, every one of them is chosen: skip the hashing.
-                mine = me in known if rf >= len(known) else me in placement.choose(key, known, rf)
-                lag += mine
+                lag += _chosen(me, key, e.rf, known)
         result = (len(entries), under, lag)
         with self._view_lock:
             self._figures = (stamp, result)
@@ -330,7 +334,8 @@ class Synchronizer:
                 # Only the replica list moved (another master registered a copy, most often):
                 # one read of the list, without a watch, instead of a full reconcile of the key
                 # (three reads and a worker's turn on every master, per registration). The key
-                # goes to a worker, which re-arms the watch, only if it is still in motion.
+                # goes to a worker only where this master has work on it; otherwise, while it is
+                # still in motion, _replicas_read re-arms the watch itself.
                 self.zk.get_children_async(event.path).rawlink(
                     functools.partial(self._replicas_read, key, event.path))
                 return
@@ -382,10 +387,7 @@ class Synchronizer:
         version), fetch, register, or drop a copy held beyond the placement."""
         if leader and not entry.acked:
             return True
-        rf = min(entry.rf, max(len(known), 1))
-        # With rf >= the masters known, every one of them is chosen: skip the hashing.
-        target = (self.identity in known if rf >= len(known)
-                  else self.identity in placement.choose(key, known, rf))
+        target = _chosen(self.identity, key, entry.rf, known)
         if self.identity in entry.holders:
             session = self.session_id()
             return not target or entry.registered != session or not session
@@ -632,8 +634,7 @@ class Synchronizer:
         if len(entry.holders) < entry.rf or (leader and not entry.acked):
             return True
         if self.identity in entry.holders:
-            rf = min(entry.rf, max(len(known), 1))
-            return self.identity not in placement.choose(key, known, rf)
+            return not _chosen(self.identity, key, entry.rf, known)
         return False
 
     def _read_many(self, keys: list[str]
