@@ -176,7 +176,7 @@ class SyncSettings:
     #: Pace of the periodic safety-net pass. At 2,000 keys a second per master the passes
     #: made two to seven times the ZooKeeper traffic of the creates themselves at 20,000 keys
     #: and halved the create rate; watches, not this pass, keep replicas current.
-    periodic_keys_per_sec: float = 200.0
+    periodic_keys_per_sec: float
 
 
 class Synchronizer:

@@ -48,7 +48,7 @@ def synchroniser(leader: bool = False) -> tuple[Synchronizer, FakeZk]:
         zk, store=SimpleNamespace(), identity=ME, peers=SimpleNamespace(),  # type: ignore[arg-type]
         membership=SimpleNamespace(known=lambda: {ME, A, B}),  # type: ignore[arg-type]
         settings=SyncSettings(replica_grace_secs=1, delete_grace_secs=1, period_secs=60,
-                              versions_retained=2, threads=1),
+                              versions_retained=2, threads=1, periodic_keys_per_sec=200),
         is_leader=lambda: leader, leader_duty=lambda key, view: False,
         deletions_allowed=lambda: True, key_lock=lambda key: None,  # type: ignore[arg-type,return-value]
     )
