@@ -84,6 +84,7 @@ from blobha.tls import ReloadingServerCredentials
 from blobha.uploads import UploadManager
 from blobha.version import __version__
 from blobha.zkauth import ZkCredentials, ZooKeeperAuthError, ensure_locked_chroot
+from blobha.zkclient import PollHandler
 from blobha.zkstate import (
     BLOBSTORE,
     EPOCH,
@@ -181,6 +182,7 @@ class Master:
             # a leader write must not land on a fresh session after leadership was lost.
             connection_retry=KazooRetry(max_tries=-1, max_delay=2.0),
             command_retry=KazooRetry(max_tries=0, ignore_expire=False),
+            handler=PollHandler(),
             **(self.zk_credentials.kazoo_args() if self.zk_credentials else {}),
         )
         # Masters reach each other with this master's own certificate as client certificate.

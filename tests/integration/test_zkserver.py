@@ -103,3 +103,35 @@ def test_a_taken_fixed_port_fails_with_the_log(tmp_path: Path) -> None:
         assert not second.is_running()
         # The first server is untouched.
         assert four_letter_word("127.0.0.1", first.port, "ruok") == "imok"
+
+
+def test_the_masters_handler_talks_to_a_real_server_and_survives_its_restart(
+        tmp_path: Path) -> None:
+    from kazoo.protocol.states import KazooState
+    from waiting import wait_until
+
+    from blobha.zkclient import PollHandler
+
+    zk = EmbeddedZooKeeper(tmp_path / "zk", tick_ms=500)
+    zk.start()
+    client = KazooClient(hosts=zk.connect_string, timeout=4.0, handler=PollHandler())
+    try:
+        client.start(timeout=15)
+        events: list[str] = []
+        client.create("/w", b"0")
+        client.get("/w", watch=lambda e: events.append(e.type))
+        # Pipelined requests and their replies, then a watch event, all through poll().
+        results = [client.create_async(f"/w/n{i}", b"x" * 100) for i in range(200)]
+        assert [r.get(timeout=10) for r in results] == [f"/w/n{i}" for i in range(200)]
+        client.set("/w", b"1")
+        wait_until(lambda: events == ["CHANGED"], 10, "the watch event")
+        # A lost connection is noticed (the peer's hang-up reads as readable) and recovered.
+        zk.kill()
+        wait_until(lambda: client.state != KazooState.CONNECTED, 10, "the client to notice")
+        zk.start()
+        wait_until(lambda: client.state == KazooState.CONNECTED, 20, "the reconnect")
+        assert client.get("/w")[0] == b"1"
+    finally:
+        client.stop()
+        client.close()
+        zk.stop()
