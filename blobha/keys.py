@@ -69,3 +69,16 @@ def key_dirname(key: str) -> str:
     if len(name) > _MAX_DIRNAME:
         name = "h-" + xxhash.xxh3_128_hexdigest(key.encode("utf-8"))
     return name
+
+
+def key_of_dirname(name: str) -> str | None:
+    """The key :func:`key_dirname` gave ``name``, or None for a hashed name (one-way: the key is
+    recorded inside the directory) and for a name it never gives."""
+    if name.startswith("h-"):
+        return None
+    try:
+        key = urllib.parse.unquote(name, errors="strict")
+    except UnicodeDecodeError:
+        return None
+    # The round trip rejects what quoting never makes (lower-case escapes, a bare '%').
+    return key if key and key_dirname(key) == name else None

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from blobha.errors import InvalidArgument
-from blobha.keys import MAX_KEY_BYTES, key_dirname, validate_key
+from blobha.keys import MAX_KEY_BYTES, key_dirname, key_of_dirname, validate_key
 
 VALID = [
     "test",
@@ -124,3 +124,18 @@ def test_long_keys_fall_back_to_a_stable_hash() -> None:
     assert name == key_dirname(long_key)
     assert name != key_dirname(long_key[:-1])
     assert key_dirname("x" * 300).startswith("h-")
+
+
+@pytest.mark.parametrize("key", [*VALID, "a%b", "h-y", "100%", "%41"])
+def test_a_directory_name_gives_its_key_back_unless_hashed(key: str) -> None:
+    name = key_dirname(key)
+    if name.startswith("h-"):
+        assert key_of_dirname(name) is None  # one-way: the key is read from the records
+    else:
+        assert key_of_dirname(name) == key
+
+
+@pytest.mark.parametrize("name", ["%2e", "a%2fb", "%", "%zz", "%C3", "%68x", ""])
+def test_names_the_encoding_never_gives_have_no_key(name: str) -> None:
+    # Lower-case escapes, broken escapes and stray encodings are not directories of ours.
+    assert key_of_dirname(name) is None

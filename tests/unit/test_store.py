@@ -341,6 +341,16 @@ def test_keys_sharing_a_prefix_with_hash_names_stay_apart(store: LocalStore) -> 
     assert _read(store, short_key, 1) == b"short"
 
 
+def test_keys_come_from_directory_names_without_reading_records(store: LocalStore) -> None:
+    # A readable directory name is the key: a record that cannot be parsed does not hide the
+    # key from the reconcile, which then finds the record unreadable and removes the version.
+    _put(store, "plain key", 1, b"x")
+    (store.keys_dir / key_dirname("plain key") / "v1.json").write_text("{torn", "utf-8")
+    assert store.keys() == ["plain key"]
+    assert store.info("plain key", 1) is None
+    assert store.keys() == []
+
+
 def test_a_stray_file_among_the_key_directories_does_not_break_start_up(tmp_path: Path) -> None:
     root = tmp_path / "store"
     store = LocalStore(root)
