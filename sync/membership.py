@@ -35,6 +35,9 @@ class Membership:
         self._lock = threading.Lock()
         self._live: set[str] = set()
         self._gone: dict[str, float] = {}  # address -> monotonic time it left
+        # Every master seen leaving since the last take_departed(), even one already back: its
+        # session ended, and its replica nodes with it.
+        self._departed: set[str] = set()
 
     def register(self) -> None:
         """(Re-)create our ephemeral node for the current session (ha-rule 6)."""
@@ -59,6 +62,7 @@ class Membership:
             changed = children != self._live
             for gone in self._live - children:
                 self._gone[gone] = now
+                self._departed.add(gone)
                 log.warning("master %s left the cluster", gone)
             for back in children - self._live:
                 self._gone.pop(back, None)
@@ -79,6 +83,12 @@ class Membership:
     def live(self) -> set[str]:
         with self._lock:
             return set(self._live)
+
+    def take_departed(self) -> set[str]:
+        """The masters seen leaving since the last call."""
+        with self._lock:
+            departed, self._departed = self._departed, set()
+        return departed
 
     def known(self) -> set[str]:
         """Live masters plus those gone for less than the grace period."""

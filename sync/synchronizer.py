@@ -6,9 +6,10 @@ only job is to queue keys; worker threads then *re-read and reconcile* them, so 
 fetching a new version within milliseconds of its commit. New keys come from the journal: no
 master lists ``/blobstore`` (linear in the number of keys) after each create; a master that
 missed journal entries (they are kept for the last 128 creates) lists it once. A periodic full
-reconcile (Storm's only mechanism, here a safety net) re-arms every watch and catches anything
-missed, and runs at once after every new ZooKeeper session, re-registering this master's replica
-nodes.
+reconcile (Storm's only mechanism, here a safety net, paced) re-arms every watch and catches
+anything missed, and runs at once after every new ZooKeeper session, re-registering this master's
+replica nodes. When masters come and go, only what moves is looked at: the replica lists a
+departed master was on (its nodes went with its session), and the keys whose placement changes.
 
 Reconciling a key means:
 
@@ -79,6 +80,9 @@ SMALL_BLOB = 64 * 1024
 #: Versions asked for in one FetchVersions call (a master serves up to 1,000).
 FETCH_BATCH = 200
 _PACE_STEP = 0.25
+# Replica lists re-read a second after masters leave (one read each): 100,000 keys in under a
+# minute, at a fraction of the periodic pass's cost per key.
+_RECHECK_KEYS_PER_SEC = 2000
 #: Bound on waiting for one pipelined ZooKeeper answer; a dead connection fails sooner.
 _READ_TIMEOUT = 60.0
 
@@ -341,8 +345,8 @@ class Synchronizer:
                 return
             self.queue.put(key)
 
-    def _replicas_read(self, key: str, path: str, result: Any) -> None:
-        # kazoo's callback thread: no blocking calls here.
+    def _replicas_read(self, key: str, path: str, result: Any, armed: bool = False) -> None:
+        # kazoo's callback thread: no blocking calls here. ``armed``: this read set the watch.
         try:
             names = result.get_nowait()
         except Exception:
@@ -360,7 +364,7 @@ class Synchronizer:
                 lost = entry.registered != 0 and self.identity not in holders
         if entry is None or lost or self._has_work(key, entry, known, leader):
             self.queue.put(key)
-        elif self._in_motion(key, entry, known, leader):
+        elif not armed and self._in_motion(key, entry, known, leader):
             # Still under-replicated, and nothing for this master to do but follow it (its
             # figures): re-arm the watch with one more read, instead of a worker's reconcile of
             # the key (three reads) on every master for every copy registered elsewhere.
@@ -443,12 +447,14 @@ class Synchronizer:
     def _periodic(self) -> None:
         next_full = 0.0
         paced: list[str] = []  # keys of the periodic pass still to hand to the workers
+        recheck: list[str] = []  # keys whose replica list to read again, after departures
+        placed = frozenset(self.membership.known())  # what placement was last acted on for
         while not self._stop.is_set():
             grace = self.membership.next_grace_expiry()
             wait = max(0.0, next_full - time.monotonic())
             if grace is not None:
                 wait = min(wait, grace + 0.05)
-            if paced:
+            if paced or recheck:
                 wait = min(wait, _PACE_STEP)
             self._kick.wait(timeout=wait)
             self._kick.clear()
@@ -458,7 +464,7 @@ class Synchronizer:
                 if self.zk.state != KazooState.CONNECTED:
                     continue
                 session = self.session_id() or None
-                urgent = grace is not None or self._full_requested
+                full = self._full_requested
                 if session != self._session:
                     # ha-rule 6: a new session lost every ephemeral node; put them back.
                     log.info("new ZooKeeper session %s: re-registering and reconciling", session)
@@ -466,33 +472,83 @@ class Synchronizer:
                     # Every entry's `registered` names the old session, so each replica node
                     # is verified (and re-created if need be) again.
                     self._session = session
-                    urgent = True
+                    full = True
                 else:
                     self.membership.refresh()
-                if urgent:
-                    # All at once: after a new session or a reconnect, with membership moving,
-                    # or for a new leader, every key matters now.
+                known = frozenset(self.membership.known())
+                departed = self.membership.take_departed()
+                if full:
+                    # All at once: after a new session or a reconnect, or for a new leader,
+                    # every key matters now.
                     self._full_requested = False
-                    paced = []
+                    paced, recheck = [], []
+                    placed = known
                     self.reconcile_all()
                     next_full = time.monotonic() + self.settings.period_secs
-                elif not paced and time.monotonic() >= next_full:
-                    # The safety net only: fed at a bounded rate, so at 100,000s of keys it
-                    # neither takes a core nor queues every key ahead of the changes events
-                    # bring (a new version would otherwise wait behind the whole pass).
-                    paced = self._all_keys()
-                    paced.reverse()  # handed out from the end: in key order
-                    next_full = float("inf")
+                else:
+                    if known != placed:
+                        # A master joined, or one gone for longer than the grace: reconcile at
+                        # once only the keys this master is now to hold or to give up.
+                        moved = self._placement_moved(placed, known)
+                        log.info("masters now %s (were %s): %d keys move here or away",
+                                 sorted(known), sorted(placed), len(moved))
+                        self.queue.put_many(moved)
+                        placed = known
+                    if departed:
+                        # Their replica nodes went with their sessions, and a fully replicated
+                        # key's list carries no watch: read the lists again (paced), so the
+                        # figures show the keys under-replicated and the copies a returning
+                        # master registers are followed. Placement keeps departed masters for
+                        # the grace period, so nothing is fetched or dropped because of this.
+                        recheck = self._held_by(departed) + recheck
+                    if not paced and time.monotonic() >= next_full:
+                        # The safety net only: fed at a bounded rate, so at 100,000s of keys it
+                        # neither takes a core nor queues every key ahead of the changes events
+                        # bring (a new version would otherwise wait behind the whole pass).
+                        paced = self._all_keys()
+                        paced.reverse()  # handed out from the end: in key order
+                        next_full = float("inf")
                 if paced:
                     step = max(1, int(self.settings.periodic_keys_per_sec * _PACE_STEP))
                     self.queue.put_many(paced[:-step - 1:-1])
                     del paced[-step:]
                     if not paced:
                         next_full = time.monotonic() + self.settings.period_secs
+                if recheck:
+                    step = int(_RECHECK_KEYS_PER_SEC * _PACE_STEP)
+                    self._recheck_replicas(recheck[-step:])
+                    del recheck[-step:]
             except Exception:
                 log.exception("periodic reconcile failed; retrying shortly")
                 self._stop.wait(1.0)
                 self._kick.set()
+
+    def _placement_moved(self, before: frozenset[str], after: frozenset[str]) -> list[str]:
+        """The keys for which placement chooses this master under one set of masters and not
+        under the other (a key held by all of them either way, the common case when the
+        replication factor is at least the number of masters, is not among them)."""
+        me = self.identity
+        with self._view_lock:
+            entries = [(key, e.rf) for key, e in self._view.items()]
+        return [key for key, rf in entries
+                if _chosen(me, key, rf, before) != _chosen(me, key, rf, after)]
+
+    def _held_by(self, masters: set[str]) -> list[str]:
+        with self._view_lock:
+            return [key for key, e in self._view.items() if not masters.isdisjoint(e.holders)]
+
+    def _recheck_replicas(self, keys: list[str]) -> None:
+        """Read the replica lists of ``keys`` again, pipelined, each read arming the list's
+        watch; a key with work for this master goes to a worker (see _replicas_read)."""
+        last = None
+        for key in keys:
+            path = key_path(key)
+            last = self.zk.get_children_async(path, watch=self._watcher)
+            last.rawlink(functools.partial(self._replicas_read, key, path, armed=True))
+        if last is not None:
+            # Answers come in order: once the last is in, ZooKeeper has answered the step, so
+            # a slow server slows the pace instead of queueing reads without bound.
+            last.wait(_READ_TIMEOUT)
 
     def _worker(self) -> None:
         while True:
@@ -571,7 +627,7 @@ class Synchronizer:
                     to_register.append((key, action))
             except Exception as e:
                 failures[key] = e
-        fetched, done = self._fetch_all(to_fetch, failures)
+        fetched, done, fresh = self._fetch_all(to_fetch, failures)
         to_register += done
         installed = self._install_fetched(fetched)
         failures.update(installed)
@@ -579,7 +635,8 @@ class Synchronizer:
         # Only now, with every byte durable and verified, do the replica nodes appear (ha-rule 7).
         failures.update(self._register_many(to_register))
         for key, state, _ in to_fetch:
-            if key not in failures:
+            # A key that had no version here has nothing to prune (a listing saved per key).
+            if key not in failures and key not in fresh:
                 try:
                     self._prune(key, state.seq)
                 except Exception as e:
@@ -600,9 +657,9 @@ class Synchronizer:
         nearly every key - carries no such watch: that saves a watch and its bookkeeping per
         key and per master, and a registration does not make every other master re-read the
         key. What such a key's list can still lose (a master's session ending) changes
-        membership, which triggers a full reconcile, and the periodic reconcile covers the
-        rest (a replica removed as corrupt elsewhere: the under-replicated figure lags by up
-        to one period)."""
+        membership, after which the lists that master was on are read again, and the periodic
+        reconcile covers the rest (a replica removed as corrupt elsewhere: the
+        under-replicated figure lags by up to one pass)."""
         known = self.membership.known()
         leader = self._is_leader()
         arm: list[tuple[str, _Entry]] = []
@@ -750,20 +807,23 @@ class Synchronizer:
 
     def _fetch_all(self, to_fetch: list[tuple[str, BlobState, list[str]]],
                    failures: dict[str, Exception]
-                   ) -> tuple[list[tuple[str, BlobState, bytes]], list[tuple[str, int]]]:
+                   ) -> tuple[list[tuple[str, BlobState, bytes]], list[tuple[str, int]], set[str]]:
         """Fetch a batch's versions: (small blobs fetched, for the caller to install together;
-        versions installed here already, to register). Failures go into ``failures``.
+        versions installed here already, to register; the keys that had no version here).
+        Failures go into ``failures``.
 
         Small blobs of keys with nothing local come in one FetchVersions call per source (a
         catching-up master has 100,000s of them; a call each would cost more than the bytes);
         the rest, and whatever a batch call did not bring, one Download each, in parallel."""
         groups: dict[str, list[tuple[str, BlobState, list[str]]]] = {}
         singles: list[tuple[str, BlobState, list[str]]] = []
+        fresh: set[str] = set()
         for item in to_fetch:
             key, state, holders = item
             sources = [h for h in holders if h != self.identity]
             # A key with a local version goes alone: _fetch may find the bytes locally.
             if state.size <= SMALL_BLOB and sources and not self.store.versions(key):
+                fresh.add(key)
                 groups.setdefault(random.choice(sources), []).append(item)
             else:
                 singles.append(item)
@@ -802,7 +862,7 @@ class Synchronizer:
                 done.append((key, state.seq))
             else:
                 fetched.append((key, state, result))
-        return fetched, done
+        return fetched, done, fresh
 
     def _fetch_batch(self, source: str, items: list[tuple[str, BlobState, list[str]]]
                      ) -> dict[str, bytes]:

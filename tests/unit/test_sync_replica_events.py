@@ -1,5 +1,7 @@
 """What a master does when a key's replica list changes: a reconcile only where it has work on
-the key, otherwise one more read that re-arms the watch while the key is under-replicated."""
+the key, otherwise one more read that re-arms the watch while the key is under-replicated. And
+what it does when masters come and go: re-read the lists a departed master was on, and
+reconcile only the keys whose placement moves."""
 
 from __future__ import annotations
 
@@ -7,7 +9,10 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from blobha.sync.membership import Membership
 from blobha.sync.synchronizer import Synchronizer, SyncSettings, _Entry, _holders
+
+from blobha import placement
 
 ME, A, B = "m1:6627", "m2:6627", "m3:6627"
 SESSION = 77
@@ -26,6 +31,9 @@ class Answer:
     def rawlink(self, callback: Any) -> None:
         callback(self)
 
+    def wait(self, timeout: float | None = None) -> bool:
+        return True
+
 
 class FakeZk:
     client_id = (SESSION, b"")
@@ -33,13 +41,14 @@ class FakeZk:
     def __init__(self) -> None:
         self.watched_reads: list[tuple[str, Any]] = []
         self.next_names: list[str] = []
+        self.listed: dict[str, list[str]] = {}  # per path, where given
 
     def add_listener(self, fn: Any) -> None:
         pass
 
     def get_children_async(self, path: str, watch: Any = None) -> Answer:
         self.watched_reads.append((path, watch))
-        return Answer(self.next_names)
+        return Answer(self.listed.get(path, self.next_names))
 
 
 def synchroniser(leader: bool = False) -> tuple[Synchronizer, FakeZk]:
@@ -114,3 +123,55 @@ def test_where_this_master_has_work_the_key_is_reconciled(case: str) -> None:
     s._replicas_read("k", PATH, Answer(listed))
     assert s.queue.depth() == 1
     assert zk.watched_reads == []
+
+
+def test_a_departure_re_reads_each_list_once_with_its_watch() -> None:
+    s, zk = synchroniser()
+    s._view["k"] = entry([ME, A, B])
+    s._view["steady"] = entry([ME, A])
+    assert s._held_by({B}) == ["k"]
+    zk.listed[PATH] = names(ME, A)  # B's replica node went with its session
+    s._recheck_replicas(["k"])
+    # One read, which armed the watch: no second read to re-arm it, no reconcile.
+    assert zk.watched_reads == [(PATH, s._watcher)]
+    assert s._view["k"].holders == (ME, A)
+    assert s.queue.depth() == 0
+    assert s.figures()[1] == 2  # both keys now show as under-replicated
+
+
+def test_a_departure_that_leaves_this_master_work_queues_the_key() -> None:
+    s, zk = synchroniser(leader=True)
+    s._view["k"] = entry([A, B], acked=False)
+    zk.listed[PATH] = names(A)
+    s._recheck_replicas(["k"])
+    assert s.queue.depth() == 1
+
+
+def test_only_keys_whose_placement_moves_are_reconciled_when_masters_change() -> None:
+    s, _ = synchroniser()
+    before, after = frozenset({ME, A, B}), frozenset({ME, A})
+    for i in range(200):
+        s._view[f"three-{i}"] = _Entry(b"", 0, 1, 3, True, (ME, A, B), SESSION)
+        s._view[f"one-{i}"] = _Entry(b"", 0, 1, 1, True, (B,), SESSION)
+    moved = set(s._placement_moved(before, after))
+    # With three copies wanted, both remaining masters hold every key either way.
+    assert not any(key.startswith("three-") for key in moved)
+    # With one, the keys B held move to whichever of ME and A the placement now picks.
+    expected = {f"one-{i}" for i in range(200)
+                if placement.choose(f"one-{i}", before, 1) == [B]
+                and placement.choose(f"one-{i}", after, 1) == [ME]}
+    assert moved == expected and 0 < len(expected) < 200
+
+
+def test_departures_are_reported_once_even_after_a_quick_return() -> None:
+    listed = [{ME, A, B}, {ME, A}, {ME, A, B}]
+    zk = SimpleNamespace(get_children=lambda path, watch=None: sorted(listed.pop(0)))
+    changes: list[None] = []
+    m = Membership(zk, ME, grace_secs=30, on_change=lambda: changes.append(None),  # type: ignore[arg-type]
+                   info={})
+    m.refresh()
+    m.refresh()  # B's session ended
+    m.refresh()  # B is back, with a new session, before anyone asked
+    assert m.take_departed() == {B}
+    assert m.take_departed() == set()
+    assert m.known() == {ME, A, B} and len(changes) == 3
