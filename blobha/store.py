@@ -460,8 +460,8 @@ class LocalStore:
             for d in dirs:
                 if not d.is_dir(follow_symlinks=False):
                     continue  # a stray file; start-up logs it
-                # The name decodes to the key unless it is a hashed one: one listing per key,
-                # where reading a record of each took most of a periodic pass at 100,000 keys.
+                # The name decodes to the key unless it is a hashed one: one listing per key.
+                # Reading a record of each was 8% of a catching-up master's CPU (py-spy).
                 key = key_of_dirname(d.name)
                 if key is None:
                     key = _key_of_dir(Path(d.path))
