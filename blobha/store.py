@@ -544,6 +544,20 @@ class LocalStore:
             for seq in self.versions(key)[:-keep] if keep > 0 else self.versions(key):
                 self.delete_version(key, seq)
 
+    def delete_through(self, key: str, seq: int) -> None:
+        """Delete the versions of ``key`` up to ``seq``, and the key's directory if none is left.
+        A newer version stays: one the leader installed and committed while the caller waited
+        for the key's lock is not the caller's to remove."""
+        with self._lock(key):
+            left = False
+            for version in self.versions(key):
+                if version <= seq:
+                    self.delete_version(key, version)
+                else:
+                    left = True
+            if not left:
+                shutil.rmtree(self._dir(key), ignore_errors=True)
+
     def delete_key(self, key: str) -> None:
         with self._lock(key):
             d = self._dir(key)

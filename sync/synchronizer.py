@@ -776,8 +776,10 @@ class Synchronizer:
                 # Lowering R or a membership change: drop extras only once the set is complete.
                 log.info("dropping %r v%d: held by all of %s", key, state.seq, targets)
                 self._delete_node(replica_path(key, self.identity, state.seq))
-                with self._key_lock(key):
-                    self.store.delete_key(key)
+                # Only what this decision was about: the leader may have committed a newer
+                # version here while this read was in flight (its write path holds the key's
+                # lock from install to commit); deleting the whole key lost that write.
+                self.store.delete_through(key, state.seq)
                 self._unregistered(key)
                 return None
             if not trusted:

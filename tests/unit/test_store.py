@@ -351,6 +351,17 @@ def test_keys_come_from_directory_names_without_reading_records(store: LocalStor
     assert store.keys() == []
 
 
+def test_delete_through_keeps_newer_versions_and_removes_an_emptied_key(
+        store: LocalStore) -> None:
+    for seq in (1, 2, 3):
+        _put(store, "k", seq, b"v%d" % seq)
+    store.delete_through("k", 2)
+    assert store.versions("k") == [3]
+    assert _read(store, "k", 3) == b"v3"
+    store.delete_through("k", 3)
+    assert store.keys() == [] and not (store.keys_dir / key_dirname("k")).exists()
+
+
 def test_a_stray_file_among_the_key_directories_does_not_break_start_up(tmp_path: Path) -> None:
     root = tmp_path / "store"
     store = LocalStore(root)

@@ -5,6 +5,7 @@ reconcile only the keys whose placement moves."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -13,6 +14,9 @@ from blobha.sync.membership import Membership
 from blobha.sync.synchronizer import Synchronizer, SyncSettings, _Entry, _holders
 
 from blobha import placement
+from blobha.digest import digest_bytes
+from blobha.store import LocalStore
+from blobha.zkstate import BlobState
 
 ME, A, B = "m1:6627", "m2:6627", "m3:6627"
 SESSION = 77
@@ -42,19 +46,23 @@ class FakeZk:
         self.watched_reads: list[tuple[str, Any]] = []
         self.next_names: list[str] = []
         self.listed: dict[str, list[str]] = {}  # per path, where given
+        self.deleted: list[str] = []
 
     def add_listener(self, fn: Any) -> None:
         pass
+
+    def delete(self, path: str) -> None:
+        self.deleted.append(path)
 
     def get_children_async(self, path: str, watch: Any = None) -> Answer:
         self.watched_reads.append((path, watch))
         return Answer(self.listed.get(path, self.next_names))
 
 
-def synchroniser(leader: bool = False) -> tuple[Synchronizer, FakeZk]:
+def synchroniser(leader: bool = False, store: Any = None) -> tuple[Synchronizer, FakeZk]:
     zk = FakeZk()
     s = Synchronizer(
-        zk, store=SimpleNamespace(), identity=ME, peers=SimpleNamespace(),  # type: ignore[arg-type]
+        zk, store=store or SimpleNamespace(), identity=ME, peers=SimpleNamespace(),  # type: ignore[arg-type]
         membership=SimpleNamespace(known=lambda: {ME, A, B}),  # type: ignore[arg-type]
         settings=SyncSettings(replica_grace_secs=1, delete_grace_secs=1, period_secs=60,
                               versions_retained=2, threads=1, periodic_keys_per_sec=200),
@@ -175,3 +183,24 @@ def test_departures_are_reported_once_even_after_a_quick_return() -> None:
     assert m.take_departed() == {B}
     assert m.take_departed() == set()
     assert m.known() == {ME, A, B} and len(changes) == 3
+
+
+def test_dropping_a_copy_beyond_the_placement_keeps_a_version_committed_meanwhile(
+        tmp_path: Path) -> None:
+    # The leader, not chosen for R=2, read v1 complete on the chosen two and drops its copy;
+    # meanwhile its write path installed and committed v2 (an acknowledged write). Only v1
+    # may go.
+    store = LocalStore(tmp_path / "store")
+    key = next(k for k in (f"k{i}" for i in range(100))
+               if ME not in placement.choose(k, {ME, A, B}, 2))
+    v1, v2 = b"one", b"two"
+    for seq, data in ((1, v1), (2, v2)):
+        store.install_many([(key, seq, data, len(data), digest_bytes(data))])
+    s, zk = synchroniser(leader=True, store=store)
+    state = BlobState(seq=1, size=len(v1), digest=digest_bytes(v1), acl=(), replication_factor=2,
+                      creator="alice", created_at=0.0, updated_at=0.0, epoch=1, acked=True)
+    listed = [f"{h}-1" for h in (ME, A, B)]
+    assert s._decide(key, state.encode(), SimpleNamespace(version=0), listed) is None
+    assert store.versions(key) == [2]
+    assert b"".join(store.read(key, 2)) == v2
+    assert zk.deleted == [f"/blobstore/{key}/{ME}-1"]
