@@ -182,11 +182,13 @@ def test_the_change_journal_names_each_write_and_a_gap_brings_a_listing(
             # Entries the followers never saw (numbers jump far ahead): each lists the keys
             # once, and the next write (numbered lower again) still reaches them.
             zk.set(JOURNAL, JournalRecord(record.last + 10_000, ()).encode())
+            # Each follower must see the gap record itself before the next create rewrites it:
+            # one that reads only the later record has missed nothing and rightly lists nothing.
+            for m in followers(fresh_cluster):
+                wait_until(lambda m=m: "listing every key" in m.log_path.read_text(), 15,
+                           f"{m.address} to list the keys after the gap")
             c.create("journal-b", b"b", replication_factor=3)
             assert c.wait_for_replication(["journal-b"], 3, timeout=30).reached
-        for m in followers(fresh_cluster):
-            wait_until(lambda m=m: "listing every key" in m.log_path.read_text(), 15,
-                       f"{m.address} to list the keys after the gap")
     finally:
         zk.stop()
         zk.close()
