@@ -428,16 +428,7 @@ class LocalStore:
 
     def versions(self, key: str) -> list[int]:
         """Installed versions of ``key``, oldest first."""
-        d = self._dir(key)
-        try:
-            names = os.listdir(d)
-        except FileNotFoundError:
-            return []
-        seqs = []
-        for n in names:
-            if n.startswith("v") and n.endswith(".json") and n[1:-5].isdigit():
-                seqs.append(int(n[1:-5]))
-        return sorted(seqs)
+        return _versions_in(self._dir(key))
 
     def latest(self, key: str) -> VersionInfo | None:
         for seq in reversed(self.versions(key)):
@@ -465,7 +456,7 @@ class LocalStore:
                 key = key_of_dirname(d.name)
                 if key is None:
                     key = _key_of_dir(Path(d.path))
-                if key is not None and self.versions(key):
+                if key is not None and _versions_in(d.path):
                     out.append(key)
         return out
 
@@ -600,6 +591,19 @@ class LocalStore:
                     continue
                 count += found
         return count, total
+
+
+def _versions_in(d: str | Path) -> list[int]:
+    """The installed versions in key directory ``d``, oldest first."""
+    try:
+        names = os.listdir(d)
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    seqs = []
+    for n in names:
+        if n.startswith("v") and n.endswith(".json") and n[1:-5].isdigit():
+            seqs.append(int(n[1:-5]))
+    return sorted(seqs)
 
 
 def _key_of_dir(d: Path) -> str | None:

@@ -448,7 +448,8 @@ class Synchronizer:
         next_full = 0.0
         paced: list[str] = []  # keys of the periodic pass still to hand to the workers
         recheck: list[str] = []  # keys whose replica list to read again, after departures
-        placed = frozenset(self.membership.known())  # what placement was last acted on for
+        placed: frozenset[str] = frozenset()  # the masters placement last acted on (the first
+        # pass is a full reconcile, which sets it)
         while not self._stop.is_set():
             grace = self.membership.next_grace_expiry()
             wait = max(0.0, next_full - time.monotonic())
@@ -486,21 +487,8 @@ class Synchronizer:
                     self.reconcile_all()
                     next_full = time.monotonic() + self.settings.period_secs
                 else:
-                    if known != placed:
-                        # A master joined, or one gone for longer than the grace: reconcile at
-                        # once only the keys this master is now to hold or to give up.
-                        moved = self._placement_moved(placed, known)
-                        log.info("masters now %s (were %s): %d keys move here or away",
-                                 sorted(known), sorted(placed), len(moved))
-                        self.queue.put_many(moved)
-                        placed = known
-                    if departed:
-                        # Their replica nodes went with their sessions, and a fully replicated
-                        # key's list carries no watch: read the lists again (paced), so the
-                        # figures show the keys under-replicated and the copies a returning
-                        # master registers are followed. Placement keeps departed masters for
-                        # the grace period, so nothing is fetched or dropped because of this.
-                        recheck = self._held_by(departed) + recheck
+                    recheck = self._follow_membership(placed, known, departed) + recheck
+                    placed = known
                     if not paced and time.monotonic() >= next_full:
                         # The safety net only: fed at a bounded rate, so at 100,000s of keys it
                         # neither takes a core nor queues every key ahead of the changes events
@@ -522,6 +510,23 @@ class Synchronizer:
                 log.exception("periodic reconcile failed; retrying shortly")
                 self._stop.wait(1.0)
                 self._kick.set()
+
+    def _follow_membership(self, placed: frozenset[str], known: frozenset[str],
+                           departed: set[str]) -> list[str]:
+        """Act on masters coming and going; the keys whose replica lists to read again."""
+        if known != placed:
+            # A master joined, or one gone for longer than the grace: reconcile at once only
+            # the keys this master is now to hold or to give up.
+            moved = self._placement_moved(placed, known)
+            log.info("masters now %s (were %s): %d keys move here or away", sorted(known),
+                     sorted(placed), len(moved))
+            self.queue.put_many(moved)
+        # Departed masters' replica nodes went with their sessions, and a fully replicated
+        # key's list carries no watch: read the lists again (paced), so the figures show the
+        # keys under-replicated and the copies a returning master registers are followed.
+        # Placement keeps departed masters for the grace period, so nothing is fetched or
+        # dropped because of this.
+        return self._held_by(departed) if departed else []
 
     def _placement_moved(self, before: frozenset[str], after: frozenset[str]) -> list[str]:
         """The keys for which placement chooses this master under one set of masters and not
