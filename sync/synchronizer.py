@@ -80,8 +80,8 @@ SMALL_BLOB = 64 * 1024
 #: Versions asked for in one FetchVersions call (a master serves up to 1,000).
 FETCH_BATCH = 200
 _PACE_STEP = 0.25
-# Replica lists re-read a second after masters leave (one read each): 100,000 keys in under a
-# minute, at a fraction of the periodic pass's cost per key.
+# Replica lists each master re-reads per second after masters leave (one read per key):
+# 100,000 keys in under a minute, at a fraction of the periodic pass's cost per key.
 _RECHECK_KEYS_PER_SEC = 2000
 #: Bound on waiting for one pipelined ZooKeeper answer; a dead connection fails sooner.
 _READ_TIMEOUT = 60.0
