@@ -1180,7 +1180,7 @@ class Master:
     # ---- status --------------------------------------------------------------------------
 
     def node_status(self) -> MasterSummary:
-        count, stored = self.store.recent_usage()
+        count, stored = self.store.counted_usage()
         _, _, lag = self.sync.figures()
         return MasterSummary(
             address=self.identity, is_leader=self.election.is_leader,

@@ -133,7 +133,7 @@ class MasterCollector(Collector):
 
     def _store(self) -> Iterator[Metric]:
         m = self.master
-        count, stored = m.store.usage()
+        count, stored = m.store.counted_usage()
         yield GaugeMetricFamily("blobha_blobs_stored",
                                 "Blobs with a version on this master's disk.", value=float(count))
         yield GaugeMetricFamily(

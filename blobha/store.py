@@ -242,8 +242,14 @@ class LocalStore:
         self._locks: weakref.WeakValueDictionary[str, threading.RLock] = (
             weakref.WeakValueDictionary())
         self._locks_guard = threading.Lock()
-        self._usage: tuple[float, float, tuple[int, int]] | None = None  # (at, secs, figures)
         self.clean_temp()
+        # (blobs, bytes) as usage() would count them, kept current by every change below
+        # (each measures its key's directory before and after, under the key's lock): a
+        # status call or a metrics scrape then costs nothing, where a scan of 100,000 key
+        # directories took seconds, and tens of them on a master busy catching up.
+        self._counted_lock = threading.Lock()
+        self._counted = self.usage()
+        self._changing_here = threading.local()
 
     # ---- housekeeping -------------------------------------------------------------------
 
@@ -287,6 +293,31 @@ class LocalStore:
     def _dir(self, key: str) -> Path:
         return self.keys_dir / key_dirname(key)
 
+    @contextlib.contextmanager
+    def _changing(self, key: str) -> Iterator[Path]:
+        """Hold ``key``'s lock while its directory (yielded) changes, and count the change
+        into :meth:`counted_usage`. Nested uses on one thread (prune -> delete_version) count
+        once, at the outermost."""
+        with self._lock(key):
+            d = self._dir(key)
+            active: set[str] | None = getattr(self._changing_here, "keys", None)
+            if active is None:
+                active = self._changing_here.keys = set()
+            if key in active:
+                yield d
+                return
+            active.add(key)
+            had, before = _footprint(d)
+            try:
+                yield d
+            finally:
+                active.discard(key)
+                has, after = _footprint(d)
+                if (had, before) != (has, after):
+                    with self._counted_lock:
+                        blobs, stored = self._counted
+                        self._counted = (blobs + has - had, stored + after - before)
+
     # ---- space ---------------------------------------------------------------------------
 
     def disk_free(self) -> int:
@@ -325,8 +356,7 @@ class LocalStore:
             temp.discard()
             raise
         info = VersionInfo(key, seq, size, digest, CHUNK_SIZE, tuple(chunks))
-        with self._lock(key):
-            d = self._dir(key)
+        with self._changing(key) as d:
             try:
                 d.mkdir()
                 new_dir = True
@@ -383,8 +413,7 @@ class LocalStore:
                 out.append(staged[-1][0])
             sync_fs(self.tmp_dir)
             for info, path in staged:
-                with self._lock(info.key):
-                    d = self._dir(info.key)
+                with self._changing(info.key) as d:
                     d.mkdir(exist_ok=True)
                     os.replace(path, d / f"v{info.seq}.blob")
                     # The record last: a version exists only once its record does.
@@ -523,15 +552,14 @@ class LocalStore:
     # ---- removal --------------------------------------------------------------------------
 
     def delete_version(self, key: str, seq: int) -> None:
-        with self._lock(key):
-            d = self._dir(key)
+        with self._changing(key) as d:
             # The record goes first: without it the version does not exist, even mid-delete.
             (d / f"v{seq}.json").unlink(missing_ok=True)
             (d / f"v{seq}.blob").unlink(missing_ok=True)
 
     def prune(self, key: str, keep: int) -> None:
         """Keep only the newest ``keep`` versions of ``key``."""
-        with self._lock(key):
+        with self._changing(key):
             for seq in self.versions(key)[:-keep] if keep > 0 else self.versions(key):
                 self.delete_version(key, seq)
 
@@ -539,7 +567,7 @@ class LocalStore:
         """Delete the versions of ``key`` up to ``seq``, and the key's directory if none is left.
         A newer version stays: one the leader installed and committed while the caller waited
         for the key's lock is not the caller's to remove."""
-        with self._lock(key):
+        with self._changing(key) as d:
             left = False
             for version in self.versions(key):
                 if version <= seq:
@@ -547,50 +575,52 @@ class LocalStore:
                 else:
                     left = True
             if not left:
-                shutil.rmtree(self._dir(key), ignore_errors=True)
+                shutil.rmtree(d, ignore_errors=True)
 
     def delete_key(self, key: str) -> None:
-        with self._lock(key):
-            d = self._dir(key)
+        with self._changing(key) as d:
             for seq in self.versions(key):
                 self.delete_version(key, seq)
             shutil.rmtree(d, ignore_errors=True)
 
     # ---- figures --------------------------------------------------------------------------
 
-    def recent_usage(self) -> tuple[int, int]:
-        """:meth:`usage` for status figures: a scan of every key directory takes a second or
-        more at 100,000s of keys and status calls come every second, so a result is reused for
-        four times as long as its scan took: exact on small stores, at most a fifth of a core
-        on big ones."""
-        cached = self._usage
-        if cached is not None and time.monotonic() - cached[0] < 4 * cached[1]:
-            return cached[2]
-        started = time.monotonic()
-        figures = self.usage()
-        self._usage = (started, time.monotonic() - started, figures)
-        return figures
+    def counted_usage(self) -> tuple[int, int]:
+        """(blobs, bytes) stored, as :meth:`usage` counts them, without a scan: counted at
+        start and kept by every change the store makes. Files changed behind its back (by
+        hand) are counted again at the next start."""
+        with self._counted_lock:
+            return self._counted
 
     def usage(self) -> tuple[int, int]:
-        """(blobs, bytes) stored: each key counted once, every retained version's bytes."""
+        """(blobs, bytes) stored: each key counted once, every retained version's bytes. A
+        scan of every key directory; :meth:`counted_usage` gives the same figures at once."""
         count = 0
         total = 0
         with os.scandir(self.keys_dir) as dirs:
             for d in dirs:
-                found = False
-                try:
-                    with os.scandir(d.path) as files:
-                        for f in files:
-                            if f.name.startswith("v") and f.name.endswith(".blob"):
-                                try:
-                                    total += f.stat().st_size
-                                    found = True
-                                except FileNotFoundError:
-                                    pass
-                except (FileNotFoundError, NotADirectoryError):
-                    continue
+                found, stored = _footprint(d.path)
                 count += found
+                total += stored
         return count, total
+
+
+def _footprint(d: str | Path) -> tuple[bool, int]:
+    """(whether it holds a version file, their bytes) of key directory ``d``."""
+    found = False
+    total = 0
+    try:
+        with os.scandir(d) as files:
+            for f in files:
+                if f.name.startswith("v") and f.name.endswith(".blob"):
+                    try:
+                        total += f.stat().st_size
+                        found = True
+                    except FileNotFoundError:
+                        pass
+    except (FileNotFoundError, NotADirectoryError):
+        pass
+    return found, total
 
 
 def _versions_in(d: str | Path) -> list[int]:

@@ -21,7 +21,7 @@ def fake_master(**overrides: Any) -> SimpleNamespace:
         identity="m2:6627", started=time.monotonic() - 5,
         election=SimpleNamespace(is_leader=True, epoch=4), history=history,
         zk=SimpleNamespace(state="CONNECTED"),
-        store=SimpleNamespace(usage=lambda: (7, 7000), disk_free=lambda: 123456),
+        store=SimpleNamespace(counted_usage=lambda: (7, 7000), disk_free=lambda: 123456),
         uploads=SimpleNamespace(count=lambda: 2),
         sync=SimpleNamespace(figures=lambda: (9, 1, 3), queue=SimpleNamespace(depth=lambda: 5)),
         puts=SimpleNamespace(batches=4, writes=11, largest=6),

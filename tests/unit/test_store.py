@@ -433,13 +433,89 @@ def test_blob_buffer_appends_like_a_temp_blob() -> None:
     assert buf.value() == b"abcde" and buf.size == 5
 
 
-def test_recent_usage_is_reused_only_for_a_multiple_of_its_scan_time(
+def test_counted_usage_follows_every_change_the_store_makes(
         store: LocalStore, monkeypatch: pytest.MonkeyPatch) -> None:
     import blobha.store as store_module
 
-    now = [100.0]
-    monkeypatch.setattr(store_module.time, "monotonic", lambda: now[0])
-    assert store.recent_usage() == (0, 0)
-    _put(store, "a", 1, b"xyz")
-    # The scan took no time at all (the clock stood still), so nothing is reused.
-    assert store.recent_usage() == (1, 3)
+    def agrees() -> bool:
+        return store.counted_usage() == store.usage()
+
+    assert store.counted_usage() == (0, 0)
+    _put(store, "a", 1, b"12345")
+    _put(store, "a", 2, b"123")
+    _put(store, "b", 1, b"")
+    assert store.counted_usage() == (2, 8) and agrees()
+    small = _data(700)
+    store.install_many([("c", 1, small, 700, digest_bytes(small)),
+                        ("a", 3, small, 700, digest_bytes(small)),
+                        ("d", 1, small, 700, "0" * 32)])  # refused: counts nothing
+    assert store.counted_usage() == (3, 8 + 1400) and agrees()
+    store.install_copy("e", 1, store.info("c", 1))  # type: ignore[arg-type]
+    assert store.counted_usage() == (4, 8 + 2100) and agrees()
+    store.prune("a", 1)
+    assert store.counted_usage() == (4, 2100) and agrees()
+    store.delete_version("b", 1)  # its last version: the key no longer counts
+    assert store.counted_usage() == (3, 2100) and agrees()
+    store.delete_through("c", 1)
+    store.delete_key("e")
+    store.delete_key("never-there")
+    assert store.counted_usage() == (1, 700) and agrees()
+    # A corrupt copy found on read is removed, and uncounted.
+    _put(store, "rot", 1, _data(3000))
+    path = store.keys_dir / key_dirname("rot") / "v1.blob"
+    path.write_bytes(b"x" * 3000)
+    with pytest.raises(ChecksumMismatch):
+        _read(store, "rot", 1)
+    assert store.counted_usage() == (1, 700) and agrees()
+    # A batch that fails after its renames takes back what it counted.
+    calls: list[Path] = []
+
+    def failing_sync(p: Path) -> None:
+        calls.append(p)
+        if len(calls) == 2:
+            raise OSError(5, "I/O error")
+
+    monkeypatch.setattr(store_module, "sync_fs", failing_sync)
+    with pytest.raises(OSError):
+        store.install_many([("f", 1, small, 700, digest_bytes(small))])
+    assert store.counted_usage() == (1, 700) and agrees()
+
+
+def test_counted_usage_is_exact_under_concurrent_changes(store: LocalStore) -> None:
+    import threading
+
+    errors: list[BaseException] = []
+
+    def churn(worker: int) -> None:
+        try:
+            for i in range(40):
+                # Shared keys as well as own ones: changes of one key are serialised.
+                key = f"shared-{i % 5}" if i % 2 else f"own-{worker}-{i % 7}"
+                data = _data(100 + worker * 10 + i, seed=worker)
+                seq = worker * 1000 + i + 1
+                if i % 3 == 2:
+                    store.delete_key(key)
+                elif i % 3 == 1:
+                    store.install_many([(key, seq, data, len(data), digest_bytes(data))])
+                else:
+                    _put(store, key, seq, data)
+                    store.prune(key, 2)
+        except BaseException as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=churn, args=(w,)) for w in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert store.counted_usage() == store.usage() != (0, 0)
+
+
+def test_counted_usage_starts_from_what_is_on_disk(tmp_path: Path) -> None:
+    first = LocalStore(tmp_path / "s")
+    _put(first, "a", 1, b"xyz")
+    _put(first, "b", 2, b"12")
+    # Changed behind the store's back: counted again at the next start.
+    (first.keys_dir / key_dirname("b") / "v2.blob").unlink()
+    assert LocalStore(tmp_path / "s").counted_usage() == (1, 3)
