@@ -53,16 +53,23 @@ def _read_varint(buf: memoryview, pos: int) -> tuple[int, int]:
         shift += 7
 
 
-def encode_chunk(data: bytes, info: pb.BlobInfo | None = None) -> bytes:
-    """A serialised ``DownloadChunk``: the same bytes as ``DownloadChunk(...).SerializeToString()``
-    but with one copy of ``data``."""
+def chunk_header(size: int, info: pb.BlobInfo | None = None) -> bytes:
+    """What a serialised ``DownloadChunk`` with ``info`` and ``size`` bytes of data holds before
+    the data: the data follow it directly, so a master reads them in after it in place
+    (:meth:`blobha.store.LocalStore.read`'s ``frame``)."""
     parts = []
     if info is not None:
         raw = info.SerializeToString()
         parts += [bytes([_INFO_TAG]), _varint(len(raw)), raw]
-    if data:
-        parts += [bytes([_DATA_TAG]), _varint(len(data)), data]
+    if size:
+        parts += [bytes([_DATA_TAG]), _varint(size)]
     return b"".join(parts)
+
+
+def encode_chunk(data: bytes, info: pb.BlobInfo | None = None) -> bytes:
+    """A serialised ``DownloadChunk``: the same bytes as ``DownloadChunk(...).SerializeToString()``
+    but with one copy of ``data``."""
+    return b"".join([chunk_header(len(data), info), data])
 
 
 def serialize_response(message: pb.DownloadChunk | bytes) -> bytes:

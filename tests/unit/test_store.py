@@ -519,3 +519,49 @@ def test_counted_usage_starts_from_what_is_on_disk(tmp_path: Path) -> None:
     # Changed behind the store's back: counted again at the next start.
     (first.keys_dir / key_dirname("b") / "v2.blob").unlink()
     assert LocalStore(tmp_path / "s").counted_usage() == (1, 3)
+
+
+@pytest.mark.parametrize("in_place", [True, False])
+def test_framed_read_puts_each_piece_after_its_header_in_one_object(
+        store: LocalStore, monkeypatch: pytest.MonkeyPatch, in_place: bool) -> None:
+    import blobha.store as store_module
+
+    if not in_place:  # an interpreter where bytes cannot be filled in place
+        monkeypatch.setattr(store_module, "_new_bytes", None)
+    data = _data(2 * MiB + 77)
+    _put(store, "k", 1, data)
+
+    def frame(n: int) -> bytes:
+        return b"<" + str(n).encode() + b">"
+
+    whole = list(store.read("k", 1, frame=frame))
+    assert whole == [frame(MiB) + data[:MiB], frame(MiB) + data[MiB:2 * MiB],
+                     frame(77) + data[2 * MiB:]]
+    # Filled in place or not, each is an ordinary bytes object: equal, hashable, immutable.
+    assert all(type(m) is bytes for m in whole)
+    assert hash(whole[2]) == hash(frame(77) + data[2 * MiB:])
+    # A ranged read: the partial first and last pieces are framed too.
+    ranged = list(store.read("k", 1, offset=MiB - 5, length=MiB + 10, frame=frame))
+    assert ranged == [frame(5) + data[MiB - 5:MiB], frame(MiB) + data[MiB:2 * MiB],
+                      frame(5) + data[2 * MiB:2 * MiB + 5]]
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate"])
+def test_framed_read_refuses_and_removes_a_damaged_chunk(
+        store: LocalStore, damage: str) -> None:
+    data = _data(2 * MiB)
+    _put(store, "k", 1, data)
+    path = store.keys_dir / key_dirname("k") / "v1.blob"
+    if damage == "flip":
+        raw = bytearray(path.read_bytes())
+        raw[MiB + 10] ^= 1
+        path.write_bytes(bytes(raw))
+    else:
+        with open(path, "r+b") as f:
+            f.truncate(MiB + 100)
+    served = []
+    with pytest.raises(ChecksumMismatch):
+        for message in store.read("k", 1, frame=lambda n: b"H"):
+            served.append(message)
+    assert served == [b"H" + data[:MiB]]  # nothing of the bad chunk
+    assert store.versions("k") == []
