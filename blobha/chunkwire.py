@@ -53,23 +53,16 @@ def _read_varint(buf: memoryview, pos: int) -> tuple[int, int]:
         shift += 7
 
 
-def chunk_header(size: int, info: pb.BlobInfo | None = None) -> bytes:
-    """What a serialised ``DownloadChunk`` with ``info`` and ``size`` bytes of data holds before
-    the data: the data follow it directly, so a master reads them in after it in place
-    (:meth:`blobha.store.LocalStore.read`'s ``frame``)."""
+def encode_chunk(data: bytes, info: pb.BlobInfo | None = None) -> bytes:
+    """A serialised ``DownloadChunk``: the same bytes as ``DownloadChunk(...).SerializeToString()``
+    but with one copy of ``data``."""
     parts = []
     if info is not None:
         raw = info.SerializeToString()
         parts += [bytes([_INFO_TAG]), _varint(len(raw)), raw]
-    if size:
-        parts += [bytes([_DATA_TAG]), _varint(size)]
+    if data:
+        parts += [bytes([_DATA_TAG]), _varint(len(data)), data]
     return b"".join(parts)
-
-
-def encode_chunk(data: bytes, info: pb.BlobInfo | None = None) -> bytes:
-    """A serialised ``DownloadChunk``: the same bytes as ``DownloadChunk(...).SerializeToString()``
-    but with one copy of ``data``."""
-    return b"".join([chunk_header(len(data), info), data])
 
 
 def serialize_response(message: pb.DownloadChunk | bytes) -> bytes:

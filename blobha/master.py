@@ -18,7 +18,6 @@ from __future__ import annotations
 import base64
 import bisect
 import contextlib
-import functools
 import itertools
 import json
 import logging
@@ -833,10 +832,7 @@ class Master:
 
     def open_download(
         self, user: str, key: str, version: int, offset: int, length: int,
-        frame: Callable[[VersionInfo, int], bytes] | None = None,
     ) -> tuple[VersionInfo, Iterator[bytes]]:
-        """The version to serve and its verified pieces: with ``frame``, each piece of ``n``
-        bytes comes after ``frame(info, n)`` in one bytes object (:meth:`LocalStore.read`)."""
         validate_key(key)
         if user == self.principal and version:
             # Masters syncing from each other may ask for any version this master keeps; the
@@ -844,7 +840,7 @@ class Master:
             info = self.store.info(key, version)
             if info is None:
                 raise KeyNotFound(f"not held here: {self.identity} has no v{version} of {key!r}")
-            return info, self.store.read(key, version, offset, length, _framing(info, frame))
+            return info, self.store.read(key, version, offset, length)
         state, _ = self._state_for_read(key)
         self._check(user, state.acl, acls.READ, key)
         seq = version or state.seq
@@ -858,7 +854,7 @@ class Master:
             )
         if offset > info.size:
             raise InvalidArgument(f"offset {offset} is past the end of {key!r} ({info.size} bytes)")
-        return info, self.store.read(key, seq, offset, length, _framing(info, frame))
+        return info, self.store.read(key, seq, offset, length)
 
     def fetch_versions(self, user: str, refs: Sequence[tuple[str, int]]
                        ) -> Iterator[tuple[str, int, VersionInfo | None, bytes]]:
@@ -1227,11 +1223,6 @@ class Master:
         blob_count = stat.numChildren if stat is not None else 0
         return ClusterView(tuple(statuses), leaders[0] if leaders else "", epoch.epoch,
                            blob_count, under)
-
-
-def _framing(info: VersionInfo, frame: Callable[[VersionInfo, int], bytes] | None
-             ) -> Callable[[int], bytes] | None:
-    return None if frame is None else functools.partial(frame, info)
 
 
 def _check_digest(digest: str) -> None:

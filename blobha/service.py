@@ -22,7 +22,8 @@ from kazoo.exceptions import (
 
 from blobha.acl import AccessControl
 from blobha.audit import audited
-from blobha.chunkwire import UploadPiece, chunk_header, decode_upload_chunk, serialize_response
+from blobha.chunkwire import UploadPiece, decode_upload_chunk, encode_chunk, serialize_response
+from blobha.digest import CHUNK_SIZE
 from blobha.errors import BlobError, InvalidArgument, Unavailable, to_status
 from blobha.gatekeeper import authenticated_user
 from blobha.health import BLOBSTORE_SERVICE
@@ -30,7 +31,6 @@ from blobha.interceptor import ObservingInterceptor
 from blobha.metrics import RpcMetrics
 from blobha.peers import CHANNEL_OPTIONS
 from blobha.status import master_to_pb, replication_to_pb
-from blobha.store import VersionInfo
 from blobha.v1 import blobha_pb2 as pb
 from blobha.v1 import blobha_pb2_grpc as pb_grpc
 from blobha.zkstate import BlobState
@@ -253,24 +253,19 @@ class BlobStoreServicer(pb_grpc.BlobStoreServicer):
     @streaming
     def Download(self, request: pb.DownloadRequest, context: grpc.ServicerContext
                  ) -> Iterator[bytes]:
-        sent_info = False
-
-        def header(info: VersionInfo, size: int) -> bytes:
-            # The first message carries the version's info; each is a serialised
-            # DownloadChunk written by hand (blobha.chunkwire), its data read in after this.
-            nonlocal sent_info
-            first = None if sent_info else pb.BlobInfo(version=info.seq, size=info.size,
-                                                       digest=info.digest)
-            sent_info = True
-            return chunk_header(size, first)
-
-        info, messages = self.master.open_download(
-            user_of(context), request.key, request.version, request.offset, request.length,
-            header,
+        info, chunks = self.master.open_download(
+            user_of(context), request.key, request.version, request.offset, request.length
         )
-        yield from messages
-        if not sent_info:  # nothing to send (an empty blob, or a read at its end): the info
-            yield header(info, 0)
+        first: pb.BlobInfo | None = pb.BlobInfo(version=info.seq, size=info.size,
+                                                digest=info.digest)
+        for data in chunks:
+            # Chunks come verified from the store, at most CHUNK_SIZE each; encoded by hand
+            # (blobha.chunkwire), as serialised DownloadChunk messages.
+            assert len(data) <= CHUNK_SIZE
+            yield encode_chunk(data, first)
+            first = None
+        if first is not None:
+            yield encode_chunk(b"", first)
 
     @streaming
     def FetchVersions(self, request: pb.FetchVersionsRequest, context: grpc.ServicerContext

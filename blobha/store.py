@@ -94,47 +94,6 @@ _start_writeback = _load_sync_file_range()
 _syncfs: Callable[[int], int] | None = libc_function("syncfs")
 
 
-def _read_after_prefix(f: BinaryIO, prefix: bytes, n: int) -> tuple[bytes, int]:
-    """``prefix`` followed by up to ``n`` bytes read from ``f``, as one new bytes object, and
-    how many bytes were read (fewer than ``n`` at the end of the file; the rest of the object
-    is then undefined). The file's bytes are read straight into the object: a download
-    message (``DownloadChunk``: a header, then the data) costs one copy of its data instead of
-    two, a file read and then a join, and gRPC only takes ``bytes``. The object is filled
-    before anyone else can see it, as CPython's own functions fill the bytes they make."""
-    total = len(prefix) + n
-    if _new_bytes is None:
-        data = f.read(n)
-        return b"".join([prefix, data]), len(data)
-    out: bytes = _new_bytes(None, total)
-    view = memoryview((ctypes.c_char * total).from_address(id(out) + _BYTES_DATA_OFFSET))
-    view = view.cast("B")
-    view[:len(prefix)] = prefix
-    got = f.readinto(view[len(prefix):])  # type: ignore[attr-defined]
-    return out, got
-
-
-#: Where a bytes object's data starts (CPython: after its header, which __basicsize__ counts
-#: with the terminating zero byte).
-_BYTES_DATA_OFFSET = bytes.__basicsize__ - 1
-
-
-def _load_new_bytes() -> Any:
-    """``PyBytes_FromStringAndSize(NULL, n)``: a new, unfilled bytes object of ``n`` bytes;
-    None unless this interpreter is CPython and a filled one reads back exactly."""
-    try:
-        fn = ctypes.pythonapi.PyBytes_FromStringAndSize
-    except AttributeError:
-        return None
-    fn.restype = ctypes.py_object
-    fn.argtypes = (ctypes.c_void_p, ctypes.c_ssize_t)
-    probe = fn(None, 4)
-    ctypes.memmove(id(probe) + _BYTES_DATA_OFFSET, b"abcd", 4)
-    return fn if probe == b"abcd" and probe.endswith(b"cd") else None
-
-
-_new_bytes = _load_new_bytes()
-
-
 def sync_fs(path: Path) -> None:
     """Make everything written on the file system holding ``path`` durable: file contents,
     new names, renames. One call for a whole batch of files, where fsync would take one
@@ -530,14 +489,11 @@ class LocalStore:
                     out.append(key)
         return out
 
-    def read(self, key: str, seq: int, offset: int = 0, length: int = 0,
-             frame: Callable[[int], bytes] | None = None) -> Iterator[bytes]:
+    def read(self, key: str, seq: int, offset: int = 0, length: int = 0) -> Iterator[bytes]:
         """Yield the bytes of a version, each chunk verified before it is yielded.
 
         ``length`` 0 means to the end. A mismatch removes the version and raises
-        :class:`ChecksumMismatch`; nothing of the bad chunk is yielded. With ``frame``, each
-        piece of ``n`` bytes comes as ``frame(n) + piece``, made with one copy of the piece
-        (a download message: its header, then the data).
+        :class:`ChecksumMismatch`; nothing of the bad chunk is yielded.
         """
         info = self.info(key, seq)
         if info is None:
@@ -555,30 +511,15 @@ class LocalStore:
             f.seek(index * info.chunk_size)
             pos = index * info.chunk_size
             while pos < end:
-                want = min(info.chunk_size, info.size - pos)
-                lo = max(offset - pos, 0)
-                hi = min(end - pos, want)
-                whole = frame is not None and (lo, hi) == (0, want)
-                if whole:
-                    # The common case of a download: the message made around the chunk as it
-                    # is read, and the chunk verified where it lies in the message.
-                    assert frame is not None
-                    prefix = frame(want)
-                    message, got = _read_after_prefix(f, prefix, want)
-                    data: bytes | memoryview = memoryview(message)[len(prefix):]
-                else:
-                    data = f.read(info.chunk_size)
-                    got = len(data)
-                if index >= len(info.chunks) or got != want or (
-                    chunk_digest(data[:got]) != info.chunks[index]
+                data = f.read(info.chunk_size)
+                if index >= len(info.chunks) or chunk_digest(data) != info.chunks[index] or (
+                    len(data) != min(info.chunk_size, info.size - pos)
                 ):
                     self._corrupt(info, index)
-                if whole:
-                    yield message
-                else:
-                    piece = bytes(data[lo:hi]) if (lo, hi) != (0, got) else bytes(data)
-                    yield piece if frame is None else b"".join([frame(len(piece)), piece])
-                pos += got
+                lo = max(offset - pos, 0)
+                hi = min(end - pos, len(data))
+                yield data[lo:hi] if (lo, hi) != (0, len(data)) else data
+                pos += len(data)
                 index += 1
         finally:
             f.close()
