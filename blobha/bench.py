@@ -35,7 +35,10 @@ Metric groups (``--metrics`` picks a subset; every metric name starts with its g
     4 KiB creates per second (acknowledged) with 1 and with 8 concurrent clients, and 4 KiB reads
     per second likewise, each client a thread with its own :class:`Client`. Baselines: raw
     synchronous ZooKeeper creates (for creates) and gets (for reads) per second, with as many
-    kazoo clients, on the same ensemble.
+    kazoo clients, on the same ensemble. ``small_ops_per_s_create_c1_floor`` is the most one
+    client's creates could reach on this design: each waits for a fenced ZooKeeper
+    transaction, a durable install and a gRPC round trip, each measured alone (medians; needs
+    ZooKeeper); baseline as for the creates.
 ``scale`` (``--local``)
     With ``--scale-keys`` keys in the cluster (created concurrently; the rate is reported with
     raw ZooKeeper creates as the baseline): full listing through the client (baseline: one raw
@@ -103,6 +106,8 @@ USER = "blobha-bench"
 #: Concurrency of the "many clients" small-ops figures and of the scale phase's key creation.
 CONCURRENT_CLIENTS = 8
 SMALL_BLOB = 4 * 1024
+#: Calls timed for each part of a create's floor (medians; also bounded in time).
+FLOOR_ROUNDS = 300
 #: Each scale key holds this much: big enough to be a real blob, small enough that 100,000 of
 #: them measure metadata costs rather than disk bandwidth.
 SCALE_BLOB = 1024
@@ -490,6 +495,69 @@ def zk_get_rate(connect: str, threads: int, seconds: float, nodes: int = 1000) -
         _zk_close(admin)
 
 
+def _timed_ms(op: Callable[[int], object], rounds: int, seconds: float) -> float:
+    """Median milliseconds of ``op(i)`` over at most ``rounds`` calls and about ``seconds``."""
+    times: list[float] = []
+    stop = time.monotonic() + seconds
+    for i in range(rounds):
+        t0 = time.perf_counter()
+        op(i)
+        times.append((time.perf_counter() - t0) * 1000)
+        if time.monotonic() >= stop:
+            break
+    return statistics.median(times)
+
+
+def fenced_commit_ms(connect: str, rounds: int, seconds: float) -> float:
+    """Median ms of a ZooKeeper transaction shaped as the one that commits a small create: the
+    leader's two fences (its candidacy and the epoch), the key's metadata, its replica node
+    (ephemeral) and the change journal's record."""
+    zk = _zk_open(connect)
+    base = f"/blobha-bench-{os.getpid()}-{time.monotonic_ns()}"
+    try:
+        zk.create(base)
+        zk.create(f"{base}/epoch", b"1")
+        zk.create(f"{base}/journal", b"")
+        meta, record = b"m" * 260, b"j" * 60
+
+        def commit(i: int) -> None:
+            txn = zk.transaction()
+            txn.check(f"{base}/epoch", 0)
+            txn.check(f"{base}/epoch", 0)
+            txn.create(f"{base}/k{i}", meta)
+            txn.create(f"{base}/k{i}-r", b"", ephemeral=True)
+            txn.set_data(f"{base}/journal", record)
+            results = txn.commit()
+            failed = [r for r in results if isinstance(r, BaseException)]
+            if failed:
+                raise failed[0]
+
+        return _timed_ms(commit, rounds, seconds)
+    finally:
+        zk_delete_tree(zk, base)
+        _zk_close(zk)
+
+
+def small_install_ms(directory: Path, rounds: int, seconds: float) -> float:
+    """Median ms of the leader's durable install of one 4 KiB blob (LocalStore.install_many:
+    the temp file, a sync, the rename and record, a sync), in a store under ``directory``."""
+    from blobha.digest import digest_bytes
+    from blobha.store import LocalStore
+
+    root = Path(tempfile.mkdtemp(prefix="blobha-bench-install-", dir=directory))
+    try:
+        store = LocalStore(root)
+        data = os.urandom(SMALL_BLOB)
+        digest = digest_bytes(data)
+
+        def install(i: int) -> None:
+            store.install_many([(f"k{i}", 1, data, len(data), digest)])
+
+        return _timed_ms(install, rounds, seconds)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
 # --------------------------------------------------------------------------------------------
 # Machine baselines
 # --------------------------------------------------------------------------------------------
@@ -791,6 +859,8 @@ class Bench:
             self._errors("small creates", res)
             self.add(f"small_ops_per_s_create_c{threads}", res.rate, "op/s",
                      f"zk_sync_create_per_s_c{threads}", self.zk_create_rate(threads))
+            if threads == 1:
+                self.create_floor(min(secs, 3.0))
         if self.lc is None:
             self.created.extend(created)
         keys = list(created)
@@ -807,6 +877,25 @@ class Bench:
                 zk_gets = zk_get_rate(self.zk_connect, threads, min(secs, 10.0)).rate
             self.add(f"small_ops_per_s_read_c{threads}", res.rate, "op/s",
                      f"zk_sync_get_per_s_c{threads}", zk_gets)
+
+    def create_floor(self, seconds: float) -> None:
+        """What one client's creates could reach at most on this design: one create waits for
+        a fenced ZooKeeper transaction, a durable install and a gRPC round trip, one after
+        the other, whatever else it costs. Each part is measured alone, here and now."""
+        if self.zk_connect is None:
+            self.log.note("small_ops_per_s_create_c1_floor skipped: it needs --zookeeper")
+            return
+        commit = fenced_commit_ms(self.zk_connect, FLOOR_ROUNDS, seconds)
+        install = small_install_ms(self.disk_dir, FLOOR_ROUNDS, seconds)
+        with self.client() as c:
+            summary = c.cluster_summary()
+            target = summary.leader or summary.masters[0].address
+            rpc = _timed_ms(lambda i: c.node_status(target), FLOOR_ROUNDS, seconds)
+        floor = commit + install + rpc
+        self.log.say(f"one create's floor: fenced ZooKeeper transaction {commit:.2f} ms, install"
+                     f" with two syncs {install:.2f} ms, gRPC round trip {rpc:.2f} ms")
+        self.add("small_ops_per_s_create_c1_floor", 1000 / floor, "op/s",
+                 "zk_sync_create_per_s_c1", self.zk_create_rate(1))
 
     def _errors(self, what: str, res: DriveResult) -> None:
         if res.errors:

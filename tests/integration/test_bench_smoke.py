@@ -24,7 +24,7 @@ BLOBHA = str(Path(sys.executable).with_name("blobha"))
 EXPECTED = {
     "upload_mbps", "replication_1g_s", "download_mbps",
     "replication_latency_ms_p50", "replication_latency_ms_p99",
-    "small_ops_per_s_create_c1", "small_ops_per_s_create_c8",
+    "small_ops_per_s_create_c1", "small_ops_per_s_create_c1_floor", "small_ops_per_s_create_c8",
     "small_ops_per_s_read_c1", "small_ops_per_s_read_c8",
     "spark_first_app_blob_ready_s", "spark_second_app_blob_ready_s",
     "spark_second_app_blob_ready_client_loaded_s",
