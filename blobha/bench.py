@@ -87,9 +87,10 @@ from kazoo.client import KazooClient
 
 from blobha.client import Client
 from blobha.credentials import Credentials
-from blobha.digest import CHUNK_SIZE
+from blobha.digest import CHUNK_SIZE, digest_bytes
 from blobha.localcluster import LocalCluster, MasterProcess
 from blobha.peers import CHANNEL_OPTIONS, USER_METADATA_KEY
+from blobha.store import LocalStore
 from blobha.v1 import blobha_pb2 as pb
 from blobha.v1 import blobha_pb2_grpc as pb_grpc
 from blobha.zkserver import four_letter_word
@@ -541,9 +542,6 @@ def fenced_commit_ms(connect: str, rounds: int, seconds: float) -> float:
 def small_install_ms(directory: Path, rounds: int, seconds: float) -> float:
     """Median ms of the leader's durable install of one 4 KiB blob (LocalStore.install_many:
     the temp file, a sync, the rename and record, a sync), in a store under ``directory``."""
-    from blobha.digest import digest_bytes
-    from blobha.store import LocalStore
-
     root = Path(tempfile.mkdtemp(prefix="blobha-bench-install-", dir=directory))
     try:
         store = LocalStore(root)
