@@ -8,7 +8,17 @@ import time
 
 import grpc
 import pytest
-from conftest import client_for, followers, md, scrape, store_dir, stub, value, wait_until
+from conftest import (
+    client_for,
+    followers,
+    md,
+    scrape,
+    store_dir,
+    stub,
+    value,
+    version_files,
+    wait_until,
+)
 from kazoo.client import KazooClient
 
 from blobha import placement
@@ -17,6 +27,7 @@ from blobha.bench import node_status
 from blobha.client import Client
 from blobha.localcluster import LocalCluster
 from blobha.master import FETCH_MAX_VERSIONS, FETCH_WHOLE_MAX_BYTES
+from blobha.store import FLUSH_BYTES
 from blobha.v1 import blobha_pb2 as pb
 from blobha.zkstate import JOURNAL, MASTER_SECRET, MASTERS, JournalRecord, key_path, replica_path
 
@@ -34,6 +45,19 @@ def test_create_and_update_replicate_to_three(alice: Client, unique_key: str) ->
     result = alice.wait_for_replication([unique_key], 3, timeout=10)
     assert result.reached
     assert result.statuses[0].version == 2
+
+
+def test_a_blob_larger_than_a_background_flush_lands_whole_on_every_master(
+        cluster: LocalCluster, alice: Client, unique_key: str) -> None:
+    """The leader's upload and each follower's copy go through temp files flushed in the
+    background while the bytes arrive (store.FLUSH_BYTES): every master ends up with exactly
+    the bytes, and every read of them verifies."""
+    data = os.urandom(FLUSH_BYTES + 5 * 1024 * 1024 + 17)
+    alice.create(unique_key, data, replication_factor=3)
+    assert alice.wait_for_replication([unique_key], 3, timeout=60).reached
+    for m in cluster.masters:
+        assert [f.read_bytes() == data for f in version_files(m, unique_key)] == [True], m.address
+    assert alice.read(unique_key) == data
 
 
 def test_replication_factor_one_lands_on_the_placement_choice(

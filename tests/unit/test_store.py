@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import threading
 from pathlib import Path
 
 import pytest
 
+from blobha import store as store_module
 from blobha.digest import CHUNK_SIZE, EMPTY_DIGEST, chunk_digest, digest_bytes
 from blobha.errors import ChecksumMismatch, InvalidArgument, KeyNotFound, ResourceExhausted
 from blobha.keys import key_dirname
@@ -142,6 +145,99 @@ def test_chunk_digests_do_not_depend_on_how_the_bytes_arrive(tmp_path: Path) -> 
         for i in range(0, len(data), piece):
             temp.write_at(i, data[i:i + piece])
         assert temp.finish() == (digest_bytes(data), expected, len(data))
+
+
+@pytest.fixture
+def counted_flushes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Background flushes every 8 KiB (so small files run them), each one counted."""
+    monkeypatch.setattr(store_module, "FLUSH_BYTES", 8192)
+    monkeypatch.setattr(store_module, "WRITEBACK_BYTES", 4096)
+    flushes: list[int] = []
+    real = os.fdatasync
+
+    def counting(fd: int) -> None:
+        flushes.append(fd)
+        real(fd)
+
+    monkeypatch.setattr(os, "fdatasync", counting)
+    return flushes
+
+
+def _write_in_odd_pieces(temp: TempBlob, data: bytes) -> None:
+    """Pieces of odd sizes, each re-sending two bytes already received (a retried chunk's
+    overlap)."""
+    pos = 0
+    for n in (1, 4095, 3, 8192, 10_000, 7):
+        start = max(pos - 2, 0)
+        temp.write_at(start, data[start:pos + n])
+        pos = min(pos + n, len(data))
+    temp.write_at(pos, data[pos:])
+
+
+@pytest.mark.parametrize("size", [0, 1, 8191, 8192, 22_301, 123_457])
+def test_temp_file_flushed_in_the_background_holds_exactly_the_bytes(
+        tmp_path: Path, counted_flushes: list[int], size: int) -> None:
+    data = os.urandom(size)
+    temp = TempBlob(tmp_path / "t.part")
+    _write_in_odd_pieces(temp, data)
+    assert temp.size == size
+    expected = [chunk_digest(data[i:i + CHUNK_SIZE]) for i in range(0, size, CHUNK_SIZE)]
+    assert temp.finish() == (digest_bytes(data), expected, size)
+    assert (tmp_path / "t.part").read_bytes() == data
+    if size >= 2 * 8192:
+        assert counted_flushes, "no flush ran while the bytes arrived"
+    with pytest.raises(ValueError, match="discarded"):
+        temp.write_at(size, b"late")
+    assert not [t for t in threading.enumerate() if t.name.startswith("blob-flush")]
+
+
+def test_a_failed_background_flush_fails_the_temp_file(
+        tmp_path: Path, counted_flushes: list[int], monkeypatch: pytest.MonkeyPatch) -> None:
+    def failing(fd: int) -> None:
+        counted_flushes.append(fd)
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(os, "fdatasync", failing)
+    temp = TempBlob(tmp_path / "t.part")
+    data = os.urandom(64 * 1024)
+    # It surfaces in a later write or in the finish: never a file that installs as if whole.
+    with pytest.raises(OSError, match="Input/output error"):
+        for start in range(0, len(data), 1000):
+            temp.write_at(start, data[start:start + 1000])
+        temp.finish()
+    assert counted_flushes
+    temp.discard()
+    assert not (tmp_path / "t.part").exists()
+    assert not [t for t in threading.enumerate() if t.name.startswith("blob-flush")]
+
+
+def test_discard_from_another_thread_while_a_stream_writes(
+        tmp_path: Path, counted_flushes: list[int]) -> None:
+    """An expired upload is discarded by the reaper while its stream may still write: the
+    stream gets ValueError (the upload is gone), and the file and its flusher go away."""
+    temp = TempBlob(tmp_path / "t.part")
+    block = os.urandom(1000)
+    errors: list[BaseException] = []
+    flushing = threading.Event()
+
+    def stream() -> None:
+        try:
+            while True:
+                temp.write_at(temp.size, block)
+                if counted_flushes:
+                    flushing.set()
+        except BaseException as e:
+            errors.append(e)
+
+    writer = threading.Thread(target=stream)
+    writer.start()
+    assert flushing.wait(10)
+    temp.discard()
+    writer.join(10)
+    assert not writer.is_alive()
+    assert len(errors) == 1 and isinstance(errors[0], ValueError)
+    assert not (tmp_path / "t.part").exists()
+    assert not [t for t in threading.enumerate() if t.name.startswith("blob-flush")]
 
 
 def test_discarded_temp_is_removed(store: LocalStore) -> None:
