@@ -497,16 +497,13 @@ def zk_get_rate(connect: str, threads: int, seconds: float, nodes: int = 1000) -
 
 
 def _timed_ms(op: Callable[[int], object], rounds: int, seconds: float) -> float:
-    """Median milliseconds of ``op(i)`` over at most ``rounds`` calls and about ``seconds``."""
-    times: list[float] = []
-    stop = time.monotonic() + seconds
-    for i in range(rounds):
-        t0 = time.perf_counter()
-        op(i)
-        times.append((time.perf_counter() - t0) * 1000)
-        if time.monotonic() >= stop:
-            break
-    return statistics.median(times)
+    """Median milliseconds of ``op(i)`` over at most ``rounds`` calls and about ``seconds``,
+    one after the other; the first failure is raised."""
+    res = Driver(lambda: None, lambda _: None, lambda _, i: op(i)).run(
+        1, seconds=seconds, total=rounds)
+    if res.errors:
+        raise res.errors[0]
+    return statistics.median(res.latencies_ms)
 
 
 def fenced_commit_ms(connect: str, rounds: int, seconds: float) -> float:
@@ -755,8 +752,8 @@ class Bench:
         data = pattern(size)
         with self.client() as c:
             c.cluster_summary()  # leader discovery outside the clock
-            for r in range(rounds):
-                key = f"{self.prefix}-big-{r}"
+            keys = [f"{self.prefix}-big-{r}" for r in range(rounds)]
+            for r, key in enumerate(keys):
                 if "upload_mbps" in groups:
                     dd1.append(disk_write_secs(self.disk_dir, size))
                 t0 = time.perf_counter()
@@ -783,9 +780,9 @@ class Bench:
             # gigabytes), but only now: deleting gigabytes sets the disk trimming them for
             # seconds (ext4 mounted with discard), and the next round's upload then measured
             # that (6.9 s against 3.7 s for the first round, and 3.8 s with no delete).
-            for r in range(rounds):
-                c.delete(f"{self.prefix}-big-{r}")
-                self.created.remove(f"{self.prefix}-big-{r}")
+            for key in keys:
+                c.delete(key)
+                self.created.remove(key)
         del data
         med = statistics.median
         if "upload_mbps" in groups:

@@ -146,6 +146,13 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def _write_all(fd: int, data: bytes | memoryview) -> None:
+    """``os.write`` until all of ``data`` is written (a write may take only part of it)."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
 def _write_json_atomic(path: Path, obj: object, sync: bool = True) -> None:
     """Write ``obj`` to a temp file and rename it to ``path``; ``sync=False`` leaves the fsync
     to the caller's file-system sync (a batch).
@@ -154,11 +161,9 @@ def _write_json_atomic(path: Path, obj: object, sync: bool = True) -> None:
     a buffered text file and a random name cost as much again, for a record written per
     version installed (100,000s when a master catches up)."""
     tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}-{next(_temp_names)}")
-    data = memoryview(json.dumps(obj).encode("utf-8"))
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
     try:
-        while data:
-            data = data[os.write(fd, data):]
+        _write_all(fd, json.dumps(obj).encode("utf-8"))
         if sync:
             os.fsync(fd)
     except BaseException:
@@ -189,11 +194,12 @@ class TempBlob:
 
     def __init__(self, path: Path) -> None:
         self.path = path
+        # -1 once finished or discarded; guarded by _lock, as discard may come from another
+        # thread.
         self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
         self._digester = Digester()
         self._chunks = ChunkDigests()
         self._lock = threading.Lock()
-        self._closed = False
         self._flushed = 0  # bytes whose write-back to disk was started
         self._unsynced = 0  # bytes written since the last background flush began
         self._flusher: ThreadPoolExecutor | None = None
@@ -206,7 +212,7 @@ class TempBlob:
     def write_at(self, offset: int, data: bytes | memoryview) -> int:
         """Write ``data`` that starts at ``offset``; return how many new bytes were written."""
         with self._lock:
-            if self._closed:
+            if self._fd < 0:
                 raise ValueError(f"{self.path.name} was discarded")
             if offset > self.size:
                 raise InvalidArgument(
@@ -217,9 +223,7 @@ class TempBlob:
             if skip >= len(data):
                 return 0
             view = memoryview(data)[skip:]
-            rest = view
-            while rest:
-                rest = rest[os.write(self._fd, rest):]
+            _write_all(self._fd, view)
             self._digester.update(view)
             self._chunks.update(view)
             if _start_writeback is not None and self.size - self._flushed >= WRITEBACK_BYTES:
@@ -230,23 +234,25 @@ class TempBlob:
                 self._flushed = self.size
             self._unsynced += len(view)
             if self._unsynced >= FLUSH_BYTES and (self._flush is None or self._flush.done()):
-                # Written-back pages may still sit in the device's cache (a virtual disk's is
-                # the host's page cache): flush them too while bytes arrive, since the final
-                # fsync of a 1 GiB upload spent 1.4-1.7 s on that with the sender waiting.
-                if self._flush is not None:
-                    self._flush.result()  # a failed flush fails this write, and the upload
-                if self._flusher is None:
-                    self._flusher = ThreadPoolExecutor(1, thread_name_prefix="blob-flush")
-                self._flush = self._flusher.submit(os.fdatasync, self._fd)
-                self._unsynced = 0
+                self._flush_in_background()
             return len(view)
+
+    def _flush_in_background(self) -> None:
+        # Written-back pages may still sit in the device's cache (a virtual disk's is the
+        # host's page cache): flush them too while bytes arrive, since the final fsync of a
+        # 1 GiB upload spent 1.4-1.7 s on that with the sender waiting. Caller holds _lock.
+        if self._flush is not None:
+            self._flush.result()  # a failed flush fails this write, and the upload
+        if self._flusher is None:
+            self._flusher = ThreadPoolExecutor(1, thread_name_prefix="blob-flush")
+        self._flush = self._flusher.submit(os.fdatasync, self._fd)
+        self._unsynced = 0
 
     def finish(self) -> tuple[str, list[str], int]:
         """fsync and close; return (whole digest, chunk digests, size) of what was received."""
         with self._lock:
-            if self._closed:
+            if self._fd < 0:
                 raise ValueError(f"{self.path.name} was discarded")
-            self._closed = True
             try:
                 if self._flush is not None:
                     self._flush.result()
@@ -257,7 +263,6 @@ class TempBlob:
 
     def discard(self) -> None:
         with self._lock:
-            self._closed = True
             self._release()
         self.path.unlink(missing_ok=True)
 
