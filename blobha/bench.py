@@ -548,7 +548,10 @@ def small_install_ms(directory: Path, rounds: int, seconds: float) -> float:
         def install(i: int) -> None:
             store.install_many([(f"k{i}", 1, data, len(data), digest)])
 
-        return _timed_ms(install, rounds, seconds)
+        try:
+            return _timed_ms(install, rounds, seconds)
+        finally:
+            store.close()
     finally:
         shutil.rmtree(root, ignore_errors=True)
 

@@ -281,12 +281,16 @@ class Master:
             )
             add_to_server(self, self._server)
             listen = self.config["master.listen"]
-            if self.server_tls is not None:
-                port = self._server.add_secure_port(listen, self.server_tls.credentials)
-            else:
-                port = self._server.add_insecure_port(listen)
+            try:
+                if self.server_tls is not None:
+                    port = self._server.add_secure_port(listen, self.server_tls.credentials)
+                else:
+                    port = self._server.add_insecure_port(listen)
+            except RuntimeError:  # grpcio's "Failed to bind", the reason only in its log
+                port = 0
             if port == 0:
-                raise ConfigError(f"cannot listen on {listen}: in use?")
+                raise ConfigError(f"cannot listen on master.listen {listen}: the address is in"
+                                  " use (another master?) or not this host's")
             self._server.start()
         self.membership.register()
         self.sync.start()
@@ -339,6 +343,7 @@ class Master:
             self.zk.close()
         except Exception:
             log.debug("ZooKeeper close failed", exc_info=True)
+        self.store.close()
 
     def wait_stopped(self, timeout: float | None = None) -> bool:
         return self._stopped.wait(timeout)

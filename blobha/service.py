@@ -50,6 +50,9 @@ FETCH_MESSAGE_BYTES = 1024 * 1024
 #: quorum sends no data) to notice a paused master; the server must not count those pings as
 #: abuse and close the connection ("too many pings").
 SERVER_OPTIONS = [
+    # gRPC sets SO_REUSEPORT by default, and a second master started on the same address
+    # then binds too and takes a share of the calls; without it, the second one fails to start.
+    ("grpc.so_reuseport", 0),
     ("grpc.http2.min_recv_ping_interval_without_data_ms", 1000),
     ("grpc.http2.max_ping_strikes", 0),
 ]

@@ -6,6 +6,7 @@ Layout under the store root::
     keys/<dirname>/v<seq>.json  its key (dirname is an encoding, see blobha.keys), size, xxh3-128
                                 digest and per-chunk xxh3-64 digests
     tmp/                        uploads and downloads in progress; emptied at start-up
+    LOCK                        held (flock) by the process using the store; holds its pid
 
 A version exists only once both files are in place (the ``.json`` is renamed in last), so a
 crash at any point leaves either the old state or the new one, plus debris in ``tmp/`` that
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import fcntl
 import json
 import logging
 import os
@@ -277,32 +279,77 @@ class TempBlob:
             self._fd = -1
 
 
+class DataDirInUse(OSError):
+    """Another process (or another store in this one) has the store's directory open."""
+
+
+#: The store's lock file, under its root.
+LOCK_NAME = "LOCK"
+
+
+def lock_data_dir(root: Path) -> int:
+    """Take ``root``'s lock for as long as the returned descriptor stays open, and write our
+    pid in it. A second master started with the same data directory (a copied configuration,
+    a unit started twice) would otherwise empty tmp/ under the first one's uploads at its
+    start-up and serve the same files as a second replica; it stops here instead, before it
+    touches anything. ``flock`` locks go with the process: one that dies leaves none behind."""
+    root.mkdir(parents=True, exist_ok=True)
+    fd = os.open(root / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "unknown"
+        os.close(fd)
+        raise DataDirInUse(
+            f"the data directory {root} is in use by another blobha master (pid {holder});"
+            " stop that one first, or give this master a blobstore.dir of its own"
+        ) from None
+    except BaseException:
+        os.close(fd)
+        raise
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode("ascii"), 0)
+    return fd
+
+
 class LocalStore:
-    """One master's blobs on disk. Thread-safe: operations on one key are serialised."""
+    """One master's blobs on disk. Thread-safe: operations on one key are serialised. The
+    directory is locked against other stores (:func:`lock_data_dir`) until :meth:`close`."""
 
     def __init__(self, root: Path, reserved_bytes: int = 0) -> None:
         self.root = root
         self.reserved_bytes = reserved_bytes
-        self.keys_dir = root / "keys"
-        self.tmp_dir = root / "tmp"
-        self.keys_dir.mkdir(parents=True, exist_ok=True)
-        self.tmp_dir.mkdir(parents=True, exist_ok=True)
-        #: Called with (key, seq) after a corrupt version was removed, so the master can
-        #: unregister that replica and fetch a healthy copy.
-        self.on_corrupt: Callable[[str, int], None] | None = None
-        # Weak: a key's lock lives while someone holds or waits for it, so 100,000s of keys
-        # do not keep one lock each forever; whoever holds it keeps the same object alive.
-        self._locks: weakref.WeakValueDictionary[str, threading.RLock] = (
-            weakref.WeakValueDictionary())
-        self._locks_guard = threading.Lock()
-        self.clean_temp()
-        # (blobs, bytes) as usage() would count them, kept current by every change below
-        # (each measures its key's directory before and after, under the key's lock): a
-        # status call or a metrics scrape then costs nothing, where a scan of 100,000 key
-        # directories took seconds, and tens of them on a master busy catching up.
-        self._counted_lock = threading.Lock()
-        self._counted = self.usage()
+        self._lock_fd = lock_data_dir(root)
+        try:
+            self.keys_dir = root / "keys"
+            self.tmp_dir = root / "tmp"
+            self.keys_dir.mkdir(parents=True, exist_ok=True)
+            self.tmp_dir.mkdir(parents=True, exist_ok=True)
+            #: Called with (key, seq) after a corrupt version was removed, so the master can
+            #: unregister that replica and fetch a healthy copy.
+            self.on_corrupt: Callable[[str, int], None] | None = None
+            # Weak: a key's lock lives while someone holds or waits for it, so 100,000s of keys
+            # do not keep one lock each forever; whoever holds it keeps the same object alive.
+            self._locks: weakref.WeakValueDictionary[str, threading.RLock] = (
+                weakref.WeakValueDictionary())
+            self._locks_guard = threading.Lock()
+            self.clean_temp()
+            # (blobs, bytes) as usage() would count them, kept current by every change below
+            # (each measures its key's directory before and after, under the key's lock): a
+            # status call or a metrics scrape then costs nothing, where a scan of 100,000 key
+            # directories took seconds, and tens of them on a master busy catching up.
+            self._counted_lock = threading.Lock()
+            self._counted = self.usage()
+        except BaseException:
+            self.close()
+            raise
         self._changing_here = threading.local()
+
+    def close(self) -> None:
+        """Let the directory go (another store may open it now). Idempotent."""
+        fd, self._lock_fd = self._lock_fd, -1
+        if fd >= 0:
+            os.close(fd)
 
     # ---- housekeeping -------------------------------------------------------------------
 

@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
+import xxhash
 from conftest import (
     SESSION_TIMEOUT_MS,
     client_for,
@@ -18,6 +21,7 @@ from conftest import (
     make_cluster,
     md,
     scrape,
+    store_dir,
     stub,
     value,
     wait_until,
@@ -307,3 +311,51 @@ def test_leader_changes_reach_history_metrics_and_health(fresh_cluster: LocalClu
                30, "SERVING once ZooKeeper is back")
     with client_for(fresh_cluster) as c:
         c.create("after-outage", b"ok")
+
+
+def _serve(config: Path) -> subprocess.CompletedProcess[str]:
+    """``blobha serve`` run to its end (it is expected to refuse to start)."""
+    return subprocess.run([sys.executable, "-m", "blobha", "serve", "--config", str(config)],
+                          capture_output=True, text=True, timeout=60, cwd=config.parent)
+
+
+def test_a_second_master_on_a_running_masters_directory_or_address_refuses_to_start(
+        cluster: LocalCluster, unique_key: str, tmp_path: Path) -> None:
+    leader = cluster.leader()
+    s = stub(leader.address)
+    begun = s.BeginUpload(pb.BeginUploadRequest(key=unique_key, create=True,
+                                                replication_factor=1), metadata=md("alice"))
+    first, rest = b"before the second master", b" and after it"
+    s.AppendUpload(iter([pb.UploadChunk(upload_id=begun.upload_id, offset=0, data=first)]),
+                   metadata=md("alice"))
+    temp_files = set((store_dir(leader) / "tmp").iterdir())
+    assert temp_files
+
+    # The same configuration again (a unit started twice): refused before it touches anything.
+    twice = _serve(leader.config_path)
+    assert twice.returncode == 1, twice.stdout + twice.stderr
+    out = twice.stdout + twice.stderr
+    assert f"in use by another blobha master (pid {leader.pid})" in out
+    assert "Traceback" not in out
+    assert set((store_dir(leader) / "tmp").iterdir()) == temp_files
+
+    # Its own directory but the running master's address: refused at the bind.
+    config = tmp_path / "copy.toml"
+    lines = [line for line in leader.config_path.read_text().splitlines()
+             if not line.startswith(('"blobstore.dir"', '"metrics.listen"'))]
+    config.write_text("\n".join([*lines, f'"blobstore.dir" = "{tmp_path / "data"}"']) + "\n")
+    same_address = _serve(config)
+    assert same_address.returncode == 1, same_address.stdout + same_address.stderr
+    out = same_address.stdout + same_address.stderr
+    assert f"cannot listen on master.listen {leader.address}" in out
+    assert "Traceback" not in out
+
+    # The running master lost nothing: its upload goes on and commits.
+    s.AppendUpload(iter([pb.UploadChunk(upload_id=begun.upload_id, offset=len(first),
+                                        data=rest)]), metadata=md("alice"))
+    data = first + rest
+    s.CommitUpload(pb.CommitUploadRequest(upload_id=begun.upload_id, size=len(data),
+                                          digest=xxhash.xxh3_128_hexdigest(data)),
+                   metadata=md("alice"), timeout=30)
+    with client_for(cluster) as c:
+        assert c.read(unique_key) == data

@@ -14,7 +14,7 @@ from blobha import store as store_module
 from blobha.digest import CHUNK_SIZE, EMPTY_DIGEST, chunk_digest, digest_bytes
 from blobha.errors import ChecksumMismatch, InvalidArgument, KeyNotFound, ResourceExhausted
 from blobha.keys import key_dirname
-from blobha.store import LocalStore, TempBlob, VersionInfo
+from blobha.store import DataDirInUse, LocalStore, TempBlob, VersionInfo
 
 MiB = 1024 * 1024
 
@@ -319,6 +319,7 @@ def test_start_up_removes_temp_files_and_half_installed_versions(tmp_path: Path)
     (store.tmp_dir / "nested" / "x").write_bytes(b"x")
     (d / "v2.blob").write_bytes(b"renamed in, record never written")
     (d / "v2.json.tmp-abc").write_text("{}", encoding="utf-8")
+    store.close()  # the process stops (a crash lets the lock go too)
     restarted = LocalStore(root)
     assert os.listdir(restarted.tmp_dir) == []
     assert sorted(os.listdir(d)) == ["v1.blob", "v1.json"]
@@ -390,12 +391,14 @@ def test_usage_counts_keys_once_and_every_retained_byte(store: LocalStore) -> No
 
 
 def test_reserve(tmp_path: Path) -> None:
-    LocalStore(tmp_path / "s").reserve(1)
+    plain = LocalStore(tmp_path / "s")
+    plain.reserve(1)
+    with pytest.raises(ResourceExhausted):
+        plain.reserve(1 << 62)
+    plain.close()
     huge = LocalStore(tmp_path / "s", reserved_bytes=1 << 62)
     with pytest.raises(ResourceExhausted, match=r"blobstore\.disk\.reserved\.bytes"):
         huge.reserve(1)
-    with pytest.raises(ResourceExhausted):
-        LocalStore(tmp_path / "s").reserve(1 << 62)
 
 
 def test_keys_lists_installed_keys_including_unicode(store: LocalStore) -> None:
@@ -463,6 +466,7 @@ def test_a_stray_file_among_the_key_directories_does_not_break_start_up(tmp_path
     store = LocalStore(root)
     _put(store, "k", 1, b"kept")
     (store.keys_dir / "stray.tmp").write_bytes(b"left by someone else")
+    store.close()
     restarted = LocalStore(root)
     assert restarted.keys() == ["k"]
     assert restarted.usage() == (1, 4)
@@ -614,4 +618,46 @@ def test_counted_usage_starts_from_what_is_on_disk(tmp_path: Path) -> None:
     _put(first, "b", 2, b"12")
     # Changed behind the store's back: counted again at the next start.
     (first.keys_dir / key_dirname("b") / "v2.blob").unlink()
+    first.close()
     assert LocalStore(tmp_path / "s").counted_usage() == (1, 3)
+
+
+def test_a_second_store_on_the_same_directory_is_refused_and_touches_nothing(
+        tmp_path: Path) -> None:
+    root = tmp_path / "s"
+    first = LocalStore(root)
+    _put(first, "k", 1, b"kept")
+    upload = first.new_temp("upload")
+    upload.write_at(0, b"an upload in progress")
+    with pytest.raises(DataDirInUse, match=rf"{root}.*in use by another blobha master"
+                                           rf" \(pid {os.getpid()}\).*blobstore\.dir"):
+        LocalStore(root)
+    # The refused one cleaned nothing up: the first store's upload and blob are intact.
+    assert upload.path.exists()
+    assert b"".join(first.read("k", 1)) == b"kept"
+    upload.discard()
+    first.close()
+    first.close()  # idempotent
+    second = LocalStore(root)  # the directory is free once the first lets it go
+    assert second.keys() == ["k"]
+    second.close()
+
+
+def test_the_directory_lock_is_released_when_its_process_dies(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    root = tmp_path / "s"
+    code = ("import sys, pathlib; from blobha.store import LocalStore;"
+            " LocalStore(pathlib.Path(sys.argv[1])); print('locked', flush=True);"
+            " sys.stdin.read()")
+    child = subprocess.Popen([sys.executable, "-c", code, str(root)], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None and child.stdout.readline() == "locked\n"
+        with pytest.raises(DataDirInUse, match=rf"pid {child.pid}\)"):
+            LocalStore(root)
+    finally:
+        child.kill()
+        child.wait()
+    LocalStore(root).close()  # SIGKILL left no lock behind
