@@ -280,7 +280,7 @@ class TempBlob:
 
 
 class DataDirInUse(OSError):
-    """Another process (or another store in this one) has the store's directory open."""
+    """Another process (or another store object in this one) holds the store's directory."""
 
 
 #: The store's lock file, under its root.
