@@ -495,7 +495,10 @@ class Synchronizer:
                         # bring (a new version would otherwise wait behind the whole pass).
                         paced = self._all_keys()
                         paced.reverse()  # handed out from the end: in key order
-                        next_full = float("inf")
+                        # Set again once the pass is handed out. With no key at all that is
+                        # now: an endless wait would end this thread (Event.wait overflows).
+                        next_full = (float("inf") if paced
+                                     else time.monotonic() + self.settings.period_secs)
                 if paced:
                     step = max(1, int(self.settings.periodic_keys_per_sec * _PACE_STEP))
                     self.queue.put_many(paced[:-step - 1:-1])

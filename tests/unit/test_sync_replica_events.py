@@ -204,3 +204,39 @@ def test_dropping_a_copy_beyond_the_placement_keeps_a_version_committed_meanwhil
     assert store.versions(key) == [2]
     assert b"".join(store.read(key, 2)) == v2
     assert zk.deleted == [f"/blobstore/{key}/{ME}-1"]
+
+
+def test_the_periodic_pass_keeps_running_when_there_are_no_keys() -> None:
+    # With no key anywhere the pass hands out nothing; its next start used to be left at
+    # infinity, and the periodic thread died on its next wait (Event.wait overflows).
+    import threading
+
+    from kazoo.protocol.states import KazooState
+    from waiting import wait_until
+
+    s = Synchronizer(
+        SimpleNamespace(state=KazooState.CONNECTED, add_listener=lambda f: None),  # type: ignore[arg-type]
+        store=SimpleNamespace(),  # type: ignore[arg-type]
+        identity=ME, peers=SimpleNamespace(),  # type: ignore[arg-type]
+        membership=SimpleNamespace(  # type: ignore[arg-type]
+            next_grace_expiry=lambda: None, refresh=lambda: None, known=lambda: {ME},
+            take_departed=set),
+        settings=SyncSettings(replica_grace_secs=1, delete_grace_secs=1, period_secs=0.01,
+                              versions_retained=2, threads=1, periodic_keys_per_sec=200),
+        is_leader=lambda: False, leader_duty=lambda key, view: False,
+        deletions_allowed=lambda: True, key_lock=lambda key: None,  # type: ignore[arg-type,return-value]
+    )
+    passes: list[float] = []
+    s.session_id = lambda: SESSION  # type: ignore[method-assign]
+    s._session = SESSION  # registered already: no re-registration to fake
+    s._all_keys = lambda: passes.append(0.0) or []  # type: ignore[method-assign]
+    thread = threading.Thread(target=s._periodic, daemon=True)
+    thread.start()
+    try:
+        wait_until(lambda: len(passes) >= 5 or not thread.is_alive(), timeout=10,
+                   what="periodic passes")
+        assert thread.is_alive() and len(passes) >= 5
+    finally:
+        s._stop.set()
+        s._kick.set()
+        thread.join(5)
