@@ -79,7 +79,7 @@ from blobha.scrub import Scrubber
 from blobha.status import MasterSummary, ReplicationStatus
 from blobha.statuspage import StatusServer, status_url
 from blobha.store import LocalStore, VersionInfo, libc_function
-from blobha.sync import KeyView, Membership, Synchronizer, SyncSettings
+from blobha.sync import IdentityInUse, KeyView, Membership, Synchronizer, SyncSettings
 from blobha.tls import ReloadingServerCredentials
 from blobha.uploads import UploadManager
 from blobha.version import __version__
@@ -209,6 +209,9 @@ class Master:
         self.membership = Membership(
             self.zk, self.identity, config["blobstore.replica.grace.secs"],
             on_change=self._membership_changed, info=info,
+            # A predecessor's session (this identity, a master that died) expires within its
+            # timeout, one tick late at worst.
+            claim_secs=2 * self.session_timeout + 2,
         )
         self.sync = Synchronizer(
             self.zk, self.store, self.identity, self.peers, self.membership,
@@ -292,7 +295,12 @@ class Master:
                 raise ConfigError(f"cannot listen on master.listen {listen}: the address is in"
                                   " use (another master?) or not this host's")
             self._server.start()
-        self.membership.register()
+        try:
+            self.membership.register(wait=True)
+        except IdentityInUse as e:
+            if self._server is not None:
+                self._server.stop(0)
+            raise ConfigError(str(e)) from None
         self.sync.start()
         self.election.start()
         self.scrubber.start()

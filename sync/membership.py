@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 
 from kazoo.client import KazooClient
-from kazoo.exceptions import NodeExistsError, NoNodeError
+from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 from kazoo.protocol.states import WatchedEvent
 
 from blobha.zkstate import MASTERS
@@ -22,16 +22,26 @@ from blobha.zkstate import MASTERS
 log = logging.getLogger(__name__)
 
 
+class IdentityInUse(Exception):
+    """Another live master is registered under this master's identity (master.advertise)."""
+
+
 class Membership:
     def __init__(
         self, zk: KazooClient, identity: str, grace_secs: float, on_change: Callable[[], None],
-        info: dict[str, object],
+        info: dict[str, object], claim_secs: float = 0.0,
     ) -> None:
         self.zk = zk
         self.identity = identity
         self.grace_secs = grace_secs
         self._on_change = on_change
         self._info = info
+        #: How long a first registration waits for a node of our name held by a session not
+        #: of this process to go away (see register).
+        self.claim_secs = claim_secs
+        # The sessions in which this process registered: a node of our name under one of
+        # them is ours to replace.
+        self._sessions: set[int] = set()
         self._lock = threading.Lock()
         self._live: set[str] = set()
         self._gone: dict[str, float] = {}  # address -> monotonic time it left
@@ -39,21 +49,60 @@ class Membership:
         # session ended, and its replica nodes with it.
         self._departed: set[str] = set()
 
-    def register(self) -> None:
-        """(Re-)create our ephemeral node for the current session (ha-rule 6)."""
+    def register(self, wait: bool = False) -> None:
+        """(Re-)create our ephemeral node for the current session (ha-rule 6).
+
+        A node of our name may already be there. Under an earlier session of this process it
+        is ours: it is replaced at once. Under any other session it is either a predecessor's
+        (a master that ran with this identity and died, its session not expired yet) or a
+        live master's with the same ``master.advertise``. The first goes within its session
+        timeout; the second never does, and two masters under one identity would take each
+        other's replica nodes away in turn. So it is never deleted: with ``wait``, up to
+        ``claim_secs`` pass for it to go; then, or at once without ``wait``, IdentityInUse."""
         path = f"{MASTERS}/{self.identity}"
         data = json.dumps(self._info).encode()
         session = self.zk.client_id[0] if self.zk.client_id else None
-        try:
-            self.zk.create(path, data, ephemeral=True, makepath=True)
-        except NodeExistsError:
-            stat = self.zk.exists(path)
-            if stat is not None and stat.ephemeralOwner != session:
-                # Left over from our previous session, which ZooKeeper has not expired yet.
-                with contextlib.suppress(NoNodeError):
-                    self.zk.delete(path)
+        deadline = time.monotonic() + (self.claim_secs if wait else 0.0)
+        announced = False
+        gone = threading.Event()  # set by a watch on the node: it went (or changed)
+        while True:
+            try:
                 self.zk.create(path, data, ephemeral=True, makepath=True)
+                break
+            except NodeExistsError:
+                pass
+            gone.clear()
+            stat = self.zk.exists(path, watch=lambda event: gone.set())
+            if stat is None:
+                continue  # went meanwhile
+            owner = stat.ephemeralOwner
+            if owner == session:
+                break
+            if owner in self._sessions:
+                with contextlib.suppress(NoNodeError, BadVersionError):
+                    self.zk.delete(path, version=stat.version)
+                continue
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise IdentityInUse(self._claim_error(path, owner, wait))
+            if not announced:
+                log.info("%s is registered under ZooKeeper session 0x%x, not one of ours:"
+                         " waiting up to %.0f s for it to expire", self.identity, owner, left)
+                announced = True
+            gone.wait(left)
+        if session:
+            self._sessions.add(session)
         self.refresh()
+
+    def _claim_error(self, path: str, owner: int, waited: bool) -> str:
+        holder = ""
+        with contextlib.suppress(Exception):
+            info = json.loads(self.zk.get(path)[0])
+            holder = f" (pid {info.get('pid')} on {info.get('host')})"
+        after = f" and did not go away within {self.claim_secs:.0f} s" if waited else ""
+        return (f"another master{holder} is registered as {self.identity} under ZooKeeper"
+                f" session 0x{owner:x}{after}: each master needs a master.advertise address"
+                " of its own; stop the other master or change this one's")
 
     def refresh(self) -> None:
         children = set(self.zk.get_children(MASTERS, watch=self._on_watch))

@@ -39,7 +39,7 @@ from contextlib import AbstractContextManager, suppress
 from dataclasses import dataclass
 from typing import Any
 
-from blobha.sync.membership import Membership
+from blobha.sync.membership import IdentityInUse, Membership
 from blobha.sync.workqueue import WorkQueue
 from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import KazooException, NodeExistsError, NoNodeError
@@ -509,6 +509,12 @@ class Synchronizer:
                     step = int(_RECHECK_KEYS_PER_SEC * _PACE_STEP)
                     self._recheck_replicas(recheck[-step:])
                     del recheck[-step:]
+            except IdentityInUse as e:
+                # Our session was lost and another master took our name meanwhile: nothing
+                # here is registered until it goes.
+                log.error("cannot register again: %s", e)
+                self._stop.wait(5.0)
+                self._kick.set()
             except Exception:
                 log.exception("periodic reconcile failed; retrying shortly")
                 self._stop.wait(1.0)

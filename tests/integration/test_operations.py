@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -359,3 +360,63 @@ def test_a_second_master_on_a_running_masters_directory_or_address_refuses_to_st
                    metadata=md("alice"), timeout=30)
     with client_for(cluster) as c:
         assert c.read(unique_key) == data
+
+
+def _config_beside(m: MasterProcess, path: Path, **values: object) -> Path:
+    """``m``'s configuration with ``values`` in place of its own, and no status page."""
+    drop = ('"metrics.listen"', *(json.dumps(k) for k in values))
+    lines = [line for line in m.config_path.read_text().splitlines()
+             if not line.startswith(drop)]
+    path.write_text("\n".join([*lines, *(f"{json.dumps(k)} = {json.dumps(v)}"
+                                          for k, v in values.items())]) + "\n")
+    return path
+
+
+def test_a_master_advertising_a_running_masters_address_refuses_to_start(
+        cluster: LocalCluster, unique_key: str, tmp_path: Path) -> None:
+    running = followers(cluster)[0]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    config = _config_beside(running, tmp_path / "twin.toml", **{
+        "blobstore.dir": str(tmp_path / "data"), "master.listen": f"127.0.0.1:{port}",
+        "master.advertise": running.address,
+        # The wait for the name to be released is twice the session timeout and 2 s.
+        "zookeeper.session.timeout.ms": 1000,
+    })
+    twin = _serve(config)
+    out = twin.stdout + twin.stderr
+    assert twin.returncode == 1, out
+    assert (f"another master (pid {running.pid} on {socket.gethostname()}) is registered as"
+            f" {running.address}") in out
+    assert "did not go away within 4 s" in out and "master.advertise" in out
+    assert "Traceback" not in out
+    # The running master kept its name: it still takes new replicas, and is listed.
+    with client_for(cluster) as c:
+        c.create(unique_key, b"after the twin", replication_factor=3)
+        result = c.wait_for_replication([unique_key], 3, timeout=30)
+        assert result.reached and running.address in result.statuses[0].holders
+        masters = {m.address for m in c.cluster_summary().masters if m.reachable}
+        assert running.address in masters
+
+
+def test_a_master_killed_and_restarted_at_once_waits_out_its_old_session(
+        tmp_path: Path) -> None:
+    # A long session, so the restarted process certainly finds its old node still there.
+    session_ms = 10_000
+    with make_cluster(tmp_path / "cluster", **{"zookeeper.session.timeout.ms": session_ms}
+                      ) as lc, client_for(lc) as c:
+        c.create("before", b"one", replication_factor=3)
+        assert c.wait_for_replication(["before"], 3, timeout=30).reached
+        m = followers(lc)[0]
+        m.kill()
+        lc.start_master(m)
+        wait_until(lambda: "for it to expire" in m.log_path.read_text(errors="replace"),
+                   timeout=30, what="the restarted master to wait for its old session")
+        # Once the old session expires it registers, copies what it lacks and counts again.
+        c.create("after", b"two", replication_factor=3)
+        result = c.wait_for_replication(["before", "after"], 3, timeout=60)
+        assert result.reached, result
+        assert all(m.address in s.holders for s in result.statuses)
+        log_text = m.log_path.read_text(errors="replace")
+        assert "is registered as" not in log_text  # it was never refused
