@@ -1036,11 +1036,19 @@ class Client:
 
     def _retry(self, what: str, deadline: _Deadline, attempt_fn: Callable[[], T]) -> T:
         attempt = 0
+        last: BlobError | None = None
         while True:
             try:
                 return attempt_fn()
             except (NotLeader, Unavailable) as exc:
+                last = exc
                 self._pause(attempt, deadline, exc, what)
+            except DeadlineExceeded:
+                if last is None or not deadline.expired():
+                    raise
+                # A retry ran into the end of the deadline: why it was retrying is the news
+                # ("ZooKeeper is unreachable"), not that its last try was cut short.
+                raise _gave_up(last, what, deadline.seconds) from None
             attempt += 1
 
     def _leader_call(

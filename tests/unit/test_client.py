@@ -993,3 +993,47 @@ def test_address_map_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch)
         assert c._transport._address_map == {"m1:6627": "127.0.0.1:1"}
     finally:
         c.close()
+
+
+def test_a_retry_cut_short_by_the_deadline_reports_why_it_was_retrying(
+    client: Client, cluster: FakeCluster, clock: FakeClock
+) -> None:
+    # Each master refuses (ZooKeeper is down) and each refusal takes 9 s; the try that the
+    # deadline then cuts short must not hide why the client kept trying.
+    refusals = []
+    real = cluster.unary
+
+    def unary(address: str, method: str, request: Any, timeout: float | None) -> Any:
+        if method != "GetMeta":
+            return real(address, method, request, timeout)
+        assert timeout is not None
+        if len(refusals) < 3:
+            refusals.append(address)
+            clock.now += 9.0
+            raise Unavailable(f"master {address} unavailable: no record of 'k' here while"
+                              " ZooKeeper is unreachable")
+        clock.now += timeout  # the last try runs to the end of the deadline
+        raise DeadlineExceeded(f"master {address} did not answer in time (Deadline Exceeded)")
+
+    cluster.unary = unary  # type: ignore[method-assign]
+    with pytest.raises(Unavailable, match=r"within 30 s: .*no record of 'k'"):
+        client.get_meta("k")
+    assert len(refusals) == 3
+
+
+def test_a_deadline_with_nothing_retried_before_is_reported_as_it_is(
+    client: Client, cluster: FakeCluster, clock: FakeClock
+) -> None:
+    client.create("k", b"x")
+    real = cluster.unary
+
+    def unary(address: str, method: str, request: Any, timeout: float | None) -> Any:
+        if method != "Delete":
+            return real(address, method, request, timeout)
+        assert timeout is not None
+        clock.now += timeout
+        raise DeadlineExceeded(f"master {address} did not answer in time (Deadline Exceeded)")
+
+    cluster.unary = unary  # type: ignore[method-assign]
+    with pytest.raises(DeadlineExceeded, match="did not answer in time"):
+        client.delete("k")
