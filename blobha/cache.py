@@ -45,7 +45,6 @@ Example::
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import logging
 import os
@@ -76,6 +75,7 @@ from blobha.errors import (
     Unavailable,
 )
 from blobha.keys import key_dirname, validate_key
+from blobha.locks import lock_file
 
 if TYPE_CHECKING:
     # Imported when a cache first talks to the cluster: a process served from a warm cache
@@ -319,33 +319,6 @@ class _RefSpec:
 # --------------------------------------------------------------------------------------------
 # Locks and files
 # --------------------------------------------------------------------------------------------
-
-
-def _lock_file(path: Path, blocking: bool) -> int | None:
-    """An exclusive ``flock`` on ``path``: the open descriptor, or None if busy (non-blocking).
-
-    Lock files of evicted keys are deleted by their holder, so after locking, check that the
-    name still leads to the locked inode; otherwise another process may hold a newer file.
-    """
-    while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
-        except BlockingIOError:
-            os.close(fd)
-            return None
-        except BaseException:
-            os.close(fd)
-            raise
-        try:
-            named = os.stat(path)
-        except FileNotFoundError:
-            os.close(fd)
-            continue
-        held = os.fstat(fd)
-        if (named.st_dev, named.st_ino) == (held.st_dev, held.st_ino):
-            return fd
-        os.close(fd)
 
 
 class _Held:
@@ -1546,7 +1519,7 @@ class BlobCache:
     def _bump(self, **deltas: int) -> None:
         """Add to the counters on disk; a read-modify-write under a lock every process takes."""
         with self._stats_lock:
-            fd = _lock_file(self._root / "stats.lock", blocking=True)
+            fd = lock_file(self._root / "stats.lock", blocking=True)
             assert fd is not None
             try:
                 counters = self._read_stats()
@@ -1568,7 +1541,7 @@ class BlobCache:
             return
         try:
             path = self._locks / f"{kd}.lock"
-            fd = _lock_file(path, blocking)
+            fd = lock_file(path, blocking)
             if fd is None:
                 yield None
                 return
@@ -1637,7 +1610,7 @@ class BlobCache:
         if not self._cleanup_lock.acquire(blocking):
             return CleanupReport(ran=False)
         try:
-            fd = _lock_file(self._root / "cleanup.lock", blocking)
+            fd = lock_file(self._root / "cleanup.lock", blocking)
             if fd is None:
                 return CleanupReport(ran=False)
             try:

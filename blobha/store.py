@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import fcntl
 import json
 import logging
 import os
@@ -38,6 +37,7 @@ from typing import Any
 from blobha.digest import CHUNK_SIZE, ChunkDigests, Digester, chunk_digest
 from blobha.errors import ChecksumMismatch, InvalidArgument, KeyNotFound, ResourceExhausted
 from blobha.keys import key_dirname, key_of_dirname
+from blobha.locks import lock_file
 
 log = logging.getLogger(__name__)
 # Temp-file names of version records (see _write_json_atomic).
@@ -288,25 +288,22 @@ LOCK_NAME = "LOCK"
 
 
 def lock_data_dir(root: Path) -> int:
-    """Take ``root``'s lock for as long as the returned descriptor stays open, and write our
-    pid in it. A second master started with the same data directory (a copied configuration,
-    a unit started twice) would otherwise empty tmp/ under the first one's uploads at its
-    start-up and serve the same files as a second replica; it stops here instead, before it
-    touches anything. ``flock`` locks go with the process: one that dies leaves none behind."""
+    """Take ``root``'s lock (:func:`lock_file`) for as long as the returned descriptor stays
+    open, and write our pid in it. A second master started with the same data directory (a
+    copied configuration, a unit started twice) would otherwise empty tmp/ under the first
+    one's uploads at its start-up and serve the same files as a second replica; it stops here
+    instead, before it touches anything."""
     root.mkdir(parents=True, exist_ok=True)
-    fd = os.open(root / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "unknown"
-        os.close(fd)
+    path = root / LOCK_NAME
+    fd = lock_file(path, blocking=False)
+    if fd is None:
+        try:
+            holder = path.read_text("ascii", "replace").strip() or "unknown"
+        except OSError:
+            holder = "unknown"
         raise DataDirInUse(
             f"the data directory {root} is in use by another blobha master (pid {holder});"
-            " stop that one first, or give this master a blobstore.dir of its own"
-        ) from None
-    except BaseException:
-        os.close(fd)
-        raise
+            " stop that one first, or give this master a blobstore.dir of its own")
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()}\n".encode("ascii"), 0)
     return fd
