@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 import random
 import sys
 import threading
@@ -495,16 +496,15 @@ class Synchronizer:
                         # bring (a new version would otherwise wait behind the whole pass).
                         paced = self._all_keys()
                         paced.reverse()  # handed out from the end: in key order
-                        # Set again once the pass is handed out. With no key at all that is
-                        # now: an endless wait would end this thread (Event.wait overflows).
-                        next_full = (float("inf") if paced
-                                     else time.monotonic() + self.settings.period_secs)
+                        next_full = math.inf  # until the pass is handed out, below
                 if paced:
                     step = max(1, int(self.settings.periodic_keys_per_sec * _PACE_STEP))
                     self.queue.put_many(paced[:-step - 1:-1])
                     del paced[-step:]
-                    if not paced:
-                        next_full = time.monotonic() + self.settings.period_secs
+                if not paced and next_full == math.inf:
+                    # The pass is handed out, or found no key at all: the next one is a period
+                    # away (left at infinity, the wait above would overflow and end the thread).
+                    next_full = time.monotonic() + self.settings.period_secs
                 if recheck:
                     step = int(_RECHECK_KEYS_PER_SEC * _PACE_STEP)
                     self._recheck_replicas(recheck[-step:])
