@@ -72,8 +72,9 @@ class Membership:
             except NodeExistsError:
                 pass
             gone.clear()
-            stat = self.zk.exists(path, watch=lambda event: gone.set())
-            if stat is None:
+            try:
+                held, stat = self.zk.get(path, watch=lambda event: gone.set())
+            except NoNodeError:
                 continue  # went meanwhile
             owner = stat.ephemeralOwner
             if owner == session:
@@ -84,7 +85,7 @@ class Membership:
                 continue
             left = deadline - time.monotonic()
             if left <= 0:
-                raise IdentityInUse(self._claim_error(path, owner, wait))
+                raise IdentityInUse(self._claim_error(held, owner, wait))
             if not announced:
                 log.info("%s is registered under ZooKeeper session 0x%x, not one of ours:"
                          " waiting up to %.0f s for it to expire", self.identity, owner, left)
@@ -94,10 +95,10 @@ class Membership:
             self._sessions.add(session)
         self.refresh()
 
-    def _claim_error(self, path: str, owner: int, waited: bool) -> str:
+    def _claim_error(self, held: bytes, owner: int, waited: bool) -> str:
         holder = ""
-        with contextlib.suppress(Exception):
-            info = json.loads(self.zk.get(path)[0])
+        with contextlib.suppress(ValueError, AttributeError):
+            info = json.loads(held)  # the other master's registration (see __init__'s info)
             holder = f" (pid {info.get('pid')} on {info.get('host')})"
         after = f" and did not go away within {self.claim_secs:.0f} s" if waited else ""
         return (f"another master{holder} is registered as {self.identity} under ZooKeeper"
