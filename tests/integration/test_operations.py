@@ -341,10 +341,8 @@ def test_a_second_master_on_a_running_masters_directory_or_address_refuses_to_st
     assert set((store_dir(leader) / "tmp").iterdir()) == temp_files
 
     # Its own directory but the running master's address: refused at the bind.
-    config = tmp_path / "copy.toml"
-    lines = [line for line in leader.config_path.read_text().splitlines()
-             if not line.startswith(('"blobstore.dir"', '"metrics.listen"'))]
-    config.write_text("\n".join([*lines, f'"blobstore.dir" = "{tmp_path / "data"}"']) + "\n")
+    config = _config_beside(leader, tmp_path / "copy.toml",
+                            **{"blobstore.dir": str(tmp_path / "data")})
     same_address = _serve(config)
     assert same_address.returncode == 1, same_address.stdout + same_address.stderr
     out = same_address.stdout + same_address.stderr
