@@ -16,6 +16,9 @@ or a restarted one, sees the same cache:
 ``blobs/<key dir>/checks/<user>``
     the cluster's last answer to that user about the key (its current version, and so the
     right to read it) and when it came: reused by every process for the update interval
+``blobs/<key dir>/check.lock``
+    ``flock`` held while a process asks the cluster about the key: processes that find the
+    record aged at the same moment ask once for the node, not once each
 ``blobs/<key dir>/refs/``
     one file per reference: who holds it (an owner such as a Spark application id, or a
     :class:`BlobCache` instance) from which process (boot id, pid and start time, so the
@@ -104,6 +107,10 @@ _VERSION_DIR = re.compile(r"v([1-9][0-9]{0,18})")
 # A corrupt file is discarded and fetched again; more failures than this in one get mean
 # something other than a bad disk block is wrong.
 _ATTEMPTS = 3
+#: In a key's directory: held by the process asking the cluster about the key.
+_CHECK_LOCK = "check.lock"
+# What _check_flock found.
+_ASKER, _WAITED, _NO_LOCK = "asker", "waited", "no lock"
 # Longest file name we give a blob; most file systems cap a name at 255 bytes.
 _MAX_NAME_BYTES = 200
 _STAT_FIELDS = (
@@ -1108,7 +1115,7 @@ class BlobCache:
 
     def _remote_meta(self, key: str, kd: str) -> tuple[_Known, bool]:
         """The key's current version as this user sees it, and whether the cluster was asked
-        just now (the answer is then to be recorded for the node).
+        just now and the answer is still to be recorded for the node.
 
         The cluster is asked once the last answer to this user about this key, given to this
         process or (through a check record) to another on the node, is
@@ -1123,41 +1130,99 @@ class BlobCache:
                 known = self._remote.get(key)
             if known is not None and now - known.checked_at < self._update_interval:
                 return known, False
-            recorded = self._read_check(kd)
-            if recorded is not None and 0 <= now - recorded.checked_at < self._update_interval:
-                # Keeps the time of the cluster's answer, so the interval still bounds how
-                # long a new version or a revoked READ takes to be noticed.
-                with self._lock:
-                    self._remote[key] = recorded
+            recorded = self._fresh_check(key, kd, now)
+            if recorded is not None:
                 return recorded, False
-            self._bump(checks=1)
-            try:
-                meta = _Remote.of(self._cluster().get_meta(key))
-            except NotAuthorized:
-                with self._lock:
-                    self._remote.pop(key, None)
-                _unlink(self._check_path(kd))
+            # And one per key on the node: the executors of a new application all ask at once
+            # when the record has aged, and each would load the client (grpc) and ask. The
+            # first asks; the others wait for its record.
+            with self._check_flock(kd) as role:
+                if role != _NO_LOCK:
+                    # Also as the asker: another may have recorded since our read.
+                    recorded = self._fresh_check(key, kd, self._clock())
+                    if recorded is not None:
+                        return recorded, False
+                answer, answered = self._ask(key, kd, known)
+                if role == _ASKER and answered:
+                    # The key's directory exists (the lock is in it): record the answer now,
+                    # before the others waiting here read it.
+                    self._write_check(kd, answer)
+                    return answer, False
+                return answer, answered
+
+    def _fresh_check(self, key: str, kd: str, now: float) -> _Known | None:
+        """This user's check record of ``key`` on the node, if it is within the interval."""
+        recorded = self._read_check(kd)
+        if recorded is None or not 0 <= now - recorded.checked_at < self._update_interval:
+            return None
+        # Keeps the time of the cluster's answer, so the interval still bounds how long a new
+        # version or a revoked READ takes to be noticed.
+        with self._lock:
+            self._remote[key] = recorded
+        return recorded
+
+    @contextlib.contextmanager
+    def _check_flock(self, kd: str) -> Iterator[str]:
+        """The node-wide lock on asking the cluster about a key (``blobs/<key dir>/check.lock``,
+        not the key's lock, which a download holds for minutes). Yields _ASKER while this
+        process holds it; _WAITED once another process that held it let go (it recorded its
+        answer, or got none: a cluster that cannot be reached then keeps each process waiting
+        for its own question only, as the others ask in parallel); _NO_LOCK when the key has
+        no directory (nothing is cached: the download's lock keeps the node to one download)."""
+        path = self._blobs / kd / _CHECK_LOCK
+        fd: int | None = None
+        role = _NO_LOCK
+        try:
+            fd = lock_file(path, blocking=False)
+            if fd is None:
+                waited = lock_file(path, blocking=True)
+                if waited is not None:
+                    os.close(waited)
+                role = _WAITED
+            else:
+                role = _ASKER
+        except OSError:  # no directory: never cached here, or evicted meanwhile
+            pass
+        try:
+            yield role
+        finally:
+            if fd is not None:
+                os.close(fd)
+
+    def _ask(self, key: str, kd: str, known: _Known | None) -> tuple[_Known, bool]:
+        """Ask the cluster about ``key`` as this user: its answer and True, or, when the
+        cluster cannot be reached and this user was allowed to read the key before, what was
+        known and False."""
+        now = self._clock()
+        self._bump(checks=1)
+        try:
+            meta = _Remote.of(self._cluster().get_meta(key))
+        except NotAuthorized:
+            with self._lock:
+                self._remote.pop(key, None)
+            _unlink(self._check_path(kd))
+            raise
+        except KeyNotFound:
+            with self._lock:
+                self._remote.pop(key, None)
+            self._mark_deleted(kd)
+            raise
+        except (Unavailable, DeadlineExceeded) as exc:
+            if known is None:
                 raise
-            except KeyNotFound:
-                with self._lock:
-                    self._remote.pop(key, None)
-                self._mark_deleted(kd)
-                raise
-            except (Unavailable, DeadlineExceeded) as exc:
-                if known is None:
-                    raise
-                # This user was allowed to read this key and nothing newer was known; an
-                # unreachable cluster must not stop jobs that run on cached blobs. Asked again
-                # after the next interval. (Not recorded for the node: other processes ask
-                # for themselves.)
-                log.warning("serving cached %r: cannot reach the cluster (%s)", key, exc)
-                with self._lock:
-                    self._remote[key] = _Known(known.meta, now)
-                return known, False
-            known = _Known(meta, now)
+            # This user was allowed to read this key and nothing newer was known; an
+            # unreachable cluster must not stop jobs that run on cached blobs. Asked again
+            # after the next interval. (Not recorded for the node: other processes ask for
+            # themselves.)
+            log.warning("serving cached %r: cannot reach the cluster (%s)", key, exc)
+            known = _Known(known.meta, now)
             with self._lock:
                 self._remote[key] = known
-            return known, True
+            return known, False
+        fresh = _Known(meta, now)
+        with self._lock:
+            self._remote[key] = fresh
+        return fresh, True
 
     # Check records: ``blobs/<key dir>/checks/<user>`` holds the cluster's last answer to that
     # user about the key (its current version, hence also "this user may read it") and when it

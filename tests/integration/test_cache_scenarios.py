@@ -147,6 +147,58 @@ def test_17_spawned_processes_and_threads_download_once(cluster: LocalCluster, a
         assert [e.refs for e in cache.entries()] == [0]
 
 
+def _spawned_getter(cache_dir: str, cluster: str, key: str, go: Any, results: Any) -> None:
+    """Runs in a spawned process: one cache (an hour's update interval), one get."""
+    with BlobCache(cache_dir, cluster, user="alice", update_interval_secs=3600) as cache:
+        results.put(("ready", os.getpid()))
+        go.wait(60)
+        try:
+            blob = cache.get(key, owner="spawned-job")
+            results.put(("ok", str(blob.path), blob.version))
+        except Exception as exc:
+            results.put(("error", repr(exc)))
+
+
+def test_17_processes_finding_the_check_aged_ask_the_cluster_once(
+    cluster: LocalCluster, alice: Client, unique_key: str, tmp_path: Path
+) -> None:
+    alice.create(unique_key, b"v1" * 1000, acl="o::r")
+    cache_dir = tmp_path / "node"
+    with BlobCache(cache_dir, client=alice, update_interval_secs=3600) as cache:
+        assert cache.get(unique_key).version == 1
+    alice.update(unique_key, b"v2" * 1000)
+    # The last answer about the key is now two hours old, as the next application finds it.
+    record = cache_dir / "blobs" / key_dirname(unique_key) / "checks" / key_dirname("alice")
+    answer = json.loads(record.read_bytes())
+    answer["checked_at"] -= 7200
+    record.write_text(json.dumps(answer))
+    ctx = multiprocessing.get_context("spawn")
+    go = ctx.Event()
+    results = ctx.Queue()
+    procs = [ctx.Process(target=_spawned_getter,
+                         args=(str(cache_dir), cluster.cluster, unique_key, go, results))
+             for _ in range(4)]
+    for p in procs:
+        p.start()
+    try:
+        ready = [results.get(timeout=60) for _ in procs]
+        assert all(r[0] == "ready" for r in ready)
+        go.set()
+        answers = [results.get(timeout=120) for _ in procs]
+    finally:
+        for p in procs:
+            p.join(60)
+            if p.is_alive():
+                p.kill()
+    assert all(a[0] == "ok" for a in answers), answers
+    assert {(a[1], a[2]) for a in answers} == {(answers[0][1], 2)}
+    assert Path(answers[0][1]).read_bytes() == b"v2" * 1000
+    with BlobCache(cache_dir, client=alice) as cache:
+        stats = cache.stats()
+    # One question for the node (after the first application's), one download of version 2.
+    assert (stats.checks, stats.downloads) == (2, 2)
+
+
 # --------------------------------------------------------------------------------------------
 # 18: archives unpack to the expected tree
 # --------------------------------------------------------------------------------------------

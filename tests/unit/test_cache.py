@@ -61,6 +61,12 @@ class FakeCluster:
     fail_next: BaseException | None = None
     #: Raised by every get_meta.
     meta_error: BaseException | None = None
+    #: When set, get_meta waits for it (to hold other askers at the node's check lock).
+    meta_gate: threading.Event | None = None
+    #: get_meta in a thread of one of these names waits for that thread's event.
+    meta_gates: dict[str, threading.Event] = field(default_factory=dict)
+    #: get_meta calls in progress.
+    meta_inside: int = 0
     #: Committed between the metadata answer and the download (a racing update).
     update_during_download: bytes | None = None
     _created: float = 1000.0
@@ -98,9 +104,17 @@ class FakeClient:
         return blob
 
     def get_meta(self, key: str) -> BlobMeta:
-        self.cluster.meta_calls += 1
-        if self.cluster.meta_error is not None:
-            raise self.cluster.meta_error
+        c = self.cluster
+        c.meta_calls += 1
+        gate = c.meta_gates.get(threading.current_thread().name, c.meta_gate)
+        if gate is not None:
+            c.meta_inside += 1
+            try:
+                assert gate.wait(30), "the test never opened the gate"
+            finally:
+                c.meta_inside -= 1
+        if c.meta_error is not None:
+            raise c.meta_error
         blob = self._blob(key)
         data = blob.versions[-1]
         return BlobMeta(key, len(blob.versions), len(data), digest_bytes(data), (), 3, 1,
@@ -511,6 +525,101 @@ def test_a_new_process_within_the_interval_needs_no_round_trip(
     assert connected == [] and fake.meta_calls == 1, "the node's record answered"
     stats = later.stats()
     assert (stats.hits, stats.checks) == (1, 1)
+
+
+def test_processes_finding_the_record_aged_together_ask_the_cluster_once(
+    fake: FakeCluster, make: Any, clock: Clock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The executors of a new application, once the last answer has aged: one asks (and loads
+    # the client), the others wait for its answer on the node. Two instances hold separate
+    # flock descriptions, exactly like two processes.
+    fake.put("k", b"v1")
+    make(update_interval_secs=30).get("k")
+    fake.put("k", b"v2")
+    clock.advance(31)
+    a, a_connected = lazy(fake, make, "alice", update_interval_secs=30)
+    b, b_connected = lazy(fake, make, "alice", update_interval_secs=30)
+    locking: list[tuple[str, str, bool]] = []
+    real_lock_file = cache_mod.lock_file
+
+    def recording(path: Path, blocking: bool) -> int | None:
+        locking.append((threading.current_thread().name, path.name, blocking))
+        return real_lock_file(path, blocking)
+
+    monkeypatch.setattr(cache_mod, "lock_file", recording)
+    fake.meta_gate = threading.Event()
+    got: dict[str, CachedBlob] = {}
+    ta = threading.Thread(target=lambda: got.setdefault("a", a.get("k")), name="a")
+    ta.start()
+    wait_until(lambda: fake.meta_calls == 2, what="a to ask the cluster")
+    tb = threading.Thread(target=lambda: got.setdefault("b", b.get("k")), name="b")
+    tb.start()
+    wait_until(lambda: ("b", "check.lock", True) in locking, what="b to wait for the check lock")
+    fake.meta_gate.set()
+    ta.join(30)
+    tb.join(30)
+    assert (got["a"].version, got["b"].version) == (2, 2)
+    assert got["b"].path.read_bytes() == b"v2"
+    assert fake.meta_calls == 2, "b took a's answer"
+    assert (a_connected, b_connected) == (["alice"], [])
+    assert fake.downloads == 2 and b.stats().checks == 2
+
+
+def test_after_an_asker_that_got_no_answer_the_others_ask_in_parallel(
+    fake: FakeCluster, make: Any, clock: Clock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # With the cluster unreachable each question takes the client's whole timeout: the
+    # processes that waited for the one that got no answer must not then take turns.
+    fake.put("k", b"v1")
+    make(update_interval_secs=30).get("k")
+    clock.advance(31)
+    fake.meta_error = Unavailable("no master answers")
+    fake.meta_gates = {name: threading.Event() for name in "abc"}
+    waiting: list[str] = []
+    real_lock_file = cache_mod.lock_file
+
+    def recording(path: Path, blocking: bool) -> int | None:
+        if blocking and path.name == "check.lock":
+            waiting.append(threading.current_thread().name)
+        return real_lock_file(path, blocking)
+
+    monkeypatch.setattr(cache_mod, "lock_file", recording)
+    errors: dict[str, BaseException] = {}
+
+    def get(name: str) -> None:
+        try:
+            lazy(fake, make, "alice", update_interval_secs=30)[0].get("k")
+        except BaseException as exc:
+            errors[name] = exc
+
+    threads = {n: threading.Thread(target=get, args=(n,), name=n) for n in "abc"}
+    threads["a"].start()
+    wait_until(lambda: fake.meta_inside == 1, what="a to ask the cluster")
+    threads["b"].start()
+    threads["c"].start()
+    wait_until(lambda: sorted(waiting) == ["b", "c"], what="b and c to wait for a")
+    fake.meta_gates["a"].set()
+    wait_until(lambda: fake.meta_inside == 2, what="b and c to ask at the same time")
+    fake.meta_gates["b"].set()
+    fake.meta_gates["c"].set()
+    for t in threads.values():
+        t.join(30)
+    assert sorted(errors) == ["a", "b", "c"]
+    assert all(isinstance(e, Unavailable) for e in errors.values())
+    assert fake.meta_calls == 4
+
+
+def test_a_refusal_is_not_shared_through_the_check_lock(
+    fake: FakeCluster, make: Any, clock: Clock
+) -> None:
+    fake.put("k", b"data", readers={"alice"})
+    make("alice", update_interval_secs=30).get("k")
+    fake.blobs["k"].readers = set()
+    clock.advance(31)
+    for _ in range(2):
+        with pytest.raises(NotAuthorized):
+            lazy(fake, make, "alice", update_interval_secs=30)[0].get("k")
+    assert fake.meta_calls == 3, "each process asked: there was no answer to share"
 
 
 def test_a_recorded_check_counts_from_when_the_cluster_answered(
