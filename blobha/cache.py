@@ -63,10 +63,10 @@ import time
 import zipfile
 import zlib
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import IO, TYPE_CHECKING
+from typing import IO, TYPE_CHECKING, NamedTuple
 
 from blobha.digest import CHUNK_SIZE, Digester
 from blobha.errors import (
@@ -262,8 +262,12 @@ def _start_ticks(pid: int) -> int | None:
     return int(fields[19])
 
 
-@dataclass(frozen=True)
-class _Process:
+# The private records of this module are named tuples and slotted classes, not dataclasses:
+# this module loads in every Python worker of a Spark job that reads a blob, and a dataclass
+# costs about a millisecond to create (it compiles its methods), these a fraction of that.
+
+
+class _Process(NamedTuple):
     boot: str
     pid: int
     start: int
@@ -299,8 +303,7 @@ def _tag_alive(tag: str) -> bool:
     return ticks is not None and (ticks == start or not _HAVE_PROC)
 
 
-@dataclass(frozen=True)
-class _Ref:
+class _Ref(NamedTuple):
     """A reference file as read back."""
 
     path: Path
@@ -314,8 +317,7 @@ class _Ref:
         return self.owner if self.owner else f"instance:{self.instance}"
 
 
-@dataclass(frozen=True)
-class _RefSpec:
+class _RefSpec(NamedTuple):
     """The reference a ``get`` records: an explicit owner, or this instance."""
 
     filename: str
@@ -692,20 +694,25 @@ def _unpack(archive: Path, key: str, dest: Path) -> int:
 # --------------------------------------------------------------------------------------------
 
 
-@dataclass
 class _Version:
     """One installed version as read from disk."""
 
-    key: str
-    version: int
-    dir: Path
-    size: int
-    digest: str
-    created_at: float
-    name: str
-    last_used: float
-    staged: float | None
-    unpacked_size: int | None  # None: not unpacked
+    __slots__ = ("created_at", "digest", "dir", "key", "last_used", "name", "size", "staged",
+                 "unpacked_size", "version")
+
+    def __init__(self, key: str, version: int, dir: Path, size: int, digest: str,
+                 created_at: float, name: str, last_used: float, staged: float | None,
+                 unpacked_size: int | None) -> None:
+        self.key = key
+        self.version = version
+        self.dir = dir
+        self.size = size
+        self.digest = digest
+        self.created_at = created_at
+        self.name = name
+        self.last_used = last_used
+        self.staged = staged
+        self.unpacked_size = unpacked_size  # None: not unpacked
 
     @property
     def file(self) -> Path:
@@ -722,28 +729,28 @@ class _Version:
         return self.size + (self.unpacked_size or 0)
 
 
-@dataclass
 class _KeyScan:
-    key: str
-    kd: str
-    versions: dict[int, _Version] = field(default_factory=dict)
-    junk: list[Path] = field(default_factory=list)
-    deleted: bool = False
+    __slots__ = ("deleted", "junk", "kd", "key", "versions")
+
+    def __init__(self, key: str, kd: str, deleted: bool = False) -> None:
+        self.key = key
+        self.kd = kd
+        self.versions: dict[int, _Version] = {}
+        self.junk: list[Path] = []
+        self.deleted = deleted
 
     def current(self) -> _Version | None:
         return max(self.versions.values(), key=lambda v: v.order, default=None)
 
 
-@dataclass
-class _Tidied:
+class _Tidied(NamedTuple):
     scan: _KeyScan
     live: dict[int, list[_Ref]]
     stale_refs: int
     gone: list[tuple[str, int, int]]  # (key, version, bytes) removed
 
 
-@dataclass(frozen=True)
-class _Remote:
+class _Remote(NamedTuple):
     """What the cluster said of a key's current version: all a cache needs of its metadata,
     and what a check record keeps."""
 
@@ -757,8 +764,7 @@ class _Remote:
         return _Remote(meta.version, meta.digest, meta.size, meta.created_at)
 
 
-@dataclass(frozen=True)
-class _Known:
+class _Known(NamedTuple):
     meta: _Remote
     #: When the cluster gave this answer (this cache's clock), whichever process asked.
     checked_at: float

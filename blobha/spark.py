@@ -59,7 +59,6 @@ follows the cache's LRU and retention rules.
 
 from __future__ import annotations
 
-import argparse
 import atexit
 import contextlib
 import dataclasses
@@ -75,7 +74,6 @@ import sys
 import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
@@ -95,6 +93,8 @@ from blobha.errors import (
 from blobha.keys import validate_key
 
 if TYPE_CHECKING:
+    import argparse
+
     from pyspark import SparkContext
     from pyspark.sql import SparkSession
 
@@ -659,6 +659,9 @@ def check_access(client: Client, keys: Sequence[str]) -> dict[str, BlobMeta]:
         except (KeyNotFound, NotAuthorized) as exc:
             return exc
 
+    # Here, not at the top: only drivers ask (this module loads in every Python worker).
+    from concurrent.futures import ThreadPoolExecutor
+
     # Asked together: a map of many blobs costs one round trip, not one per key.
     with ThreadPoolExecutor(max_workers=min(8, max(1, len(keys)))) as pool:
         answers = dict(zip(keys, pool.map(meta, keys), strict=True))
@@ -1034,10 +1037,14 @@ def application_id(settings: SparkBlobSettings | None = None) -> str:
 # --------------------------------------------------------------------------------------------
 
 
-@dataclass
 class _Held:
-    blob: CachedBlob
-    checked: float
+    # Not a dataclass: this module loads in every Python worker, and a dataclass takes about a
+    # millisecond to create.
+    __slots__ = ("blob", "checked")
+
+    def __init__(self, blob: CachedBlob, checked: float) -> None:
+        self.blob = blob
+        self.checked = checked
 
 
 class _Localizer:
@@ -1231,6 +1238,8 @@ _SUBMIT_USAGE = (
 
 
 def _submit_parser() -> argparse.ArgumentParser:
+    import argparse  # the launcher's only: not loaded in the workers
+
     p = argparse.ArgumentParser(
         prog="blobha spark-submit",
         usage=_SUBMIT_USAGE,
