@@ -113,31 +113,39 @@ def _spawned_worker(cache_dir: str, cluster: str, key: str, threads: int,
             t.join()
 
 
-def test_17_spawned_processes_and_threads_download_once(cluster: LocalCluster, alice: Client,
-                                                        unique_key: str,
-                                                        tmp_path: Path) -> None:
-    data = os.urandom(8 * MiB)
-    alice.create(unique_key, data, acl="o::r")
-    cache_dir = tmp_path / "node"
+def _together(cache_dir: Path, cluster: LocalCluster, key: str, processes: int,
+              threads: int) -> list[tuple[Any, ...]]:
+    """Runs _spawned_worker in ``processes`` spawned processes, all asking once every one has
+    its cache open; their answers, each checked to be a success."""
     ctx = multiprocessing.get_context("spawn")
     go = ctx.Event()
     results = ctx.Queue()
     procs = [ctx.Process(target=_spawned_worker,
-                         args=(str(cache_dir), cluster.cluster, unique_key, 3, go, results))
-             for _ in range(4)]
+                         args=(str(cache_dir), cluster.cluster, key, threads, go, results))
+             for _ in range(processes)]
     for p in procs:
         p.start()
     try:
         ready = [results.get(timeout=60) for _ in procs]
         assert all(r[0] == "ready" for r in ready)
         go.set()  # every process has its cache open: all ask together
-        answers = [results.get(timeout=120) for _ in range(4 * 3)]
+        answers = [results.get(timeout=120) for _ in range(processes * threads)]
     finally:
         for p in procs:
             p.join(60)
             if p.is_alive():
                 p.kill()
     assert all(a[0] == "ok" for a in answers), answers
+    return answers
+
+
+def test_17_spawned_processes_and_threads_download_once(cluster: LocalCluster, alice: Client,
+                                                        unique_key: str,
+                                                        tmp_path: Path) -> None:
+    data = os.urandom(8 * MiB)
+    alice.create(unique_key, data, acl="o::r")
+    cache_dir = tmp_path / "node"
+    answers = _together(cache_dir, cluster, unique_key, processes=4, threads=3)
     assert len({a[1] for a in answers}) == 1
     assert Path(answers[0][1]).read_bytes() == data
     with BlobCache(cache_dir, client=alice) as cache:
@@ -145,18 +153,6 @@ def test_17_spawned_processes_and_threads_download_once(cluster: LocalCluster, a
         assert (stats.downloads, stats.hits) == (1, 11)
         # The spawned processes ended: their references are stale.
         assert [e.refs for e in cache.entries()] == [0]
-
-
-def _spawned_getter(cache_dir: str, cluster: str, key: str, go: Any, results: Any) -> None:
-    """Runs in a spawned process: one cache (an hour's update interval), one get."""
-    with BlobCache(cache_dir, cluster, user="alice", update_interval_secs=3600) as cache:
-        results.put(("ready", os.getpid()))
-        go.wait(60)
-        try:
-            blob = cache.get(key, owner="spawned-job")
-            results.put(("ok", str(blob.path), blob.version))
-        except Exception as exc:
-            results.put(("error", repr(exc)))
 
 
 def test_17_processes_finding_the_check_aged_ask_the_cluster_once(
@@ -172,25 +168,7 @@ def test_17_processes_finding_the_check_aged_ask_the_cluster_once(
     answer = json.loads(record.read_bytes())
     answer["checked_at"] -= 7200
     record.write_text(json.dumps(answer))
-    ctx = multiprocessing.get_context("spawn")
-    go = ctx.Event()
-    results = ctx.Queue()
-    procs = [ctx.Process(target=_spawned_getter,
-                         args=(str(cache_dir), cluster.cluster, unique_key, go, results))
-             for _ in range(4)]
-    for p in procs:
-        p.start()
-    try:
-        ready = [results.get(timeout=60) for _ in procs]
-        assert all(r[0] == "ready" for r in ready)
-        go.set()
-        answers = [results.get(timeout=120) for _ in procs]
-    finally:
-        for p in procs:
-            p.join(60)
-            if p.is_alive():
-                p.kill()
-    assert all(a[0] == "ok" for a in answers), answers
+    answers = _together(cache_dir, cluster, unique_key, processes=4, threads=1)
     assert {(a[1], a[2]) for a in answers} == {(answers[0][1], 2)}
     assert Path(answers[0][1]).read_bytes() == b"v2" * 1000
     with BlobCache(cache_dir, client=alice) as cache:
