@@ -1258,8 +1258,9 @@ class BlobCache:
             return None  # none yet, or unreadable: ask the cluster
 
     def _write_check(self, kd: str, known: _Known) -> None:
-        """Record the cluster's answer for the node (with the key's lock held, so the key's
-        directory exists and stays)."""
+        """Record the cluster's answer for the node: with the key's lock held, so the key's
+        directory exists and stays; or with its check lock, when a directory that goes meanwhile
+        (evicted) only costs the other processes a question of their own."""
         record = {
             "user": self._user,
             "checked_at": known.checked_at,
