@@ -16,9 +16,9 @@ or a restarted one, sees the same cache:
 ``blobs/<key dir>/checks/<user>``
     the cluster's last answer to that user about the key (its current version, and so the
     right to read it) and when it came: reused by every process for the update interval
-``blobs/<key dir>/check.lock``
-    ``flock`` held while a process asks the cluster about the key: processes that find the
-    record aged at the same moment ask once for the node, not once each
+``blobs/<key dir>/asking/<user>``
+    ``flock`` held while a process asks the cluster about the key for that user: processes
+    that find the user's record aged at the same moment ask once for the node, not once each
 ``blobs/<key dir>/refs/``
     one file per reference: who holds it (an owner such as a Spark application id, or a
     :class:`BlobCache` instance) from which process (boot id, pid and start time, so the
@@ -107,8 +107,9 @@ _VERSION_DIR = re.compile(r"v([1-9][0-9]{0,18})")
 # A corrupt file is discarded and fetched again; more failures than this in one get mean
 # something other than a bad disk block is wrong.
 _ATTEMPTS = 3
-#: In a key's directory: held by the process asking the cluster about the key.
-_CHECK_LOCK = "check.lock"
+#: In a key's directory: ``<this>/<user>`` is held by the process asking the cluster about the
+#: key for that user (a directory of its own: no user's lock name can be another's record).
+_CHECK_LOCKS = "asking"
 # What _check_flock found.
 _ASKER, _WAITED, _NO_LOCK = "asker", "waited", "no lock"
 # Longest file name we give a blob; most file systems cap a name at 255 bytes.
@@ -1139,9 +1140,9 @@ class BlobCache:
             recorded = self._fresh_check(key, kd, now)
             if recorded is not None:
                 return recorded, False
-            # And one per key on the node: the executors of a new application all ask at once
-            # when the record has aged, and each would load the client (grpc) and ask. The
-            # first asks; the others wait for its record.
+            # And one per key and user on the node: the executors of a new application all ask
+            # at once when the record has aged, and each would load the client (grpc) and ask.
+            # The first asks; the others wait for its record.
             with self._check_flock(kd) as role:
                 if role != _NO_LOCK:
                     # Also as the asker: another may have recorded since our read.
@@ -1149,10 +1150,9 @@ class BlobCache:
                     if recorded is not None:
                         return recorded, False
                 answer, answered = self._ask(key, kd, known)
-                if role == _ASKER and answered:
-                    # The key's directory exists (the lock is in it): record the answer now,
-                    # before the others waiting here read it.
-                    self._write_check(kd, answer)
+                if role == _ASKER and answered and self._write_check(kd, answer):
+                    # Recorded now, before the others waiting here read it (else, the key's
+                    # directory went meanwhile: the caller records it with the key's lock).
                     return answer, False
                 return answer, answered
 
@@ -1169,16 +1169,19 @@ class BlobCache:
 
     @contextlib.contextmanager
     def _check_flock(self, kd: str) -> Iterator[str]:
-        """The node-wide lock on asking the cluster about a key (``blobs/<key dir>/check.lock``,
-        not the key's lock, which a download holds for minutes). Yields _ASKER while this
-        process holds it; _WAITED once another process that held it let go (it recorded its
-        answer, or got none: a cluster that cannot be reached then keeps each process waiting
-        for its own question only, as the others ask in parallel); _NO_LOCK when the key has
-        no directory (nothing is cached: the download's lock keeps the node to one download)."""
-        path = self._blobs / kd / _CHECK_LOCK
+        """The node-wide lock on asking the cluster about a key for this user
+        (``blobs/<key dir>/asking/<user>``; not the key's lock, which a download holds for
+        minutes). Yields _ASKER while this process holds it; _WAITED once another process that
+        held it let go: it recorded its answer, or got none, and then the processes that waited
+        ask in parallel (with a cluster that cannot be reached, each waits for the rest of the
+        first one's question and then for its own, not for one question per process ahead of
+        it). _NO_LOCK when the key has no directory: nothing is cached, and the download's lock
+        keeps the node to one download."""
+        path = self._blobs / kd / _CHECK_LOCKS / key_dirname(self._user)
         fd: int | None = None
         role = _NO_LOCK
         try:
+            path.parent.mkdir(exist_ok=True)
             fd = lock_file(path, blocking=False)
             if fd is None:
                 waited = lock_file(path, blocking=True)
@@ -1257,10 +1260,10 @@ class BlobCache:
         except (OSError, ValueError, TypeError, KeyError):
             return None  # none yet, or unreadable: ask the cluster
 
-    def _write_check(self, kd: str, known: _Known) -> None:
-        """Record the cluster's answer for the node: with the key's lock held, so the key's
-        directory exists and stays; or with its check lock, when a directory that goes meanwhile
-        (evicted) only costs the other processes a question of their own."""
+    def _write_check(self, kd: str, known: _Known) -> bool:
+        """Record the cluster's answer for the node; whether it was. Called with the key's lock
+        held, so the key's directory exists and stays, or with the check lock, when that
+        directory may have gone meanwhile (evicted)."""
         record = {
             "user": self._user,
             "checked_at": known.checked_at,
@@ -1273,8 +1276,12 @@ class BlobCache:
         try:
             path.parent.mkdir(exist_ok=True)
             self._write_atomic(path, json.dumps(record).encode())
+        except FileNotFoundError:
+            return False  # no key directory: evicted meanwhile
         except OSError as exc:  # only costs other processes a round trip
             log.warning("cannot record the version check in %s: %s", path, exc)
+            return False
+        return True
 
     def _mark_deleted(self, kd: str) -> None:
         kdir = self._blobs / kd

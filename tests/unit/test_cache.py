@@ -241,6 +241,21 @@ def hashed(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
     return seen
 
 
+@pytest.fixture
+def lock_waits(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The threads that went to wait for a check lock (``blobs/<key dir>/asking/<user>``)."""
+    waits: list[str] = []
+    real_lock_file = cache_mod.lock_file
+
+    def recording(path: Path, blocking: bool) -> int | None:
+        if blocking and path.parent.name == "asking":
+            waits.append(threading.current_thread().name)
+        return real_lock_file(path, blocking)
+
+    monkeypatch.setattr(cache_mod, "lock_file", recording)
+    return waits
+
+
 # --------------------------------------------------------------------------------------------
 # Fetching, once per node
 # --------------------------------------------------------------------------------------------
@@ -528,7 +543,7 @@ def test_a_new_process_within_the_interval_needs_no_round_trip(
 
 
 def test_processes_finding_the_record_aged_together_ask_the_cluster_once(
-    fake: FakeCluster, make: Any, clock: Clock, monkeypatch: pytest.MonkeyPatch
+    fake: FakeCluster, make: Any, clock: Clock, lock_waits: list[str]
 ) -> None:
     # The executors of a new application, once the last answer has aged: one asks (and loads
     # the client), the others wait for its answer on the node. Two instances hold separate
@@ -539,14 +554,6 @@ def test_processes_finding_the_record_aged_together_ask_the_cluster_once(
     clock.advance(31)
     a, a_connected = lazy(fake, make, "alice", update_interval_secs=30)
     b, b_connected = lazy(fake, make, "alice", update_interval_secs=30)
-    locking: list[tuple[str, str, bool]] = []
-    real_lock_file = cache_mod.lock_file
-
-    def recording(path: Path, blocking: bool) -> int | None:
-        locking.append((threading.current_thread().name, path.name, blocking))
-        return real_lock_file(path, blocking)
-
-    monkeypatch.setattr(cache_mod, "lock_file", recording)
     fake.meta_gate = threading.Event()
     got: dict[str, CachedBlob] = {}
     ta = threading.Thread(target=lambda: got.setdefault("a", a.get("k")), name="a")
@@ -554,7 +561,7 @@ def test_processes_finding_the_record_aged_together_ask_the_cluster_once(
     wait_until(lambda: fake.meta_calls == 2, what="a to ask the cluster")
     tb = threading.Thread(target=lambda: got.setdefault("b", b.get("k")), name="b")
     tb.start()
-    wait_until(lambda: ("b", "check.lock", True) in locking, what="b to wait for the check lock")
+    wait_until(lambda: lock_waits == ["b"], what="b to wait for the check lock")
     fake.meta_gate.set()
     ta.join(30)
     tb.join(30)
@@ -565,8 +572,25 @@ def test_processes_finding_the_record_aged_together_ask_the_cluster_once(
     assert fake.downloads == 2 and b.stats().checks == 2
 
 
+def _get_in_threads(make_cache: Callable[[str], BlobCache], names: str
+                    ) -> tuple[dict[str, threading.Thread], dict[str, CachedBlob],
+                               dict[str, BaseException]]:
+    """A thread per name, each getting "k" from a cache of its own; not started."""
+    got: dict[str, CachedBlob] = {}
+    errors: dict[str, BaseException] = {}
+
+    def get(name: str) -> None:
+        try:
+            got[name] = make_cache(name).get("k")
+        except BaseException as exc:
+            errors[name] = exc
+
+    threads = {n: threading.Thread(target=get, args=(n,), name=n) for n in names}
+    return threads, got, errors
+
+
 def test_after_an_asker_that_got_no_answer_the_others_ask_in_parallel(
-    fake: FakeCluster, make: Any, clock: Clock, monkeypatch: pytest.MonkeyPatch
+    fake: FakeCluster, make: Any, clock: Clock, lock_waits: list[str]
 ) -> None:
     # With the cluster unreachable each question takes the client's whole timeout: the
     # processes that waited for the one that got no answer must not then take turns.
@@ -575,29 +599,13 @@ def test_after_an_asker_that_got_no_answer_the_others_ask_in_parallel(
     clock.advance(31)
     fake.meta_error = Unavailable("no master answers")
     fake.meta_gates = {name: threading.Event() for name in "abc"}
-    waiting: list[str] = []
-    real_lock_file = cache_mod.lock_file
-
-    def recording(path: Path, blocking: bool) -> int | None:
-        if blocking and path.name == "check.lock":
-            waiting.append(threading.current_thread().name)
-        return real_lock_file(path, blocking)
-
-    monkeypatch.setattr(cache_mod, "lock_file", recording)
-    errors: dict[str, BaseException] = {}
-
-    def get(name: str) -> None:
-        try:
-            lazy(fake, make, "alice", update_interval_secs=30)[0].get("k")
-        except BaseException as exc:
-            errors[name] = exc
-
-    threads = {n: threading.Thread(target=get, args=(n,), name=n) for n in "abc"}
+    threads, _, errors = _get_in_threads(
+        lambda _: lazy(fake, make, "alice", update_interval_secs=30)[0], "abc")
     threads["a"].start()
     wait_until(lambda: fake.meta_inside == 1, what="a to ask the cluster")
     threads["b"].start()
     threads["c"].start()
-    wait_until(lambda: sorted(waiting) == ["b", "c"], what="b and c to wait for a")
+    wait_until(lambda: sorted(lock_waits) == ["b", "c"], what="b and c to wait for a")
     fake.meta_gates["a"].set()
     wait_until(lambda: fake.meta_inside == 2, what="b and c to ask at the same time")
     fake.meta_gates["b"].set()
@@ -609,17 +617,56 @@ def test_after_an_asker_that_got_no_answer_the_others_ask_in_parallel(
     assert fake.meta_calls == 4
 
 
+@pytest.mark.parametrize("refusal", [NotAuthorized, KeyNotFound])
 def test_a_refusal_is_not_shared_through_the_check_lock(
-    fake: FakeCluster, make: Any, clock: Clock
+    fake: FakeCluster, make: Any, clock: Clock, lock_waits: list[str], cache_dir: Path,
+    refusal: type[Exception]
 ) -> None:
     fake.put("k", b"data", readers={"alice"})
     make("alice", update_interval_secs=30).get("k")
-    fake.blobs["k"].readers = set()
+    if refusal is NotAuthorized:
+        fake.blobs["k"].readers = set()
+    else:
+        fake.delete("k")
     clock.advance(31)
-    for _ in range(2):
-        with pytest.raises(NotAuthorized):
-            lazy(fake, make, "alice", update_interval_secs=30)[0].get("k")
-    assert fake.meta_calls == 3, "each process asked: there was no answer to share"
+    fake.meta_gates = {"a": threading.Event()}
+    threads, _, errors = _get_in_threads(
+        lambda _: lazy(fake, make, "alice", update_interval_secs=30)[0], "ab")
+    threads["a"].start()
+    wait_until(lambda: fake.meta_inside == 1, what="a to ask the cluster")
+    threads["b"].start()
+    wait_until(lambda: lock_waits == ["b"], what="b to wait for a")
+    fake.meta_gates["a"].set()
+    for t in threads.values():
+        t.join(30)
+    assert sorted(errors) == ["a", "b"]
+    assert all(isinstance(e, refusal) for e in errors.values())
+    assert fake.meta_calls == 3, "b asked for itself: a had no answer to share"
+    kdir = cache_dir / "blobs" / key_dirname("k")
+    assert not (kdir / "checks" / "alice").exists()
+
+
+def test_users_do_not_wait_for_each_others_questions(
+    fake: FakeCluster, make: Any, clock: Clock, lock_waits: list[str]
+) -> None:
+    fake.put("k", b"data")
+    make("alice", update_interval_secs=30).get("k")
+    make("bob", update_interval_secs=30).get("k")
+    clock.advance(31)
+    fake.meta_gates = {"alice": threading.Event()}
+    alice, bob = (lazy(fake, make, u, update_interval_secs=30)[0] for u in ("alice", "bob"))
+    got: dict[str, CachedBlob] = {}
+    ta = threading.Thread(target=lambda: got.setdefault("alice", alice.get("k")), name="alice")
+    ta.start()
+    wait_until(lambda: fake.meta_inside == 1, what="alice's process to ask the cluster")
+    # Asked from this thread while alice's question hangs: it would wait, and the gate time out,
+    # if the users shared a lock.
+    assert bob.get("k").path.read_bytes() == b"data"
+    assert lock_waits == []
+    fake.meta_gates["alice"].set()
+    ta.join(30)
+    assert got["alice"].path.read_bytes() == b"data"
+    assert fake.meta_calls == 4
 
 
 def test_a_recorded_check_counts_from_when_the_cluster_answered(
