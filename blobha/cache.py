@@ -941,10 +941,15 @@ class BlobCache:
         spec = self._ref_spec(owner)
         self._check_open()
         kd = key_dirname(key)
-        known, asked = self._remote_meta(key, kd)
+        known, asked, asking = self._remote_meta(key, kd)
         check = known if asked else None
         for _attempt in range(_ATTEMPTS):
-            version, downloaded = self._obtain(key, kd, known.meta, spec, check)
+            try:
+                version, downloaded = self._obtain(key, kd, known.meta, spec, check)
+            finally:
+                # Held until now by the process that asked, so the processes waiting for its
+                # answer also find the version installed: they need no client, even to download.
+                asking.close()
             check = None
             if not downloaded and not self._verify(key, kd, version):
                 continue
@@ -1120,9 +1125,11 @@ class BlobCache:
                 self._client = client
             return self._client
 
-    def _remote_meta(self, key: str, kd: str) -> tuple[_Known, bool]:
-        """The key's current version as this user sees it, and whether the cluster was asked
-        just now and the answer is still to be recorded for the node.
+    def _remote_meta(self, key: str, kd: str) -> tuple[_Known, bool, contextlib.ExitStack]:
+        """The key's current version as this user sees it; whether the cluster was asked just
+        now and the answer is still to be recorded for the node; and the node-wide lock on
+        asking, when this process asked and recorded the answer: the caller closes it once it
+        has obtained that version.
 
         The cluster is asked once the last answer to this user about this key, given to this
         process or (through a check record) to another on the node, is
@@ -1136,25 +1143,26 @@ class BlobCache:
             with self._lock:
                 known = self._remote.get(key)
             if known is not None and now - known.checked_at < self._update_interval:
-                return known, False
+                return known, False, contextlib.ExitStack()
             recorded = self._fresh_check(key, kd, now)
             if recorded is not None:
-                return recorded, False
+                return recorded, False, contextlib.ExitStack()
             # And one per key and user on the node: the executors of a new application all ask
             # at once when the record has aged, and each would load the client (grpc) and ask.
             # The first asks; the others wait for its record.
-            with self._check_flock(kd) as role:
+            with contextlib.ExitStack() as asking:
+                role = asking.enter_context(self._check_flock(kd))
                 if role != _NO_LOCK:
                     # Also as the asker: another may have recorded since our read.
                     recorded = self._fresh_check(key, kd, self._clock())
                     if recorded is not None:
-                        return recorded, False
+                        return recorded, False, contextlib.ExitStack()
                 answer, answered = self._ask(key, kd, known)
                 if role == _ASKER and answered and self._write_check(kd, answer):
                     # Recorded now, before the others waiting here read it (else, the key's
                     # directory went meanwhile: the caller records it with the key's lock).
-                    return answer, False
-                return answer, answered
+                    return answer, False, asking.pop_all()
+                return answer, answered, contextlib.ExitStack()
 
     def _fresh_check(self, key: str, kd: str, now: float) -> _Known | None:
         """This user's check record of ``key`` on the node, if it is within the interval."""
@@ -1170,13 +1178,16 @@ class BlobCache:
     @contextlib.contextmanager
     def _check_flock(self, kd: str) -> Iterator[str]:
         """The node-wide lock on asking the cluster about a key for this user
-        (``blobs/<key dir>/asking/<user>``; not the key's lock, which a download holds for
-        minutes). Yields _ASKER while this process holds it; _WAITED once another process that
-        held it let go: it recorded its answer, or got none, and then the processes that waited
-        ask in parallel (with a cluster that cannot be reached, each waits for the rest of the
-        first one's question and then for its own, not for one question per process ahead of
-        it). _NO_LOCK when the key has no directory: nothing is cached, and the download's lock
-        keeps the node to one download."""
+        (``blobs/<key dir>/asking/<user>``; not the key's lock, so that no question waits for
+        another user's download).
+
+        Yields _ASKER while this process holds it; the asker keeps it while it obtains the
+        version it was told of (see get), so the others find that version installed. Yields
+        _WAITED once another process that held it let go: it recorded its answer, or got none,
+        and then the processes that waited ask in parallel (with a cluster that cannot be
+        reached, each waits for the rest of the first one's question and then for its own, not
+        for one question per process ahead of it). Yields _NO_LOCK when the key has no
+        directory: nothing is cached, and the download's lock keeps the node to one download."""
         path = self._blobs / kd / _CHECK_LOCKS / key_dirname(self._user)
         fd: int | None = None
         role = _NO_LOCK

@@ -543,15 +543,27 @@ def test_a_new_process_within_the_interval_needs_no_round_trip(
 
 
 def test_processes_finding_the_record_aged_together_ask_the_cluster_once(
-    fake: FakeCluster, make: Any, clock: Clock, lock_waits: list[str]
+    fake: FakeCluster, make: Any, clock: Clock, lock_waits: list[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # The executors of a new application, once the last answer has aged: one asks (and loads
-    # the client), the others wait for its answer on the node. Two instances hold separate
-    # flock descriptions, exactly like two processes.
+    # the client), the others wait for its answer on the node, and for the version it was told
+    # of to be installed. Two instances hold separate flock descriptions, exactly like two
+    # processes.
     fake.put("k", b"v1")
     make(update_interval_secs=30).get("k")
     fake.put("k", b"v2")
     clock.advance(31)
+    downloads_when_b_went_on: list[int] = []
+    waiting_lock_file = cache_mod.lock_file
+
+    def watching(path: Path, blocking: bool) -> int | None:
+        fd = waiting_lock_file(path, blocking)
+        if blocking and path.parent.name == "asking":
+            downloads_when_b_went_on.append(fake.downloads)
+        return fd
+
+    monkeypatch.setattr(cache_mod, "lock_file", watching)
     a, a_connected = lazy(fake, make, "alice", update_interval_secs=30)
     b, b_connected = lazy(fake, make, "alice", update_interval_secs=30)
     fake.meta_gate = threading.Event()
@@ -568,7 +580,8 @@ def test_processes_finding_the_record_aged_together_ask_the_cluster_once(
     assert (got["a"].version, got["b"].version) == (2, 2)
     assert got["b"].path.read_bytes() == b"v2"
     assert fake.meta_calls == 2, "b took a's answer"
-    assert (a_connected, b_connected) == (["alice"], [])
+    assert downloads_when_b_went_on == [2], "b went on once a had installed version 2"
+    assert (a_connected, b_connected) == (["alice"], []), "b needed no client, not even to download"
     assert fake.downloads == 2 and b.stats().checks == 2
 
 
