@@ -79,7 +79,14 @@ from blobha.scrub import Scrubber
 from blobha.status import MasterSummary, ReplicationStatus
 from blobha.statuspage import StatusServer, status_url
 from blobha.store import LocalStore, VersionInfo, libc_function
-from blobha.sync import IdentityInUse, KeyView, Membership, Synchronizer, SyncSettings
+from blobha.sync import (
+    IdentityInUse,
+    KeyView,
+    Membership,
+    SessionRecord,
+    Synchronizer,
+    SyncSettings,
+)
 from blobha.tls import ReloadingServerCredentials
 from blobha.uploads import UploadManager
 from blobha.version import __version__
@@ -175,6 +182,7 @@ class Master:
         except (ValueError, ZooKeeperAuthError) as e:
             raise ConfigError(str(e)) from None
         self._cluster_secret = ""
+        self._zk_hosts = hosts
         self.zk = KazooClient(
             hosts=hosts,
             timeout=self.session_timeout,
@@ -210,9 +218,13 @@ class Master:
             self.zk, self.identity, config["blobstore.replica.grace.secs"],
             on_change=self._membership_changed, info=info,
             # A predecessor's session (this identity, a master that died) expires within its
-            # timeout, one tick late at worst.
+            # timeout, one tick late at worst; at once if it was this data directory's.
             claim_secs=2 * self.session_timeout + 2,
+            record=SessionRecord(config.data_dir, self._end_session),
         )
+        # Recorded as soon as a session is made, before any node is created under it: kazoo's
+        # connection thread calls its listeners before it sends the new session's requests.
+        self.zk.add_listener(self._on_zk_state)
         self.sync = Synchronizer(
             self.zk, self.store, self.identity, self.peers, self.membership,
             SyncSettings(
@@ -310,6 +322,27 @@ class Master:
                      status_url(self.config.metrics_listen, self.identity))
         log.info("master %s serving (blobha %s, data in %s)", self.identity, __version__,
                  self.store.root)
+
+    def _on_zk_state(self, state: str) -> None:
+        # kazoo's connection thread: one small file write.
+        if state == KazooState.CONNECTED and self.membership.record is not None:
+            self.membership.record.save(self.zk.client_id)
+
+    def _end_session(self, session: int, password: bytes) -> None:
+        """Reconnect to a dead predecessor's session and close it (see SessionRecord). If it
+        has expired meanwhile, kazoo gets a new session instead, and closes that."""
+        zk = KazooClient(
+            hosts=self._zk_hosts,
+            timeout=self.session_timeout,
+            client_id=(session, password),
+            connection_retry=KazooRetry(max_tries=2, max_delay=1.0),
+            **(self.zk_credentials.kazoo_args() if self.zk_credentials else {}),
+        )
+        try:
+            zk.start(timeout=max(5.0, self.session_timeout))
+        finally:
+            zk.stop()  # closes the session: ZooKeeper deletes its ephemeral nodes
+            zk.close()
 
     def _ensure_chroot(self) -> None:
         # A chrooted client cannot create its own root; do it once without the chroot, and

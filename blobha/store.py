@@ -7,6 +7,8 @@ Layout under the store root::
                                 digest and per-chunk xxh3-64 digests
     tmp/                        uploads and downloads in progress; emptied at start-up
     LOCK                        held (flock) by the process using the store; holds its pid
+    zk-session                  not the store's: the master's ZooKeeper session, which its
+                                successor on this directory ends (blobha.sync.SessionRecord)
 
 A version exists only once both files are in place (the ``.json`` is renamed in last), so a
 crash at any point leaves either the old state or the new one, plus debris in ``tmp/`` that

@@ -9,9 +9,11 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
@@ -26,12 +28,93 @@ class IdentityInUse(Exception):
     """Another live master is registered under this master's identity (master.advertise)."""
 
 
+class SessionRecord:
+    """The ZooKeeper session of the master using a data directory, recorded in that directory
+    (``zk-session``: the session's id and password, readable by the master's user only).
+
+    A master restarted after a crash (SIGKILL, the OOM killer, a lost container) finds its
+    predecessor's nodes still there: its membership, its candidacy, its replica nodes, held by
+    a session that lives on until its timeout. Nothing may take over the name of a session that
+    could still be alive (another master with the same ``master.advertise``). But the process
+    that recorded this session used the same data directory, and the directory's lock, which
+    the successor now holds, died with it: the recorded session's process is gone for certain.
+    The successor then ends that session itself (reconnects with its id and password, and
+    closes it), which removes every one of its ephemeral nodes at once. A leader restarted at
+    once thus hands over at once instead of after the session timeout, and a follower counts
+    as a replica again within a second."""
+
+    FILE_NAME = "zk-session"
+
+    def __init__(self, directory: Path, end_session: Callable[[int, bytes], None]) -> None:
+        """Made by the holder of the directory's lock, before its first session: what the
+        directory names then is the predecessor's session."""
+        self.path = directory / self.FILE_NAME
+        #: Reconnects to the session with this id and password and closes it (raises if it
+        #: cannot reach ZooKeeper).
+        self._end_session = end_session
+        self._saved: int | None = None
+        self._lock = threading.Lock()
+        self._predecessor = self.load()
+
+    def save(self, client_id: tuple[int, bytes] | None) -> None:
+        """Record the current session, before any ephemeral node of it is created. Best
+        effort: without a record, a successor only waits for the session to expire."""
+        if not client_id or not client_id[0]:
+            return
+        session, password = client_id
+        with self._lock:
+            if self._saved == session:
+                return
+            data = json.dumps({"session": session, "password": password.hex()}).encode()
+            tmp = self.path.with_name(f".{self.FILE_NAME}.tmp")
+            try:
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+                try:
+                    os.write(fd, data)
+                finally:
+                    os.close(fd)
+                os.replace(tmp, self.path)
+            except OSError as e:
+                log.warning("cannot record the ZooKeeper session in %s (%s): a master"
+                            " restarted on this directory after a crash will wait for the"
+                            " session to expire", self.path, e)
+                return
+            self._saved = session
+
+    def load(self) -> tuple[int, bytes] | None:
+        """The recorded session, if any (a record that cannot be read is no record)."""
+        try:
+            data = json.loads(self.path.read_bytes())
+            return int(data["session"]), bytes.fromhex(data["password"])
+        except (OSError, ValueError, TypeError, KeyError, AttributeError):
+            return None
+
+    def end_if_predecessors(self, owner: int) -> bool:
+        """End session ``owner`` if it is the one the previous process on this directory
+        recorded: whether it was ended."""
+        recorded = self._predecessor
+        if recorded is None or recorded[0] != owner or owner == self._saved:
+            return False
+        try:
+            self._end_session(*recorded)
+        except Exception as e:
+            log.warning("could not end session 0x%x of this data directory's previous master"
+                        " (%s): waiting for it to expire", owner, e)
+            return False
+        log.info("ended ZooKeeper session 0x%x of this data directory's previous master,"
+                 " which is gone: its nodes went with it", owner)
+        return True
+
+
 class Membership:
     def __init__(
         self, zk: KazooClient, identity: str, grace_secs: float, on_change: Callable[[], None],
         info: dict[str, object], claim_secs: float = 0.0,
+        record: SessionRecord | None = None,
     ) -> None:
         self.zk = zk
+        #: Where this process records its sessions, and finds its predecessor's.
+        self.record = record
         self.identity = identity
         self.grace_secs = grace_secs
         self._on_change = on_change
@@ -56,14 +139,19 @@ class Membership:
         is ours: it is replaced at once. Under any other session it is either a predecessor's
         (a master that ran with this identity and died, its session not expired yet) or a
         live master's with the same ``master.advertise``. The first goes within its session
-        timeout; the second never does, and two masters under one identity would take each
-        other's replica nodes away in turn. So it is never deleted: with ``wait``, up to
+        timeout, or at once when this data directory's record names it (see SessionRecord);
+        the second never does, and two masters under one identity would take each other's
+        replica nodes away in turn. So it is never deleted: with ``wait``, up to
         ``claim_secs`` pass for it to go; then, or at once without ``wait``, IdentityInUse."""
         path = f"{MASTERS}/{self.identity}"
         data = json.dumps(self._info).encode()
-        session = self.zk.client_id[0] if self.zk.client_id else None
+        client_id = self.zk.client_id
+        session = client_id[0] if client_id else None
+        if self.record is not None:
+            self.record.save(client_id)
         deadline = time.monotonic() + (self.claim_secs if wait else 0.0)
         announced = False
+        tried_ending = False
         gone = threading.Event()  # set by a watch on the node: it went (or changed)
         while True:
             try:
@@ -83,6 +171,10 @@ class Membership:
                 with contextlib.suppress(NoNodeError, BadVersionError):
                     self.zk.delete(path, version=stat.version)
                 continue
+            if self.record is not None and not tried_ending:
+                tried_ending = True
+                if self.record.end_if_predecessors(owner):
+                    continue
             left = deadline - time.monotonic()
             if left <= 0:
                 raise IdentityInUse(self._claim_error(held, owner, wait))

@@ -398,23 +398,51 @@ def test_a_master_advertising_a_running_masters_address_refuses_to_start(
         assert running.address in masters
 
 
-def test_a_master_killed_and_restarted_at_once_waits_out_its_old_session(
-        tmp_path: Path) -> None:
-    # A long session, so the restarted process certainly finds its old node still there.
-    session_ms = 10_000
-    with make_cluster(tmp_path / "cluster", **{"zookeeper.session.timeout.ms": session_ms}
+#: Long enough that a restarted master that waited for its predecessor's session to expire
+#: would miss the deadlines below by far (the embedded ZooKeeper allows up to 60 s).
+_LONG_SESSION_MS = 40_000
+
+
+def _recorded_session(lc: LocalCluster, m: MasterProcess) -> int:
+    """The ZooKeeper session ``m`` recorded in its data directory."""
+    record = lc.data_dir / f"master-{m.index + 1}" / "zk-session"
+    return int(json.loads(record.read_text())["session"])
+
+
+def test_a_follower_killed_and_restarted_at_once_ends_its_old_session(tmp_path: Path) -> None:
+    with make_cluster(tmp_path / "cluster", **{"zookeeper.session.timeout.ms": _LONG_SESSION_MS}
                       ) as lc, client_for(lc) as c:
         c.create("before", b"one", replication_factor=3)
         assert c.wait_for_replication(["before"], 3, timeout=30).reached
         m = followers(lc)[0]
+        old_session = _recorded_session(lc, m)
         m.kill()
         lc.start_master(m)
-        wait_until(lambda: "for it to expire" in m.log_path.read_text(errors="replace"),
-                   timeout=30, what="the restarted master to wait for its old session")
-        # Once the old session expires it registers, copies what it lacks and counts again.
+        # Its old session would hold its name for 40 s more; the restarted process ends it (it
+        # holds the data directory, so the process that recorded it is gone) and registers.
         c.create("after", b"two", replication_factor=3)
-        result = c.wait_for_replication(["before", "after"], 3, timeout=60)
+        result = c.wait_for_replication(["before", "after"], 3, timeout=15)
         assert result.reached, result
         assert all(m.address in s.holders for s in result.statuses)
         log_text = m.log_path.read_text(errors="replace")
-        assert "is registered as" not in log_text  # it was never refused
+        assert f"ended ZooKeeper session 0x{old_session:x}" in log_text
+        assert "for it to expire" not in log_text
+        assert _recorded_session(lc, m) != old_session
+
+
+def test_a_leader_killed_and_restarted_at_once_hands_over_at_once(tmp_path: Path) -> None:
+    with make_cluster(tmp_path / "cluster", **{"zookeeper.session.timeout.ms": _LONG_SESSION_MS}
+                      ) as lc, client_for(lc, timeout=20) as c:
+        c.create("before", b"one", replication_factor=3)
+        assert c.wait_for_replication(["before"], 3, timeout=30).reached
+        old = lc.leader()
+        old_session = _recorded_session(lc, old)
+        old.kill()
+        lc.start_master(old)
+        # No master may lead while the dead leader's candidacy lives on (40 s); ending its
+        # session removes it, so this write finds a leader within the client's 20 s.
+        c.create("after", b"two", replication_factor=3)
+        assert c.read("before") == b"one"
+        assert c.wait_for_replication(["after"], 3, timeout=15).reached
+        assert (f"ended ZooKeeper session 0x{old_session:x}"
+                in old.log_path.read_text(errors="replace"))
