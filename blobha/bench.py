@@ -31,6 +31,11 @@ Metric groups (``--metrics`` picks a subset; every metric name starts with its g
 ``failover_term_s`` / ``failover_kill_s`` (``--local``)
     From SIGTERM or SIGKILL of the leader to the first successful write through the client.
     Baseline: the configured ZooKeeper session timeout.
+``failover_kill_restart_s`` (``--local``)
+    From SIGKILL of the leader, restarted at once on its data directory (as systemd's
+    ``Restart=`` or a container's restart policy would), to the first successful write. The
+    restarted process ends its predecessor's session rather than waiting for it to expire.
+    Baseline: the configured ZooKeeper session timeout.
 ``small_ops_per_s``
     4 KiB creates per second (acknowledged) with 1 and with 8 concurrent clients, and 4 KiB reads
     per second likewise, each client a thread with its own :class:`Client`. Baselines: raw
@@ -128,10 +133,11 @@ METRIC_GROUPS: tuple[str, ...] = (
     "spark",
     "failover_term_s",
     "failover_kill_s",
+    "failover_kill_restart_s",
     "scale",
 )
 #: Groups that kill, restart or inspect master processes: only a cluster we started.
-LOCAL_ONLY = frozenset({"failover_term_s", "failover_kill_s", "scale"})
+LOCAL_ONLY = frozenset({"failover_term_s", "failover_kill_s", "failover_kill_restart_s", "scale"})
 
 
 # --------------------------------------------------------------------------------------------
@@ -721,9 +727,11 @@ class Bench:
             self.small_ops()
         if "spark" in groups:
             self.spark()
-        for name, sig in (("failover_term_s", signal.SIGTERM), ("failover_kill_s", signal.SIGKILL)):
+        for name, sig, restart in (("failover_term_s", signal.SIGTERM, False),
+                                   ("failover_kill_s", signal.SIGKILL, False),
+                                   ("failover_kill_restart_s", signal.SIGKILL, True)):
             if name in groups and self.lc is not None:
-                self.failover(name, sig)
+                self.failover(name, sig, restart)
         if "scale" in groups and self.lc is not None:
             self.scale()
         return self.metrics
@@ -923,7 +931,9 @@ class Bench:
 
     # ---- failover ---------------------------------------------------------------------
 
-    def failover(self, name: str, sig: int) -> None:
+    def failover(self, name: str, sig: int, restart: bool = False) -> None:
+        """The leader gets ``sig``; with ``restart``, it is started again on its data
+        directory as soon as it is gone, on the clock."""
         lc = self.lc
         assert lc is not None
         lc.wait_ready(60, expect=len(lc.masters))
@@ -932,9 +942,14 @@ class Bench:
             c.create(key, b"before", replication_factor=3)
             c.update(key, b"warm")  # the client now knows the leader: no discovery on the clock
             leader = lc.leader()
-            self.log.say(f"{signal.Signals(sig).name} to the leader {leader.address}")
+            self.log.say(f"{signal.Signals(sig).name} to the leader {leader.address}"
+                         + (", restarted at once" if restart else ""))
             t0 = time.perf_counter()
             leader.signal(sig)
+            if restart:
+                if not leader.wait(30):
+                    raise RuntimeError(f"the leader {leader.address} outlived {sig!r} by 30 s")
+                lc.start_master(leader)
             while True:
                 try:
                     c.update(key, b"after")
@@ -944,8 +959,9 @@ class Bench:
                     # The client retries with backoff by itself; this only bounds the attempt.
                     if time.perf_counter() - t0 > 300:
                         raise
-        leader.wait(30)
-        lc.start_master(leader)
+        if not restart:
+            leader.wait(30)
+            lc.start_master(leader)
         lc.wait_ready(120, expect=len(lc.masters))
         self.add(name, secs, "s", "session_timeout_s", SESSION_TIMEOUT_MS / 1000)
 

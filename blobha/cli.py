@@ -338,7 +338,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--metrics", metavar="NAME[,NAME...]",
                    help="run only these: upload_mbps, replication_1g_s, download_mbps,"
                         " replication_latency_ms, small_ops_per_s, spark, failover_term_s,"
-                        " failover_kill_s, scale (default: all)")
+                        " failover_kill_s, failover_kill_restart_s, scale (default: all)")
     p.add_argument("--spark-size-mb", type=_positive_int, default=256, metavar="MIB",
                    help="size of the blob every Spark executor gets (default 256)")
     p.add_argument("--zookeeper", metavar="HOST:PORT",

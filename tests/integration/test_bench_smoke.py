@@ -28,7 +28,7 @@ EXPECTED = {
     "small_ops_per_s_read_c1", "small_ops_per_s_read_c8",
     "spark_first_app_blob_ready_s", "spark_second_app_blob_ready_s",
     "spark_second_app_blob_ready_client_loaded_s",
-    "failover_term_s", "failover_kill_s",
+    "failover_term_s", "failover_kill_s", "failover_kill_restart_s",
     "scale_create_per_s", "scale_keys", "scale_leader_rss_mib", "scale_leader_rss_per_key_b",
     "scale_follower_rss_mib", "scale_follower_rss_per_key_b", "scale_zk_watches",
     "scale_zk_znodes", "scale_list_s", "scale_catchup_s",

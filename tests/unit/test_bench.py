@@ -169,7 +169,7 @@ def test_options_validation() -> None:
         BenchOptions(repeat=0).check(True, False)
     with pytest.raises(ValueError, match="spark-size-mb must be at least 1"):
         BenchOptions(spark_size_mb=0).check(True, False)
-    assert {"failover_term_s", "failover_kill_s", "scale"} == LOCAL_ONLY
+    assert {"failover_term_s", "failover_kill_s", "failover_kill_restart_s", "scale"} == LOCAL_ONLY
 
 
 def test_cli_bench_options_reach_main(monkeypatch: pytest.MonkeyPatch) -> None:
