@@ -222,9 +222,6 @@ class Master:
             claim_secs=2 * self.session_timeout + 2,
             record=SessionRecord(config.data_dir, self._end_session),
         )
-        # Recorded as soon as a session is made, before any node is created under it: kazoo's
-        # connection thread calls its listeners before it sends the new session's requests.
-        self.zk.add_listener(self._on_zk_state)
         self.sync = Synchronizer(
             self.zk, self.store, self.identity, self.peers, self.membership,
             SyncSettings(
@@ -323,14 +320,9 @@ class Master:
         log.info("master %s serving (blobha %s, data in %s)", self.identity, __version__,
                  self.store.root)
 
-    def _on_zk_state(self, state: str) -> None:
-        # kazoo's connection thread: one small file write.
-        if state == KazooState.CONNECTED and self.membership.record is not None:
-            self.membership.record.save(self.zk.client_id)
-
-    def _end_session(self, session: int, password: bytes) -> None:
-        """Reconnect to a dead predecessor's session and close it (see SessionRecord). If it
-        has expired meanwhile, kazoo gets a new session instead, and closes that."""
+    def _end_session(self, session: int, password: bytes) -> bool:
+        """Reconnect to a dead predecessor's session and close it (see SessionRecord); False
+        if it had expired (kazoo then got a new session, closed here instead)."""
         zk = KazooClient(
             hosts=self._zk_hosts,
             timeout=self.session_timeout,
@@ -339,10 +331,14 @@ class Master:
             **(self.zk_credentials.kazoo_args() if self.zk_credentials else {}),
         )
         try:
-            zk.start(timeout=max(5.0, self.session_timeout))
+            # Short: ZooKeeper was reached a moment ago, and this comes out of the wait for
+            # the session to expire by itself.
+            zk.start(timeout=5.0)
+            resumed = bool(zk.client_id) and zk.client_id[0] == session
         finally:
             zk.stop()  # closes the session: ZooKeeper deletes its ephemeral nodes
             zk.close()
+        return resumed
 
     def _ensure_chroot(self) -> None:
         # A chrooted client cannot create its own root; do it once without the chroot, and

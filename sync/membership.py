@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from kazoo.client import KazooClient
-from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
+from kazoo.exceptions import BadVersionError, KazooException, NodeExistsError, NoNodeError
 from kazoo.protocol.states import WatchedEvent
 
 from blobha.zkstate import MASTERS
@@ -41,34 +41,50 @@ class SessionRecord:
     The successor then ends that session itself (reconnects with its id and password, and
     closes it), which removes every one of its ephemeral nodes at once. A leader restarted at
     once thus hands over at once instead of after the session timeout, and a follower counts
-    as a replica again within a second."""
+    as a replica again within a second.
+
+    The lock proves the recorder dead only on the same running kernel and the same directory.
+    So the record names both (the kernel's boot id, the directory's device and inode) and is
+    the predecessor's only there: a copy of the directory (a restored backup, a cloned machine)
+    started as a second master with the same address must not end the running master's
+    session, and waits as before; so does a master after a reboot (its session is gone by then,
+    or soon). Containers on one host share the kernel, so a re-created container counts.
+
+    The record is written by each registration, which precedes every other ephemeral node of a
+    session except, after a session loss, possibly a new candidacy: a crash in that moment costs
+    the successor the wait, as before. (Not from a connection listener: it must not block.)"""
 
     FILE_NAME = "zk-session"
 
-    def __init__(self, directory: Path, end_session: Callable[[int, bytes], None]) -> None:
+    def __init__(self, directory: Path, end_session: Callable[[int, bytes], bool]) -> None:
         """Made by the holder of the directory's lock, before its first session: what the
         directory names then is the predecessor's session."""
         self.path = directory / self.FILE_NAME
-        #: Reconnects to the session with this id and password and closes it (raises if it
-        #: cannot reach ZooKeeper).
+        #: Reconnects to the session with this id and password and closes it: True, or False
+        #: if it had expired (raises if it cannot reach ZooKeeper).
         self._end_session = end_session
         self._saved: int | None = None
         self._lock = threading.Lock()
+        self._place = _place(directory)
         self._predecessor = self.load()
 
     def save(self, client_id: tuple[int, bytes] | None) -> None:
         """Record the current session, before any ephemeral node of it is created. Best
         effort: without a record, a successor only waits for the session to expire."""
-        if not client_id or not client_id[0]:
+        if not client_id or not client_id[0] or not self._place:
             return
         session, password = client_id
         with self._lock:
             if self._saved == session:
                 return
-            data = json.dumps({"session": session, "password": password.hex()}).encode()
+            data = json.dumps({"session": session, "password": password.hex(),
+                               "place": self._place}).encode()
             tmp = self.path.with_name(f".{self.FILE_NAME}.tmp")
             try:
-                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+                # A leftover temporary file would keep its mode: start from none.
+                with contextlib.suppress(FileNotFoundError):
+                    tmp.unlink()
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
                 try:
                     os.write(fd, data)
                 finally:
@@ -82,28 +98,50 @@ class SessionRecord:
             self._saved = session
 
     def load(self) -> tuple[int, bytes] | None:
-        """The recorded session, if any (a record that cannot be read is no record)."""
+        """The session recorded on this kernel for this directory, if any (a record that
+        cannot be read, or was written elsewhere, is no record)."""
         try:
             data = json.loads(self.path.read_bytes())
+            if not self._place or data["place"] != self._place:
+                return None
             return int(data["session"]), bytes.fromhex(data["password"])
         except (OSError, ValueError, TypeError, KeyError, AttributeError):
             return None
 
     def end_if_predecessors(self, owner: int) -> bool:
         """End session ``owner`` if it is the one the previous process on this directory
-        recorded: whether it was ended."""
+        recorded: whether it is gone now. Tried once: the record is dropped either way."""
         recorded = self._predecessor
         if recorded is None or recorded[0] != owner or owner == self._saved:
             return False
+        self._predecessor = None
         try:
-            self._end_session(*recorded)
+            ended = self._end_session(*recorded)
         except Exception as e:
             log.warning("could not end session 0x%x of this data directory's previous master"
                         " (%s): waiting for it to expire", owner, e)
             return False
-        log.info("ended ZooKeeper session 0x%x of this data directory's previous master,"
-                 " which is gone: its nodes went with it", owner)
+        if ended:
+            log.info("ended ZooKeeper session 0x%x of this data directory's previous master,"
+                     " which is gone: its nodes went with it", owner)
+        else:
+            log.info("session 0x%x of this data directory's previous master has expired",
+                     owner)
         return True
+
+
+#: Linux's id of the running kernel, new at every boot, shared by its containers.
+BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
+
+
+def _place(directory: Path) -> str:
+    """This kernel and directory: where a record is valid ('' if either is unknown)."""
+    try:
+        boot = BOOT_ID.read_text("ascii").strip()
+        st = os.stat(directory)
+    except OSError:
+        return ""
+    return f"{boot}:{st.st_dev}:{st.st_ino}" if boot else ""
 
 
 class Membership:
@@ -151,7 +189,6 @@ class Membership:
             self.record.save(client_id)
         deadline = time.monotonic() + (self.claim_secs if wait else 0.0)
         announced = False
-        tried_ending = False
         gone = threading.Event()  # set by a watch on the node: it went (or changed)
         while True:
             try:
@@ -171,10 +208,11 @@ class Membership:
                 with contextlib.suppress(NoNodeError, BadVersionError):
                     self.zk.delete(path, version=stat.version)
                 continue
-            if self.record is not None and not tried_ending:
-                tried_ending = True
-                if self.record.end_if_predecessors(owner):
-                    continue
+            if self.record is not None and self.record.end_if_predecessors(owner):
+                # Our server may not have applied the close yet: catch up, then look again.
+                with contextlib.suppress(KazooException):
+                    self.zk.sync(path)
+                continue
             left = deadline - time.monotonic()
             if left <= 0:
                 raise IdentityInUse(self._claim_error(held, owner, wait))

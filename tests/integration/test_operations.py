@@ -15,6 +15,7 @@ import grpc
 import pytest
 import xxhash
 from conftest import (
+    FAST,
     SESSION_TIMEOUT_MS,
     client_for,
     followers,
@@ -431,7 +432,9 @@ def test_a_follower_killed_and_restarted_at_once_ends_its_old_session(tmp_path: 
 
 
 def test_a_leader_killed_and_restarted_at_once_hands_over_at_once(tmp_path: Path) -> None:
-    with make_cluster(tmp_path / "cluster", **{"zookeeper.session.timeout.ms": _LONG_SESSION_MS}
+    # With ZooKeeper locked down: the old session is resumed with the masters' credentials.
+    with LocalCluster(tmp_path / "cluster", nodes=3, base_port=0, zk_lockdown=True,
+                      overrides={**FAST, "zookeeper.session.timeout.ms": _LONG_SESSION_MS}
                       ) as lc, client_for(lc, timeout=20) as c:
         c.create("before", b"one", replication_factor=3)
         assert c.wait_for_replication(["before"], 3, timeout=30).reached
