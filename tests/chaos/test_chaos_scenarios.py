@@ -417,3 +417,28 @@ def test_10_leader_disk_lost_after_acknowledging(chaos_cluster: ChaosCluster,
     leader.docker.start()
     c.wait_ready(180)
     _check(verify(c, w.records), sampler, scenario)
+
+
+def test_11_leader_sigkill_and_restarted_at_once(chaos_cluster: ChaosCluster,
+                                                 scenario: dict[str, Any]) -> None:
+    # What a restart policy does after a crash: the same container, its data directory and its
+    # host's kernel. The restarted master ends its dead predecessor's ZooKeeper session instead
+    # of waiting for it to expire, so the cluster has no leaderless session timeout to sit out.
+    c = chaos_cluster
+    with LeaderSampler(c) as sampler, Workload(c, "restart", max_secs=60, max_ops=300,
+                                               big=False) as w:
+        w.wait_acks(10, 60)
+        leader = c.wait_leader(10)
+        t_kill = time.monotonic()
+        leader.docker.kill(signal="SIGKILL")
+        leader.docker.wait(timeout=30)
+        leader.docker.start()
+        c.wait_ready(120)
+        w.wait_acks(10, 60)
+        t_end = time.monotonic()
+    scenario["unavailability_s"] = round(w.records.max_gap(t_kill, t_end), 2)
+    logs = c.logs(leader, lines=2000)
+    # Ended, unless the restart itself outlasted the session (then nothing was left to end).
+    scenario["old_session_ended"] = "ended ZooKeeper session" in logs
+    assert "for it to expire" not in logs, "the restarted master waited for its old session"
+    _check(verify(c, w.records), sampler, scenario)
