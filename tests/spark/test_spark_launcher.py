@@ -15,14 +15,15 @@ import json
 import stat
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from blobha_spark_helpers import running_cluster
 
 from blobha import spark as blobspark
-from blobha.client import Client
+from blobha.client import BlobMeta, Client, ClusterSummary, WaitResult
 from blobha.localcluster import LocalCluster
 
 pytestmark = pytest.mark.spark
@@ -187,6 +188,50 @@ def test_wait_for_replication_report(cluster: LocalCluster) -> None:
     with pytest.raises(blobspark.BlobsNotAccessible) as denied:
         blobspark.wait_for_replication([SECRET], 1, 30, cluster=cluster.cluster, user="bob")
     assert denied.value.forbidden == (SECRET,) and denied.value.missing == ()
+
+
+class _CountingClient(Client):
+    """A real client that notes which of the pre-launch calls it made."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.calls: list[str] = []
+
+    def get_meta(self, key: str) -> BlobMeta:
+        self.calls.append("get_meta")
+        return super().get_meta(key)
+
+    def cluster_summary(self) -> ClusterSummary:
+        self.calls.append("cluster_summary")
+        return super().cluster_summary()
+
+    def wait_for_replication(self, keys: str | Iterable[str], min_replication: int,
+                             timeout: float) -> WaitResult:
+        self.calls.append(f"wait {timeout:g}")
+        return super().wait_for_replication(keys, min_replication, timeout)
+
+
+def test_a_launch_whose_blobs_are_replicated_asks_once(cluster: LocalCluster) -> None:
+    with _CountingClient(cluster.cluster, user="bob", timeout=30) as bob:
+        report = blobspark.wait_for_replication([PUBLIC, ARCHIVE], 3, 30, client=bob)
+        assert report.reached and report.warnings == ()
+        assert {s.key: s.replication for s in report.statuses} == {PUBLIC: 3, ARCHIVE: 3}
+        assert bob.calls == ["wait 0"], "one call, which also checks that bob may read both"
+
+        # Short of the minimum: the per-key check, the warnings, then the real wait.
+        bob.calls.clear()
+        report = blobspark.wait_for_replication([PUBLIC], 4, 1, client=bob)
+        assert not report.reached and "cannot be reached" in report.warnings[0]
+        assert bob.calls == ["wait 0", "get_meta", "cluster_summary", "wait 1"]
+
+        # Refused: every forbidden and missing key is named, not only the first one.
+        bob.calls.clear()
+        with pytest.raises(blobspark.BlobsNotAccessible) as denied:
+            blobspark.wait_for_replication([SECRET, "launch-no-such-key", PUBLIC], 1, 30,
+                                           client=bob)
+        assert denied.value.forbidden == (SECRET,)
+        assert denied.value.missing == ("launch-no-such-key",)
+        assert bob.calls[0] == "wait 0" and bob.calls.count("get_meta") == 3
 
 
 def test_dry_run_prints_the_command(
