@@ -724,29 +724,28 @@ def wait_for_replication(
             client.close()
 
 
-def _wait(
-    client: Client, keys: list[str], minimum: int, max_wait: float, policy: str
-) -> ReplicationReport:
-    started = time.monotonic()
-    if minimum > 0:
-        # The usual launch: every blob is readable and replicated already. One call says so
-        # (the server answers only a user who may read every key): no per-key metadata and no
-        # cluster summary, a third of the time before the job starts. Nothing below would
-        # have warned then: each key has its minimum, hence as many masters and at least that
-        # replication factor. Any other answer goes the whole way.
-        try:
-            now = client.wait_for_replication(keys, minimum, 0)
-        except (KeyNotFound, NotAuthorized):
-            now = None  # check_access names every such key, not only the first
-        if now is not None and now.reached:
-            report = ReplicationReport(
-                keys=tuple(keys), user=client.user, min_replication=minimum,
-                max_wait_secs=max_wait, on_timeout=policy, reached=True,
-                waited_secs=time.monotonic() - started, statuses=tuple(now.statuses),
-                warnings=(),
-            )
-            log.info("%s", report.describe())
-            return report
+def _already_replicated(
+    client: Client, keys: list[str], minimum: int
+) -> Sequence[ReplicationStatus] | None:
+    """The usual launch: every blob is readable and replicated already. One call says so (the
+    server answers only a user who may read every key): no per-key metadata and no cluster
+    summary, a third of the time before the job starts. None for any other answer, which goes
+    the whole way (_check_and_wait); none of its warnings could apply here, since each key
+    has its minimum, hence as many masters and at least that replication factor."""
+    if minimum == 0:
+        return None
+    try:
+        now = client.wait_for_replication(keys, minimum, 0)
+    except (KeyNotFound, NotAuthorized):
+        return None  # check_access names every such key, not only the first
+    return now.statuses if now.reached else None
+
+
+def _check_and_wait(
+    client: Client, keys: list[str], minimum: int, max_wait: float
+) -> tuple[Sequence[ReplicationStatus], bool, list[str]]:
+    """Check access (every refused key named), warn of what cannot be reached, then wait:
+    the statuses, whether the minimum was reached, and the warnings."""
     metas = check_access(client, keys)
     warnings = []
     for key, meta in metas.items():
@@ -771,12 +770,22 @@ def _wait(
         wait_text, len(keys), minimum, client.user, ", ".join(keys),
     )
     if minimum == 0:
-        statuses = tuple(client.get_replication(k) for k in keys)
-        reached, waited = True, time.monotonic() - started
+        return [client.get_replication(k) for k in keys], True, warnings
+    result = client.wait_for_replication(keys, minimum, max_wait)
+    return result.statuses, result.reached, warnings
+
+
+def _wait(
+    client: Client, keys: list[str], minimum: int, max_wait: float, policy: str
+) -> ReplicationReport:
+    started = time.monotonic()
+    warnings: list[str] = []
+    ready = _already_replicated(client, keys, minimum)
+    if ready is not None:
+        statuses, reached = ready, True
     else:
-        result = client.wait_for_replication(keys, minimum, max_wait)
-        statuses, reached = result.statuses, result.reached
-        waited = time.monotonic() - started
+        statuses, reached, warnings = _check_and_wait(client, keys, minimum, max_wait)
+    waited = time.monotonic() - started
     report = ReplicationReport(
         keys=tuple(keys),
         user=client.user,
