@@ -78,7 +78,7 @@ from blobha.errors import (
     Unavailable,
 )
 from blobha.keys import key_dirname, validate_key
-from blobha.locks import lock_file
+from blobha.locks import boot_id, lock_file
 
 if TYPE_CHECKING:
     # Imported when a cache first talks to the cluster: a process served from a warm cache
@@ -228,16 +228,9 @@ class CleanupReport:
 # --------------------------------------------------------------------------------------------
 
 
-def _boot_id() -> str:
-    # Pids and start times restart at every boot; the boot id tells a reference written before
-    # a reboot (always stale) from one written since.
-    try:
-        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    except OSError:
-        return ""
-
-
-_BOOT_ID = _boot_id()
+# Pids and start times restart at every boot; the boot id tells a reference written before a
+# reboot (always stale) from one written since.
+_BOOT_ID = boot_id()
 _HAVE_PROC = Path("/proc/self/stat").exists()
 
 

@@ -9,7 +9,17 @@ import fcntl
 import os
 from pathlib import Path
 
-__all__ = ["lock_file"]
+__all__ = ["boot_id", "lock_file"]
+
+
+def boot_id() -> str:
+    """The running kernel's id ('' where Linux does not say): new at every boot, shared by
+    the containers on a host. A lock proves its holder dead only within one boot; pids and
+    start times restart at every boot too."""
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text("ascii").strip()
+    except (OSError, UnicodeDecodeError):
+        return ""
 
 
 def lock_file(path: Path, blocking: bool) -> int | None:

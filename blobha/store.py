@@ -42,7 +42,7 @@ from blobha.keys import key_dirname, key_of_dirname
 from blobha.locks import lock_file
 
 log = logging.getLogger(__name__)
-# Temp-file names of version records (see _write_json_atomic).
+# Temp-file names of version records (see write_json_atomic).
 _temp_names = count()
 
 
@@ -157,15 +157,15 @@ def _write_all(fd: int, data: bytes | memoryview) -> None:
         view = view[os.write(fd, view):]
 
 
-def _write_json_atomic(path: Path, obj: object, sync: bool = True) -> None:
+def write_json_atomic(path: Path, obj: object, sync: bool = True, mode: int = 0o644) -> None:
     """Write ``obj`` to a temp file and rename it to ``path``; ``sync=False`` leaves the fsync
-    to the caller's file-system sync (a batch).
+    to the caller's file-system sync (a batch), or to nobody where a lost record costs little.
 
     One ``write`` of the encoded record on a raw descriptor, and a temp name from a counter:
     a buffered text file and a random name cost as much again, for a record written per
     version installed (100,000s when a master catches up)."""
     tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}-{next(_temp_names)}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
     try:
         _write_all(fd, json.dumps(obj).encode("utf-8"))
         if sync:
@@ -462,7 +462,7 @@ class LocalStore:
             except FileExistsError:
                 new_dir = False
             os.replace(temp.path, d / f"v{seq}.blob")
-            _write_json_atomic(d / f"v{seq}.json", _info_json(info))
+            write_json_atomic(d / f"v{seq}.json", _info_json(info))
             fsync_dir(d)
             if new_dir:
                 # Only a new key directory changes keys/ itself.
@@ -516,7 +516,7 @@ class LocalStore:
                     d.mkdir(exist_ok=True)
                     os.replace(path, d / f"v{info.seq}.blob")
                     # The record last: a version exists only once its record does.
-                    _write_json_atomic(d / f"v{info.seq}.json", _info_json(info), sync=False)
+                    write_json_atomic(d / f"v{info.seq}.json", _info_json(info), sync=False)
                 installed.append(info)
             sync_fs(self.keys_dir)
             return out

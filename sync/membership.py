@@ -19,6 +19,8 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import BadVersionError, KazooException, NodeExistsError, NoNodeError
 from kazoo.protocol.states import WatchedEvent
 
+from blobha.locks import boot_id
+from blobha.store import write_json_atomic
 from blobha.zkstate import MASTERS
 
 log = logging.getLogger(__name__)
@@ -77,19 +79,11 @@ class SessionRecord:
         with self._lock:
             if self._saved == session:
                 return
-            data = json.dumps({"session": session, "password": password.hex(),
-                               "place": self._place}).encode()
-            tmp = self.path.with_name(f".{self.FILE_NAME}.tmp")
+            record = {"session": session, "password": password.hex(), "place": self._place}
             try:
-                # A leftover temporary file would keep its mode: start from none.
-                with contextlib.suppress(FileNotFoundError):
-                    tmp.unlink()
-                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-                try:
-                    os.write(fd, data)
-                finally:
-                    os.close(fd)
-                os.replace(tmp, self.path)
+                # Not synced: a record lost in a machine crash only costs the wait, and the
+                # session has expired by the time the machine is back anyway.
+                write_json_atomic(self.path, record, sync=False, mode=0o600)
             except OSError as e:
                 log.warning("cannot record the ZooKeeper session in %s (%s): a master"
                             " restarted on this directory after a crash will wait for the"
@@ -130,14 +124,10 @@ class SessionRecord:
         return True
 
 
-#: Linux's id of the running kernel, new at every boot, shared by its containers.
-BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
-
-
 def _place(directory: Path) -> str:
     """This kernel and directory: where a record is valid ('' if either is unknown)."""
+    boot = boot_id()
     try:
-        boot = BOOT_ID.read_text("ascii").strip()
         st = os.stat(directory)
     except OSError:
         return ""

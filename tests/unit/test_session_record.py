@@ -119,9 +119,7 @@ def test_a_record_from_another_boot_names_no_predecessor(
     # Another running kernel (a cloned machine, or this one rebooted): the directory's lock
     # says nothing about the process that wrote it.
     SessionRecord(tmp_path, Ender()).save((7, b"pw"))
-    other_boot = tmp_path / "boot_id"
-    other_boot.write_text("another-boot\n")
-    monkeypatch.setattr(membership_mod, "BOOT_ID", other_boot)
+    monkeypatch.setattr(membership_mod, "boot_id", lambda: "another-boot")
     assert SessionRecord(tmp_path, Ender()).load() is None
 
 
