@@ -61,9 +61,8 @@ class FakeCluster:
     fail_next: BaseException | None = None
     #: Raised by every get_meta.
     meta_error: BaseException | None = None
-    #: When set, get_meta waits for it (to hold other askers at the node's check lock).
-    meta_gate: threading.Event | None = None
-    #: get_meta in a thread of one of these names waits for that thread's event.
+    #: get_meta in a thread of one of these names waits for that thread's event (to hold
+    #: other askers at the node's check lock).
     meta_gates: dict[str, threading.Event] = field(default_factory=dict)
     #: get_meta calls in progress.
     meta_inside: int = 0
@@ -106,7 +105,7 @@ class FakeClient:
     def get_meta(self, key: str) -> BlobMeta:
         c = self.cluster
         c.meta_calls += 1
-        gate = c.meta_gates.get(threading.current_thread().name, c.meta_gate)
+        gate = c.meta_gates.get(threading.current_thread().name)
         if gate is not None:
             c.meta_inside += 1
             try:
@@ -566,7 +565,7 @@ def test_processes_finding_the_record_aged_together_ask_the_cluster_once(
     monkeypatch.setattr(cache_mod, "lock_file", watching)
     a, a_connected = lazy(fake, make, "alice", update_interval_secs=30)
     b, b_connected = lazy(fake, make, "alice", update_interval_secs=30)
-    fake.meta_gate = threading.Event()
+    fake.meta_gates = {"a": threading.Event()}
     got: dict[str, CachedBlob] = {}
     ta = threading.Thread(target=lambda: got.setdefault("a", a.get("k")), name="a")
     ta.start()
@@ -574,7 +573,7 @@ def test_processes_finding_the_record_aged_together_ask_the_cluster_once(
     tb = threading.Thread(target=lambda: got.setdefault("b", b.get("k")), name="b")
     tb.start()
     wait_until(lambda: lock_waits == ["b"], what="b to wait for the check lock")
-    fake.meta_gate.set()
+    fake.meta_gates["a"].set()
     ta.join(30)
     tb.join(30)
     assert (got["a"].version, got["b"].version) == (2, 2)
