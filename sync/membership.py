@@ -65,8 +65,9 @@ class SessionRecord:
         #: Reconnects to the session with this id and password and closes it: True, or False
         #: if it had expired (raises if it cannot reach ZooKeeper).
         self._end_session = end_session
+        # The session recorded last. No lock: registrations run one at a time (at start-up,
+        # then on the synchroniser's thread).
         self._saved: int | None = None
-        self._lock = threading.Lock()
         self._place = _place(directory)
         self._predecessor = self.load()
 
@@ -76,20 +77,19 @@ class SessionRecord:
         if not client_id or not client_id[0] or not self._place:
             return
         session, password = client_id
-        with self._lock:
-            if self._saved == session:
-                return
-            record = {"session": session, "password": password.hex(), "place": self._place}
-            try:
-                # Not synced: a record lost in a machine crash only costs the wait, and the
-                # session has expired by the time the machine is back anyway.
-                write_json_atomic(self.path, record, sync=False, mode=0o600)
-            except OSError as e:
-                log.warning("cannot record the ZooKeeper session in %s (%s): a master"
-                            " restarted on this directory after a crash will wait for the"
-                            " session to expire", self.path, e)
-                return
-            self._saved = session
+        if self._saved == session:
+            return
+        record = {"session": session, "password": password.hex(), "place": self._place}
+        try:
+            # Not synced: a record lost in a machine crash only costs the wait, and the session
+            # has expired by the time the machine is back anyway.
+            write_json_atomic(self.path, record, sync=False, mode=0o600)
+        except OSError as e:
+            log.warning("cannot record the ZooKeeper session in %s (%s): a master restarted on"
+                        " this directory after a crash will wait for the session to expire",
+                        self.path, e)
+            return
+        self._saved = session
 
     def load(self) -> tuple[int, bytes] | None:
         """The session recorded on this kernel for this directory, if any (a record that
