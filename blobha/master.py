@@ -153,6 +153,22 @@ class ClusterView:
     under_replicated: int
 
 
+
+def _read_held(store: LocalStore, identity: str, key: str, seq: int, offset: int, length: int
+              ) -> Iterator[bytes]:
+    """``store.read``, which runs when the stream starts: a version removed since the caller
+    found it (a copy dropped beyond its placement, a prune) is then "not held here", as for a
+    master that never held it, and the client reads from another replica instead of failing
+    the read of a blob that other masters hold."""
+    try:
+        yield from store.read(key, seq, offset, length)
+    except KeyNotFound:
+        raise KeyNotFound(
+            f"not held here: {identity} no longer holds v{seq} of {key!r}; read from a replica"
+            " listed by GetReplication"
+        ) from None
+
+
 class Master:
     def __init__(self, config: Config) -> None:
         self.config = config
@@ -882,7 +898,7 @@ class Master:
             info = self.store.info(key, version)
             if info is None:
                 raise KeyNotFound(f"not held here: {self.identity} has no v{version} of {key!r}")
-            return info, self.store.read(key, version, offset, length)
+            return info, _read_held(self.store, self.identity, key, version, offset, length)
         state, _ = self._state_for_read(key)
         self._check(user, state.acl, acls.READ, key)
         seq = version or state.seq
@@ -896,7 +912,7 @@ class Master:
             )
         if offset > info.size:
             raise InvalidArgument(f"offset {offset} is past the end of {key!r} ({info.size} bytes)")
-        return info, self.store.read(key, seq, offset, length)
+        return info, _read_held(self.store, self.identity, key, seq, offset, length)
 
     def fetch_versions(self, user: str, refs: Sequence[tuple[str, int]]
                        ) -> Iterator[tuple[str, int, VersionInfo | None, bytes]]:

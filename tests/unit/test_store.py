@@ -106,6 +106,21 @@ def test_reading_a_missing_version_is_key_not_found(store: LocalStore) -> None:
         _read(store, "k", 2)
 
 
+def test_a_version_removed_before_its_stream_starts_is_not_held_here(store: LocalStore) -> None:
+    # The master found the version, then dropped its copy (held by all the chosen masters)
+    # before the stream's first read: the client must hear "not held here" and read from
+    # another replica, not be told the blob is gone.
+    from blobha.master import _read_held
+
+    _put(store, "k", 1, b"committed")
+    stream = _read_held(store, "m1:6627", "k", 1, 0, 0)
+    store.delete_version("k", 1)
+    with pytest.raises(KeyNotFound, match=r"^not held here: m1:6627 no longer holds v1 of 'k'"):
+        next(stream)
+    _put(store, "k", 2, b"served")
+    assert b"".join(_read_held(store, "m1:6627", "k", 2, 0, 0)) == b"served"
+
+
 @pytest.mark.parametrize("wrong", ["digest", "size"])
 def test_digest_mismatch_on_install_leaves_nothing(store: LocalStore, wrong: str) -> None:
     data = _data(MiB + 3)
