@@ -221,6 +221,12 @@ class Synchronizer:
         self._journal_seen: int | None = None
         self._journal_zxid = -1
         self._journal_lock = threading.Lock()
+        # The journal's watch fired while this master led and was left unarmed (follow_journal
+        # arms it again when this master steps down). Guarded by _journal_lock.
+        self._journal_unwatched = False
+        # Keys whose next reconcile arms the watch on their replica list with its first read
+        # (see registered). Guarded by _view_lock.
+        self._arm_on_read: set[str] = set()
         # Bumped on every change of _view, so figures() recomputes only when something moved.
         self._generation = 0
         self._figures: tuple[tuple[int, frozenset[str]], tuple[int, int, int]] | None = None
@@ -268,6 +274,8 @@ class Synchronizer:
     def _all_keys(self) -> list[str]:
         # The journal first, re-arming its watch: a key created after this read shows up in
         # the journal's next change, one created before it in the listing below.
+        with self._journal_lock:
+            self._journal_unwatched = False
         try:
             data, stat = self.zk.get(JOURNAL, watch=self._on_journal)
             self._take_journal(JournalRecord.decode(data), stat.mzxid, listing_follows=True)
@@ -337,12 +345,18 @@ class Synchronizer:
             key = event.path[len(BLOBSTORE) + 1:].split("/", 1)[0]
             if event.type == EventType.CHILD:
                 # Only the replica list moved (another master registered a copy, most often):
-                # one read of the list, without a watch, instead of a full reconcile of the key
-                # (three reads and a worker's turn on every master, per registration). The key
-                # goes to a worker only where this master has work on it; otherwise, while it is
-                # still in motion, _replicas_read re-arms the watch itself.
-                self.zk.get_children_async(event.path).rawlink(
-                    functools.partial(self._replicas_read, key, event.path))
+                # one read of the list instead of a full reconcile of the key (three reads and
+                # a worker's turn on every master, per registration). The key goes to a worker
+                # only where this master has work on it; otherwise, while it is still in
+                # motion, the watch is re-armed. The read arms it itself where one more copy
+                # still leaves the key short of its factor (it stays in motion): one read
+                # instead of two.
+                with self._view_lock:
+                    entry = self._view.get(key)
+                    arm = entry is not None and len(entry.holders) + 1 < entry.rf
+                self.zk.get_children_async(
+                    event.path, watch=self._watcher if arm else None).rawlink(
+                    functools.partial(self._replicas_read, key, event.path, armed=arm))
                 return
             self.queue.put(key)
 
@@ -402,15 +416,31 @@ class Synchronizer:
         if event.path is None:
             self._kick.set()
             return
-        if self._is_leader():
-            # The journal names the leader's own creates, each queued here by its commit:
-            # only re-arm the watch. Once deposed, the first record read shows a gap: one
-            # listing.
-            self.zk.exists_async(JOURNAL, watch=self._on_journal)
-            return
+        with self._journal_lock:
+            if self._is_leader():
+                # The journal names the leader's own creates, each queued here by its commit:
+                # while leading, its watch stays unarmed (re-arming it was one ZooKeeper request
+                # per create). follow_journal arms it again once this master steps down; that
+                # first record then shows a gap: one listing. Checked under the lock that
+                # follow_journal takes, after the election clears its flag, so a step-down
+                # racing this event still finds the mark.
+                self._journal_unwatched = True
+                return
+        self._read_journal()
+
+    def _read_journal(self) -> None:
         # Read the new record at once, from here, rather than through the work queue: workers
         # busy with a batch of fetches would let it run past the entries it keeps.
         self.zk.get_async(JOURNAL, watch=self._on_journal).rawlink(self._journal_read)
+
+    def follow_journal(self) -> None:
+        """This master stopped leading: watch the change journal again if its watch fired
+        while it led (a new ZooKeeper session's full reconcile arms it anyway)."""
+        with self._journal_lock:
+            if not self._journal_unwatched:
+                return
+            self._journal_unwatched = False
+        self._read_journal()
 
     def _journal_read(self, result: Any) -> None:
         # kazoo's callback thread: parse and queue only.
@@ -624,7 +654,10 @@ class Synchronizer:
             keys = [k for k in keys if k != _KEY_LIST]
         to_fetch: list[tuple[str, BlobState, list[str]]] = []
         to_register: list[tuple[str, int]] = []
-        reads = self._read_many(keys)
+        with self._view_lock:
+            armed = self._arm_on_read.intersection(keys)
+            self._arm_on_read.difference_update(armed)
+        reads = self._read_many(keys, armed)
         seen: list[str] = []
         for key, read in reads.items():
             try:
@@ -655,7 +688,7 @@ class Synchronizer:
                     self._prune(key, state.seq)
                 except Exception as e:
                     failures[key] = e
-        self._watch_replicas(seen, failures)
+        self._watch_replicas([key for key in seen if key not in armed], failures)
         return failures
 
     def _watch_replicas(self, keys: list[str], failures: dict[str, Exception]) -> None:
@@ -695,11 +728,16 @@ class Synchronizer:
                 continue
             holders = _holders(names, entry.seq)
             if holders != entry.holders:
-                # Changed since this batch read it: no event will tell, so look again now.
+                # Changed since this batch read it, and no event will tell: act on the change
+                # as on an event's (the read armed the watch already). A full reconcile of
+                # the key here, as before, cost every follower about two more reads per create
+                # (the other follower's copy registering while this one fetched).
                 with self._view_lock:
                     entry.holders = holders
                     self._generation += 1
-                self.queue.put(key)
+                    lost = entry.registered != 0 and self.identity not in holders
+                if lost or self._has_work(key, entry, known, leader):
+                    self.queue.put(key)
 
     def _in_motion(self, key: str, entry: _Entry, known: set[str], leader: bool) -> bool:
         if len(entry.holders) < entry.rf or (leader and not entry.acked):
@@ -708,16 +746,19 @@ class Synchronizer:
             return not _chosen(self.identity, key, entry.rf, known)
         return False
 
-    def _read_many(self, keys: list[str]
+    def _read_many(self, keys: list[str], armed: set[str]
                    ) -> dict[str, tuple[bytes, Any, list[str]] | Exception | None]:
         """Each key's (metadata bytes, stat, replica names), None if the key is gone, or the
-        error; pipelined, each arming the watch on the key's metadata."""
+        error; pipelined, each arming the watch on the key's metadata, and the keys in
+        ``armed`` the one on their replica list too."""
         pending = []
         for key in keys:
             path = key_path(key)
-            # The replica list without a watch: _watch_replicas arms one where it matters.
+            # Elsewhere the replica list without a watch: _watch_replicas arms one where it
+            # matters.
             pending.append((key, self.zk.get_async(path, watch=self._watcher),
-                            self.zk.get_children_async(path)))
+                            self.zk.get_children_async(
+                                path, watch=self._watcher if key in armed else None)))
         out: dict[str, tuple[bytes, Any, list[str]] | Exception | None] = {}
         for key, data_result, children_result in pending:
             try:
@@ -1039,6 +1080,10 @@ class Synchronizer:
             entry = self._view.get(key)
             if entry is None or entry.seq != seq:
                 self._committed_here[key] = (seq, session)
+            # The new version's replica list is about to move (the other holders fetch it),
+            # and this master's own node is in it already: the reconcile that follows the
+            # commit arms the list's watch with its first read, instead of a second read.
+            self._arm_on_read.add(key)
         self._registered(key, seq, session)
 
     def corrupted(self, key: str, seq: int) -> None:
@@ -1058,6 +1103,7 @@ class Synchronizer:
     def _key_gone(self, key: str) -> None:
         with self._view_lock:
             self._committed_here.pop(key, None)
+            self._arm_on_read.discard(key)
             if self._view.pop(key, None) is not None:
                 self._generation += 1
         if not self.store.versions(key):

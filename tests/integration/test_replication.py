@@ -5,12 +5,14 @@ from __future__ import annotations
 import os
 import shutil
 import time
+from pathlib import Path
 
 import grpc
 import pytest
 from conftest import (
     client_for,
     followers,
+    make_cluster,
     md,
     scrape,
     store_dir,
@@ -29,7 +31,15 @@ from blobha.localcluster import LocalCluster
 from blobha.master import FETCH_MAX_VERSIONS, FETCH_WHOLE_MAX_BYTES
 from blobha.store import FLUSH_BYTES
 from blobha.v1 import blobha_pb2 as pb
-from blobha.zkstate import JOURNAL, MASTER_SECRET, MASTERS, JournalRecord, key_path, replica_path
+from blobha.zkstate import (
+    ELECTION,
+    JOURNAL,
+    MASTER_SECRET,
+    MASTERS,
+    JournalRecord,
+    key_path,
+    replica_path,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -216,6 +226,38 @@ def test_the_change_journal_names_each_write_and_a_gap_brings_a_listing(
     finally:
         zk.stop()
         zk.close()
+
+
+def test_a_leader_deposed_within_its_session_follows_the_change_journal_again(
+        tmp_path: Path) -> None:
+    """A leader leaves the journal's watch unarmed (it writes every record itself). Deposed
+    without losing its ZooKeeper session (here: its candidacy deleted), so with no full
+    reconcile to re-arm it, it must still learn of keys the next leader creates from the
+    journal: the periodic pass, which would find them too, is set out of this test's reach."""
+    with make_cluster(tmp_path, **{"blobstore.sync.period.secs": 3600}) as cl:
+        cl.wait_ready(30, expect=3)
+        zk = KazooClient(hosts=cl.zk.connect_string + "/blobha")
+        zk.start()
+        try:
+            with client_for(cl) as c:
+                for i in range(2):  # the first create fires the leader's journal watch
+                    c.create(f"before-{i}", b"x", replication_factor=3)
+                old = cl.leader()
+                [candidacy] = [n for n in zk.get_children(ELECTION)
+                               if zk.get(f"{ELECTION}/{n}")[0].decode() == old.address]
+                session = zk.get(f"{ELECTION}/{candidacy}")[1].ephemeralOwner
+                zk.delete(f"{ELECTION}/{candidacy}")
+                wait_until(lambda: (cl.summary(timeout=1.0).leader or old.address)
+                           != old.address, 30, "another master to lead")
+                c.create("after", b"y", replication_factor=3)
+                assert c.wait_for_replication(["after"], 3, timeout=20).reached
+                assert [f.name for f in version_files(old, "after")] == ["v1.blob"]
+                # The same session throughout: no reconnect's full reconcile did this.
+                assert any(zk.get(f"{ELECTION}/{n}")[1].ephemeralOwner == session
+                           for n in zk.get_children(ELECTION))
+        finally:
+            zk.stop()
+            zk.close()
 
 
 def test_fetch_versions_serves_small_versions_whole_to_masters_only(

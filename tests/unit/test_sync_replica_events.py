@@ -12,11 +12,13 @@ from typing import Any
 import pytest
 from blobha.sync.membership import Membership
 from blobha.sync.synchronizer import Synchronizer, SyncSettings, _Entry, _holders
+from kazoo.exceptions import NoNodeError
+from kazoo.protocol.states import EventType, KazooState, WatchedEvent
 
 from blobha import placement
 from blobha.digest import digest_bytes
 from blobha.store import LocalStore
-from blobha.zkstate import BlobState
+from blobha.zkstate import JOURNAL, BlobState, JournalRecord
 
 ME, A, B = "m1:6627", "m2:6627", "m3:6627"
 SESSION = 77
@@ -24,13 +26,18 @@ PATH = "/blobstore/k"
 
 
 class Answer:
-    """A kazoo async result that has already arrived."""
+    """A kazoo async result that has already arrived (a value, or an error to raise)."""
 
-    def __init__(self, names: list[str]) -> None:
+    def __init__(self, names: Any) -> None:
         self.names = names
 
-    def get_nowait(self) -> list[str]:
+    def get_nowait(self) -> Any:
+        if isinstance(self.names, Exception):
+            raise self.names
         return self.names
+
+    def get(self, timeout: float | None = None) -> Any:
+        return self.get_nowait()
 
     def rawlink(self, callback: Any) -> None:
         callback(self)
@@ -47,6 +54,8 @@ class FakeZk:
         self.next_names: list[str] = []
         self.listed: dict[str, list[str]] = {}  # per path, where given
         self.deleted: list[str] = []
+        self.data_reads: list[tuple[str, Any]] = []
+        self.data: dict[str, Any] = {}  # get_async's answer per path (default: no node)
 
     def add_listener(self, fn: Any) -> None:
         pass
@@ -58,15 +67,22 @@ class FakeZk:
         self.watched_reads.append((path, watch))
         return Answer(self.listed.get(path, self.next_names))
 
+    def get_async(self, path: str, watch: Any = None) -> Answer:
+        self.data_reads.append((path, watch))
+        return Answer(self.data.get(path, NoNodeError()))
 
-def synchroniser(leader: bool = False, store: Any = None) -> tuple[Synchronizer, FakeZk]:
+
+def synchroniser(leader: bool | list[bool] = False, store: Any = None
+                 ) -> tuple[Synchronizer, FakeZk]:
+    """``leader`` as a one-element list can be changed while the synchroniser runs."""
     zk = FakeZk()
+    leading = leader if isinstance(leader, list) else [leader]
     s = Synchronizer(
         zk, store=store or SimpleNamespace(), identity=ME, peers=SimpleNamespace(),  # type: ignore[arg-type]
         membership=SimpleNamespace(known=lambda: {ME, A, B}),  # type: ignore[arg-type]
         settings=SyncSettings(replica_grace_secs=1, delete_grace_secs=1, period_secs=60,
                               versions_retained=2, threads=1, periodic_keys_per_sec=200),
-        is_leader=lambda: leader, leader_duty=lambda key, view: False,
+        is_leader=lambda: leading[0], leader_duty=lambda key, view: False,
         deletions_allowed=lambda: True, key_lock=lambda key: None,  # type: ignore[arg-type,return-value]
     )
     return s, zk
@@ -240,3 +256,98 @@ def test_the_periodic_pass_keeps_running_when_there_are_no_keys() -> None:
         s._stop.set()
         s._kick.set()
         thread.join(5)
+
+
+def child_event(path: str = PATH) -> WatchedEvent:
+    return WatchedEvent(EventType.CHILD, KazooState.CONNECTED, path)
+
+
+def test_a_registration_event_arms_the_watch_with_its_one_read_while_copies_are_still_due(
+        ) -> None:
+    s, zk = synchroniser()
+    s._view["k"] = entry([ME])  # one copy of three
+    zk.next_names = names(ME, A)
+    s._on_event(child_event())
+    # One more copy still leaves the key short: the read that follows the change arms the
+    # watch itself, and nothing reads the list a second time to re-arm it.
+    assert zk.watched_reads == [(PATH, s._watcher)]
+    assert s._view["k"].holders == (ME, A) and s.queue.depth() == 0
+    # The last copy due: a plain read, which finds the key complete and leaves it alone.
+    zk.next_names = names(ME, A, B)
+    s._on_event(child_event())
+    assert zk.watched_reads == [(PATH, s._watcher), (PATH, None)]
+    assert s._view["k"].holders == (ME, A, B) and s.queue.depth() == 0
+
+
+def test_a_last_copy_that_does_not_complete_the_key_still_re_arms_its_watch() -> None:
+    s, zk = synchroniser()
+    s._view["k"] = entry([ME, A])
+    zk.next_names = names(ME, A)  # a change that was not a new copy (one went and came)
+    s._on_event(child_event())
+    assert zk.watched_reads == [(PATH, None), (PATH, s._watcher)]
+    assert s.queue.depth() == 0
+
+
+def test_a_copy_registered_during_the_batch_costs_no_second_reconcile() -> None:
+    # This master fetched and registered the key; meanwhile another master registered its copy
+    # too. The read that arms the watch sees it: the figures follow, and with nothing left to
+    # do here the key is not reconciled again.
+    s, zk = synchroniser()
+    s._view["k"] = entry([ME])
+    zk.next_names = names(ME, A)
+    failures: dict[str, Exception] = {}
+    s._watch_replicas(["k"], failures)
+    assert zk.watched_reads == [(PATH, s._watcher)]
+    assert s._view["k"].holders == (ME, A)
+    assert s.queue.depth() == 0 and not failures
+
+
+def test_a_change_during_the_batch_that_leaves_work_here_queues_the_key() -> None:
+    s, zk = synchroniser()
+    s._view["k"] = entry([ME], registered=SESSION)
+    zk.next_names = names(A)  # our copy's node is gone
+    s._watch_replicas(["k"], {})
+    assert s.queue.depth() == 1
+
+
+def test_the_reconcile_after_a_commit_arms_the_replica_watch_with_its_first_read() -> None:
+    s, zk = synchroniser(leader=True,
+                         store=SimpleNamespace(versions=lambda key: []))  # nothing stored here
+    s.registered("new", 1, SESSION)
+    s._view["old"] = entry([ME, A, B])
+    # Both keys were deleted meanwhile (the simplest reconcile to fake): what matters is how
+    # each replica list was read.
+    assert s._handle(["new", "old"]) == {}
+    lists = dict(zk.watched_reads)
+    assert lists == {"/blobstore/new": s._watcher, "/blobstore/old": None}
+    assert s._arm_on_read == set()
+    # Only the reconcile right after the commit: the next one reads the list plainly.
+    zk.watched_reads.clear()
+    s._handle(["new"])
+    assert zk.watched_reads == [("/blobstore/new", None)]
+
+
+def test_a_leader_leaves_the_journal_unwatched_and_follows_it_again_once_deposed() -> None:
+    leading = [True]
+    s, zk = synchroniser(leader=leading)
+    zk.data[JOURNAL] = (JournalRecord(7, ("a", "b")).encode(), SimpleNamespace(mzxid=70))
+    journal_event = WatchedEvent(EventType.CHANGED, KazooState.CONNECTED, JOURNAL)
+    # The leader's own commit changed the journal: nothing is read, no watch re-armed.
+    s._on_journal(journal_event)
+    assert zk.data_reads == []
+    leading[0] = False
+    s.follow_journal()
+    # One read, re-arming the watch; its record is taken as any follower takes it.
+    assert zk.data_reads == [(JOURNAL, s._on_journal)]
+    assert s._journal_seen == 7
+    s.follow_journal()  # already followed: nothing more
+    assert len(zk.data_reads) == 1
+    # As a follower, every change of the journal is read at once.
+    s._on_journal(journal_event)
+    assert zk.data_reads == [(JOURNAL, s._on_journal)] * 2
+
+
+def test_a_step_down_with_the_journal_watch_armed_reads_nothing() -> None:
+    s, zk = synchroniser(leader=[False])
+    s.follow_journal()
+    assert zk.data_reads == []
