@@ -667,16 +667,23 @@ class Master:
         if committed.acked:
             self.sync.schedule(key)
             return key, committed, 1
-        reached, info = self._await_holders(key, committed, committed.write_quorum)
-        if not reached:
-            raise DeadlineExceeded(
-                f"{key!r} v{committed.seq} is committed but only {info.replication} of the"
-                f" {committed.write_quorum} required masters hold it after"
-                f" {self.config['blobstore.write.timeout.secs']}s, so it was NOT acknowledged;"
-                " check 'blobha cluster' and retry the update"
-            )
-        final = self._mark_acked(key, committed)
-        self.sync.schedule(key)
+        try:
+            reached, info = self._await_holders(key, committed, committed.write_quorum)
+            if not reached:
+                raise DeadlineExceeded(
+                    f"{key!r} v{committed.seq} is committed but only {info.replication} of the"
+                    f" {committed.write_quorum} required masters hold it after"
+                    f" {self.config['blobstore.write.timeout.secs']}s, so it was NOT"
+                    " acknowledged; check 'blobha cluster' and retry the update"
+                )
+            final = self._mark_acked(key, committed)
+        finally:
+            # Whatever the outcome, the leader's synchroniser follows the key from here: a
+            # version that timed out stays committed and is acknowledged once enough masters
+            # hold it (_leader_duty). Nothing else would bring a new key to it before the
+            # periodic pass: the leader has no watch on a key it has not reconciled yet, and
+            # does not read its own journal.
+            self.sync.schedule(key)
         return key, final, info.replication
 
     def _commit_puts(self, batch: Sequence[_Put]) -> list[BlobState | BaseException]:
@@ -798,7 +805,7 @@ class Master:
             if failed is None:
                 for i in live:
                     key, _, new = writes[i]
-                    self.sync.registered(key, new.seq, session)
+                    self.sync.registered(key, new.seq, session, new.replication_factor)
                     # meta_version is stale here; _mark_acked re-reads before its write.
                     out[i] = new
                 break

@@ -43,7 +43,16 @@ from typing import Any
 from blobha.sync.membership import IdentityInUse, Membership
 from blobha.sync.workqueue import WorkQueue
 from kazoo.client import KazooClient, KazooState
-from kazoo.exceptions import KazooException, NodeExistsError, NoNodeError
+from kazoo.exceptions import (
+    ConnectionClosedError,
+    ConnectionLoss,
+    KazooException,
+    NodeExistsError,
+    NoNodeError,
+    OperationTimeoutError,
+    SessionExpiredError,
+)
+from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.protocol.states import EventType, WatchedEvent
 
 from blobha import placement, zkstate
@@ -86,6 +95,18 @@ _PACE_STEP = 0.25
 _RECHECK_KEYS_PER_SEC = 2000
 #: Bound on waiting for one pipelined ZooKeeper answer; a dead connection fails sooner.
 _READ_TIMEOUT = 60.0
+#: What a key's sync fails with when ZooKeeper is out of reach (no fault of the key's).
+_UNREACHABLE = (ConnectionLoss, SessionExpiredError, ConnectionClosedError,
+                OperationTimeoutError, KazooTimeoutError)
+#: While ZooKeeper is out of reach, the keys whose sync failed for it are reported in one
+#: warning per this many seconds, not one per key and retry (a master syncing 100,000 keys
+#: wrote 580,000 such lines in one minute-long outage).
+UNREACHABLE_REPORT_SECS = 10.0
+#: A reconcile this soon after the leader's commit arms the replica list's watch with its
+#: first read (see Synchronizer.registered): the other holders are most likely still fetching
+#: then, so the list is due to move. One that comes later (a backlog) reads it plainly, so
+#: that no watch is left on a key whose copies were all in place already.
+ARM_ON_READ_SECS = 0.25
 
 
 class SyncDeferred(Exception):
@@ -163,6 +184,11 @@ def _holders(names: list[str], seq: int) -> tuple[str, ...]:
     return _canonical(tuple(sys.intern(a) for a in zkstate.holders(names, seq)))
 
 
+def _describe(error: Exception) -> str:
+    """An error for a log line: kazoo's connection errors have no message of their own."""
+    return str(error) or type(error).__name__
+
+
 def _chosen(me: str, key: str, rf: int, known: set[str] | frozenset[str]) -> bool:
     """Whether ``me`` is among the holders the placement chooses for ``key`` with replication
     factor ``rf`` (capped at the masters known)."""
@@ -225,13 +251,22 @@ class Synchronizer:
         # arms it again when this master steps down). Guarded by _journal_lock.
         self._journal_unwatched = False
         # Keys whose next reconcile arms the watch on their replica list with its first read
-        # (see registered). Guarded by _view_lock.
-        self._arm_on_read: set[str] = set()
+        # (see registered), with the time of their commit. Guarded by _view_lock.
+        self._arm_on_read: dict[str, float] = {}
+        # Keys whose batch read armed that watch, until their reconcile has stored what it
+        # read: whether the list changed meanwhile (then the stored holders may be older than
+        # what the event's read found, and the list is read once more). Guarded by _view_lock.
+        self._arming: dict[str, bool] = {}
         # Bumped on every change of _view, so figures() recomputes only when something moved.
         self._generation = 0
         self._figures: tuple[tuple[int, frozenset[str]], tuple[int, int, int]] | None = None
         self._deleted_since: dict[str, float] = {}
         self._failures: dict[str, int] = {}
+        # Keys whose sync failed on an unreachable ZooKeeper since the last report of it, and
+        # when that report was (see _report_unreachable).
+        self._unreachable = 0
+        self._unreachable_reported = -math.inf
+        self._unreachable_lock = threading.Lock()
         self._session: int | None = None
         # Downloads of one batch run in parallel: a small blob's fetch is a few round trips
         # and fsyncs, not CPU, so one at a time would leave the machine idle.
@@ -354,6 +389,8 @@ class Synchronizer:
                 with self._view_lock:
                     entry = self._view.get(key)
                     arm = entry is not None and len(entry.holders) + 1 < entry.rf
+                    if key in self._arming:
+                        self._arming[key] = True
                 self.zk.get_children_async(
                     event.path, watch=self._watcher if arm else None).rawlink(
                     functools.partial(self._replicas_read, key, event.path, armed=arm))
@@ -604,23 +641,47 @@ class Synchronizer:
             except Exception as e:  # a bug in the batch logic must not kill the loop
                 log.exception("sync batch failed")
                 failures = dict.fromkeys(keys, e)
-            for key in keys:
-                error = failures.get(key)
-                if error is None:
-                    self._failures.pop(key, None)
-                elif isinstance(error, SyncDeferred):
-                    log.debug("sync of %r deferred: %s", key, error)
-                    self._retry_later(key, quiet=True)
-                else:
-                    self._retry_later(key, error=error)
+            self._after_batch(keys, failures)
             self.queue.done_many(keys)
+
+    def _after_batch(self, keys: list[str], failures: dict[str, Exception]) -> None:
+        """Retry the keys that failed, with backoff; warn of each failure, except those of an
+        unreachable ZooKeeper, which are counted into one warning now and then."""
+        unreachable = None
+        for key in keys:
+            error = failures.get(key)
+            if error is None:
+                self._failures.pop(key, None)
+            elif isinstance(error, SyncDeferred):
+                log.debug("sync of %r deferred: %s", key, error)
+                self._retry_later(key, quiet=True)
+            elif isinstance(error, _UNREACHABLE):
+                unreachable = error
+                self._retry_later(key, quiet=True)
+            else:
+                self._retry_later(key, error=error)
+        if unreachable is not None:
+            self._report_unreachable(
+                sum(isinstance(failures.get(k), _UNREACHABLE) for k in keys), unreachable)
+
+    def _report_unreachable(self, count: int, error: Exception) -> None:
+        now = time.monotonic()
+        with self._unreachable_lock:
+            self._unreachable += count
+            if now - self._unreachable_reported < UNREACHABLE_REPORT_SECS:
+                return
+            count, self._unreachable, self._unreachable_reported = self._unreachable, 0, now
+        log.warning("sync of %d key(s) could not reach ZooKeeper (%s); each is retried with"
+                    " backoff, and the reconnect reconciles every key", count,
+                    _describe(error))
 
     def _retry_later(self, key: str, error: Exception | None = None, quiet: bool = False) -> None:
         n = self._failures[key] = self._failures.get(key, 0) + 1
         delay = min(30.0, 0.2 * 2 ** min(n, 8)) * random.uniform(0.5, 1.0)
         if error is not None and not quiet:
             if isinstance(error, BlobError | KazooException):
-                log.warning("sync of %r failed (%s); retry %d in %.1fs", key, error, n, delay)
+                log.warning("sync of %r failed (%s); retry %d in %.1fs", key, _describe(error),
+                            n, delay)
             else:
                 log.exception("sync of %r failed; retry %d in %.1fs", key, n, delay,
                               exc_info=error)
@@ -652,11 +713,26 @@ class Synchronizer:
             except Exception as e:
                 failures[_KEY_LIST] = e
             keys = [k for k in keys if k != _KEY_LIST]
+        now = time.monotonic()
+        with self._view_lock:
+            armed: set[str] = set()
+            for key in keys:
+                committed_at = self._arm_on_read.pop(key, None)
+                if committed_at is not None and now - committed_at < ARM_ON_READ_SECS:
+                    armed.add(key)
+                    self._arming[key] = False
+        try:
+            return self._reconcile(keys, armed, failures)
+        finally:
+            if armed:
+                with self._view_lock:
+                    for key in armed:
+                        self._arming.pop(key, None)
+
+    def _reconcile(self, keys: list[str], armed: set[str], failures: dict[str, Exception]
+                   ) -> dict[str, Exception]:
         to_fetch: list[tuple[str, BlobState, list[str]]] = []
         to_register: list[tuple[str, int]] = []
-        with self._view_lock:
-            armed = self._arm_on_read.intersection(keys)
-            self._arm_on_read.difference_update(armed)
         reads = self._read_many(keys, armed)
         seen: list[str] = []
         for key, read in reads.items():
@@ -674,6 +750,11 @@ class Synchronizer:
                     to_register.append((key, action))
             except Exception as e:
                 failures[key] = e
+        if armed:
+            # What _decide stored for these keys is what the batch read found; where the list
+            # changed since, an event's newer read may have been overwritten: read it again.
+            with self._view_lock:
+                armed = {key for key in armed if not self._arming.get(key, True)}
         fetched, done, fresh = self._fetch_all(to_fetch, failures)
         to_register += done
         installed = self._install_fetched(fetched)
@@ -1073,17 +1154,18 @@ class Synchronizer:
                         tuple(h for h in entry.holders if h != self.identity))
                     self._generation += 1
 
-    def registered(self, key: str, seq: int, session: int) -> None:
+    def registered(self, key: str, seq: int, session: int, replication_factor: int) -> None:
         """The leader's commit created our replica node of ``seq`` in ``session`` (in the same
         transaction as the version itself)."""
         with self._view_lock:
             entry = self._view.get(key)
             if entry is None or entry.seq != seq:
                 self._committed_here[key] = (seq, session)
-            # The new version's replica list is about to move (the other holders fetch it),
-            # and this master's own node is in it already: the reconcile that follows the
-            # commit arms the list's watch with its first read, instead of a second read.
-            self._arm_on_read.add(key)
+            if replication_factor > 1:
+                # The new version's replica list is about to move (the other holders fetch
+                # it), and this master's own node is in it already: the reconcile that follows
+                # the commit arms the list's watch with its first read, instead of a second.
+                self._arm_on_read[key] = time.monotonic()
         self._registered(key, seq, session)
 
     def corrupted(self, key: str, seq: int) -> None:
@@ -1103,7 +1185,7 @@ class Synchronizer:
     def _key_gone(self, key: str) -> None:
         with self._view_lock:
             self._committed_here.pop(key, None)
-            self._arm_on_read.discard(key)
+            self._arm_on_read.pop(key, None)
             if self._view.pop(key, None) is not None:
                 self._generation += 1
         if not self.store.versions(key):

@@ -20,6 +20,7 @@ from conftest import (
 )
 from kazoo.client import KazooClient
 
+from blobha.errors import DeadlineExceeded
 from blobha.localcluster import LocalCluster
 from blobha.v1 import blobha_pb2 as pb
 
@@ -150,6 +151,37 @@ def test_deleted_key_disappears_everywhere_and_stays_gone(fresh_cluster: LocalCl
             zk.close()
         assert "doomed" not in set(c.list())
         assert all(not version_files(m, "doomed") for m in fresh_cluster.masters)
+
+
+def test_a_create_that_timed_out_is_acknowledged_once_its_copies_arrive(
+        tmp_path: object) -> None:
+    """W=2 and the followers frozen: the create is committed but not acknowledged. Once they
+    run again and copy it, the leader marks it acknowledged at once, not at its next periodic
+    pass (set out of this test's reach)."""
+    from pathlib import Path
+
+    cluster = make_cluster(Path(str(tmp_path)) / "c", **{"blobstore.write.timeout.secs": 1.0,
+                                                         "blobstore.sync.period.secs": 3600})
+    cluster.start()
+    try:
+        with client_for(cluster, timeout=10) as c:
+            leader = cluster.leader()
+            others = [m for m in cluster.masters if m is not leader]
+            for m in others:
+                m.signal(signal.SIGSTOP)
+            try:
+                with pytest.raises(DeadlineExceeded, match="NOT acknowledged"):
+                    c.create("late", b"late copies", replication_factor=3, write_quorum=2)
+                assert not c.get_meta("late").acknowledged
+            finally:
+                for m in others:
+                    m.signal(signal.SIGCONT)
+            wait_until(lambda: c.get_meta("late").acknowledged, 20,
+                       "the leader to acknowledge the version once copies arrived")
+            assert c.wait_for_replication(["late"], 3, timeout=20).reached
+            assert c.read("late") == b"late copies"
+    finally:
+        cluster.stop()
 
 
 def test_unacknowledged_version_without_holder_rolls_back(tmp_path: object) -> None:

@@ -5,18 +5,26 @@ reconcile only the keys whose placement moves."""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from blobha.sync.membership import Membership
-from blobha.sync.synchronizer import Synchronizer, SyncSettings, _Entry, _holders
-from kazoo.exceptions import NoNodeError
+from blobha.sync.synchronizer import (
+    UNREACHABLE_REPORT_SECS,
+    Synchronizer,
+    SyncSettings,
+    _Entry,
+    _holders,
+)
+from kazoo.exceptions import ConnectionLoss, NoNodeError, SessionExpiredError
 from kazoo.protocol.states import EventType, KazooState, WatchedEvent
 
 from blobha import placement
 from blobha.digest import digest_bytes
+from blobha.errors import BlobError
 from blobha.store import LocalStore
 from blobha.zkstate import JOURNAL, BlobState, JournalRecord
 
@@ -302,29 +310,102 @@ def test_a_copy_registered_during_the_batch_costs_no_second_reconcile() -> None:
     assert s.queue.depth() == 0 and not failures
 
 
-def test_a_change_during_the_batch_that_leaves_work_here_queues_the_key() -> None:
-    s, zk = synchroniser()
-    s._view["k"] = entry([ME], registered=SESSION)
-    zk.next_names = names(A)  # our copy's node is gone
+@pytest.mark.parametrize("case", ["our copy lost", "chosen holder lacking the version",
+                                  "leader, unacknowledged"])
+def test_a_change_during_the_batch_that_leaves_work_here_queues_the_key(case: str) -> None:
+    s, zk = synchroniser(leader=case.startswith("leader"))
+    if case == "our copy lost":
+        s._view["k"] = entry([ME], registered=SESSION)
+        zk.next_names = names(A)  # our copy's node is gone
+    elif case == "chosen holder lacking the version":
+        s._view["k"] = entry([A], registered=0)  # a fetch deferred: no source yet
+        zk.next_names = names(A, B)
+    else:
+        s._view["k"] = entry([ME], acked=False)
+        zk.next_names = names(ME, A)  # enough copies, maybe, to acknowledge the write
     s._watch_replicas(["k"], {})
     assert s.queue.depth() == 1
 
 
+#: A key whose single copy the placement gives this master.
+ONE_HERE = next(k for k in (f"k{i}" for i in range(100))
+                if placement.choose(k, {ME, A, B}, 1) == [ME])
+
+
+def committed(key: str = "new", rf: int = 3) -> tuple[Synchronizer, FakeZk, BlobState]:
+    """A leader that just committed v1 of ``key`` (its own copy registered by the commit), and
+    a ZooKeeper that answers the reconcile's reads of it."""
+    data = b"fresh"
+    state = BlobState(seq=1, size=len(data), digest=digest_bytes(data), acl=(),
+                      replication_factor=rf, creator="alice", created_at=0.0, updated_at=0.0,
+                      epoch=1, acked=True)
+    store = SimpleNamespace(
+        info=lambda k, seq: SimpleNamespace(digest=state.digest, size=state.size),
+        versions=lambda k: [1], has_version=lambda k, seq: True)
+    s, zk = synchroniser(leader=True, store=store)
+    zk.data[f"/blobstore/{key}"] = (state.encode(), SimpleNamespace(version=0))
+    zk.listed[f"/blobstore/{key}"] = [f"{ME}-1"]
+    s.registered(key, 1, SESSION, rf)
+    return s, zk, state
+
+
 def test_the_reconcile_after_a_commit_arms_the_replica_watch_with_its_first_read() -> None:
-    s, zk = synchroniser(leader=True,
-                         store=SimpleNamespace(versions=lambda key: []))  # nothing stored here
-    s.registered("new", 1, SESSION)
-    s._view["old"] = entry([ME, A, B])
-    # Both keys were deleted meanwhile (the simplest reconcile to fake): what matters is how
-    # each replica list was read.
-    assert s._handle(["new", "old"]) == {}
-    lists = dict(zk.watched_reads)
-    assert lists == {"/blobstore/new": s._watcher, "/blobstore/old": None}
-    assert s._arm_on_read == set()
-    # Only the reconcile right after the commit: the next one reads the list plainly.
+    s, zk, _ = committed()
+    assert s._handle(["new"]) == {}
+    # One read of the list, which armed its watch; no second read to arm it.
+    assert zk.watched_reads == [("/blobstore/new", s._watcher)]
+    assert s._view["new"].holders == (ME,) and s._arming == {}
+    # Only the reconcile right after the commit: a later one reads the list plainly (and,
+    # the key being under-replicated, arms the watch with a second read, as before).
     zk.watched_reads.clear()
     s._handle(["new"])
+    assert zk.watched_reads == [("/blobstore/new", None), ("/blobstore/new", s._watcher)]
+
+
+def test_a_copy_registered_between_the_armed_read_and_its_reconcile_is_read_again() -> None:
+    # The armed read saw only the leader's copy; A registered before the reconcile stored
+    # that. The event's read saw A, but the reconcile then stored the older list: another
+    # read puts it right (no event would, the watch having fired already).
+    s, zk, _ = committed()
+    path = "/blobstore/new"
+    read_list = zk.get_children_async
+
+    def get_children_async(p: str, watch: Any = None) -> Answer:
+        answer = read_list(p, watch)
+        if len(zk.watched_reads) == 1:  # the armed read: A registers right after it
+            zk.listed[p] = [f"{ME}-1", f"{A}-1"]
+            s._on_event(child_event(p))
+        return answer
+
+    zk.get_children_async = get_children_async  # type: ignore[method-assign]
+    assert s._handle(["new"]) == {}
+    assert s._view["new"].holders == (ME, A)
+    # The armed read; the event's (plain: the key had no entry yet, so the event also queued
+    # it for another reconcile); the re-read after this reconcile, which re-arms the watch.
+    assert zk.watched_reads == [(path, s._watcher), (path, None), (path, s._watcher)]
+
+
+def test_a_reconcile_long_after_the_commit_reads_the_list_plainly() -> None:
+    # A backlog: by now every copy is likely in place, and a watch armed on a complete key
+    # would stay there. The old path runs: a plain read, and no watch once complete.
+    s, zk, _ = committed()
+    s._arm_on_read["new"] -= 10.0
+    zk.listed["/blobstore/new"] = [f"{h}-1" for h in (ME, A, B)]
+    assert s._handle(["new"]) == {}
     assert zk.watched_reads == [("/blobstore/new", None)]
+
+
+def test_a_commit_of_a_single_copy_arms_no_watch() -> None:
+    s, zk, _ = committed(ONE_HERE, rf=1)
+    assert s._handle([ONE_HERE]) == {}
+    assert zk.watched_reads == [(f"/blobstore/{ONE_HERE}", None)]
+
+
+def test_a_key_deleted_before_its_reconcile_leaves_nothing_behind() -> None:
+    s, zk, _ = committed()
+    del zk.data["/blobstore/new"]  # deleted right after the commit
+    assert s._handle(["new"]) == {}
+    assert s._arm_on_read == {} and s._arming == {} and "new" not in s._view
 
 
 def test_a_leader_leaves_the_journal_unwatched_and_follows_it_again_once_deposed() -> None:
@@ -351,3 +432,27 @@ def test_a_step_down_with_the_journal_watch_armed_reads_nothing() -> None:
     s, zk = synchroniser(leader=[False])
     s.follow_journal()
     assert zk.data_reads == []
+
+
+def test_an_unreachable_zookeeper_is_reported_now_and_then_not_per_key(
+        caplog: pytest.LogCaptureFixture) -> None:
+    # A ZooKeeper outage fails every key of every batch, retry after retry: one warning per
+    # key and retry made 580,000 log lines in one outage of a minute at 100,000 keys.
+    s, _ = synchroniser()
+    keys = [f"k{i}" for i in range(500)]
+    with caplog.at_level(logging.WARNING, logger="blobha.sync.synchronizer"):
+        s._after_batch(keys, dict.fromkeys(keys, ConnectionLoss()))
+        s._after_batch(keys[:10], dict.fromkeys(keys[:10], SessionExpiredError()))
+        first = [r.getMessage() for r in caplog.records]
+        s._unreachable_reported -= UNREACHABLE_REPORT_SECS  # the interval has passed
+        s._after_batch(["k0"], {"k0": ConnectionLoss()})
+        second = [r.getMessage() for r in caplog.records][len(first):]
+        s._after_batch(["other"], {"other": BlobError("disk full")})
+        third = [r.getMessage() for r in caplog.records][len(first) + len(second):]
+    assert len(first) == 1 and "500 key(s)" in first[0] and "(ConnectionLoss)" in first[0]
+    # The ten failures within the interval come with the next report.
+    assert len(second) == 1 and "11 key(s)" in second[0]
+    # Every key is retried all the same, with its backoff counting each failure.
+    assert s._failures["k0"] == 3 and s._failures["k9"] == 2 and s._failures["k499"] == 1
+    # Other errors are still reported per key, with what went wrong.
+    assert len(third) == 1 and "'other'" in third[0] and "disk full" in third[0]
