@@ -153,7 +153,6 @@ class ClusterView:
     under_replicated: int
 
 
-
 def _read_held(store: LocalStore, identity: str, key: str, seq: int, offset: int, length: int
               ) -> Iterator[bytes]:
     """``store.read``, which runs when the stream starts: a version removed since the caller
@@ -664,10 +663,9 @@ class Master:
         """Answer for a committed version once W masters hold it: (key, state, holders)."""
         log.info("committed %r v%d (%d bytes, epoch %d) for %r", key, committed.seq,
                  committed.size, committed.epoch, user)
-        if committed.acked:
-            self.sync.schedule(key)
-            return key, committed, 1
         try:
+            if committed.acked:
+                return key, committed, 1
             reached, info = self._await_holders(key, committed, committed.write_quorum)
             if not reached:
                 raise DeadlineExceeded(
@@ -676,7 +674,7 @@ class Master:
                     f" {self.config['blobstore.write.timeout.secs']}s, so it was NOT"
                     " acknowledged; check 'blobha cluster' and retry the update"
                 )
-            final = self._mark_acked(key, committed)
+            return key, self._mark_acked(key, committed), info.replication
         finally:
             # Whatever the outcome, the leader's synchroniser follows the key from here: a
             # version that timed out stays committed and is acknowledged once enough masters
@@ -684,7 +682,6 @@ class Master:
             # periodic pass: the leader has no watch on a key it has not reconciled yet, and
             # does not read its own journal.
             self.sync.schedule(key)
-        return key, final, info.replication
 
     def _commit_puts(self, batch: Sequence[_Put]) -> list[BlobState | BaseException]:
         """One group commit (:class:`GroupCommitter` handler): the batch's new versions are

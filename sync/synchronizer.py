@@ -413,8 +413,7 @@ class Synchronizer:
                 if holders != entry.holders:
                     entry.holders = holders
                     self._generation += 1
-                lost = entry.registered != 0 and self.identity not in holders
-        if entry is None or lost or self._has_work(key, entry, known, leader):
+        if entry is None or self._has_work(key, entry, known, leader):
             self.queue.put(key)
         elif not armed and self._in_motion(key, entry, known, leader):
             # Still under-replicated, and nothing for this master to do but follow it (its
@@ -440,14 +439,15 @@ class Synchronizer:
     def _has_work(self, key: str, entry: _Entry, known: set[str], leader: bool) -> bool:
         """Whether a change of ``key``'s replica list may leave this master something to do
         beyond following it: acknowledge or roll back (the leader, for an unacknowledged
-        version), fetch, register, or drop a copy held beyond the placement."""
+        version), fetch, register, drop a copy held beyond the placement, or find out why its
+        registered copy left the list."""
         if leader and not entry.acked:
             return True
         target = _chosen(self.identity, key, entry.rf, known)
         if self.identity in entry.holders:
             session = self.session_id()
             return not target or entry.registered != session or not session
-        return target
+        return target or entry.registered != 0
 
     def _on_journal(self, event: WatchedEvent) -> None:
         if event.path is None:
@@ -647,7 +647,7 @@ class Synchronizer:
     def _after_batch(self, keys: list[str], failures: dict[str, Exception]) -> None:
         """Retry the keys that failed, with backoff; warn of each failure, except those of an
         unreachable ZooKeeper, which are counted into one warning now and then."""
-        unreachable = None
+        unreachable: list[Exception] = []
         for key in keys:
             error = failures.get(key)
             if error is None:
@@ -656,13 +656,12 @@ class Synchronizer:
                 log.debug("sync of %r deferred: %s", key, error)
                 self._retry_later(key, quiet=True)
             elif isinstance(error, _UNREACHABLE):
-                unreachable = error
+                unreachable.append(error)
                 self._retry_later(key, quiet=True)
             else:
                 self._retry_later(key, error=error)
-        if unreachable is not None:
-            self._report_unreachable(
-                sum(isinstance(failures.get(k), _UNREACHABLE) for k in keys), unreachable)
+        if unreachable:
+            self._report_unreachable(len(unreachable), unreachable[-1])
 
     def _report_unreachable(self, count: int, error: Exception) -> None:
         now = time.monotonic()
@@ -816,8 +815,7 @@ class Synchronizer:
                 with self._view_lock:
                     entry.holders = holders
                     self._generation += 1
-                    lost = entry.registered != 0 and self.identity not in holders
-                if lost or self._has_work(key, entry, known, leader):
+                if self._has_work(key, entry, known, leader):
                     self.queue.put(key)
 
     def _in_motion(self, key: str, entry: _Entry, known: set[str], leader: bool) -> bool:
