@@ -7,16 +7,27 @@ Python objects, about 26 microseconds here. At the thousands of ZooKeeper reques
 master makes while a follower catches up, that was a sixth of each master's CPU (py-spy). One
 ``poll(2)`` does the same wait in about 4 microseconds, and unlike ``select(2)`` it has no limit
 on descriptor numbers (a busy master has more than 1,024 open files).
+
+It also adds what kazoo lacks: ZooKeeper's persistent recursive watches (``addWatch``, server
+3.6 and later; see :func:`add_recursive_watch`).
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import select
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
 from typing import Any
 
+from kazoo.client import KazooClient
 from kazoo.handlers.threading import SequentialThreadingHandler
+from kazoo.protocol.paths import _prefix_root
+from kazoo.protocol.serialization import Watch, int_struct, write_string
+from kazoo.protocol.states import EVENT_TYPE_MAP, Callback, WatchedEvent
+
+log = logging.getLogger(__name__)
 
 _READ = select.POLLIN | select.POLLPRI
 _WRITE = select.POLLOUT
@@ -59,4 +70,116 @@ class PollHandler(SequentialThreadingHandler):  # type: ignore[misc]
         return poll_select(*args, **kwargs)
 
 
-__all__ = ["PollHandler", "poll_select"]
+#: ZooKeeper's ``addWatch`` operation and its recursive mode (``AddWatchMode``).
+_ADD_WATCH = 106
+_PERSISTENT_RECURSIVE = 1
+
+
+class _AddWatch:
+    """The request, in the shape kazoo's connection sends (``type``, ``serialize``) and answers
+    (``deserialize``)."""
+
+    type = _ADD_WATCH
+
+    def __init__(self, path: str, mode: int) -> None:
+        self.path = path
+        self.mode = mode
+
+    def __repr__(self) -> str:
+        return f"AddWatch(path={self.path!r}, mode={self.mode})"
+
+    def serialize(self) -> bytearray:
+        b = bytearray(write_string(self.path))
+        b.extend(int_struct.pack(self.mode))
+        return b
+
+    @classmethod
+    def deserialize(cls, buffer: bytes, offset: int) -> bool:
+        return True  # the reply is its header alone
+
+
+class _Recursive:
+    """The persistent recursive watches of one client, and the hook that delivers them.
+
+    kazoo hands each watch event to the one-shot watchers registered for its exact path; this
+    wraps its connection's event reader so that every event at or below a watched path also
+    goes to that path's callback, through the same callback thread (so in the order ZooKeeper
+    sent them, and in order with the one-shot watches' events)."""
+
+    def __init__(self, zk: KazooClient) -> None:
+        self.zk = zk
+        self.lock = threading.Lock()
+        # Chrooted path -> (callback, whether it runs on the connection thread).
+        self.watches: dict[str, tuple[Callable[[WatchedEvent], None], bool]] = {}
+        connection = zk._connection
+        self._read_event = connection._read_watch_event
+        connection._read_watch_event = self._on_event_frame
+
+    def _on_event_frame(self, buffer: bytes, offset: int) -> None:
+        zk = self.zk
+        watch, _ = Watch.deserialize(buffer, offset)
+        path = watch.path
+        with self.lock:
+            callbacks = [(cb, inline) for base, (cb, inline) in self.watches.items()
+                         if path == base or path.startswith(base.rstrip("/") + "/")]
+        etype = EVENT_TYPE_MAP.get(watch.type)
+        # A child event comes only for a one-shot watch on the same connection: ZooKeeper
+        # sends recursive watches created, deleted and changed events alone.
+        if callbacks and etype not in (None, "CHILD") and not zk._stopped.is_set():
+            event = WatchedEvent(etype, zk._state, zk.unchroot(path))
+            for cb, inline in callbacks:
+                if inline:
+                    try:
+                        cb(event)
+                    except Exception:
+                        # Never let a callback end kazoo's connection thread.
+                        log.exception("recursive watch callback failed on %s", path)
+                else:
+                    zk.handler.dispatch_callback(Callback("watch", cb, (event,)))
+        # kazoo's own reader only hands events to one-shot watchers: with none on this path
+        # (nearly every event of a recursive watch), it would parse the frame again for nothing.
+        if path in zk._data_watchers or path in zk._child_watchers:
+            self._read_event(buffer, offset)
+
+
+_hooks_lock = threading.Lock()
+
+
+def add_recursive_watch(zk: KazooClient, path: str, callback: Callable[[WatchedEvent], None],
+                        timeout: float | None = None, inline: bool = False) -> None:
+    """Watch ``path`` and everything below it until the connection ends: ``callback`` gets a
+    :class:`WatchedEvent` (CREATED, DELETED or CHANGED, never CHILD) for every change at or
+    below ``path``, in ZooKeeper's order, for as long as the connection lasts.
+
+    It runs on kazoo's callback thread, or with ``inline`` on its connection thread, as the
+    event is read: before any reply that follows it, and without a hand-over between threads
+    per event (a recursive watch brings several per write). An inline callback must be quick
+    and must not wait on kazoo (no synchronous calls, no waiting on async results).
+
+    ZooKeeper keeps the watch on the connection: after any reconnect (kazoo re-sends no
+    watches), call this again, and read again what may have changed in between. Raises what
+    the request raised: :class:`kazoo.exceptions.UnimplementedError` (or a closed connection)
+    from a server older than 3.6."""
+    with _hooks_lock:
+        hook: _Recursive | None = getattr(zk, "_blobha_recursive", None)
+        if hook is None:
+            hook = _Recursive(zk)
+            zk._blobha_recursive = hook
+    full = _prefix_root(zk.chroot, path)
+    with hook.lock:
+        # Registered first: events can follow the server's answer before it reaches us.
+        hook.watches[full] = (callback, inline)
+    result = zk.handler.async_result()
+    zk._call(_AddWatch(full, _PERSISTENT_RECURSIVE), result)
+    result.get(timeout=timeout)
+
+
+def remove_recursive_watch(zk: KazooClient, path: str) -> None:
+    """Stop delivering ``path``'s events (the server's watch lasts until the connection ends)."""
+    hook: _Recursive | None = getattr(zk, "_blobha_recursive", None)
+    if hook is not None:
+        with hook.lock:
+            hook.watches.pop(_prefix_root(zk.chroot, path), None)
+
+
+__all__ = ["PollHandler", "add_recursive_watch", "poll_select", "remove_recursive_watch"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 from kazoo.client import KazooClient
@@ -134,4 +135,67 @@ def test_the_masters_handler_talks_to_a_real_server_and_survives_its_restart(
     finally:
         client.stop()
         client.close()
+        zk.stop()
+
+
+def test_a_recursive_watch_brings_every_change_below_its_path_until_the_connection_ends(
+        tmp_path: Path) -> None:
+    from kazoo.protocol.states import KazooState
+    from waiting import wait_until
+
+    from blobha.zkclient import PollHandler, add_recursive_watch
+
+    zk = EmbeddedZooKeeper(tmp_path / "zk", tick_ms=500)
+    zk.start()
+    root = KazooClient(hosts=zk.connect_string, timeout=4.0)
+    # Chrooted, as the masters are: paths go out with the root and come back without it.
+    client = KazooClient(hosts=zk.connect_string + "/app", timeout=4.0, handler=PollHandler())
+    try:
+        root.start(timeout=15)
+        root.create("/app/tree", b"", makepath=True)
+        client.start(timeout=15)
+        events: list[tuple[str, str]] = []
+        add_recursive_watch(client, "/tree", lambda e: events.append((e.type, e.path)),
+                            timeout=10)
+        # A one-shot watch on the same path still works, and its child event is its own.
+        one_shot: list[str] = []
+        client.get_children("/tree", watch=lambda e: one_shot.append(e.type))
+        root.create("/app/tree/k", b"1")
+        root.create("/app/tree/k/m1-1", b"", ephemeral=True)
+        root.set("/app/tree/k", b"2")
+        root.delete("/app/tree/k/m1-1")
+        root.delete("/app/tree/k")
+        root.create("/app/elsewhere", b"")
+        expected = [("CREATED", "/tree/k"), ("CREATED", "/tree/k/m1-1"),
+                    ("CHANGED", "/tree/k"), ("DELETED", "/tree/k/m1-1"),
+                    ("DELETED", "/tree/k")]
+        wait_until(lambda: len(events) >= len(expected), 10, "the recursive watch's events")
+        client.sync("/")  # anything further (there must be nothing) has arrived by now
+        assert events == expected
+        assert one_shot == ["CHILD"]
+        # The watch lasts for the connection: a server restart ends it, and a new one must
+        # be added (what the synchroniser does before the reconcile that follows). This one
+        # runs its callback on the connection thread, as the synchroniser's does; one that
+        # fails is logged and the connection carries on.
+        zk.kill()
+        wait_until(lambda: client.state != KazooState.CONNECTED, 10, "the client to notice")
+        zk.start()
+        wait_until(lambda: client.state == KazooState.CONNECTED, 20, "the reconnect")
+        events.clear()
+
+        def inline(e: Any) -> None:
+            events.append((e.type, e.path))
+            if e.path == "/tree/bad":
+                raise RuntimeError("a failing callback")
+
+        add_recursive_watch(client, "/tree", inline, timeout=10, inline=True)
+        root.create("/app/tree/bad", b"")
+        root.create("/app/tree/again", b"")
+        wait_until(lambda: len(events) >= 2, 10, "the new watch's events")
+        assert events == [("CREATED", "/tree/bad"), ("CREATED", "/tree/again")]
+        assert client.get("/tree/again")[0] == b""  # the connection is still serving
+    finally:
+        for c in (client, root):
+            c.stop()
+            c.close()
         zk.stop()
