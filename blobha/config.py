@@ -73,6 +73,13 @@ OPTIONS: tuple[Option, ...] = (
         " load.",
     ),
     Option(
+        "blobstore.sync.recursive.watch",
+        True,
+        "Follow every key's changes through one persistent recursive ZooKeeper watch on"
+        " /blobstore (ZooKeeper 3.6 or later). Off: the change journal and a one-shot watch"
+        " per key, for older servers (also the fallback when the server refuses it).",
+    ),
+    Option(
         "blobstore.replica.grace.secs",
         30.0,
         "How long a holder may be gone before another master takes its place.",
@@ -280,6 +287,11 @@ def _from_env(option: Option, text: str) -> Any:
     return text  # converted and checked by _validate
 
 
+#: How a true/false setting may be written in an environment variable.
+_FLAGS = {"true": True, "1": True, "yes": True, "on": True,
+          "false": False, "0": False, "no": False, "off": False}
+
+
 def _validate(v: dict[str, Any]) -> dict[str, Any]:
     def number(key: str, kind: type, minimum: float) -> None:
         value = v[key]
@@ -295,6 +307,14 @@ def _validate(v: dict[str, Any]) -> dict[str, Any]:
             raise ConfigError(f"{key} must be at least {minimum}, got {value!r}")
         v[key] = converted
 
+    def flag(key: str) -> None:
+        value = v[key]
+        if isinstance(value, str) and value.strip().lower() in _FLAGS:
+            value = _FLAGS[value.strip().lower()]
+        if not isinstance(value, bool):
+            raise ConfigError(f"{key} must be true or false, got {value!r}")
+        v[key] = value
+
     number("blobstore.replication.factor", int, 1)
     number("blobstore.write.quorum", int, 1)
     number("blobstore.write.timeout.secs", float, 0.1)
@@ -309,6 +329,7 @@ def _validate(v: dict[str, Any]) -> dict[str, Any]:
     number("blobstore.scrub.interval.secs", float, 0)
     number("blobstore.scrub.rate.bytes.per.sec", int, 0)
     number("zookeeper.session.timeout.ms", int, 1000)
+    flag("blobstore.sync.recursive.watch")
 
     for key in ("blobstore.dir", "zookeeper.servers", "master.listen", "master.principal"):
         if not isinstance(v[key], str) or not v[key].strip():

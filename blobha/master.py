@@ -246,6 +246,7 @@ class Master:
                 versions_retained=config["blobstore.versions.retained"],
                 threads=config["blobstore.sync.threads"],
                 periodic_keys_per_sec=config["blobstore.sync.periodic.keys.per.sec"],
+                recursive_watch=config["blobstore.sync.recursive.watch"],
             ),
             is_leader=lambda: self.election.is_leader,
             leader_duty=self._leader_duty,

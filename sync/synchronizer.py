@@ -1,15 +1,25 @@
 """Background replica synchronisation on every master (ha-rules 6-12).
 
-Watch-driven: the change journal (``/journal``, written by every leader transaction that creates
-a key), every key's metadata znode and the replica lists of keys in motion carry watches whose
-only job is to queue keys; worker threads then *re-read and reconcile* them, so a follower starts
-fetching a new version within milliseconds of its commit. New keys come from the journal: no
-master lists ``/blobstore`` (linear in the number of keys) after each create; a master that
-missed journal entries (they are kept for the last 128 creates) lists it once. A periodic full
-reconcile (Storm's only mechanism, here a safety net, paced) re-arms every watch and catches
-anything missed, and runs at once after every new ZooKeeper session, re-registering this master's
-replica nodes. When masters come and go, only what moves is looked at: the replica lists a
-departed master was on (its nodes went with its session), and the keys whose placement changes.
+Watch-driven: one persistent recursive watch on ``/blobstore`` (ZooKeeper 3.6 and later, see
+:func:`blobha.zkclient.add_recursive_watch`) brings every change below it. A key's node created,
+changed or deleted queues the key; a replica node created or deleted changes the key's holders
+in memory, with no read, and queues the key only where this master has work on it. Worker
+threads *re-read and reconcile* queued keys, so a follower starts fetching a new version within
+milliseconds of its commit. The watch lasts for one connection: after each reconnect it is added
+again, and everything is reconciled.
+
+Without it (``blobstore.sync.recursive.watch`` off, or a server that refuses it), the change
+journal (``/journal``, written by every leader transaction that creates a key), every key's
+metadata znode and the replica lists of keys in motion carry one-shot watches whose only job is
+to queue keys or update holders. New keys then come from the journal: no master lists
+``/blobstore`` (linear in the number of keys) after each create; a master that missed journal
+entries (they are kept for the last 128 creates) lists it once.
+
+A periodic full reconcile (Storm's only mechanism, here a safety net, paced) catches anything
+missed, and runs at once after every new ZooKeeper session, re-registering this master's replica
+nodes. When masters come and go, only what moves is looked at: the departed master's replica
+nodes (gone with its session: events, or a read of each list it was on without the recursive
+watch), and the keys whose placement changes.
 
 Reconciling a key means:
 
@@ -59,6 +69,7 @@ from blobha import placement, zkstate
 from blobha.errors import BlobError
 from blobha.peers import Peers
 from blobha.store import BlobBuffer, LocalStore, TempBlob
+from blobha.zkclient import add_recursive_watch
 from blobha.zkstate import (
     BLOBSTORE,
     JOURNAL,
@@ -208,6 +219,10 @@ class SyncSettings:
     #: made two to seven times the ZooKeeper traffic of the creates themselves at 20,000 keys
     #: and halved the create rate; watches, not this pass, keep replicas current.
     periodic_keys_per_sec: float
+    #: Follow ``/blobstore`` with one persistent recursive watch (ZooKeeper 3.6 and later)
+    #: instead of the change journal and a one-shot watch per key (the masters set it from
+    #: ``blobstore.sync.recursive.watch``, on by default).
+    recursive_watch: bool = False
 
 
 class Synchronizer:
@@ -257,6 +272,16 @@ class Synchronizer:
         # read: whether the list changed meanwhile (then the stored holders may be older than
         # what the event's read found, and the list is read once more). Guarded by _view_lock.
         self._arming: dict[str, bool] = {}
+        # Whether /blobstore is followed with one persistent recursive watch (_on_tree); it
+        # falls back to the one-shot watches if ZooKeeper refuses it.
+        self._recursive = settings.recursive_watch
+        # With it, the keys being read by a batch, each with the replica-node events (holder,
+        # version, present) that arrived since its read was sent: replayed onto what the read
+        # found once it is stored (see _decide). Guarded by _view_lock.
+        self._reading: dict[str, list[tuple[str, int, bool]]] = {}
+        # With it, the keys of the batches under way, each with whether replica-node events
+        # changed its holders meanwhile (acted on when its batch ends). Guarded by _view_lock.
+        self._batch_moved: dict[str, bool] = {}
         # Bumped on every change of _view, so figures() recomputes only when something moved.
         self._generation = 0
         self._figures: tuple[tuple[int, frozenset[str]], tuple[int, int, int]] | None = None
@@ -307,15 +332,17 @@ class Synchronizer:
         self.queue.put_many(self._all_keys())
 
     def _all_keys(self) -> list[str]:
-        # The journal first, re-arming its watch: a key created after this read shows up in
-        # the journal's next change, one created before it in the listing below.
-        with self._journal_lock:
-            self._journal_unwatched = False
-        try:
-            data, stat = self.zk.get(JOURNAL, watch=self._on_journal)
-            self._take_journal(JournalRecord.decode(data), stat.mzxid, listing_follows=True)
-        except NoNodeError:
-            self.zk.exists(JOURNAL, watch=self._on_journal)
+        if not self._recursive:
+            # The journal first, re-arming its watch: a key created after this read shows up
+            # in the journal's next change, one created before it in the listing below. (The
+            # recursive watch, armed before any listing, brings new keys itself.)
+            with self._journal_lock:
+                self._journal_unwatched = False
+            try:
+                data, stat = self.zk.get(JOURNAL, watch=self._on_journal)
+                self._take_journal(JournalRecord.decode(data), stat.mzxid, listing_follows=True)
+            except NoNodeError:
+                self.zk.exists(JOURNAL, watch=self._on_journal)
         try:
             keys = set(self.zk.get_children(BLOBSTORE))
         except NoNodeError:
@@ -369,6 +396,79 @@ class Synchronizer:
             # at everything again, which re-arms them.
             self._full_requested = True
             self._kick.set()
+
+    def _watch_tree(self) -> None:
+        """Arm the persistent recursive watch on /blobstore for this connection (called before
+        each full reconcile, whose reads then cover whatever changed while it was not armed)."""
+        try:
+            # Inline: _on_tree takes a lock and queues, nothing more; on kazoo's callback
+            # thread each of the several events per write cost a hand-over between threads.
+            add_recursive_watch(self.zk, BLOBSTORE, self._on_tree, timeout=_READ_TIMEOUT,
+                                inline=True)
+        except _UNREACHABLE:
+            raise
+        except KazooException as e:
+            log.warning("ZooKeeper refused a persistent recursive watch on %s (%s); it needs"
+                        " ZooKeeper 3.6 or later. Following changes with the change journal"
+                        " and one-shot watches instead", BLOBSTORE, _describe(e))
+            self._recursive = False
+
+    def _on_tree(self, event: WatchedEvent) -> None:
+        """The recursive watch's events (kazoo's connection thread, in ZooKeeper's order: no
+        blocking calls here).
+
+        A key's own node queues it, as its one-shot watch did: created (what the change
+        journal told), changed, deleted. A replica node's event changes the key's holders
+        directly, without a read (the one-shot watch only said that the list changed, and every
+        master read it again per registration); the key goes to a worker only where this
+        master has work on it."""
+        path = event.path
+        if not path.startswith(BLOBSTORE + "/"):
+            return
+        key, sep, name = path[len(BLOBSTORE) + 1:].partition("/")
+        if not sep:
+            if event.type == EventType.CREATED and self._is_leader():
+                # The leader's own commit, which queues the key itself: a second reconcile
+                # would cost two more reads per create. A create by an earlier leader is in the
+                # listing of the full reconcile a new leader runs, and one by the next leader,
+                # before this master saw it step down, in the listing follow_journal asks for.
+                return
+            self.queue.put(key)
+            return
+        if "/" in name or event.type not in (EventType.CREATED, EventType.DELETED):
+            return
+        parsed = parse_replica(name)
+        if parsed is None:
+            return
+        change = (parsed[0], parsed[1], event.type == EventType.CREATED)
+        with self._view_lock:
+            pending = self._reading.get(key)
+            if pending is not None:
+                pending.append(change)
+            entry = self._view.get(key)
+            moved = entry is not None and self._apply_replica(entry, *change)
+            if key in self._batch_moved:
+                # A worker has the key: the end of its batch looks at what moved (see
+                # _reconcile).
+                self._batch_moved[key] = self._batch_moved[key] or moved
+                return
+        if moved and entry is not None and self._has_work(
+                key, entry, self.membership.known(), self._is_leader()):
+            self.queue.put(key)
+
+    def _apply_replica(self, entry: _Entry, holder: str, seq: int, present: bool) -> bool:
+        """Apply one replica-node event to ``entry`` (lock held); whether its holders changed.
+        Events of other versions do not count (a newer version's own event queues its key)."""
+        if seq != entry.seq or (holder in entry.holders) == present:
+            return False
+        held = set(entry.holders)
+        if present:
+            held.add(sys.intern(holder))
+        else:
+            held.discard(holder)
+        entry.holders = _canonical(tuple(sorted(held)))
+        self._generation += 1
+        return True
 
     def _on_event(self, event: WatchedEvent) -> None:
         if event.path is None:
@@ -472,7 +572,15 @@ class Synchronizer:
 
     def follow_journal(self) -> None:
         """This master stopped leading: watch the change journal again if its watch fired
-        while it led (a new ZooKeeper session's full reconcile arms it anyway)."""
+        while it led (a new ZooKeeper session's full reconcile arms it anyway). With the
+        recursive watch, list the keys once instead: events for new keys were passed over
+        while this master led (see _on_tree), and the next leader may have created keys
+        before this master saw that it no longer led. The listing is sent after this master
+        stopped leading, so it holds every key created before; the events of keys created
+        after it are no longer passed over."""
+        if self._recursive:
+            self.queue.put(_KEY_LIST, delay=max(self._key_list_next - time.monotonic(), 0.0))
+            return
         with self._journal_lock:
             if not self._journal_unwatched:
                 return
@@ -549,6 +657,12 @@ class Synchronizer:
                 if full:
                     # All at once: after a new session or a reconnect, or for a new leader,
                     # every key matters now.
+                    if self._recursive:
+                        try:
+                            self._watch_tree()
+                        except Exception:
+                            self._full_requested = True  # tried again after the pause below
+                            raise
                     self._full_requested = False
                     paced, recheck = [], []
                     placed = known
@@ -601,8 +715,9 @@ class Synchronizer:
         # key's list carries no watch: read the lists again (paced), so the figures show the
         # keys under-replicated and the copies a returning master registers are followed.
         # Placement keeps departed masters for the grace period, so nothing is fetched or
-        # dropped because of this.
-        return self._held_by(departed) if departed else []
+        # dropped because of this. (The recursive watch brings each of those nodes' deletion
+        # as an event: nothing to read.)
+        return self._held_by(departed) if departed and not self._recursive else []
 
     def _placement_moved(self, before: frozenset[str], after: frozenset[str]) -> list[str]:
         """The keys for which placement chooses this master under one set of masters and not
@@ -730,6 +845,27 @@ class Synchronizer:
 
     def _reconcile(self, keys: list[str], armed: set[str], failures: dict[str, Exception]
                    ) -> dict[str, Exception]:
+        if not self._recursive:
+            return self._reconcile_batch(keys, armed, failures)
+        # The recursive watch's replica events for these keys are held until the batch ends
+        # (see _on_tree): a follower fetching a key had work on it when the other holders
+        # registered, and each of their events sent the key round again, to find its work done
+        # (two more reads per follower per create).
+        with self._view_lock:
+            for key in keys:
+                self._reading.setdefault(key, [])
+                self._batch_moved[key] = False
+        try:
+            return self._reconcile_batch(keys, armed, failures)
+        finally:
+            with self._view_lock:
+                moved = [key for key in keys if self._batch_moved.pop(key, False)]
+                for key in keys:
+                    self._reading.pop(key, None)
+            self._act_on_moved(moved)
+
+    def _reconcile_batch(self, keys: list[str], armed: set[str],
+                         failures: dict[str, Exception]) -> dict[str, Exception]:
         to_fetch: list[tuple[str, BlobState, list[str]]] = []
         to_register: list[tuple[str, int]] = []
         reads = self._read_many(keys, armed)
@@ -768,8 +904,21 @@ class Synchronizer:
                     self._prune(key, state.seq)
                 except Exception as e:
                     failures[key] = e
-        self._watch_replicas([key for key in seen if key not in armed], failures)
+        if not self._recursive:
+            self._watch_replicas([key for key in seen if key not in armed], failures)
         return failures
+
+    def _act_on_moved(self, keys: list[str]) -> None:
+        """Keys whose holders replica-node events changed during their batch: back to a worker
+        where that leaves this master something to do, now that the batch has done its part."""
+        if not keys:
+            return
+        known = self.membership.known()
+        leader = self._is_leader()
+        with self._view_lock:
+            work = [key for key in keys if (entry := self._view.get(key)) is not None
+                    and self._has_work(key, entry, known, leader)]
+        self.queue.put_many(work)
 
     def _watch_replicas(self, keys: list[str], failures: dict[str, Exception]) -> None:
         """Arm a watch on the replica list of the keys still in motion, with a fresh read.
@@ -831,11 +980,14 @@ class Synchronizer:
         error; pipelined, each arming the watch on the key's metadata, and the keys in
         ``armed`` the one on their replica list too."""
         pending = []
+        # The recursive watch needs no watch set by reads (and arming none saves ZooKeeper a
+        # watch per key).
+        data_watch = None if self._recursive else self._watcher
         for key in keys:
             path = key_path(key)
             # Elsewhere the replica list without a watch: _watch_replicas arms one where it
             # matters.
-            pending.append((key, self.zk.get_async(path, watch=self._watcher),
+            pending.append((key, self.zk.get_async(path, watch=data_watch),
                             self.zk.get_children_async(
                                 path, watch=self._watcher if key in armed else None)))
         out: dict[str, tuple[bytes, Any, list[str]] | Exception | None] = {}
@@ -872,8 +1024,17 @@ class Synchronizer:
                     registered = session  # the commit's own transaction registered it
             if not (unchanged and old is not None and old.holders == holders):
                 self._generation += 1
-            self._view[key] = _Entry(packed, stat.version, state.seq, state.replication_factor,
-                                     state.acked, holders, registered)
+            stored = self._view[key] = _Entry(packed, stat.version, state.seq,
+                                              state.replication_factor, state.acked, holders,
+                                              registered)
+            # Events that came while the key was read, replayed in order onto what the read
+            # found: each sets one node present or absent, so those the read already saw
+            # change nothing, and the result is the list as of the last event. Applied to the
+            # old entry alone, they were lost when this read's older list replaced it.
+            changes = self._reading.pop(key, None)
+            if changes and any([self._apply_replica(stored, *c) for c in changes]) and (
+                    key in self._batch_moved):
+                self._batch_moved[key] = True
         self._deleted_since.pop(key, None)
 
         path = key_path(key)
@@ -1159,7 +1320,7 @@ class Synchronizer:
             entry = self._view.get(key)
             if entry is None or entry.seq != seq:
                 self._committed_here[key] = (seq, session)
-            if replication_factor > 1:
+            if replication_factor > 1 and not self._recursive:
                 # The new version's replica list is about to move (the other holders fetch
                 # it), and this master's own node is in it already: the reconcile that follows
                 # the commit arms the list's watch with its first read, instead of a second.

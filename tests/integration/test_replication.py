@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import time
 from pathlib import Path
 
@@ -193,8 +194,19 @@ def test_a_wiped_follower_catches_up_in_batches_and_registers_in_its_own_session
         assert c.read(keys[-1]) == keys[-1].encode() * 10
 
 
+#: The masters follow the change journal only without the recursive watch (the setting for a
+#: ZooKeeper older than 3.6, and the fallback when a server refuses that watch).
+JOURNAL_MODE = {"blobstore.sync.recursive.watch": False}
+
+
 def test_the_change_journal_names_each_write_and_a_gap_brings_a_listing(
-        fresh_cluster: LocalCluster) -> None:
+        tmp_path: Path) -> None:
+    with make_cluster(tmp_path, **JOURNAL_MODE) as fresh_cluster:
+        fresh_cluster.wait_ready(30, expect=3)
+        _journal_names_each_write_and_a_gap_brings_a_listing(fresh_cluster)
+
+
+def _journal_names_each_write_and_a_gap_brings_a_listing(fresh_cluster: LocalCluster) -> None:
     zk = KazooClient(hosts=fresh_cluster.zk.connect_string + "/blobha")
     zk.start()
     try:
@@ -234,7 +246,7 @@ def test_a_leader_deposed_within_its_session_follows_the_change_journal_again(
     without losing its ZooKeeper session (here: its candidacy deleted), so with no full
     reconcile to re-arm it, it must still learn of keys the next leader creates from the
     journal: the periodic pass, which would find them too, is set out of this test's reach."""
-    with make_cluster(tmp_path, **{"blobstore.sync.period.secs": 3600}) as cl:
+    with make_cluster(tmp_path, **{"blobstore.sync.period.secs": 3600}, **JOURNAL_MODE) as cl:
         cl.wait_ready(30, expect=3)
         zk = KazooClient(hosts=cl.zk.connect_string + "/blobha")
         zk.start()
@@ -255,6 +267,49 @@ def test_a_leader_deposed_within_its_session_follows_the_change_journal_again(
                 # The same session throughout: no reconnect's full reconcile did this.
                 assert any(zk.get(f"{ELECTION}/{n}")[1].ephemeralOwner == session
                            for n in zk.get_children(ELECTION))
+        finally:
+            zk.stop()
+            zk.close()
+
+
+def test_a_leader_deposed_while_frozen_still_learns_the_next_leaders_keys(
+        tmp_path: Path) -> None:
+    """With the recursive watch, a leader passes over the events of new keys (its commits
+    queue their own). Frozen while its candidacy is deleted and the next leader creates a key,
+    it wakes with that key's event queued behind the one that deposes it, and takes the
+    event while it still believes it leads. The listing it makes on stepping down must find
+    the key: the periodic pass, which would find it too, is set out of this test's reach, and
+    the session (longer than the freeze) survives, so no reconnect reconciles everything."""
+    with make_cluster(tmp_path, **{"blobstore.sync.period.secs": 3600,
+                                   "zookeeper.session.timeout.ms": 30_000}) as cl:
+        cl.wait_ready(30, expect=3)
+        zk = KazooClient(hosts=cl.zk.connect_string + "/blobha")
+        zk.start()
+        try:
+            with client_for(cl) as c:
+                c.create("before", b"x", replication_factor=3)
+            old = cl.leader()
+            [candidacy] = [n for n in zk.get_children(ELECTION)
+                           if zk.get(f"{ELECTION}/{n}")[0].decode() == old.address]
+            session = zk.get(f"{ELECTION}/{candidacy}")[1].ephemeralOwner
+            old.signal(signal.SIGSTOP)
+            try:
+                zk.delete(f"{ELECTION}/{candidacy}")
+                others = [m for m in cl.masters if m is not old]
+                # A summary asks every master, the frozen one too (1.5 s each).
+                wait_until(lambda: any(cl.summary(via=m, timeout=5.0).leader
+                                       not in ("", old.address) for m in others),
+                           30, "another master to lead")
+                with client_for(cl) as c:
+                    c.create("after", b"y", replication_factor=3)
+            finally:
+                old.signal(signal.SIGCONT)
+            with client_for(cl) as c:
+                assert c.wait_for_replication(["after"], 3, timeout=20).reached
+            assert [f.name for f in version_files(old, "after")] == ["v1.blob"]
+            # The same session throughout: no reconnect's full reconcile did this.
+            assert any(zk.get(f"{ELECTION}/{n}")[1].ephemeralOwner == session
+                       for n in zk.get_children(ELECTION))
         finally:
             zk.stop()
             zk.close()

@@ -80,16 +80,18 @@ class FakeZk:
         return Answer(self.data.get(path, NoNodeError()))
 
 
-def synchroniser(leader: bool | list[bool] = False, store: Any = None
+def synchroniser(leader: bool | list[bool] = False, store: Any = None, recursive: bool = False
                  ) -> tuple[Synchronizer, FakeZk]:
-    """``leader`` as a one-element list can be changed while the synchroniser runs."""
+    """``leader`` as a one-element list can be changed while the synchroniser runs;
+    ``recursive``: following /blobstore with the recursive watch."""
     zk = FakeZk()
     leading = leader if isinstance(leader, list) else [leader]
     s = Synchronizer(
         zk, store=store or SimpleNamespace(), identity=ME, peers=SimpleNamespace(),  # type: ignore[arg-type]
         membership=SimpleNamespace(known=lambda: {ME, A, B}),  # type: ignore[arg-type]
         settings=SyncSettings(replica_grace_secs=1, delete_grace_secs=1, period_secs=60,
-                              versions_retained=2, threads=1, periodic_keys_per_sec=200),
+                              versions_retained=2, threads=1, periodic_keys_per_sec=200,
+                              recursive_watch=recursive),
         is_leader=lambda: leading[0], leader_duty=lambda key, view: False,
         deletions_allowed=lambda: True, key_lock=lambda key: None,  # type: ignore[arg-type,return-value]
     )
@@ -332,7 +334,8 @@ ONE_HERE = next(k for k in (f"k{i}" for i in range(100))
                 if placement.choose(k, {ME, A, B}, 1) == [ME])
 
 
-def committed(key: str = "new", rf: int = 3) -> tuple[Synchronizer, FakeZk, BlobState]:
+def committed(key: str = "new", rf: int = 3, recursive: bool = False
+              ) -> tuple[Synchronizer, FakeZk, BlobState]:
     """A leader that just committed v1 of ``key`` (its own copy registered by the commit), and
     a ZooKeeper that answers the reconcile's reads of it."""
     data = b"fresh"
@@ -342,7 +345,7 @@ def committed(key: str = "new", rf: int = 3) -> tuple[Synchronizer, FakeZk, Blob
     store = SimpleNamespace(
         info=lambda k, seq: SimpleNamespace(digest=state.digest, size=state.size),
         versions=lambda k: [1], has_version=lambda k, seq: True)
-    s, zk = synchroniser(leader=True, store=store)
+    s, zk = synchroniser(leader=True, store=store, recursive=recursive)
     zk.data[f"/blobstore/{key}"] = (state.encode(), SimpleNamespace(version=0))
     zk.listed[f"/blobstore/{key}"] = [f"{ME}-1"]
     s.registered(key, 1, SESSION, rf)
@@ -456,3 +459,175 @@ def test_an_unreachable_zookeeper_is_reported_now_and_then_not_per_key(
     assert s._failures["k0"] == 3 and s._failures["k9"] == 2 and s._failures["k499"] == 1
     # Other errors are still reported per key, with what went wrong.
     assert len(third) == 1 and "'other'" in third[0] and "disk full" in third[0]
+
+
+# ---- the recursive watch on /blobstore ------------------------------------------------------
+
+
+def tree_event(kind: str, path: str) -> WatchedEvent:
+    return WatchedEvent(kind, KazooState.CONNECTED, path)
+
+
+def test_with_the_recursive_watch_a_key_node_event_queues_the_key() -> None:
+    s, zk = synchroniser(recursive=True)
+    for kind in (EventType.CREATED, EventType.CHANGED, EventType.DELETED):
+        s._on_tree(tree_event(kind, "/blobstore/k"))
+        assert s.queue.get_batch(10) == ["k"]
+        s.queue.done_many(["k"])
+    # Nothing read: the worker's reconcile reads the key.
+    assert zk.watched_reads == [] and zk.data_reads == []
+
+
+def test_the_leader_passes_over_the_creation_of_its_own_keys() -> None:
+    # Its commit queues the key itself; a second reconcile would cost two more reads.
+    s, _ = synchroniser(leader=True, recursive=True)
+    s._on_tree(tree_event(EventType.CREATED, "/blobstore/k"))
+    assert s.queue.depth() == 0
+    s._on_tree(tree_event(EventType.CHANGED, "/blobstore/k"))  # others still count
+    assert s.queue.depth() == 1
+
+
+def test_a_replica_event_changes_the_holders_without_a_read() -> None:
+    s, zk = synchroniser(recursive=True)
+    s._view["k"] = entry([ME])
+    s._on_tree(tree_event(EventType.CREATED, f"/blobstore/k/{A}-5"))
+    assert s._view["k"].holders == (ME, A)
+    s._on_tree(tree_event(EventType.CREATED, f"/blobstore/k/{B}-5"))
+    assert s._view["k"].holders == (ME, A, B)
+    s._on_tree(tree_event(EventType.DELETED, f"/blobstore/k/{A}-5"))
+    assert s._view["k"].holders == (ME, B)
+    # Another version's nodes, deeper paths and changes of a node's data are not holders.
+    s._on_tree(tree_event(EventType.CREATED, f"/blobstore/k/{A}-4"))
+    s._on_tree(tree_event(EventType.CHANGED, f"/blobstore/k/{A}-5"))
+    s._on_tree(tree_event(EventType.CREATED, f"/blobstore/k/{A}-5/x"))
+    assert s._view["k"].holders == (ME, B)
+    assert zk.watched_reads == [] and zk.data_reads == [] and s.queue.depth() == 0
+
+
+@pytest.mark.parametrize("case", [
+    "leader, unacknowledged",
+    "our copy lost",
+])
+def test_a_replica_event_that_leaves_this_master_work_queues_the_key(case: str) -> None:
+    s, zk = synchroniser(leader=case.startswith("leader"), recursive=True)
+    if case == "our copy lost":
+        s._view["k"] = entry([ME, A])
+        s._on_tree(tree_event(EventType.DELETED, f"/blobstore/k/{ME}-5"))
+    else:
+        s._view["k"] = entry([ME], acked=False)
+        s._on_tree(tree_event(EventType.CREATED, f"/blobstore/k/{A}-5"))
+    assert s.queue.depth() == 1 and zk.watched_reads == []
+
+
+def test_events_that_come_while_the_key_is_read_are_replayed_onto_what_the_read_found(
+        ) -> None:
+    # The read found the leader's copy alone; A and B registered (and A went again) while it
+    # was on its way back. Their events met the old entry (or none), which the read's older
+    # list then replaced: replayed, they leave what ZooKeeper holds now.
+    s, zk, _ = committed(recursive=True)
+    read_list = zk.get_children_async
+
+    def get_children_async(p: str, watch: Any = None) -> Answer:
+        answer = read_list(p, watch)
+        for kind, holder in ((EventType.CREATED, A), (EventType.CREATED, B),
+                             (EventType.DELETED, A)):
+            s._on_tree(tree_event(kind, f"{p}/{holder}-1"))
+        return answer
+
+    zk.get_children_async = get_children_async  # type: ignore[method-assign]
+    assert s._handle(["new"]) == {}
+    assert s._view["new"].holders == (ME, B)
+    assert s._reading == {}
+    # Reads without watches: the recursive watch needs none.
+    assert zk.watched_reads == [("/blobstore/new", None)]
+    assert zk.data_reads == [("/blobstore/new", None)]
+
+
+def test_a_change_replayed_after_the_read_that_leaves_work_queues_the_key() -> None:
+    # The leader's unacknowledged W=2 write: A's copy registered during the read completes
+    # the quorum, so the key goes back to a worker (the leader acknowledges it there).
+    s, zk, state = committed(recursive=True)
+    unacked = BlobState(**{**state.__dict__, "acked": False, "write_quorum": 2})
+    zk.data["/blobstore/new"] = (unacked.encode(), SimpleNamespace(version=0))
+    read_list = zk.get_children_async
+
+    def get_children_async(p: str, watch: Any = None) -> Answer:
+        answer = read_list(p, watch)
+        s._on_tree(tree_event(EventType.CREATED, f"{p}/{A}-1"))
+        return answer
+
+    zk.get_children_async = get_children_async  # type: ignore[method-assign]
+    assert s._handle(["new"]) == {}
+    assert s._view["new"].holders == (ME, A)
+    assert s.queue.get_batch(10) == ["new"]
+
+
+def test_with_the_recursive_watch_a_commit_arms_nothing() -> None:
+    s, zk, _ = committed(recursive=True)
+    assert s._arm_on_read == {}
+    assert s._handle(["new"]) == {}
+    assert zk.watched_reads == [("/blobstore/new", None)]
+
+
+def test_with_the_recursive_watch_departures_read_no_list() -> None:
+    # Each of the departed master's replica nodes is deleted with its session, and each
+    # deletion comes as an event.
+    s, _ = synchroniser(recursive=True)
+    s._view["k"] = entry([ME, A, B])
+    assert s._follow_membership(frozenset({ME, A, B}), frozenset({ME, A, B}), {B}) == []
+    s_old, _ = synchroniser()
+    s_old._view["k"] = entry([ME, A, B])
+    assert s_old._follow_membership(frozenset({ME, A, B}), frozenset({ME, A, B}), {B}) == ["k"]
+
+
+def test_a_leader_stepping_down_lists_the_keys_once() -> None:
+    # Events of keys the next leader created may have come while this master still led.
+    s, zk = synchroniser(leader=[False], recursive=True)
+    s.follow_journal()
+    assert s.queue.get_batch(10) == [""]  # the listing
+    assert zk.data_reads == []  # the journal plays no part
+
+
+def test_the_recursive_watch_falls_back_to_the_journal_when_zookeeper_refuses_it(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    from blobha.sync import synchronizer as sync_module
+    from kazoo.exceptions import UnimplementedError
+
+    answers: list[Exception] = [ConnectionLoss(), UnimplementedError()]
+
+    def refuse(*args: Any, **kwargs: Any) -> None:
+        raise answers.pop(0)
+
+    monkeypatch.setattr(sync_module, "add_recursive_watch", refuse)
+    s, zk = synchroniser(recursive=True)
+    with pytest.raises(ConnectionLoss):  # not the server's answer: tried again
+        s._watch_tree()
+    assert s._recursive
+    with caplog.at_level(logging.WARNING):
+        s._watch_tree()
+    assert not s._recursive
+    assert "ZooKeeper 3.6 or later" in caplog.text
+    # From now on reads arm the one-shot watches, and a full reconcile reads the journal.
+    zk.data[PATH] = NoNodeError()
+    s._read_many(["k"], set())
+    assert zk.data_reads == [(PATH, s._watcher)]
+
+
+def test_a_copy_registered_while_this_master_fetches_the_key_sends_it_round_no_more() -> None:
+    # A follower that lacks the key has work on it, so outside a batch a new holder queues
+    # it (that may be the source it waited for). While a worker has the key, the event only
+    # marks it, and the batch's end decides: here the follower registered its own copy by
+    # then, and nothing is left to do.
+    s, zk = synchroniser(recursive=True)
+    s._view["k"] = entry([A], registered=0)
+    s._on_tree(tree_event(EventType.CREATED, f"/blobstore/k/{B}-5"))
+    assert s.queue.get_batch(10) == ["k"]
+    s.queue.done_many(["k"])
+    s._view["k"] = entry([A], registered=0)
+    s._batch_moved["k"] = False  # a worker's batch has the key
+    s._on_tree(tree_event(EventType.CREATED, f"/blobstore/k/{B}-5"))
+    assert s.queue.depth() == 0 and s._batch_moved["k"]
+    s._registered("k", 5, SESSION)  # the batch installed and registered its copy
+    s._act_on_moved(["k"])
+    assert s.queue.depth() == 0
+    assert s._view["k"].holders == (ME, A, B) and zk.watched_reads == []
