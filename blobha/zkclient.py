@@ -158,8 +158,12 @@ def add_recursive_watch(zk: KazooClient, path: str, callback: Callable[[WatchedE
 
     ZooKeeper keeps the watch on the connection: after any reconnect (kazoo re-sends no
     watches), call this again, and read again what may have changed in between. Raises what
-    the request raised: :class:`kazoo.exceptions.UnimplementedError` (or a closed connection)
-    from a server older than 3.6."""
+    the request raised: :class:`kazoo.exceptions.UnimplementedError` from a server older than
+    3.6.
+
+    Set no one-shot watch on ``path`` itself: before ZooKeeper 3.9 (ZOOKEEPER-4466) a
+    standard watch added on the same path by the same client can replace the persistent one.
+    One-shot watches below it are fine, and kazoo still delivers them."""
     with _hooks_lock:
         hook: _Recursive | None = getattr(zk, "_blobha_recursive", None)
         if hook is None:

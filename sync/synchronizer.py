@@ -61,6 +61,7 @@ from kazoo.exceptions import (
     NoNodeError,
     OperationTimeoutError,
     SessionExpiredError,
+    UnimplementedError,
 )
 from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.protocol.states import EventType, WatchedEvent
@@ -347,7 +348,11 @@ class Synchronizer:
             keys = set(self.zk.get_children(BLOBSTORE))
         except NoNodeError:
             keys = set()
-        return sorted(keys | set(self.store.keys()))
+        with self._view_lock:
+            # Also the keys known only from earlier reads: one deleted while no watch could
+            # tell (a reconnect's gap) and not held here would keep its entry otherwise.
+            viewed = set(self._view)
+        return sorted(keys | viewed | set(self.store.keys()))
 
     def request_full_reconcile(self) -> None:
         """Ask the periodic thread for a full reconcile now, without waiting for it (it scans
@@ -405,9 +410,9 @@ class Synchronizer:
             # thread each of the several events per write cost a hand-over between threads.
             add_recursive_watch(self.zk, BLOBSTORE, self._on_tree, timeout=_READ_TIMEOUT,
                                 inline=True)
-        except _UNREACHABLE:
-            raise
-        except KazooException as e:
+        except UnimplementedError as e:
+            # What a server before 3.6 answers an operation it does not know. Anything else
+            # (a lost connection, a server error) is retried by the caller.
             log.warning("ZooKeeper refused a persistent recursive watch on %s (%s); it needs"
                         " ZooKeeper 3.6 or later. Following changes with the change journal"
                         " and one-shot watches instead", BLOBSTORE, _describe(e))
@@ -579,6 +584,8 @@ class Synchronizer:
         stopped leading, so it holds every key created before; the events of keys created
         after it are no longer passed over."""
         if self._recursive:
+            log.info("no longer leading: listing the keys once, for any the next leader"
+                     " created before this master saw it step down")
             self.queue.put(_KEY_LIST, delay=max(self._key_list_next - time.monotonic(), 0.0))
             return
         with self._journal_lock:
@@ -657,13 +664,16 @@ class Synchronizer:
                 if full:
                     # All at once: after a new session or a reconnect, or for a new leader,
                     # every key matters now.
+                    # Cleared first: a reconnect from here on (even while the watch is being
+                    # added, on a connection that then drops) asks for another full pass, which
+                    # adds the watch on the new connection.
+                    self._full_requested = False
                     if self._recursive:
                         try:
                             self._watch_tree()
                         except Exception:
                             self._full_requested = True  # tried again after the pause below
                             raise
-                    self._full_requested = False
                     paced, recheck = [], []
                     placed = known
                     self.reconcile_all()

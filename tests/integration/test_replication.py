@@ -307,7 +307,10 @@ def test_a_leader_deposed_while_frozen_still_learns_the_next_leaders_keys(
             with client_for(cl) as c:
                 assert c.wait_for_replication(["after"], 3, timeout=20).reached
             assert [f.name for f in version_files(old, "after")] == ["v1.blob"]
-            # The same session throughout: no reconnect's full reconcile did this.
+            # The step-down's listing ran (a reconnect within the session, which the freeze
+            # may also bring, reconciles everything and would find the key without it).
+            assert "no longer leading: listing the keys once" in old.log_path.read_text()
+            # The same session throughout: no new session's full reconcile did this.
             assert any(zk.get(f"{ELECTION}/{n}")[1].ephemeralOwner == session
                        for n in zk.get_children(ELECTION))
         finally:

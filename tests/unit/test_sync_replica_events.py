@@ -591,9 +591,9 @@ def test_a_leader_stepping_down_lists_the_keys_once() -> None:
 def test_the_recursive_watch_falls_back_to_the_journal_when_zookeeper_refuses_it(
         monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     from blobha.sync import synchronizer as sync_module
-    from kazoo.exceptions import UnimplementedError
+    from kazoo.exceptions import NoAuthError, UnimplementedError
 
-    answers: list[Exception] = [ConnectionLoss(), UnimplementedError()]
+    answers: list[Exception] = [ConnectionLoss(), NoAuthError(), UnimplementedError()]
 
     def refuse(*args: Any, **kwargs: Any) -> None:
         raise answers.pop(0)
@@ -601,6 +601,8 @@ def test_the_recursive_watch_falls_back_to_the_journal_when_zookeeper_refuses_it
     monkeypatch.setattr(sync_module, "add_recursive_watch", refuse)
     s, zk = synchroniser(recursive=True)
     with pytest.raises(ConnectionLoss):  # not the server's answer: tried again
+        s._watch_tree()
+    with pytest.raises(NoAuthError):  # nor any answer but "unimplemented"
         s._watch_tree()
     assert s._recursive
     with caplog.at_level(logging.WARNING):
@@ -631,3 +633,48 @@ def test_a_copy_registered_while_this_master_fetches_the_key_sends_it_round_no_m
     s._act_on_moved(["k"])
     assert s.queue.depth() == 0
     assert s._view["k"].holders == (ME, A, B) and zk.watched_reads == []
+
+
+def test_a_reconnect_while_the_watch_is_added_brings_another_full_pass() -> None:
+    # The watch went to a connection that dropped right after: the reconnect's request for a
+    # full pass must survive the pass under way, so that the next one adds the watch again.
+    import threading
+
+    from waiting import wait_until
+
+    s = Synchronizer(
+        SimpleNamespace(state=KazooState.CONNECTED, add_listener=lambda f: None),  # type: ignore[arg-type]
+        store=SimpleNamespace(),  # type: ignore[arg-type]
+        identity=ME, peers=SimpleNamespace(),  # type: ignore[arg-type]
+        membership=SimpleNamespace(  # type: ignore[arg-type]
+            next_grace_expiry=lambda: None, refresh=lambda: None, known=lambda: {ME},
+            take_departed=set),
+        settings=SyncSettings(replica_grace_secs=1, delete_grace_secs=1, period_secs=3600,
+                              versions_retained=2, threads=1, periodic_keys_per_sec=200,
+                              recursive_watch=True),
+        is_leader=lambda: False, leader_duty=lambda key, view: False,
+        deletions_allowed=lambda: True, key_lock=lambda key: None,  # type: ignore[arg-type,return-value]
+    )
+    steps: list[str] = []
+    s.session_id = lambda: SESSION  # type: ignore[method-assign]
+    s._session = SESSION
+
+    def watch_tree() -> None:
+        steps.append("watch")
+        if len(steps) == 1:
+            s._on_state(KazooState.CONNECTED)  # the connection dropped and came back
+
+    s._watch_tree = watch_tree  # type: ignore[method-assign]
+    s._all_keys = lambda: steps.append("list") or []  # type: ignore[method-assign]
+    s._full_requested = True
+    thread = threading.Thread(target=s._periodic, daemon=True)
+    thread.start()
+    try:
+        wait_until(lambda: len(steps) >= 4 or not thread.is_alive(), timeout=10,
+                   what="two full passes")
+        # Each pass adds the watch before it lists anything.
+        assert steps[:4] == ["watch", "list", "watch", "list"]
+    finally:
+        s._stop.set()
+        s._kick.set()
+        thread.join(5)
