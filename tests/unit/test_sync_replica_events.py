@@ -678,3 +678,22 @@ def test_a_reconnect_while_the_watch_is_added_brings_another_full_pass() -> None
         s._stop.set()
         s._kick.set()
         thread.join(5)
+
+
+def test_replayed_events_the_read_already_saw_change_nothing() -> None:
+    # The read's answer already holds A's registration and B's go-and-come-back; their
+    # events, replayed onto it, leave it as it is.
+    s, zk, _ = committed(recursive=True)
+    zk.listed["/blobstore/new"] = [f"{ME}-1", f"{A}-1", f"{B}-1"]
+    read_list = zk.get_children_async
+
+    def get_children_async(p: str, watch: Any = None) -> Answer:
+        for kind, holder in ((EventType.CREATED, A), (EventType.DELETED, B),
+                             (EventType.CREATED, B)):
+            s._on_tree(tree_event(kind, f"{p}/{holder}-1"))
+        return read_list(p, watch)
+
+    zk.get_children_async = get_children_async  # type: ignore[method-assign]
+    assert s._handle(["new"]) == {}
+    assert s._view["new"].holders == (ME, A, B)
+    assert s.queue.depth() == 0 and s._batch_moved == {} and s._reading == {}
