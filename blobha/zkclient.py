@@ -103,8 +103,8 @@ class _Recursive:
 
     kazoo hands each watch event to the one-shot watchers registered for its exact path; this
     wraps its connection's event reader so that every event at or below a watched path also
-    goes to that path's callback, through the same callback thread (so in the order ZooKeeper
-    sent them, and in order with the one-shot watches' events)."""
+    goes to that path's callback, in the order ZooKeeper sent them: through kazoo's callback
+    thread (in order with the one-shot watches' events too), or inline."""
 
     def __init__(self, zk: KazooClient) -> None:
         self.zk = zk
@@ -178,12 +178,4 @@ def add_recursive_watch(zk: KazooClient, path: str, callback: Callable[[WatchedE
     result.get(timeout=timeout)
 
 
-def remove_recursive_watch(zk: KazooClient, path: str) -> None:
-    """Stop delivering ``path``'s events (the server's watch lasts until the connection ends)."""
-    hook: _Recursive | None = getattr(zk, "_blobha_recursive", None)
-    if hook is not None:
-        with hook.lock:
-            hook.watches.pop(_prefix_root(zk.chroot, path), None)
-
-
-__all__ = ["PollHandler", "add_recursive_watch", "poll_select", "remove_recursive_watch"]
+__all__ = ["PollHandler", "add_recursive_watch", "poll_select"]
