@@ -442,7 +442,7 @@ class Master:
 
     def _on_deposed(self) -> None:
         self.uploads.abort_all("this master is no longer the leader")
-        self.sync.follow_journal()
+        self.sync.stepped_down()
 
     def _membership_changed(self) -> None:
         self.sync.membership_changed()

@@ -263,7 +263,7 @@ class Synchronizer:
         self._journal_seen: int | None = None
         self._journal_zxid = -1
         self._journal_lock = threading.Lock()
-        # The journal's watch fired while this master led and was left unarmed (follow_journal
+        # The journal's watch fired while this master led and was left unarmed (stepped_down
         # arms it again when this master steps down). Guarded by _journal_lock.
         self._journal_unwatched = False
         # Keys whose next reconcile arms the watch on their replica list with its first read
@@ -436,7 +436,7 @@ class Synchronizer:
                 # The leader's own commit, which queues the key itself: a second reconcile
                 # would cost two more reads per create. A create by an earlier leader is in the
                 # listing of the full reconcile a new leader runs, and one by the next leader,
-                # before this master saw it step down, in the listing follow_journal asks for.
+                # before this master saw it step down, in the listing stepped_down asks for.
                 return
             self.queue.put(key)
             return
@@ -562,9 +562,9 @@ class Synchronizer:
             if self._is_leader():
                 # The journal names the leader's own creates, each queued here by its commit:
                 # while leading, its watch stays unarmed (re-arming it was one ZooKeeper request
-                # per create). follow_journal arms it again once this master steps down; that
+                # per create). stepped_down arms it again once this master steps down; that
                 # first record then shows a gap: one listing. Checked under the lock that
-                # follow_journal takes, after the election clears its flag, so a step-down
+                # stepped_down takes, after the election clears its flag, so a step-down
                 # racing this event still finds the mark.
                 self._journal_unwatched = True
                 return
@@ -575,7 +575,7 @@ class Synchronizer:
         # busy with a batch of fetches would let it run past the entries it keeps.
         self.zk.get_async(JOURNAL, watch=self._on_journal).rawlink(self._journal_read)
 
-    def follow_journal(self) -> None:
+    def stepped_down(self) -> None:
         """This master stopped leading: watch the change journal again if its watch fired
         while it led (a new ZooKeeper session's full reconcile arms it anyway). With the
         recursive watch, list the keys once instead: events for new keys were passed over
@@ -1041,9 +1041,10 @@ class Synchronizer:
             # found: each sets one node present or absent, so those the read already saw
             # change nothing, and the result is the list as of the last event. Applied to the
             # old entry alone, they were lost when this read's older list replaced it.
-            changes = self._reading.pop(key, None)
-            if changes and any([self._apply_replica(stored, *c) for c in changes]) and (
-                    key in self._batch_moved):
+            changed = False
+            for change in self._reading.pop(key, ()):
+                changed |= self._apply_replica(stored, *change)
+            if changed and key in self._batch_moved:
                 self._batch_moved[key] = True
         self._deleted_since.pop(key, None)
 

@@ -28,7 +28,7 @@ from blobha import placement
 from blobha.auth import MASTER_SECRET_METADATA_KEY
 from blobha.bench import node_status
 from blobha.client import Client
-from blobha.localcluster import LocalCluster
+from blobha.localcluster import LocalCluster, MasterProcess
 from blobha.master import FETCH_MAX_VERSIONS, FETCH_WHOLE_MAX_BYTES
 from blobha.store import FLUSH_BYTES
 from blobha.v1 import blobha_pb2 as pb
@@ -240,6 +240,19 @@ def _journal_names_each_write_and_a_gap_brings_a_listing(fresh_cluster: LocalClu
         zk.close()
 
 
+def candidacy_of(zk: KazooClient, master: MasterProcess) -> tuple[str, int]:
+    """``master``'s election node and the ZooKeeper session that owns it."""
+    [candidacy] = [n for n in zk.get_children(ELECTION)
+                   if zk.get(f"{ELECTION}/{n}")[0].decode() == master.address]
+    return f"{ELECTION}/{candidacy}", zk.get(f"{ELECTION}/{candidacy}")[1].ephemeralOwner
+
+
+def still_a_candidate(zk: KazooClient, session: int) -> bool:
+    """Whether ``session`` (a master's) still holds an election node: it was not replaced."""
+    return any(zk.get(f"{ELECTION}/{n}")[1].ephemeralOwner == session
+               for n in zk.get_children(ELECTION))
+
+
 def test_a_leader_deposed_within_its_session_follows_the_change_journal_again(
         tmp_path: Path) -> None:
     """A leader leaves the journal's watch unarmed (it writes every record itself). Deposed
@@ -255,18 +268,15 @@ def test_a_leader_deposed_within_its_session_follows_the_change_journal_again(
                 for i in range(2):  # the first create fires the leader's journal watch
                     c.create(f"before-{i}", b"x", replication_factor=3)
                 old = cl.leader()
-                [candidacy] = [n for n in zk.get_children(ELECTION)
-                               if zk.get(f"{ELECTION}/{n}")[0].decode() == old.address]
-                session = zk.get(f"{ELECTION}/{candidacy}")[1].ephemeralOwner
-                zk.delete(f"{ELECTION}/{candidacy}")
+                candidacy, session = candidacy_of(zk, old)
+                zk.delete(candidacy)
                 wait_until(lambda: (cl.summary(timeout=1.0).leader or old.address)
                            != old.address, 30, "another master to lead")
                 c.create("after", b"y", replication_factor=3)
                 assert c.wait_for_replication(["after"], 3, timeout=20).reached
                 assert [f.name for f in version_files(old, "after")] == ["v1.blob"]
                 # The same session throughout: no reconnect's full reconcile did this.
-                assert any(zk.get(f"{ELECTION}/{n}")[1].ephemeralOwner == session
-                           for n in zk.get_children(ELECTION))
+                assert still_a_candidate(zk, session)
         finally:
             zk.stop()
             zk.close()
@@ -289,12 +299,10 @@ def test_a_leader_deposed_while_frozen_still_learns_the_next_leaders_keys(
             with client_for(cl) as c:
                 c.create("before", b"x", replication_factor=3)
             old = cl.leader()
-            [candidacy] = [n for n in zk.get_children(ELECTION)
-                           if zk.get(f"{ELECTION}/{n}")[0].decode() == old.address]
-            session = zk.get(f"{ELECTION}/{candidacy}")[1].ephemeralOwner
+            candidacy, session = candidacy_of(zk, old)
             old.signal(signal.SIGSTOP)
             try:
-                zk.delete(f"{ELECTION}/{candidacy}")
+                zk.delete(candidacy)
                 others = [m for m in cl.masters if m is not old]
                 # A summary asks every master, the frozen one too (1.5 s each).
                 wait_until(lambda: any(cl.summary(via=m, timeout=5.0).leader
@@ -311,8 +319,7 @@ def test_a_leader_deposed_while_frozen_still_learns_the_next_leaders_keys(
             # may also bring, reconciles everything and would find the key without it).
             assert "no longer leading: listing the keys once" in old.log_path.read_text()
             # The same session throughout: no new session's full reconcile did this.
-            assert any(zk.get(f"{ELECTION}/{n}")[1].ephemeralOwner == session
-                       for n in zk.get_children(ELECTION))
+            assert still_a_candidate(zk, session)
         finally:
             zk.stop()
             zk.close()

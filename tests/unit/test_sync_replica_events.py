@@ -232,14 +232,8 @@ def test_dropping_a_copy_beyond_the_placement_keeps_a_version_committed_meanwhil
     assert zk.deleted == [f"/blobstore/{key}/{ME}-1"]
 
 
-def test_the_periodic_pass_keeps_running_when_there_are_no_keys() -> None:
-    # With no key anywhere the pass hands out nothing; its next start used to be left at
-    # infinity, and the periodic thread died on its next wait (Event.wait overflows).
-    import threading
-
-    from kazoo.protocol.states import KazooState
-    from waiting import wait_until
-
+def periodic_synchroniser(period_secs: float, recursive: bool = False) -> Synchronizer:
+    """A synchroniser whose periodic thread can run: connected, alone, registered already."""
     s = Synchronizer(
         SimpleNamespace(state=KazooState.CONNECTED, add_listener=lambda f: None),  # type: ignore[arg-type]
         store=SimpleNamespace(),  # type: ignore[arg-type]
@@ -247,14 +241,26 @@ def test_the_periodic_pass_keeps_running_when_there_are_no_keys() -> None:
         membership=SimpleNamespace(  # type: ignore[arg-type]
             next_grace_expiry=lambda: None, refresh=lambda: None, known=lambda: {ME},
             take_departed=set),
-        settings=SyncSettings(replica_grace_secs=1, delete_grace_secs=1, period_secs=0.01,
-                              versions_retained=2, threads=1, periodic_keys_per_sec=200),
+        settings=SyncSettings(replica_grace_secs=1, delete_grace_secs=1, period_secs=period_secs,
+                              versions_retained=2, threads=1, periodic_keys_per_sec=200,
+                              recursive_watch=recursive),
         is_leader=lambda: False, leader_duty=lambda key, view: False,
         deletions_allowed=lambda: True, key_lock=lambda key: None,  # type: ignore[arg-type,return-value]
     )
-    passes: list[float] = []
     s.session_id = lambda: SESSION  # type: ignore[method-assign]
     s._session = SESSION  # registered already: no re-registration to fake
+    return s
+
+
+def test_the_periodic_pass_keeps_running_when_there_are_no_keys() -> None:
+    # With no key anywhere the pass hands out nothing; its next start used to be left at
+    # infinity, and the periodic thread died on its next wait (Event.wait overflows).
+    import threading
+
+    from waiting import wait_until
+
+    s = periodic_synchroniser(period_secs=0.01)
+    passes: list[float] = []
     s._all_keys = lambda: passes.append(0.0) or []  # type: ignore[method-assign]
     thread = threading.Thread(target=s._periodic, daemon=True)
     thread.start()
@@ -420,11 +426,11 @@ def test_a_leader_leaves_the_journal_unwatched_and_follows_it_again_once_deposed
     s._on_journal(journal_event)
     assert zk.data_reads == []
     leading[0] = False
-    s.follow_journal()
+    s.stepped_down()
     # One read, re-arming the watch; its record is taken as any follower takes it.
     assert zk.data_reads == [(JOURNAL, s._on_journal)]
     assert s._journal_seen == 7
-    s.follow_journal()  # already followed: nothing more
+    s.stepped_down()  # already followed: nothing more
     assert len(zk.data_reads) == 1
     # As a follower, every change of the journal is read at once.
     s._on_journal(journal_event)
@@ -433,7 +439,7 @@ def test_a_leader_leaves_the_journal_unwatched_and_follows_it_again_once_deposed
 
 def test_a_step_down_with_the_journal_watch_armed_reads_nothing() -> None:
     s, zk = synchroniser(leader=[False])
-    s.follow_journal()
+    s.stepped_down()
     assert zk.data_reads == []
 
 
@@ -583,7 +589,7 @@ def test_with_the_recursive_watch_departures_read_no_list() -> None:
 def test_a_leader_stepping_down_lists_the_keys_once() -> None:
     # Events of keys the next leader created may have come while this master still led.
     s, zk = synchroniser(leader=[False], recursive=True)
-    s.follow_journal()
+    s.stepped_down()
     assert s.queue.get_batch(10) == [""]  # the listing
     assert zk.data_reads == []  # the journal plays no part
 
@@ -642,22 +648,8 @@ def test_a_reconnect_while_the_watch_is_added_brings_another_full_pass() -> None
 
     from waiting import wait_until
 
-    s = Synchronizer(
-        SimpleNamespace(state=KazooState.CONNECTED, add_listener=lambda f: None),  # type: ignore[arg-type]
-        store=SimpleNamespace(),  # type: ignore[arg-type]
-        identity=ME, peers=SimpleNamespace(),  # type: ignore[arg-type]
-        membership=SimpleNamespace(  # type: ignore[arg-type]
-            next_grace_expiry=lambda: None, refresh=lambda: None, known=lambda: {ME},
-            take_departed=set),
-        settings=SyncSettings(replica_grace_secs=1, delete_grace_secs=1, period_secs=3600,
-                              versions_retained=2, threads=1, periodic_keys_per_sec=200,
-                              recursive_watch=True),
-        is_leader=lambda: False, leader_duty=lambda key, view: False,
-        deletions_allowed=lambda: True, key_lock=lambda key: None,  # type: ignore[arg-type,return-value]
-    )
+    s = periodic_synchroniser(period_secs=3600, recursive=True)
     steps: list[str] = []
-    s.session_id = lambda: SESSION  # type: ignore[method-assign]
-    s._session = SESSION
 
     def watch_tree() -> None:
         steps.append("watch")
