@@ -19,6 +19,8 @@ from blobha.v1 import blobha_pb2 as pb
 
 _INFO_TAG = 0x0A  # DownloadChunk field 1, length-delimited
 _DATA_TAG = 0x12  # DownloadChunk field 2, length-delimited
+_PORT_TAG = 0x18  # DownloadChunk field 3, varint
+_TICKET_TAG = 0x22  # DownloadChunk field 4, length-delimited
 _UPLOAD_ID_TAG = 0x0A  # UploadChunk field 1, length-delimited
 _OFFSET_TAG = 0x10  # UploadChunk field 2, varint
 _UPLOAD_DATA_TAG = 0x1A  # UploadChunk field 3, length-delimited
@@ -65,6 +67,13 @@ def encode_chunk(data: bytes, info: pb.BlobInfo | None = None) -> bytes:
     return b"".join(parts)
 
 
+def encode_offer(info: pb.BlobInfo, port: int, ticket: bytes) -> bytes:
+    """A serialised ``DownloadChunk`` offering the data channel (no data)."""
+    raw = info.SerializeToString()
+    return b"".join([bytes([_INFO_TAG]), _varint(len(raw)), raw, bytes([_PORT_TAG]),
+                     _varint(port), bytes([_TICKET_TAG]), _varint(len(ticket)), ticket])
+
+
 def serialize_response(message: pb.DownloadChunk | bytes) -> bytes:
     """The server's response serialiser: pre-encoded chunks pass through."""
     if isinstance(message, bytes):
@@ -73,13 +82,17 @@ def serialize_response(message: pb.DownloadChunk | bytes) -> bytes:
 
 
 class Chunk:
-    """A decoded ``DownloadChunk``: ``info`` when present, ``data`` a view (never a copy)."""
+    """A decoded ``DownloadChunk``: ``info`` when present, ``data`` a view (never a copy);
+    ``data_port`` and ``ticket`` set when it offers the data channel."""
 
-    __slots__ = ("data", "info")
+    __slots__ = ("data", "data_port", "info", "ticket")
 
-    def __init__(self, info: pb.BlobInfo | None, data: memoryview) -> None:
+    def __init__(self, info: pb.BlobInfo | None, data: memoryview, data_port: int = 0,
+                 ticket: bytes = b"") -> None:
         self.info = info
         self.data = data
+        self.data_port = data_port
+        self.ticket = ticket
 
     def HasField(self, name: str) -> bool:  # the protobuf message method this stands in for
         return name == "info" and self.info is not None
@@ -114,13 +127,18 @@ def decode_chunk(raw: bytes) -> Chunk:
     """Parse a serialised ``DownloadChunk``; raises ValueError if it is malformed."""
     info: pb.BlobInfo | None = None
     data = memoryview(b"")
+    port, ticket = 0, b""
     for field, value in _fields(raw, "DownloadChunk"):
         if isinstance(value, memoryview):
             if field == 1:
                 info = pb.BlobInfo.FromString(bytes(value))
             elif field == 2:
                 data = value
-    return Chunk(info, data)
+            elif field == 4:
+                ticket = bytes(value)
+        elif field == 3:
+            port = value
+    return Chunk(info, data, port, ticket)
 
 
 def encode_upload_chunk(upload_id: str, offset: int, data: bytes | memoryview) -> bytes:

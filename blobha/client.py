@@ -32,10 +32,11 @@ from typing import Any, BinaryIO, Protocol, TypeVar
 
 import grpc
 
-from blobha import chunkwire, errors
+from blobha import chunkwire, dataplane, errors
 from blobha.acl import AccessControl, check_duplicates, parse_acl
 from blobha.addresses import DEFAULT_PORT, parse_cluster
 from blobha.credentials import Credentials
+from blobha.dataplane import DataChannelUnusable, Unreachable
 from blobha.digest import PUT_MAX_BYTES, Digester
 from blobha.errors import (
     BlobError,
@@ -379,6 +380,11 @@ class Transport(Protocol):
         """Call every address at once; yield ``(address, response or BlobError)`` as they end."""
         ...
 
+    def data_host(self, address: str) -> str | None:
+        """The host to dial for the data channel of ``address`` (blobha.dataplane), or None
+        when downloads must stay in gRPC (over TLS, whose protection the channel lacks)."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -458,6 +464,11 @@ class GrpcTransport:
             return call(requests, timeout=timeout, metadata=self._metadata)
         except grpc.RpcError as exc:
             raise _error_from_rpc(address, exc) from None
+
+    def data_host(self, address: str) -> str | None:
+        if self._credentials.tls:
+            return None
+        return self._address_map.get(address, address).rsplit(":", 1)[0].strip("[]")
 
     def server_stream(
         self, address: str, method: str, request: Any, timeout: float | None
@@ -632,6 +643,10 @@ def _open_source(data: UploadData) -> _Source:
 class _Sink:
     """Where a download goes."""
 
+    #: Whether it keeps the objects written to it (not a copy): they must then not be views
+    #: of a buffer that is reused (the data channel's, see blobha.dataplane.receive).
+    keeps: bool = False
+
     def write(self, data: bytes | memoryview) -> None:
         raise NotImplementedError
 
@@ -641,6 +656,8 @@ class _Sink:
 
 
 class _BufferSink(_Sink):
+    keeps = True
+
     def __init__(self) -> None:
         # A list joined once at the end: growing one buffer would copy the blob repeatedly.
         self.parts: builtins.list[bytes | memoryview] = []
@@ -740,6 +757,7 @@ class Client:
         self._transport: Transport = transport or GrpcTransport(self._user, credentials,
                                                                 address_map)
         self._rng = random.Random()
+        self._unreachable = Unreachable()
         #: Replaceable so tests do not wait for real backoff.
         self._sleep: Callable[[float], None] = time.sleep
         self._lock = threading.Lock()
@@ -1539,19 +1557,24 @@ class _DownloadJob:
         # Masters that already failed this download go last (stable: the order stays random).
         self.candidates.sort(key=lambda a: a in self.failed)
 
-    def _segment(self, address: str) -> None:
+    def _segment(self, address: str, stream_only: bool = False) -> None:
         want = _DOWNLOAD_SEGMENT_BYTES
         bound = self.end if self.end is not None else self.limit
         if bound is not None:
             want = min(want, bound - self.pos)
+        host = None if stream_only else self.c._transport.data_host(address)
+        if host is not None and not self.c._unreachable.usable(address):
+            host = None
         request = pb.DownloadRequest(
             key=self.key,
             version=self.info.version if self.info else self.version,
             offset=self.pos,
             length=want,
+            data_channel=host is not None,
         )
-        got = 0
+        start = self.pos
         seen_info = False
+        offer: Any = None
         for message in self.c._transport.server_stream(
             address, "Download", request, self.c._timeout
         ):
@@ -1560,21 +1583,36 @@ class _DownloadJob:
                     raise InternalError(f"master {address} sent data before the blob info")
                 self._check_info(address, _info_from_pb(message.info))
                 seen_info = True
-            data: bytes | memoryview = message.data
-            if not data:
-                continue
-            if self.end is not None and self.pos + len(data) > self.end:
-                raise ChecksumMismatch(f"master {address} sent more bytes than the blob holds")
-            self.sink.write(data)
-            self.digester.update(data)
-            self.pos += len(data)
-            got += len(data)
-            if self.progress is not None and self.end is not None:
-                self.progress(self.pos - self.offset, self.end - self.offset)
+            if message.ticket and host is not None:
+                offer = message  # the rest comes over the data channel
+                break
+            self._take(address, message.data)
+        if offer is not None:
+            assert host is not None and self.info is not None
+            size = min(self.pos + want, self.info.size) - self.pos
+            try:
+                dataplane.receive(host, offer.data_port, offer.ticket, size, self.c._timeout,
+                                  functools.partial(self._take, address),
+                                  reuse_buffer=not self.sink.keeps)
+            except DataChannelUnusable as exc:  # raised before any data arrived
+                self.c._unreachable.failed(address, exc)
+                self._segment(address, stream_only=True)
+            return
         if not seen_info:
             raise Unavailable(f"master {address} ended the download stream without data")
-        if got < want and self.end is not None and self.pos < self.end:
+        if self.pos - start < want and self.end is not None and self.pos < self.end:
             raise Unavailable(f"master {address} ended the download early at byte {self.pos}")
+
+    def _take(self, address: str, data: bytes | memoryview) -> None:
+        if not data:
+            return
+        if self.end is not None and self.pos + len(data) > self.end:
+            raise ChecksumMismatch(f"master {address} sent more bytes than the blob holds")
+        self.sink.write(data)
+        self.digester.update(data)
+        self.pos += len(data)
+        if self.progress is not None and self.end is not None:
+            self.progress(self.pos - self.offset, self.end - self.offset)
 
     def _check_info(self, address: str, info: BlobInfo) -> None:
         if self.info is None:

@@ -126,6 +126,14 @@ OPTIONS: tuple[Option, ...] = (
         "host:port other masters and clients use to reach this master; its identity. Defaults"
         " to master.listen with 127.0.0.1 for a wildcard host.",
     ),
+    Option(
+        "blobstore.data.port",
+        0,
+        "Port of the data channel, which serves downloads outside gRPC with one copy of each"
+        " byte (blobha.dataplane), on master.listen's host: 0 picks a free port (clients learn it"
+        " from each download), -1 turns it off. Off with TLS: downloads then stay in the"
+        " encrypted gRPC stream. Clients that cannot reach it use the gRPC stream.",
+    ),
     Option("master.principal", "blobha-master", "User name masters use with each other."),
     Option("admins", [], "Users allowed every operation on every blob."),
     Option(
@@ -330,6 +338,10 @@ def _validate(v: dict[str, Any]) -> dict[str, Any]:
     number("blobstore.scrub.rate.bytes.per.sec", int, 0)
     number("zookeeper.session.timeout.ms", int, 1000)
     flag("blobstore.sync.recursive.watch")
+    number("blobstore.data.port", int, -1)
+    if v["blobstore.data.port"] > 65535:
+        raise ConfigError(f"blobstore.data.port must be a port (0 = any free one, -1 = off), got"
+                          f" {v['blobstore.data.port']}")
 
     for key in ("blobstore.dir", "zookeeper.servers", "master.listen", "master.principal"):
         if not isinstance(v[key], str) or not v[key].strip():

@@ -56,6 +56,7 @@ from blobha.acl import AccessControl
 from blobha.auth import ServerAuthentication, make_authenticator, new_cluster_secret
 from blobha.config import Config, ConfigError, load_config
 from blobha.credentials import Credentials
+from blobha.dataplane import DataPlane
 from blobha.digest import PUT_MAX_BYTES, is_digest
 from blobha.errors import (
     BlobError,
@@ -113,6 +114,8 @@ MAX_PAGE = 1000
 #: batch of small blobs; anything bigger goes through Download, resumable).
 FETCH_MAX_VERSIONS = 1000
 FETCH_WHOLE_MAX_BYTES = PUT_MAX_BYTES
+#: Smallest range served over the data channel; smaller ones stream (see offer_download).
+DATA_CHANNEL_MIN_BYTES = 1024 * 1024
 #: Bytes of blob data one group commit installs at most: a batch is acknowledged only once
 #: all of it is durable, so this bounds what one writer waits for on behalf of the others.
 PUT_BATCH_BYTES = 8 * 1024 * 1024
@@ -225,6 +228,8 @@ class Master:
         self.health = MasterHealth(self.zk)
         self.metrics = MasterMetrics(self)
         self._status_server: StatusServer | None = None
+        #: The data channel (blobha.dataplane), started with the gRPC server unless turned off.
+        self.dataplane: DataPlane | None = None
         info: dict[str, object] = {"address": self.identity, "version": __version__,
                                    "pid": os.getpid(), "host": socket.gethostname()}
         if config.metrics_listen:
@@ -320,6 +325,7 @@ class Master:
                 raise ConfigError(f"cannot listen on master.listen {listen}: the address is in"
                                   " use (another master?) or not this host's")
             self._server.start()
+            self._start_dataplane(listen)
         try:
             self.membership.register(wait=True)
         except IdentityInUse as e:
@@ -335,6 +341,25 @@ class Master:
                      status_url(self.config.metrics_listen, self.identity))
         log.info("master %s serving (blobha %s, data in %s)", self.identity, __version__,
                  self.store.root)
+
+    def _start_dataplane(self, listen: str) -> None:
+        port = int(self.config["blobstore.data.port"])
+        if port < 0:
+            return
+        if self.server_tls is not None:
+            log.info("no data channel: with TLS, downloads stay in the encrypted gRPC stream")
+            return
+        host = listen.rsplit(":", 1)[0].strip("[]") or "0.0.0.0"
+        dataplane = DataPlane(self.store, host, port)
+        try:
+            dataplane.start()
+        except OSError as e:
+            if self._server is not None:
+                self._server.stop(0)
+            raise ConfigError(f"cannot listen on blobstore.data.port {port} on {host}: {e}"
+                              " (set another port, 0 for any free one, or -1 for none)") from None
+        self.dataplane = dataplane
+        log.info("data channel on port %d", dataplane.port)
 
     def _end_session(self, session: int, password: bytes) -> bool:
         """Reconnect to a dead predecessor's session and close it (see SessionRecord); False
@@ -385,6 +410,8 @@ class Master:
         self.scrubber.stop()
         if self._server is not None:
             self._server.stop(grace=2.0).wait(3.0)
+        if self.dataplane is not None:
+            self.dataplane.stop()
         self.puts.close(timeout=5.0)
         self.sync.stop()
         if self._status_server is not None:
@@ -897,6 +924,25 @@ class Master:
     def open_download(
         self, user: str, key: str, version: int, offset: int, length: int,
     ) -> tuple[VersionInfo, Iterator[bytes]]:
+        info = self._download_version(user, key, version, offset)
+        return info, _read_held(self.store, self.identity, key, info.seq, offset, length)
+
+    def offer_download(
+        self, user: str, key: str, version: int, offset: int, length: int,
+    ) -> tuple[VersionInfo, int, bytes] | None:
+        """The checks of :meth:`open_download`, then a data channel ticket for the range:
+        (info, port, ticket); None when this master has no data channel or the range is small
+        (a connection of its own would cost more than the copies it saves)."""
+        dataplane = self.dataplane
+        if dataplane is None:
+            return None
+        info = self._download_version(user, key, version, offset)
+        end = info.size if length == 0 else min(info.size, offset + length)
+        if end - offset < DATA_CHANNEL_MIN_BYTES:
+            return None
+        return info, dataplane.port, dataplane.offer(key, info.seq, offset, end)
+
+    def _download_version(self, user: str, key: str, version: int, offset: int) -> VersionInfo:
         validate_key(key)
         if user == self.principal and version:
             # Masters syncing from each other may ask for any version this master keeps; the
@@ -904,7 +950,10 @@ class Master:
             info = self.store.info(key, version)
             if info is None:
                 raise KeyNotFound(f"not held here: {self.identity} has no v{version} of {key!r}")
-            return info, _read_held(self.store, self.identity, key, version, offset, length)
+            if offset > info.size:
+                raise InvalidArgument(
+                    f"offset {offset} is past the end of {key!r} ({info.size} bytes)")
+            return info
         state, _ = self._state_for_read(key)
         self._check(user, state.acl, acls.READ, key)
         seq = version or state.seq
@@ -918,7 +967,7 @@ class Master:
             )
         if offset > info.size:
             raise InvalidArgument(f"offset {offset} is past the end of {key!r} ({info.size} bytes)")
-        return info, _read_held(self.store, self.identity, key, seq, offset, length)
+        return info
 
     def fetch_versions(self, user: str, refs: Sequence[tuple[str, int]]
                        ) -> Iterator[tuple[str, int, VersionInfo | None, bytes]]:

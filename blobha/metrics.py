@@ -89,7 +89,7 @@ class MasterCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         for part in (self._identity, self._leadership, self._zookeeper, self._store,
-                     self._replication, self._group_commit, self._scrub):
+                     self._replication, self._group_commit, self._scrub, self._data_channel):
             try:
                 yield from part()
             except Exception:
@@ -185,6 +185,20 @@ class MasterCollector(Collector):
             value = getattr(scrubber, attr, None)
             if isinstance(value, int | float):
                 yield CounterMetricFamily(name, doc, value=float(value))
+
+    def _data_channel(self) -> Iterator[Metric]:
+        plane = getattr(self.master, "dataplane", None)
+        if plane is None:
+            return
+        yield CounterMetricFamily("blobha_data_channel_transfers",
+                                  "Downloads served over the data channel.",
+                                  value=float(plane.transfers))
+        yield CounterMetricFamily("blobha_data_channel_bytes",
+                                  "Bytes sent over the data channel.",
+                                  value=float(plane.bytes_sent))
+        yield CounterMetricFamily("blobha_data_channel_refused",
+                                  "Data channel connections with an unknown or expired ticket.",
+                                  value=float(plane.refused))
 
 
 class MasterMetrics:

@@ -11,9 +11,10 @@ from collections.abc import Iterable, Sequence
 
 import grpc
 
-from blobha import chunkwire
+from blobha import chunkwire, dataplane
 from blobha.auth import MASTER_SECRET_METADATA_KEY, USER_METADATA_KEY
 from blobha.credentials import Credentials
+from blobha.dataplane import DataChannelUnusable, Unreachable
 from blobha.errors import BlobError, ChecksumMismatch, from_status
 from blobha.status import MasterSummary, master_from_pb
 from blobha.store import BlobBuffer, TempBlob
@@ -46,6 +47,7 @@ class Peers:
         self._stubs: dict[str, pb_grpc.BlobStoreStub] = {}
         self._channels: dict[str, grpc.Channel] = {}
         self._guard = threading.Lock()
+        self._unreachable = Unreachable()
 
     def set_cluster_secret(self, secret: str) -> None:
         self._metadata = ((USER_METADATA_KEY, self._principal),
@@ -83,7 +85,11 @@ class Peers:
         Raises a :class:`BlobError` on failure; ``dest`` keeps what arrived, so the caller can
         resume from another replica.
         """
-        request = pb.DownloadRequest(key=key, version=seq, offset=dest.size)
+        # The data channel carries no TLS (blobha.dataplane): with TLS, peers stream.
+        data_channel = not self._credentials.tls and self._unreachable.usable(address)
+        request = pb.DownloadRequest(key=key, version=seq, offset=dest.size,
+                                     data_channel=data_channel)
+        offer: chunkwire.Chunk | None = None
         try:
             # Chunks decoded by hand (blobha.chunkwire): their data are views, not copies.
             stream: Iterable[chunkwire.Chunk] = self._stub(address).Download(
@@ -99,10 +105,23 @@ class Peers:
                             f"{address} offers {key!r} v{seq} with digest {offered},"
                             f" ZooKeeper says {digest}"
                         )
+                if chunk.ticket and data_channel:
+                    offer = chunk
+                    break
                 if chunk.data:
                     dest.write_at(dest.size, chunk.data)
         except grpc.RpcError as e:
             raise _error(e) from None
+        if offer is None:
+            return
+        assert offer.info is not None
+        try:
+            dataplane.receive(address.rsplit(":", 1)[0].strip("[]"), offer.data_port,
+                              offer.ticket, offer.info.size - dest.size, timeout,
+                              lambda data: dest.write_at(dest.size, data))
+        except DataChannelUnusable as e:  # raised before any data arrived
+            self._unreachable.failed(address, e)
+            self.fetch(address, key, seq, digest, dest, timeout)
 
     def fetch_many(self, address: str, refs: Sequence[tuple[str, int]], timeout: float
                    ) -> list[tuple[str, int, str, bytes]]:

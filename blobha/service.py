@@ -22,7 +22,13 @@ from kazoo.exceptions import (
 
 from blobha.acl import AccessControl
 from blobha.audit import audited
-from blobha.chunkwire import UploadPiece, decode_upload_chunk, encode_chunk, serialize_response
+from blobha.chunkwire import (
+    UploadPiece,
+    decode_upload_chunk,
+    encode_chunk,
+    encode_offer,
+    serialize_response,
+)
 from blobha.digest import CHUNK_SIZE
 from blobha.errors import BlobError, InvalidArgument, Unavailable, to_status
 from blobha.gatekeeper import authenticated_user
@@ -256,8 +262,18 @@ class BlobStoreServicer(pb_grpc.BlobStoreServicer):
     @streaming
     def Download(self, request: pb.DownloadRequest, context: grpc.ServicerContext
                  ) -> Iterator[bytes]:
+        user = user_of(context)
+        if request.data_channel:
+            offer = self.master.offer_download(user, request.key, request.version,
+                                               request.offset, request.length)
+            if offer is not None:  # else: no data channel here, or a small range; stream
+                held, port, ticket = offer
+                yield encode_offer(
+                    pb.BlobInfo(version=held.seq, size=held.size, digest=held.digest),
+                    port, ticket)
+                return
         info, chunks = self.master.open_download(
-            user_of(context), request.key, request.version, request.offset, request.length
+            user, request.key, request.version, request.offset, request.length
         )
         first: pb.BlobInfo | None = pb.BlobInfo(version=info.seq, size=info.size,
                                                 digest=info.digest)

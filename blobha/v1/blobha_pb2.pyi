@@ -97,26 +97,32 @@ class AbortUploadResponse(_message.Message):
     def __init__(self) -> None: ...
 
 class DownloadRequest(_message.Message):
-    __slots__ = ("key", "version", "offset", "length", "any_local_version")
+    __slots__ = ("key", "version", "offset", "length", "any_local_version", "data_channel")
     KEY_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     OFFSET_FIELD_NUMBER: _ClassVar[int]
     LENGTH_FIELD_NUMBER: _ClassVar[int]
     ANY_LOCAL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    DATA_CHANNEL_FIELD_NUMBER: _ClassVar[int]
     key: str
     version: int
     offset: int
     length: int
     any_local_version: bool
-    def __init__(self, key: _Optional[str] = ..., version: _Optional[int] = ..., offset: _Optional[int] = ..., length: _Optional[int] = ..., any_local_version: _Optional[bool] = ...) -> None: ...
+    data_channel: bool
+    def __init__(self, key: _Optional[str] = ..., version: _Optional[int] = ..., offset: _Optional[int] = ..., length: _Optional[int] = ..., any_local_version: _Optional[bool] = ..., data_channel: _Optional[bool] = ...) -> None: ...
 
 class DownloadChunk(_message.Message):
-    __slots__ = ("info", "data")
+    __slots__ = ("info", "data", "data_port", "ticket")
     INFO_FIELD_NUMBER: _ClassVar[int]
     DATA_FIELD_NUMBER: _ClassVar[int]
+    DATA_PORT_FIELD_NUMBER: _ClassVar[int]
+    TICKET_FIELD_NUMBER: _ClassVar[int]
     info: BlobInfo
     data: bytes
-    def __init__(self, info: _Optional[_Union[BlobInfo, _Mapping]] = ..., data: _Optional[bytes] = ...) -> None: ...
+    data_port: int
+    ticket: bytes
+    def __init__(self, info: _Optional[_Union[BlobInfo, _Mapping]] = ..., data: _Optional[bytes] = ..., data_port: _Optional[int] = ..., ticket: _Optional[bytes] = ...) -> None: ...
 
 class BlobInfo(_message.Message):
     __slots__ = ("version", "size", "digest")

@@ -151,11 +151,16 @@ class ChaosCluster:
         data.chmod(0o777)  # the container's user (uid 10001) writes here
         c = self._container(name, ["serve", "--config", "/etc/blobha/master.toml"],
                             MASTER_PORT)
+        # The data channel on the same port number inside and out: masters offer the port
+        # they listen on, and the tests dial it on 127.0.0.1 as they dial the gRPC port.
+        data_port = free_port()
+        c.ports[f"{data_port}/tcp"] = ("127.0.0.1", data_port)  # type: ignore[assignment]
         env = {
             "BLOBHA_ZOOKEEPER_SERVERS": ",".join(f"zk{j}:2181" for j in range(1, self.n_zk + 1)),
             "BLOBHA_ZOOKEEPER_SESSION_TIMEOUT_MS": str(SESSION_TIMEOUT_MS),
             "BLOBHA_MASTER_ADVERTISE": f"{name}:{MASTER_PORT}",
             "BLOBHA_MASTER_LISTEN": f"0.0.0.0:{MASTER_PORT}",
+            "BLOBHA_BLOBSTORE_DATA_PORT": str(data_port),
             "BLOBHA_BLOBSTORE_DIR": "/var/lib/blobha",
             "BLOBHA_BLOBSTORE_WRITE_QUORUM": "2",
             "BLOBHA_BLOBSTORE_DISK_RESERVED_BYTES": "0",

@@ -1,0 +1,201 @@
+"""The data channel (blobha.dataplane): a real store and a real socket on 127.0.0.1."""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from waiting import wait_until
+
+from blobha import dataplane
+from blobha.dataplane import DataChannelUnusable, DataPlane, Unreachable, receive
+from blobha.digest import CHUNK_SIZE, digest_bytes
+from blobha.errors import KeyNotFound, Unavailable
+from blobha.keys import key_dirname
+from blobha.store import LocalStore
+
+DATA = os.urandom(3 * CHUNK_SIZE + 12345)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[LocalStore]:
+    s = LocalStore(tmp_path / "store")
+    temp = s.new_temp("upload")
+    temp.write_at(0, DATA)
+    s.install("k", 1, temp, len(DATA), digest_bytes(DATA))
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def plane(store: LocalStore, clock: Clock) -> Iterator[DataPlane]:
+    p = DataPlane(store, "127.0.0.1", 0, max_connections=2, clock=clock)
+    p.start()
+    yield p
+    p.stop()
+
+
+def fetch(plane: DataPlane, ticket: bytes, size: int) -> tuple[bytes, list[int]]:
+    got = bytearray()
+    pieces: list[int] = []
+
+    def take(view: memoryview) -> None:
+        got.extend(view)
+        pieces.append(len(view))
+
+    receive("127.0.0.1", plane.port, ticket, size, 10.0, take)
+    return bytes(got), pieces
+
+
+@pytest.mark.parametrize("offset,end", [
+    (0, len(DATA)),  # whole
+    (CHUNK_SIZE - 7, 2 * CHUNK_SIZE + 9),  # across chunk boundaries
+    (3 * CHUNK_SIZE + 5, len(DATA)),  # the short last chunk
+    (100, 100),  # empty
+])
+def test_a_ticket_brings_exactly_its_range(plane: DataPlane, offset: int, end: int) -> None:
+    data, pieces = fetch(plane, plane.offer("k", 1, offset, end), end - offset)
+    assert data == DATA[offset:end]
+    assert all(n <= dataplane.RECEIVE_BYTES for n in pieces)
+    # The master counts once its send returns, which may be after the client has everything.
+    wait_until(lambda: plane.transfers == 1, what="the transfer counted")
+    assert plane.bytes_sent == end - offset
+
+
+def test_pieces_can_be_kept_when_the_buffer_is_not_reused(plane: DataPlane) -> None:
+    kept: list[memoryview] = []
+    receive("127.0.0.1", plane.port, plane.offer("k", 1, 0, len(DATA)), len(DATA), 10.0,
+            kept.append, reuse_buffer=False)
+    assert len(kept) > 1 and b"".join(kept) == DATA
+
+
+def test_a_ticket_is_good_for_one_transfer(plane: DataPlane) -> None:
+    ticket = plane.offer("k", 1, 0, 10)
+    assert fetch(plane, ticket, 10)[0] == DATA[:10]
+    with pytest.raises(Unavailable, match="unknown or expired ticket") as e:
+        fetch(plane, ticket, 10)
+    assert not isinstance(e.value, DataChannelUnusable)  # the master is there: retry elsewhere
+    assert plane.refused == 1
+
+
+def test_an_expired_ticket_is_refused(plane: DataPlane, clock: Clock) -> None:
+    ticket = plane.offer("k", 1, 0, 10)
+    clock.now += dataplane.TICKET_TTL
+    with pytest.raises(Unavailable, match="unknown or expired ticket"):
+        fetch(plane, ticket, 10)
+    assert plane.outstanding() == 0
+
+
+def test_a_forged_ticket_is_refused(plane: DataPlane) -> None:
+    plane.offer("k", 1, 0, 10)
+    with pytest.raises(Unavailable, match="unknown or expired ticket"):
+        fetch(plane, os.urandom(dataplane.TICKET_BYTES), 10)
+    assert plane.outstanding() == 1  # the real one is untouched
+
+
+def test_a_corrupt_chunk_is_never_sent_and_the_copy_is_removed(
+        plane: DataPlane, store: LocalStore) -> None:
+    removed: list[tuple[str, int]] = []
+    store.on_corrupt = lambda key, seq: removed.append((key, seq))
+    path = store.keys_dir / key_dirname("k") / "v1.blob"
+    with open(path, "r+b") as f:
+        f.seek(2 * CHUNK_SIZE + 3)
+        f.write(bytes([DATA[2 * CHUNK_SIZE + 3] ^ 0xFF]))
+    got = bytearray()
+    with pytest.raises(Unavailable, match=f"stopped after {2 * CHUNK_SIZE} of"):
+        receive("127.0.0.1", plane.port, plane.offer("k", 1, 0, len(DATA)), len(DATA), 10.0,
+                got.extend)
+    # The two good chunks arrived (the client resumes after them elsewhere), nothing of the bad.
+    assert bytes(got) == DATA[:2 * CHUNK_SIZE]
+    assert removed == [("k", 1)] and store.info("k", 1) is None
+
+
+def test_a_version_removed_after_the_offer_is_not_held_here(
+        plane: DataPlane, store: LocalStore) -> None:
+    ticket = plane.offer("k", 1, 0, len(DATA))
+    store.delete_version("k", 1)
+    with pytest.raises(KeyNotFound, match=r"^not held here"):
+        fetch(plane, ticket, len(DATA))
+
+
+def test_no_listener_is_unusable_for_a_while() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # bound, not listening: connections are refused
+        with pytest.raises(DataChannelUnusable, match="unreachable") as e:
+            receive("127.0.0.1", port, b"t" * 16, 10, 5.0, lambda v: None)
+    assert e.value.lasting
+
+
+def test_something_else_on_the_port_is_unusable() -> None:
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        def answer() -> None:
+            conn, _ = server.accept()
+            with conn:
+                conn.recv(64)
+                conn.sendall(b"HTTP/1.1 400 Bad Request\r\n\r\n")
+
+        t = threading.Thread(target=answer)
+        t.start()
+        with pytest.raises(DataChannelUnusable, match="not a blobha data channel"):
+            receive("127.0.0.1", server.getsockname()[1], b"t" * 16, 10, 5.0, lambda v: None)
+        t.join(10)
+
+
+def test_a_listener_that_never_answers_is_unusable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(dataplane, "CONNECT_TIMEOUT", 0.2)
+    # Accepts (the backlog does) and never answers.
+    with socket.create_server(("127.0.0.1", 0)) as server, pytest.raises(
+            DataChannelUnusable) as e:
+        receive("127.0.0.1", server.getsockname()[1], b"t" * 16, 10, 5.0, lambda v: None)
+    assert e.value.lasting
+
+
+def test_a_busy_master_sends_the_client_to_grpc_for_this_download_only(
+        plane: DataPlane) -> None:
+    # Both slots taken by connections that have not presented a ticket yet.
+    held = [socket.create_connection(("127.0.0.1", plane.port)) for _ in range(2)]
+    try:
+        with pytest.raises(DataChannelUnusable, match="too many transfers") as e:
+            fetch(plane, plane.offer("k", 1, 0, 10), 10)
+        assert not e.value.lasting
+    finally:
+        for s in held:
+            s.close()
+
+
+def test_unreachable_masters_are_skipped_for_the_hold_time(clock: Clock) -> None:
+    u = Unreachable(hold=60.0, clock=clock)
+    u.failed("m1:6627", DataChannelUnusable("busy", lasting=False))
+    assert u.usable("m1:6627")
+    u.failed("m1:6627", DataChannelUnusable("refused"))
+    assert not u.usable("m1:6627") and u.usable("m2:6627")
+    clock.now += 60.0
+    assert u.usable("m1:6627")
+
+
+def test_outstanding_tickets_are_bounded(plane: DataPlane, monkeypatch: pytest.MonkeyPatch
+                                         ) -> None:
+    monkeypatch.setattr(dataplane, "MAX_TICKETS", 3)
+    tickets = [plane.offer("k", 1, 0, 10) for _ in range(5)]
+    assert plane.outstanding() == 3
+    with pytest.raises(Unavailable, match="unknown or expired"):
+        fetch(plane, tickets[0], 10)  # the oldest went first
+    assert fetch(plane, tickets[-1], 10)[0] == DATA[:10]
