@@ -10,7 +10,7 @@ from pathlib import Path
 
 import grpc
 import pytest
-from conftest import client_for, make_cluster, md, scrape, stub, value
+from conftest import client_for, make_cluster, md, scrape, stub, value, wait_until
 
 from blobha.client import Client
 from blobha.dataplane import receive
@@ -25,23 +25,28 @@ def sent(cluster: LocalCluster) -> float:
     return sum(value(scrape(m), SENT) for m in cluster.masters)
 
 
+def sent_at_least(cluster: LocalCluster, total: float) -> float:
+    # A master counts a transfer once its send returns, which may be after the receiver has
+    # every byte (and has installed it, or returned it to the caller).
+    return wait_until(lambda: (lambda n: n if n >= total else 0)(sent(cluster)),
+                      what=f"{total:.0f} bytes counted as sent over the data channel")
+
+
 def test_downloads_and_sync_take_the_data_channel(cluster: LocalCluster, alice: Client,
                                                   unique_key: str) -> None:
     data = os.urandom(5 * MiB + 3)  # larger than a whole-version batch fetch takes
     before = sent(cluster)
     alice.create(unique_key, data, replication_factor=3)
     assert alice.wait_for_replication([unique_key], 3, timeout=30).reached
-    synced = sent(cluster)
-    assert synced - before >= 2 * len(data)  # both other masters fetched over it
+    synced = sent_at_least(cluster, before + 2 * len(data))  # both other masters fetched
 
     assert alice.read(unique_key) == data
-    whole = sent(cluster)
-    assert whole - synced >= len(data)
+    whole = sent_at_least(cluster, synced + len(data))
 
     ranged = io.BytesIO()
     alice.download(unique_key, ranged, offset=MiB - 10, length=2 * MiB + 20)
     assert ranged.getvalue() == data[MiB - 10:3 * MiB + 10]
-    assert sent(cluster) - whole >= 2 * MiB + 20
+    sent_at_least(cluster, whole + 2 * MiB + 20)
 
 
 def test_a_client_that_cannot_reach_it_streams(cluster: LocalCluster, unique_key: str,
