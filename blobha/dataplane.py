@@ -46,7 +46,7 @@ from blobha.errors import ChecksumMismatch, KeyNotFound, Unavailable
 if TYPE_CHECKING:  # clients import this module; only masters have a store
     from blobha.store import LocalStore
 
-__all__ = ["MAGIC", "DataChannelUnusable", "DataPlane", "Unreachable", "receive"]
+__all__ = ["MAGIC", "DataChannelUnusable", "DataOffer", "DataPlane", "Unreachable", "receive"]
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +80,14 @@ class DataChannelUnusable(Unavailable):
     def __init__(self, message: str, lasting: bool = True) -> None:
         super().__init__(message)
         self.lasting = lasting
+
+
+@dataclass(frozen=True)
+class DataOffer:
+    """What a ``Download`` call answers instead of data: the channel's port and a ticket."""
+
+    port: int
+    ticket: bytes
 
 
 @dataclass(frozen=True)

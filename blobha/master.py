@@ -56,7 +56,7 @@ from blobha.acl import AccessControl
 from blobha.auth import ServerAuthentication, make_authenticator, new_cluster_secret
 from blobha.config import Config, ConfigError, load_config
 from blobha.credentials import Credentials
-from blobha.dataplane import DataPlane
+from blobha.dataplane import DataOffer, DataPlane
 from blobha.digest import PUT_MAX_BYTES, is_digest
 from blobha.errors import (
     BlobError,
@@ -114,7 +114,7 @@ MAX_PAGE = 1000
 #: batch of small blobs; anything bigger goes through Download, resumable).
 FETCH_MAX_VERSIONS = 1000
 FETCH_WHOLE_MAX_BYTES = PUT_MAX_BYTES
-#: Smallest range served over the data channel; smaller ones stream (see offer_download).
+#: Smallest range served over the data channel; smaller ones stream (see open_download).
 DATA_CHANNEL_MIN_BYTES = 1024 * 1024
 #: Bytes of blob data one group commit installs at most: a batch is acknowledged only once
 #: all of it is durable, so this bounds what one writer waits for on behalf of the others.
@@ -923,24 +923,18 @@ class Master:
 
     def open_download(
         self, user: str, key: str, version: int, offset: int, length: int,
-    ) -> tuple[VersionInfo, Iterator[bytes]]:
-        info = self._download_version(user, key, version, offset)
-        return info, _read_held(self.store, self.identity, key, info.seq, offset, length)
-
-    def offer_download(
-        self, user: str, key: str, version: int, offset: int, length: int,
-    ) -> tuple[VersionInfo, int, bytes] | None:
-        """The checks of :meth:`open_download`, then a data channel ticket for the range:
-        (info, port, ticket); None when this master has no data channel or the range is small
-        (a connection of its own would cost more than the copies it saves)."""
-        dataplane = self.dataplane
-        if dataplane is None:
-            return None
+        data_channel: bool = False,
+    ) -> tuple[VersionInfo, Iterator[bytes] | DataOffer]:
+        """The version to serve and its bytes from ``offset`` (``length`` 0: to the end): a
+        verifying reader, or, when the caller can take the data channel, this master has one
+        and the range is not small, an offer of it (a connection of its own costs more than
+        the copies it saves on a small range)."""
         info = self._download_version(user, key, version, offset)
         end = info.size if length == 0 else min(info.size, offset + length)
-        if end - offset < DATA_CHANNEL_MIN_BYTES:
-            return None
-        return info, dataplane.port, dataplane.offer(key, info.seq, offset, end)
+        dataplane = self.dataplane
+        if data_channel and dataplane is not None and end - offset >= DATA_CHANNEL_MIN_BYTES:
+            return info, DataOffer(dataplane.port, dataplane.offer(key, info.seq, offset, end))
+        return info, _read_held(self.store, self.identity, key, info.seq, offset, length)
 
     def _download_version(self, user: str, key: str, version: int, offset: int) -> VersionInfo:
         validate_key(key)

@@ -78,7 +78,7 @@ class Peers:
 
     def fetch(
         self, address: str, key: str, seq: int, digest: str, dest: TempBlob | BlobBuffer,
-        timeout: float,
+        timeout: float, stream_only: bool = False,
     ) -> None:
         """Append version ``seq`` of ``key`` from ``address`` to ``dest``, resuming at its size.
 
@@ -86,7 +86,8 @@ class Peers:
         resume from another replica.
         """
         # The data channel carries no TLS (blobha.dataplane): with TLS, peers stream.
-        data_channel = not self._credentials.tls and self._unreachable.usable(address)
+        data_channel = (not stream_only and not self._credentials.tls
+                        and self._unreachable.usable(address))
         request = pb.DownloadRequest(key=key, version=seq, offset=dest.size,
                                      data_channel=data_channel)
         offer: chunkwire.Chunk | None = None
@@ -121,7 +122,7 @@ class Peers:
                               lambda data: dest.write_at(dest.size, data))
         except DataChannelUnusable as e:  # raised before any data arrived
             self._unreachable.failed(address, e)
-            self.fetch(address, key, seq, digest, dest, timeout)
+            self.fetch(address, key, seq, digest, dest, timeout, stream_only=True)
 
     def fetch_many(self, address: str, refs: Sequence[tuple[str, int]], timeout: float
                    ) -> list[tuple[str, int, str, bytes]]:

@@ -29,6 +29,7 @@ from blobha.chunkwire import (
     encode_offer,
     serialize_response,
 )
+from blobha.dataplane import DataOffer
 from blobha.digest import CHUNK_SIZE
 from blobha.errors import BlobError, InvalidArgument, Unavailable, to_status
 from blobha.gatekeeper import authenticated_user
@@ -262,19 +263,14 @@ class BlobStoreServicer(pb_grpc.BlobStoreServicer):
     @streaming
     def Download(self, request: pb.DownloadRequest, context: grpc.ServicerContext
                  ) -> Iterator[bytes]:
-        user = user_of(context)
-        if request.data_channel:
-            offer = self.master.offer_download(user, request.key, request.version,
-                                               request.offset, request.length)
-            if offer is not None:  # else: no data channel here, or a small range; stream
-                held, port, ticket = offer
-                yield encode_offer(
-                    pb.BlobInfo(version=held.seq, size=held.size, digest=held.digest),
-                    port, ticket)
-                return
         info, chunks = self.master.open_download(
-            user, request.key, request.version, request.offset, request.length
+            user_of(context), request.key, request.version, request.offset, request.length,
+            request.data_channel,
         )
+        if isinstance(chunks, DataOffer):
+            yield encode_offer(pb.BlobInfo(version=info.seq, size=info.size, digest=info.digest),
+                               chunks.port, chunks.ticket)
+            return
         first: pb.BlobInfo | None = pb.BlobInfo(version=info.seq, size=info.size,
                                                 digest=info.digest)
         for data in chunks:

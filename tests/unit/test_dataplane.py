@@ -12,11 +12,14 @@ import pytest
 from waiting import wait_until
 
 from blobha import dataplane
+from blobha.chunkwire import Chunk
 from blobha.dataplane import DataChannelUnusable, DataPlane, Unreachable, receive
 from blobha.digest import CHUNK_SIZE, digest_bytes
 from blobha.errors import KeyNotFound, Unavailable
 from blobha.keys import key_dirname
-from blobha.store import LocalStore
+from blobha.peers import Peers
+from blobha.store import BlobBuffer, LocalStore
+from blobha.v1 import blobha_pb2 as pb
 
 DATA = os.urandom(3 * CHUNK_SIZE + 12345)
 
@@ -199,3 +202,46 @@ def test_outstanding_tickets_are_bounded(plane: DataPlane, monkeypatch: pytest.M
     with pytest.raises(Unavailable, match="unknown or expired"):
         fetch(plane, tickets[0], 10)  # the oldest went first
     assert fetch(plane, tickets[-1], 10)[0] == DATA[:10]
+
+
+class _OfferingStub:
+    """A peer whose Download offers a data channel at ``port`` when asked for one."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.requests: list[pb.DownloadRequest] = []
+
+    def Download(self, request: pb.DownloadRequest, **kw: object) -> Iterator[Chunk]:
+        self.requests.append(request)
+        info = pb.BlobInfo(version=1, size=len(DATA), digest="d")
+        if request.data_channel:
+            yield Chunk(info, memoryview(b""), self.port, b"t" * 16)
+            return
+        yield Chunk(info, memoryview(DATA[request.offset:]))
+
+
+@pytest.mark.parametrize("busy", [False, True])
+def test_a_syncing_master_streams_when_the_channel_fails(busy: bool) -> None:
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        port = server.getsockname()[1]
+        if not busy:
+            server.close()  # refused: lasting
+
+        def refuse_busy() -> None:
+            conn, _ = server.accept()
+            with conn:
+                conn.recv(64)
+                conn.sendall(dataplane.MAGIC + bytes([dataplane.BUSY]) + b"too many")
+
+        t = threading.Thread(target=refuse_busy, daemon=True)
+        if busy:
+            t.start()
+        peers = Peers("blobha-master")
+        stub = _OfferingStub(port)
+        peers._stub = lambda address: stub  # type: ignore[method-assign,assignment,return-value]
+        dest = BlobBuffer()
+        peers.fetch("127.0.0.1:1", "k", 1, "d", dest, 5.0)
+    assert dest.value() == DATA
+    # One offer, then one stream: never a second offer in a row.
+    assert [r.data_channel for r in stub.requests] == [True, False]
+    assert peers._unreachable.usable("127.0.0.1:1") is busy
