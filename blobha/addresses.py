@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 from blobha.errors import InvalidArgument
 
-__all__ = ["DEFAULT_PORT", "parse_cluster"]
+__all__ = ["DEFAULT_PORT", "host_of", "parse_cluster"]
 
 DEFAULT_PORT = 6627
 
@@ -39,6 +39,15 @@ def parse_cluster(cluster: str | Sequence[str]) -> tuple[str, ...]:
             "no master address given; use HOST:PORT[,HOST:PORT...], e.g. 127.0.0.1:6627"
         )
     return tuple(out)
+
+
+def host_of(address: str) -> str:
+    """The host of ``"host:port"`` (an IPv6 host without its brackets).
+
+    >>> host_of("[::1]:6627")
+    '::1'
+    """
+    return _split_host_port(address)[0]
 
 
 def _split_host_port(text: str) -> tuple[str, int]:

@@ -19,8 +19,6 @@ from blobha.v1 import blobha_pb2 as pb
 
 _INFO_TAG = 0x0A  # DownloadChunk field 1, length-delimited
 _DATA_TAG = 0x12  # DownloadChunk field 2, length-delimited
-_PORT_TAG = 0x18  # DownloadChunk field 3, varint
-_TICKET_TAG = 0x22  # DownloadChunk field 4, length-delimited
 _UPLOAD_ID_TAG = 0x0A  # UploadChunk field 1, length-delimited
 _OFFSET_TAG = 0x10  # UploadChunk field 2, varint
 _UPLOAD_DATA_TAG = 0x1A  # UploadChunk field 3, length-delimited
@@ -65,13 +63,6 @@ def encode_chunk(data: bytes, info: pb.BlobInfo | None = None) -> bytes:
     if data:
         parts += [bytes([_DATA_TAG]), _varint(len(data)), data]
     return b"".join(parts)
-
-
-def encode_offer(info: pb.BlobInfo, port: int, ticket: bytes) -> bytes:
-    """A serialised ``DownloadChunk`` offering the data channel (no data)."""
-    raw = info.SerializeToString()
-    return b"".join([bytes([_INFO_TAG]), _varint(len(raw)), raw, bytes([_PORT_TAG]),
-                     _varint(port), bytes([_TICKET_TAG]), _varint(len(ticket)), ticket])
 
 
 def serialize_response(message: pb.DownloadChunk | bytes) -> bytes:

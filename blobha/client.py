@@ -32,11 +32,11 @@ from typing import Any, BinaryIO, Protocol, TypeVar
 
 import grpc
 
-from blobha import chunkwire, dataplane, errors
+from blobha import chunkwire, errors
 from blobha.acl import AccessControl, check_duplicates, parse_acl
-from blobha.addresses import DEFAULT_PORT, parse_cluster
+from blobha.addresses import DEFAULT_PORT, host_of, parse_cluster
 from blobha.credentials import Credentials
-from blobha.dataplane import DataChannelUnusable, Unreachable
+from blobha.dataplane import DataChannels, DataOffer
 from blobha.digest import PUT_MAX_BYTES, Digester
 from blobha.errors import (
     BlobError,
@@ -442,8 +442,7 @@ class GrpcTransport:
                 options: list[tuple[str, object]] = list(_CHANNEL_OPTIONS)
                 if target != address:
                     # TLS still checks the certificate against the advertised name.
-                    host = address.rsplit(":", 1)[0].strip("[]")
-                    options.append(("grpc.ssl_target_name_override", host))
+                    options.append(("grpc.ssl_target_name_override", host_of(address)))
                 channel = self._credentials.channel(target, options)
                 self._channels[address] = channel
                 stub = self._stubs[address] = chunkwire.stub(channel)
@@ -468,7 +467,7 @@ class GrpcTransport:
     def data_host(self, address: str) -> str | None:
         if self._credentials.tls:
             return None
-        return self._address_map.get(address, address).rsplit(":", 1)[0].strip("[]")
+        return host_of(self._address_map.get(address, address))
 
     def server_stream(
         self, address: str, method: str, request: Any, timeout: float | None
@@ -641,11 +640,8 @@ def _open_source(data: UploadData) -> _Source:
 
 
 class _Sink:
-    """Where a download goes."""
-
-    #: Whether it keeps the objects written to it (not a copy): they must then not be views
-    #: of a buffer that is reused (the data channel's, see blobha.dataplane.receive).
-    keeps: bool = False
+    """Where a download goes. What ``write`` gets is valid only during the call (the data
+    channel reuses its buffer): a sink that keeps it keeps a copy."""
 
     def write(self, data: bytes | memoryview) -> None:
         raise NotImplementedError
@@ -656,13 +652,14 @@ class _Sink:
 
 
 class _BufferSink(_Sink):
-    keeps = True
-
     def __init__(self) -> None:
         # A list joined once at the end: growing one buffer would copy the blob repeatedly.
         self.parts: builtins.list[bytes | memoryview] = []
 
     def write(self, data: bytes | memoryview) -> None:
+        # Read-only views are of a received message, which nobody reuses: kept as they are.
+        if isinstance(data, memoryview) and not data.readonly:
+            data = bytes(data)
         self.parts.append(data)
 
     def restart(self) -> bool:
@@ -757,7 +754,7 @@ class Client:
         self._transport: Transport = transport or GrpcTransport(self._user, credentials,
                                                                 address_map)
         self._rng = random.Random()
-        self._unreachable = Unreachable()
+        self._data_channels = DataChannels()
         #: Replaceable so tests do not wait for real backoff.
         self._sleep: Callable[[float], None] = time.sleep
         self._lock = threading.Lock()
@@ -1562,9 +1559,9 @@ class _DownloadJob:
         bound = self.end if self.end is not None else self.limit
         if bound is not None:
             want = min(want, bound - self.pos)
-        host = None if stream_only else self.c._transport.data_host(address)
-        if host is not None and not self.c._unreachable.usable(address):
-            host = None
+        host = None
+        if not stream_only and self.c._data_channels.usable(address):
+            host = self.c._transport.data_host(address)
         request = pb.DownloadRequest(
             key=self.key,
             version=self.info.version if self.info else self.version,
@@ -1574,7 +1571,7 @@ class _DownloadJob:
         )
         start = self.pos
         seen_info = False
-        offer: Any = None
+        offer: DataOffer | None = None
         for message in self.c._transport.server_stream(
             address, "Download", request, self.c._timeout
         ):
@@ -1583,19 +1580,14 @@ class _DownloadJob:
                     raise InternalError(f"master {address} sent data before the blob info")
                 self._check_info(address, _info_from_pb(message.info))
                 seen_info = True
-            if message.ticket and host is not None:
-                offer = message  # the rest comes over the data channel
-                break
+            if message.ticket:  # offered only when asked for: the data comes over the channel
+                offer = DataOffer(message.data_port, message.ticket)
             self._take(address, message.data)
-        if offer is not None:
-            assert host is not None and self.info is not None
-            size = min(self.pos + want, self.info.size) - self.pos
-            try:
-                dataplane.receive(host, offer.data_port, offer.ticket, size, self.c._timeout,
-                                  functools.partial(self._take, address),
-                                  reuse_buffer=not self.sink.keeps)
-            except DataChannelUnusable as exc:  # raised before any data arrived
-                self.c._unreachable.failed(address, exc)
+        if host is not None and offer is not None:
+            assert self.info is not None
+            size = min(self.pos + want, self.info.size) - self.pos  # the master's range
+            if not self.c._data_channels.take(address, host, offer, size, self.c._timeout,
+                                         functools.partial(self._take, address)):
                 self._segment(address, stream_only=True)
             return
         if not seen_info:

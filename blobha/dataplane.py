@@ -5,8 +5,9 @@ space (the file read into a new buffer, then gRPC's copy of the message into its
 before the kernel copies it again to the socket. On a 2-core machine where server and client
 each use a full core, that put downloads at 0.55-0.78x of a raw gRPC stream (``perf``: the
 kernel's copies 21%, ``memmove`` 19%), and gRPC offers no way to send from a file. Here the
-master checks each chunk of the blob file against its stored digest in place (a memory map)
-and has the kernel send it from the page cache (``sendfile``): no copy on the master. The client
+master checks each chunk of the blob file against its stored digest (the next one while this
+one is sent) and has the kernel send it from the page cache (``sendfile``): no copy on the way
+out. The client
 receives a MiB per system call into one reused buffer: one copy, by the kernel.
 
 Authorisation stays in gRPC. A ``Download`` call with ``data_channel`` set is checked as any
@@ -38,15 +39,16 @@ import struct
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, BinaryIO
 
 from blobha.errors import ChecksumMismatch, KeyNotFound, Unavailable
 
 if TYPE_CHECKING:  # clients import this module; only masters have a store
-    from blobha.store import LocalStore
+    from blobha.store import LocalStore, VersionInfo
 
-__all__ = ["MAGIC", "DataChannelUnusable", "DataOffer", "DataPlane", "Unreachable", "receive"]
+__all__ = ["DataChannelUnusable", "DataChannels", "DataOffer", "DataPlane", "receive"]
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +70,7 @@ WAKE_BYTES = 256 * 1024
 #: Seconds a client keeps to the gRPC stream for a master whose data channel it could not use.
 UNREACHABLE_SECS = 300.0
 
-OK, REFUSED, BUSY = 0, 1, 2
+OK, REFUSED, BUSY, NOT_HELD = 0, 1, 2, 3
 _REASON_MAX = 4096
 
 
@@ -92,11 +94,14 @@ class DataOffer:
 
 @dataclass(frozen=True)
 class _Grant:
-    key: str
-    seq: int
+    info: VersionInfo
     offset: int
     end: int
     expires: float
+
+
+class _ClientGone(Exception):
+    """The socket failed while sending: the client went away or stalled."""
 
 
 class DataPlane:
@@ -114,6 +119,10 @@ class DataPlane:
         self._lock = threading.Lock()
         self._slots = threading.BoundedSemaphore(max_connections)
         self._refusing = threading.BoundedSemaphore(max_connections)
+        # Chunk checks run here, each beside its transfer's sends (LocalStore.send_verified).
+        self._checker = ThreadPoolExecutor(max_connections, thread_name_prefix="send-verify")
+        # Live connections and their threads, so stop() ends them before the store closes.
+        self._conns: dict[socket.socket, threading.Thread] = {}
         self._sock: socket.socket | None = None
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
@@ -123,25 +132,19 @@ class DataPlane:
         self.bytes_sent = 0
         self.refused = 0
 
-    def start(self) -> int:
-        """Bind and start accepting; returns the bound port (an ephemeral one for port 0)."""
+    def start(self) -> None:
+        """Bind (an ephemeral port for port 0, then in ``port``) and start accepting."""
         family = socket.AF_INET6 if ":" in self._host else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.bind((self._host, self._want_port))
-            sock.listen(128)
-        except OSError:
-            sock.close()
-            raise
-        self._sock = sock
-        self.port = sock.getsockname()[1]
+        self._sock = socket.create_server((self._host, self._want_port), family=family,
+                                          backlog=128)
+        self.port = self._sock.getsockname()[1]
         self._thread = threading.Thread(target=self._accept_loop, name="data-channel",
                                         daemon=True)
         self._thread.start()
-        return self.port
 
     def stop(self) -> None:
+        """Stop accepting, end the transfers in progress (their clients resume elsewhere) and
+        wait for their threads, so none touches the store after this returns."""
         self._stopping.set()
         if self._sock is not None:
             with contextlib.suppress(OSError):
@@ -149,10 +152,18 @@ class DataPlane:
             self._sock.close()
         if self._thread is not None:
             self._thread.join(5)
+        with self._lock:
+            conns = dict(self._conns)
+        for conn in conns:
+            with contextlib.suppress(OSError):
+                conn.shutdown(socket.SHUT_RDWR)
+        for thread in conns.values():
+            thread.join(5)
+        self._checker.shutdown(wait=True, cancel_futures=True)
 
-    def offer(self, key: str, seq: int, offset: int, end: int) -> bytes:
-        """A ticket for bytes ``[offset, end)`` of version ``seq`` of ``key``; the caller has
-        checked that the user may read it and that this master holds it."""
+    def offer(self, info: VersionInfo, offset: int, end: int) -> bytes:
+        """A ticket for bytes ``[offset, end)`` of the version ``info``; the caller has checked
+        that the user may read it and that this master holds it."""
         ticket = secrets.token_bytes(TICKET_BYTES)
         now = self._clock()
         with self._lock:
@@ -160,10 +171,11 @@ class DataPlane:
                 self._expire(now)
                 while len(self._grants) >= MAX_TICKETS:  # all live: drop the oldest
                     del self._grants[next(iter(self._grants))]
-            self._grants[ticket] = _Grant(key, seq, offset, end, now + self._ttl)
+            self._grants[ticket] = _Grant(info, offset, end, now + self._ttl)
         return ticket
 
     def outstanding(self) -> int:
+        """Tickets issued and neither used nor expired."""
         with self._lock:
             self._expire(self._clock())
             return len(self._grants)
@@ -195,75 +207,98 @@ class DataPlane:
                 log.exception("data channel: accept failed; still listening")
                 self._stopping.wait(0.1)  # e.g. out of file descriptors: do not spin
                 continue
-            if not self._slots.acquire(blocking=False):
-                if self._refusing.acquire(blocking=False):
-                    threading.Thread(target=self._refuse, args=(conn, BUSY, "too many transfers"
-                                     " at once; use the gRPC stream"), daemon=True).start()
-                else:  # a flood: no thread for each (the client sees a reset and streams)
-                    conn.close()
-                continue
-            threading.Thread(target=self._serve, args=(conn,), name="data-transfer",
-                             daemon=True).start()
+            if self._slots.acquire(blocking=False):
+                self._spawn(conn, self._serve, self._slots)
+            elif self._refusing.acquire(blocking=False):
+                self._spawn(conn, self._refuse, self._refusing)
+            else:  # a flood: no thread for each (the client sees a reset and streams)
+                conn.close()
 
-    def _refuse(self, conn: socket.socket, status: int, reason: str) -> None:
+    def _spawn(self, conn: socket.socket, handle: Callable[[socket.socket], None],
+               slot: threading.BoundedSemaphore) -> None:
+        def run() -> None:
+            try:
+                with conn:
+                    handle(conn)
+            except OSError as e:
+                log.debug("data channel: connection ended early: %s", e)
+            except Exception:
+                log.exception("data channel: transfer failed")
+            finally:
+                with self._lock:
+                    self._conns.pop(conn, None)
+                slot.release()
+
+        thread = threading.Thread(target=run, name="data-transfer", daemon=True)
+        with self._lock:
+            self._conns[conn] = thread
+        thread.start()
+
+    def _refuse(self, conn: socket.socket) -> None:
         # The ticket is read first: closing with it unread would reset the connection, and
         # the client might lose the answer.
-        try:
-            with conn:
-                conn.settimeout(CONNECT_TIMEOUT)
-                with contextlib.suppress(OSError):
-                    _recv_exact(conn, len(MAGIC) + TICKET_BYTES)
-                    conn.sendall(MAGIC + bytes([status]) + reason.encode("utf-8")[:_REASON_MAX])
-        finally:
-            self._refusing.release()
+        conn.settimeout(CONNECT_TIMEOUT)
+        _recv_exact(conn, len(MAGIC) + TICKET_BYTES)
+        _answer(conn, BUSY, "too many transfers at once; use the gRPC stream")
 
     def _serve(self, conn: socket.socket) -> None:
-        try:
-            with conn:
-                conn.settimeout(IO_TIMEOUT)
-                conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                hello = _recv_exact(conn, len(MAGIC) + TICKET_BYTES)
-                if hello is None or hello[:len(MAGIC)] != MAGIC:
-                    return  # not a blobha client: nothing to say to it
-                grant = self._take(hello[len(MAGIC):])
-                if grant is None:
-                    conn.sendall(MAGIC + bytes([REFUSED]) + b"unknown or expired ticket: call"
-                                 b" Download again")
-                    return
-                self._send(conn, grant)
-        except OSError as e:
-            # The client went away or stalled: it resumes elsewhere or retries.
-            log.debug("data channel: transfer ended early: %s", e)
-        except Exception:
-            log.exception("data channel: transfer failed")
-        finally:
-            self._slots.release()
+        conn.settimeout(IO_TIMEOUT)
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        hello = _recv_exact(conn, len(MAGIC) + TICKET_BYTES)
+        if hello is None or hello[:len(MAGIC)] != MAGIC:
+            return  # not a blobha client: nothing to say to it
+        grant = self._take(hello[len(MAGIC):])
+        if grant is None:
+            _answer(conn, REFUSED, "unknown or expired ticket: call Download again")
+            return
+        self._send(conn, grant)
 
     def _send(self, conn: socket.socket, grant: _Grant) -> None:
-        def opened() -> None:
-            conn.sendall(MAGIC + bytes([OK]))
-
+        info = grant.info
+        started = False
         sent = 0
+
+        def opened() -> None:
+            nonlocal started
+            conn.sendall(MAGIC + bytes([OK]))
+            started = True
 
         def send(f: BinaryIO, position: int, count: int) -> None:
             nonlocal sent
-            done = conn.sendfile(f, position, count)
+            try:
+                done = conn.sendfile(f, position, count)
+            except OSError as e:
+                raise _ClientGone(str(e)) from e
             sent += done
             if done != count:
-                raise OSError(f"sendfile sent {done} of {count} bytes")
+                raise _ClientGone(f"sendfile sent {done} of {count} bytes")
 
         try:
-            self.store.send_verified(grant.key, grant.seq, grant.offset, grant.end, opened, send)
-        except KeyNotFound:
-            # Removed since the offer (pruned, or found corrupt by another reader).
-            conn.sendall(MAGIC + bytes([REFUSED]) + f"not held here: v{grant.seq} of"
-                         f" {grant.key!r} was removed; read from another replica".encode())
-        except ChecksumMismatch as e:
-            log.warning("data channel: %s", e)  # the store removed the copy; close early
-        finally:
+            self.store.send_verified(info, grant.offset, grant.end, opened, send, self._checker)
+        except _ClientGone as e:
+            log.debug("data channel: the client went away: %s", e)  # it resumes elsewhere
+        except (KeyNotFound, ChecksumMismatch, OSError) as e:
+            # Removed since the offer (pruned, found corrupt), corrupt now, or unreadable.
+            if isinstance(e, KeyNotFound):
+                pass
+            elif isinstance(e, ChecksumMismatch):
+                log.warning("data channel: %s", e)  # the store removed the copy
+            else:
+                log.error("data channel: cannot read v%d of %r: %s", info.seq, info.key, e)
+            if not started:
+                _answer(conn, NOT_HELD, f"not held here: v{info.seq} of {info.key!r} cannot be"
+                        " served from this master; read from another replica")
+            # Else close early: the client sees a short transfer and resumes elsewhere.
+        else:
             with self._lock:
                 self.transfers += 1
+        finally:
+            with self._lock:
                 self.bytes_sent += sent
+
+
+def _answer(conn: socket.socket, status: int, reason: str) -> None:
+    conn.sendall(MAGIC + bytes([status]) + reason.encode("utf-8")[:_REASON_MAX])
 
 
 def _recv_exact(conn: socket.socket, n: int) -> bytes | None:
@@ -277,15 +312,15 @@ def _recv_exact(conn: socket.socket, n: int) -> bytes | None:
 
 
 def receive(host: str, port: int, ticket: bytes, size: int, timeout: float,
-            on_data: Callable[[memoryview], object], reuse_buffer: bool = True) -> None:
+            on_data: Callable[[memoryview], object]) -> None:
     """Take ``size`` bytes offered with ``ticket`` from the data channel at ``host:port``,
     handing them to ``on_data`` in pieces of up to :data:`RECEIVE_BYTES`: views of one reused
-    buffer, valid only during the call, or with ``reuse_buffer`` False each of its own buffer,
-    for a caller that keeps them.
+    buffer, valid only during the call (a caller that keeps them copies them).
 
-    Raises :class:`DataChannelUnusable` when the channel cannot be reached or answers as
-    something else, :class:`Unavailable` when the master refuses or the transfer stops early
-    (what arrived was handed on, so the caller resumes after it)."""
+    Raises :class:`DataChannelUnusable` when the channel cannot be reached, answers as
+    something else or is busy; :class:`KeyNotFound` ("not held here") when the master cannot
+    serve the version after all; :class:`Unavailable` when it refuses the ticket or the
+    transfer stops early (what arrived was handed on, so the caller resumes after it)."""
     try:
         conn = socket.create_connection((host, port), timeout=min(CONNECT_TIMEOUT, timeout))
     except OSError as e:
@@ -302,27 +337,30 @@ def receive(host: str, port: int, ticket: bytes, size: int, timeout: float,
             raise DataChannelUnusable(f"data channel {host}:{port}: {e}") from None
         if head is None or head[:len(MAGIC)] != MAGIC:
             raise DataChannelUnusable(f"{host}:{port} is not a blobha data channel")
-        if head[-1] != OK:
+        status = head[-1]
+        if status != OK:
             reason = _read_reason(conn)
-            if head[-1] == BUSY:
+            if status == BUSY:
                 raise DataChannelUnusable(f"data channel {host}:{port}: {reason}", lasting=False)
-            if reason.startswith("not held here"):
+            if status == NOT_HELD:
                 raise KeyNotFound(reason)
             raise Unavailable(f"data channel {host}:{port} refused the transfer: {reason}")
         buf = bytearray(min(RECEIVE_BYTES, size))
         view = memoryview(buf)
+        # Woken once this much is queued, not for every segment: on loopback this halved the
+        # CPU of both ends. Lowered for a last piece smaller than it, which would otherwise
+        # wait for bytes that never come.
+        wake = min(WAKE_BYTES, size)
         got = 0
         try:
+            with contextlib.suppress(OSError):
+                conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, max(wake, 1))
             while got < size:
-                if not reuse_buffer and got:
-                    view.release()
-                    view = memoryview(bytearray(min(RECEIVE_BYTES, size - got)))
-                want = min(len(view), size - got)
+                want = min(len(buf), size - got)
                 try:
-                    # Woken once a quarter MiB is queued, not for every segment: on loopback
-                    # this halved the CPU of both ends. Never above what is still to come, or
-                    # the last piece would wait for bytes that never arrive.
-                    conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, min(want, WAKE_BYTES))
+                    if want < wake:
+                        wake = want
+                        conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, wake)
                     n = conn.recv_into(view[:want], want, socket.MSG_WAITALL)
                 except OSError as e:
                     raise Unavailable(f"data channel {host}:{port} failed after {got} of"
@@ -355,10 +393,11 @@ def _read_reason(conn: socket.socket) -> str:
     return data.decode("utf-8", "replace") or "no reason given"
 
 
-class Unreachable:
-    """The masters whose data channel a client (or a master syncing) could not use lately: it
-    asks them for none for :data:`UNREACHABLE_SECS`, so a firewalled port costs one failed
-    connection every few minutes, not one per download."""
+class DataChannels:
+    """A caller's side of the masters' data channels (a client, or a master syncing): taking
+    an offer, and which masters' channels to leave alone. One it could not use is not asked
+    for :data:`UNREACHABLE_SECS`, so a firewalled port costs one failed connection every few
+    minutes, not one per download."""
 
     def __init__(self, hold: float = UNREACHABLE_SECS,
                  clock: Callable[[], float] = time.monotonic) -> None:
@@ -376,6 +415,17 @@ class Unreachable:
                 del self._until[address]
                 return True
             return False
+
+    def take(self, address: str, host: str, offer: DataOffer, size: int, timeout: float,
+             on_data: Callable[[memoryview], object]) -> bool:
+        """:func:`receive` the range ``address`` offered; False, with nothing received, when
+        its channel cannot be used: the caller then streams it from the same master."""
+        try:
+            receive(host, offer.port, offer.ticket, size, timeout, on_data)
+        except DataChannelUnusable as e:
+            self.failed(address, e)
+            return False
+        return True
 
     def failed(self, address: str, error: DataChannelUnusable) -> None:
         if not error.lasting:

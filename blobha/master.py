@@ -53,6 +53,7 @@ from kazoo.retry import KazooRetry
 from blobha import acl as acls
 from blobha import logs, zkstate
 from blobha.acl import AccessControl
+from blobha.addresses import host_of
 from blobha.auth import ServerAuthentication, make_authenticator, new_cluster_secret
 from blobha.config import Config, ConfigError, load_config
 from blobha.credentials import Credentials
@@ -349,7 +350,7 @@ class Master:
         if self.server_tls is not None:
             log.info("no data channel: with TLS, downloads stay in the encrypted gRPC stream")
             return
-        host = listen.rsplit(":", 1)[0].strip("[]") or "0.0.0.0"
+        host = host_of(listen)
         dataplane = DataPlane(self.store, host, port)
         try:
             dataplane.start()
@@ -933,7 +934,7 @@ class Master:
         end = info.size if length == 0 else min(info.size, offset + length)
         dataplane = self.dataplane
         if data_channel and dataplane is not None and end - offset >= DATA_CHANNEL_MIN_BYTES:
-            return info, DataOffer(dataplane.port, dataplane.offer(key, info.seq, offset, end))
+            return info, DataOffer(dataplane.port, dataplane.offer(info, offset, end))
         return info, _read_held(self.store, self.identity, key, info.seq, offset, length)
 
     def _download_version(self, user: str, key: str, version: int, offset: int) -> VersionInfo:

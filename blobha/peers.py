@@ -11,10 +11,11 @@ from collections.abc import Iterable, Sequence
 
 import grpc
 
-from blobha import chunkwire, dataplane
+from blobha import chunkwire
+from blobha.addresses import host_of
 from blobha.auth import MASTER_SECRET_METADATA_KEY, USER_METADATA_KEY
 from blobha.credentials import Credentials
-from blobha.dataplane import DataChannelUnusable, Unreachable
+from blobha.dataplane import DataChannels, DataOffer
 from blobha.errors import BlobError, ChecksumMismatch, from_status
 from blobha.status import MasterSummary, master_from_pb
 from blobha.store import BlobBuffer, TempBlob
@@ -47,7 +48,7 @@ class Peers:
         self._stubs: dict[str, pb_grpc.BlobStoreStub] = {}
         self._channels: dict[str, grpc.Channel] = {}
         self._guard = threading.Lock()
-        self._unreachable = Unreachable()
+        self._data_channels = DataChannels()
 
     def set_cluster_secret(self, secret: str) -> None:
         self._metadata = ((USER_METADATA_KEY, self._principal),
@@ -87,10 +88,11 @@ class Peers:
         """
         # The data channel carries no TLS (blobha.dataplane): with TLS, peers stream.
         data_channel = (not stream_only and not self._credentials.tls
-                        and self._unreachable.usable(address))
+                        and self._data_channels.usable(address))
         request = pb.DownloadRequest(key=key, version=seq, offset=dest.size,
                                      data_channel=data_channel)
-        offer: chunkwire.Chunk | None = None
+        offer: DataOffer | None = None
+        size = 0
         try:
             # Chunks decoded by hand (blobha.chunkwire): their data are views, not copies.
             stream: Iterable[chunkwire.Chunk] = self._stub(address).Download(
@@ -106,22 +108,16 @@ class Peers:
                             f"{address} offers {key!r} v{seq} with digest {offered},"
                             f" ZooKeeper says {digest}"
                         )
-                if chunk.ticket and data_channel:
-                    offer = chunk
-                    break
+                    size = chunk.info.size if chunk.info is not None else 0
+                if chunk.ticket:  # offered only when asked for
+                    offer = DataOffer(chunk.data_port, chunk.ticket)
                 if chunk.data:
                     dest.write_at(dest.size, chunk.data)
         except grpc.RpcError as e:
             raise _error(e) from None
-        if offer is None:
-            return
-        assert offer.info is not None
-        try:
-            dataplane.receive(address.rsplit(":", 1)[0].strip("[]"), offer.data_port,
-                              offer.ticket, offer.info.size - dest.size, timeout,
-                              lambda data: dest.write_at(dest.size, data))
-        except DataChannelUnusable as e:  # raised before any data arrived
-            self._unreachable.failed(address, e)
+        if offer is not None and not self._data_channels.take(
+                address, host_of(address), offer, size - dest.size, timeout,
+                lambda data: dest.write_at(dest.size, data)):
             self.fetch(address, key, seq, digest, dest, timeout, stream_only=True)
 
     def fetch_many(self, address: str, refs: Sequence[tuple[str, int]], timeout: float

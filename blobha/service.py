@@ -26,7 +26,6 @@ from blobha.chunkwire import (
     UploadPiece,
     decode_upload_chunk,
     encode_chunk,
-    encode_offer,
     serialize_response,
 )
 from blobha.dataplane import DataOffer
@@ -262,17 +261,16 @@ class BlobStoreServicer(pb_grpc.BlobStoreServicer):
 
     @streaming
     def Download(self, request: pb.DownloadRequest, context: grpc.ServicerContext
-                 ) -> Iterator[bytes]:
+                 ) -> Iterator[bytes | pb.DownloadChunk]:
         info, chunks = self.master.open_download(
             user_of(context), request.key, request.version, request.offset, request.length,
             request.data_channel,
         )
-        if isinstance(chunks, DataOffer):
-            yield encode_offer(pb.BlobInfo(version=info.seq, size=info.size, digest=info.digest),
-                               chunks.port, chunks.ticket)
-            return
         first: pb.BlobInfo | None = pb.BlobInfo(version=info.seq, size=info.size,
                                                 digest=info.digest)
+        if isinstance(chunks, DataOffer):
+            yield pb.DownloadChunk(info=first, data_port=chunks.port, ticket=chunks.ticket)
+            return
         for data in chunks:
             # Chunks come verified from the store, at most CHUNK_SIZE each; encoded by hand
             # (blobha.chunkwire), as serialised DownloadChunk messages.

@@ -23,7 +23,6 @@ import contextlib
 import ctypes
 import json
 import logging
-import mmap
 import os
 import shutil
 import threading
@@ -31,7 +30,7 @@ import time
 import uuid
 import weakref
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from itertools import count
 from pathlib import Path
@@ -601,85 +600,72 @@ class LocalStore:
         if offset > info.size:
             raise InvalidArgument(f"offset {offset} is past the end of {key!r} ({info.size} bytes)")
         end = info.size if length == 0 else min(info.size, offset + length)
-        path = self._dir(key) / f"v{seq}.blob"
-        try:
-            f = open(path, "rb")  # noqa: SIM115 - closed in the finally below
-        except FileNotFoundError:
-            raise KeyNotFound(f"version {seq} of {key!r} is not stored on this master") from None
-        try:
+        with self._open_version(info) as f:
             index = offset // info.chunk_size
             f.seek(index * info.chunk_size)
             pos = index * info.chunk_size
             while pos < end:
                 data = f.read(info.chunk_size)
-                if index >= len(info.chunks) or chunk_digest(data) != info.chunks[index] or (
-                    len(data) != min(info.chunk_size, info.size - pos)
-                ):
-                    self._corrupt(info, index)
+                self._check_chunk(info, index, data)
                 lo = max(offset - pos, 0)
                 hi = min(end - pos, len(data))
                 yield data[lo:hi] if (lo, hi) != (0, len(data)) else data
                 pos += len(data)
                 index += 1
-        finally:
-            f.close()
 
-    def send_verified(self, key: str, seq: int, offset: int, end: int, opened: Callable[[], None],
-                      send: Callable[[BinaryIO, int, int], object]) -> None:
+    def send_verified(self, info: VersionInfo, offset: int, end: int, opened: Callable[[], None],
+                      send: Callable[[BinaryIO, int, int], object], checker: Executor) -> None:
         """Have ``send(file, position, count)`` send bytes ``[offset, end)`` of a version from
         its file (the data channel's ``sendfile``, which hands the page cache's pages to the
-        socket without copying them), each chunk checked against its stored digest first: in
-        place, through a read-only memory map, so the check copies nothing either. ``opened``
-        is called once the file is open, so the caller can answer "not held here" before
-        promising data.
+        socket without copying them), each chunk checked against its stored digest before its
+        part is sent. ``opened`` is called once the file is open, so the caller can answer "not
+        held here" before promising data.
 
-        A mismatch removes the version and raises :class:`ChecksumMismatch` before anything of
-        the bad chunk is sent, as :meth:`read` does."""
-        info = self.info(key, seq)
-        if info is None:
-            raise KeyNotFound(f"version {seq} of {key!r} is not stored on this master")
-        end = min(end, info.size)
-        if not 0 <= offset <= end:
-            raise InvalidArgument(f"range {offset}-{end} is outside {key!r} ({info.size} bytes)")
-        try:
-            f = open(self._dir(key) / f"v{seq}.blob", "rb")  # noqa: SIM115 - closed below
-        except FileNotFoundError:
-            raise KeyNotFound(f"version {seq} of {key!r} is not stored on this master") from None
-        with f:
-            if os.fstat(f.fileno()).st_size != info.size:
-                self._corrupt(info, offset // info.chunk_size)
+        The check of the next chunk runs on ``checker`` while this one is sent (xxhash and
+        ``sendfile`` both let go of the GIL): a master's CPU per byte is then the larger of the
+        two, not their sum. A mismatch removes the version and raises
+        :class:`ChecksumMismatch` before anything of the bad chunk is sent, as :meth:`read`
+        does."""
+        with self._open_version(info) as f:
             opened()
-            if offset == end:
-                return
-            with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped, \
-                    ThreadPoolExecutor(1, thread_name_prefix="send-verify") as checker:
-                # Read-ahead for a copy that is not in the page cache.
-                mapped.madvise(mmap.MADV_SEQUENTIAL)
+            fd = f.fileno()
+            buffer = memoryview(bytearray(info.chunk_size))
 
-                def check(index: int) -> bool:
-                    pos = index * info.chunk_size
-                    with memoryview(mapped)[pos:pos + info.chunk_size] as chunk:
-                        return index < len(info.chunks) and (
-                            chunk_digest(chunk) == info.chunks[index])
+            def check(index: int) -> None:
+                # pread, not the file's position: the sender's sendfile moves that.
+                n = os.preadv(fd, [buffer], index * info.chunk_size)
+                self._check_chunk(info, index, buffer[:n])
 
-                # The next chunk is checked while this one is sent (xxhash and sendfile both
-                # let go of the GIL): a third of a master's CPU per byte went to the check.
-                index = offset // info.chunk_size
-                pending = checker.submit(check, index)
-                try:
-                    while index * info.chunk_size < end:
-                        good = pending.result()
-                        if (index + 1) * info.chunk_size < end:
-                            pending = checker.submit(check, index + 1)
-                        if not good:
-                            self._corrupt(info, index)
-                        lo = max(offset, index * info.chunk_size)
-                        send(f, lo, min(end, (index + 1) * info.chunk_size) - lo)
-                        index += 1
-                finally:
-                    pending.cancel()
-                    # The map closes only once no check holds a view of it (the executor's
-                    # exit waits for the running one).
+            index = offset // info.chunk_size
+            pending = checker.submit(check, index) if offset < end else None
+            try:
+                while pending is not None:
+                    pending.result()
+                    lo = max(offset, index * info.chunk_size)
+                    hi = min(end, (index + 1) * info.chunk_size)
+                    index += 1
+                    pending = checker.submit(check, index) if hi < end else None
+                    send(f, lo, hi - lo)
+            finally:
+                if pending is not None and not pending.cancel():
+                    # Still reading into the buffer: wait before the file closes.
+                    with contextlib.suppress(Exception):
+                        pending.result()
+
+    def _open_version(self, info: VersionInfo) -> BinaryIO:
+        try:
+            return open(self._dir(info.key) / f"v{info.seq}.blob", "rb")
+        except FileNotFoundError:
+            raise KeyNotFound(
+                f"version {info.seq} of {info.key!r} is not stored on this master") from None
+
+    def _check_chunk(self, info: VersionInfo, index: int, data: bytes | memoryview) -> None:
+        """Chunk ``index`` as read must have its stored digest and length, else the version
+        is removed (:meth:`_corrupt`)."""
+        expected = min(info.chunk_size, info.size - index * info.chunk_size)
+        if index >= len(info.chunks) or len(data) != expected or (
+                chunk_digest(data) != info.chunks[index]):
+            self._corrupt(info, index)
 
     def discard_corrupt(self, key: str, seq: int, what: str) -> None:
         """Remove a version found corrupt (``what`` says how) so it is never served, and tell

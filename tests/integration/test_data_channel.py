@@ -63,7 +63,7 @@ def test_a_client_that_cannot_reach_it_streams(cluster: LocalCluster, unique_key
         assert sent(cluster) == before
         assert "use the gRPC stream for the next" in caplog.text
         unreachable = [m.address for m in cluster.masters
-                       if not c._unreachable.usable(m.address)]
+                       if not c._data_channels.usable(m.address)]
         assert len(unreachable) == 1  # only the master it tried; no second attempt there
         assert c.read(unique_key) == data
         assert sent(cluster) == before
