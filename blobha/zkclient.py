@@ -109,8 +109,9 @@ class _Recursive:
     def __init__(self, zk: KazooClient) -> None:
         self.zk = zk
         self.lock = threading.Lock()
-        # Chrooted path -> (callback, whether it runs on the connection thread).
-        self.watches: dict[str, tuple[Callable[[WatchedEvent], None], bool]] = {}
+        # Chrooted path -> (its prefix for the paths below it, callback, whether it runs on
+        # the connection thread).
+        self.watches: dict[str, tuple[str, Callable[[WatchedEvent], None], bool]] = {}
         connection = zk._connection
         self._read_event = connection._read_watch_event
         connection._read_watch_event = self._on_event_frame
@@ -120,8 +121,8 @@ class _Recursive:
         watch, _ = Watch.deserialize(buffer, offset)
         path = watch.path
         with self.lock:
-            callbacks = [(cb, inline) for base, (cb, inline) in self.watches.items()
-                         if path == base or path.startswith(base.rstrip("/") + "/")]
+            callbacks = [(cb, inline) for base, (below, cb, inline) in self.watches.items()
+                         if path == base or path.startswith(below)]
         etype = EVENT_TYPE_MAP.get(watch.type)
         # A child event comes only for a one-shot watch on the same connection: ZooKeeper
         # sends recursive watches created, deleted and changed events alone.
@@ -163,7 +164,8 @@ def add_recursive_watch(zk: KazooClient, path: str, callback: Callable[[WatchedE
 
     Set no one-shot watch on ``path`` itself: before ZooKeeper 3.9 (ZOOKEEPER-4466) a
     standard watch added on the same path by the same client can replace the persistent one.
-    One-shot watches below it are fine, and kazoo still delivers them."""
+    One-shot watches below it are fine, and kazoo still delivers them. One callback per path:
+    adding a watch on a path again replaces the earlier callback."""
     with _hooks_lock:
         hook: _Recursive | None = getattr(zk, "_blobha_recursive", None)
         if hook is None:
@@ -172,10 +174,17 @@ def add_recursive_watch(zk: KazooClient, path: str, callback: Callable[[WatchedE
     full = _prefix_root(zk.chroot, path)
     with hook.lock:
         # Registered first: events can follow the server's answer before it reaches us.
-        hook.watches[full] = (callback, inline)
+        hook.watches[full] = (full.rstrip("/") + "/", callback, inline)
     result = zk.handler.async_result()
-    zk._call(_AddWatch(full, _PERSISTENT_RECURSIVE), result)
-    result.get(timeout=timeout)
+    try:
+        zk._call(_AddWatch(full, _PERSISTENT_RECURSIVE), result)
+        result.get(timeout=timeout)
+    except BaseException:
+        # No watch on the server: the callback must not take the events of one-shot
+        # watches below the path (a fallback to them would see every change twice).
+        with hook.lock:
+            hook.watches.pop(full, None)
+        raise
 
 
 __all__ = ["PollHandler", "add_recursive_watch", "poll_select"]

@@ -223,7 +223,7 @@ class SyncSettings:
     #: Follow ``/blobstore`` with one persistent recursive watch (ZooKeeper 3.6 and later)
     #: instead of the change journal and a one-shot watch per key (the masters set it from
     #: ``blobstore.sync.recursive.watch``, on by default).
-    recursive_watch: bool = False
+    recursive_watch: bool = True
 
 
 class Synchronizer:
@@ -461,17 +461,24 @@ class Synchronizer:
                 key, entry, self.membership.known(), self._is_leader()):
             self.queue.put(key)
 
+    def _list_keys_soon(self) -> None:
+        """Queue a listing of every key, no sooner than the pacing of listings allows."""
+        self.queue.put(_KEY_LIST, delay=max(self._key_list_next - time.monotonic(), 0.0))
+
     def _apply_replica(self, entry: _Entry, holder: str, seq: int, present: bool) -> bool:
         """Apply one replica-node event to ``entry`` (lock held); whether its holders changed.
         Events of other versions do not count (a newer version's own event queues its key)."""
-        if seq != entry.seq or (holder in entry.holders) == present:
+        return seq == entry.seq and self._set_holder(entry, holder, present)
+
+    def _set_holder(self, entry: _Entry, holder: str, present: bool) -> bool:
+        """Add or remove ``holder`` in ``entry``'s holders (lock held); whether they changed."""
+        if (holder in entry.holders) == present:
             return False
-        held = set(entry.holders)
         if present:
-            held.add(sys.intern(holder))
+            holders = (*entry.holders, sys.intern(holder))
         else:
-            held.discard(holder)
-        entry.holders = _canonical(tuple(sorted(held)))
+            holders = tuple(h for h in entry.holders if h != holder)
+        entry.holders = _canonical(tuple(sorted(holders)))
         self._generation += 1
         return True
 
@@ -586,7 +593,7 @@ class Synchronizer:
         if self._recursive:
             log.info("no longer leading: listing the keys once, for any the next leader"
                      " created before this master saw it step down")
-            self.queue.put(_KEY_LIST, delay=max(self._key_list_next - time.monotonic(), 0.0))
+            self._list_keys_soon()
             return
         with self._journal_lock:
             if not self._journal_unwatched:
@@ -620,7 +627,7 @@ class Synchronizer:
         elif changed is None and not listing_follows:
             log.info("change journal moved from entry %s to %d-%d: listing every key", seen,
                      record.first, record.last)
-            self.queue.put(_KEY_LIST, delay=max(self._key_list_next - time.monotonic(), 0.0))
+            self._list_keys_soon()
 
     def membership_changed(self) -> None:
         self._kick.set()
@@ -1309,9 +1316,7 @@ class Synchronizer:
             entry = self._view.get(key)
             if entry is not None and entry.seq == seq:
                 entry.registered = session
-                if self.identity not in entry.holders:
-                    entry.holders = _canonical(tuple(sorted((*entry.holders, self.identity))))
-                    self._generation += 1
+                self._set_holder(entry, self.identity, True)
 
     def _unregistered(self, key: str) -> None:
         with self._view_lock:
@@ -1319,10 +1324,7 @@ class Synchronizer:
             entry = self._view.get(key)
             if entry is not None:
                 entry.registered = 0
-                if self.identity in entry.holders:
-                    entry.holders = _canonical(
-                        tuple(h for h in entry.holders if h != self.identity))
-                    self._generation += 1
+                self._set_holder(entry, self.identity, False)
 
     def registered(self, key: str, seq: int, session: int, replication_factor: int) -> None:
         """The leader's commit created our replica node of ``seq`` in ``session`` (in the same

@@ -87,3 +87,17 @@ def test_the_handler_selects_through_poll(pair: tuple[socket.socket, socket.sock
     a, b = pair
     b.send(b"x")
     assert PollHandler().select([a], [], [], 1.0) == ([a], [], [])
+
+
+def test_a_recursive_watch_the_server_did_not_take_leaves_no_callback() -> None:
+    from kazoo.client import KazooClient
+    from kazoo.exceptions import ConnectionClosedError
+
+    from blobha.zkclient import add_recursive_watch
+
+    zk = KazooClient(hosts="127.0.0.1:1")  # never started: every request fails
+    with pytest.raises(ConnectionClosedError):
+        add_recursive_watch(zk, "/blobstore", lambda e: None, timeout=5)
+    # Else the callback would also take the events of one-shot watches below the path (what
+    # the synchroniser falls back to when the server refuses the watch): each change twice.
+    assert zk._blobha_recursive.watches == {}
