@@ -1026,7 +1026,11 @@ class Client:
         ) as results:
             for _address, result in results:
                 if isinstance(result, BlobError):
-                    first_error = first_error or result
+                    # A master's own reason ("ZooKeeper is unreachable") says more than
+                    # another one's silence, whichever came first.
+                    if first_error is None or (isinstance(first_error, DeadlineExceeded)
+                                               and not isinstance(result, DeadlineExceeded)):
+                        first_error = result
                     continue
                 answered = True
                 self._learn(m.address for m in result.masters)
@@ -1037,6 +1041,11 @@ class Client:
                     return str(result.leader)
         if answered:
             raise Unavailable("no leader is elected yet (a failover may be in progress)")
+        if isinstance(first_error, DeadlineExceeded) and deadline.expired():
+            # Every probe ran into the end of the caller's deadline: the caller reports why it
+            # was retrying (see _retry), not that its last look for a leader was cut short.
+            raise DeadlineExceeded(f"no master answered at {', '.join(addresses)} before the"
+                                   f" deadline ({first_error})")
         raise Unavailable(
             f"no master answered at {', '.join(addresses)}"
             + (f" ({first_error})" if first_error else "")
@@ -1238,16 +1247,22 @@ class _UploadJob:
     def run(self) -> BlobMeta:
         deadline = _Deadline(self.c._timeout)
         attempt = 0
+        last: BlobError | None = None
         try:
             while True:
                 try:
                     return self._step(deadline)
                 except _CannotRestart:
                     raise
+                except DeadlineExceeded:
+                    if last is None or not deadline.expired():
+                        raise
+                    # As in Client._retry: why it kept trying is the news.
+                    raise _gave_up(last, self.what, deadline.seconds) from None
                 except NotLeader as exc:
                     self.c._redirect(self.leader, exc.leader)
                     self.upload_id = ""  # bound to the old leader
-                    last: BlobError = exc
+                    last = exc
                 except UploadNotFound as exc:
                     self.upload_id = ""
                     self.c._forget_leader(self.leader)

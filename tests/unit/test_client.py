@@ -1024,6 +1024,63 @@ def test_a_retry_cut_short_by_the_deadline_reports_why_it_was_retrying(
     assert len(refusals) == 3
 
 
+def _zookeeper_down(cluster: FakeCluster, clock: FakeClock) -> list[float]:
+    """Every master refuses ClusterSummary at once, each refusal taking 0.7 s, until the caller
+    has less than 2 s left; that last probe runs into the end of the caller's deadline, as a
+    gRPC call with only milliseconds left does whatever the master would have answered.
+    Returns the probes' timeouts, as they are made."""
+    real = cluster.unary
+    timeouts: list[float] = []
+
+    def unary(address: str, method: str, request: Any, timeout: float | None) -> Any:
+        if method != "ClusterSummary":
+            return real(address, method, request, timeout)
+        assert timeout is not None
+        timeouts.append(timeout)
+        if timeout >= 2.0:
+            clock.now += 0.7
+            raise Unavailable(f"master {address} unavailable: ZooKeeper is unreachable from"
+                              f" master {address}; retry shortly or ask another master")
+        clock.now += timeout
+        raise DeadlineExceeded(f"master {address} did not answer in time (Deadline Exceeded)")
+
+    cluster.unary = unary  # type: ignore[method-assign]
+    return timeouts
+
+
+@pytest.mark.parametrize("path", ["put", "resumable"])
+def test_a_leader_search_cut_short_by_the_deadline_reports_why_it_was_retrying(
+    client: Client, cluster: FakeCluster, clock: FakeClock, path: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # ZooKeeper has lost its quorum: every master says so, until the deadline cuts the
+    # client's last look for a leader short. That last look must not hide the reason.
+    if path == "resumable":
+        monkeypatch.setattr(client_mod, "_PUT_MAX_BYTES", -1)
+    monkeypatch.setattr(client._rng, "random", lambda: 0.0)  # no back-off: many rounds
+    timeouts = _zookeeper_down(cluster, clock)
+    with pytest.raises(Unavailable, match=r"within 30 s: .*ZooKeeper is unreachable"):
+        client.create("k", b"never acknowledged")
+    # Many refusals, then a last probe that ran into the deadline: the case under test.
+    assert len(timeouts) > 3 and timeouts[-1] < 2.0
+    assert clock.now >= 1030.0
+
+
+def test_a_masters_reason_is_reported_before_another_ones_silence(
+    client: Client, cluster: FakeCluster
+) -> None:
+    def unary(address: str, method: str, request: Any, timeout: float | None) -> Any:
+        assert method == "ClusterSummary"
+        if address == M1:  # the first to end, in silence
+            raise DeadlineExceeded(f"master {address} did not answer in time")
+        raise Unavailable(f"master {address} unavailable: ZooKeeper is unreachable")
+
+    cluster.unary = unary  # type: ignore[method-assign]
+    with pytest.raises(Unavailable, match=r"no master answered .*\(master m2:2 unavailable:"
+                                          r" ZooKeeper is unreachable\)"):
+        client._discover_leader(client_mod._Deadline(30.0))
+
+
 def test_a_deadline_with_nothing_retried_before_is_reported_as_it_is(
     client: Client, cluster: FakeCluster, clock: FakeClock
 ) -> None:
