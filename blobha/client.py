@@ -28,7 +28,7 @@ from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Se
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any, BinaryIO, Protocol, TypeVar
+from typing import Any, BinaryIO, NoReturn, Protocol, TypeVar
 
 import grpc
 
@@ -1018,7 +1018,7 @@ class Client:
         addresses = self._known_addresses()
         timeout = min(deadline.remaining(), _PROBE_TIMEOUT)
         if timeout <= 0:
-            raise Unavailable("no leader found before the deadline")
+            raise DeadlineExceeded("no leader found before the deadline")
         first_error: BlobError | None = None
         answered = False
         with contextlib.closing(
@@ -1028,8 +1028,7 @@ class Client:
                 if isinstance(result, BlobError):
                     # A master's own reason ("ZooKeeper is unreachable") says more than
                     # another one's silence, whichever came first.
-                    if first_error is None or (isinstance(first_error, DeadlineExceeded)
-                                               and not isinstance(result, DeadlineExceeded)):
+                    if first_error is None or isinstance(first_error, DeadlineExceeded):
                         first_error = result
                     continue
                 answered = True
@@ -1067,13 +1066,19 @@ class Client:
             except (NotLeader, Unavailable) as exc:
                 last = exc
                 self._pause(attempt, deadline, exc, what)
-            except DeadlineExceeded:
-                if last is None or not deadline.expired():
-                    raise
-                # A retry ran into the end of the deadline: why it was retrying is the news
-                # ("ZooKeeper is unreachable"), not that its last try was cut short.
-                raise _gave_up(last, what, deadline.seconds) from None
+            except DeadlineExceeded as exc:
+                self._cut_short(exc, last, what, deadline)
             attempt += 1
+
+    @staticmethod
+    def _cut_short(exc: DeadlineExceeded, last: BlobError | None, what: str,
+                   deadline: _Deadline) -> NoReturn:
+        """Raise ``exc``, unless a retry ran into the end of the deadline: then why it was
+        retrying (``last``: "ZooKeeper is unreachable") is the news, not that its last try
+        was cut short."""
+        if last is None or not deadline.expired():
+            raise exc
+        raise _gave_up(last, what, deadline.seconds) from None
 
     def _leader_call(
         self, what: str, method: str, request: Any, missing_ok_on_retry: bool = False
@@ -1254,11 +1259,8 @@ class _UploadJob:
                     return self._step(deadline)
                 except _CannotRestart:
                     raise
-                except DeadlineExceeded:
-                    if last is None or not deadline.expired():
-                        raise
-                    # As in Client._retry: why it kept trying is the news.
-                    raise _gave_up(last, self.what, deadline.seconds) from None
+                except DeadlineExceeded as exc:
+                    self.c._cut_short(exc, last, self.what, deadline)
                 except NotLeader as exc:
                     self.c._redirect(self.leader, exc.leader)
                     self.upload_id = ""  # bound to the old leader
