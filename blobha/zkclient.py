@@ -174,16 +174,21 @@ def add_recursive_watch(zk: KazooClient, path: str, callback: Callable[[WatchedE
     full = _prefix_root(zk.chroot, path)
     with hook.lock:
         # Registered first: events can follow the server's answer before it reaches us.
+        previous = hook.watches.get(full)
         hook.watches[full] = (full.rstrip("/") + "/", callback, inline)
     result = zk.handler.async_result()
     try:
         zk._call(_AddWatch(full, _PERSISTENT_RECURSIVE), result)
         result.get(timeout=timeout)
     except BaseException:
-        # No watch on the server: the callback must not take the events of one-shot
-        # watches below the path (a fallback to them would see every change twice).
+        # No new watch on the server: back to what was there before. A first add leaves no
+        # callback, which must not take the events of one-shot watches below the path (a
+        # fallback to them would see every change twice).
         with hook.lock:
-            hook.watches.pop(full, None)
+            if previous is None:
+                hook.watches.pop(full, None)
+            else:
+                hook.watches[full] = previous
         raise
 
 

@@ -101,3 +101,23 @@ def test_a_recursive_watch_the_server_did_not_take_leaves_no_callback() -> None:
     # Else the callback would also take the events of one-shot watches below the path (what
     # the synchroniser falls back to when the server refuses the watch): each change twice.
     assert zk._blobha_recursive.watches == {}
+
+
+def test_a_failed_re_add_keeps_the_watch_that_was_there() -> None:
+    from kazoo.client import KazooClient
+    from kazoo.exceptions import ConnectionClosedError
+
+    from blobha.zkclient import add_recursive_watch
+
+    zk = KazooClient(hosts="127.0.0.1:1")  # never started: every request fails
+
+    def earlier(event: object) -> None:
+        pass
+
+    with pytest.raises(ConnectionClosedError):
+        add_recursive_watch(zk, "/blobstore", earlier, timeout=5)
+    # As if that first add had been taken: a later re-add that fails must leave it in place.
+    zk._blobha_recursive.watches["/blobstore"] = ("/blobstore/", earlier, True)
+    with pytest.raises(ConnectionClosedError):
+        add_recursive_watch(zk, "/blobstore", lambda e: None, timeout=5)
+    assert zk._blobha_recursive.watches == {"/blobstore": ("/blobstore/", earlier, True)}
