@@ -32,13 +32,15 @@ already does.
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
+import os
 import secrets
 import socket
 import struct
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, BinaryIO
@@ -257,44 +259,63 @@ class DataPlane:
         info = grant.info
         started = False
         sent = 0
+        # Blocking, with the kernel's time limits: socket.sendfile on a socket with a Python
+        # timeout stats the file, builds a selector and polls before every system call.
+        conn.settimeout(None)
+        _time_limit(conn, IO_TIMEOUT)
+        out = conn.fileno()
 
         def opened() -> None:
             nonlocal started
-            conn.sendall(MAGIC + bytes([OK]))
+            with _client_errors():
+                conn.sendall(MAGIC + bytes([OK]))
             started = True
 
         def send(f: BinaryIO, position: int, count: int) -> None:
             nonlocal sent
-            try:
-                done = conn.sendfile(f, position, count)
-            except OSError as e:
-                raise _ClientGone(str(e)) from e
-            sent += done
-            if done != count:
-                raise _ClientGone(f"sendfile sent {done} of {count} bytes")
+            end = position + count
+            while position < end:
+                with _client_errors():
+                    done = os.sendfile(out, f.fileno(), position, end - position)
+                if done == 0:  # shorter than the chunk just checked: changed under us
+                    raise OSError(errno.EIO, f"the file ended at byte {position}")
+                position += done
+                sent += done
+
+        def not_held() -> None:
+            if not started:
+                _answer(conn, NOT_HELD, f"not held here: v{info.seq} of {info.key!r} cannot be"
+                        " served from this master; read from another replica")
+            # Else close early: the client sees a short transfer and resumes elsewhere.
 
         try:
             self.store.send_verified(info, grant.offset, grant.end, opened, send, self._checker)
         except _ClientGone as e:
             log.debug("data channel: the client went away: %s", e)  # it resumes elsewhere
-        except (KeyNotFound, ChecksumMismatch, OSError) as e:
-            # Removed since the offer (pruned, found corrupt), corrupt now, or unreadable.
-            if isinstance(e, KeyNotFound):
-                pass
-            elif isinstance(e, ChecksumMismatch):
-                log.warning("data channel: %s", e)  # the store removed the copy
-            else:
-                log.error("data channel: cannot read v%d of %r: %s", info.seq, info.key, e)
-            if not started:
-                _answer(conn, NOT_HELD, f"not held here: v{info.seq} of {info.key!r} cannot be"
-                        " served from this master; read from another replica")
-            # Else close early: the client sees a short transfer and resumes elsewhere.
+        except KeyNotFound:
+            not_held()  # removed since the offer (pruned, found corrupt)
+        except ChecksumMismatch as e:
+            log.warning("data channel: %s", e)  # the store removed the copy
+            not_held()
+        except OSError as e:
+            log.error("data channel: cannot read v%d of %r: %s", info.seq, info.key, e)
+            not_held()
         else:
             with self._lock:
                 self.transfers += 1
         finally:
             with self._lock:
                 self.bytes_sent += sent
+
+
+@contextlib.contextmanager
+def _client_errors() -> Iterator[None]:
+    """A socket error while sending is the client gone (it resumes elsewhere), not a copy
+    this master cannot read."""
+    try:
+        yield
+    except OSError as e:
+        raise _ClientGone(str(e)) from e
 
 
 def _answer(conn: socket.socket, status: int, reason: str) -> None:
@@ -360,7 +381,8 @@ def receive(host: str, port: int, ticket: bytes, size: int, timeout: float,
                 try:
                     if want < wake:
                         wake = want
-                        conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, wake)
+                        with contextlib.suppress(OSError):  # as above: only a wake-up hint
+                            conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, wake)
                     n = conn.recv_into(view[:want], want, socket.MSG_WAITALL)
                 except OSError as e:
                     raise Unavailable(f"data channel {host}:{port} failed after {got} of"
