@@ -38,12 +38,14 @@ from blobha.localcluster import LocalCluster
 require_spark()
 
 import blobha_spark_helpers  # noqa: E402
+import waiting  # noqa: E402
 from pyspark import cloudpickle  # noqa: E402
 
 # Executors cannot import test modules: ship this module's task functions (and the helpers
-# they call) by value.
+# they call, wait_until included) by value.
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
 cloudpickle.register_pickle_by_value(blobha_spark_helpers)
+cloudpickle.register_pickle_by_value(waiting)
 
 pytestmark = pytest.mark.spark
 
@@ -208,11 +210,9 @@ def _poll_for_update(marker_dir: str, deadline_secs: float) -> Any:
 
         first = bs.blob_version("lookup.bin")
         Path(marker_dir, f"started-{os.getpid()}").touch()
-        end = time.time() + deadline_secs
-        seen = first
-        while seen == first and time.time() < end:
-            time.sleep(0.05)  # the task's own polling, not test synchronisation
-            seen = bs.blob_version("lookup.bin")
+        # A version that stays put fails the task, hence the job, with wait_until's message.
+        wait_until(lambda: bs.blob_version("lookup.bin") != first, deadline_secs,
+                   "a new version of lookup.bin in the running task")
         info = bs.blob_info("lookup.bin")
         yield {
             "first": first,
