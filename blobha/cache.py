@@ -32,6 +32,9 @@ or a restarted one, sees the same cache:
     when its process is dead, so a crash never leaves a half file in view
 ``stats.json``
     download, hit and eviction counters shared by every process
+``cleanup.lock``
+    ``flock`` held by the process making a cleanup pass; its mtime is when the node's last
+    pass began, so a process that starts within the cleanup interval does not make another
 
 Example::
 
@@ -51,22 +54,17 @@ import contextlib
 import json
 import logging
 import os
-import posixpath
 import re
 import secrets
 import shutil
 import stat
-import tarfile
 import tempfile
 import threading
 import time
-import zipfile
-import zlib
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import IO, TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from blobha.digest import CHUNK_SIZE, Digester
 from blobha.errors import (
@@ -103,6 +101,8 @@ GiB = 1024**3
 DEFAULT_CLEANUP_INTERVAL_SECS = 30.0
 
 _LAYOUT = "blobha-cache 1"
+#: ``flock`` held by the process making a cleanup pass; its mtime is when the last one began.
+_CLEANUP_LOCK = "cleanup.lock"
 _VERSION_DIR = re.compile(r"v([1-9][0-9]{0,18})")
 # A corrupt file is discarded and fetched again; more failures than this in one get mean
 # something other than a bad disk block is wrong.
@@ -136,9 +136,12 @@ def default_cache_dir() -> Path:
 # Plain results
 # --------------------------------------------------------------------------------------------
 
+# The records of this module, public and private, are named tuples and slotted classes, not
+# dataclasses: it loads in every Python worker of a Spark job that reads a blob, and a frozen
+# dataclass costs about 1.2 ms to create (it compiles six methods), a named tuple 0.2 ms.
 
-@dataclass(frozen=True)
-class CachedBlob:
+
+class CachedBlob(NamedTuple):
     """A blob as this node holds it. ``path`` is the file, or the directory it was unpacked
     into when asked with ``uncompress=True``; ``size`` and ``digest`` describe the blob."""
 
@@ -149,8 +152,7 @@ class CachedBlob:
     path: Path
 
 
-@dataclass(frozen=True)
-class CacheEntry:
+class CacheEntry(NamedTuple):
     """One cached version of a key."""
 
     key: str
@@ -175,8 +177,7 @@ class CacheEntry:
     owners: tuple[str, ...] = ()
 
 
-@dataclass(frozen=True)
-class CacheStats:
+class CacheStats(NamedTuple):
     """Counters kept on disk, so they cover every process that used this cache directory,
     plus what the cache holds now."""
 
@@ -201,8 +202,7 @@ class CacheStats:
     verifications: int = 0
 
 
-@dataclass(frozen=True)
-class CleanupReport:
+class CleanupReport(NamedTuple):
     """What one cleanup pass did. Keys are reported as ``(key, version)``."""
 
     #: Unreferenced and seen for the first time: deletable from the next pass on, once
@@ -254,11 +254,6 @@ def _start_ticks(pid: int) -> int | None:
     if len(fields) < 20 or fields[0] in (b"Z", b"X") or not fields[19].isdigit():
         return None
     return int(fields[19])
-
-
-# The private records of this module are named tuples and slotted classes, not dataclasses:
-# this module loads in every Python worker of a Spark job that reads a blob, and a dataclass
-# costs about a millisecond to create (it compiles its methods), these a fraction of that.
 
 
 class _Process(NamedTuple):
@@ -437,250 +432,13 @@ def _file_name(key: str) -> str:
     tools that look at the name), or a hash keeping the extension when the key is too long."""
     if len(key.encode("utf-8")) <= _MAX_NAME_BYTES:
         return key
-    suffix = next((s for s in _ARCHIVE_SUFFIXES if key.lower().endswith(s)), "")
+    from blobha.unpack import ARCHIVE_SUFFIXES  # rare: a key longer than a file name may be
+
+    suffix = next((s for s in ARCHIVE_SUFFIXES if key.lower().endswith(s)), "")
     if not suffix:
         ext = os.path.splitext(key)[1]
         suffix = ext if 1 < len(ext) <= 16 and ext.isascii() else ""
     return key_dirname(key) + suffix
-
-
-# --------------------------------------------------------------------------------------------
-# Safe archive extraction
-# --------------------------------------------------------------------------------------------
-
-_ARCHIVE_SUFFIXES: dict[str, str] = {
-    ".tar.gz": "tar",
-    ".tgz": "tar",
-    ".tar": "tar",
-    ".zip": "zip",
-    ".jar": "zip",
-}
-_DRIVE = re.compile(r"^[A-Za-z]:")
-_TAR_ERRORS: tuple[type[BaseException], ...] = (
-    tarfile.TarError,
-    zipfile.BadZipFile,
-    zlib.error,
-    EOFError,
-    UnicodeDecodeError,
-    NotImplementedError,
-    RuntimeError,  # zipfile: encrypted members
-)
-
-
-def _archive_kind(key: str, path: Path) -> str:
-    """``"tar"`` or ``"zip"``: by the key's extension, else by content."""
-    lower = key.lower()
-    for suffix, kind in _ARCHIVE_SUFFIXES.items():
-        if lower.endswith(suffix):
-            ok = zipfile.is_zipfile(path) if kind == "zip" else tarfile.is_tarfile(path)
-            if not ok:
-                raise InvalidArgument(
-                    f"cannot unpack {key!r}: its name ends in {suffix} but its content is not a"
-                    f" {kind} archive; fetch it without uncompress"
-                )
-            return kind
-    if zipfile.is_zipfile(path):
-        return "zip"
-    if tarfile.is_tarfile(path):
-        return "tar"
-    raise InvalidArgument(
-        f"cannot unpack {key!r}: it is neither a tar (.tar, .tgz, .tar.gz) nor a zip (.zip,"
-        " .jar) archive; fetch it without uncompress"
-    )
-
-
-class _Extractor:
-    """Writes archive members under ``root`` and nowhere else.
-
-    Refused, failing the whole archive: absolute names, ``..`` components, hard links to
-    anything but an earlier regular member, symbolic links that are absolute or resolve
-    outside the tree, and devices, FIFOs and other special files. Links are created last,
-    once every file and directory exists, and no member is ever written through a link, so a
-    link in the archive cannot redirect a later write.
-    """
-
-    def __init__(self, root: Path, what: str) -> None:
-        self.root = root
-        self.what = what
-        self.size = 0
-        self._links: list[tuple[str, str]] = []
-        self._real_root = os.path.realpath(root)
-
-    def refuse(self, name: str, why: str) -> InvalidArgument:
-        return InvalidArgument(
-            f"refusing to unpack {self.what!r}: member {name!r} {why}; nothing was unpacked"
-        )
-
-    def name(self, raw: str) -> str:
-        """The member's path relative to the root, normalised; '' for the root itself."""
-        if "\x00" in raw:
-            raise self.refuse(raw, "has a NUL byte in its name")
-        text = raw.replace("\\", "/")
-        if text.startswith("/") or _DRIVE.match(text):
-            raise self.refuse(raw, "has an absolute path")
-        parts = [p for p in text.split("/") if p not in ("", ".")]
-        if ".." in parts:
-            raise self.refuse(raw, "has a '..' component")
-        return "/".join(parts)
-
-    def _parents(self, rel: str) -> None:
-        # Create the directories above ``rel``; each must be a real directory (lstat), so a
-        # write can never pass through a link.
-        path = self.root
-        for part in rel.split("/")[:-1]:
-            path = path / part
-            try:
-                st = os.lstat(path)
-            except FileNotFoundError:
-                os.mkdir(path, 0o755)
-                continue
-            if not stat.S_ISDIR(st.st_mode):
-                raise self.refuse(rel, "lies inside a member that is not a directory")
-
-    def _clear(self, path: Path, rel: str, *, links: bool = False) -> None:
-        # A later member of the same name replaces an earlier one, as tar does.
-        try:
-            st = os.lstat(path)
-        except FileNotFoundError:
-            return
-        if stat.S_ISREG(st.st_mode) or (links and stat.S_ISLNK(st.st_mode)):
-            os.unlink(path)
-            return
-        raise self.refuse(rel, "clashes with an earlier member of another type")
-
-    def directory(self, rel: str) -> None:
-        if not rel:
-            return
-        self._parents(rel)
-        path = self.root / rel
-        try:
-            os.mkdir(path, 0o755)
-        except FileExistsError:
-            if not stat.S_ISDIR(os.lstat(path).st_mode):
-                raise self.refuse(rel, "clashes with an earlier member of another type") from None
-
-    def file(self, rel: str, src: IO[bytes], mode: int, mtime: float) -> None:
-        if not rel:
-            raise self.refuse(rel, "is a file without a name")
-        self._parents(rel)
-        path = self.root / rel
-        self._clear(path, rel)
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-        fd = os.open(path, flags, 0o600)
-        with os.fdopen(fd, "wb") as out:
-            while chunk := src.read(CHUNK_SIZE):
-                out.write(chunk)
-                self.size += len(chunk)
-            out.flush()
-            # Installed by one rename later; the data must be on disk before the name is.
-            os.fsync(fd)
-            # Read-only: the tree is shared by every job on the node.
-            os.fchmod(fd, 0o555 if mode & 0o111 else 0o444)
-            with contextlib.suppress(OSError, OverflowError, ValueError):
-                os.utime(fd, (mtime, mtime))
-
-    def hardlink(self, rel: str, target: str) -> None:
-        if not rel:
-            raise self.refuse(rel, "is a link without a name")
-        try:
-            source = self.name(target)
-        except InvalidArgument:
-            raise self.refuse(rel, f"is a hard link to {target!r}, outside the archive") from None
-        try:
-            st = os.lstat(self.root / source) if source else None
-        except OSError:
-            st = None
-        if st is None or not stat.S_ISREG(st.st_mode):
-            raise self.refuse(rel, f"is a hard link to {target!r}, which is not an earlier file")
-        self._parents(rel)
-        path = self.root / rel
-        self._clear(path, rel)
-        os.link(self.root / source, path, follow_symlinks=False)
-
-    def symlink(self, rel: str, target: str) -> None:
-        if not rel:
-            raise self.refuse(rel, "is a link without a name")
-        text = target.replace("\\", "/")
-        if not target or "\x00" in target:
-            raise self.refuse(rel, "is a symbolic link without a valid target")
-        if text.startswith("/") or _DRIVE.match(text):
-            raise self.refuse(rel, f"is a symbolic link to the absolute path {target!r}")
-        resolved = posixpath.normpath(posixpath.join(posixpath.dirname(rel), text))
-        if resolved == ".." or resolved.startswith("../"):
-            raise self.refuse(rel, f"is a symbolic link to {target!r}, outside the archive")
-        self._links.append((rel, target))
-
-    def finish(self) -> None:
-        for rel, target in self._links:
-            self._parents(rel)
-            path = self.root / rel
-            self._clear(path, rel, links=True)
-            os.symlink(target, path)
-        # The lexical check above cannot see through chains (``d/l -> ..`` then
-        # ``e -> d/l/..``); the real file system can.
-        for rel, target in self._links:
-            real = os.path.realpath(self.root / rel)
-            if real != self._real_root and not real.startswith(self._real_root + os.sep):
-                raise self.refuse(rel, f"is a symbolic link to {target!r}, outside the archive")
-
-
-def _unpack_tar(archive: Path, ex: _Extractor) -> None:
-    with tarfile.open(archive, "r:*") as tf:
-        for member in tf:
-            rel = ex.name(member.name)
-            if member.isdir():
-                ex.directory(rel)
-            elif member.isreg():
-                src = tf.extractfile(member)
-                if src is None:  # pragma: no cover - isreg() members always have data
-                    raise ex.refuse(member.name, "has no data")
-                with src:
-                    ex.file(rel, src, member.mode, member.mtime)
-            elif member.issym():
-                ex.symlink(rel, member.linkname)
-            elif member.islnk():
-                ex.hardlink(rel, member.linkname)
-            else:
-                kind = "a FIFO" if member.isfifo() else "a device" if member.isdev() else None
-                raise ex.refuse(
-                    member.name,
-                    f"is {kind or 'a special file'} (only files, directories and links are kept)",
-                )
-
-
-def _unpack_zip(archive: Path, ex: _Extractor) -> None:
-    with zipfile.ZipFile(archive) as zf:
-        for info in zf.infolist():
-            mode = info.external_attr >> 16
-            kind = stat.S_IFMT(mode)
-            rel = ex.name(info.filename)
-            if info.is_dir() or kind == stat.S_IFDIR:
-                ex.directory(rel)
-            elif kind == stat.S_IFLNK:
-                ex.symlink(rel, zf.read(info).decode("utf-8"))
-            elif kind in (0, stat.S_IFREG):
-                mtime = time.mktime((*info.date_time, 0, 0, -1))
-                with zf.open(info) as src:
-                    ex.file(rel, src, mode, mtime)
-            else:
-                raise ex.refuse(
-                    info.filename, "is a special file (only files, directories and links)"
-                )
-
-
-def _unpack(archive: Path, key: str, dest: Path) -> int:
-    """Unpack ``archive`` into the existing empty directory ``dest``; the bytes written."""
-    kind = _archive_kind(key, archive)
-    ex = _Extractor(dest, key)
-    try:
-        if kind == "zip":
-            _unpack_zip(archive, ex)
-        else:
-            _unpack_tar(archive, ex)
-        ex.finish()
-    except _TAR_ERRORS as exc:
-        raise InvalidArgument(f"cannot unpack {key!r}: broken {kind} archive ({exc})") from None
-    return ex.size
 
 
 # --------------------------------------------------------------------------------------------
@@ -1439,9 +1197,12 @@ class BlobCache:
                 return None
             if target.is_dir():
                 return target
+            # Here, not at the top: most processes never unpack anything (see blobha.unpack).
+            from blobha.unpack import unpack
+
             stage = Path(tempfile.mkdtemp(prefix="x-", dir=self._scratch()))
             try:
-                size = _unpack(version.file, key, stage)
+                size = unpack(version.file, key, stage)
                 stage.chmod(0o755)
                 os.rename(stage, target)
                 _fsync_dir(version.dir)
@@ -1684,19 +1445,36 @@ class BlobCache:
                 self._last_cleanup = now
         if not due:
             return
+        # Every Spark Python worker is a new process with no pass of its own yet: a node
+        # starting many makes one pass per interval (each one reads every key), not one each.
+        last = self._node_last_cleanup()
+        if last is not None and 0 <= now - last < self._cleanup_interval:
+            with self._lock:
+                self._last_cleanup = last
+            return
         try:
             self._cleanup(blocking=False)
         except Exception:  # the get itself succeeded; the next pass will try again
             log.exception("cache cleanup failed under %s", self._root)
 
+    def _node_last_cleanup(self) -> float | None:
+        try:
+            return os.stat(self._root / _CLEANUP_LOCK).st_mtime
+        except OSError:
+            return None
+
     def _cleanup(self, blocking: bool) -> CleanupReport:
         if not self._cleanup_lock.acquire(blocking):
             return CleanupReport(ran=False)
         try:
-            fd = lock_file(self._root / "cleanup.lock", blocking)
+            fd = lock_file(self._root / _CLEANUP_LOCK, blocking)
             if fd is None:
                 return CleanupReport(ran=False)
             try:
+                # When the node's last pass began, for the processes that come after.
+                now = self._clock()
+                with contextlib.suppress(OSError):
+                    os.utime(fd, (now, now))
                 return self._cleanup_pass()
             finally:
                 os.close(fd)

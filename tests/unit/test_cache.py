@@ -936,12 +936,22 @@ def test_get_runs_cleanup_at_most_every_interval(fake: FakeCluster, make: Any, c
     assert len(passes) == 1, "the first get cleans, then not before 30 s"
     cache.get("k")
     assert len(passes) == 2
+    # Another instance on the node (a new Spark Python worker, say) finds that pass recorded
+    # in the cache directory: none of its own until its own interval (5 s) has gone by.
     short = make(retention_secs=5)
     real_short = short._cleanup_pass
     monkeypatch.setattr(short, "_cleanup_pass", lambda: passes.append(clock()) or real_short())
     short.get("k")
+    assert len(passes) == 2, "the node made a pass at this very time"
     clock.advance(5)
     short.get("k")
+    assert len(passes) == 3
+    # A record from the future (the clock was set back) is not believed.
+    later = make(retention_secs=600)
+    real_later = later._cleanup_pass
+    monkeypatch.setattr(later, "_cleanup_pass", lambda: passes.append(clock()) or real_later())
+    os.utime(later._root / "cleanup.lock", (clock() + 3600, clock() + 3600))
+    later.get("k")
     assert len(passes) == 4
 
 

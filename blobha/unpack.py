@@ -1,0 +1,263 @@
+"""Safe archive extraction for the node cache's ``uncompress`` entries (.tar, .tgz, .tar.gz,
+.zip, .jar).
+
+A module of its own, imported only when an archive is unpacked: the cache loads in every Python
+worker of a Spark job, and tarfile and zipfile would cost each of them time for nothing when
+no blob is unpacked.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import posixpath
+import re
+import stat
+import tarfile
+import time
+import zipfile
+import zlib
+from pathlib import Path
+from typing import IO
+
+from blobha.digest import CHUNK_SIZE
+from blobha.errors import InvalidArgument
+
+__all__ = ["ARCHIVE_SUFFIXES", "unpack"]
+
+ARCHIVE_SUFFIXES: dict[str, str] = {
+    ".tar.gz": "tar",
+    ".tgz": "tar",
+    ".tar": "tar",
+    ".zip": "zip",
+    ".jar": "zip",
+}
+_DRIVE = re.compile(r"^[A-Za-z]:")
+_TAR_ERRORS: tuple[type[BaseException], ...] = (
+    tarfile.TarError,
+    zipfile.BadZipFile,
+    zlib.error,
+    EOFError,
+    UnicodeDecodeError,
+    NotImplementedError,
+    RuntimeError,  # zipfile: encrypted members
+)
+
+
+def _archive_kind(key: str, path: Path) -> str:
+    """``"tar"`` or ``"zip"``: by the key's extension, else by content."""
+    lower = key.lower()
+    for suffix, kind in ARCHIVE_SUFFIXES.items():
+        if lower.endswith(suffix):
+            ok = zipfile.is_zipfile(path) if kind == "zip" else tarfile.is_tarfile(path)
+            if not ok:
+                raise InvalidArgument(
+                    f"cannot unpack {key!r}: its name ends in {suffix} but its content is not a"
+                    f" {kind} archive; fetch it without uncompress"
+                )
+            return kind
+    if zipfile.is_zipfile(path):
+        return "zip"
+    if tarfile.is_tarfile(path):
+        return "tar"
+    raise InvalidArgument(
+        f"cannot unpack {key!r}: it is neither a tar (.tar, .tgz, .tar.gz) nor a zip (.zip,"
+        " .jar) archive; fetch it without uncompress"
+    )
+
+
+class _Extractor:
+    """Writes archive members under ``root`` and nowhere else.
+
+    Refused, failing the whole archive: absolute names, ``..`` components, hard links to
+    anything but an earlier regular member, symbolic links that are absolute or resolve
+    outside the tree, and devices, FIFOs and other special files. Links are created last,
+    once every file and directory exists, and no member is ever written through a link, so a
+    link in the archive cannot redirect a later write.
+    """
+
+    def __init__(self, root: Path, what: str) -> None:
+        self.root = root
+        self.what = what
+        self.size = 0
+        self._links: list[tuple[str, str]] = []
+        self._real_root = os.path.realpath(root)
+
+    def refuse(self, name: str, why: str) -> InvalidArgument:
+        return InvalidArgument(
+            f"refusing to unpack {self.what!r}: member {name!r} {why}; nothing was unpacked"
+        )
+
+    def name(self, raw: str) -> str:
+        """The member's path relative to the root, normalised; '' for the root itself."""
+        if "\x00" in raw:
+            raise self.refuse(raw, "has a NUL byte in its name")
+        text = raw.replace("\\", "/")
+        if text.startswith("/") or _DRIVE.match(text):
+            raise self.refuse(raw, "has an absolute path")
+        parts = [p for p in text.split("/") if p not in ("", ".")]
+        if ".." in parts:
+            raise self.refuse(raw, "has a '..' component")
+        return "/".join(parts)
+
+    def _parents(self, rel: str) -> None:
+        # Create the directories above ``rel``; each must be a real directory (lstat), so a
+        # write can never pass through a link.
+        path = self.root
+        for part in rel.split("/")[:-1]:
+            path = path / part
+            try:
+                st = os.lstat(path)
+            except FileNotFoundError:
+                os.mkdir(path, 0o755)
+                continue
+            if not stat.S_ISDIR(st.st_mode):
+                raise self.refuse(rel, "lies inside a member that is not a directory")
+
+    def _clear(self, path: Path, rel: str, *, links: bool = False) -> None:
+        # A later member of the same name replaces an earlier one, as tar does.
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            return
+        if stat.S_ISREG(st.st_mode) or (links and stat.S_ISLNK(st.st_mode)):
+            os.unlink(path)
+            return
+        raise self.refuse(rel, "clashes with an earlier member of another type")
+
+    def directory(self, rel: str) -> None:
+        if not rel:
+            return
+        self._parents(rel)
+        path = self.root / rel
+        try:
+            os.mkdir(path, 0o755)
+        except FileExistsError:
+            if not stat.S_ISDIR(os.lstat(path).st_mode):
+                raise self.refuse(rel, "clashes with an earlier member of another type") from None
+
+    def file(self, rel: str, src: IO[bytes], mode: int, mtime: float) -> None:
+        if not rel:
+            raise self.refuse(rel, "is a file without a name")
+        self._parents(rel)
+        path = self.root / rel
+        self._clear(path, rel)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        fd = os.open(path, flags, 0o600)
+        with os.fdopen(fd, "wb") as out:
+            while chunk := src.read(CHUNK_SIZE):
+                out.write(chunk)
+                self.size += len(chunk)
+            out.flush()
+            # Installed by one rename later; the data must be on disk before the name is.
+            os.fsync(fd)
+            # Read-only: the tree is shared by every job on the node.
+            os.fchmod(fd, 0o555 if mode & 0o111 else 0o444)
+            with contextlib.suppress(OSError, OverflowError, ValueError):
+                os.utime(fd, (mtime, mtime))
+
+    def hardlink(self, rel: str, target: str) -> None:
+        if not rel:
+            raise self.refuse(rel, "is a link without a name")
+        try:
+            source = self.name(target)
+        except InvalidArgument:
+            raise self.refuse(rel, f"is a hard link to {target!r}, outside the archive") from None
+        try:
+            st = os.lstat(self.root / source) if source else None
+        except OSError:
+            st = None
+        if st is None or not stat.S_ISREG(st.st_mode):
+            raise self.refuse(rel, f"is a hard link to {target!r}, which is not an earlier file")
+        self._parents(rel)
+        path = self.root / rel
+        self._clear(path, rel)
+        os.link(self.root / source, path, follow_symlinks=False)
+
+    def symlink(self, rel: str, target: str) -> None:
+        if not rel:
+            raise self.refuse(rel, "is a link without a name")
+        text = target.replace("\\", "/")
+        if not target or "\x00" in target:
+            raise self.refuse(rel, "is a symbolic link without a valid target")
+        if text.startswith("/") or _DRIVE.match(text):
+            raise self.refuse(rel, f"is a symbolic link to the absolute path {target!r}")
+        resolved = posixpath.normpath(posixpath.join(posixpath.dirname(rel), text))
+        if resolved == ".." or resolved.startswith("../"):
+            raise self.refuse(rel, f"is a symbolic link to {target!r}, outside the archive")
+        self._links.append((rel, target))
+
+    def finish(self) -> None:
+        for rel, target in self._links:
+            self._parents(rel)
+            path = self.root / rel
+            self._clear(path, rel, links=True)
+            os.symlink(target, path)
+        # The lexical check above cannot see through chains (``d/l -> ..`` then
+        # ``e -> d/l/..``); the real file system can.
+        for rel, target in self._links:
+            real = os.path.realpath(self.root / rel)
+            if real != self._real_root and not real.startswith(self._real_root + os.sep):
+                raise self.refuse(rel, f"is a symbolic link to {target!r}, outside the archive")
+
+
+def _unpack_tar(archive: Path, ex: _Extractor) -> None:
+    with tarfile.open(archive, "r:*") as tf:
+        for member in tf:
+            rel = ex.name(member.name)
+            if member.isdir():
+                ex.directory(rel)
+            elif member.isreg():
+                src = tf.extractfile(member)
+                if src is None:  # pragma: no cover - isreg() members always have data
+                    raise ex.refuse(member.name, "has no data")
+                with src:
+                    ex.file(rel, src, member.mode, member.mtime)
+            elif member.issym():
+                ex.symlink(rel, member.linkname)
+            elif member.islnk():
+                ex.hardlink(rel, member.linkname)
+            else:
+                kind = "a FIFO" if member.isfifo() else "a device" if member.isdev() else None
+                raise ex.refuse(
+                    member.name,
+                    f"is {kind or 'a special file'} (only files, directories and links are kept)",
+                )
+
+
+def _unpack_zip(archive: Path, ex: _Extractor) -> None:
+    with zipfile.ZipFile(archive) as zf:
+        for info in zf.infolist():
+            mode = info.external_attr >> 16
+            kind = stat.S_IFMT(mode)
+            rel = ex.name(info.filename)
+            if info.is_dir() or kind == stat.S_IFDIR:
+                ex.directory(rel)
+            elif kind == stat.S_IFLNK:
+                ex.symlink(rel, zf.read(info).decode("utf-8"))
+            elif kind in (0, stat.S_IFREG):
+                mtime = time.mktime((*info.date_time, 0, 0, -1))
+                with zf.open(info) as src:
+                    ex.file(rel, src, mode, mtime)
+            else:
+                raise ex.refuse(
+                    info.filename, "is a special file (only files, directories and links)"
+                )
+
+
+def unpack(archive: Path, key: str, dest: Path) -> int:
+    """Unpack ``archive`` into the existing empty directory ``dest``; the bytes written."""
+    kind = _archive_kind(key, archive)
+    ex = _Extractor(dest, key)
+    try:
+        if kind == "zip":
+            _unpack_zip(archive, ex)
+        else:
+            _unpack_tar(archive, ex)
+        ex.finish()
+    except _TAR_ERRORS as exc:
+        raise InvalidArgument(f"cannot unpack {key!r}: broken {kind} archive ({exc})") from None
+    return ex.size
+
+
+# --------------------------------------------------------------------------------------------
