@@ -277,12 +277,14 @@ def test_stop_ends_the_transfers_in_progress(store: LocalStore, clock: Clock) ->
         client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
         client.connect(("127.0.0.1", plane.port))
         client.sendall(dataplane.MAGIC + ticket)
-        # The master is sending (and soon blocked on this reader, who reads nothing more).
-        wait_until(lambda: plane._conns, what="the transfer to start")
+        client.settimeout(10)
+        # The transfer is under way: its first bytes are here. The master goes on sending and
+        # is soon blocked on this reader, who reads nothing more until the plane stops.
+        got = len(client.recv(4096))
+        assert got > 0
+        assert plane._conns
         plane.stop()
         assert not plane._conns  # every transfer thread is done: none touches the store now
-        client.settimeout(10)
-        got = 0
         while piece := client.recv(1 << 20):
             got += len(piece)
         assert got < len(big) + 5  # cut short, not completed
