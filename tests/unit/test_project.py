@@ -68,3 +68,15 @@ def test_public_api_surface() -> None:
     }
     for name in blobha.__all__:
         assert getattr(blobha, name) is not None
+
+
+def test_a_spark_worker_loads_no_client_with_blobha_spark(tmp_path: Path) -> None:
+    # Every Python worker of a job that reads a blob imports blobha.spark. A task served from
+    # the warm node cache needs neither the client (grpc, protobuf), ZooKeeper's client nor
+    # archive unpacking: each is loaded where first needed, or a worker pays for it regardless.
+    heavy = ["grpc", "google.protobuf", "kazoo", "blobha.client", "blobha.unpack", "tarfile"]
+    code = f"import sys, blobha.spark; print([m for m in {heavy!r} if m in sys.modules])"
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, check=True
+    )
+    assert out.stdout.strip() == "[]", f"importing blobha.spark loaded {out.stdout.strip()}"
