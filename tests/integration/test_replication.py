@@ -115,6 +115,28 @@ def test_wait_for_replication_of_a_missing_key_fails(alice: Client) -> None:
         alice.wait_for_replication(["no-such-key"], 1, timeout=1.0)
 
 
+def test_wait_for_many_keys_checks_each_before_answering(cluster: LocalCluster, alice: Client,
+                                                        unique_key: str) -> None:
+    from blobha import KeyNotFound, NotAuthorized
+
+    mine, shared, private = (f"{unique_key}-{n}" for n in ("mine", "shared", "private"))
+    alice.create(mine, b"1", acl="o::r")
+    alice.create(shared, b"2", acl="o::r")
+    alice.create(private, b"3", acl="u:alice:rwa")
+    result = alice.wait_for_replication([shared, mine, private], 3, timeout=30)
+    assert result.reached
+    assert [s.key for s in result.statuses] == [shared, mine, private]  # in the asked order
+    assert all(s.replication == 3 for s in result.statuses)
+    with client_for(cluster, "bob") as bob:
+        # Refused as a whole when any one key is not readable, though the others are
+        # replicated: the answer tells nothing of the key bob may not read.
+        with pytest.raises(NotAuthorized, match=private):
+            bob.wait_for_replication([mine, private, shared], 1, timeout=0)
+        assert bob.wait_for_replication([mine, shared], 1, timeout=0).reached
+    with pytest.raises(KeyNotFound, match=f"{unique_key}-absent"):
+        alice.wait_for_replication([mine, f"{unique_key}-absent"], 1, timeout=0)
+
+
 def test_a_lost_holder_is_replaced_after_the_grace_period(fresh_cluster: LocalCluster) -> None:
     from conftest import SESSION_TIMEOUT_MS, client_for
 
