@@ -114,6 +114,15 @@ _CHECK_LOCKS = "asking"
 _ASKER, _WAITED, _NO_LOCK = "asker", "waited", "no lock"
 # Longest file name we give a blob; most file systems cap a name at 255 bytes.
 _MAX_NAME_BYTES = 200
+#: Archive names :mod:`blobha.unpack` knows, and their kind. Here, not there: a file name keeps
+#: its extension, and naming a file must not load the unpacking code.
+ARCHIVE_SUFFIXES: dict[str, str] = {
+    ".tar.gz": "tar",
+    ".tgz": "tar",
+    ".tar": "tar",
+    ".zip": "zip",
+    ".jar": "zip",
+}
 _STAT_FIELDS = (
     "downloads",
     "hits",
@@ -432,8 +441,6 @@ def _file_name(key: str) -> str:
     tools that look at the name), or a hash keeping the extension when the key is too long."""
     if len(key.encode("utf-8")) <= _MAX_NAME_BYTES:
         return key
-    from blobha.unpack import ARCHIVE_SUFFIXES  # rare: a key longer than a file name may be
-
     suffix = next((s for s in ARCHIVE_SUFFIXES if key.lower().endswith(s)), "")
     if not suffix:
         ext = os.path.splitext(key)[1]
@@ -1471,11 +1478,18 @@ class BlobCache:
             if fd is None:
                 return CleanupReport(ran=False)
             try:
-                # When the node's last pass began, for the processes that come after.
+                # When the node's last pass began, for the processes that come after; a pass
+                # that fails leaves the time of the last one, so the next process tries again.
+                before = os.fstat(fd)
                 now = self._clock()
                 with contextlib.suppress(OSError):
                     os.utime(fd, (now, now))
-                return self._cleanup_pass()
+                try:
+                    return self._cleanup_pass()
+                except BaseException:
+                    with contextlib.suppress(OSError):
+                        os.utime(fd, ns=(before.st_atime_ns, before.st_mtime_ns))
+                    raise
             finally:
                 os.close(fd)
         finally:

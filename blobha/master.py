@@ -120,6 +120,8 @@ DATA_CHANNEL_MIN_BYTES = 1024 * 1024
 #: Bytes of blob data one group commit installs at most: a batch is acknowledged only once
 #: all of it is durable, so this bounds what one writer waits for on behalf of the others.
 PUT_BATCH_BYTES = 8 * 1024 * 1024
+#: Keys whose reads a replication wait has in flight at once (two reads per key).
+_WAIT_READ_BATCH = 256
 
 
 @dataclass(frozen=True)
@@ -1125,31 +1127,34 @@ class Master:
         while True:
             changed.clear()
             self._require_zk()
-            # Every key's state and replica list, both watched, in one round trip: a job's
-            # pre-launch check of a map of 20 blobs was 60 round trips, one after the other.
-            pending = [(key, self.zk.get_async(key_path(key), watch=on_change),
-                        self.zk.get_children_async(key_path(key), watch=on_change))
-                       for key in keys]
+            # Every key's state and replica list, both watched, one round trip per batch of
+            # keys: a job's pre-launch check of a map of 20 blobs was 60 round trips, one
+            # after the other. Batches bound what one call puts on the master's session.
             infos = []
-            for key, state_read, names_read in pending:
-                try:
-                    data, stat = state_read.get()
-                    state: BlobState | None = BlobState.decode(data, stat.version)
-                except NoNodeError:
-                    state = None
-                if first and first_read is not None:
-                    first_read(key, state)
-                if state is None:
-                    raise KeyNotFound(f"{key!r} was deleted while waiting for its replication")
-                if seq_of is not None and state.seq != seq_of[key]:
-                    state = replace(state, seq=seq_of[key])
-                try:
-                    names = names_read.get()
-                except NoNodeError:
-                    names = []
-                holders = zkstate.holders(names, state.seq)
-                infos.append(ReplicationStatus(key, state.seq, len(holders),
-                                               state.replication_factor, tuple(holders)))
+            for start in range(0, len(keys), _WAIT_READ_BATCH):
+                pending = [(key, self.zk.get_async(key_path(key), watch=on_change),
+                            self.zk.get_children_async(key_path(key), watch=on_change))
+                           for key in keys[start:start + _WAIT_READ_BATCH]]
+                for key, state_read, names_read in pending:
+                    try:
+                        data, stat = state_read.get()
+                        state: BlobState | None = BlobState.decode(data, stat.version)
+                    except NoNodeError:
+                        state = None
+                    if first and first_read is not None:
+                        first_read(key, state)
+                    if state is None:
+                        raise KeyNotFound(
+                            f"{key!r} was deleted while waiting for its replication")
+                    if seq_of is not None and state.seq != seq_of[key]:
+                        state = replace(state, seq=seq_of[key])
+                    try:
+                        names = names_read.get()
+                    except NoNodeError:
+                        names = []
+                    holders = zkstate.holders(names, state.seq)
+                    infos.append(ReplicationStatus(key, state.seq, len(holders),
+                                                   state.replication_factor, tuple(holders)))
             first = False
             if all(i.replication >= minimum for i in infos):
                 return True, infos

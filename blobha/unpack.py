@@ -20,18 +20,12 @@ import zlib
 from pathlib import Path
 from typing import IO
 
+from blobha.cache import ARCHIVE_SUFFIXES
 from blobha.digest import CHUNK_SIZE
 from blobha.errors import InvalidArgument
 
-__all__ = ["ARCHIVE_SUFFIXES", "unpack"]
+__all__ = ["unpack"]
 
-ARCHIVE_SUFFIXES: dict[str, str] = {
-    ".tar.gz": "tar",
-    ".tgz": "tar",
-    ".tar": "tar",
-    ".zip": "zip",
-    ".jar": "zip",
-}
 _DRIVE = re.compile(r"^[A-Za-z]:")
 _TAR_ERRORS: tuple[type[BaseException], ...] = (
     tarfile.TarError,
@@ -258,6 +252,3 @@ def unpack(archive: Path, key: str, dest: Path) -> int:
     except _TAR_ERRORS as exc:
         raise InvalidArgument(f"cannot unpack {key!r}: broken {kind} archive ({exc})") from None
     return ex.size
-
-
-# --------------------------------------------------------------------------------------------

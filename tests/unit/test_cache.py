@@ -23,7 +23,7 @@ from waiting import wait_until
 
 from blobha import cache as cache_mod
 from blobha import cli
-from blobha.cache import BlobCache, CachedBlob
+from blobha.cache import BlobCache, CachedBlob, CleanupReport
 from blobha.client import BlobInfo, BlobMeta
 from blobha.digest import digest_bytes
 from blobha.errors import (
@@ -953,6 +953,30 @@ def test_get_runs_cleanup_at_most_every_interval(fake: FakeCluster, make: Any, c
     os.utime(later._root / "cleanup.lock", (clock() + 3600, clock() + 3600))
     later.get("k")
     assert len(passes) == 4
+
+
+def test_a_failed_cleanup_pass_leaves_the_next_process_to_clean(
+        fake: FakeCluster, make: Any, clock: Clock, monkeypatch: pytest.MonkeyPatch) -> None:
+    fake.put("k", b"data")
+    first = make(retention_secs=600)
+    first.get("k")  # a pass, recorded at this time
+    lock = first._root / "cleanup.lock"
+    recorded = lock.stat().st_mtime
+    clock.advance(30)
+
+    def broken() -> CleanupReport:
+        raise OSError("disk error")
+
+    monkeypatch.setattr(first, "_cleanup_pass", broken)
+    with pytest.raises(OSError):
+        first.cleanup()
+    assert lock.stat().st_mtime == recorded, "the failed pass is not recorded as made"
+    second = make(retention_secs=600)
+    passes: list[float] = []
+    real = second._cleanup_pass
+    monkeypatch.setattr(second, "_cleanup_pass", lambda: passes.append(clock()) or real())
+    second.get("k")
+    assert passes == [clock()]
 
 
 # --------------------------------------------------------------------------------------------

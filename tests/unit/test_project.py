@@ -74,7 +74,10 @@ def test_a_spark_worker_loads_no_client_with_blobha_spark(tmp_path: Path) -> Non
     # Every Python worker of a job that reads a blob imports blobha.spark. A task served from
     # the warm node cache needs neither the client (grpc, protobuf), ZooKeeper's client nor
     # archive unpacking: each is loaded where first needed, or a worker pays for it regardless.
-    heavy = ["grpc", "google.protobuf", "kazoo", "blobha.client", "blobha.unpack", "tarfile"]
+    # dataclasses too: each costs a worker about 1 ms to create, so the records are named
+    # tuples.
+    heavy = ["grpc", "google.protobuf", "kazoo", "blobha.client", "blobha.unpack", "tarfile",
+             "zipfile", "dataclasses"]
     code = f"import sys, blobha.spark; print([m for m in {heavy!r} if m in sys.modules])"
     out = subprocess.run(
         [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, check=True
