@@ -124,6 +124,15 @@ PUT_BATCH_BYTES = 8 * 1024 * 1024
 _WAIT_READ_BATCH = 256
 
 
+def _no_such_key(key: str) -> KeyNotFound:
+    return KeyNotFound(f"no blob with key {key!r}; 'blobha list' shows the keys")
+
+
+def _status(key: str, state: BlobState, holders: Sequence[str]) -> ReplicationStatus:
+    return ReplicationStatus(key, state.seq, len(holders), state.replication_factor,
+                             tuple(holders))
+
+
 @dataclass(frozen=True)
 class _Put:
     """A whole small blob waiting for its group commit (see :meth:`Master.put`)."""
@@ -523,7 +532,7 @@ class Master:
     def _state_or_404(self, key: str) -> BlobState:
         state = self._read_state(key)
         if state is None:
-            raise KeyNotFound(f"no blob with key {key!r}; 'blobha list' shows the keys")
+            raise _no_such_key(key)
         return state
 
     # ---- uploads -------------------------------------------------------------------------
@@ -1074,18 +1083,14 @@ class Master:
             names = self.zk.get_children(key_path(key), watch=watch)
         except NoNodeError:
             names = []
-        holders = zkstate.holders(names, state.seq)
-        return ReplicationStatus(key, state.seq, len(holders), state.replication_factor,
-                               tuple(holders))
+        return _status(key, state, zkstate.holders(names, state.seq))
 
     def get_replication(self, user: str, key: str) -> ReplicationStatus:
         validate_key(key)
         state, view = self._state_for_read(key)
         self._check(user, state.acl, acls.READ, key)
         if view is not None:
-            holders = view.holders
-            return ReplicationStatus(key, state.seq, len(holders), state.replication_factor,
-                                     tuple(holders))
+            return _status(key, state, view.holders)
         return self._replication(key, state)
 
     def wait_for_replication(self, user: str, keys: list[str], minimum: int, timeout: float
@@ -1101,7 +1106,7 @@ class Master:
 
         def may_read(key: str, state: BlobState | None) -> None:
             if state is None:
-                raise KeyNotFound(f"no blob with key {key!r}; 'blobha list' shows the keys")
+                raise _no_such_key(key)
             self._check(user, state.acl, acls.READ, key)
 
         started = time.monotonic()
@@ -1152,9 +1157,7 @@ class Master:
                         names = names_read.get()
                     except NoNodeError:
                         names = []
-                    holders = zkstate.holders(names, state.seq)
-                    infos.append(ReplicationStatus(key, state.seq, len(holders),
-                                                   state.replication_factor, tuple(holders)))
+                    infos.append(_status(key, state, zkstate.holders(names, state.seq)))
             first = False
             if all(i.replication >= minimum for i in infos):
                 return True, infos
