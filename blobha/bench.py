@@ -353,11 +353,13 @@ class Driver(Generic[C]):
         close_conn: Callable[[C], None],
         op: Callable[[C, int], object],
         warm: Callable[[C], object] | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.open_conn = open_conn
         self.close_conn = close_conn
         self.op = op
         self.warm = warm
+        self.clock = clock
 
     def run(
         self, threads: int, seconds: float | None = None, total: int | None = None,
@@ -369,10 +371,19 @@ class Driver(Generic[C]):
         lock = threading.Lock()
         issued = [0]  # sequence numbers handed out
         completed = [0]
-        barrier = threading.Barrier(threads + 1)
         stop = threading.Event()
         result = DriveResult(0, 0.0)
-        deadline = [math.inf]  # set once the clock starts, after the barrier
+        started = [0.0]
+        deadline = [math.inf]
+
+        def start_clock() -> None:
+            # Run by the barrier before it lets any thread go: no operation starts before the
+            # clock does (the workers' first ones used to, while the caller had yet to read it).
+            started[0] = self.clock()
+            if seconds is not None:
+                deadline[0] = started[0] + seconds
+
+        barrier = threading.Barrier(threads + 1, action=start_clock)
 
         def worker() -> None:
             conn: C | None = None
@@ -382,7 +393,7 @@ class Driver(Generic[C]):
                 if self.warm is not None:
                     self.warm(conn)
                 barrier.wait()
-                while not stop.is_set() and time.monotonic() < deadline[0]:
+                while not stop.is_set() and self.clock() < deadline[0]:
                     with lock:
                         i = issued[0]
                         issued[0] += 1
@@ -416,15 +427,12 @@ class Driver(Generic[C]):
             for t in pool:
                 t.join()
             raise result.errors[0] from None
-        t0 = time.monotonic()
-        if seconds is not None:
-            deadline[0] = t0 + seconds
         for t in pool:
             while t.is_alive():
                 t.join(timeout=1.0 if progress is not None else None)
                 if progress is not None:
                     progress(completed[0])
-        result.secs = time.monotonic() - t0
+        result.secs = self.clock() - started[0]
         result.ops = completed[0]
         if result.errors and result.ops == 0:
             raise result.errors[0]

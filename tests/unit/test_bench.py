@@ -251,12 +251,19 @@ def test_driver_total_runs_each_sequence_number_once() -> None:
 
 
 def test_driver_for_a_time_stops_at_the_deadline() -> None:
-    import time
+    # A clock of the test's own, on which each operation takes 10 ms: the deadline falls
+    # mid-run, after 20 operations, give or take one per thread that checked it just before.
+    now = [0.0]
+    lock = threading.Lock()
 
-    # The sleep is the point: an operation that takes 10 ms, so the deadline falls mid-run.
-    result = _driver(lambda c, i: time.sleep(0.01)).run(2, seconds=0.2)
-    assert 0.2 <= result.secs < 2.0
-    assert 2 <= result.ops <= 60
+    def op(conn: int, i: int) -> None:
+        with lock:
+            now[0] += 0.01
+
+    result = Driver(lambda: 0, lambda c: None, op, clock=lambda: now[0]).run(2, seconds=0.2)
+    assert 20 <= result.ops <= 22
+    assert 0.2 <= result.secs <= 0.23
+    assert result.secs == pytest.approx(now[0])  # the clock started with the first operation
 
 
 def test_driver_keeps_going_when_one_thread_fails_after_some_work() -> None:
