@@ -280,6 +280,12 @@ class Master:
         self._server: grpc.Server | None = None
         self._stopped = threading.Event()
         self._summary_pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="summary")
+        # The replication waits in progress, per key path, woken by one watch callback
+        # (_wake_waiters) for all of them. kazoo keeps a one-shot callback until its node
+        # changes, so a callback of each wait's own piled up on a key that never changes: every
+        # job launch waits on the same stable keys, and each left two callbacks per key.
+        self._waiters: dict[str, set[threading.Event]] = {}
+        self._waiters_lock = threading.Lock()
 
     # ---- lifecycle -----------------------------------------------------------------------
 
@@ -520,11 +526,10 @@ class Master:
                 " another master"
             )
 
-    def _read_state(self, key: str, watch: Callable[[WatchedEvent], None] | None = None
-                    ) -> BlobState | None:
+    def _read_state(self, key: str) -> BlobState | None:
         self._require_zk()
         try:
-            data, stat = self.zk.get(key_path(key), watch=watch)
+            data, stat = self.zk.get(key_path(key))
         except NoNodeError:
             return None
         return BlobState.decode(data, stat.version)
@@ -1077,10 +1082,9 @@ class Master:
                         return page, i + 1 < len(chunk) or next(it, None) is not None
         return page, False
 
-    def _replication(self, key: str, state: BlobState,
-                     watch: Callable[[WatchedEvent], None] | None = None) -> ReplicationStatus:
+    def _replication(self, key: str, state: BlobState) -> ReplicationStatus:
         try:
-            names = self.zk.get_children(key_path(key), watch=watch)
+            names = self.zk.get_children(key_path(key))
         except NoNodeError:
             names = []
         return _status(key, state, zkstate.holders(names, state.seq))
@@ -1124,10 +1128,46 @@ class Master:
         sees each key's state as first read (None: no such key), before anything is returned,
         and may raise."""
         changed = threading.Event()
+        paths = {key_path(key) for key in keys}
+        with self._waiters_lock:
+            for path in paths:
+                self._waiters.setdefault(path, set()).add(changed)
+        try:
+            return self._wait_on(keys, minimum, deadline, changed, seq_of, require_leader,
+                                 first_read)
+        finally:
+            with self._waiters_lock:
+                for path in paths:
+                    waiting = self._waiters.get(path)
+                    if waiting is not None:
+                        waiting.discard(changed)
+                        if not waiting:
+                            del self._waiters[path]
 
-        def on_change(event: WatchedEvent) -> None:
+    def _wake_waiters(self, event: WatchedEvent) -> None:
+        """The one watch callback of every replication wait (kazoo's thread: no blocking)."""
+        with self._waiters_lock:
+            if event.path is None:
+                # A session event: kazoo dropped every watch, so every wait must read again.
+                woken = [e for waiting in self._waiters.values() for e in waiting]
+            else:
+                woken = list(self._waiters.get(event.path, ()))
+        for changed in woken:
             changed.set()
 
+    def replication_waits(self) -> int:
+        """Replication waits in progress (for the metrics)."""
+        with self._waiters_lock:
+            return len({id(e) for waiting in self._waiters.values() for e in waiting})
+
+    def _wait_on(
+        self, keys: list[str], minimum: int, deadline: float, changed: threading.Event,
+        seq_of: dict[str, int] | None, require_leader: bool,
+        first_read: Callable[[str, BlobState | None], None] | None,
+    ) -> tuple[bool, list[ReplicationStatus]]:
+        # One bound method for every read: kazoo keeps a set of callbacks per path, so the
+        # same callback armed by many waits, or by many passes of one, is held once.
+        watch = self._wake_waiters
         first = True
         while True:
             changed.clear()
@@ -1137,8 +1177,8 @@ class Master:
             # after the other. Batches bound what one call puts on the master's session.
             infos = []
             for start in range(0, len(keys), _WAIT_READ_BATCH):
-                pending = [(key, self.zk.get_async(key_path(key), watch=on_change),
-                            self.zk.get_children_async(key_path(key), watch=on_change))
+                pending = [(key, self.zk.get_async(key_path(key), watch=watch),
+                            self.zk.get_children_async(key_path(key), watch=watch))
                            for key in keys[start:start + _WAIT_READ_BATCH]]
                 for key, state_read, names_read in pending:
                     try:

@@ -88,8 +88,9 @@ class MasterCollector(Collector):
         return []  # unchecked collector: the families depend on the state (e.g. a scrubber)
 
     def collect(self) -> Iterator[Metric]:
-        for part in (self._identity, self._leadership, self._zookeeper, self._store,
-                     self._replication, self._group_commit, self._scrub, self._data_channel):
+        for part in (self._identity, self._leadership, self._zookeeper, self._watches,
+                     self._store, self._replication, self._group_commit, self._scrub,
+                     self._data_channel):
             try:
                 yield from part()
             except Exception:
@@ -130,6 +131,23 @@ class MasterCollector(Collector):
         for s in ZK_STATES:
             family.add_metric([s], 1.0 if s == state else 0.0)
         yield family
+
+    def _watches(self) -> Iterator[Metric]:
+        zk = self.master.zk
+        # kazoo's own tables (no public count), which its connection thread changes: copied
+        # in one step each, a count taken mid-change is retried by the next scrape at worst.
+        held = sum(len(s) for s in list(zk._data_watchers.values()))
+        held += sum(len(s) for s in list(zk._child_watchers.values()))
+        yield GaugeMetricFamily(
+            "blobha_zookeeper_watch_callbacks",
+            "One-shot watch callbacks this master's ZooKeeper client holds. Steady in a healthy"
+            " master: it grows only while watched nodes wait to change.",
+            value=float(held),
+        )
+        yield GaugeMetricFamily("blobha_replication_waits",
+                                "Replication waits (WaitForReplication, write quorums) in"
+                                " progress on this master.",
+                                value=float(self.master.replication_waits()))
 
     def _store(self) -> Iterator[Metric]:
         m = self.master

@@ -137,6 +137,31 @@ def test_wait_for_many_keys_checks_each_before_answering(cluster: LocalCluster, 
         alice.wait_for_replication([mine, f"{unique_key}-absent"], 1, timeout=0)
 
 
+def test_repeated_waits_leave_no_watch_callbacks_behind(cluster: LocalCluster, alice: Client,
+                                                         unique_key: str) -> None:
+    """Every job launch waits on the same stable keys: a wait must not leave callbacks on the
+    master's ZooKeeper client until its keys next change, which may be never."""
+    keys = [f"{unique_key}-{n}" for n in range(3)]
+    for key in keys:
+        alice.create(key, b"stable")
+    assert alice.wait_for_replication(keys, 3, timeout=30).reached
+
+    def callbacks() -> float:
+        samples = [scrape(m) for m in cluster.masters]
+        assert all(("blobha_zookeeper_watch_callbacks", frozenset()) in s for s in samples)
+        return sum(value(s, "blobha_zookeeper_watch_callbacks") for s in samples)
+
+    before = callbacks()
+    for _ in range(20):
+        assert alice.wait_for_replication(keys, 3, timeout=0).reached
+        # More copies than there are masters: never reached, answered at the deadline.
+        assert not alice.wait_for_replication(keys, 4, timeout=0).reached
+    # A callback per wait, as before, left two per key per wait: 240 here. Shared, at most
+    # the data and the list callback of each key, armed by the first wait if not before.
+    assert callbacks() - before <= 2 * len(keys)
+    assert all(value(scrape(m), "blobha_replication_waits") == 0 for m in cluster.masters)
+
+
 def test_a_lost_holder_is_replaced_after_the_grace_period(fresh_cluster: LocalCluster) -> None:
     from conftest import SESSION_TIMEOUT_MS, client_for
 
