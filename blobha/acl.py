@@ -35,6 +35,55 @@ class AccessControl:
         return f"{self.type}:{self.name}:{bits}"
 
 
+#: The longest user name an ACL (and authentication) accepts.
+MAX_NAME_LENGTH = 256
+
+
+def name_problem(name: str) -> str | None:
+    """What is wrong with ``name`` as a user name, or None. Names live inside the ACL's text
+    form (``u:name:rwa`` entries joined by ``,``), which is how ZooKeeper stores it, so ``:``
+    and ``,`` would make a stored ACL unreadable, and with it the key (and listings)."""
+    if not name or len(name) > MAX_NAME_LENGTH:
+        return f"must be 1-{MAX_NAME_LENGTH} characters"
+    if ":" in name or "," in name:
+        return "must not contain ':' or ','"
+    if name != name.strip():
+        return "must not start or end with spaces"
+    if any(ord(c) < 32 or ord(c) == 127 for c in name):
+        return "must not contain control characters"
+    return None
+
+
+def check_entry(entry: AccessControl) -> AccessControl:
+    """``entry`` if it is well-formed, else :class:`InvalidArgument` saying why (for entries
+    built in code or received over the wire, which skip :func:`parse_entry`)."""
+    if entry.type not in ("u", "o"):
+        raise InvalidArgument(
+            f"bad ACL entry type {entry.type!r}: use 'u' (a user) or 'o' (everyone else)"
+        )
+    if not isinstance(entry.access, int) or not 0 <= entry.access <= ALL:
+        raise InvalidArgument(
+            f"bad ACL access {entry.access!r}: use a sum of READ=1, WRITE=2 and ADMIN=4"
+        )
+    if entry.type == "o":
+        if entry.name:
+            raise InvalidArgument(f"an 'o' ACL entry takes no name, not {entry.name!r}; e.g. o::r")
+        return entry
+    if not isinstance(entry.name, str):
+        raise InvalidArgument(f"an ACL user name must be a string, not {entry.name!r}")
+    problem = name_problem(entry.name)
+    if problem:
+        raise InvalidArgument(f"bad user name {entry.name!r} in the ACL: it {problem}")
+    return entry
+
+
+def check_entries(acl: Iterable[AccessControl]) -> list[AccessControl]:
+    """Every entry checked (:func:`check_entry`), and no user named twice."""
+    out = [check_entry(e) for e in acl]
+    check_duplicates(out)
+    return out
+
+
 def parse_entry(text: str) -> AccessControl:
     """Parse one ACL entry, raising :class:`InvalidArgument` with the expected form."""
     parts = text.strip().split(":")
@@ -60,6 +109,10 @@ def parse_entry(text: str) -> AccessControl:
                 f"bad ACL entry {text!r}: unknown permission {c!r}; use r, w, a or -"
             )
         access |= _BITS[c]
+    if kind == "u":
+        problem = name_problem(name)
+        if problem:
+            raise InvalidArgument(f"bad ACL entry {text!r}: the user name {problem}")
     return AccessControl(kind, name, access)
 
 

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from blobha.acl import name_problem
 from blobha.errors import Unauthenticated
 
 log = logging.getLogger(__name__)
@@ -58,10 +59,9 @@ _RELOAD_CHECK_SECS = 1.0
 
 def check_user_name(user: str) -> str:
     """The rules every user name follows (they appear in ACLs, so no ``:`` or ``,``)."""
-    if not user or len(user) > 256 or ":" in user or "," in user or user != user.strip():
-        raise Unauthenticated(
-            "the user name must be 1-256 characters without ':' or ',' or surrounding spaces"
-        )
+    problem = name_problem(user)
+    if problem:
+        raise Unauthenticated(f"the user name {user!r} {problem}")
     return user
 
 

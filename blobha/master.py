@@ -548,7 +548,9 @@ class Master:
         keeps the key's own factor, and its quorum is capped by it)."""
         self._require_leader()
         validate_key(key)
-        acls.check_duplicates(acl)
+        # Before anything is written: a user name with ':' or ',' would store an ACL that no
+        # master can read back, which breaks the key and every listing.
+        acls.check_entries(acl)
         rf = replication_factor or self.config["blobstore.replication.factor"]
         if rf < 1:
             raise InvalidArgument("the replication factor must be at least 1")
@@ -1218,7 +1220,7 @@ class Master:
         self._require_leader()
         validate_key(key)
         if acl is not None:
-            acls.check_duplicates(acl)
+            acls.check_entries(acl)
         # The commit path holds this lock from read to conditional write; sharing it means a
         # metadata change never makes a concurrent upload fail with a spurious conflict.
         with self.store.key_lock(key):

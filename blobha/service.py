@@ -173,14 +173,8 @@ def user_of(context: grpc.ServicerContext) -> str:
 
 
 def acl_from_pb(entries: Iterable[pb.AccessControl]) -> list[AccessControl]:
-    out = []
-    for e in entries:
-        if e.type not in ("u", "o") or e.access > 7 or (e.type == "u") != bool(e.name):
-            raise InvalidArgument(
-                f"bad ACL entry {e.type}:{e.name}:{e.access}; expected [u|o]:[user]:[rwa]"
-            )
-        out.append(AccessControl(e.type, e.name, e.access))
-    return out
+    # Checked by the master (acl.check_entries) before anything is written.
+    return [AccessControl(e.type, e.name, e.access) for e in entries]
 
 
 def meta_to_pb(key: str, s: BlobState, replication: int) -> pb.BlobMeta:

@@ -597,6 +597,26 @@ def test_regression_write_quorum_above_the_masters_is_refused_before_any_write(
     assert fuzz.meta("fuzz-w5") is None
 
 
+def test_regression_acl_names_the_stored_form_cannot_carry_are_refused(fuzz: Fuzz) -> None:
+    # A user name with ',' or ':' was stored in the ACL's text form, which then failed to
+    # parse on every read: the key could be neither read nor deleted (even by the admin), its
+    # followers never synced it, and every non-admin 'list' failed with INVALID_ARGUMENT.
+    for n, name in enumerate(("carol,x", "a:b", "new\nline", " bob")):
+        key = f"fuzz-aclname-{n}"
+        bad = [pb.AccessControl(type="u", name=name, access=1)]
+        o = call(fuzz.leader.Put, pb.PutRequest(
+            begin=pb.BeginUploadRequest(key=key, create=True, acl=bad), data=b"x",
+            digest=digest_bytes(b"x")), "alice")
+        assert o.code == C.INVALID_ARGUMENT and "user name" in o.value, (name, o)
+        assert fuzz.meta(key) is None
+        o = call(fuzz.leader.SetMeta, pb.SetMetaRequest(key=BASE_KEY, set_acl=True, acl=bad),
+                 "alice")
+        assert o.code == C.INVALID_ARGUMENT and "user name" in o.value, (name, o)
+    assert fuzz.meta(BASE_KEY) is not None
+    o = call(fuzz.leader.List, pb.ListRequest(page_size=1000), "bob")
+    assert o.code == C.OK, o
+
+
 def test_zz_after_fuzzing_every_master_serves_and_nothing_is_left_behind(fuzz: Fuzz) -> None:
     """Runs last in this module (pytest keeps file order)."""
     cluster = fuzz.cluster

@@ -11,6 +11,8 @@ from blobha.acl import (
     WRITE,
     AccessControl,
     allowed,
+    check_entries,
+    check_entry,
     describe,
     format_acl,
     normalize_for_create,
@@ -59,6 +61,10 @@ def test_parse_entry(text: str, expected: AccessControl) -> None:
         ("alice", "expected"),
         ("u:alice:r:extra", "expected"),
         ("", "expected"),
+        ("u: alice:r", "must not start or end with spaces"),
+        ("u:alice :r", "must not start or end with spaces"),
+        ("u:al\x01ice:r", "control characters"),
+        ("u:" + "a" * 257 + ":r", "1-256 characters"),
     ],
 )
 def test_malformed_entries_are_rejected_with_a_reason(text: str, fragment: str) -> None:
@@ -161,3 +167,33 @@ def test_str_uses_the_canonical_three_letter_form() -> None:
 def test_describe_names_the_bits() -> None:
     assert describe(READ) == "READ"
     assert describe(WRITE | ADMIN) == "WRITE+ADMIN"
+
+
+@pytest.mark.parametrize(
+    ("entry", "fragment"),
+    [
+        # Names the text grammar cannot carry: stored, they made the key's ACL unreadable.
+        (AccessControl("u", "carol,x", READ), "must not contain ':' or ','"),
+        (AccessControl("u", "a:b", READ), "must not contain ':' or ','"),
+        (AccessControl("u", "line\nbreak", READ), "control characters"),
+        (AccessControl("u", " bob", READ), "spaces"),
+        (AccessControl("u", "", READ), "1-256 characters"),
+        (AccessControl("o", "bob", READ), "takes no name"),
+        (AccessControl("x", "bob", READ), "entry type"),
+        (AccessControl("u", "bob", 8), "access"),
+        (AccessControl("u", "bob", -1), "access"),
+    ],
+)
+def test_entries_built_in_code_are_checked_like_parsed_ones(
+    entry: AccessControl, fragment: str
+) -> None:
+    with pytest.raises(InvalidArgument, match=fragment):
+        check_entry(entry)
+
+
+def test_check_entries_accepts_what_the_grammar_round_trips_and_rejects_duplicates() -> None:
+    acl = [AccessControl("u", "Ærøskøbing user", ALL), AccessControl("o", "", READ)]
+    assert check_entries(acl) == acl
+    assert parse_acl(format_acl(acl)) == acl
+    with pytest.raises(InvalidArgument, match="more than once"):
+        check_entries([AccessControl("u", "bob", READ), AccessControl("u", "bob", WRITE)])
