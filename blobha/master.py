@@ -672,7 +672,8 @@ class Master:
                 self.store.delete_version(key, new.seq)
                 raise
             if isinstance(result, BaseException):
-                self.store.delete_version(key, new.seq)
+                if not isinstance(result, CommitOutcomeUnknown):
+                    self.store.delete_version(key, new.seq)
                 raise result
         return self._acknowledge(key, result, user)
 
@@ -779,7 +780,7 @@ class Master:
                     out[i] = committed
             finally:
                 for i in live:
-                    if not isinstance(out[i], BlobState):
+                    if not isinstance(out[i], BlobState | CommitOutcomeUnknown):
                         self.store.delete_version(batch[i].key, news[i].seq)
         return out
 
@@ -861,6 +862,10 @@ class Master:
         deadline = time.monotonic() + self.session_timeout
         while time.monotonic() < deadline:
             try:
+                # The session may now be on a server that has not yet seen the transaction
+                # (its zxid never reached this client): sync first, or a stale read would say
+                # "did not apply" of a commit that did, and its only copy would be deleted.
+                self.zk.sync(key_path(key))
                 after = self._read_state(key)
             except (Unavailable, KazooException):
                 self._stopped.wait(0.2)
@@ -869,7 +874,7 @@ class Master:
                     and after.epoch == new.epoch):
                 return after
             raise Unavailable(f"the commit of {key!r} did not apply (ZooKeeper hiccup); retry")
-        raise Unavailable(
+        raise CommitOutcomeUnknown(
             f"ZooKeeper became unreachable during the commit of {key!r}; its outcome is unknown:"
             " re-read the key's metadata before retrying"
         )
@@ -1416,6 +1421,13 @@ def _check_digest(digest: str) -> None:
         raise InvalidArgument(
             "the digest must be the xxh3-128 of the content as 32 lower-case hex digits"
         )
+
+
+class CommitOutcomeUnknown(Unavailable):
+    """ZooKeeper stayed out of reach after a commit was sent, so it may have applied; with
+    W=1 it would then be acknowledged in ZooKeeper, with this master's copy as its only one.
+    That copy is kept: the synchroniser re-registers it once a session is back, or removes it
+    as debris once the key's committed state shows the commit never happened."""
 
 
 def _commit_error(key: str, error: Exception, metadata: bool) -> BlobError:

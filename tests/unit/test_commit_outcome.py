@@ -1,0 +1,132 @@
+"""A commit whose answer ZooKeeper never gave (ConnectionLoss): the leader keeps its copy
+unless it knows the commit did not apply, since with W=1 an applied commit is already
+acknowledged in ZooKeeper and that copy is its only one."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from kazoo.client import KazooState
+from kazoo.exceptions import ConnectionLoss, NoNodeError
+
+from blobha.digest import digest_bytes
+from blobha.errors import Unavailable
+from blobha.master import CommitOutcomeUnknown, Master, _Put
+from blobha.store import LocalStore
+from blobha.zkstate import BlobState
+
+
+class _Txn:
+    def __init__(self) -> None:
+        self.ops: list[tuple[str, bytes]] = []
+
+    def create(self, path: str, data: bytes = b"", ephemeral: bool = False) -> None:
+        self.ops.append((path, data))
+
+    def set_data(self, path: str, data: bytes, version: int = -1) -> None:
+        self.ops.append((path, data))
+
+
+class _Ensemble:
+    """ZooKeeper as one master's session sees it after a lost answer: ``applied`` says whether
+    the transaction applied; until ``sync`` is called the session's server may not have seen
+    it yet (``lagging``); ``reachable`` says whether any read gets through."""
+
+    def __init__(self, applied: bool, reachable: bool, lagging: bool = False) -> None:
+        self.applied = applied
+        self.lagging = lagging
+        self.state = KazooState.CONNECTED if reachable else KazooState.SUSPENDED
+        self.data: dict[str, bytes] = {}
+        self.synced = False
+
+    def fenced_results(self, build: Any, changed: Any = ()) -> list[object]:
+        txn = _Txn()
+        build(txn)
+        if self.applied:
+            self.data.update(txn.ops)
+        raise ConnectionLoss()
+
+    def sync(self, path: str) -> None:
+        self.synced = True
+
+    def get(self, path: str) -> tuple[bytes, Any]:
+        if path not in self.data or (self.lagging and not self.synced):
+            raise NoNodeError()
+        return self.data[path], SimpleNamespace(version=0)
+
+
+def _master(tmp_path: Path, zk: _Ensemble) -> Any:
+    m: Any = Master.__new__(Master)
+    m.identity = "m1:6627"
+    m.store = LocalStore(tmp_path / "store")
+    m.election = SimpleNamespace(is_leader=True, epoch=3, fenced_results=zk.fenced_results)
+    m.zk = zk
+    m.session_timeout = 0.3
+    m._stopped = threading.Event()
+    m.config = {"blobstore.versions.retained": 2}
+    m.membership = SimpleNamespace(known=lambda: {m.identity})
+    m.sync = SimpleNamespace(view=lambda key: None, session_id=lambda: 7,
+                             registered=lambda *args: None)
+    return m
+
+
+def _put(data: bytes) -> _Put:
+    return _Put("alice", "k", True, (), 1, 1, 0, data, digest_bytes(data))
+
+
+def test_an_applied_commit_whose_outcome_stays_unknown_keeps_the_only_copy(
+    tmp_path: Path,
+) -> None:
+    zk = _Ensemble(applied=True, reachable=False)
+    m = _master(tmp_path, zk)
+    [result] = m._commit_puts([_put(b"precious")])
+    assert isinstance(result, CommitOutcomeUnknown) and "outcome is unknown" in str(result)
+    assert isinstance(result, Unavailable)  # the client's status: UNAVAILABLE, then re-read
+    committed = BlobState.decode(zk.data["/blobstore/k"])
+    assert committed.acked and committed.seq == 1
+    # The version ZooKeeper calls acknowledged is still on disk, for the synchroniser to
+    # register again once a session is back.
+    assert m.store.versions("k") == [1]
+
+
+def test_a_commit_read_back_after_a_sync_is_known_to_have_applied(tmp_path: Path) -> None:
+    # The session moved to a server that had not seen the transaction: read without a sync
+    # first, it looked as if the commit did not apply, and the only copy was deleted.
+    zk = _Ensemble(applied=True, reachable=True, lagging=True)
+    m = _master(tmp_path, zk)
+    [result] = m._commit_puts([_put(b"precious")])
+    assert isinstance(result, BlobState) and result.seq == 1, result
+    assert zk.synced
+    assert m.store.versions("k") == [1]
+
+
+def test_a_commit_known_not_to_have_applied_leaves_nothing_behind(tmp_path: Path) -> None:
+    zk = _Ensemble(applied=False, reachable=True)
+    m = _master(tmp_path, zk)
+    [result] = m._commit_puts([_put(b"never committed")])
+    assert isinstance(result, Unavailable) and not isinstance(result, CommitOutcomeUnknown)
+    assert "did not apply" in str(result)
+    assert m.store.versions("k") == []
+
+
+@pytest.mark.parametrize(("applied", "reachable", "kept"),
+                         [(True, False, True), (False, True, False)])
+def test_the_streamed_upload_commit_decides_the_same_way(
+    tmp_path: Path, applied: bool, reachable: bool, kept: bool,
+) -> None:
+    zk = _Ensemble(applied=applied, reachable=reachable)
+    m = _master(tmp_path, zk)
+    data = b"streamed"
+    temp = m.store.new_temp("up")
+    temp.write_at(0, data)
+    upload = SimpleNamespace(key="k", lock=threading.Lock(), create=True, acl=(),
+                             replication_factor=1, write_quorum=1, expected_version=0, temp=temp)
+    m.uploads = SimpleNamespace(take=lambda upload_id, user: upload)
+    with pytest.raises(Unavailable) as e:
+        m.commit("alice", "u1", len(data), digest_bytes(data))
+    assert isinstance(e.value, CommitOutcomeUnknown) == kept
+    assert m.store.versions("k") == ([1] if kept else [])
