@@ -276,6 +276,8 @@ class Master:
             config["blobstore.scrub.rate.bytes.per.sec"],
         )
         self._cluster_id_ok = False
+        self._cluster_id = ""
+        self._identity_alarm = False
         self._key_list: tuple[int, list[str]] | None = None  # (cversion, sorted keys)
         self._server: grpc.Server | None = None
         self._stopped = threading.Event()
@@ -461,6 +463,7 @@ class Master:
         if not local_id:
             local_file.write_text(json.dumps({"cluster_id": zk_id}))
             local_id = zk_id
+        self._cluster_id = local_id
         self._cluster_id_ok = local_id == zk_id
         if not self._cluster_id_ok:
             log.error(
@@ -471,7 +474,29 @@ class Master:
             )
 
     def _deletions_allowed(self) -> bool:
-        return self._cluster_id_ok
+        """Whether ZooKeeper still holds this store's cluster, asked again before every local
+        delete: a chroot wiped while the masters run (or a connection string pointed at another
+        ensemble) reads as "every key was deleted", and the check at start-up cannot see it."""
+        if not self._cluster_id_ok:
+            return False
+        try:
+            zk_id = self.zk.get(BLOBSTORE + "-id")[0].decode()
+            present = self.zk.exists(BLOBSTORE) is not None
+        except NoNodeError:
+            zk_id, present = "", False
+        if zk_id == self._cluster_id and present:
+            self._identity_alarm = False
+            return True
+        if not self._identity_alarm:
+            self._identity_alarm = True
+            log.error(
+                "ALERT: ZooKeeper no longer holds this store's cluster %s (it holds %s, and %s is"
+                " %s): was it wiped or swapped? Refusing to delete any local blob. Restore"
+                " ZooKeeper, or fix zookeeper.servers / zookeeper.chroot.",
+                self._cluster_id, zk_id or "no cluster id", BLOBSTORE,
+                "present" if present else "missing",
+            )
+        return False
 
     # ---- election callbacks ---------------------------------------------------------------
 

@@ -1363,10 +1363,6 @@ class Synchronizer:
         if not self.store.versions(key):
             self._deleted_since.pop(key, None)
             return
-        if not self._deletions_allowed():
-            log.error("ZooKeeper has no record of %r but the cluster identity check failed"
-                      " (wiped or foreign ZooKeeper?): keeping the local copy", key)
-            return
         now = time.monotonic()
         since = self._deleted_since.setdefault(key, now)
         remaining = self.settings.delete_grace_secs - (now - since)
@@ -1375,12 +1371,18 @@ class Synchronizer:
             return
         with self._key_lock(key):
             # Re-check under the lock the commit path holds: a re-create may be under way.
-            if self.zk.exists(key_path(key)) is None:
-                self.store.delete_key(key)
-                self._deleted_since.pop(key, None)
-                log.info("deleted local copy of %r (deleted in ZooKeeper)", key)
-            else:
+            if self.zk.exists(key_path(key)) is not None:
                 self.queue.put(key)
+                return
+            # Asked here, just before the delete, not once at start: ZooKeeper wiped or
+            # swapped while this master runs must not read as "every key was deleted".
+            if not self._deletions_allowed():
+                log.debug("ZooKeeper has no record of %r, but it does not hold this store's"
+                            " cluster (wiped or foreign?): keeping the local copy", key)
+                return
+            self.store.delete_key(key)
+            self._deleted_since.pop(key, None)
+            log.info("deleted local copy of %r (deleted in ZooKeeper)", key)
 
     # For the status page.
     def views(self) -> dict[str, KeyView]:

@@ -19,6 +19,7 @@ from conftest import (
     wait_until,
 )
 from kazoo.client import KazooClient
+from kazoo.exceptions import NotEmptyError
 
 from blobha.errors import DeadlineExceeded
 from blobha.localcluster import LocalCluster
@@ -151,6 +152,38 @@ def test_deleted_key_disappears_everywhere_and_stays_gone(fresh_cluster: LocalCl
             zk.close()
         assert "doomed" not in set(c.list())
         assert all(not version_files(m, "doomed") for m in fresh_cluster.masters)
+
+
+def test_zookeeper_wiped_under_running_masters_deletes_no_local_blob(
+        fresh_cluster: LocalCluster) -> None:
+    """ha-rule 10 at run time: the chroot wiped while the masters run reads as "every key was
+    deleted". The identity check at start-up passed long before, so each master must ask again
+    before it deletes a copy; the alert it logs then is the sign it looked and refused."""
+    with client_for(fresh_cluster) as c:
+        c.create("precious", b"only copies", replication_factor=3)
+        assert c.wait_for_replication(["precious"], 3, timeout=10).reached
+    zk = KazooClient(hosts=fresh_cluster.zk.connect_string + "/blobha")
+    zk.start()
+    try:
+        def wiped() -> bool:
+            # The masters re-register a replica node deleted under them, so a pass of the
+            # recursive delete may find a key's children back: try again.
+            try:
+                zk.delete("/blobstore", recursive=True)
+            except NotEmptyError:
+                return False
+            return True
+
+        wait_until(wiped, 15, "/blobstore to be deleted")
+        zk.delete("/blobstore-id")
+    finally:
+        zk.stop()
+        zk.close()
+    alert = "ZooKeeper no longer holds this store's cluster"
+    wait_until(lambda: all(alert in m.log_path.read_text(errors="replace")
+                           for m in fresh_cluster.masters),
+               30, "every master to refuse deleting its copy")
+    assert all(version_files(m, "precious") for m in fresh_cluster.masters)
 
 
 def test_a_create_that_timed_out_is_acknowledged_once_its_copies_arrive(
