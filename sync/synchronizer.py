@@ -1114,11 +1114,27 @@ class Synchronizer:
             if seq > committed and not self._is_leader():
                 # Debris of a commit that never happened (the leader's own in-flight commits
                 # are cleaned by the commit path).
-                self.store.delete_version(key, seq)
+                self._drop_debris(key, seq)
             elif seq < committed:
                 older.append(seq)
         for seq in older[: max(len(older) - keep_below, 0)]:
             self.store.delete_version(key, seq)
+
+    def _drop_debris(self, key: str, seq: int) -> None:
+        """Delete ``seq`` of ``key``, found above the committed version, if it still is once
+        the key's lock is held. The leader's commit path holds that lock from install to
+        commit: decided outside it, a blip of the leader's connection (it reads as not leading
+        for a moment) could delete a version that the still-leading master committed just
+        then."""
+        with self._key_lock(key):
+            if self._is_leader():
+                return
+            try:
+                data, _ = self.zk.get(key_path(key))
+            except NoNodeError:
+                return  # deleted: _key_gone removes the whole key, after its grace
+            if seq > BlobState.decode(data).seq:
+                self.store.delete_version(key, seq)
 
     def _fetch_all(self, to_fetch: list[tuple[str, BlobState, list[str]]],
                    failures: dict[str, Exception]

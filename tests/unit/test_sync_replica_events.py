@@ -689,3 +689,29 @@ def test_replayed_events_the_read_already_saw_change_nothing() -> None:
     assert s._handle(["new"]) == {}
     assert s._view["new"].holders == (ME, A, B)
     assert s.queue.depth() == 0 and s._batch_moved == {} and s._reading == {}
+
+
+def test_a_version_above_the_committed_one_is_judged_again_under_the_key_lock(
+    tmp_path: Any,
+) -> None:
+    # The worker read the key at v5 and saw "not leading" during a blip of the leader's own
+    # connection; meanwhile the still-leading master committed v6 (under the key's lock). Judged
+    # on the v5 read, v6 looked like debris and was deleted, though committed.
+    store = LocalStore(tmp_path / "s")
+    store.install_many([("k", 6, b"new", 3, digest_bytes(b"new"))])
+    s, zk = synchroniser(leader=False, store=store)
+    s._key_lock = store.key_lock
+
+    def committed(seq: int) -> Any:
+        state = BlobState(seq=seq, size=3, digest=digest_bytes(b"new"), acl=(),
+                          replication_factor=3, creator="alice", created_at=0.0,
+                          updated_at=0.0, epoch=1, acked=True)
+        return lambda path: (state.encode(), SimpleNamespace(version=1))
+
+    zk.get = committed(6)  # type: ignore[attr-defined]
+    s._prune("k", 5)
+    assert store.versions("k") == [6]
+    # Still above the committed version once the lock is held: debris, removed.
+    zk.get = committed(5)  # type: ignore[attr-defined]
+    s._prune("k", 5)
+    assert store.versions("k") == []
