@@ -8,6 +8,7 @@ import grpc
 import pytest
 import xxhash
 from conftest import client_for, md, store_dir, stub, version_files, wait_until
+from kazoo.client import KazooClient
 
 from blobha import (
     InvalidArgument,
@@ -16,9 +17,11 @@ from blobha import (
     NotAuthorized,
     parse_acl,
 )
+from blobha.auth import MASTER_SECRET_METADATA_KEY
 from blobha.client import Client
 from blobha.localcluster import LocalCluster
 from blobha.v1 import blobha_pb2 as pb
+from blobha.zkstate import MASTER_SECRET
 
 pytestmark = pytest.mark.integration
 
@@ -99,6 +102,22 @@ def test_7_admin_may_create_and_delete_anything(cluster: LocalCluster, alice: Cl
         admin.create(unique_key + "-admin", b"mine")
     with pytest.raises(KeyNotFound):
         alice.get_meta(unique_key)
+    # The masters' own identity (their principal and the cluster secret) is privileged too.
+    alice.create(unique_key + "-m", b"private", acl="u:alice:rwa")
+    zk = KazooClient(hosts=cluster.zk.connect_string + "/blobha")
+    zk.start()
+    try:
+        secret = zk.get(MASTER_SECRET)[0].decode()
+    finally:
+        zk.stop()
+        zk.close()
+    as_master = (*md("blobha-master"), (MASTER_SECRET_METADATA_KEY, secret))
+    leader = stub(cluster.leader().address)
+    chunks = leader.Download(pb.DownloadRequest(key=unique_key + "-m"), metadata=as_master)
+    assert b"".join(c.data for c in chunks) == b"private"
+    leader.Delete(pb.DeleteRequest(key=unique_key + "-m"), metadata=as_master)
+    with pytest.raises(KeyNotFound):
+        alice.get_meta(unique_key + "-m")
 
 
 def test_8_user_only_acl_refuses_others(cluster: LocalCluster, alice: Client,
@@ -144,14 +163,23 @@ def test_10_size_and_version(alice: Client, unique_key: str) -> None:
 def test_11_restarted_follower_downloads_exactly_the_missing_keys(
         cluster: LocalCluster, alice: Client, unique_key: str) -> None:
     follower = next(m for m in cluster.masters if m is not cluster.leader())
+    held = [f"{unique_key}-held-{i}" for i in range(2)]
+    for k in held:
+        alice.create(k, k.encode(), replication_factor=3)
+    assert alice.wait_for_replication(held, 3, timeout=30).reached
+    # A copy downloaded again would be installed as a new file (rename over): a new inode.
+    before = {k: [(f, f.stat().st_ino) for f in version_files(follower, k)] for k in held}
     follower.terminate()
     keys = [f"{unique_key}-{i}" for i in range(3)]
     for k in keys:
         alice.create(k, k.encode(), replication_factor=3)
     cluster.start_master(follower)
-    alice.wait_for_replication(keys, 3, timeout=30)
+    assert alice.wait_for_replication([*held, *keys], 3, timeout=30).reached
     for k in keys:
         assert len(version_files(follower, k)) == 1
+    # Exactly the missing ones: what it held is still the very same files.
+    assert {k: [(f, f.stat().st_ino) for f in version_files(follower, k)]
+            for k in held} == before
     # And it serves them, verified, from its own disk.
     for k in keys:
         chunks = stub(follower.address).Download(pb.DownloadRequest(key=k), metadata=md("alice"))
