@@ -33,7 +33,7 @@ from typing import Any, BinaryIO, NoReturn, Protocol, TypeVar
 import grpc
 
 from blobha import chunkwire, errors
-from blobha.acl import AccessControl, check_duplicates, parse_acl
+from blobha.acl import AccessControl, check_entries, name_problem, parse_acl
 from blobha.addresses import DEFAULT_PORT, host_of, parse_cluster
 from blobha.credentials import Credentials
 from blobha.dataplane import DataChannels, DataOffer
@@ -109,11 +109,17 @@ _PROBE_TIMEOUT = 10.0
 #: takes longer is treated as gone (paused, partitioned, half-dead) and another is looked for;
 #: retrying these calls is harmless, an unanswered upload simply expires on the server.
 _CONTROL_TIMEOUT = 8.0
-# A server-side replication wait answers at its deadline; the RPC must outlive it by this much.
-_WAIT_GRACE = 10.0
+#: A server-side replication wait answers at its deadline (or half a second before the call's
+#: own, whichever is first); the call, and a wait with all its retries, may outlive the wait's
+#: timeout by this much, for that answer to arrive.
+_WAIT_GRACE = 2.0
 # "Wait forever" is a loop of bounded server calls so a dead master is noticed.
 _FOREVER_SLICE = 60.0
 _ABORT_TIMEOUT = 2.0
+#: What a master answers about the caller, not about itself: no credential, a wrong one, no
+#: permission, a bad request. Every master would say the same, so it is reported at once
+#: instead of being retried until the deadline as if the cluster were unavailable.
+_REFUSALS: tuple[type[BlobError], ...] = (NotAuthorized, InvalidArgument)
 _NOT_HELD_PREFIX = "not held here"
 
 _CHANNEL_OPTIONS: tuple[tuple[str, int], ...] = (
@@ -248,11 +254,16 @@ def default_user() -> str:
 
 
 def _check_user(user: str) -> str:
+    # The masters' rule (a name appears in ACLs), checked here so a bad name fails before any
+    # call with the reason, not as a refusal from every master.
+    problem = name_problem(user)
+    if problem:
+        raise InvalidArgument(f"invalid user name {user!r}: it {problem}")
     # Call metadata values must be printable ASCII; a bad name would otherwise fail deep
     # inside gRPC with an obscure message on the first call.
-    if not user or user != user.strip() or not all(" " <= c <= "~" for c in user):
+    if not all(" " <= c <= "~" for c in user):
         raise InvalidArgument(
-            f"invalid user name {user!r}: use printable ASCII without surrounding spaces"
+            f"invalid user name {user!r}: use printable ASCII (letters, digits, punctuation)"
         )
     return user
 
@@ -278,8 +289,9 @@ def _normalize_acl(acl: str | Sequence[AccessControl] | None) -> builtins.list[A
                 f"ACL entries must be AccessControl values or a string like 'u:alice:rwa', not"
                 f" {type(e).__name__}"
             )
-    check_duplicates(entries)
-    return entries
+    # Values built in code skip the parser: the same rules (type, access bits, user names,
+    # duplicates) are checked here so a bad entry fails before any call, as a string would.
+    return check_entries(entries)
 
 
 #: The clock deadlines read; a module attribute so tests can drive time without sleeping.
@@ -898,7 +910,13 @@ class Client:
     ) -> WaitResult:
         """Wait (on the server, from ZooKeeper watches) until every key has at least
         ``min_replication`` live replicas of its committed version, or ``timeout`` seconds
-        pass (``reached`` is then False). A negative timeout waits forever."""
+        pass (``reached`` is then False).
+
+        The whole call, retries on unreachable masters included, ends within ``timeout`` plus
+        a grace of :data:`_WAIT_GRACE` (2 s) for the master's last answer to arrive; if no
+        master answered by then it raises (:class:`~blobha.errors.Unavailable`). A negative
+        timeout waits forever, in bounded server calls; each of those may retry unreachable
+        masters for the client's own timeout before the wait gives up."""
         names = [keys] if isinstance(keys, str) else builtins.list(keys)
         if not names:
             raise InvalidArgument("give at least one key to wait for")
@@ -907,9 +925,10 @@ class Client:
         _check_count("min_replication", min_replication, _UINT32_MAX)
         started = _monotonic()
         if timeout >= 0:
-            return self._wait_once(names, min_replication, float(timeout))
+            return self._wait_once(names, min_replication, float(timeout), _WAIT_GRACE)
         while True:
-            result = self._wait_once(names, min_replication, _FOREVER_SLICE)
+            # No end to keep to: a failover gets the client's usual time, as any call would.
+            result = self._wait_once(names, min_replication, _FOREVER_SLICE, self._timeout)
             if result.reached:
                 return WaitResult(True, result.statuses, _monotonic() - started)
 
@@ -1020,11 +1039,16 @@ class Client:
         if timeout <= 0:
             raise DeadlineExceeded("no leader found before the deadline")
         first_error: BlobError | None = None
+        refusal: BlobError | None = None
         answered = False
         with contextlib.closing(
             self._transport.probe(addresses, "ClusterSummary", pb.ClusterSummaryRequest(), timeout)
         ) as results:
             for _address, result in results:
+                if isinstance(result, _REFUSALS):
+                    # About the caller, not the cluster: a retry would only be refused again.
+                    refusal = refusal or result
+                    continue
                 if isinstance(result, BlobError):
                     # A master's own reason ("ZooKeeper is unreachable") says more than
                     # another one's silence, whichever came first.
@@ -1039,7 +1063,10 @@ class Client:
                         self._leader = result.leader
                     return str(result.leader)
         if answered:
+            # Some master accepted us (one that refused may not have reloaded its tokens yet).
             raise Unavailable("no leader is elected yet (a failover may be in progress)")
+        if refusal is not None:
+            raise refusal
         if isinstance(first_error, DeadlineExceeded) and deadline.expired():
             # Every probe ran into the end of the caller's deadline: the caller reports why it
             # was retrying (see _retry), not that its last look for a leader was cut short.
@@ -1139,23 +1166,26 @@ class Client:
 
         return self._retry(what, deadline, attempt)
 
-    def _wait_once(self, keys: builtins.list[str], minimum: int, secs: float) -> WaitResult:
+    def _wait_once(self, keys: builtins.list[str], minimum: int, secs: float, overrun: float
+                   ) -> WaitResult:
+        """One server-side wait of ``secs``, retried on other masters; the call and its
+        retries end within ``secs + overrun``."""
         started = _monotonic()
         end = started + secs
-        # Retries for an unreachable master fit in the wait itself plus the usual timeout.
-        deadline = _Deadline(secs + self._timeout)
+        deadline = _Deadline(secs + overrun)
 
         def attempt() -> Any:
             left = max(0.0, end - _monotonic())
+            limit = min(left + _WAIT_GRACE, deadline.remaining())
+            if limit <= 0:
+                raise DeadlineExceeded("the replication wait ran out of time between retries")
             request = pb.WaitForReplicationRequest(
                 keys=keys, min_replication=minimum, timeout_secs=left
             )
             with self._lock:
                 address = self._preferred
             try:
-                return self._transport.unary(
-                    address, "WaitForReplication", request, left + _WAIT_GRACE
-                )
+                return self._transport.unary(address, "WaitForReplication", request, limit)
             except Unavailable:
                 self._forget_leader(address)
                 raise

@@ -9,10 +9,12 @@ project notes can say what was tried and refused.
 from __future__ import annotations
 
 import collections
+import os
 import socket
 import ssl
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -294,6 +296,39 @@ def test_no_token_and_wrong_tokens_are_unauthenticated(secure: LocalCluster,
     assert r.returncode == 15, r.stderr
     assert b"token was refused" in r.stderr
     REFUSED["secure: wrong token (cli)"] += 1
+
+
+def test_a_write_without_a_valid_token_fails_at_once(secure: LocalCluster,
+                                                     tmp_path: Path) -> None:
+    # The leader search is refused like any call; that is the answer, not a sign that the
+    # cluster is unavailable, so it comes at once and not after the client's whole timeout.
+    ca = secure.credentials().ca
+    wrong = tmp_path / "wrong.token"
+    wrong.write_text("alice:" + "A" * 43 + "\n")
+    timeout = 60.0
+    for credentials, reason in ((Credentials(ca=ca), "no token given"),
+                                (Credentials(ca=ca, token_file=str(wrong)), "token was refused")):
+        with Client(secure.cluster, user="alice", timeout=timeout,
+                    credentials=credentials) as c:
+            started = time.monotonic()
+            with pytest.raises(Unauthenticated, match=reason):
+                c.create("fast-refusal", b"never written")
+            assert time.monotonic() - started < timeout / 2
+        REFUSED["secure: write without a valid token"] += 1
+    # The CLI (whose client waits 60 s) says so with its own exit status, as the README says.
+    data = tmp_path / "f"
+    data.write_bytes(b"never written")
+    for token_file, reason in (("", b"no token given"), (str(wrong), b"token was refused")):
+        started = time.monotonic()
+        r = subprocess.run([sys.executable, "-m", "blobha", "--cluster", secure.cluster,
+                            "--ca", ca or "", "create", "fast-refusal", "-f", str(data)],
+                           capture_output=True, timeout=120, cwd=tmp_path,
+                           env={**os.environ, "BLOBHA_TOKEN_FILE": token_file,
+                                "BLOBHA_USER": "alice"})
+        assert time.monotonic() - started < 30.0, r.stderr
+        assert r.returncode == Unauthenticated.exit_code == 15, r.stderr
+        assert reason in r.stderr
+        REFUSED["secure: write without a valid token (cli)"] += 1
 
 
 def test_plaintext_and_untrusted_connections_are_refused(secure: LocalCluster,

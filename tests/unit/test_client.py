@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import getpass
 import io
+import re
 from collections.abc import Generator, Iterator, Sequence
 from pathlib import Path
 from typing import Any, BinaryIO, cast
@@ -34,7 +35,9 @@ from blobha.errors import (
     InvalidArgument,
     KeyAlreadyExists,
     KeyNotFound,
+    NotAuthorized,
     NotLeader,
+    Unauthenticated,
     Unavailable,
     UploadNotFound,
     upload_not_found,
@@ -119,6 +122,21 @@ class TestUserAndOptions:
         with pytest.raises(InvalidArgument):
             client_mod._check_user(user)
 
+    @pytest.mark.parametrize(
+        ("user", "problem"),
+        [
+            ("carol,x", "must not contain ':' or ','"),
+            ("a:b", "must not contain ':' or ','"),
+            ("x" * 257, "must be 1-256 characters"),
+            ("tab\tname", "must not contain control characters"),
+        ],
+    )
+    def test_user_names_follow_the_masters_rules(self, user: str, problem: str) -> None:
+        # The masters refuse these names (they would break an ACL's text form): the client
+        # says why before making any call.
+        with pytest.raises(InvalidArgument, match=re.escape(problem)):
+            Client("h:1", user=user, transport=FakeCluster())
+
     @pytest.mark.parametrize("size", [1, 256 * KiB - 1, 1024 * KiB + 1])
     def test_chunk_size_bounds(self, size: int) -> None:
         with pytest.raises(InvalidArgument):
@@ -137,6 +155,32 @@ class TestUserAndOptions:
             client_mod._normalize_acl("u:a:rwa,u:a:r")
         with pytest.raises(InvalidArgument):
             client_mod._normalize_acl(["u:a:rwa"])  # type: ignore[list-item]
+
+    @pytest.mark.parametrize(
+        ("entry", "problem"),
+        [
+            (AccessControl("u", "carol,x", 1), "must not contain ':' or ','"),
+            (AccessControl("u", "a:b", 1), "must not contain ':' or ','"),
+            (AccessControl("u", " bob", 1), "must not start or end with spaces"),
+            (AccessControl("u", "", 1), "must be 1-256 characters"),
+            (AccessControl("u", "bob", 8), "bad ACL access 8"),
+            (AccessControl("x", "bob", 1), "bad ACL entry type 'x'"),
+            (AccessControl("o", "bob", 1), "takes no name"),
+        ],
+    )
+    def test_acl_values_follow_the_string_rules(
+        self, entry: AccessControl, problem: str, cluster: FakeCluster
+    ) -> None:
+        # Entries built in code skip the parser; they are refused locally all the same, before
+        # any call (a ',' or ':' in a stored name would make the key's ACL unreadable).
+        with pytest.raises(InvalidArgument, match=re.escape(problem)):
+            client_mod._normalize_acl([entry])
+        c = Client("h:1", user="alice", transport=cluster)
+        with pytest.raises(InvalidArgument, match=re.escape(problem)):
+            c.create("k", b"x", acl=[entry])
+        with pytest.raises(InvalidArgument, match=re.escape(problem)):
+            c.set_acl("k", [entry])
+        assert cluster.calls == []
 
 
 class TestConversions:
@@ -719,6 +763,65 @@ def test_not_authorized_is_not_retried(client: Client, cluster: FakeCluster) -> 
     assert cluster.count("BeginUpload") == 1
 
 
+def _refusing(cluster: FakeCluster, error: BlobError, who: Sequence[str]) -> None:
+    """Masters in ``who`` refuse every ClusterSummary (the leader search) with ``error``."""
+    real = cluster._ClusterSummary
+
+    def summary(address: str, request: Any) -> pb.ClusterSummaryResponse:
+        if address in who:
+            raise error
+        return real(address, request)
+
+    cluster._ClusterSummary = summary  # type: ignore[method-assign]
+
+
+@pytest.mark.parametrize("path", ["put", "resumable"])
+@pytest.mark.parametrize(
+    "error",
+    [
+        Unauthenticated("no token given; this cluster requires one"),
+        Unauthenticated("the token was refused"),
+        NotAuthorized("user 'mallory' may not do that"),
+        InvalidArgument("bad request"),
+    ],
+)
+def test_a_write_refused_by_every_master_fails_at_once(
+    client: Client, cluster: FakeCluster, clock: FakeClock, error: BlobError, path: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A missing or wrong token is refused by the leader search itself: that is about the
+    # caller, not the cluster, so it is reported as it is instead of retried until the
+    # deadline and reported as "unavailable".
+    if path == "resumable":
+        monkeypatch.setattr(client_mod, "_PUT_MAX_BYTES", -1)
+    _refusing(cluster, error, [M1, M2, M3])
+    with pytest.raises(type(error)) as info:
+        client.create("k", b"x")
+    assert info.value is error
+    assert clock.now == 1000.0 and clock.sleeps == []
+    assert cluster.count("ClusterSummary") == 3
+    assert cluster.count("Put") == cluster.count("BeginUpload") == 0
+
+
+def test_a_refusal_is_reported_before_other_masters_unavailability(
+    client: Client, cluster: FakeCluster, clock: FakeClock
+) -> None:
+    cluster.down = {M1, M3}
+    _refusing(cluster, Unauthenticated("the token was refused"), [M2])
+    with pytest.raises(Unauthenticated, match="token was refused"):
+        client.delete("k")
+    assert clock.sleeps == []
+
+
+def test_a_leader_named_by_one_master_wins_over_anothers_refusal(
+    client: Client, cluster: FakeCluster, clock: FakeClock
+) -> None:
+    # One master has not reloaded the token file yet; the others know the caller.
+    _refusing(cluster, Unauthenticated("the token was refused"), [M1])
+    client.create("k", b"x")
+    assert cluster.blobs["k"] == (1, b"x")
+
+
 @pytest.mark.usefixtures("resumable_only")
 def test_upload_aborted_on_fatal_error(client: Client, cluster: FakeCluster) -> None:
     from blobha.errors import ResourceExhausted
@@ -879,6 +982,40 @@ def test_wait_for_replication(client: Client, cluster: FakeCluster) -> None:
     assert not result.reached and result.statuses[0].replication == 1
     with pytest.raises(InvalidArgument):
         client.wait_for_replication([], 1, 5)
+
+
+@pytest.mark.parametrize("secs", [0.0, 5.0, 45.0])
+def test_a_wait_on_unreachable_masters_gives_up_at_its_own_timeout(
+    client: Client, cluster: FakeCluster, clock: FakeClock, secs: float
+) -> None:
+    # "Give up after this long": not after the wait plus the client's own 30 s.
+    cluster.down = {M1, M2, M3}
+    with pytest.raises(Unavailable, match="unavailable"):
+        client.wait_for_replication(["k"], 1, secs)
+    assert clock.now - 1000.0 <= secs + client_mod._WAIT_GRACE
+    assert cluster.count("WaitForReplication") > 1  # other masters were tried
+
+
+def test_a_wait_on_a_silent_master_ends_within_its_grace(
+    client: Client, cluster: FakeCluster, clock: FakeClock
+) -> None:
+    # A paused master holds each call until its deadline; the last call's deadline is the
+    # wait's own end plus the grace, not the server-side wait plus a longer allowance.
+    calls: list[tuple[float, float]] = []
+
+    def unary(address: str, method: str, request: Any, timeout: float | None) -> Any:
+        assert method == "WaitForReplication" and timeout is not None
+        calls.append((request.timeout_secs, timeout))
+        clock.now += timeout
+        raise DeadlineExceeded(f"master {address} did not answer in time")
+
+    cluster.unary = unary  # type: ignore[method-assign]
+    with pytest.raises(DeadlineExceeded):
+        client.wait_for_replication(["k"], 1, 5)
+    assert clock.now - 1000.0 <= 5 + client_mod._WAIT_GRACE
+    # The call outlives the server-side wait by more than the half second the server keeps
+    # for its answer, so a live master still reports its counts.
+    assert calls[0] == (5.0, 5.0 + client_mod._WAIT_GRACE) and client_mod._WAIT_GRACE > 0.5
 
 
 def test_wait_forever_loops_bounded_calls(
