@@ -582,7 +582,15 @@ def _client(args: argparse.Namespace) -> Client:
 def _stdin() -> BinaryIO:
     if sys.stdin.isatty():
         print("reading the blob from stdin; end it with Ctrl-D", file=sys.stderr)
-    return sys.stdin.buffer
+    try:
+        fd = sys.stdin.fileno()
+    except (OSError, ValueError):  # replaced by an in-memory stream (io.UnsupportedOperation)
+        return sys.stdin.buffer
+    # Unbuffered, so without a lock: gRPC reads the upload on a thread of its own, and a
+    # refused upload leaves that thread blocked in a read of a pipe that stays open. Holding
+    # sys.stdin.buffer's lock there made interpreter shutdown abort the process ("Fatal Python
+    # error: _enter_buffered_busy", exit 134) instead of exiting with the refusal's status.
+    return open(fd, "rb", buffering=0, closefd=False)
 
 
 def _upload_source(path: str | None) -> str | BinaryIO:

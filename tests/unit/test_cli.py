@@ -1,21 +1,30 @@
-"""Unit tests of the ``blobha`` command line with a fake client (no network, no processes)."""
+"""Unit tests of the ``blobha`` command line with a fake client (no network, no processes),
+except one that runs the command in a process against an in-process fake master, for what
+only happens at interpreter shutdown."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
+import os
 import re
+import subprocess
 import sys
+import threading
 import types
 from collections.abc import Iterable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, BinaryIO
 
+import grpc
 import pytest
 
 from blobha import cli, errors
 from blobha.acl import AccessControl
 from blobha.client import (
+    DEFAULT_CHUNK_SIZE,
     BlobInfo,
     BlobMeta,
     ClusterSummary,
@@ -30,6 +39,8 @@ from blobha.errors import (
     NotAuthorized,
     Unavailable,
 )
+from blobha.v1 import blobha_pb2 as pb
+from blobha.v1 import blobha_pb2_grpc as pb_grpc
 
 
 class FakeClient:
@@ -468,6 +479,74 @@ def test_unavailable_message_is_one_line(
     store.error = Unavailable("a\n  b\tc")
     assert cli.main(["list"]) == errors.Unavailable.exit_code
     assert one_error_line(capsys.readouterr().err) == "blobha: error: a b c"
+
+
+class _DiskFullMaster(pb_grpc.BlobStoreServicer):
+    """A leader that begins an upload, then refuses it after its first chunk (a full disk)."""
+
+    def __init__(self) -> None:
+        self.address = ""
+        self.aborted = threading.Event()
+
+    def ClusterSummary(self, request: pb.ClusterSummaryRequest, context: grpc.ServicerContext
+                       ) -> pb.ClusterSummaryResponse:
+        me = pb.MasterSummary(address=self.address, is_leader=True, reachable=True)
+        return pb.ClusterSummaryResponse(masters=[me], leader=self.address)
+
+    def BeginUpload(self, request: pb.BeginUploadRequest, context: grpc.ServicerContext
+                    ) -> pb.BeginUploadResponse:
+        return pb.BeginUploadResponse(upload_id="up-1")
+
+    def AppendUpload(self, request_iterator: Iterator[pb.UploadChunk],
+                     context: grpc.ServicerContext) -> pb.UploadStatus:
+        next(request_iterator)
+        context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "the disk is full")
+        raise AssertionError("abort raises")
+
+    def AbortUpload(self, request: pb.AbortUploadRequest, context: grpc.ServicerContext
+                    ) -> pb.AbortUploadResponse:
+        self.aborted.set()
+        return pb.AbortUploadResponse()
+
+
+def test_a_stdin_upload_refused_mid_stream_exits_cleanly(tmp_path: Path) -> None:
+    # The upload's request thread is left blocked reading stdin (the pipe stays open) when the
+    # leader refuses the upload: the process must still exit with the refusal's status, not
+    # abort at interpreter shutdown over a lock that thread holds on stdin.
+    master = _DiskFullMaster()
+    server = grpc.server(ThreadPoolExecutor(max_workers=4))
+    pb_grpc.add_BlobStoreServicer_to_server(master, server)  # type: ignore[no-untyped-call]
+    master.address = f"127.0.0.1:{server.add_insecure_port('127.0.0.1:0')}"
+    server.start()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BLOBHA_")}
+    try:
+        child = subprocess.Popen(
+            [sys.executable, "-m", "blobha", "--cluster", master.address, "--user", "alice",
+             "create", "k"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            cwd=tmp_path, env=env,
+        )
+        assert child.stdin is not None
+        try:
+            # One whole chunk (the client's first, read before the call), then a little more
+            # that fits in the pipe: the next read waits for data that never comes.
+            with contextlib.suppress(BrokenPipeError):
+                child.stdin.write(b"x" * (DEFAULT_CHUNK_SIZE + 16 * 1024))
+                child.stdin.flush()
+            # Not communicate(): it would close stdin, and the reader would see its end.
+            status = child.wait(timeout=60)
+            assert child.stderr is not None
+            err = child.stderr.read()
+        finally:
+            child.kill()
+            child.stdin.close()
+            child.wait()
+    finally:
+        server.stop(0)
+    assert b"Fatal Python error" not in err, err.decode(errors="replace")
+    assert status == errors.ResourceExhausted.exit_code, err.decode(errors="replace")
+    assert b"the disk is full" in err
+    assert master.aborted.is_set()
 
 
 # ------------------------------------------------------------------------------------------------
