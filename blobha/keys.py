@@ -1,12 +1,13 @@
 """Blob keys: Storm's key rules, and a safe on-disk name for each key.
 
-A key matches ``^[\\w \\t._-]+$`` (``\\w`` is Unicode-aware, so ``données_2024`` is valid), is
-not ``.`` or ``..``, and is at most :data:`MAX_KEY_BYTES` bytes of UTF-8. Unlike Storm, a key
-may not hold characters ZooKeeper refuses in node names (control characters, and characters
-beyond U+FFFF such as emoji, which Java stores as surrogate pairs),
-which Storm accepted only to fail later in ZooKeeper. The rules exclude ``/`` (which would
-nest znodes or escape the blob directory) and ``:`` (which would collide with the
-``host:port-seq`` replica node names).
+A key is made of letters, digits, ``_``, ``.``, ``-`` and space (it matches
+``[\\w ._-]+``; ``\\w`` is Unicode-aware, so ``données_2024`` is valid), is not ``.`` or
+``..``, and is at most :data:`MAX_KEY_BYTES` bytes of UTF-8. Unlike Storm, a key may not hold
+characters ZooKeeper refuses in node names, which Storm accepted only to fail later in
+ZooKeeper: control characters (Storm's rule allows tab), and characters beyond U+FFFF such as
+emoji, which Java stores as surrogate pairs. The rules exclude ``/`` (which would nest znodes
+or escape the blob directory) and ``:`` (which would collide with the ``host:port-seq``
+replica node names).
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ import xxhash
 from blobha.errors import InvalidArgument
 
 MAX_KEY_BYTES = 512
-_KEY_RE = re.compile(r"^[\w \t._-]+$")
+#: Storm's rule without the tab it allows, which ZooKeeper refuses (see _zookeeper_refuses).
+_KEY_RE = re.compile(r"[\w ._-]+")
 # Longest directory name we produce; most file systems cap a name at 255 bytes.
 _MAX_DIRNAME = 200
 
@@ -32,25 +34,41 @@ def validate_key(key: str) -> str:
         raise InvalidArgument(f"the key is longer than {MAX_KEY_BYTES} bytes of UTF-8; shorten it")
     if key in (".", ".."):
         raise InvalidArgument(f"{key!r} is not a valid key; choose a name with letters or digits")
-    bad = next((c for c in key if _zookeeper_forbids(c)), None)
-    if bad is not None:
+    # The usual key passes in one match; \w takes no control, surrogate, private-use or
+    # Specials character, so of what ZooKeeper refuses only those beyond U+FFFF remain.
+    if _KEY_RE.fullmatch(key) and max(key) <= "\uffff":
+        return key
+    # Some character fails one rule or the other: the first one is named.
+    bad = next(c for c in key if _zookeeper_refuses(c) or not _KEY_RE.fullmatch(c))
+    why = _zookeeper_refuses(bad)
+    if why:
         raise InvalidArgument(
-            f"invalid key {key!r}: character U+{ord(bad):04X} cannot be stored in a ZooKeeper"
-            " node name (control characters such as tab are not allowed); remove it"
+            f"invalid key {key!r}: character {bad!r} (U+{ord(bad):04X}, {why}) cannot be stored"
+            " in a ZooKeeper node name; remove it"
         )
-    if not _KEY_RE.match(key) or "\n" in key:
-        raise InvalidArgument(
-            f"invalid key {key!r}: keys may contain only letters, digits, '_', '.', '-', space and"
-            " tab (no '/', ':' or other punctuation)"
-        )
-    return key
+    raise InvalidArgument(
+        f"invalid key {key!r}: character {bad!r} is not allowed; keys may contain only letters,"
+        " digits, '_', '.', '-' and space (no '/', ':' or other punctuation)"
+    )
 
 
-def _zookeeper_forbids(c: str) -> bool:
-    # ZooKeeper's PathUtils rejects these UTF-16 code units in any path component. A code
-    # point above U+FFFF is a surrogate pair in Java's UTF-16, so it is refused as well.
+def _zookeeper_refuses(c: str) -> str:
+    """Why ZooKeeper refuses ``c`` in a node name, or "" if it does not.
+
+    Its PathUtils rejects these UTF-16 code units in any path component. A code point above
+    U+FFFF is a surrogate pair in Java's UTF-16, so it is refused as well."""
     o = ord(c)
-    return (o < 0x20 or 0x7F <= o <= 0x9F or 0xD800 <= o <= 0xF8FF or o >= 0xFFF0)
+    if o < 0x20 or 0x7F <= o <= 0x9F:
+        return "a control character"
+    if 0xD800 <= o <= 0xDFFF:
+        return "a surrogate"
+    if 0xE000 <= o <= 0xF8FF:
+        return "a private-use character"
+    if 0xFFF0 <= o <= 0xFFFF:
+        return "in the Specials block"
+    if o > 0xFFFF:
+        return "beyond U+FFFF: Java stores it as a surrogate pair"
+    return ""
 
 
 def key_dirname(key: str) -> str:

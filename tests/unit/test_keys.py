@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from blobha import keys
 from blobha.errors import InvalidArgument
 from blobha.keys import MAX_KEY_BYTES, key_dirname, key_of_dirname, validate_key
 
@@ -59,6 +60,35 @@ def test_invalid_keys_are_rejected(key: str) -> None:
 def test_characters_zookeeper_refuses_are_named() -> None:
     with pytest.raises(InvalidArgument, match=r"U\+0009.*ZooKeeper"):
         validate_key("tab\tkey")
+
+
+@pytest.mark.parametrize(
+    ("key", "named"),
+    [
+        ("tab\tkey", r"character '\t' (U+0009, a control character)"),
+        ("emoji-\U0001F600", "character '\U0001F600' (U+1F600, beyond U+FFFF"),
+        ("private\ue000use", r"character '\ue000' (U+E000, a private-use character)"),
+        ("repl\ufffd", "character '\ufffd' (U+FFFD, in the Specials block)"),
+        ("a/b", "character '/' is not allowed"),
+        ("ok:\t", "character ':' is not allowed"),  # the first offending character
+        ("star*\U0001F600", "character '*' is not allowed"),
+    ],
+)
+def test_the_message_names_the_offending_character(key: str, named: str) -> None:
+    with pytest.raises(InvalidArgument) as info:
+        validate_key(key)
+    message = str(info.value)
+    assert named in message
+    # Only the rule that was broken: no "such as tab" for an emoji, and tab is never offered
+    # as allowed (ZooKeeper refuses it).
+    assert "tab" not in message.replace(repr(key), "")
+
+
+def test_the_documented_rule_is_the_enforced_one() -> None:
+    # Tab: neither in the pattern, nor in the module's rule, nor accepted.
+    assert not keys._KEY_RE.fullmatch("\t")
+    assert "\\t" not in (keys.__doc__ or "")
+    assert validate_key("letters digits_._-") == "letters digits_._-"
 
 
 def test_characters_beyond_the_bmp_are_refused_like_zookeeper_does() -> None:
