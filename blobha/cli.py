@@ -189,6 +189,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="access list, e.g. u:alice:rwa,o::r (you always keep full access)",
     )
     p.add_argument(
+        "-r",
         "--replication-factor",
         type=_positive_int,
         default=0,
@@ -243,8 +244,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--json", action="store_true", help="print a JSON array")
 
-    p = command("delete", "delete a blob", _cmd_delete)
-    p.add_argument("key", metavar="KEY")
+    p = command("delete", "delete blobs (each one tried; the status is the first failure's)",
+                _cmd_delete)
+    p.add_argument("keys", metavar="KEY", nargs="+")
 
     p = command("list", "list keys (only the given ones that exist, if any)", _cmd_list)
     p.add_argument("keys", metavar="KEY", nargs="*")
@@ -258,7 +260,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("set-acl", "replace a blob's access list", _cmd_set_acl)
     p.add_argument("key", metavar="KEY")
     p.add_argument(
-        "-s", "--set", dest="acl", required=True, metavar="ACL[,ACL...]", help="the new ACL"
+        "-s", "--set", dest="acl", metavar="ACL[,ACL...]",
+        help="the new ACL (without it, the current one is set again, as in Storm)",
     )
 
     p = command("replication", "read or change a blob's replication", _cmd_replication)
@@ -266,7 +269,7 @@ def build_parser() -> argparse.ArgumentParser:
     mode = p.add_mutually_exclusive_group(required=True)
     mode.add_argument("--read", action="store_true", help="print the current replica count")
     mode.add_argument("--update", action="store_true", help="change the replication factor")
-    p.add_argument("--replication-factor", type=_positive_int, metavar="N")
+    p.add_argument("-r", "--replication-factor", type=_positive_int, metavar="N")
 
     p = command(
         "wait-replication", "wait until blobs have at least N replicas", _cmd_wait_replication
@@ -670,9 +673,16 @@ def _cmd_fetch(args: argparse.Namespace) -> int:
 
 
 def _cmd_delete(args: argparse.Namespace) -> int:
+    # Like rm: every key is tried, each failure said, and the first one's status returned.
+    status = 0
     with _client(args) as c:
-        c.delete(args.key)
-    return 0
+        for key in args.keys:
+            try:
+                c.delete(key)
+            except BlobError as exc:
+                _fail(str(exc) or type(exc).__name__)
+                status = status or exc.exit_code
+    return status
 
 
 def _cmd_list(args: argparse.Namespace) -> int:
@@ -709,9 +719,10 @@ def _cmd_meta(args: argparse.Namespace) -> int:
 
 
 def _cmd_set_acl(args: argparse.Namespace) -> int:
-    acl = parse_acl(args.acl)
+    acl = None if args.acl is None else parse_acl(args.acl)
     with _client(args) as c:
-        meta = c.set_acl(args.key, acl)
+        # Storm's set-acl without -s sets the current ACL again (ADMIN still needed).
+        meta = c.set_acl(args.key, list(c.get_meta(args.key).acl) if acl is None else acl)
     _note(f"ACL of {meta.key} is now {format_acl(meta.acl)}")
     return 0
 

@@ -223,7 +223,8 @@ class TestParsing:
             ["create"],
             ["create", "k", "--replication-factor", "0"],
             ["create", "k", "--replication-factor", "x"],
-            ["set-acl", "k"],
+            ["set-acl"],
+            ["delete"],
             ["replication", "k"],
             ["replication", "--read", "--update", "k"],
             ["replication", "--update", "k"],
@@ -330,6 +331,28 @@ def test_delete(store: FakeStore) -> None:
     store.blobs["k"] = (b"x", (), 1)
     assert cli.main(["delete", "k"]) == 0
     assert "k" not in store.blobs
+
+
+def test_delete_of_several_keys_tries_each_and_returns_the_first_failure(
+    store: FakeStore, capsys: pytest.CaptureFixture[str]
+) -> None:
+    store.blobs["a"] = (b"x", (), 1)
+    store.blobs["c"] = (b"x", (), 1)
+    assert cli.main(["delete", "a", "missing", "c"]) == errors.KeyNotFound.exit_code
+    assert "a" not in store.blobs and "c" not in store.blobs
+    assert "missing" in capsys.readouterr().err
+
+
+def test_storm_spellings_of_set_acl_and_the_replication_factor(store: FakeStore) -> None:
+    a = cli.build_parser().parse_args(["create", "k", "-r", "2"])
+    assert a.replication_factor == 2
+    a = cli.build_parser().parse_args(["replication", "--update", "-r", "4", "k"])
+    assert a.replication_factor == 4
+    # Without -s, Storm sets the current ACL again.
+    acl = (AccessControl("u", "bob", 1), AccessControl("o", "", 0))
+    store.blobs["k"] = (b"x", acl, 1)
+    assert cli.main(["set-acl", "k"]) == 0
+    assert store.blobs["k"][1] == acl
 
 
 def test_cluster_table_and_json(store: FakeStore, capsys: pytest.CaptureFixture[str]) -> None:
