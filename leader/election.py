@@ -74,6 +74,10 @@ class LeaderElection:
         self._epoch = 0
         self._epoch_version = -1
         self._suspended_since: float | None = None
+        # Set when kazoo reports the session LOST; cleared only by the election thread once it
+        # has handled the new session (stepped down, joined again). A new session's CONNECTED
+        # clears the suspension first, and would otherwise show the old term as leading.
+        self._session_lost = False
         self._leader_address = ""
         self._thread = threading.Thread(target=self._run, name="election", daemon=True)
         self.journal = ChangeJournal(zk)
@@ -84,7 +88,8 @@ class LeaderElection:
     @property
     def is_leader(self) -> bool:
         """True only for a ready leader whose connection is not suspended."""
-        return self._leading and self._ready and self._suspended_since is None
+        return (self._leading and self._ready and self._suspended_since is None
+                and not self._session_lost)
 
     @property
     def epoch(self) -> int:
@@ -193,6 +198,8 @@ class LeaderElection:
         elif state == KazooState.CONNECTED:
             self._suspended_since = None
         elif state == KazooState.LOST:
+            self._session_lost = True
+            self._leader_address = ""  # as last seen by a session that is gone
             self._suspended_since = time.monotonic() - self.session_timeout
         self._wake.set()
 
@@ -223,6 +230,7 @@ class LeaderElection:
             if self._leading and too_long:
                 self._step_down("ZooKeeper connection suspended too long")
             return
+        lost = self._session_lost  # read before the session: a later LOST stays flagged
         session = self.zk.client_id[0] if self.zk.client_id else None
         if self._node is None or session != self._session:
             if self._leading:
@@ -233,6 +241,9 @@ class LeaderElection:
             )
             self._session = session
             log.info("joined the election as %s", self._node)
+        if lost:
+            # Whatever term the lost session held was given up above: this session is handled.
+            self._session_lost = False
         children = sorted(
             (c for c in self.zk.get_children(ELECTION, watch=self._on_watch)
              if c.startswith(_PREFIX)),
