@@ -84,8 +84,10 @@ def check_entries(acl: Iterable[AccessControl]) -> list[AccessControl]:
     return out
 
 
-def parse_entry(text: str) -> AccessControl:
-    """Parse one ACL entry, raising :class:`InvalidArgument` with the expected form."""
+def parse_entry(text: str, strict: bool = True) -> AccessControl:
+    """Parse one ACL entry, raising :class:`InvalidArgument` with the expected form.
+    ``strict=False`` skips the user-name rules (:func:`name_problem`), for ACLs read back from
+    ZooKeeper: a name an older version stored must not make its key unreadable."""
     parts = text.strip().split(":")
     if len(parts) != 3:
         raise InvalidArgument(
@@ -109,17 +111,18 @@ def parse_entry(text: str) -> AccessControl:
                 f"bad ACL entry {text!r}: unknown permission {c!r}; use r, w, a or -"
             )
         access |= _BITS[c]
-    if kind == "u":
+    if kind == "u" and strict:
         problem = name_problem(name)
         if problem:
             raise InvalidArgument(f"bad ACL entry {text!r}: the user name {problem}")
     return AccessControl(kind, name, access)
 
 
-def parse_acl(text: str | Iterable[str]) -> list[AccessControl]:
-    """Parse a comma-separated ACL string (or entries) and reject duplicate entries."""
+def parse_acl(text: str | Iterable[str], strict: bool = True) -> list[AccessControl]:
+    """Parse a comma-separated ACL string (or entries) and reject duplicate entries
+    (``strict``: see :func:`parse_entry`)."""
     items = text.split(",") if isinstance(text, str) else list(text)
-    acl = [parse_entry(t) for t in items if t.strip()]
+    acl = [parse_entry(t, strict) for t in items if t.strip()]
     check_duplicates(acl)
     return acl
 

@@ -112,7 +112,8 @@ class BlobState:
     @classmethod
     def decode(cls, data: bytes, meta_version: int = 0) -> BlobState:
         d = json.loads(data)
-        d["acl"] = tuple(parse_acl(d["acl"]))
+        # Not strict: names stored before the user-name rules applied to ACLs stay readable.
+        d["acl"] = tuple(parse_acl(d["acl"], strict=False))
         d["history"] = tuple(PastVersion(**h) for h in d.get("history", ()))
         d["meta_version"] = meta_version
         return cls(**d)

@@ -197,3 +197,15 @@ def test_check_entries_accepts_what_the_grammar_round_trips_and_rejects_duplicat
     assert parse_acl(format_acl(acl)) == acl
     with pytest.raises(InvalidArgument, match="more than once"):
         check_entries([AccessControl("u", "bob", READ), AccessControl("u", "bob", WRITE)])
+
+
+def test_acls_read_back_from_zookeeper_keep_names_stored_before_the_rules() -> None:
+    # An older version stored 'u: bob:r' as the name ' bob': its key must stay readable.
+    from blobha.zkstate import BlobState
+
+    state = BlobState(seq=1, size=1, digest="0" * 32, acl=(AccessControl("u", " bob", READ),),
+                      replication_factor=3, creator="alice", created_at=0.0, updated_at=0.0,
+                      epoch=1, acked=True)
+    assert BlobState.decode(state.encode()).acl == state.acl
+    with pytest.raises(InvalidArgument, match="spaces"):
+        parse_acl("u: bob:r")
