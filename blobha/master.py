@@ -887,12 +887,16 @@ class Master:
         deadline = time.monotonic() + self.session_timeout
         while time.monotonic() < deadline:
             try:
+                # Connected first: while kazoo reconnects it queues requests rather than failing
+                # them, so a sync sent now could wait out the whole outage.
+                self._require_zk()
                 # The session may now be on a server that has not yet seen the transaction
                 # (its zxid never reached this client): sync first, or a stale read would say
                 # "did not apply" of a commit that did, and its only copy would be deleted.
-                self.zk.sync(key_path(key))
+                self.zk.sync_async(key_path(key)).get(
+                    timeout=max(deadline - time.monotonic(), 0.01))
                 after = self._read_state(key)
-            except (Unavailable, KazooException):
+            except (Unavailable, KazooException, KazooTimeoutError):
                 self._stopped.wait(0.2)
                 continue
             if (after is not None and after.seq == new.seq and after.digest == new.digest

@@ -50,8 +50,12 @@ class _Ensemble:
             self.data.update(txn.ops)
         raise ConnectionLoss()
 
-    def sync(self, path: str) -> None:
+    def sync_async(self, path: str) -> Any:
+        # Only ever sent while connected (a sync queued while kazoo reconnects could wait out
+        # the whole outage).
+        assert self.state == KazooState.CONNECTED, "sync sent while not connected"
         self.synced = True
+        return SimpleNamespace(get=lambda timeout=None: path)
 
     def get(self, path: str) -> tuple[bytes, Any]:
         if path not in self.data or (self.lagging and not self.synced):
