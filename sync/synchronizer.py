@@ -1393,6 +1393,9 @@ class Synchronizer:
             # Asked here, just before the delete, not once at start: ZooKeeper wiped or
             # swapped while this master runs must not read as "every key was deleted".
             if not self._deletions_allowed():
+                # The grace starts again once ZooKeeper holds this cluster: restored in stages,
+                # a key not back yet must not go at once on a grace counted from the wipe.
+                self._deleted_since.pop(key, None)
                 log.debug("ZooKeeper has no record of %r, but it does not hold this store's"
                             " cluster (wiped or foreign?): keeping the local copy", key)
                 return

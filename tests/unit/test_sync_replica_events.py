@@ -715,3 +715,25 @@ def test_a_version_above_the_committed_one_is_judged_again_under_the_key_lock(
     zk.get = committed(5)  # type: ignore[attr-defined]
     s._prune("k", 5)
     assert store.versions("k") == []
+
+
+def test_a_delete_refused_for_the_cluster_identity_waits_a_full_grace_afterwards(
+    tmp_path: Any,
+) -> None:
+    # ZooKeeper wiped, then restored in stages (the cluster's identity first, the keys after):
+    # a key not back yet was deleted at once, on a grace counted from the wipe.
+    import time
+
+    store = LocalStore(tmp_path / "s")
+    store.install_many([("k", 1, b"x", 1, digest_bytes(b"x"))])
+    s, zk = synchroniser(store=store)
+    s._key_lock = store.key_lock
+    zk.exists = lambda path: None  # type: ignore[attr-defined]
+    identity_back = [False]
+    s._deletions_allowed = lambda: identity_back[0]
+    s._deleted_since["k"] = time.monotonic() - 3600  # gone since the wipe, long ago
+    s._key_gone("k")
+    assert store.versions("k") == [1]
+    identity_back[0] = True
+    s._key_gone("k")
+    assert store.versions("k") == [1]  # its grace starts now
