@@ -48,6 +48,7 @@ from blobha.errors import (
     KeyNotFound,
     NotAuthorized,
     NotLeader,
+    Unauthenticated,
     Unavailable,
     UploadNotFound,
 )
@@ -120,6 +121,10 @@ _ABORT_TIMEOUT = 2.0
 #: permission, a bad request. Every master would say the same, so it is reported at once
 #: instead of being retried until the deadline as if the cluster were unavailable.
 _REFUSALS: tuple[type[BlobError], ...] = (NotAuthorized, InvalidArgument)
+#: How long a credential refused by every master is asked about again before the refusal is
+#: final: a master reads its token file again at most once a second, so a token added just
+#: now may be refused for that long (twice that, and some, for a busy master).
+_REFUSAL_PATIENCE = 3.0
 _NOT_HELD_PREFIX = "not held here"
 
 _CHANNEL_OPTIONS: tuple[tuple[str, int], ...] = (
@@ -850,11 +855,15 @@ class Client:
         )
         return self._upload(request, data, progress)
 
-    def set_acl(self, key: str, acl: str | Sequence[AccessControl]) -> BlobMeta:
-        """Replace the ACL of ``key`` (needs ADMIN); the caller keeps ADMIN."""
+    def set_acl(self, key: str, acl: str | Sequence[AccessControl],
+                expected_meta_version: int = 0) -> BlobMeta:
+        """Replace the ACL of ``key`` (needs ADMIN); the caller keeps ADMIN. With
+        ``expected_meta_version`` (a :class:`BlobMeta`'s ``meta_version``) the change is made
+        only if the metadata is still that version, else :class:`VersionConflict`."""
         validate_key(key)
         entries = _normalize_acl(acl)
-        request = pb.SetMetaRequest(key=key, set_acl=True, acl=_acl_to_pb(entries))
+        request = pb.SetMetaRequest(key=key, set_acl=True, acl=_acl_to_pb(entries),
+                                    expected_meta_version=expected_meta_version)
         return _meta_from_pb(self._leader_call(f"set the ACL of {key!r}", "SetMeta", request))
 
     def set_replication_factor(self, key: str, replication_factor: int) -> BlobMeta:
@@ -1066,6 +1075,10 @@ class Client:
             # Some master accepted us (one that refused may not have reloaded its tokens yet).
             raise Unavailable("no leader is elected yet (a failover may be in progress)")
         if refusal is not None:
+            waited = deadline.seconds - deadline.remaining()
+            if isinstance(refusal, Unauthenticated) and waited < _REFUSAL_PATIENCE:
+                raise Unavailable(f"{refusal} (asking again for a moment: a token added just now"
+                                  " may not be loaded yet)")
             raise refusal
         if isinstance(first_error, DeadlineExceeded) and deadline.expired():
             # Every probe ran into the end of the caller's deadline: the caller reports why it
