@@ -721,8 +721,13 @@ def _cmd_meta(args: argparse.Namespace) -> int:
 def _cmd_set_acl(args: argparse.Namespace) -> int:
     acl = None if args.acl is None else parse_acl(args.acl)
     with _client(args) as c:
-        # Storm's set-acl without -s sets the current ACL again (ADMIN still needed).
-        meta = c.set_acl(args.key, list(c.get_meta(args.key).acl) if acl is None else acl)
+        if acl is None:
+            # Storm's set-acl without -s sets the current ACL again (ADMIN still needed); only
+            # if it is still the one read, so a change made meanwhile is never undone.
+            current = c.get_meta(args.key)
+            meta = c.set_acl(args.key, current.acl, expected_meta_version=current.meta_version)
+        else:
+            meta = c.set_acl(args.key, acl)
     _note(f"ACL of {meta.key} is now {format_acl(meta.acl)}")
     return 0
 

@@ -116,7 +116,9 @@ class FakeClient:
             raise NotAuthorized(f"user lacks READ permission on {key!r}")
         return self._meta(key)
 
-    def set_acl(self, key: str, acl: Sequence[AccessControl]) -> BlobMeta:
+    def set_acl(self, key: str, acl: Sequence[AccessControl],
+                expected_meta_version: int = 0) -> BlobMeta:
+        self.store.expected_meta_versions.append(expected_meta_version)
         data, _, version = self.store.blobs[key]
         self.store.blobs[key] = (data, tuple(acl), version)
         return self._meta(key)
@@ -167,6 +169,7 @@ class FakeStore:
         self.replication_factor = 0
         self.closed = 0
         self.error: BaseException | None = None
+        self.expected_meta_versions: list[int] = []
 
 
 @pytest.fixture
@@ -353,6 +356,8 @@ def test_storm_spellings_of_set_acl_and_the_replication_factor(store: FakeStore)
     store.blobs["k"] = (b"x", acl, 1)
     assert cli.main(["set-acl", "k"]) == 0
     assert store.blobs["k"][1] == acl
+    # Set again only if still the ACL read: a change made meanwhile is never undone.
+    assert store.expected_meta_versions[-1] == 1  # the meta_version get_meta gave
 
 
 def test_cluster_table_and_json(store: FakeStore, capsys: pytest.CaptureFixture[str]) -> None:
