@@ -772,7 +772,19 @@ def _check_and_wait(
     )
     if minimum == 0:
         return [client.get_replication(k) for k in keys], True, warnings
-    result = client.wait_for_replication(keys, minimum, max_wait)
+    try:
+        result = client.wait_for_replication(keys, minimum, max_wait)
+    except (Unavailable, DeadlineExceeded) as e:
+        # No master answered within the wait (a failover, ZooKeeper down): the minimum is not
+        # known to be reached, which the launch policy decides on like any other timeout.
+        # The statuses are what the access check read; their holders are unknown.
+        from blobha.status import ReplicationStatus  # drivers only, as above
+
+        warnings.append(f"no master answered the replication wait: {e}")
+        log.warning("%s", warnings[-1])
+        return [ReplicationStatus(key, metas[key].version, metas[key].replication,
+                                  metas[key].replication_factor, ()) for key in keys
+                ], False, warnings
     return result.statuses, result.reached, warnings
 
 

@@ -147,3 +147,40 @@ def test_every_option_is_documented() -> None:
         blobspark.CONF_USER, blobspark.CONF_UPDATE_INTERVAL,
     } <= keys
     assert all(o.doc for o in blobspark.OPTIONS)
+
+
+class _UnreachableDuringTheWait:
+    """A client whose access check answers, but whose replication waits find no master."""
+
+    user = "alice"
+
+    def get_meta(self, key: str) -> object:
+        from blobha.client import BlobMeta
+
+        return BlobMeta(key, 2, 10, "ab" * 16, (), 3, 1, 1.0, 2.0, "alice", 1)
+
+    def cluster_summary(self) -> object:
+        from blobha.errors import Unavailable
+
+        raise Unavailable("no leader is elected yet")
+
+    def wait_for_replication(self, keys: list[str], minimum: int, timeout: float) -> object:
+        from blobha.errors import Unavailable
+
+        raise Unavailable("ZooKeeper is unreachable from every master; retry shortly")
+
+
+@pytest.mark.parametrize("policy", [blobspark.ON_TIMEOUT_PROCEED, blobspark.ON_TIMEOUT_FAIL])
+def test_a_wait_no_master_answers_is_a_timeout_the_policy_decides_on(policy: str) -> None:
+    # The launch used to fail with 'unavailable' whatever the policy, once a failover
+    # outlasted the wait.
+    client: object = _UnreachableDuringTheWait()
+    if policy == blobspark.ON_TIMEOUT_FAIL:
+        with pytest.raises(blobspark.ReplicationTimeout):
+            blobspark._wait(client, ["a", "b"], 2, 5.0, policy)  # type: ignore[arg-type]
+        return
+    report = blobspark._wait(client, ["a", "b"], 2, 5.0, policy)  # type: ignore[arg-type]
+    assert not report.reached
+    assert [(s.key, s.version, s.replication) for s in report.statuses] == [("a", 2, 1),
+                                                                           ("b", 2, 1)]
+    assert any("no master answered" in w for w in report.warnings)
