@@ -114,6 +114,24 @@ def md(user: str) -> tuple[tuple[str, str], ...]:
     return ((USER_METADATA_KEY, user),)
 
 
+def master_metadata(cluster: LocalCluster) -> tuple[tuple[str, str], ...]:
+    """Call metadata by which a test speaks as the masters: their principal and the cluster
+    secret, read from ZooKeeper."""
+    from kazoo.client import KazooClient
+
+    from blobha.auth import MASTER_SECRET_METADATA_KEY
+    from blobha.zkstate import MASTER_SECRET
+
+    zk = KazooClient(hosts=cluster.zk.connect_string + "/blobha")
+    zk.start()
+    try:
+        secret = zk.get(MASTER_SECRET)[0].decode()
+    finally:
+        zk.stop()
+        zk.close()
+    return (*md("blobha-master"), (MASTER_SECRET_METADATA_KEY, secret))
+
+
 def store_dir(m: MasterProcess) -> Path:
     return m.config_path.parent / f"master-{m.index + 1}"
 

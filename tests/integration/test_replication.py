@@ -14,6 +14,7 @@ from conftest import (
     client_for,
     followers,
     make_cluster,
+    master_metadata,
     md,
     scrape,
     store_dir,
@@ -25,7 +26,6 @@ from conftest import (
 from kazoo.client import KazooClient
 
 from blobha import placement
-from blobha.auth import MASTER_SECRET_METADATA_KEY
 from blobha.bench import node_status
 from blobha.client import Client
 from blobha.localcluster import LocalCluster, MasterProcess
@@ -35,7 +35,6 @@ from blobha.v1 import blobha_pb2 as pb
 from blobha.zkstate import (
     ELECTION,
     JOURNAL,
-    MASTER_SECRET,
     MASTERS,
     JournalRecord,
     key_path,
@@ -380,14 +379,7 @@ def test_fetch_versions_serves_small_versions_whole_to_masters_only(
         alice.create(key, key.encode() * 100, replication_factor=3)
     alice.create(big, os.urandom(FETCH_WHOLE_MAX_BYTES + 1), replication_factor=3)
     assert alice.wait_for_replication([*small, big], 3, timeout=30).reached
-    zk = KazooClient(hosts=cluster.zk.connect_string + "/blobha")
-    zk.start()
-    try:
-        secret = zk.get(MASTER_SECRET)[0].decode()
-    finally:
-        zk.stop()
-        zk.close()
-    as_master = (*md("blobha-master"), (MASTER_SECRET_METADATA_KEY, secret))
+    as_master = master_metadata(cluster)
     refs = [(k, 1) for k in small] + [(big, 1), (small[0], 7), ("no-such-key", 1)]
     request = pb.FetchVersionsRequest(versions=[pb.VersionRef(key=k, version=v) for k, v in refs])
     for m in cluster.masters:

@@ -7,8 +7,7 @@ import os
 import grpc
 import pytest
 import xxhash
-from conftest import client_for, md, store_dir, stub, version_files, wait_until
-from kazoo.client import KazooClient
+from conftest import client_for, master_metadata, md, store_dir, stub, version_files, wait_until
 
 from blobha import (
     InvalidArgument,
@@ -17,11 +16,9 @@ from blobha import (
     NotAuthorized,
     parse_acl,
 )
-from blobha.auth import MASTER_SECRET_METADATA_KEY
 from blobha.client import Client
 from blobha.localcluster import LocalCluster
 from blobha.v1 import blobha_pb2 as pb
-from blobha.zkstate import MASTER_SECRET
 
 pytestmark = pytest.mark.integration
 
@@ -104,14 +101,7 @@ def test_7_admin_may_create_and_delete_anything(cluster: LocalCluster, alice: Cl
         alice.get_meta(unique_key)
     # The masters' own identity (their principal and the cluster secret) is privileged too.
     alice.create(unique_key + "-m", b"private", acl="u:alice:rwa")
-    zk = KazooClient(hosts=cluster.zk.connect_string + "/blobha")
-    zk.start()
-    try:
-        secret = zk.get(MASTER_SECRET)[0].decode()
-    finally:
-        zk.stop()
-        zk.close()
-    as_master = (*md("blobha-master"), (MASTER_SECRET_METADATA_KEY, secret))
+    as_master = master_metadata(cluster)
     leader = stub(cluster.leader().address)
     chunks = leader.Download(pb.DownloadRequest(key=unique_key + "-m"), metadata=as_master)
     assert b"".join(c.data for c in chunks) == b"private"
