@@ -1397,7 +1397,7 @@ class Synchronizer:
                 # a key not back yet must not go at once on a grace counted from the wipe.
                 self._deleted_since.pop(key, None)
                 log.debug("ZooKeeper has no record of %r, but it does not hold this store's"
-                            " cluster (wiped or foreign?): keeping the local copy", key)
+                          " cluster (wiped or foreign?): keeping the local copy", key)
                 return
             self.store.delete_key(key)
             self._deleted_since.pop(key, None)
