@@ -691,16 +691,21 @@ class Master:
             except BaseException:
                 up.temp.discard()
                 raise
+            result: BlobState | BaseException = Unavailable("not committed; retry")
             try:
                 result = self._commit_together([(key, up.create, new)])[0]
-            except BaseException:
-                self.store.delete_version(key, new.seq)
-                raise
+            finally:
+                self._drop_uncommitted(key, new.seq, result)
             if isinstance(result, BaseException):
-                if not isinstance(result, CommitOutcomeUnknown):
-                    self.store.delete_version(key, new.seq)
                 raise result
         return self._acknowledge(key, result, user)
+
+    def _drop_uncommitted(self, key: str, seq: int, result: BlobState | BaseException) -> None:
+        """After a commit attempt: delete the installed version ``seq`` unless its commit
+        applied, or may have (:class:`CommitOutcomeUnknown`: with W=1 ZooKeeper may already
+        call it acknowledged, and this copy would be its only one)."""
+        if not isinstance(result, BlobState | CommitOutcomeUnknown):
+            self.store.delete_version(key, seq)
 
     def _nothing_here(self, key: str) -> bool:
         """Nothing of ``key`` on this master (the caller holds its lock, so no copy can arrive
@@ -805,8 +810,7 @@ class Master:
                     out[i] = committed
             finally:
                 for i in live:
-                    if not isinstance(out[i], BlobState | CommitOutcomeUnknown):
-                        self.store.delete_version(batch[i].key, news[i].seq)
+                    self._drop_uncommitted(batch[i].key, news[i].seq, out[i])
         return out
 
     def _states_for_commit(self, batch: Sequence[_Put]
