@@ -733,11 +733,10 @@ def _already_replicated(
         return None
     try:
         now = client.wait_for_replication(keys, minimum, 0)
-    except (KeyNotFound, NotAuthorized):
-        return None  # check_access names every such key, not only the first
-    except (Unavailable, DeadlineExceeded):
-        # A zero wait gives up on unreachable masters within its short grace; the whole way
-        # retries for the client's own timeout, so a failover at launch costs no job.
+    except (KeyNotFound, NotAuthorized, Unavailable, DeadlineExceeded):
+        # The whole way answers better: check_access names every missing or forbidden key,
+        # not only the first, and its calls retry unreachable masters for the client's own
+        # timeout (a zero wait gives up within its short grace), so a failover costs no job.
         return None
     return now.statuses if now.reached else None
 
