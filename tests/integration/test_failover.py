@@ -19,7 +19,6 @@ from conftest import (
     wait_until,
 )
 from kazoo.client import KazooClient
-from kazoo.exceptions import NotEmptyError
 
 from blobha.errors import DeadlineExceeded
 from blobha.localcluster import LocalCluster
@@ -165,17 +164,22 @@ def test_zookeeper_wiped_under_running_masters_deletes_no_local_blob(
     zk = KazooClient(hosts=fresh_cluster.zk.connect_string + "/blobha")
     zk.start()
     try:
-        def wiped() -> bool:
-            # The masters re-register a replica node deleted under them, so a pass of the
-            # recursive delete may find a key's children back: try again.
-            try:
-                zk.delete("/blobstore", recursive=True)
-            except NotEmptyError:
-                return False
-            return True
+        def subtree(path: str) -> list[str]:
+            # Children before their parent: the order a delete must take.
+            return [*(n for child in zk.get_children(path)
+                      for n in subtree(f"{path}/{child}")), path]
 
-        wait_until(wiped, 15, "/blobstore to be deleted")
-        zk.delete("/blobstore-id")
+        def wiped() -> bool:
+            # All in one transaction: the masters re-register a replica node deleted under
+            # them, so node-by-node deletes (kazoo's recursive delete) could keep finding a
+            # key's children back on a busy machine. A node added since the listing fails the
+            # transaction, whole: list again.
+            txn = zk.transaction()
+            for path in [*subtree("/blobstore"), "/blobstore-id"]:
+                txn.delete(path)
+            return not any(isinstance(r, Exception) for r in txn.commit())
+
+        wait_until(wiped, 30, "/blobstore and /blobstore-id to be deleted")
     finally:
         zk.stop()
         zk.close()
