@@ -1,8 +1,10 @@
 """Access control lists with Storm's grammar and semantics.
 
 An entry is ``[u|o]:[username]:[r-][w-][a-]``: ``u:alice:rwa`` gives alice everything,
-``o::r`` lets everyone read. Bits: READ=1, WRITE=2, ADMIN=4. The creator of a blob always keeps
-full access, and whoever sets an ACL keeps ADMIN, so nobody locks themselves out by mistake.
+``o::r`` lets everyone read. Storm's longer and shorter spellings (``user:alice:rwa``,
+``other::r``, ``alice:rwa``, ``r``) parse to the same entries. Bits: READ=1, WRITE=2, ADMIN=4.
+The creator of a blob always keeps full access, and whoever sets an ACL keeps ADMIN, so nobody
+locks themselves out by mistake.
 
 >>> parse_acl("u:alice:rwa,o::r")
 [AccessControl(type='u', name='alice', access=7), AccessControl(type='o', name='', access=1)]
@@ -84,18 +86,47 @@ def check_entries(acl: Iterable[AccessControl]) -> list[AccessControl]:
     return out
 
 
+#: Type words, short and long (Storm accepts both), to the type stored.
+_TYPES = {"u": "u", "user": "u", "o": "o", "other": "o"}
+
+_FORM = "expected [u|o]:[username]:[r-][w-][a-], e.g. u:alice:rwa or o::r"
+
+
 def parse_entry(text: str, strict: bool = True) -> AccessControl:
     """Parse one ACL entry, raising :class:`InvalidArgument` with the expected form.
+
+    Storm's other spellings are accepted too: ``user:`` and ``other:`` for ``u:`` and ``o:``,
+    ``alice:rwa`` (two parts) for ``u:alice:rwa`` and ``r`` (one part) for ``o::r``. A
+    two-part entry whose name is a type word (``o:r``) is refused as ambiguous: Storm reads it
+    as a user named "o", which is rarely what was meant.
+
     ``strict=False`` skips the user-name rules (:func:`name_problem`), for ACLs read back from
     ZooKeeper: a name an older version stored must not make its key unreadable."""
-    parts = text.strip().split(":")
-    if len(parts) != 3:
-        raise InvalidArgument(
-            f"bad ACL entry {text!r}: expected [u|o]:[username]:[r-][w-][a-], e.g. u:alice:rwa"
-        )
-    kind, name, bits = parts
-    if kind not in ("u", "o"):
-        raise InvalidArgument(f"bad ACL entry {text!r}: the type must be 'u' (user) or 'o' (other)")
+    stripped = text.strip()
+    parts = stripped.split(":")
+    if not stripped or len(parts) > 3:
+        raise InvalidArgument(f"bad ACL entry {text!r}: {_FORM}")
+    if len(parts) == 3:
+        kind_text, name, bits = parts
+        kind = _TYPES.get(kind_text)
+        if kind is None:
+            raise InvalidArgument(
+                f"bad ACL entry {text!r}: the type must be 'u' or 'user' (a user), 'o' or"
+                " 'other' (everyone else)"
+            )
+    elif len(parts) == 2:
+        kind, (name, bits) = "u", parts
+        if not _is_permissions(bits):
+            raise InvalidArgument(f"bad ACL entry {text!r}: {_FORM}")
+        if name in _TYPES:
+            raise InvalidArgument(
+                f"bad ACL entry {text!r} is ambiguous: write o::{bits} for everyone, or"
+                f" u:{name}:{bits} for a user named {name!r}"
+            )
+    else:
+        kind, name, bits = "o", "", parts[0]
+        if not _is_permissions(bits):
+            raise InvalidArgument(f"bad ACL entry {text!r}: {_FORM}")
     if kind == "u" and not name:
         raise InvalidArgument(f"bad ACL entry {text!r}: a 'u' entry needs a user name")
     if kind == "o" and name:
@@ -116,6 +147,12 @@ def parse_entry(text: str, strict: bool = True) -> AccessControl:
         if problem:
             raise InvalidArgument(f"bad ACL entry {text!r}: the user name {problem}")
     return AccessControl(kind, name, access)
+
+
+def _is_permissions(bits: str) -> bool:
+    """Whether ``bits`` reads as permissions (the short forms have no type word to tell a
+    mistyped entry from one with a bad permission: such text gets the expected form)."""
+    return 0 < len(bits) <= 3 and all(c in "rwa-" for c in bits)
 
 
 def parse_acl(text: str | Iterable[str], strict: bool = True) -> list[AccessControl]:

@@ -40,6 +40,13 @@ def test_parse_user_and_other_entries() -> None:
         ("o::---", AccessControl("o", "", 0)),
         ("o::rwa", AccessControl("o", "", ALL)),
         ("  u:carol:r  ", AccessControl("u", "carol", READ)),
+        # Storm's other spellings (BlobStoreAclHandler.parseAccessControl).
+        ("user:alice:rwa", AccessControl("u", "alice", ALL)),
+        ("other::r", AccessControl("o", "", READ)),
+        ("alice:rw", AccessControl("u", "alice", READ | WRITE)),
+        ("r", AccessControl("o", "", READ)),
+        ("-", AccessControl("o", "", 0)),
+        (" user:bob:-w- ", AccessControl("u", "bob", WRITE)),
     ],
 )
 def test_parse_entry(text: str, expected: AccessControl) -> None:
@@ -51,6 +58,15 @@ def test_parse_entry(text: str, expected: AccessControl) -> None:
     [
         ("x:alice:r", "type must be"),
         ("U:alice:r", "type must be"),
+        ("User:alice:r", "type must be"),
+        ("user::r", "needs a user name"),
+        ("other:alice:r", "takes no name"),
+        ("user:alice", "expected"),
+        ("bob:", "expected"),
+        ("rx", "expected"),
+        ("alice:rx", "expected"),
+        (":r", "needs a user name"),
+        ("al ice :r", "must not start or end with spaces"),
         ("u::r", "needs a user name"),
         ("o:alice:r", "takes no name"),
         ("u:alice:rx", "unknown permission 'x'"),
@@ -70,6 +86,24 @@ def test_parse_entry(text: str, expected: AccessControl) -> None:
 def test_malformed_entries_are_rejected_with_a_reason(text: str, fragment: str) -> None:
     with pytest.raises(InvalidArgument, match=fragment):
         parse_entry(text)
+
+
+@pytest.mark.parametrize("text", ["o:r", "u:rwa", "user:r", "other:r"])
+def test_a_two_part_entry_named_like_a_type_is_refused_as_ambiguous(text: str) -> None:
+    # Storm reads "o:r" as a user named "o"; the person typing it almost surely meant o::r.
+    name, bits = text.split(":")
+    with pytest.raises(InvalidArgument, match="ambiguous") as caught:
+        parse_entry(text)
+    assert f"o::{bits}" in str(caught.value) and f"u:{name}:{bits}" in str(caught.value)
+
+
+def test_long_and_short_forms_mix_in_one_acl_and_format_in_the_short_form() -> None:
+    acl = parse_acl("user:alice:rwa,bob:r,other::-,")
+    assert format_acl(acl) == "u:alice:rwa,u:bob:r--,o::---"
+    with pytest.raises(InvalidArgument, match="more than once"):
+        parse_acl("alice:r,user:alice:w")
+    with pytest.raises(InvalidArgument, match="more than once"):
+        parse_acl("r,o::w")
 
 
 def test_parse_acl_skips_empty_items_and_accepts_a_list() -> None:
