@@ -856,12 +856,15 @@ class Client:
         return self._upload(request, data, progress)
 
     def set_acl(self, key: str, acl: str | Sequence[AccessControl],
-                expected_meta_version: int = 0) -> BlobMeta:
+                expected_meta_version: int | None = None) -> BlobMeta:
         """Replace the ACL of ``key`` (needs ADMIN); the caller keeps ADMIN. With
-        ``expected_meta_version`` (a :class:`BlobMeta`'s ``meta_version``) the change is made
-        only if the metadata is still that version, else :class:`VersionConflict`."""
+        ``expected_meta_version`` (a :class:`BlobMeta`'s ``meta_version``; 0 is a version, that
+        of a new key) the change is made only if the metadata is still that version, else
+        :class:`VersionConflict`."""
         validate_key(key)
         entries = _normalize_acl(acl)
+        if expected_meta_version is not None:
+            _check_count("expected_meta_version", expected_meta_version)
         request = pb.SetMetaRequest(key=key, set_acl=True, acl=_acl_to_pb(entries),
                                     expected_meta_version=expected_meta_version)
         return _meta_from_pb(self._leader_call(f"set the ACL of {key!r}", "SetMeta", request))

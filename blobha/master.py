@@ -1253,8 +1253,10 @@ class Master:
 
     def set_meta(
         self, user: str, key: str, acl: list[AccessControl] | None, replication_factor: int,
-        expected_meta_version: int,
+        expected_meta_version: int | None,
     ) -> BlobState:
+        """Change the ACL and/or the replication factor; with ``expected_meta_version`` (0
+        included: a new key's metadata is at 0) only if the metadata is still that version."""
         self._require_leader()
         validate_key(key)
         if acl is not None:
@@ -1267,12 +1269,12 @@ class Master:
 
     def _set_meta_locked(
         self, user: str, key: str, acl: list[AccessControl] | None, replication_factor: int,
-        expected_meta_version: int,
+        expected_meta_version: int | None,
     ) -> BlobState:
         for _ in range(5):
             state = self._state_or_404(key)
             self._check(user, state.acl, acls.ADMIN, key)
-            if expected_meta_version and state.meta_version != expected_meta_version:
+            if expected_meta_version is not None and state.meta_version != expected_meta_version:
                 raise VersionConflict(
                     f"{key!r} metadata is at version {state.meta_version}, not"
                     f" {expected_meta_version}; re-read and retry"

@@ -302,8 +302,10 @@ class BlobStoreServicer(pb_grpc.BlobStoreServicer):
         user = user_of(context)
         with audited(user, "set-meta", request.key) as rec:
             acl = acl_from_pb(request.acl) if request.set_acl else None
+            expected = (request.expected_meta_version
+                        if request.HasField("expected_meta_version") else None)
             state = self.master.set_meta(user, request.key, acl, request.replication_factor,
-                                         request.expected_meta_version)
+                                         expected)
             rec.version = state.seq
         return meta_to_pb(request.key, state, 0)
 

@@ -14,6 +14,7 @@ from blobha import (
     KeyAlreadyExists,
     KeyNotFound,
     NotAuthorized,
+    VersionConflict,
     parse_acl,
 )
 from blobha.client import Client
@@ -227,6 +228,22 @@ def test_invalid_keys_rejected(alice: Client) -> None:
     for key in ("a/b", "a:b", "..", ".", "tab\tkey"):
         with pytest.raises(InvalidArgument):
             alice.create(key, b"x")
+
+
+def test_set_acl_expecting_metadata_version_0_is_a_condition(alice: Client,
+                                                             unique_key: str) -> None:
+    # A new key's metadata is at version 0 (W=1 commits acknowledged): expecting 0 must still
+    # refuse once someone changed it, or `blobha set-acl KEY` undoes a change made meanwhile.
+    meta = alice.create(unique_key, b"x", write_quorum=1)
+    assert alice.get_meta(unique_key).meta_version == 0
+    changed = alice.set_acl(unique_key, "o::r")
+    assert changed.meta_version == 1
+    with pytest.raises(VersionConflict):
+        alice.set_acl(unique_key, "u:bob:r", expected_meta_version=meta.meta_version)
+    after = alice.get_meta(unique_key)
+    assert after.meta_version == 1 and [str(a) for a in after.acl] == [
+        str(a) for a in changed.acl]
+    assert alice.set_acl(unique_key, "u:bob:r", expected_meta_version=1).meta_version == 2
 
 
 def test_set_acl_keeps_admin_for_setter(alice: Client, unique_key: str) -> None:

@@ -117,7 +117,7 @@ class FakeClient:
         return self._meta(key)
 
     def set_acl(self, key: str, acl: Sequence[AccessControl],
-                expected_meta_version: int = 0) -> BlobMeta:
+                expected_meta_version: int | None = None) -> BlobMeta:
         self.store.expected_meta_versions.append(expected_meta_version)
         data, _, version = self.store.blobs[key]
         self.store.blobs[key] = (data, tuple(acl), version)
@@ -169,7 +169,7 @@ class FakeStore:
         self.replication_factor = 0
         self.closed = 0
         self.error: BaseException | None = None
-        self.expected_meta_versions: list[int] = []
+        self.expected_meta_versions: list[int | None] = []
 
 
 @pytest.fixture
