@@ -114,6 +114,8 @@ _CONTROL_TIMEOUT = 8.0
 #: own, whichever is first); the call, and a wait with all its retries, may outlive the wait's
 #: timeout by this much, for that answer to arrive.
 _WAIT_GRACE = 2.0
+#: Seconds a write whose outcome is unknown at its deadline may take beyond it to find out.
+_OUTCOME_GRACE = 2.0
 # "Wait forever" is a loop of bounded server calls so a dead master is noticed.
 _FOREVER_SLICE = 60.0
 _ABORT_TIMEOUT = 2.0
@@ -1282,6 +1284,10 @@ class _UploadJob:
     ) -> None:
         self.c = client
         self.begin = begin
+        if not begin.write_id:
+            # One name for every attempt of this write: a master that committed an attempt
+            # whose answer was lost answers the next one with that version, never a second.
+            begin.write_id = os.urandom(16)
         self.source = source
         self.base_version = base_version
         self.progress = progress
@@ -1319,7 +1325,7 @@ class _UploadJob:
                     self.c._forget_leader(self.leader)
                     last = exc
                 except KeyAlreadyExists:
-                    meta = self._committed_meta() if self.commit_unknown else None
+                    meta = self._committed_meta(deadline) if self.commit_unknown else None
                     if meta is None:
                         raise
                     return meta
@@ -1331,7 +1337,7 @@ class _UploadJob:
 
     def _step(self, deadline: _Deadline) -> BlobMeta:
         if self.commit_unknown:
-            meta = self._committed_meta()
+            meta = self._committed_meta(deadline)
             if meta is not None:
                 return meta
         if self.upload_id and self.c._discover_leader(deadline) != self.leader:
@@ -1345,12 +1351,17 @@ class _UploadJob:
             )
             offset = int(status.received)
         else:
-            self._begin(deadline)
+            done = self._begin(deadline)
+            if done is not None:
+                return done
         self._send(offset, deadline)
         return self._commit(deadline)
 
-    def _begin(self, deadline: _Deadline) -> None:
-        if self.started and not self.source.can_restart():
+    def _begin(self, deadline: _Deadline) -> BlobMeta | None:
+        """Open an upload session; or, where the leader says this write (its write id) is
+        committed already, its answer."""
+        stuck = self.started and not self.source.can_restart()
+        if stuck and not self.commit_unknown:
             raise _CannotRestart(
                 f"the leader changed during the upload of {self.begin.key!r} and the data cannot"
                 " be read again (it comes from a stream); nothing was written, upload it again"
@@ -1358,8 +1369,23 @@ class _UploadJob:
             )
         self.leader = self.c._discover_leader(deadline)
         response = self._control("BeginUpload", self.begin, deadline)
+        if response.HasField("committed"):
+            self.commit_unknown = False
+            self.upload_id = ""
+            self.c._after_write(self.leader)
+            return _meta_from_pb(response.committed)
         self.upload_id = response.upload_id
+        if stuck:
+            # Asked only to learn whether the commit whose answer was lost applied: it did not
+            # (as of now), and the data cannot be sent again.
+            self._abort_quietly()
+            raise _CannotRestart(
+                f"the commit of {self.begin.key!r} got no answer, and the leader has no record of"
+                " it; the data cannot be read again (it comes from a stream): upload it again"
+                " (from a file, it would have restarted by itself)"
+            )
         self.started = True
+        return None
 
     def _control(self, method: str, request: Any, deadline: _Deadline) -> Any:
         return self.c._control_call(self.leader, method, request, deadline)
@@ -1462,9 +1488,10 @@ class _UploadJob:
             raise
         except DeadlineExceeded:
             if deadline.remaining() > 1.0:
-                # The master's own answer (write quorum not reached): a definite failure.
+                # The master's own answer (write quorum not reached in its time): its message
+                # says what became of the version.
                 raise
-            meta = self._committed_meta()
+            meta = self._committed_meta(_Deadline(_OUTCOME_GRACE))
             if meta is None:
                 # A leader that let the whole deadline pass without an answer may be paused
                 # or cut off: the next operation looks for the leader again.
@@ -1475,10 +1502,15 @@ class _UploadJob:
         self.c._after_write(self.leader)
         return _meta_from_pb(response)
 
-    def _committed_meta(self) -> BlobMeta | None:
-        """The blob's metadata if its committed version is exactly what we uploaded."""
+    def _committed_meta(self, deadline: _Deadline) -> BlobMeta | None:
+        """The blob's metadata if its committed version is exactly what we uploaded (asked
+        within ``deadline``, the upload's own: the check must not add a timeout of its own)."""
+        if deadline.remaining() < _OUTCOME_GRACE / 2:
+            deadline = _Deadline(_OUTCOME_GRACE)
         try:
-            meta = self.c.get_meta(self.begin.key)
+            meta = _meta_from_pb(self.c._read_call(
+                f"read the metadata of {self.begin.key!r}", "GetMeta",
+                pb.GetMetaRequest(key=self.begin.key), deadline))
         except (KeyNotFound, NotAuthorized, Unavailable, DeadlineExceeded):
             return None
         if (

@@ -90,7 +90,7 @@ from blobha.sync import (
     SyncSettings,
 )
 from blobha.tls import ReloadingServerCredentials
-from blobha.uploads import UploadManager
+from blobha.uploads import Upload, UploadManager
 from blobha.version import __version__
 from blobha.zkauth import ZkCredentials, ZooKeeperAuthError, ensure_locked_chroot
 from blobha.zkclient import PollHandler
@@ -103,6 +103,7 @@ from blobha.zkstate import (
     PastVersion,
     key_path,
     replica_path,
+    write_tag,
 )
 
 log = logging.getLogger(__name__)
@@ -147,6 +148,7 @@ class _Put:
     expected_version: int
     data: bytes
     digest: str
+    write_tag: str = ""
 
 
 def keys_after(keys: list[str], prefix: str, after: str) -> Iterator[str]:
@@ -610,11 +612,17 @@ class Master:
 
     def begin_upload(
         self, user: str, key: str, create: bool, acl: list[AccessControl], replication_factor: int,
-        expected_version: int, size_hint: int, write_quorum: int,
-    ) -> tuple[str, int]:
-        """Open an upload session (the resumable path, for blobs of any size)."""
+        expected_version: int, size_hint: int, write_quorum: int, write_id: bytes = b"",
+    ) -> tuple[str, int, tuple[str, BlobState, int] | None]:
+        """Open an upload session (the resumable path, for blobs of any size): (upload id,
+        expiry); or, when the write ``write_id`` names was committed already (a retry after
+        a lost answer), no session and that write's answer."""
         rf, w = self._write_settings(key, acl, replication_factor, write_quorum)
+        tag = _tag(user, write_id)
         state = self._read_state(key)
+        prior = state.written_by(tag) if state is not None else None
+        if prior is not None:
+            return "", 0, self._answer_again(key, prior, user)
         if create:
             if state is not None:
                 raise KeyAlreadyExists(f"key {key!r} already exists; use 'blobha update'")
@@ -626,8 +634,8 @@ class Master:
         self._check_quorum(w)
         if size_hint >= 0:
             self.store.reserve(size_hint)
-        up = self.uploads.begin(user, key, create, acl, rf, expected_version, w)
-        return up.upload_id, int(self.uploads.expiration_secs)
+        up = self.uploads.begin(user, key, create, acl, rf, expected_version, w, tag)
+        return up.upload_id, int(self.uploads.expiration_secs), None
 
     def append(self, user: str, upload_id: str, offset: int, data: bytes | memoryview) -> int:
         up = self.uploads.get(upload_id, user)
@@ -646,6 +654,7 @@ class Master:
     def put(
         self, user: str, key: str, create: bool, acl: list[AccessControl], replication_factor: int,
         expected_version: int, write_quorum: int, data: bytes, digest: str,
+        write_id: bytes = b"",
     ) -> tuple[str, BlobState, int]:
         """A whole small blob in one call, committed together with the other writers' that
         arrive meanwhile (:mod:`blobha.groupcommit`): the durability and fencing of the upload
@@ -661,8 +670,20 @@ class Master:
             acl = acls.normalize_for_create(acl, user)
             self._check_quorum(w)
         self.store.reserve(len(data))
-        committed = self.puts.submit(_Put(user, key, create, tuple(acl), rf, w,
-                                           expected_version, data, digest))
+        tag = _tag(user, write_id)
+        try:
+            committed = self.puts.submit(_Put(user, key, create, tuple(acl), rf, w,
+                                               expected_version, data, digest, tag))
+        except _AlreadyWritten as e:
+            return self._answer_again(key, e.state, user)
+        except (KeyAlreadyExists, VersionConflict):
+            # A create that took the fast path (no read first) found the key, or the key moved
+            # during the commit: it may be this very write's own, committed by an attempt
+            # whose answer was lost.
+            prior = self._written_before(key, tag)
+            if prior is None:
+                raise
+            return self._answer_again(key, prior, user)
         return self._acknowledge(key, committed, user)
 
     def upload_key(self, upload_id: str) -> str:
@@ -680,13 +701,26 @@ class Master:
         self._require_leader()
         up = self.uploads.take(upload_id, user)
         key = up.key
+        try:
+            return self._commit_upload(user, up, size, digest)
+        except _AlreadyWritten as e:
+            return self._answer_again(key, e.state, user)
+        except (KeyAlreadyExists, VersionConflict):
+            prior = self._written_before(key, up.write_tag)
+            if prior is None:
+                raise
+            return self._answer_again(key, prior, user)
+
+    def _commit_upload(self, user: str, up: Upload, size: int, digest: str
+                       ) -> tuple[str, BlobState, int]:
+        key = up.key
         with up.lock, self.store.key_lock(key):
             try:
                 _check_digest(digest)
                 state = None if up.create and self._nothing_here(key) else self._read_state(key)
                 new = self._next_state(user, key, up.create, tuple(up.acl), up.replication_factor,
                                        up.write_quorum, up.expected_version, size, digest, state,
-                                       time.time())
+                                       time.time(), up.write_tag)
                 self.store.install(key, new.seq, up.temp, size, digest)
             except BaseException:
                 up.temp.discard()
@@ -715,9 +749,16 @@ class Master:
 
     def _next_state(self, user: str, key: str, create: bool, acl: tuple[AccessControl, ...],
                     replication_factor: int, write_quorum: int, expected_version: int,
-                    size: int, digest: str, state: BlobState | None, now: float) -> BlobState:
+                    size: int, digest: str, state: BlobState | None, now: float,
+                    tag: str = "") -> BlobState:
         """The state a write commits over ``state`` (the key's current one, None if absent);
-        acknowledged at once where the leader's own durable copy is the quorum (W=1)."""
+        acknowledged at once where the leader's own durable copy is the quorum (W=1).
+        :class:`_AlreadyWritten` if ``state`` records this write (``tag``) as made already."""
+        prior = state.written_by(tag) if state is not None else None
+        if prior is not None:
+            # Checked before anything else: an update retried after someone else's would
+            # otherwise write its data again on top, and a create would find its own key.
+            raise _AlreadyWritten(prior)
         epoch = self.election.epoch
         if create:
             if state is not None:
@@ -725,14 +766,14 @@ class Master:
             new = BlobState(
                 seq=1, size=size, digest=digest, acl=acl, replication_factor=replication_factor,
                 creator=user, created_at=now, updated_at=now, epoch=epoch, acked=False,
-                write_quorum=write_quorum,
+                write_quorum=write_quorum, write_tag=tag,
             )
         else:
             state = self._check_update(user, key, state, expected_version)
             new = state.with_new_version(
                 state.seq + 1, size, digest, now, epoch,
                 min(write_quorum, state.replication_factor),
-                self.config["blobstore.versions.retained"],
+                self.config["blobstore.versions.retained"], tag,
             )
         return replace(new, acked=new.write_quorum <= 1)
 
@@ -749,8 +790,10 @@ class Master:
                 raise DeadlineExceeded(
                     f"{key!r} v{committed.seq} is committed but only {info.replication} of the"
                     f" {committed.write_quorum} required masters hold it after"
-                    f" {self.config['blobstore.write.timeout.secs']}s, so it was NOT"
-                    " acknowledged; check 'blobha cluster' and retry the update"
+                    f" {self.config['blobstore.write.timeout.secs']}s, so it is NOT acknowledged"
+                    " yet: it will be once enough masters hold it, unless its leader fails first"
+                    " (then it is rolled back). Check 'blobha cluster'; 'blobha meta' shows"
+                    " whether it was acknowledged, before you write it again"
                 )
             return key, self._mark_acked(key, committed), info.replication
         finally:
@@ -760,6 +803,21 @@ class Master:
             # periodic pass: the leader has no watch on a key it has not reconciled yet, and
             # does not read its own journal.
             self.sync.schedule(key)
+
+    def _answer_again(self, key: str, prior: BlobState, user: str
+                      ) -> tuple[str, BlobState, int]:
+        """The answer to a write retried after its commit: that commit's, without writing
+        again (and, if it is not acknowledged yet, once it is, as the first attempt would)."""
+        log.info("%r v%d: a retry of the write that committed it (by %r); not written again",
+                 key, prior.seq, user)
+        return self._acknowledge(key, prior, user)
+
+    def _written_before(self, key: str, tag: str) -> BlobState | None:
+        """The version of ``key`` the write tagged ``tag`` made, if ZooKeeper records one."""
+        if not tag:
+            return None
+        state = self._read_state(key)
+        return state.written_by(tag) if state is not None else None
 
     def _commit_puts(self, batch: Sequence[_Put]) -> list[BlobState | BaseException]:
         """One group commit (:class:`GroupCommitter` handler): the batch's new versions are
@@ -784,7 +842,7 @@ class Master:
                         raise state
                     news[i] = new = self._next_state(
                         p.user, p.key, p.create, p.acl, p.replication_factor, p.write_quorum,
-                        p.expected_version, len(p.data), p.digest, state, now)
+                        p.expected_version, len(p.data), p.digest, state, now, p.write_tag)
                     if not p.create:
                         self._check_quorum(new.write_quorum)
                 except Exception as e:
@@ -1365,6 +1423,7 @@ class Master:
                     state.with_new_version(
                         state.seq + 1, past.size, past.digest, time.time(), self.election.epoch,
                         state.write_quorum, self.config["blobstore.versions.retained"],
+                        undone=True,
                     ),
                     acked=True,
                 )
@@ -1463,6 +1522,25 @@ class CommitOutcomeUnknown(Unavailable):
     W=1 it would then be acknowledged in ZooKeeper, with this master's copy as its only one.
     That copy is kept: the synchroniser re-registers it once a session is back, or removes it
     as debris once the key's committed state shows the commit never happened."""
+
+
+class _AlreadyWritten(Exception):
+    """A write found its own version committed (a retry after a lost answer)."""
+
+    def __init__(self, state: BlobState) -> None:
+        super().__init__(f"v{state.seq} was written by this write already")
+        self.state = state
+
+
+#: Longest write id a client may name a write with.
+MAX_WRITE_ID_BYTES = 64
+
+
+def _tag(user: str, write_id: bytes) -> str:
+    if len(write_id) > MAX_WRITE_ID_BYTES:
+        raise InvalidArgument(
+            f"a write id is at most {MAX_WRITE_ID_BYTES} bytes, not {len(write_id)}")
+    return write_tag(user, write_id)
 
 
 def _commit_error(key: str, error: Exception, metadata: bool) -> BlobError:

@@ -196,11 +196,13 @@ class BlobStoreServicer(pb_grpc.BlobStoreServicer):
                     ) -> pb.BeginUploadResponse:
         user = user_of(context)
         with audited(user, "begin-create" if request.create else "begin-update", request.key):
-            upload_id, expires = self.master.begin_upload(
+            upload_id, expires, committed = self.master.begin_upload(
                 user, request.key, request.create, acl_from_pb(request.acl),
                 request.replication_factor, request.expected_version, request.size_hint,
-                request.write_quorum,
+                request.write_quorum, request.write_id,
             )
+        if committed is not None:
+            return pb.BeginUploadResponse(committed=meta_to_pb(*committed))
         return pb.BeginUploadResponse(upload_id=upload_id, expires_after_secs=expires)
 
     @unary
@@ -240,7 +242,7 @@ class BlobStoreServicer(pb_grpc.BlobStoreServicer):
         with audited(user, "put-create" if b.create else "put-update", b.key) as rec:
             key, state, replication = self.master.put(
                 user, b.key, b.create, acl_from_pb(b.acl), b.replication_factor,
-                b.expected_version, b.write_quorum, request.data, request.digest,
+                b.expected_version, b.write_quorum, request.data, request.digest, b.write_id,
             )
             rec.version = state.seq
         return meta_to_pb(key, state, replication)

@@ -32,6 +32,8 @@ class Upload:
     expected_version: int
     write_quorum: int
     temp: TempBlob
+    #: The write's tag (blobha.zkstate.write_tag), stored with the version it commits.
+    write_tag: str = ""
     last_active: float = field(default_factory=time.monotonic)
     #: Held while a chunk stream or the commit uses the session, so they never interleave.
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -55,12 +57,12 @@ class UploadManager:
 
     def begin(
         self, user: str, key: str, create: bool, acl: list[AccessControl], replication_factor: int,
-        expected_version: int, write_quorum: int,
+        expected_version: int, write_quorum: int, write_tag: str = "",
     ) -> Upload:
         upload_id = uuid.uuid4().hex
         temp = self.store.new_temp(f"upload-{upload_id}")
         up = Upload(upload_id, user, key, create, acl, replication_factor, expected_version,
-                    write_quorum, temp)
+                    write_quorum, temp, write_tag)
         with self._guard:
             self._uploads[upload_id] = up
         log.info("upload %s begun by %r for %r (%s)", upload_id, user, key,

@@ -22,6 +22,8 @@ import json
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+import xxhash
+
 from blobha.acl import AccessControl, format_acl, parse_acl
 
 BLOBSTORE = "/blobstore"
@@ -78,6 +80,8 @@ class PastVersion:
     seq: int
     size: int
     digest: str
+    #: The write's tag (see BlobState.write_tag), kept so a retry still finds it once superseded.
+    write_tag: str = ""
 
 
 @dataclass(frozen=True)
@@ -100,6 +104,9 @@ class BlobState:
     write_quorum: int = 1
     #: Recent earlier versions, newest first, for roll-back.
     history: tuple[PastVersion, ...] = field(default=())
+    #: Names the write that made ``seq`` (:func:`write_tag`; "" if none was named): a client
+    #: retrying after a lost answer is told of this version instead of writing it again.
+    write_tag: str = ""
     #: The znode version (filled in on read; not stored).
     meta_version: int = 0
 
@@ -107,6 +114,13 @@ class BlobState:
         d: dict[str, Any] = asdict(self)
         d.pop("meta_version")
         d["acl"] = format_acl(self.acl)
+        # Untagged writes store no tag: every byte is paid per key, by ZooKeeper and by every
+        # master's view.
+        if not self.write_tag:
+            del d["write_tag"]
+        for h in d["history"]:
+            if not h["write_tag"]:
+                del h["write_tag"]
         return json.dumps(d, separators=(",", ":")).encode()
 
     @classmethod
@@ -120,13 +134,38 @@ class BlobState:
 
     def with_new_version(
         self, seq: int, size: int, digest: str, now: float, epoch: int, write_quorum: int,
-        keep_history: int,
+        keep_history: int, write_tag: str = "", undone: bool = False,
     ) -> BlobState:
-        past = (PastVersion(self.seq, self.size, self.digest), *self.history)[:keep_history]
+        """The state after a new version; ``undone`` when the new version rolls the current
+        one back (its write then no longer counts as made: a retry must write it again)."""
+        tag = "" if undone else self.write_tag
+        past = (PastVersion(self.seq, self.size, self.digest, tag), *self.history)[:keep_history]
         return replace(
             self, seq=seq, size=size, digest=digest, updated_at=now, epoch=epoch, acked=False,
-            write_quorum=write_quorum, history=past,
+            write_quorum=write_quorum, history=past, write_tag=write_tag,
         )
+
+    def written_by(self, tag: str) -> BlobState | None:
+        """The version the write tagged ``tag`` made, if this state still records it: itself,
+        or (superseded since) its entry in the history, as a state of that version."""
+        if not tag:
+            return None
+        if self.write_tag == tag:
+            return self
+        for past in self.history:
+            if past.write_tag == tag:
+                # Superseded by a later commit, so never to be rolled back: acknowledged.
+                return replace(self, seq=past.seq, size=past.size, digest=past.digest,
+                               acked=True, write_tag=tag)
+        return None
+
+
+def write_tag(user: str, write_id: bytes) -> str:
+    """The tag stored for a write the client named ``write_id``: bound to the user, so nobody
+    learns of another's write by guessing its id. "" for an unnamed write."""
+    if not write_id:
+        return ""
+    return xxhash.xxh3_64_hexdigest(user.encode() + b"\0" + write_id)
 
 
 @dataclass(frozen=True)

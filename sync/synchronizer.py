@@ -137,7 +137,8 @@ class KeyView:
 _META_DICT = (
     b'{"seq":1,"size":0,"digest":"","acl":"u:alice:rwa,o::r","replication_factor":3,'
     b'"creator":"","created_at":1700000000.000000,"updated_at":1700000000.000000,"epoch":1,'
-    b'"acked":true,"write_quorum":1,"history":[{"seq":1,"size":0,"digest":""}]}'
+    b'"acked":true,"write_quorum":1,"history":[{"seq":1,"size":0,"digest":"","write_tag":""}],'
+    b'"write_tag":""}'
 )
 # Raw deflate with a 2 KiB window and little state: packing a record takes microseconds.
 _PACK_WBITS = -11

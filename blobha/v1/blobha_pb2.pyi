@@ -17,7 +17,7 @@ class AccessControl(_message.Message):
     def __init__(self, type: _Optional[str] = ..., name: _Optional[str] = ..., access: _Optional[int] = ...) -> None: ...
 
 class BeginUploadRequest(_message.Message):
-    __slots__ = ("key", "create", "acl", "replication_factor", "expected_version", "size_hint", "write_quorum")
+    __slots__ = ("key", "create", "acl", "replication_factor", "expected_version", "size_hint", "write_quorum", "write_id")
     KEY_FIELD_NUMBER: _ClassVar[int]
     CREATE_FIELD_NUMBER: _ClassVar[int]
     ACL_FIELD_NUMBER: _ClassVar[int]
@@ -25,6 +25,7 @@ class BeginUploadRequest(_message.Message):
     EXPECTED_VERSION_FIELD_NUMBER: _ClassVar[int]
     SIZE_HINT_FIELD_NUMBER: _ClassVar[int]
     WRITE_QUORUM_FIELD_NUMBER: _ClassVar[int]
+    WRITE_ID_FIELD_NUMBER: _ClassVar[int]
     key: str
     create: bool
     acl: _containers.RepeatedCompositeFieldContainer[AccessControl]
@@ -32,15 +33,18 @@ class BeginUploadRequest(_message.Message):
     expected_version: int
     size_hint: int
     write_quorum: int
-    def __init__(self, key: _Optional[str] = ..., create: _Optional[bool] = ..., acl: _Optional[_Iterable[_Union[AccessControl, _Mapping]]] = ..., replication_factor: _Optional[int] = ..., expected_version: _Optional[int] = ..., size_hint: _Optional[int] = ..., write_quorum: _Optional[int] = ...) -> None: ...
+    write_id: bytes
+    def __init__(self, key: _Optional[str] = ..., create: _Optional[bool] = ..., acl: _Optional[_Iterable[_Union[AccessControl, _Mapping]]] = ..., replication_factor: _Optional[int] = ..., expected_version: _Optional[int] = ..., size_hint: _Optional[int] = ..., write_quorum: _Optional[int] = ..., write_id: _Optional[bytes] = ...) -> None: ...
 
 class BeginUploadResponse(_message.Message):
-    __slots__ = ("upload_id", "expires_after_secs")
+    __slots__ = ("upload_id", "expires_after_secs", "committed")
     UPLOAD_ID_FIELD_NUMBER: _ClassVar[int]
     EXPIRES_AFTER_SECS_FIELD_NUMBER: _ClassVar[int]
+    COMMITTED_FIELD_NUMBER: _ClassVar[int]
     upload_id: str
     expires_after_secs: int
-    def __init__(self, upload_id: _Optional[str] = ..., expires_after_secs: _Optional[int] = ...) -> None: ...
+    committed: BlobMeta
+    def __init__(self, upload_id: _Optional[str] = ..., expires_after_secs: _Optional[int] = ..., committed: _Optional[_Union[BlobMeta, _Mapping]] = ...) -> None: ...
 
 class UploadChunk(_message.Message):
     __slots__ = ("upload_id", "offset", "data")

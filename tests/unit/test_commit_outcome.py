@@ -128,7 +128,8 @@ def test_the_streamed_upload_commit_decides_the_same_way(
     temp = m.store.new_temp("up")
     temp.write_at(0, data)
     upload = SimpleNamespace(key="k", lock=threading.Lock(), create=True, acl=(),
-                             replication_factor=1, write_quorum=1, expected_version=0, temp=temp)
+                             replication_factor=1, write_quorum=1, expected_version=0, temp=temp,
+                             write_tag="")
     m.uploads = SimpleNamespace(take=lambda upload_id, user: upload)
     with pytest.raises(Unavailable) as e:
         m.commit("alice", "u1", len(data), digest_bytes(data))

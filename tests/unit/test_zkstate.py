@@ -18,6 +18,7 @@ from blobha.zkstate import (
     parse_replica,
     replica_name,
     replica_path,
+    write_tag,
 )
 
 
@@ -155,6 +156,39 @@ def test_with_new_version_history_limits() -> None:
 def test_history_survives_encoding_after_an_update() -> None:
     new = _state().with_new_version(4, 1, "3" * 32, 1.0, 1, 1, keep_history=2)
     assert BlobState.decode(new.encode()) == new
+
+
+def test_a_write_is_found_by_its_tag_until_it_leaves_the_history() -> None:
+    tag = write_tag("alice", b"w1")
+    assert tag and tag != write_tag("bob", b"w1") and write_tag("alice", b"") == ""
+    mine = _state().with_new_version(4, 5, "4" * 32, 1.0, 2, 1, keep_history=2, write_tag=tag)
+    assert mine.written_by(tag) == mine
+    assert mine.written_by(write_tag("bob", b"w1")) is None and mine.written_by("") is None
+    later = mine.with_new_version(5, 6, "5" * 32, 2.0, 2, 1, keep_history=2)
+    found = later.written_by(tag)
+    # Superseded by a later commit: reported as that version, acknowledged.
+    assert found is not None and (found.seq, found.size, found.digest, found.acked) == (
+        4, 5, "4" * 32, True)
+    assert BlobState.decode(later.encode()).written_by(tag) == found
+    gone = later.with_new_version(6, 1, "6" * 32, 3.0, 2, 1, keep_history=1)
+    assert gone.written_by(tag) is None
+
+
+def test_a_rolled_back_write_is_no_longer_found() -> None:
+    tag = write_tag("alice", b"w1")
+    unacked = replace(_state().with_new_version(4, 5, "4" * 32, 1.0, 2, 2, keep_history=2,
+                                                write_tag=tag), acked=False)
+    restored = unacked.with_new_version(5, 11, "0" * 32, 2.0, 3, 2, keep_history=2, undone=True)
+    # A retry of the undone write must write it again, not be told it was made.
+    assert restored.written_by(tag) is None
+
+
+def test_untagged_states_store_no_tag() -> None:
+    state = _state().with_new_version(4, 1, "3" * 32, 1.0, 1, 1, keep_history=2)
+    assert b"write_tag" not in state.encode()
+    tagged = replace(state, write_tag="ab" * 8)
+    assert tagged.encode().count(b"write_tag") == 1
+    assert BlobState.decode(tagged.encode()) == tagged
 
 
 def test_epoch_record() -> None:

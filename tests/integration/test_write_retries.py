@@ -1,0 +1,125 @@
+"""Writes whose answer is lost, retried by the client against a real cluster: each is made
+once and reported as made, never written twice or reported as failed.
+
+A transport that lets a call run on the master and then raises UNAVAILABLE, as a connection
+dropped after the master answered would, stands for the lost answer."""
+
+from __future__ import annotations
+
+import io
+import os
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from conftest import client_for
+
+from blobha.client import PUT_MAX_BYTES, Client, GrpcTransport
+from blobha.errors import Unavailable
+from blobha.localcluster import LocalCluster
+
+pytestmark = pytest.mark.integration
+
+
+class LosesAnswers(GrpcTransport):
+    """Runs each call, then loses the answer of the next call of a method named in ``lose``
+    (running its hook first: what happens after the master committed)."""
+
+    def __init__(self, user: str) -> None:
+        super().__init__(user)
+        self.lose: dict[str, Callable[[], Any] | None] = {}
+        self.calls: list[str] = []
+
+    def unary(self, address: str, method: str, request: Any, timeout: float | None) -> Any:
+        self.calls.append(method)
+        response = super().unary(address, method, request, timeout)
+        if method in self.lose:
+            hook = self.lose.pop(method)
+            if hook is not None:
+                hook()
+            raise Unavailable(f"master {address} unavailable: the answer was lost (test)")
+        return response
+
+
+@pytest.fixture
+def lossy(cluster: LocalCluster) -> Iterator[tuple[Client, LosesAnswers]]:
+    transport = LosesAnswers("alice")
+    with client_for(cluster, "alice", transport=transport) as c:
+        yield c, transport
+
+
+def versions(c: Client, key: str) -> tuple[int, bytes]:
+    return c.get_meta(key).version, c.read(key)
+
+
+def test_a_create_whose_answer_was_lost_reports_its_version(
+        lossy: tuple[Client, LosesAnswers], unique_key: str) -> None:
+    c, t = lossy
+    t.lose["Put"] = None
+    meta = c.create(unique_key, b"made once")
+    # The client found its write in the metadata (it may read it): nothing sent twice.
+    assert meta.version == 1 and t.calls.count("Put") == 1
+    assert versions(c, unique_key) == (1, b"made once")
+
+
+def test_an_update_retried_after_someone_elses_is_not_written_again(
+        cluster: LocalCluster, lossy: tuple[Client, LosesAnswers], unique_key: str) -> None:
+    c, t = lossy
+    c.create(unique_key, b"v1", acl="u:carol:rw")
+    with client_for(cluster, "carol") as carol:
+        # Carol writes v3 after alice's v2 committed and before alice's client retries.
+        t.lose["Put"] = lambda: carol.update(unique_key, b"carol's, newer")
+        assert c.update(unique_key, b"alice's").version == 2
+        # Before: alice's bytes were written again as v4, over carol's newer write.
+        assert versions(carol, unique_key) == (3, b"carol's, newer")
+        assert c.read(unique_key, version=2) == b"alice's"
+
+
+def test_a_writer_who_may_not_read_writes_once(cluster: LocalCluster, unique_key: str) -> None:
+    with client_for(cluster, "alice") as alice:
+        alice.create(unique_key, b"v1", acl="u:bob:w")
+        transport = LosesAnswers("bob")
+        with client_for(cluster, "bob", transport=transport) as bob:
+            transport.lose["Put"] = None
+            assert bob.update(unique_key, b"bob's").version == 2
+            transport.lose["Put"] = None
+            assert bob.update(unique_key, b"bob's", expected_version=2).version == 3
+        # Before: each lost answer made one more version (the writer cannot read the metadata
+        # to see its write there), or a VersionConflict for its own write.
+        assert versions(alice, unique_key) == (3, b"bob's")
+
+
+@pytest.mark.parametrize("source", ["file", "stream"])
+def test_a_streamed_upload_whose_commit_answer_was_lost(
+        cluster: LocalCluster, unique_key: str, source: str) -> None:
+    data = os.urandom(PUT_MAX_BYTES + 4096)  # past Put: BeginUpload, AppendUpload, CommitUpload
+    with client_for(cluster, "alice") as alice:
+        alice.create(unique_key, b"v1", acl="u:bob:w")
+        transport = LosesAnswers("bob")
+        with client_for(cluster, "bob", transport=transport) as bob:
+            transport.lose["CommitUpload"] = None
+            upload: Any = data if source == "file" else _Unseekable(data)
+            meta = bob.update(unique_key, upload)
+        assert meta.version == 2 and meta.size == len(data)
+        # Bob may not read the metadata to look for his write: the retry's BeginUpload was
+        # answered with the committed version, so nothing was sent twice, and a stream, which
+        # cannot be read again, still succeeds (before: "nothing was written", exit 13).
+        assert transport.calls.count("BeginUpload") == 2
+        assert transport.calls.count("CommitUpload") == 1
+        assert versions(alice, unique_key) == (2, data)
+
+
+class _Unseekable(io.RawIOBase):
+    """A pipe-like source: read once, never again."""
+
+    def __init__(self, data: bytes) -> None:
+        self._data = memoryview(data)
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b: Any) -> int:
+        n = min(len(b), len(self._data))
+        b[:n] = self._data[:n]
+        self._data = self._data[n:]
+        return n
