@@ -258,6 +258,10 @@ class Synchronizer:
         # was not at that version yet: the next reconcile takes them as registered instead of
         # asking ZooKeeper again. Emptied as those reconciles run (or the keys go).
         self._committed_here: dict[str, tuple[int, int]] = {}
+        #: Commits this master made as leader, counted; and per key, the count at its last
+        #: commit not yet followed by a read (see _decide).
+        self._commits = 0
+        self._commit_marks: dict[str, int] = {}
         self._key_list_next = 0.0  # monotonic time before which the key list is not re-read
         # The last change-journal record acted on: its last entry (None: not read yet) and the
         # zxid that wrote it (answers can arrive out of order; older ones are ignored).
@@ -886,6 +890,8 @@ class Synchronizer:
                          failures: dict[str, Exception]) -> dict[str, Exception]:
         to_fetch: list[tuple[str, BlobState, list[str]]] = []
         to_register: list[tuple[str, int]] = []
+        with self._view_lock:
+            read_mark = self._commits  # before the reads are sent
         reads = self._read_many(keys, armed)
         seen: list[str] = []
         for key, read in reads.items():
@@ -893,10 +899,15 @@ class Synchronizer:
                 if isinstance(read, Exception):
                     raise read
                 if read is None:
+                    with self._view_lock:
+                        # A commit after this read re-created the key: its mark stays, for
+                        # the read that commit's reconcile makes (_key_gone re-checks anyway).
+                        if self._commit_marks.get(key, read_mark + 1) <= read_mark:
+                            del self._commit_marks[key]
                     self._key_gone(key)
                     continue
                 seen.append(key)
-                action = self._decide(key, *read)
+                action = self._decide(key, *read, read_mark=read_mark)
                 if isinstance(action, tuple):
                     to_fetch.append((key, action[0], action[1]))
                 elif action is not None:
@@ -1020,8 +1031,27 @@ class Synchronizer:
                 out[key] = e
         return out
 
-    def _decide(self, key: str, data: bytes, stat: Any, names: list[str]
+    def _decide(self, key: str, data: bytes, stat: Any, names: list[str], read_mark: int = -1
                 ) -> tuple[BlobState, list[str]] | int | None:
+        """:meth:`_decide_read`, under the key's lock, for a read sent when this master's
+        commit count was ``read_mark`` (-1: unknown). A commit this master made to the key
+        since may be missing from the read, and acting on it could delete the new version: a
+        key deleted and created again reuses its version numbers, so an old read of the same
+        version number finds "our" copy wrong, removes it, and its replica node with it. Such a
+        key is looked at again, with a read sent after that commit."""
+        with self._key_lock(key):
+            with self._view_lock:
+                mark = self._commit_marks.get(key)
+                fresh = mark is None or (read_mark >= 0 and mark <= read_mark)
+                if mark is not None and fresh:
+                    del self._commit_marks[key]
+            if not fresh:
+                self.queue.put(key)  # runs once this batch lets go of the key
+                return None
+            return self._decide_read(key, data, stat, names)
+
+    def _decide_read(self, key: str, data: bytes, stat: Any, names: list[str]
+                     ) -> tuple[BlobState, list[str]] | int | None:
         """Bring ``key`` in line with what ZooKeeper says, except for the slow parts, which it
         returns: (state, holders) to fetch, or the version whose replica node to (re-)register
         (our copy is installed and verified), or None."""
@@ -1347,6 +1377,8 @@ class Synchronizer:
         """The leader's commit created our replica node of ``seq`` in ``session`` (in the same
         transaction as the version itself)."""
         with self._view_lock:
+            self._commits += 1
+            self._commit_marks[key] = self._commits
             entry = self._view.get(key)
             if entry is None or entry.seq != seq:
                 self._committed_here[key] = (seq, session)

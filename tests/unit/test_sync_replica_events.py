@@ -6,6 +6,7 @@ reconcile only the keys whose placement moves."""
 from __future__ import annotations
 
 import logging
+import threading
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -93,7 +94,7 @@ def synchroniser(leader: bool | list[bool] = False, store: Any = None, recursive
                               versions_retained=2, threads=1, periodic_keys_per_sec=200,
                               recursive_watch=recursive),
         is_leader=lambda: leading[0], leader_duty=lambda key, view: False,
-        deletions_allowed=lambda: True, key_lock=lambda key: None,  # type: ignore[arg-type,return-value]
+        deletions_allowed=lambda: True, key_lock=lambda key: threading.RLock(),  # type: ignore[arg-type]
     )
     return s, zk
 
@@ -232,6 +233,34 @@ def test_dropping_a_copy_beyond_the_placement_keeps_a_version_committed_meanwhil
     assert zk.deleted == [f"/blobstore/{key}/{ME}-1"]
 
 
+def test_a_read_older_than_the_leaders_own_commit_deletes_nothing(tmp_path: Path) -> None:
+    # The key was deleted and created again by this leader after the batch sent its read: the
+    # read shows the old v1 (content A), the store holds the new, acknowledged v1 (B). Acting
+    # on the read deleted B as "a version of an earlier incarnation" and B's replica node with
+    # it, leaving the acknowledged write on no master.
+    store = LocalStore(tmp_path / "store")
+    old, new = b"AAAA", b"BBBB"
+    s, zk = synchroniser(leader=True, store=store)
+    read_mark = s._commits  # the batch sends its reads
+    store.install_many([("k", 1, new, len(new), digest_bytes(new))])
+    s.registered("k", 1, SESSION, 1)  # the re-create's commit, under the key's lock
+    stale = BlobState(seq=1, size=len(old), digest=digest_bytes(old), acl=(),
+                      replication_factor=1, creator="alice", created_at=0.0, updated_at=0.0,
+                      epoch=1, acked=True)
+    assert s._decide("k", stale.encode(), SimpleNamespace(version=3), [f"{ME}-1"],
+                     read_mark=read_mark) is None
+    assert b"".join(store.read("k", 1)) == new and zk.deleted == []
+    assert s.queue.get_batch(10) == ["k"]  # looked at again, with a newer read
+
+    # That newer read (sent after the commit) is acted on as usual, and the mark is spent.
+    current = BlobState(seq=1, size=len(new), digest=digest_bytes(new), acl=(),
+                        replication_factor=1, creator="alice", created_at=0.0, updated_at=0.0,
+                        epoch=1, acked=True)
+    assert s._decide("k", current.encode(), SimpleNamespace(version=0), [f"{ME}-1"],
+                     read_mark=s._commits) is None
+    assert b"".join(store.read("k", 1)) == new and zk.deleted == [] and not s._commit_marks
+
+
 def periodic_synchroniser(period_secs: float, recursive: bool = False) -> Synchronizer:
     """A synchroniser whose periodic thread can run: connected, alone, registered already."""
     s = Synchronizer(
@@ -245,7 +274,7 @@ def periodic_synchroniser(period_secs: float, recursive: bool = False) -> Synchr
                               versions_retained=2, threads=1, periodic_keys_per_sec=200,
                               recursive_watch=recursive),
         is_leader=lambda: False, leader_duty=lambda key, view: False,
-        deletions_allowed=lambda: True, key_lock=lambda key: None,  # type: ignore[arg-type,return-value]
+        deletions_allowed=lambda: True, key_lock=lambda key: threading.RLock(),  # type: ignore[arg-type]
     )
     s.session_id = lambda: SESSION  # type: ignore[method-assign]
     s._session = SESSION  # registered already: no re-registration to fake
