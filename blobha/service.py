@@ -3,6 +3,7 @@ and converts back. Errors become gRPC statuses here and only here (via blobha.er
 
 from __future__ import annotations
 
+import errno
 import functools
 import logging
 from collections.abc import Callable, Iterable, Iterator
@@ -30,7 +31,7 @@ from blobha.chunkwire import (
 )
 from blobha.dataplane import DataOffer
 from blobha.digest import CHUNK_SIZE
-from blobha.errors import BlobError, InvalidArgument, Unavailable, to_status
+from blobha.errors import BlobError, InvalidArgument, ResourceExhausted, Unavailable, to_status
 from blobha.gatekeeper import authenticated_user
 from blobha.health import BLOBSTORE_SERVICE
 from blobha.interceptor import ObservingInterceptor
@@ -139,6 +140,13 @@ def _translate(identity: str, method: str, e: Exception) -> BlobError:
         return Unavailable(
             f"ZooKeeper is unreachable from master {identity} ({type(e).__name__}); retry shortly"
         )
+    if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+        # Past the reservation check (another process filled the disk, or a quota): the disk,
+        # not a bug. Every write path cleans up what it began before this reaches here.
+        log.warning("%s failed: %s", method, e)
+        return ResourceExhausted(
+            f"master {identity} is out of disk space ({e.strerror}); nothing was stored by this"
+            " call: free space there and retry")
     log.exception("internal error in %s", method)
     return BlobError(f"internal error on master {identity} in {method} (logged there); retry or"
                      " report it")

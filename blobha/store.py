@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import json
 import logging
 import os
@@ -157,6 +158,17 @@ def _write_all(fd: int, data: bytes | memoryview) -> None:
         view = view[os.write(fd, view):]
 
 
+def _pwrite_all(fd: int, data: bytes | memoryview, offset: int) -> None:
+    """``os.pwrite`` of all of ``data`` at ``offset``. At an explicit offset, not the file's
+    position: a write that stored part of its bytes and then failed (a full disk) moves the
+    position, and the resumed upload's bytes would land that far off, shifted."""
+    view = memoryview(data)
+    while view:
+        n = os.pwrite(fd, view, offset)
+        view = view[n:]
+        offset += n
+
+
 def write_json_atomic(path: Path, obj: object, sync: bool = True, mode: int = 0o644) -> None:
     """Write ``obj`` to a temp file and rename it to ``path``; ``sync=False`` leaves the fsync
     to the caller's file-system sync (a batch), or to nobody where a lost record costs little.
@@ -227,7 +239,7 @@ class TempBlob:
             if skip >= len(data):
                 return 0
             view = memoryview(data)[skip:]
-            _write_all(self._fd, view)
+            _pwrite_all(self._fd, view, self.size)
             self._digester.update(view)
             self._chunks.update(view)
             if _start_writeback is not None and self.size - self._flushed >= WRITEBACK_BYTES:
@@ -260,6 +272,13 @@ class TempBlob:
             try:
                 if self._flush is not None:
                     self._flush.result()
+                on_disk = os.fstat(self._fd).st_size
+                if on_disk > self.size:
+                    # Bytes of a write that failed part way, never written over since.
+                    os.ftruncate(self._fd, self.size)
+                elif on_disk < self.size:
+                    raise OSError(errno.EIO, f"{self.path.name} holds {on_disk} bytes of the"
+                                  f" {self.size} written")
                 os.fsync(self._fd)
             finally:
                 self._release()
@@ -462,8 +481,14 @@ class LocalStore:
             except FileExistsError:
                 new_dir = False
             os.replace(temp.path, d / f"v{seq}.blob")
-            write_json_atomic(d / f"v{seq}.json", _info_json(info))
-            fsync_dir(d)
+            try:
+                write_json_atomic(d / f"v{seq}.json", _info_json(info))
+                fsync_dir(d)
+            except BaseException:
+                # A blob file without its record is no version: it would only fill the disk
+                # until a restart's clean-up.
+                self.delete_version(key, seq)
+                raise
             if new_dir:
                 # Only a new key directory changes keys/ itself.
                 fsync_dir(self.keys_dir)
@@ -515,9 +540,9 @@ class LocalStore:
                 with self._changing(info.key) as d:
                     d.mkdir(exist_ok=True)
                     os.replace(path, d / f"v{info.seq}.blob")
+                    installed.append(info)  # from here on, the clean-up below removes it
                     # The record last: a version exists only once its record does.
                     write_json_atomic(d / f"v{info.seq}.json", _info_json(info), sync=False)
-                installed.append(info)
             sync_fs(self.keys_dir)
             return out
         except BaseException:

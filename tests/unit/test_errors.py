@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import errno
+import os
+
 import grpc
 import pytest
 
@@ -11,6 +14,7 @@ from blobha.errors import (
     BlobError,
     KeyNotFound,
     NotLeader,
+    ResourceExhausted,
     Unavailable,
     UploadNotFound,
     from_status,
@@ -115,3 +119,14 @@ def test_empty_unavailable_details_get_an_actionable_message() -> None:
 def test_other_empty_details_fall_back_to_the_code_name() -> None:
     back = from_status(grpc.StatusCode.ABORTED, "")
     assert str(back) == "ABORTED"
+
+
+@pytest.mark.parametrize("code", [errno.ENOSPC, errno.EDQUOT])
+def test_a_full_disk_past_the_reservation_is_resource_exhausted_not_internal(code: int) -> None:
+    from blobha.service import _translate
+
+    e = _translate("m1:6627", "Put", OSError(code, os.strerror(code)))
+    assert isinstance(e, ResourceExhausted)
+    assert "out of disk space" in str(e) and "m1:6627" in str(e)
+    other = _translate("m1:6627", "Put", OSError(errno.EIO, "Input/output error"))
+    assert type(other) is BlobError and "internal error" in str(other)

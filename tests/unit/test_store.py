@@ -676,3 +676,61 @@ def test_the_directory_lock_is_released_when_its_process_dies(tmp_path: Path) ->
         child.kill()
         child.wait()
     LocalStore(root).close()  # SIGKILL left no lock behind
+
+
+def test_a_chunk_resumed_after_a_write_that_failed_part_way_lands_where_it_belongs(
+        store: LocalStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The disk fills during a chunk: the kernel stores part of it, then refuses the rest. The
+    # client resumes from the size the master reports, as documented. Written at the file's
+    # position, the resumed bytes landed after the stored part a second time: a shifted file
+    # whose digests (kept from the bytes received) matched, so it was committed, then failed
+    # its first read and was deleted, the only copy.
+    data = _data(3 * 4096 + 100)
+    temp = store.new_temp("up")
+    temp.write_at(0, data[:4096])
+    real_pwrite = os.pwrite
+    calls = {"n": 0}
+
+    def full_disk(fd: int, buf: bytes | memoryview, offset: int) -> int:
+        calls["n"] += 1
+        if calls["n"] == 1:
+            return real_pwrite(fd, memoryview(buf)[:1000], offset)  # part of it, then
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(store_module.os, "pwrite", full_disk)
+    with pytest.raises(OSError):
+        temp.write_at(4096, data[4096:])
+    monkeypatch.setattr(store_module.os, "pwrite", real_pwrite)
+    assert temp.size == 4096  # what GetUploadStatus reports
+    temp.write_at(temp.size, data[temp.size:])
+    info = store.install("k", 1, temp, len(data), digest_bytes(data))
+    assert _read(store, "k", 1) == data and info.size == len(data)
+
+
+def test_finish_drops_bytes_past_the_size_received(store: LocalStore) -> None:
+    data = _data(5000)
+    temp = store.new_temp("up")
+    temp.write_at(0, data)
+    os.pwrite(temp._fd, b"stray bytes of a failed write", len(data))
+    store.install("k", 1, temp, len(data), digest_bytes(data))
+    blob = store.keys_dir / key_dirname("k") / "v1.blob"
+    assert blob.stat().st_size == len(data) and _read(store, "k", 1) == data
+
+
+def test_an_install_whose_record_cannot_be_written_leaves_no_blob_file(
+        store: LocalStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_space(*args: object, **kwargs: object) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(store_module, "write_json_atomic", no_space)
+    data = _data(5000)
+    temp = store.new_temp("up")
+    temp.write_at(0, data)
+    with pytest.raises(OSError):
+        store.install("k", 1, temp, len(data), digest_bytes(data))
+    with pytest.raises(OSError):
+        store.install_many([("m", 1, data, len(data), digest_bytes(data))])
+    for key in ("k", "m"):
+        d = store.keys_dir / key_dirname(key)
+        assert store.versions(key) == [] and not list(d.glob("v*"))
+    assert store.counted_usage()[1] == 0
