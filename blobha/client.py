@@ -1596,7 +1596,9 @@ class _DownloadJob:
             address = self.candidates[0]
             try:
                 self._segment(address)
-            except (Unavailable, ChecksumMismatch) as exc:
+            except (Unavailable, ChecksumMismatch, InternalError) as exc:
+                # A replica that is down, sent bad bytes, or failed (a disk error there): the
+                # others hold the same version.
                 last: BlobError = exc
                 self.candidates.pop(0)
                 self.failed.add(address)

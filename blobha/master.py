@@ -1068,8 +1068,21 @@ class Master:
         seq = version or state.seq
         if seq > state.seq:
             raise KeyNotFound(f"{key!r} has no version {seq}; the latest is {state.seq}")
+        kept = self.config["blobstore.versions.retained"]
+        if seq <= state.seq - kept:
+            # No master keeps it (each keeps the newest ``kept``): said as such, so the client
+            # stops instead of asking every replica until its deadline.
+            raise KeyNotFound(
+                f"{key!r} v{seq} is no longer kept: the masters keep the newest {kept} versions"
+                f" (v{state.seq - kept + 1} to v{state.seq}, blobstore.versions.retained)"
+            )
+        # The version's digest as ZooKeeper records it: a file of an earlier incarnation of the
+        # key (deleted and created again while this master was away) may sit under the same
+        # version number, and must never be served as this one.
+        expected = next((p.digest for p in state.history if p.seq == seq),
+                        state.digest if seq == state.seq else None)
         info = self.store.info(key, seq)
-        if info is None or (seq == state.seq and info.digest != state.digest):
+        if info is None or info.digest != expected:
             raise KeyNotFound(
                 f"not held here: {self.identity} does not hold v{seq} of {key!r}; read from a"
                 " replica listed by GetReplication"

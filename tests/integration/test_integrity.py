@@ -3,14 +3,26 @@
 from __future__ import annotations
 
 import os
+import signal
+import time
 from pathlib import Path
 
 import grpc
 import pytest
 import xxhash
-from conftest import client_for, make_cluster, md, store_dir, stub, version_files, wait_until
+from conftest import (
+    client_for,
+    followers,
+    make_cluster,
+    md,
+    store_dir,
+    stub,
+    version_files,
+    wait_until,
+)
 
 from blobha.client import Client
+from blobha.errors import KeyNotFound
 from blobha.localcluster import LocalCluster
 from blobha.v1 import blobha_pb2 as pb
 
@@ -165,3 +177,46 @@ def test_scrubber_finds_rot_nobody_reads_and_repairs_it(tmp_path: Path) -> None:
         assert "CORRUPT" in log_text and "scrub pass" in log_text
     finally:
         c.stop()
+
+
+def test_an_old_version_of_an_earlier_incarnation_is_never_served(
+        fresh_cluster: LocalCluster) -> None:
+    # A follower away (paused) while its key was deleted and created again comes back holding
+    # the old key's v1 under the new key's version number. Only the committed version's digest
+    # was checked, so a read of v1 got the deleted blob's bytes from it.
+    with client_for(fresh_cluster) as c:
+        c.create("reborn", b"OLD-1", replication_factor=3)
+        c.update("reborn", b"OLD-2")
+        assert c.wait_for_replication(["reborn"], 3, timeout=15).reached
+        follower = followers(fresh_cluster)[0]
+        follower.signal(signal.SIGSTOP)
+        try:
+            c.delete("reborn")
+            c.create("reborn", b"NEW-1", replication_factor=3)
+            c.update("reborn", b"NEW-2")
+        finally:
+            follower.signal(signal.SIGCONT)
+        wait_until(lambda: follower.address in c.get_replication("reborn").holders, 20,
+                   "the follower to hold the new v2")
+        old_v1 = [f for f in version_files(follower, "reborn") if f.name == "v1.blob"]
+        assert old_v1 and old_v1[0].read_bytes() == b"OLD-1"  # what the bug served
+        try:
+            got = b"".join(m.data for m in stub(follower.address).Download(
+                pb.DownloadRequest(key="reborn", version=1), metadata=md("alice"))
+                if m.data)
+        except grpc.RpcError as e:
+            assert e.code() == grpc.StatusCode.NOT_FOUND and "not held here" in e.details()
+        else:
+            assert got == b"NEW-1"
+        assert c.read("reborn", version=1) == b"NEW-1"
+
+
+def test_a_version_no_master_keeps_is_refused_at_once(alice: Client, unique_key: str) -> None:
+    alice.create(unique_key, b"one")
+    for i in range(3):
+        alice.update(unique_key, b"more %d" % i)  # 4 versions; the masters keep the newest 2
+    started = time.monotonic()
+    with pytest.raises(KeyNotFound, match="no longer kept"):
+        alice.read(unique_key, version=1)
+    # Not asked of every replica until the client's deadline (30 s here), as "not held here".
+    assert time.monotonic() - started < 10

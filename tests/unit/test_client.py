@@ -32,6 +32,7 @@ from blobha.errors import (
     BlobError,
     ChecksumMismatch,
     DeadlineExceeded,
+    InternalError,
     InvalidArgument,
     KeyAlreadyExists,
     KeyNotFound,
@@ -959,6 +960,16 @@ def test_corrupt_replica_is_skipped(client: Client, cluster: FakeCluster) -> Non
     cluster.holders["k"] = [M1, M2, M3]
     cluster.faults.append((M1, "Download", ChecksumMismatch("chunk 0 corrupt on disk")))
     cluster.faults.append((M2, "Download", ChecksumMismatch("chunk 0 corrupt on disk")))
+    assert client.read("k") == b"abc"
+
+
+def test_a_replica_failing_inside_is_skipped(client: Client, cluster: FakeCluster) -> None:
+    # INTERNAL from one replica (a disk error there) failed the whole read, two others holding
+    # the same version.
+    client.create("k", b"abc")
+    cluster.holders["k"] = [M1, M2, M3]
+    cluster.faults.append((M1, "Download", InternalError("internal error on master m1")))
+    cluster.faults.append((M2, "Download", InternalError("internal error on master m2")))
     assert client.read("k") == b"abc"
 
 
