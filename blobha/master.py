@@ -785,7 +785,19 @@ class Master:
         try:
             if committed.acked:
                 return key, committed, 1
-            reached, info = self._await_holders(key, committed, committed.write_quorum)
+            try:
+                reached, info = self._await_holders(key, committed, committed.write_quorum)
+            except _Superseded:
+                if self.election.epoch != committed.epoch or not self.election.is_leader:
+                    # Another leader came between (and may have rolled it back).
+                    raise Unavailable(
+                        f"leadership changed while {key!r} v{committed.seq} waited for its write"
+                        " quorum; re-read the metadata before writing it again") from None
+                # A newer write of this leader's committed on top: this one stays in the key's
+                # history, never to be rolled back, and masters now sync the newer one.
+                log.info("%r v%d superseded before its write quorum; answered as made", key,
+                         committed.seq)
+                return key, replace(committed, acked=True), 0
             if not reached:
                 raise DeadlineExceeded(
                     f"{key!r} v{committed.seq} is committed but only {info.replication} of the"
@@ -971,6 +983,13 @@ class Master:
         )
 
     def _mark_acked(self, key: str, state: BlobState) -> BlobState:
+        # Under the key's lock, as every other write of the key's metadata: between a commit's
+        # read of the state and its conditional write, this write made the commit fail with a
+        # conflict the client had not asked for (an update without expected_version).
+        with self.store.key_lock(key):
+            return self._mark_acked_locked(key, state)
+
+    def _mark_acked_locked(self, key: str, state: BlobState) -> BlobState:
         for _ in range(5):
             current = self._read_state(key)
             if current is None or current.seq != state.seq or current.digest != state.digest:
@@ -1303,6 +1322,9 @@ class Master:
                         raise KeyNotFound(
                             f"{key!r} was deleted while waiting for its replication")
                     if seq_of is not None and state.seq != seq_of[key]:
+                        if state.seq > seq_of[key]:
+                            # No master fetches a superseded version: waiting for it is vain.
+                            raise _Superseded(key)
                         state = replace(state, seq=seq_of[key])
                     try:
                         names = names_read.get()
@@ -1535,6 +1557,10 @@ class CommitOutcomeUnknown(Unavailable):
     W=1 it would then be acknowledged in ZooKeeper, with this master's copy as its only one.
     That copy is kept: the synchroniser re-registers it once a session is back, or removes it
     as debris once the key's committed state shows the commit never happened."""
+
+
+class _Superseded(Exception):
+    """A version waited for (its write quorum) was superseded by a newer commit."""
 
 
 class _AlreadyWritten(Exception):
