@@ -33,7 +33,7 @@ from typing import Any, BinaryIO, NoReturn, Protocol, TypeVar
 import grpc
 
 from blobha import chunkwire, errors
-from blobha.acl import AccessControl, check_entries, name_problem, parse_acl
+from blobha.acl import AccessControl, check_entries, name_problem, normalize_for_set, parse_acl
 from blobha.addresses import DEFAULT_PORT, host_of, parse_cluster
 from blobha.credentials import Credentials
 from blobha.dataplane import DataChannels, DataOffer
@@ -51,6 +51,7 @@ from blobha.errors import (
     Unauthenticated,
     Unavailable,
     UploadNotFound,
+    VersionConflict,
 )
 from blobha.keys import validate_key
 from blobha.status import (
@@ -869,7 +870,20 @@ class Client:
             _check_count("expected_meta_version", expected_meta_version)
         request = pb.SetMetaRequest(key=key, set_acl=True, acl=_acl_to_pb(entries),
                                     expected_meta_version=expected_meta_version)
-        return _meta_from_pb(self._leader_call(f"set the ACL of {key!r}", "SetMeta", request))
+
+        def made_already(deadline: _Deadline) -> Any:
+            # A conflict after an attempt whose answer was lost may be that attempt's own
+            # change: the metadata one version on, with this ACL (the setter keeps ADMIN).
+            meta = self._read_call(f"read the metadata of {key!r}", "GetMeta",
+                                   pb.GetMetaRequest(key=key), deadline)
+            acl = list(_acl_from_pb(meta.acl))
+            ours = meta.meta_version == (expected_meta_version or 0) + 1 and any(
+                acl == normalize_for_set(entries, e.name) for e in acl if e.type == "u")
+            return meta if ours else None
+
+        return _meta_from_pb(self._leader_call(
+            f"set the ACL of {key!r}", "SetMeta", request,
+            conflict_on_retry=made_already if expected_meta_version is not None else None))
 
     def set_replication_factor(self, key: str, replication_factor: int) -> BlobMeta:
         """Change how many masters should hold ``key``."""
@@ -1126,8 +1140,12 @@ class Client:
         raise _gave_up(last, what, deadline.seconds) from None
 
     def _leader_call(
-        self, what: str, method: str, request: Any, missing_ok_on_retry: bool = False
+        self, what: str, method: str, request: Any, missing_ok_on_retry: bool = False,
+        conflict_on_retry: Callable[[_Deadline], Any] | None = None,
     ) -> Any:
+        """Call the leader, retried until the deadline. ``conflict_on_retry``: for a
+        conditional change, given a conflict after an attempt whose answer was lost, the
+        response that attempt made (None: not ours, the conflict stands)."""
         deadline = _Deadline(self._timeout)
         uncertain = False
 
@@ -1147,6 +1165,12 @@ class Client:
                 # An earlier attempt may have deleted the key before its answer was lost.
                 if missing_ok_on_retry and uncertain:
                     return None
+                raise
+            except VersionConflict:
+                if conflict_on_retry is not None and uncertain:
+                    made = conflict_on_retry(deadline)
+                    if made is not None:
+                        return made
                 raise
             self._after_write(leader)
             return response

@@ -16,7 +16,7 @@ import pytest
 from conftest import client_for
 
 from blobha.client import PUT_MAX_BYTES, Client, GrpcTransport
-from blobha.errors import Unavailable
+from blobha.errors import Unavailable, VersionConflict
 from blobha.localcluster import LocalCluster
 
 pytestmark = pytest.mark.integration
@@ -24,15 +24,20 @@ pytestmark = pytest.mark.integration
 
 class LosesAnswers(GrpcTransport):
     """Runs each call, then loses the answer of the next call of a method named in ``lose``
-    (running its hook first: what happens after the master committed)."""
+    (running its hook first: what happens after the master committed). A method named in
+    ``refuse`` fails once without being sent (its hook runs instead)."""
 
     def __init__(self, user: str) -> None:
         super().__init__(user)
         self.lose: dict[str, Callable[[], Any] | None] = {}
+        self.refuse: dict[str, Callable[[], Any]] = {}
         self.calls: list[str] = []
 
     def unary(self, address: str, method: str, request: Any, timeout: float | None) -> Any:
         self.calls.append(method)
+        if method in self.refuse:
+            self.refuse.pop(method)()
+            raise Unavailable(f"master {address} unavailable: connection refused (test)")
         response = super().unary(address, method, request, timeout)
         if method in self.lose:
             hook = self.lose.pop(method)
@@ -155,3 +160,20 @@ def test_concurrent_updates_with_a_write_quorum_all_succeed_once(
         assert sorted(versions_made) == list(range(2, 2 + 24))
         meta = c.get_meta(unique_key)
         assert meta.version == 25 and meta.acknowledged
+
+
+def test_a_conditional_acl_change_whose_answer_was_lost_reports_success(
+        lossy: tuple[Client, LosesAnswers], unique_key: str) -> None:
+    c, t = lossy
+    c.create(unique_key, b"x")
+    before = c.get_meta(unique_key).meta_version
+    t.lose["SetMeta"] = None
+    meta = c.set_acl(unique_key, "o::r,u:bob:r", expected_meta_version=before)
+    # Before: the retry met its own change as a conflict (ABORTED, exit 8).
+    assert meta.meta_version == before + 1 and t.calls.count("SetMeta") == 2
+    assert {str(e) for e in c.get_meta(unique_key).acl} == {"o::r--", "u:bob:r--", "u:alice:--a"}
+    # A conflict with someone else's change, after an attempt that failed unsent, stands.
+    t.refuse["SetMeta"] = lambda: c.set_acl(unique_key, "o::r")
+    with pytest.raises(VersionConflict):
+        c.set_acl(unique_key, "u:carol:r", expected_meta_version=before + 1)
+    assert {str(e) for e in c.get_meta(unique_key).acl} == {"o::r--", "u:alice:--a"}
