@@ -601,11 +601,16 @@ class _StreamSource(_Source):
     """A non-seekable stream (a pipe, stdin). Keeps what the leader has not acknowledged yet,
     so a broken segment can be re-sent; once bytes are dropped it can no longer restart."""
 
-    def __init__(self, f: BinaryIO) -> None:
+    def __init__(self, f: BinaryIO, owned: bool = False) -> None:
         self._f = f
+        self._owned = owned
         self._buf = bytearray()
         self._base = 0
         self._eof = False
+
+    def close(self) -> None:
+        if self._owned:
+            self._f.close()
 
     def read_at(self, offset: int, n: int) -> bytes:
         if offset < self._base:
@@ -648,7 +653,11 @@ def _open_source(data: UploadData) -> _Source:
     if isinstance(data, (bytes, bytearray, memoryview)):
         return _BytesSource(data)
     if isinstance(data, (str, os.PathLike)):
-        return _FileSource(open(data, "rb"), owned=True)
+        f = open(data, "rb")  # noqa: SIM115 - the source owns it, and closes it
+        # A named pipe, /dev/stdin or a shell's <(command) is a path too, but cannot seek.
+        if stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            return _FileSource(f, owned=True)
+        return _StreamSource(f, owned=True)
     if not hasattr(data, "read"):
         raise InvalidArgument(
             f"cannot upload a {type(data).__name__}: give bytes, a file path or a binary file"

@@ -187,3 +187,29 @@ def test_storm_acl_spellings_grant_what_they_say(cluster: LocalCluster) -> None:
     assert b"o::r" in r.stderr and b"ambiguous" in r.stderr
     meta = json.loads(run(cluster, "meta", "storm-acl", "--json").stdout)
     assert meta["acl"] == ["u:alice:rwa", "o::---"]
+
+
+def test_a_file_argument_that_is_a_pipe_is_read_as_a_stream(cluster: LocalCluster,
+                                                            tmp_path: Path) -> None:
+    # -f /dev/stdin, a named pipe or a shell's <(command) cannot seek: that failed with
+    # "Illegal seek" (exit 1) before anything was sent.
+    data = os.urandom(300 * 1024)
+    r = run(cluster, "create", "from-dev-stdin", "-f", "/dev/stdin", stdin=data)
+    assert r.returncode == 0, r.stderr
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    source = tmp_path / "reversed"
+    source.write_bytes(data[::-1])
+    # The writer blocks opening the pipe until the command opens it to read.
+    writer = subprocess.Popen(["sh", "-c", 'cat "$0" > "$1"', str(source), str(fifo)])
+    try:
+        r = run(cluster, "update", "from-dev-stdin", "-f", str(fifo))
+        assert writer.wait(timeout=60) == 0
+    finally:
+        if writer.poll() is None:
+            writer.kill()
+            writer.wait()
+    assert r.returncode == 0, r.stderr
+    assert run(cluster, "cat", "from-dev-stdin").stdout == data[::-1]
+    meta = json.loads(run(cluster, "meta", "from-dev-stdin", "--json").stdout)
+    assert meta["version"] == 2 and meta["size"] == len(data)
