@@ -699,6 +699,9 @@ class Master:
     def commit(self, user: str, upload_id: str, size: int, digest: str
                ) -> tuple[str, BlobState, int]:
         self._require_leader()
+        # Before the session is taken (and its data, gone with it on any error): a malformed
+        # digest must not cost a multi-GB upload, only a corrected CommitUpload.
+        _check_digest(digest)
         up = self.uploads.take(upload_id, user)
         key = up.key
         try:

@@ -49,6 +49,28 @@ def test_digest_mismatch_is_rejected_and_leaves_nothing(cluster: LocalCluster,
     assert not any((store_dir(leader) / "tmp").iterdir())
 
 
+def test_a_malformed_commit_digest_keeps_the_upload(cluster: LocalCluster,
+                                                   unique_key: str) -> None:
+    leader = cluster.leader()
+    s = stub(leader.address)
+    data = os.urandom(300_000)
+    begun = s.BeginUpload(pb.BeginUploadRequest(key=unique_key, create=True), metadata=md("alice"))
+    s.AppendUpload(iter([pb.UploadChunk(upload_id=begun.upload_id, offset=0, data=data)]),
+                   metadata=md("alice"))
+    with pytest.raises(grpc.RpcError) as err:
+        s.CommitUpload(pb.CommitUploadRequest(upload_id=begun.upload_id, size=len(data),
+                                              digest="not a digest"), metadata=md("alice"))
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    # Before: the session was taken first, and its data gone with the refusal.
+    status = s.GetUploadStatus(pb.UploadStatusRequest(upload_id=begun.upload_id),
+                               metadata=md("alice"))
+    assert status.received == len(data)
+    meta = s.CommitUpload(pb.CommitUploadRequest(upload_id=begun.upload_id, size=len(data),
+                                                 digest=xxhash.xxh3_128_hexdigest(data)),
+                          metadata=md("alice"))
+    assert meta.version == 1 and meta.size == len(data)
+
+
 def test_put_checks_like_the_upload_and_leaves_nothing_when_refused(
         cluster: LocalCluster, unique_key: str, alice: Client) -> None:
     leader = cluster.leader()
