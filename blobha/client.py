@@ -431,6 +431,10 @@ def _error_from_rpc(address: str, exc: grpc.RpcError) -> BlobError:
             return Unavailable(f"master {address} unavailable: {details}")
         return Unavailable(f"master {address} unavailable: {error}")
     if isinstance(error, DeadlineExceeded):
+        if details.strip().lower() != "deadline exceeded":
+            # The master's own answer (a write quorum not reached in its time), not gRPC's:
+            # it did answer, and its message says what happened.
+            return DeadlineExceeded(f"master {address}: {details}")
         return DeadlineExceeded(f"master {address} did not answer in time ({error})")
     return error
 
@@ -1364,6 +1368,16 @@ class _UploadJob:
                     return meta
                 self.c._pause(attempt, deadline, last, self.what)
                 attempt += 1
+        except (Unavailable, DeadlineExceeded) as exc:
+            self._abort_quietly()
+            if not self.commit_unknown:
+                raise
+            # Giving up after a commit whose answer was lost: it may have been made, and a
+            # plain "unavailable" would send the user to write it again.
+            note = (f"{exc}; an earlier attempt's commit got no answer, so the {self.what}"
+                    " may have been made: check with 'blobha meta' before writing again")
+            raise (DeadlineExceeded(note) if isinstance(exc, DeadlineExceeded)
+                   else Unavailable(note)) from None
         except BaseException:
             self._abort_quietly()
             raise

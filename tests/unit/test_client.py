@@ -10,6 +10,7 @@ from collections.abc import Generator, Iterator, Sequence
 from pathlib import Path
 from typing import Any, BinaryIO, cast
 
+import grpc
 import pytest
 
 from blobha import client as client_mod
@@ -1272,3 +1273,47 @@ def test_a_deadline_with_nothing_retried_before_is_reported_as_it_is(
     cluster.unary = unary  # type: ignore[method-assign]
     with pytest.raises(DeadlineExceeded, match="did not answer in time"):
         client.delete("k")
+
+
+class _Status(grpc.RpcError, grpc.Call):  # type: ignore[misc]
+    """What gRPC raises for a call that ended with a status."""
+
+    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+        self._code, self._details = code, details
+
+    def code(self) -> grpc.StatusCode:
+        return self._code
+
+    def details(self) -> str:
+        return self._details
+
+    def trailing_metadata(self) -> tuple[tuple[str, str], ...]:
+        return ()
+
+
+def test_a_deadline_the_master_reported_is_not_called_a_master_that_did_not_answer() -> None:
+    from blobha.client import _error_from_rpc
+
+    own = _error_from_rpc(M1, _Status(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded"))
+    assert isinstance(own, DeadlineExceeded) and "did not answer in time" in str(own)
+    told = _error_from_rpc(M1, _Status(
+        grpc.StatusCode.DEADLINE_EXCEEDED, "'k' v2 is committed but only 1 of the 2 required"))
+    assert isinstance(told, DeadlineExceeded)
+    assert "did not answer" not in str(told) and "only 1 of the 2" in str(told)
+
+
+def test_giving_up_after_a_lost_commit_answer_says_the_write_may_be_made(
+        client: Client, cluster: FakeCluster, clock: FakeClock) -> None:
+    real_put = cluster._Put
+
+    def committed_then_lost(address: str, r: pb.PutRequest) -> Any:
+        real_put(address, r)  # the commit applies
+        cluster.down.update((M1, M2, M3))  # and the cluster is gone before the answer
+        raise Unavailable(f"master {address} unavailable: connection reset")
+
+    cluster._Put = committed_then_lost  # type: ignore[method-assign]
+    started = clock.now
+    with pytest.raises(Unavailable, match="may have been made: check with 'blobha meta'"):
+        client.create("k", b"data")
+    assert clock.now - started <= 30.0 + 2.0 + 1.0  # its timeout, and the outcome check's
+    assert "k" in cluster.blobs
