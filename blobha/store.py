@@ -702,7 +702,15 @@ class LocalStore:
             self.on_corrupt(key, seq)
 
     def _corrupt(self, info: VersionInfo, index: int) -> None:
-        self.discard_corrupt(info.key, info.seq, f"chunk {index}")
+        with self._lock(info.key):
+            # The record as it is now, under the lock installs hold: a version replaced at the
+            # same number since this reader loaded ``info`` (a key deleted and created again)
+            # fails the old digests without being corrupt, and is the new, good copy.
+            now = self.info(info.key, info.seq)
+            if now is None or now.digest != info.digest:
+                raise ChecksumMismatch(
+                    f"version {info.seq} of {info.key!r} was replaced while it was read; retry")
+            self.discard_corrupt(info.key, info.seq, f"chunk {index}")
         raise ChecksumMismatch(
             f"this master's copy of {info.key!r} version {info.seq} is corrupt and was removed;"
             " retry, another replica will serve it"

@@ -6,6 +6,7 @@ import errno
 import json
 import os
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -734,3 +735,21 @@ def test_an_install_whose_record_cannot_be_written_leaves_no_blob_file(
         d = store.keys_dir / key_dirname(key)
         assert store.versions(key) == [] and not list(d.glob("v*"))
     assert store.counted_usage()[1] == 0
+
+
+def test_a_version_replaced_while_read_is_not_taken_for_corrupt(store: LocalStore) -> None:
+    # A reader loads v1's record, then the key is deleted and created again at v1 with other
+    # bytes before it opens the file: the new bytes fail the old digests. Taken for corruption,
+    # the new version (perhaps its only copy) was deleted.
+    old, new = _data(3 * CHUNK_SIZE // 2, seed=1), _data(3 * CHUNK_SIZE // 2, seed=2)
+    _put(store, "k", 1, old)
+    info = store.info("k", 1)  # as the data channel's offer holds it
+    assert info is not None
+    store.delete_version("k", 1)
+    _put(store, "k", 1, new)
+    sent: list[int] = []
+    with ThreadPoolExecutor(1) as checker, pytest.raises(
+            ChecksumMismatch, match="replaced while it was read"):
+        store.send_verified(info, 0, info.size, lambda: None,
+                            lambda f, pos, n: sent.append(n), checker)
+    assert sent == [] and _read(store, "k", 1) == new
