@@ -1170,8 +1170,8 @@ class Client:
             except NotLeader as exc:
                 self._redirect(leader, exc.leader)
                 raise
-            except Unavailable:
-                uncertain = True
+            except Unavailable as exc:
+                uncertain = uncertain or _may_have_run(exc)
                 self._forget_leader(leader)
                 raise
             except KeyNotFound:
@@ -1289,6 +1289,13 @@ def _check_count(name: str, value: int, maximum: int = _UINT64_MAX) -> None:
     # Checked here so a bad number is an InvalidArgument, not a ValueError from protobuf.
     if not isinstance(value, int) or not 0 <= value <= maximum:
         raise InvalidArgument(f"{name} must be a whole number from 0 to {maximum}, not {value!r}")
+
+
+def _may_have_run(exc: Unavailable) -> bool:
+    """Whether a call that failed with ``exc`` may have run on the master (its answer lost),
+    as opposed to refused unsent: no connection, or the master too busy to take it."""
+    text = str(exc)
+    return not any(s in text for s in (" is busy: ", "failed to connect", "Connection refused"))
 
 
 def _gave_up(last: BlobError, what: str, seconds: float) -> BlobError:

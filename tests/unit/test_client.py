@@ -907,6 +907,25 @@ def test_delete_retry_after_lost_answer(client: Client, cluster: FakeCluster) ->
         client.delete("k")
 
 
+@pytest.mark.parametrize("refusal", [
+    "master m1:1 is busy: too many calls of user 'alice' at once",
+    "master m1:1 unavailable: failed to connect to all addresses",
+])
+def test_a_delete_refused_unsent_then_missing_is_not_reported_done(
+        client: Client, cluster: FakeCluster, refusal: str) -> None:
+    # The first attempt never ran, so "no such key" on the retry is the truth, not the sign of
+    # an earlier attempt's success.
+    original = cluster._Delete
+
+    def refuse_once(address: str, r: pb.DeleteRequest) -> pb.DeleteResponse:
+        cluster._Delete = original  # type: ignore[method-assign]
+        raise Unavailable(refusal)
+
+    cluster._Delete = refuse_once  # type: ignore[method-assign]
+    with pytest.raises(KeyNotFound):
+        client.delete("never-existed")
+
+
 # ------------------------------------------------------------------------------------------------
 # Reads
 # ------------------------------------------------------------------------------------------------
