@@ -622,6 +622,12 @@ class Master:
         state = self._read_state(key)
         prior = state.written_by(tag) if state is not None else None
         if prior is not None:
+            if not prior.acked:
+                # Not waited for here: the client gives this call seconds, not the write
+                # timeout, and would leave the wait behind and ask again.
+                raise Unavailable(
+                    f"{key!r} v{prior.seq}, this write's, is committed and waits for its write"
+                    " quorum; retry shortly")
             return "", 0, self._answer_again(key, prior, user)
         if create:
             if state is not None:
@@ -790,18 +796,32 @@ class Master:
                 return key, committed, 1
             try:
                 reached, info = self._await_holders(key, committed, committed.write_quorum)
-            except _Superseded:
-                if self.election.epoch != committed.epoch or not self.election.is_leader:
-                    # Another leader came between (and may have rolled it back).
+            except _Superseded as e:
+                # A newer version, acknowledged, replaced this one before its quorum: no
+                # roll-back can reach below an acknowledged version, so this write stands in
+                # the key's history, unless a roll-back already skipped it (a new leader found
+                # the newer version held by no live master, and this one on none either). A
+                # roll-back is a later epoch's write, and drops the tags of what it skipped:
+                # the newer version in this write's epoch means none came between.
+                made = e.state.epoch == committed.epoch or bool(
+                    committed.write_tag and e.state.written_by(committed.write_tag))
+                if not made:
                     raise Unavailable(
-                        f"leadership changed while {key!r} v{committed.seq} waited for its write"
-                        " quorum; re-read the metadata before writing it again") from None
-                # A newer write of this leader's committed on top: this one stays in the key's
-                # history, never to be rolled back, and masters now sync the newer one.
-                log.info("%r v%d superseded before its write quorum; answered as made", key,
-                         committed.seq)
+                        f"{key!r} v{committed.seq} was replaced before its write quorum and may"
+                        " have been rolled back; re-read the metadata before writing it again"
+                    ) from None
+                log.info("%r v%d superseded by v%d before its write quorum; answered as made",
+                         key, committed.seq, e.state.seq)
                 return key, replace(committed, acked=True), 0
             if not reached:
+                current = self._read_state(key)
+                if current is not None and current.seq > committed.seq:
+                    raise DeadlineExceeded(
+                        f"{key!r} v{committed.seq} was replaced by v{current.seq} before"
+                        f" {committed.write_quorum} masters held it, and v{current.seq} is not"
+                        " acknowledged yet either: if its leader fails first, the key rolls back"
+                        " to an earlier version. 'blobha meta' shows the outcome"
+                    )
                 raise DeadlineExceeded(
                     f"{key!r} v{committed.seq} is committed but only {info.replication} of the"
                     f" {committed.write_quorum} required masters hold it after"
@@ -1325,9 +1345,11 @@ class Master:
                         raise KeyNotFound(
                             f"{key!r} was deleted while waiting for its replication")
                     if seq_of is not None and state.seq != seq_of[key]:
-                        if state.seq > seq_of[key]:
+                        if state.seq > seq_of[key] and state.acked:
                             # No master fetches a superseded version: waiting for it is vain.
-                            raise _Superseded(key)
+                            # (Until the newer one is acknowledged, a roll-back could still
+                            # skip past both: wait for that.)
+                            raise _Superseded(state)
                         state = replace(state, seq=seq_of[key])
                     try:
                         names = names_read.get()
@@ -1457,14 +1479,15 @@ class Master:
                 source = self._obtain(key, past)
                 if source is None:
                     continue
-                new = replace(
-                    state.with_new_version(
-                        state.seq + 1, past.size, past.digest, time.time(), self.election.epoch,
-                        state.write_quorum, self.config["blobstore.versions.retained"],
-                        undone=True,
-                    ),
-                    acked=True,
+                new = state.with_new_version(
+                    state.seq + 1, past.size, past.digest, time.time(), self.election.epoch,
+                    state.write_quorum, self.config["blobstore.versions.retained"],
+                    undone=True,
                 )
+                # Every version between the one restored and the one undone was skipped, held
+                # by nobody: undone too, so a retry of their writes writes them again.
+                new = replace(new, acked=True, history=tuple(
+                    replace(h, write_tag="") if h.seq > past.seq else h for h in new.history))
                 self.store.install_copy(key, new.seq, source)
                 try:
                     self._fenced_set(key, new, state.meta_version)
@@ -1563,7 +1586,12 @@ class CommitOutcomeUnknown(Unavailable):
 
 
 class _Superseded(Exception):
-    """A version waited for (its write quorum) was superseded by a newer commit."""
+    """A version waited for (its write quorum) was superseded by a newer commit, acknowledged
+    (``state``)."""
+
+    def __init__(self, state: BlobState) -> None:
+        super().__init__(f"superseded by v{state.seq}")
+        self.state = state
 
 
 class _AlreadyWritten(Exception):

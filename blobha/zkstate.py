@@ -154,9 +154,11 @@ class BlobState:
             return self
         for past in self.history:
             if past.write_tag == tag:
-                # Superseded by a later commit, so never to be rolled back: acknowledged.
+                # Superseded by a later commit: final once the current version is acknowledged
+                # (no roll-back reaches below an acknowledged version); until then a roll-back
+                # may still skip it, so it counts as acknowledged no sooner.
                 return replace(self, seq=past.seq, size=past.size, digest=past.digest,
-                               acked=True, write_tag=tag)
+                               acked=self.acked, write_tag=tag)
         return None
 
 

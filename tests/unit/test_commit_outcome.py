@@ -17,7 +17,7 @@ from blobha.digest import digest_bytes
 from blobha.errors import Unavailable
 from blobha.master import CommitOutcomeUnknown, Master, _Put
 from blobha.store import LocalStore
-from blobha.zkstate import BlobState
+from blobha.zkstate import BlobState, write_tag
 
 
 class _Txn:
@@ -135,3 +135,27 @@ def test_the_streamed_upload_commit_decides_the_same_way(
         m.commit("alice", "u1", len(data), digest_bytes(data))
     assert isinstance(e.value, CommitOutcomeUnknown) == kept
     assert m.store.versions("k") == ([1] if kept else [])
+
+
+def test_a_roll_back_drops_the_tags_of_every_version_it_skipped(tmp_path: Path) -> None:
+    # v5 acknowledged; alice's v6 (W=2) was superseded by bob's v7 before any follower copied
+    # it; their leader died. The next leader rolls back to v5, skipping v6 and v7: a retry of
+    # either write must then write it again, not be told "made" from the history's tag.
+    m = _master(tmp_path, _Ensemble(applied=True, reachable=True))
+    m.membership = SimpleNamespace(live=lambda: {m.identity})
+    m.sync = SimpleNamespace(schedule=lambda key: None)
+    written: dict[str, BlobState] = {}
+    m._fenced_set = lambda key, new, version: written.__setitem__(key, new)
+    v5 = b"five"
+    m.store.install_many([("k", 5, v5, len(v5), digest_bytes(v5))])
+    alice, bob = write_tag("alice", b"a"), write_tag("bob", b"b")
+    state = BlobState(seq=5, size=len(v5), digest=digest_bytes(v5), acl=(), replication_factor=3,
+                      creator="alice", created_at=0.0, updated_at=0.0, epoch=1, acked=True,
+                      write_quorum=2)
+    state = state.with_new_version(6, 3, "6" * 32, 1.0, 1, 2, 3, alice)
+    state = state.with_new_version(7, 3, "7" * 32, 2.0, 1, 2, 3, bob)
+    assert state.written_by(alice) is not None  # before the roll-back: v6 is in the history
+    assert m._roll_back("k", state)
+    restored = written["k"]
+    assert (restored.seq, restored.digest, restored.acked) == (8, digest_bytes(v5), True)
+    assert restored.written_by(alice) is None and restored.written_by(bob) is None

@@ -166,9 +166,13 @@ def test_a_write_is_found_by_its_tag_until_it_leaves_the_history() -> None:
     assert mine.written_by(write_tag("bob", b"w1")) is None and mine.written_by("") is None
     later = mine.with_new_version(5, 6, "5" * 32, 2.0, 2, 1, keep_history=2)
     found = later.written_by(tag)
-    # Superseded by a later commit: reported as that version, acknowledged.
+    # Superseded by a later commit: reported as that version, acknowledged no sooner than the
+    # later one (until then a roll-back could skip past both).
     assert found is not None and (found.seq, found.size, found.digest, found.acked) == (
-        4, 5, "4" * 32, True)
+        4, 5, "4" * 32, False)
+    later = replace(later, acked=True)
+    found = later.written_by(tag)
+    assert found is not None and (found.seq, found.acked) == (4, True)
     assert BlobState.decode(later.encode()).written_by(tag) == found
     gone = later.with_new_version(6, 1, "6" * 32, 3.0, 2, 1, keep_history=1)
     assert gone.written_by(tag) is None
