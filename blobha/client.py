@@ -890,8 +890,8 @@ class Client:
             meta = self._read_call(f"read the metadata of {key!r}", "GetMeta",
                                    pb.GetMetaRequest(key=key), deadline)
             acl = list(_acl_from_pb(meta.acl))
-            ours = meta.meta_version == (expected_meta_version or 0) + 1 and any(
-                acl == normalize_for_set(entries, e.name) for e in acl if e.type == "u")
+            ours = (meta.meta_version == (expected_meta_version or 0) + 1
+                    and acl == normalize_for_set(entries, self._user))
             return meta if ours else None
 
         return _meta_from_pb(self._leader_call(
@@ -1657,7 +1657,10 @@ class _DownloadJob:
                 self.candidates.pop(0)
                 self.failed.add(address)
             except KeyNotFound as exc:
-                if str(exc).startswith(_NOT_HELD_PREFIX):
+                # "No longer kept" of the version this download began on (the latest then):
+                # the key was updated meanwhile, and the replica list tells which to start over.
+                replaced = self.version == 0 and self.info is not None
+                if str(exc).startswith(_NOT_HELD_PREFIX) or replaced:
                     last = exc
                     self.candidates.pop(0)
                     self.failed.add(address)

@@ -1149,6 +1149,30 @@ def test_download_restarts_when_its_version_is_replaced(
         client.download("k", cast(BinaryIO, _Unseekable()))
 
 
+def test_download_restarts_when_its_version_is_no_longer_kept(
+    client: Client, cluster: FakeCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Masters refuse a version older than they keep as "no longer kept", not "not held here":
+    # for the version a download began on, that too means "updated meanwhile, start over".
+    monkeypatch.setattr(client_mod, "_DOWNLOAD_SEGMENT_BYTES", 256 * KiB)
+    client.create("k", payload(600 * KiB))
+    original = cluster._download
+    newer = payload(700 * KiB)[::-1]
+
+    def updated_twice(address: str, r: pb.DownloadRequest) -> Iterator[pb.DownloadChunk]:
+        version = cluster.blobs["k"][0]
+        if r.offset > 0 and r.version == version == 1:
+            cluster.blobs["k"] = (3, newer)
+        if r.version and r.version < cluster.blobs["k"][0]:
+            raise KeyNotFound(f"'k' v{r.version} is no longer kept: the masters keep the newest 2")
+        return original(address, r)
+
+    monkeypatch.setattr(cluster, "_download", updated_twice)
+    assert client.read("k") == newer
+    with pytest.raises(KeyNotFound, match="no longer kept"):
+        client.read("k", version=1)  # asked for by number: no starting over
+
+
 class _Unseekable(io.RawIOBase):
     def writable(self) -> bool:
         return True
