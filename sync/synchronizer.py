@@ -46,7 +46,7 @@ import time
 import zlib
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import AbstractContextManager, suppress
+from contextlib import AbstractContextManager, ExitStack, suppress
 from dataclasses import dataclass
 from typing import Any
 
@@ -919,9 +919,9 @@ class Synchronizer:
             # changed since, an event's newer read may have been overwritten: read it again.
             with self._view_lock:
                 armed = {key for key in armed if not self._arming.get(key, True)}
-        fetched, done, fresh = self._fetch_all(to_fetch, failures)
+        fetched, done, fresh = self._fetch_all(to_fetch, failures, read_mark)
         to_register += done
-        installed = self._install_fetched(fetched)
+        installed = self._install_fetched(fetched, read_mark)
         failures.update(installed)
         to_register += [(key, state.seq) for key, state, _ in fetched if key not in installed]
         # Only now, with every byte durable and verified, do the replica nodes appear (ha-rule 7).
@@ -1168,7 +1168,7 @@ class Synchronizer:
                 self.store.delete_version(key, seq)
 
     def _fetch_all(self, to_fetch: list[tuple[str, BlobState, list[str]]],
-                   failures: dict[str, Exception]
+                   failures: dict[str, Exception], read_mark: int = -1
                    ) -> tuple[list[tuple[str, BlobState, bytes]], list[tuple[str, int]], set[str]]:
         """Fetch a batch's versions: (small blobs fetched, for the caller to install together;
         versions installed here already, to register; the keys that had no version here).
@@ -1195,7 +1195,7 @@ class Synchronizer:
             for part in (items[i:i + FETCH_BATCH] for i in range(0, len(items), FETCH_BATCH))
         ]
         futures: list[tuple[str, BlobState, Future[bytes | None]]] = [
-            (key, state, self._fetchers.submit(self._fetch, key, state, holders))
+            (key, state, self._fetchers.submit(self._fetch, key, state, holders, read_mark))
             for key, state, holders in singles
         ]
         fetched: list[tuple[str, BlobState, bytes]] = []
@@ -1211,8 +1211,8 @@ class Synchronizer:
                 if data is not None:
                     fetched.append((key, state, data))
                 else:
-                    futures.append(
-                        (key, state, self._fetchers.submit(self._fetch, key, state, holders)))
+                    futures.append((key, state, self._fetchers.submit(
+                        self._fetch, key, state, holders, read_mark)))
         done: list[tuple[str, int]] = []
         for key, state, future in futures:
             try:
@@ -1247,13 +1247,30 @@ class Synchronizer:
             got[key] = data
         return got
 
-    def _fetch(self, key: str, state: BlobState, holders: list[str]) -> bytes | None:
+    def _committed_since(self, key: str, read_mark: int) -> bool:
+        """Whether this master (leading) committed to ``key`` after a read sent at
+        ``read_mark`` (see _decide). The caller holds the key's lock, which commits hold."""
+        with self._view_lock:
+            mark = self._commit_marks.get(key)
+        return mark is not None and mark > read_mark >= 0
+
+    def _stale_fetch(self, key: str) -> SyncDeferred:
+        # What was fetched may be of the key's earlier incarnation (deleted and created again
+        # here since the read), under the new one's version number: installing it would
+        # replace the new, acknowledged version. The key is looked at again.
+        return SyncDeferred(f"{key!r} was committed here while it was fetched; looking again")
+
+    def _fetch(self, key: str, state: BlobState, holders: list[str], read_mark: int = -1
+               ) -> bytes | None:
         """Obtain the committed version of ``key``: a small blob's bytes, for the caller to
         install with the rest of its batch, or None once a big one (or a local copy) is
         installed here."""
         copy = self.store.find_by_digest(key, state.digest, state.size)
         if copy is not None:
-            self.store.install_copy(key, state.seq, copy)
+            with self._key_lock(key):
+                if self._committed_since(key, read_mark):
+                    raise self._stale_fetch(key)
+                self.store.install_copy(key, state.seq, copy)
             return None
         sources = [h for h in holders if h != self.identity]
         if not sources:
@@ -1280,7 +1297,10 @@ class Synchronizer:
                 raise last
             if isinstance(dest, BlobBuffer):
                 return dest.value()
-            self.store.install(key, state.seq, dest, state.size, state.digest)
+            with self._key_lock(key):
+                if self._committed_since(key, read_mark):
+                    raise self._stale_fetch(key)
+                self.store.install(key, state.seq, dest, state.size, state.digest)
         except BaseException:
             if isinstance(dest, TempBlob):
                 dest.discard()
@@ -1289,21 +1309,34 @@ class Synchronizer:
                  time.monotonic() - started)
         return None
 
-    def _install_fetched(self, fetched: list[tuple[str, BlobState, bytes]]
+    def _install_fetched(self, fetched: list[tuple[str, BlobState, bytes]], read_mark: int = -1
                          ) -> dict[str, Exception]:
-        """Install the small blobs a batch fetched, together (see LocalStore.install_many)."""
+        """Install the small blobs a batch fetched, together (see LocalStore.install_many),
+        except those of keys this master committed to since the batch read them."""
         if not fetched:
             return {}
-        try:
-            outcomes = self.store.install_many(
-                [(key, state.seq, data, state.size, state.digest) for key, state, data in fetched])
-        except Exception as e:
-            return {key: e for key, _, _ in fetched}
         failures: dict[str, Exception] = {}
+        with ExitStack() as locks:
+            # In key order, as the group commit takes them: no two take each other's.
+            for key in sorted({key for key, _, _ in fetched}):
+                locks.enter_context(self._key_lock(key))
+            stale = {key for key, _, _ in fetched if self._committed_since(key, read_mark)}
+            for key in stale:
+                failures[key] = self._stale_fetch(key)
+            fetched = [item for item in fetched if item[0] not in stale]
+            try:
+                outcomes = self.store.install_many(
+                    [(key, state.seq, data, state.size, state.digest)
+                     for key, state, data in fetched])
+            except Exception as e:
+                return {**failures, **{key: e for key, _, _ in fetched}}
+        synced = 0
         for (key, _, _), outcome in zip(fetched, outcomes, strict=True):
             if isinstance(outcome, Exception):
                 failures[key] = outcome
-        log.info("synced %d small blobs", len(fetched) - len(failures))
+            else:
+                synced += 1
+        log.info("synced %d small blobs", synced)
         return failures
 
     def register_replica(self, key: str, seq: int) -> None:

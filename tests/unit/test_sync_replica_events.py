@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -15,6 +16,7 @@ import pytest
 from blobha.sync.membership import Membership
 from blobha.sync.synchronizer import (
     UNREACHABLE_REPORT_SECS,
+    SyncDeferred,
     Synchronizer,
     SyncSettings,
     _Entry,
@@ -259,6 +261,26 @@ def test_a_read_older_than_the_leaders_own_commit_deletes_nothing(tmp_path: Path
     assert s._decide("k", current.encode(), SimpleNamespace(version=0), [f"{ME}-1"],
                      read_mark=s._commits) is None
     assert b"".join(store.read("k", 1)) == new and zk.deleted == [] and not s._commit_marks
+
+
+def test_a_fetch_is_not_installed_over_a_commit_made_while_it_ran(tmp_path: Path) -> None:
+    # The reconcile decided to fetch the old key's v1 (A) from a master that still had it; the
+    # key was deleted and created again here meanwhile (v1 = B, acknowledged, this master's
+    # copy only). Installing A then replaced B.
+    store = LocalStore(tmp_path / "store")
+    old, new = b"AAAA", b"BBBB"
+    s, _ = synchroniser(leader=True, store=store)
+    read_mark = s._commits
+    stale = BlobState(seq=1, size=len(old), digest=digest_bytes(old), acl=(),
+                      replication_factor=3, creator="alice", created_at=0.0, updated_at=0.0,
+                      epoch=1, acked=True)
+    store.install_many([("k", 1, new, len(new), digest_bytes(new))])
+    s.registered("k", 1, SESSION, 1)
+    other = replace(stale, seq=4)
+    failures = s._install_fetched([("k", stale, old), ("j", other, old)], read_mark)
+    assert list(failures) == ["k"] and isinstance(failures["k"], SyncDeferred)
+    assert b"".join(store.read("k", 1)) == new
+    assert b"".join(store.read("j", 4)) == old  # the rest of the batch is installed
 
 
 def periodic_synchroniser(period_secs: float, recursive: bool = False) -> Synchronizer:
