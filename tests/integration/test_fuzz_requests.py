@@ -324,11 +324,17 @@ def finish_upload(f: Fuzz, user: str, upload_id: str, held: bytes, plan: dict[st
     o = call(f.leader.CommitUpload, request, user)
     if not well_formed:
         allowed(o, {C.INVALID_ARGUMENT}, "CommitUpload with a malformed digest")
+        # Refused before the session was taken: the data stays for a corrected commit.
+        kept = call(f.leader.GetUploadStatus, pb.UploadStatusRequest(upload_id=upload_id), user)
+        allowed(kept, {C.OK}, "GetUploadStatus after a malformed commit")
+        assert kept.value.received == len(held)
+        allowed(call(f.leader.AbortUpload, pb.AbortUploadRequest(upload_id=upload_id), user),
+                {C.OK}, "AbortUpload")
     elif not matches:
         allowed(o, {C.DATA_LOSS}, "CommitUpload with the wrong size or digest")
     else:
         allowed(o, {C.OK}, "CommitUpload")
-    # Whatever happened, the upload id is used up.
+    # Whatever happened (aborted, for a malformed digest), the upload id is used up.
     gone = call(f.leader.GetUploadStatus, pb.UploadStatusRequest(upload_id=upload_id), user)
     allowed(gone, {C.NOT_FOUND}, "GetUploadStatus after commit")
     return o.code == C.OK
