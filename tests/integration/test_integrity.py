@@ -6,6 +6,7 @@ import os
 import signal
 import time
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -29,14 +30,20 @@ from blobha.v1 import blobha_pb2 as pb
 pytestmark = pytest.mark.integration
 
 
+def _uploaded_uncommitted(s: Any, key: str) -> tuple[Any, bytes]:
+    """An upload session of a create of ``key`` holding 300,000 random bytes, not committed."""
+    data = os.urandom(300_000)
+    begun = s.BeginUpload(pb.BeginUploadRequest(key=key, create=True), metadata=md("alice"))
+    s.AppendUpload(iter([pb.UploadChunk(upload_id=begun.upload_id, offset=0, data=data)]),
+                   metadata=md("alice"))
+    return begun, data
+
+
 def test_digest_mismatch_is_rejected_and_leaves_nothing(cluster: LocalCluster,
                                                         unique_key: str) -> None:
     leader = cluster.leader()
     s = stub(leader.address)
-    data = os.urandom(300_000)
-    begun = s.BeginUpload(pb.BeginUploadRequest(key=unique_key, create=True), metadata=md("alice"))
-    s.AppendUpload(iter([pb.UploadChunk(upload_id=begun.upload_id, offset=0, data=data)]),
-                   metadata=md("alice"))
+    begun, data = _uploaded_uncommitted(s, unique_key)
     wrong = xxhash.xxh3_128_hexdigest(data + b"!")
     with pytest.raises(grpc.RpcError) as err:
         s.CommitUpload(pb.CommitUploadRequest(upload_id=begun.upload_id, size=len(data),
@@ -51,12 +58,8 @@ def test_digest_mismatch_is_rejected_and_leaves_nothing(cluster: LocalCluster,
 
 def test_a_malformed_commit_digest_keeps_the_upload(cluster: LocalCluster,
                                                    unique_key: str) -> None:
-    leader = cluster.leader()
-    s = stub(leader.address)
-    data = os.urandom(300_000)
-    begun = s.BeginUpload(pb.BeginUploadRequest(key=unique_key, create=True), metadata=md("alice"))
-    s.AppendUpload(iter([pb.UploadChunk(upload_id=begun.upload_id, offset=0, data=data)]),
-                   metadata=md("alice"))
+    s = stub(cluster.leader().address)
+    begun, data = _uploaded_uncommitted(s, unique_key)
     with pytest.raises(grpc.RpcError) as err:
         s.CommitUpload(pb.CommitUploadRequest(upload_id=begun.upload_id, size=len(data),
                                               digest="not a digest"), metadata=md("alice"))

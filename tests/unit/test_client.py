@@ -975,21 +975,17 @@ def test_not_held_here_tries_another_master(client: Client, cluster: FakeCluster
     assert client.read("k") == b"abc"
 
 
-def test_corrupt_replica_is_skipped(client: Client, cluster: FakeCluster) -> None:
+@pytest.mark.parametrize("failure", [
+    ChecksumMismatch("chunk 0 corrupt on disk"),
+    # INTERNAL (a disk error there) failed the whole read, two others holding the version.
+    InternalError("internal error on that master"),
+], ids=["corrupt", "internal"])
+def test_a_failing_replica_is_skipped(client: Client, cluster: FakeCluster,
+                                      failure: BlobError) -> None:
     client.create("k", b"abc")
     cluster.holders["k"] = [M1, M2, M3]
-    cluster.faults.append((M1, "Download", ChecksumMismatch("chunk 0 corrupt on disk")))
-    cluster.faults.append((M2, "Download", ChecksumMismatch("chunk 0 corrupt on disk")))
-    assert client.read("k") == b"abc"
-
-
-def test_a_replica_failing_inside_is_skipped(client: Client, cluster: FakeCluster) -> None:
-    # INTERNAL from one replica (a disk error there) failed the whole read, two others holding
-    # the same version.
-    client.create("k", b"abc")
-    cluster.holders["k"] = [M1, M2, M3]
-    cluster.faults.append((M1, "Download", InternalError("internal error on master m1")))
-    cluster.faults.append((M2, "Download", InternalError("internal error on master m2")))
+    cluster.faults.append((M1, "Download", failure))
+    cluster.faults.append((M2, "Download", failure))
     assert client.read("k") == b"abc"
 
 
@@ -1126,8 +1122,9 @@ def test_download_in_segments_resumes_at_the_byte(
     ]
 
 
+@pytest.mark.parametrize("refusal", ["not held here", "no longer kept"])
 def test_download_restarts_when_its_version_is_replaced(
-    client: Client, cluster: FakeCluster, monkeypatch: pytest.MonkeyPatch
+    client: Client, cluster: FakeCluster, monkeypatch: pytest.MonkeyPatch, refusal: str
 ) -> None:
     monkeypatch.setattr(client_mod, "_DOWNLOAD_SEGMENT_BYTES", 256 * KiB)
     client.create("k", payload(600 * KiB))
@@ -1139,6 +1136,10 @@ def test_download_restarts_when_its_version_is_replaced(
         if r.offset > 0 and r.version == version and update:
             # A new version is committed and the old one pruned everywhere.
             cluster.blobs["k"] = (version + 1, update.pop())
+        if refusal == "no longer kept" and 0 < r.version < cluster.blobs["k"][0]:
+            # What masters say of a version older than they keep (the fake's own refusal is
+            # "not held here"): for the version a download began on, it too means "start over".
+            raise KeyNotFound(f"'k' v{r.version} is no longer kept: the masters keep the newest 1")
         return original(address, r)
 
     monkeypatch.setattr(cluster, "_download", update_mid_download)
@@ -1147,30 +1148,9 @@ def test_download_restarts_when_its_version_is_replaced(
     update.append(payload(500 * KiB))
     with pytest.raises(KeyNotFound, match="updated during the download"):
         client.download("k", cast(BinaryIO, _Unseekable()))
-
-
-def test_download_restarts_when_its_version_is_no_longer_kept(
-    client: Client, cluster: FakeCluster, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # Masters refuse a version older than they keep as "no longer kept", not "not held here":
-    # for the version a download began on, that too means "updated meanwhile, start over".
-    monkeypatch.setattr(client_mod, "_DOWNLOAD_SEGMENT_BYTES", 256 * KiB)
-    client.create("k", payload(600 * KiB))
-    original = cluster._download
-    newer = payload(700 * KiB)[::-1]
-
-    def updated_twice(address: str, r: pb.DownloadRequest) -> Iterator[pb.DownloadChunk]:
-        version = cluster.blobs["k"][0]
-        if r.offset > 0 and r.version == version == 1:
-            cluster.blobs["k"] = (3, newer)
-        if r.version and r.version < cluster.blobs["k"][0]:
-            raise KeyNotFound(f"'k' v{r.version} is no longer kept: the masters keep the newest 2")
-        return original(address, r)
-
-    monkeypatch.setattr(cluster, "_download", updated_twice)
-    assert client.read("k") == newer
-    with pytest.raises(KeyNotFound, match="no longer kept"):
-        client.read("k", version=1)  # asked for by number: no starting over
+    if refusal == "no longer kept":
+        with pytest.raises(KeyNotFound, match="no longer kept"):
+            client.read("k", version=1)  # asked for by number: no starting over
 
 
 class _Unseekable(io.RawIOBase):
