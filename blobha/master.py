@@ -725,7 +725,6 @@ class Master:
         key = up.key
         with up.lock, self.store.key_lock(key):
             try:
-                _check_digest(digest)
                 state = None if up.create and self._nothing_here(key) else self._read_state(key)
                 new = self._next_state(user, key, up.create, tuple(up.acl), up.replication_factor,
                                        up.write_quorum, up.expected_version, size, digest, state,

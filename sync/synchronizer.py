@@ -1249,10 +1249,11 @@ class Synchronizer:
 
     def _committed_since(self, key: str, read_mark: int) -> bool:
         """Whether this master (leading) committed to ``key`` after a read sent at
-        ``read_mark`` (see _decide). The caller holds the key's lock, which commits hold."""
+        ``read_mark`` (see _decide; -1, unknown: any commit not yet read counts). The caller
+        holds the key's lock, which commits hold."""
         with self._view_lock:
             mark = self._commit_marks.get(key)
-        return mark is not None and mark > read_mark >= 0
+        return mark is not None and (read_mark < 0 or mark > read_mark)
 
     def _stale_fetch(self, key: str) -> SyncDeferred:
         # What was fetched may be of the key's earlier incarnation (deleted and created again
