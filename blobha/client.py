@@ -887,8 +887,7 @@ class Client:
         def made_already(deadline: _Deadline) -> Any:
             # A conflict after an attempt whose answer was lost may be that attempt's own
             # change: the metadata one version on, with this ACL (the setter keeps ADMIN).
-            meta = self._read_call(f"read the metadata of {key!r}", "GetMeta",
-                                   pb.GetMetaRequest(key=key), deadline)
+            meta = self._meta_within(key, deadline)
             acl = list(_acl_from_pb(meta.acl))
             ours = (meta.meta_version == (expected_meta_version or 0) + 1
                     and acl == normalize_for_set(entries, self._user))
@@ -921,8 +920,12 @@ class Client:
 
     def get_meta(self, key: str) -> BlobMeta:
         validate_key(key)
-        request = pb.GetMetaRequest(key=key)
-        return _meta_from_pb(self._read_call(f"read the metadata of {key!r}", "GetMeta", request))
+        return _meta_from_pb(self._meta_within(key, None))
+
+    def _meta_within(self, key: str, deadline: _Deadline | None) -> Any:
+        """GetMeta's answer, within ``deadline`` (None: this client's timeout)."""
+        return self._read_call(f"read the metadata of {key!r}", "GetMeta",
+                               pb.GetMetaRequest(key=key), deadline)
 
     def get_replication(self, key: str) -> ReplicationStatus:
         validate_key(key)
@@ -1562,9 +1565,7 @@ class _UploadJob:
         if deadline.remaining() < _OUTCOME_GRACE / 2:
             deadline = _Deadline(_OUTCOME_GRACE)
         try:
-            meta = _meta_from_pb(self.c._read_call(
-                f"read the metadata of {self.begin.key!r}", "GetMeta",
-                pb.GetMetaRequest(key=self.begin.key), deadline))
+            meta = _meta_from_pb(self.c._meta_within(self.begin.key, deadline))
         except (KeyNotFound, NotAuthorized, Unavailable, DeadlineExceeded):
             return None
         if (

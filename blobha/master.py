@@ -628,7 +628,7 @@ class Master:
                 raise Unavailable(
                     f"{key!r} v{prior.seq}, this write's, is committed and waits for its write"
                     " quorum; retry shortly")
-            return "", 0, self._answer_again(key, prior, user)
+            return "", 0, self._acknowledge(key, _retried(key, prior, user), user)
         if create:
             if state is not None:
                 raise KeyAlreadyExists(f"key {key!r} already exists; use 'blobha update'")
@@ -677,19 +677,8 @@ class Master:
             self._check_quorum(w)
         self.store.reserve(len(data))
         tag = _tag(user, write_id)
-        try:
-            committed = self.puts.submit(_Put(user, key, create, tuple(acl), rf, w,
-                                               expected_version, data, digest, tag))
-        except _AlreadyWritten as e:
-            return self._answer_again(key, e.state, user)
-        except (KeyAlreadyExists, VersionConflict):
-            # A create that took the fast path (no read first) found the key, or the key moved
-            # during the commit: it may be this very write's own, committed by an attempt
-            # whose answer was lost.
-            prior = self._written_before(key, tag)
-            if prior is None:
-                raise
-            return self._answer_again(key, prior, user)
+        committed = self._commit_once(key, tag, user, lambda: self.puts.submit(
+            _Put(user, key, create, tuple(acl), rf, w, expected_version, data, digest, tag)))
         return self._acknowledge(key, committed, user)
 
     def upload_key(self, upload_id: str) -> str:
@@ -709,19 +698,11 @@ class Master:
         # digest must not cost a multi-GB upload, only a corrected CommitUpload.
         _check_digest(digest)
         up = self.uploads.take(upload_id, user)
-        key = up.key
-        try:
-            return self._commit_upload(user, up, size, digest)
-        except _AlreadyWritten as e:
-            return self._answer_again(key, e.state, user)
-        except (KeyAlreadyExists, VersionConflict):
-            prior = self._written_before(key, up.write_tag)
-            if prior is None:
-                raise
-            return self._answer_again(key, prior, user)
+        committed = self._commit_once(up.key, up.write_tag, user,
+                                      lambda: self._commit_upload(user, up, size, digest))
+        return self._acknowledge(up.key, committed, user)
 
-    def _commit_upload(self, user: str, up: Upload, size: int, digest: str
-                       ) -> tuple[str, BlobState, int]:
+    def _commit_upload(self, user: str, up: Upload, size: int, digest: str) -> BlobState:
         key = up.key
         with up.lock, self.store.key_lock(key):
             try:
@@ -740,7 +721,7 @@ class Master:
                 self._drop_uncommitted(key, new.seq, result)
             if isinstance(result, BaseException):
                 raise result
-        return self._acknowledge(key, result, user)
+        return result
 
     def _drop_uncommitted(self, key: str, seq: int, result: BlobState | BaseException) -> None:
         """After a commit attempt: delete the installed version ``seq`` unless its commit
@@ -838,20 +819,24 @@ class Master:
             # does not read its own journal.
             self.sync.schedule(key)
 
-    def _answer_again(self, key: str, prior: BlobState, user: str
-                      ) -> tuple[str, BlobState, int]:
-        """The answer to a write retried after its commit: that commit's, without writing
-        again (and, if it is not acknowledged yet, once it is, as the first attempt would)."""
-        log.info("%r v%d: a retry of the write that committed it (by %r); not written again",
-                 key, prior.seq, user)
-        return self._acknowledge(key, prior, user)
-
-    def _written_before(self, key: str, tag: str) -> BlobState | None:
-        """The version of ``key`` the write tagged ``tag`` made, if ZooKeeper records one."""
-        if not tag:
-            return None
-        state = self._read_state(key)
-        return state.written_by(tag) if state is not None else None
+    def _commit_once(self, key: str, tag: str, user: str, commit: Callable[[], BlobState]
+                     ) -> BlobState:
+        """``commit()``'s new version; or, where the write tagged ``tag`` committed already (a
+        retry after a lost answer), that version, not written again. The caller answers
+        either through :meth:`_acknowledge`, as the first attempt would have."""
+        try:
+            return commit()
+        except _AlreadyWritten as e:
+            return _retried(key, e.state, user)
+        except (KeyAlreadyExists, VersionConflict):
+            # A create that took the fast path (no read first) found the key, or the key moved
+            # during the commit: it may be this very write's own, committed by an attempt
+            # whose answer was lost.
+            state = self._read_state(key) if tag else None
+            prior = state.written_by(tag) if state is not None else None
+            if prior is None:
+                raise
+            return _retried(key, prior, user)
 
     def _commit_puts(self, batch: Sequence[_Put]) -> list[BlobState | BaseException]:
         """One group commit (:class:`GroupCommitter` handler): the batch's new versions are
@@ -1591,6 +1576,12 @@ class _Superseded(Exception):
     def __init__(self, state: BlobState) -> None:
         super().__init__(f"superseded by v{state.seq}")
         self.state = state
+
+
+def _retried(key: str, prior: BlobState, user: str) -> BlobState:
+    log.info("%r v%d: a retry of the write that committed it (by %r); not written again",
+             key, prior.seq, user)
+    return prior
 
 
 class _AlreadyWritten(Exception):

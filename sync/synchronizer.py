@@ -899,11 +899,9 @@ class Synchronizer:
                 if isinstance(read, Exception):
                     raise read
                 if read is None:
-                    with self._view_lock:
-                        # A commit after this read re-created the key: its mark stays, for
-                        # the read that commit's reconcile makes (_key_gone re-checks anyway).
-                        if self._commit_marks.get(key, read_mark + 1) <= read_mark:
-                            del self._commit_marks[key]
+                    # A commit after this read re-created the key: its mark stays, for the
+                    # read that commit's reconcile makes (_key_gone re-checks anyway).
+                    self._read_is_current(key, read_mark, spend=True)
                     self._key_gone(key)
                     continue
                 seen.append(key)
@@ -1040,12 +1038,7 @@ class Synchronizer:
         version number finds "our" copy wrong, removes it, and its replica node with it. Such a
         key is looked at again, with a read sent after that commit."""
         with self._key_lock(key):
-            with self._view_lock:
-                mark = self._commit_marks.get(key)
-                fresh = mark is None or (read_mark >= 0 and mark <= read_mark)
-                if mark is not None and fresh:
-                    del self._commit_marks[key]
-            if not fresh:
+            if not self._read_is_current(key, read_mark, spend=True):
                 self.queue.put(key)  # runs once this batch lets go of the key
                 return None
             return self._decide_read(key, data, stat, names)
@@ -1247,13 +1240,17 @@ class Synchronizer:
             got[key] = data
         return got
 
-    def _committed_since(self, key: str, read_mark: int) -> bool:
-        """Whether this master (leading) committed to ``key`` after a read sent at
-        ``read_mark`` (see _decide; -1, unknown: any commit not yet read counts). The caller
-        holds the key's lock, which commits hold."""
+    def _read_is_current(self, key: str, read_mark: int, spend: bool = False) -> bool:
+        """Whether a read of ``key`` sent at ``read_mark`` (see _decide; -1, unknown: any
+        commit not yet read counts) came after this master's last commit to it; ``spend``:
+        then that commit's mark is done with. Callers that act on the answer hold the key's
+        lock, which commits hold."""
         with self._view_lock:
             mark = self._commit_marks.get(key)
-        return mark is not None and (read_mark < 0 or mark > read_mark)
+            current = mark is None or (read_mark >= 0 and mark <= read_mark)
+            if spend and mark is not None and current:
+                del self._commit_marks[key]
+        return current
 
     def _stale_fetch(self, key: str) -> SyncDeferred:
         # What was fetched may be of the key's earlier incarnation (deleted and created again
@@ -1269,7 +1266,7 @@ class Synchronizer:
         copy = self.store.find_by_digest(key, state.digest, state.size)
         if copy is not None:
             with self._key_lock(key):
-                if self._committed_since(key, read_mark):
+                if not self._read_is_current(key, read_mark):
                     raise self._stale_fetch(key)
                 self.store.install_copy(key, state.seq, copy)
             return None
@@ -1299,7 +1296,7 @@ class Synchronizer:
             if isinstance(dest, BlobBuffer):
                 return dest.value()
             with self._key_lock(key):
-                if self._committed_since(key, read_mark):
+                if not self._read_is_current(key, read_mark):
                     raise self._stale_fetch(key)
                 self.store.install(key, state.seq, dest, state.size, state.digest)
         except BaseException:
@@ -1321,7 +1318,7 @@ class Synchronizer:
             # In key order, as the group commit takes them: no two take each other's.
             for key in sorted({key for key, _, _ in fetched}):
                 locks.enter_context(self._key_lock(key))
-            stale = {key for key, _, _ in fetched if self._committed_since(key, read_mark)}
+            stale = {key for key, _, _ in fetched if not self._read_is_current(key, read_mark)}
             for key in stale:
                 failures[key] = self._stale_fetch(key)
             fetched = [item for item in fetched if item[0] not in stale]
