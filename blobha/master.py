@@ -481,11 +481,14 @@ class Master:
         ensemble) reads as "every key was deleted", and the check at start-up cannot see it."""
         if not self._cluster_id_ok:
             return False
+        # Both asked at once: one round trip, not two, per delete.
+        id_read = self.zk.get_async(BLOBSTORE + "-id")
+        root_read = self.zk.exists_async(BLOBSTORE)
+        present = root_read.get(timeout=self.session_timeout) is not None
         try:
-            zk_id = self.zk.get(BLOBSTORE + "-id")[0].decode()
-            present = self.zk.exists(BLOBSTORE) is not None
+            zk_id = id_read.get(timeout=self.session_timeout)[0].decode()
         except NoNodeError:
-            zk_id, present = "", False
+            zk_id = ""
         if zk_id == self._cluster_id and present:
             self._identity_alarm = False
             return True
