@@ -105,6 +105,12 @@ _PUT_MAX_BYTES = PUT_MAX_BYTES
 # Downloads keep nothing in memory, and each new stream pays a flow-control ramp-up, so their
 # segments are larger (measured on loopback: 64 MiB segments are ~25% faster than 16 MiB).
 _DOWNLOAD_SEGMENT_BYTES = 64 * MiB
+#: Seconds a replica may send nothing during a download before the client moves on to another
+#: replica (resuming where it stopped). A paused, overloaded or cut-off master keeps its
+#: connection open and its place in the replica list until its ZooKeeper session expires; the
+#: client's whole timeout is far too long to wait for it. Data arrives in pieces of at most
+#: 1 MiB, so only a link slower than 100 KiB/s looks stalled, and the download still goes on.
+STALL_TIMEOUT = 10.0
 # One round of leader discovery; ClusterSummary itself asks every master, so allow it time.
 _PROBE_TIMEOUT = 10.0
 #: Longest wait for a cheap control call (begin an upload, ask how much arrived). A leader that
@@ -391,8 +397,13 @@ class Transport(Protocol):
     ) -> Any: ...
 
     def server_stream(
-        self, address: str, method: str, request: Any, timeout: float | None
-    ) -> Iterator[Any]: ...
+        self, address: str, method: str, request: Any, timeout: float | None,
+        stall: float | None = None,
+    ) -> Iterator[Any]:
+        """The call's messages; ``stall``: seconds the master may send nothing before the
+        call is abandoned with :class:`Unavailable` (time the consumer spends on a message
+        does not count)."""
+        ...
 
     def probe(
         self, addresses: Sequence[str], method: str, request: Any, timeout: float
@@ -439,6 +450,84 @@ def _error_from_rpc(address: str, exc: grpc.RpcError) -> BlobError:
     return error
 
 
+class _Watched:
+    """One stream under a :class:`_StallWatch`."""
+
+    __slots__ = ("call", "fired", "held", "last", "limit")
+
+    def __init__(self, call: Any, limit: float) -> None:
+        self.call = call
+        self.limit = limit
+        self.last = time.monotonic()
+        #: True while the consumer works on a message: the master is not being waited for.
+        self.held = False
+        self.fired = False
+
+    def hold(self) -> None:
+        self.held = True
+
+    def wait_again(self) -> None:
+        self.last = time.monotonic()  # before clearing held: the watch never sees a stale time
+        self.held = False
+
+    def due(self, now: float) -> float:
+        """When this stream counts as stalled (held: not before a full limit from now)."""
+        return now + self.limit if self.held else self.last + self.limit
+
+
+class _StallWatch:
+    """Cancels streams that receive nothing for too long: a paused or cut-off master accepts
+    a call and then never answers, and only the call's whole deadline would end it. One thread
+    serves every stream of a transport (a thread per stream would cost more than a small read
+    does); it sleeps until the earliest stall deadline and is started on first use."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._watched: set[_Watched] = set()
+        self._thread: threading.Thread | None = None
+        self._closed = False
+
+    def watch(self, call: Any, limit: float) -> _Watched:
+        w = _Watched(call, limit)
+        with self._cond:
+            self._watched.add(w)
+            if self._thread is None and not self._closed:
+                self._thread = threading.Thread(target=self._run, name="blobha-stall-watch",
+                                                daemon=True)
+                self._thread.start()
+            self._cond.notify()
+        return w
+
+    def unwatch(self, w: _Watched) -> None:
+        with self._cond:
+            self._watched.discard(w)
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                if self._closed:
+                    return
+                now = time.monotonic()
+                due = [w for w in self._watched if w.due(now) <= now]
+                if not due:
+                    # Waiting again only moves a deadline later, and a held stream is looked
+                    # at once per limit, so waking at the earliest deadline as it stands never
+                    # misses a stall.
+                    wake = min((w.due(now) for w in self._watched), default=None)
+                    self._cond.wait(None if wake is None else wake - now)
+                    continue
+                for w in due:
+                    self._watched.discard(w)
+                    w.fired = True
+            for w in due:
+                w.call.cancel()  # outside the lock: gRPC may run callbacks inline
+
+
 class GrpcTransport:
     """The gRPC transport: one cached channel per address, over TLS when ``credentials`` name
     a CA or a client certificate, with the token (if any) on every call.
@@ -454,6 +543,7 @@ class GrpcTransport:
         self._lock = threading.Lock()
         self._channels: dict[str, grpc.Channel] = {}
         self._stubs: dict[str, Any] = {}
+        self._stalls = _StallWatch()
         self._closed = False
 
     def _stub(self, address: str) -> Any:
@@ -494,15 +584,30 @@ class GrpcTransport:
         return host_of(self._address_map.get(address, address))
 
     def server_stream(
-        self, address: str, method: str, request: Any, timeout: float | None
+        self, address: str, method: str, request: Any, timeout: float | None,
+        stall: float | None = None,
     ) -> Iterator[Any]:
         multi = getattr(self._stub(address), method)
         call: Any = multi(request, timeout=timeout, metadata=self._metadata)
+        watch = self._stalls.watch(call, stall) if stall is not None else None
         try:
-            yield from call
+            for message in call:
+                if watch is None:
+                    yield message
+                    continue
+                watch.hold()  # a slow consumer (a busy disk) is not a stalled master
+                yield message
+                watch.wait_again()
         except grpc.RpcError as exc:
+            if watch is not None and watch.fired:
+                raise Unavailable(
+                    f"master {address} sent nothing for {stall:g} s (paused, overloaded or cut"
+                    " off); moving on to another replica"
+                ) from None
             raise _error_from_rpc(address, exc) from None
         finally:
+            if watch is not None:
+                self._stalls.unwatch(watch)
             # Frees the stream at once when the consumer stops early; a no-op once finished.
             call.cancel()
 
@@ -531,6 +636,7 @@ class GrpcTransport:
     def close(self) -> None:
         with self._lock:
             self._closed = True
+            self._stalls.close()
             channels = builtins.list(self._channels.values())
             self._channels.clear()
             self._stubs.clear()
@@ -740,7 +846,8 @@ class Client:
     addresses this client dials, for clients outside the masters' network.
     ``timeout`` bounds how long one operation waits for the cluster, retries included (a
     transfer may run longer as long as every segment, 16 MiB up and 64 MiB down, moves within
-    it).
+    it, and a download as long as its bytes keep coming). ``stall_timeout`` is how long a
+    download waits on a replica that sends nothing before it resumes from another.
 
     Example::
 
@@ -766,6 +873,7 @@ class Client:
         address_map: Mapping[str, str] | None = None,
         credentials: Credentials | None = None,
         transport: Transport | None = None,
+        stall_timeout: float = STALL_TIMEOUT,
     ) -> None:
         self._addresses = parse_cluster(cluster)
         if transport is None:
@@ -781,6 +889,10 @@ class Client:
         if not timeout > 0:
             raise InvalidArgument(f"timeout must be positive seconds, not {timeout!r}")
         self._timeout = float(timeout)
+        if not stall_timeout > 0:
+            raise InvalidArgument(
+                f"stall_timeout must be positive seconds, not {stall_timeout!r}")
+        self._stall_timeout = float(stall_timeout)
         self._chunk_size = _check_chunk_size(chunk_size)
         if address_map is None:
             address_map = default_address_map()
@@ -1649,6 +1761,7 @@ class _DownloadJob:
                 else:
                     self._choose_replicas(deadline)
             address = self.candidates[0]
+            before = self.pos
             try:
                 self._segment(address)
             except (Unavailable, ChecksumMismatch, InternalError) as exc:
@@ -1673,6 +1786,11 @@ class _DownloadJob:
                 if self.end is not None and self.pos >= self.end:
                     return self._finish()
                 continue
+            if self.pos > before:
+                # Bytes still arrive, from one replica or the next: the deadline bounds a wait
+                # for the cluster, not a download that is progressing.
+                deadline.restart()
+                attempt = 0
             if not self.candidates and not guessing:
                 self.c._pause(attempt, deadline, last, what)
                 attempt += 1
@@ -1728,7 +1846,7 @@ class _DownloadJob:
         seen_info = False
         offer: DataOffer | None = None
         for message in self.c._transport.server_stream(
-            address, "Download", request, self.c._timeout
+            address, "Download", request, self.c._timeout, stall=self.c._stall_timeout
         ):
             if not seen_info:
                 if not message.HasField("info"):
@@ -1741,8 +1859,10 @@ class _DownloadJob:
         if host is not None and offer is not None:
             assert self.info is not None
             size = min(self.pos + want, self.info.size) - self.pos  # the master's range
-            if not self.c._data_channels.take(address, host, offer, size, self.c._timeout,
-                                         functools.partial(self._take, address)):
+            # The channel's own timeouts (connect, answer, each receive) are the stall limit.
+            limit = min(self.c._timeout, self.c._stall_timeout)
+            if not self.c._data_channels.take(address, host, offer, size, limit,
+                                              functools.partial(self._take, address)):
                 self._segment(address, stream_only=True)
             return
         if not seen_info:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import getpass
 import io
 import re
+import threading
+import time
 from collections.abc import Generator, Iterator, Sequence
 from pathlib import Path
 from typing import Any, BinaryIO, cast
@@ -314,6 +316,12 @@ class FakeCluster:
         self.calls: list[tuple[str, str]] = []
         self.append_break_after: int | None = None  # chunks accepted before the stream breaks
         self.download_break_after: int | None = None
+        #: Every Download sends this many chunks, then stalls: ``stall_clock`` moves on by
+        #: ``stall_secs`` and the call fails as the transport's stall watch fails it.
+        self.download_stall_after: int | None = None
+        self.stall_clock: FakeClock | None = None
+        self.stall_secs = 0.0
+        self.stall_limits: list[float | None] = []
         self.commit_then_fail = False
         #: Keys whose committed version is not acknowledged (its leader failed before quorum).
         self.unacknowledged: set[str] = set()
@@ -345,9 +353,11 @@ class FakeCluster:
         return self._append(address, requests)
 
     def server_stream(
-        self, address: str, method: str, request: Any, timeout: float | None
+        self, address: str, method: str, request: Any, timeout: float | None,
+        stall: float | None = None,
     ) -> Iterator[Any]:
         self._enter(address, method)
+        self.stall_limits.append(stall)
         return self._download(address, request)
 
     def data_host(self, address: str) -> str | None:
@@ -500,6 +510,10 @@ class FakeCluster:
             if self.download_break_after is not None and sent >= self.download_break_after:
                 self.download_break_after = None
                 raise Unavailable(f"master {address} unavailable: connection reset")
+            if self.download_stall_after is not None and sent >= self.download_stall_after:
+                assert self.stall_clock is not None
+                self.stall_clock.now += self.stall_secs
+                raise Unavailable(f"master {address} sent nothing for {self.stall_secs:g} s")
             piece = data[pos : min(end, pos + 256 * KiB)]
             yield pb.DownloadChunk(info=info, data=piece) if first else pb.DownloadChunk(data=piece)
             first = False
@@ -944,6 +958,46 @@ def test_download_fails_over_and_resumes(client: Client, cluster: FakeCluster) -
     assert len(served) == 2 and set(served) == {M2, M3} and len(downloads) <= 3
 
 
+def test_a_download_that_keeps_moving_outlives_the_timeout(
+    client: Client, cluster: FakeCluster, clock: FakeClock
+) -> None:
+    # Every replica sends two chunks and then stalls for 12 s of the client's 30 s. The
+    # download still ends: each attempt moved it on, and only waiting without progress counts
+    # against the timeout. It used to give up once the stalls added up to 30 s.
+    data = payload(4 * 1024 * KiB)  # 16 chunks of 256 KiB
+    client.create("k", data)
+    cluster.holders["k"] = [M1, M2, M3]
+    cluster.download_stall_after = 2
+    cluster.stall_clock = clock
+    cluster.stall_secs = 12.0
+    assert client.read("k") == data
+    assert clock.now - 1000.0 >= 84.0  # seven stalls: almost three times the timeout
+    assert set(cluster.stall_limits) == {client_mod.STALL_TIMEOUT}
+
+
+def test_a_download_that_never_moves_still_gives_up(
+    client: Client, cluster: FakeCluster, clock: FakeClock
+) -> None:
+    client.create("k", payload(KiB))
+    cluster.holders["k"] = [M1, M2, M3]
+    cluster.download_stall_after = 0
+    cluster.stall_clock = clock
+    cluster.stall_secs = 5.0
+    with pytest.raises(Unavailable, match="sent nothing for 5 s"):
+        client.read("k")
+    assert 30.0 <= clock.now - 1000.0 < 40.0
+
+
+def test_the_stall_timeout_must_be_positive(cluster: FakeCluster) -> None:
+    with pytest.raises(InvalidArgument, match="stall_timeout"):
+        Client([M1], user="alice", transport=cluster, stall_timeout=0)
+    with Client([M1], user="alice", transport=cluster, stall_timeout=2.5) as c:
+        c.create("k", b"abc")
+        cluster.holders["k"] = [M1]
+        assert c.read("k") == b"abc"
+    assert cluster.stall_limits[-1] == 2.5
+
+
 def test_a_read_goes_straight_to_a_master_and_asks_for_replicas_only_on_a_miss(
     client: Client, cluster: FakeCluster
 ) -> None:
@@ -1340,3 +1394,69 @@ def test_giving_up_after_a_lost_commit_answer_says_the_write_may_be_made(
         client.create("k", b"data")
     assert clock.now - started <= 30.0 + 2.0 + 1.0  # its timeout, and the outcome check's
     assert "k" in cluster.blobs
+
+
+class _StallingCall:
+    """A server stream that sends ``first`` messages and then nothing until cancelled (or,
+    with ``end``, ends there)."""
+
+    def __init__(self, first: int, end: bool = False) -> None:
+        self.first = first
+        self.end = end
+        self.cancelled = threading.Event()
+
+    def __iter__(self) -> Iterator[pb.DownloadChunk]:
+        for _ in range(self.first):
+            if self.cancelled.is_set():  # as gRPC does: a cancelled call ends at the next read
+                raise _Status(grpc.StatusCode.CANCELLED, "Locally cancelled by application!")
+            yield pb.DownloadChunk(data=b"x")
+        if self.end:
+            return
+        if not self.cancelled.wait(30):
+            raise AssertionError("the stalled stream was never cancelled")
+        raise _Status(grpc.StatusCode.CANCELLED, "Locally cancelled by application!")
+
+    def cancel(self) -> None:
+        self.cancelled.set()
+
+
+def _transport_with(calls: list[Any]) -> Any:
+    from blobha.client import GrpcTransport
+
+    transport = GrpcTransport("alice")
+
+    class Stub:
+        def Download(self, request: Any, timeout: float | None, metadata: Any) -> Any:
+            return calls.pop(0)
+
+    transport._stub = lambda address: Stub()  # type: ignore[method-assign]
+    return transport
+
+
+def test_a_stream_that_stalls_is_abandoned_after_the_stall_limit() -> None:
+    # A paused master takes the call and sends nothing more: without the watch, only the
+    # call's whole deadline (60 s by default) ended it.
+    stalled = _StallingCall(first=2)
+    transport = _transport_with([stalled])
+    got = []
+    started = time.monotonic()
+    with pytest.raises(Unavailable, match=r"sent nothing for 0\.3 s"):
+        for m in transport.server_stream(M1, "Download", pb.DownloadRequest(), 60.0, stall=0.3):
+            got.append(m)
+    assert len(got) == 2 and stalled.cancelled.is_set()
+    assert time.monotonic() - started < 10
+    transport.close()
+
+
+def test_a_slow_consumer_is_not_a_stalled_master() -> None:
+    # Time the caller spends on each message (a slow disk) is not the master's silence.
+    transport = _transport_with([_StallingCall(first=3, end=True)])
+    got = 0
+    for _ in transport.server_stream(M1, "Download", pb.DownloadRequest(), 60.0, stall=0.1):
+        threading.Event().wait(0.3)  # the consumer's own work, three times the stall limit
+        got += 1
+    assert got == 3
+    transport.close()
+    assert transport._stalls._thread is not None
+    transport._stalls._thread.join(5)
+    assert not transport._stalls._thread.is_alive()  # closing the transport ends the watch
