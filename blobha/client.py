@@ -1024,9 +1024,40 @@ class Client:
     def delete(self, key: str) -> None:
         """Delete ``key`` and all its versions. Raises :class:`KeyNotFound` if absent."""
         validate_key(key)
-        self._leader_call(
-            f"delete {key!r}", "Delete", pb.DeleteRequest(key=key), missing_ok_on_retry=True
-        )
+        what = f"delete {key!r}"
+        deadline = _Deadline(self._timeout)
+        while True:
+            # The delete names the key it read (by its creation time): a retry after a lost
+            # answer must not delete a key created again meanwhile by someone else.
+            request = pb.DeleteRequest(key=key)
+            created_at = self._created_at(key, deadline)
+            if created_at is not None:
+                request.expected_created_at = created_at
+            try:
+                self._leader_call(
+                    what, "Delete", request, missing_ok_on_retry=True,
+                    # The key read is gone, and a newer one of the same name is not ours to
+                    # delete: an attempt whose answer was lost deleted it (or someone did).
+                    conflict_on_retry=lambda _: pb.DeleteResponse(), deadline=deadline,
+                )
+                return
+            except VersionConflict:
+                # Deleted and created again between the read and the delete, by others: the
+                # key asked to be deleted is the one there now.
+                if deadline.expired():
+                    raise
+                continue
+
+    def _created_at(self, key: str, deadline: _Deadline) -> float | None:
+        """The creation time of ``key`` as the leader sees it (a follower may not know of a
+        key just created), or None when this user may delete but not read it: the delete is
+        then unconditional, as before the condition existed."""
+        try:
+            meta = self._leader_call(f"read the metadata of {key!r}", "GetMeta",
+                                     pb.GetMetaRequest(key=key), deadline=deadline)
+        except NotAuthorized:
+            return None
+        return float(meta.created_at)
 
     # -- reads -----------------------------------------------------------------------------
 
@@ -1270,11 +1301,12 @@ class Client:
     def _leader_call(
         self, what: str, method: str, request: Any, missing_ok_on_retry: bool = False,
         conflict_on_retry: Callable[[_Deadline], Any] | None = None,
+        deadline: _Deadline | None = None,
     ) -> Any:
         """Call the leader, retried until the deadline. ``conflict_on_retry``: for a
         conditional change, given a conflict after an attempt whose answer was lost, the
         response that attempt made (None: not ours, the conflict stands)."""
-        deadline = _Deadline(self._timeout)
+        deadline = deadline or _Deadline(self._timeout)
         uncertain = False
 
         def attempt() -> Any:

@@ -1403,15 +1403,26 @@ class Master:
             return replace(new, meta_version=state.meta_version + 1)
         raise VersionConflict(f"{key!r} kept changing; retry")
 
-    def delete(self, user: str, key: str) -> None:
+    def delete(self, user: str, key: str, expected_created_at: float | None = None) -> None:
+        """Delete ``key``; with ``expected_created_at``, only the key created at that time
+        (:class:`VersionConflict` if it was deleted and created again since)."""
         self._require_leader()
         validate_key(key)
         with self.store.key_lock(key):
-            self._delete_locked(user, key)
+            self._delete_locked(user, key, expected_created_at)
 
-    def _delete_locked(self, user: str, key: str) -> None:
+    def _delete_locked(self, user: str, key: str, expected_created_at: float | None) -> None:
         for _ in range(10):
             state = self._state_or_404(key)
+            # Before the permission check: the key the caller meant is gone either way, and the
+            # new one, which it may not be allowed to touch, is none of its business (a delete
+            # retried after a lost answer is told so, not refused). Nothing of the new key
+            # is told but that it exists, which a NOT_FOUND tells anyone too.
+            if expected_created_at is not None and state.created_at != expected_created_at:
+                raise VersionConflict(
+                    f"{key!r} was deleted and created again since it was read; nothing was"
+                    " deleted"
+                )
             self._check(user, state.acl, acls.WRITE, key)
             try:
                 self._fenced_delete(key, state.meta_version)

@@ -324,7 +324,9 @@ class BlobStoreServicer(pb_grpc.BlobStoreServicer):
                ) -> pb.DeleteResponse:
         user = user_of(context)
         with audited(user, "delete", request.key):
-            self.master.delete(user, request.key)
+            expected = (request.expected_created_at if request.HasField("expected_created_at")
+                        else None)
+            self.master.delete(user, request.key, expected)
         return pb.DeleteResponse()
 
     @unary

@@ -221,10 +221,12 @@ class SetMetaRequest(_message.Message):
     def __init__(self, key: _Optional[str] = ..., set_acl: _Optional[bool] = ..., acl: _Optional[_Iterable[_Union[AccessControl, _Mapping]]] = ..., replication_factor: _Optional[int] = ..., expected_meta_version: _Optional[int] = ...) -> None: ...
 
 class DeleteRequest(_message.Message):
-    __slots__ = ("key",)
+    __slots__ = ("key", "expected_created_at")
     KEY_FIELD_NUMBER: _ClassVar[int]
+    EXPECTED_CREATED_AT_FIELD_NUMBER: _ClassVar[int]
     key: str
-    def __init__(self, key: _Optional[str] = ...) -> None: ...
+    expected_created_at: float
+    def __init__(self, key: _Optional[str] = ..., expected_created_at: _Optional[float] = ...) -> None: ...
 
 class DeleteResponse(_message.Message):
     __slots__ = ()

@@ -16,7 +16,7 @@ import pytest
 from conftest import client_for
 
 from blobha.client import PUT_MAX_BYTES, Client, GrpcTransport
-from blobha.errors import Unavailable, VersionConflict
+from blobha.errors import KeyNotFound, Unavailable, VersionConflict
 from blobha.localcluster import LocalCluster
 
 pytestmark = pytest.mark.integration
@@ -25,12 +25,14 @@ pytestmark = pytest.mark.integration
 class LosesAnswers(GrpcTransport):
     """Runs each call, then loses the answer of the next call of a method named in ``lose``
     (running its hook first: what happens after the master committed). A method named in
-    ``refuse`` fails once without being sent (its hook runs instead)."""
+    ``refuse`` fails once without being sent (its hook runs instead); one named in ``after``
+    runs its hook once after the call, whose answer arrives."""
 
     def __init__(self, user: str) -> None:
         super().__init__(user)
         self.lose: dict[str, Callable[[], Any] | None] = {}
         self.refuse: dict[str, Callable[[], Any]] = {}
+        self.after: dict[str, Callable[[], Any]] = {}
         self.calls: list[str] = []
 
     def unary(self, address: str, method: str, request: Any, timeout: float | None) -> Any:
@@ -44,6 +46,8 @@ class LosesAnswers(GrpcTransport):
             if hook is not None:
                 hook()
             raise Unavailable(f"master {address} unavailable: the answer was lost (test)")
+        if method in self.after:
+            self.after.pop(method)()
         return response
 
 
@@ -113,6 +117,61 @@ def test_a_streamed_upload_whose_commit_answer_was_lost(
         assert transport.calls.count("BeginUpload") == 2
         assert transport.calls.count("CommitUpload") == 1
         assert versions(alice, unique_key) == (2, data)
+
+
+def test_a_delete_whose_answer_was_lost_is_reported_done(
+        lossy: tuple[Client, LosesAnswers], unique_key: str) -> None:
+    c, t = lossy
+    c.create(unique_key, b"v1")
+    t.lose["Delete"] = None
+    c.delete(unique_key)
+    assert t.calls.count("Delete") == 2  # the retry found the key gone
+    with pytest.raises(KeyNotFound):
+        c.get_meta(unique_key)
+
+
+@pytest.mark.parametrize("acl", ["", "u:alice:rw"], ids=["private", "shared"])
+def test_a_delete_retried_after_the_key_was_created_again_leaves_the_new_key(
+        cluster: LocalCluster, lossy: tuple[Client, LosesAnswers], unique_key: str,
+        acl: str) -> None:
+    c, t = lossy
+    c.create(unique_key, b"alice's")
+    with client_for(cluster, "carol") as carol:
+        # Alice's delete is made; before her client retries, carol creates the key anew.
+        t.lose["Delete"] = lambda: carol.create(unique_key, b"carol's", acl=acl or None)
+        c.delete(unique_key)
+        # Before: the retry deleted carol's new key, which alice never saw, if its ACL let
+        # alice write; if not, alice was told she may not delete it, though her delete was made.
+        assert versions(carol, unique_key) == (1, b"carol's")
+        assert t.calls.count("Delete") == 2
+
+
+def test_a_key_created_again_between_the_read_and_the_delete_is_deleted(
+        cluster: LocalCluster, lossy: tuple[Client, LosesAnswers], unique_key: str) -> None:
+    c, t = lossy
+    c.create(unique_key, b"first", acl="u:carol:rw")
+    with client_for(cluster, "carol") as carol:
+        def recreate() -> None:
+            carol.delete(unique_key)
+            carol.create(unique_key, b"second", acl="u:carol:rwa,u:alice:rw")
+        # The delete's condition (the key alice read) no longer holds, and no answer of hers
+        # was lost: the key there now is the one she asked to delete.
+        t.after["GetMeta"] = recreate
+        c.delete(unique_key)
+        with pytest.raises(KeyNotFound):
+            carol.get_meta(unique_key)
+        assert t.calls.count("Delete") == 2 and t.calls.count("GetMeta") == 2
+
+
+def test_a_writer_who_may_not_read_can_delete(cluster: LocalCluster, unique_key: str) -> None:
+    with client_for(cluster, "alice") as alice:
+        alice.create(unique_key, b"v1", acl="u:bob:w")
+        transport = LosesAnswers("bob")
+        with client_for(cluster, "bob", transport=transport) as bob:
+            transport.lose["Delete"] = None
+            bob.delete(unique_key)  # unconditional: bob cannot read the key's creation time
+        with pytest.raises(KeyNotFound):
+            alice.get_meta(unique_key)
 
 
 class _Unseekable(io.RawIOBase):
