@@ -390,11 +390,19 @@ def _summary_from_pb(s: pb.ClusterSummaryResponse) -> ClusterSummary:
 class Transport(Protocol):
     """How the client reaches one master. Implementations raise only :class:`BlobError`."""
 
-    def unary(self, address: str, method: str, request: Any, timeout: float | None) -> Any: ...
+    def unary(self, address: str, method: str, request: Any, timeout: float | None,
+              stall: float | None = None) -> Any:
+        """The call's answer; ``stall``: after this many seconds without one, the master is
+        asked whether it is there at all, and a master that does not answer that either
+        fails the call with :class:`Unavailable` (the call itself may still have run)."""
+        ...
 
     def client_stream(
-        self, address: str, method: str, requests: Iterator[Any], timeout: float | None
-    ) -> Any: ...
+        self, address: str, method: str, requests: Iterator[Any], timeout: float | None,
+        stall: float | None = None,
+    ) -> Any:
+        """The call's answer; ``stall`` as for :meth:`unary`."""
+        ...
 
     def server_stream(
         self, address: str, method: str, request: Any, timeout: float | None,
@@ -562,21 +570,56 @@ class GrpcTransport:
                 stub = self._stubs[address] = chunkwire.stub(channel)
             return stub
 
-    def unary(self, address: str, method: str, request: Any, timeout: float | None) -> Any:
+    def unary(self, address: str, method: str, request: Any, timeout: float | None,
+              stall: float | None = None) -> Any:
+        return self._call(address, method, request, timeout, stall)
+
+    def _call(self, address: str, method: str, request: Any, timeout: float | None,
+              stall: float | None) -> Any:
         call = getattr(self._stub(address), method)
         try:
-            return call(request, timeout=timeout, metadata=self._metadata)
+            if stall is None or (timeout is not None and timeout <= stall):
+                return call(request, timeout=timeout, metadata=self._metadata)
+            future = call.future(request, timeout=timeout, metadata=self._metadata)
+            # Half the limit waiting for the answer, half for the status check: a paused master
+            # is left after about ``stall`` seconds.
+            half = stall / 2
+            try:
+                while True:
+                    try:
+                        return future.result(timeout=half)
+                    except grpc.FutureTimeoutError:
+                        # A long call may be legitimate (a write waiting for its quorum, a
+                        # segment on a slow link); a master that cannot answer a status check
+                        # is not working on it.
+                        if not self._answers(address, half):
+                            raise Unavailable(
+                                f"master {address} stopped answering: {method} got no answer"
+                                f" for {stall:g} s and neither did a status check (paused or"
+                                " cut off); trying another master"
+                            ) from None
+            finally:
+                future.cancel()  # a no-op once it has ended
         except grpc.RpcError as exc:
             raise _error_from_rpc(address, exc) from None
 
-    def client_stream(
-        self, address: str, method: str, requests: Iterator[Any], timeout: float | None
-    ) -> Any:
-        call = getattr(self._stub(address), method)
+    def _answers(self, address: str, limit: float) -> bool:
+        """Whether ``address`` answers a status check within ``limit`` seconds."""
         try:
-            return call(requests, timeout=timeout, metadata=self._metadata)
+            self._stub(address).NodeStatus(pb.NodeStatusRequest(), timeout=limit,
+                                           metadata=self._metadata)
         except grpc.RpcError as exc:
-            raise _error_from_rpc(address, exc) from None
+            # Any status is an answer, a refusal too; only silence or no connection is not.
+            code = exc.code() if isinstance(exc, grpc.Call) else None
+            return code not in (None, grpc.StatusCode.DEADLINE_EXCEEDED,
+                                grpc.StatusCode.UNAVAILABLE)
+        return True
+
+    def client_stream(
+        self, address: str, method: str, requests: Iterator[Any], timeout: float | None,
+        stall: float | None = None,
+    ) -> Any:
+        return self._call(address, method, requests, timeout, stall)
 
     def data_host(self, address: str) -> str | None:
         if self._credentials.tls:
@@ -1313,7 +1356,8 @@ class Client:
             nonlocal uncertain
             leader = self._discover_leader(deadline)
             try:
-                response = self._transport.unary(leader, method, request, deadline.remaining())
+                response = self._transport.unary(leader, method, request, deadline.remaining(),
+                                                 stall=self._stall_timeout)
             except NotLeader as exc:
                 self._redirect(leader, exc.leader)
                 raise
@@ -1387,7 +1431,8 @@ class Client:
             with self._lock:
                 address = self._preferred
             try:
-                return self._transport.unary(address, "WaitForReplication", request, limit)
+                return self._transport.unary(address, "WaitForReplication", request, limit,
+                                             stall=self._stall_timeout)
             except Unavailable:
                 self._forget_leader(address)
                 raise
@@ -1637,7 +1682,8 @@ class _UploadJob:
 
             try:
                 status = self.c._transport.client_stream(
-                    self.leader, "AppendUpload", chunks(), self.c._timeout
+                    self.leader, "AppendUpload", chunks(), self.c._timeout,
+                    stall=self.c._stall_timeout,
                 )
             except BlobError:
                 if self.source_error is not None:
@@ -1682,7 +1728,8 @@ class _UploadJob:
     def _finish(self, method: str, request: Any, deadline: _Deadline) -> BlobMeta:
         """The call that commits (CommitUpload or Put), and what a lost answer means."""
         try:
-            response = self.c._transport.unary(self.leader, method, request, deadline.remaining())
+            response = self.c._transport.unary(self.leader, method, request, deadline.remaining(),
+                                               stall=self.c._stall_timeout)
         except Unavailable:
             # The commit may have happened and only its answer been lost.
             self.commit_unknown = True

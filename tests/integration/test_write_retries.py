@@ -35,12 +35,13 @@ class LosesAnswers(GrpcTransport):
         self.after: dict[str, Callable[[], Any]] = {}
         self.calls: list[str] = []
 
-    def unary(self, address: str, method: str, request: Any, timeout: float | None) -> Any:
+    def unary(self, address: str, method: str, request: Any, timeout: float | None,
+              stall: float | None = None) -> Any:
         self.calls.append(method)
         if method in self.refuse:
             self.refuse.pop(method)()
             raise Unavailable(f"master {address} unavailable: connection refused (test)")
-        response = super().unary(address, method, request, timeout)
+        response = super().unary(address, method, request, timeout, stall)
         if method in self.lose:
             hook = self.lose.pop(method)
             if hook is not None:

@@ -341,13 +341,15 @@ class FakeCluster:
                 del self.faults[i]
                 raise error
 
-    def unary(self, address: str, method: str, request: Any, timeout: float | None) -> Any:
+    def unary(self, address: str, method: str, request: Any, timeout: float | None,
+              stall: float | None = None) -> Any:
         assert timeout is None or timeout > 0
         self._enter(address, method)
         return getattr(self, "_" + method)(address, request)
 
     def client_stream(
-        self, address: str, method: str, requests: Iterator[Any], timeout: float | None
+        self, address: str, method: str, requests: Iterator[Any], timeout: float | None,
+        stall: float | None = None,
     ) -> Any:
         self._enter(address, method)
         return self._append(address, requests)
@@ -1111,7 +1113,8 @@ def test_a_wait_on_a_silent_master_ends_within_its_grace(
     # wait's own end plus the grace, not the server-side wait plus a longer allowance.
     calls: list[tuple[float, float]] = []
 
-    def unary(address: str, method: str, request: Any, timeout: float | None) -> Any:
+    def unary(address: str, method: str, request: Any, timeout: float | None,
+              stall: float | None = None) -> Any:
         assert method == "WaitForReplication" and timeout is not None
         calls.append((request.timeout_secs, timeout))
         clock.now += timeout
@@ -1259,7 +1262,8 @@ def test_a_retry_cut_short_by_the_deadline_reports_why_it_was_retrying(
     refusals = []
     real = cluster.unary
 
-    def unary(address: str, method: str, request: Any, timeout: float | None) -> Any:
+    def unary(address: str, method: str, request: Any, timeout: float | None,
+              stall: float | None = None) -> Any:
         if method != "GetMeta":
             return real(address, method, request, timeout)
         assert timeout is not None
@@ -1285,7 +1289,8 @@ def _zookeeper_down(cluster: FakeCluster, clock: FakeClock) -> list[float]:
     real = cluster.unary
     timeouts: list[float] = []
 
-    def unary(address: str, method: str, request: Any, timeout: float | None) -> Any:
+    def unary(address: str, method: str, request: Any, timeout: float | None,
+              stall: float | None = None) -> Any:
         if method != "ClusterSummary":
             return real(address, method, request, timeout)
         assert timeout is not None
@@ -1322,7 +1327,8 @@ def test_a_leader_search_cut_short_by_the_deadline_reports_why_it_was_retrying(
 def test_a_masters_reason_is_reported_before_another_ones_silence(
     client: Client, cluster: FakeCluster
 ) -> None:
-    def unary(address: str, method: str, request: Any, timeout: float | None) -> Any:
+    def unary(address: str, method: str, request: Any, timeout: float | None,
+              stall: float | None = None) -> Any:
         assert method == "ClusterSummary"
         if address == M1:  # the first to end, in silence
             raise DeadlineExceeded(f"master {address} did not answer in time")
@@ -1340,7 +1346,8 @@ def test_a_deadline_with_nothing_retried_before_is_reported_as_it_is(
     client.create("k", b"x")
     real = cluster.unary
 
-    def unary(address: str, method: str, request: Any, timeout: float | None) -> Any:
+    def unary(address: str, method: str, request: Any, timeout: float | None,
+              stall: float | None = None) -> Any:
         if method != "Delete":
             return real(address, method, request, timeout)
         assert timeout is not None
@@ -1460,3 +1467,61 @@ def test_a_slow_consumer_is_not_a_stalled_master() -> None:
     assert transport._stalls._thread is not None
     transport._stalls._thread.join(5)
     assert not transport._stalls._thread.is_alive()  # closing the transport ends the watch
+
+
+class _SlowFuture:
+    """A unary call's future that answers after ``waits`` timed-out waits for it."""
+
+    def __init__(self, waits: int) -> None:
+        self.waits = waits
+        self.cancelled = False
+
+    def result(self, timeout: float | None = None) -> str:
+        if self.waits:
+            self.waits -= 1
+            raise grpc.FutureTimeoutError()
+        return "answer"
+
+    def cancel(self) -> bool:
+        self.cancelled = True
+        return True
+
+
+def _unary_transport(future: _SlowFuture, status_answers: bool) -> tuple[Any, list[str]]:
+    from blobha.client import GrpcTransport
+
+    transport = GrpcTransport("alice")
+    checks: list[str] = []
+
+    class Method:
+        def future(self, request: Any, timeout: float | None, metadata: Any) -> _SlowFuture:
+            return future
+
+    class Stub:
+        Put = Method()
+
+        def NodeStatus(self, request: Any, timeout: float | None, metadata: Any) -> Any:
+            checks.append("NodeStatus")
+            if not status_answers:
+                raise _Status(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
+            return pb.MasterSummary()
+
+    transport._stub = lambda address: Stub()  # type: ignore[method-assign]
+    return transport, checks
+
+
+def test_a_long_call_to_a_master_that_answers_status_checks_is_waited_for() -> None:
+    # A write waiting for its quorum takes long; its master is working on it.
+    future = _SlowFuture(waits=3)
+    transport, checks = _unary_transport(future, status_answers=True)
+    assert transport.unary(M1, "Put", pb.PutRequest(), 60.0, stall=1.0) == "answer"
+    assert checks == ["NodeStatus"] * 3
+
+
+def test_a_call_to_a_master_that_answers_nothing_is_given_up() -> None:
+    future = _SlowFuture(waits=100)
+    transport, checks = _unary_transport(future, status_answers=False)
+    with pytest.raises(Unavailable, match="stopped answering: Put got no answer for 1 s"):
+        transport.unary(M1, "Put", pb.PutRequest(), 60.0, stall=1.0)
+    assert checks == ["NodeStatus"] and future.cancelled
+

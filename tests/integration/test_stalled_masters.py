@@ -1,6 +1,7 @@
-"""Reads from a replica that stops answering: a paused master keeps its connections open and
-its place in the replica list until its ZooKeeper session expires, so only the client can
-notice that it has gone quiet."""
+"""Masters that stop answering: a paused (or cut-off) master keeps its connections open, its
+place in the replica list and, until its ZooKeeper session expires, its leadership, so only the
+client can notice that it has gone quiet. Reads move to another replica, writes to the next
+leader."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from typing import Any
 import pytest
 from conftest import client_for, followers
 
+from blobha.client import PUT_MAX_BYTES
 from blobha.localcluster import LocalCluster
 
 pytestmark = pytest.mark.integration
@@ -88,3 +90,44 @@ def test_a_download_paused_midway_resumes_from_another_replica(
     assert stopped.is_set() and first_stop_at[0] < len(data)
     assert info.size == len(data) and dest.read_bytes() == data
     assert elapsed < 25, f"the download took {elapsed:.1f} s"
+
+
+@pytest.mark.parametrize("size", [4096, PUT_MAX_BYTES + 1], ids=["put", "upload"])
+def test_a_write_moves_on_from_a_paused_leader(fresh_cluster: LocalCluster, size: int) -> None:
+    # Before: the call to the paused leader waited for the client's whole timeout (60 s) and
+    # failed, although the next leader was elected once the session expired (4 s here).
+    data = os.urandom(size)
+    with client_for(fresh_cluster, timeout=60.0, stall_timeout=2.0) as c:
+        c.create("warm", b"x")  # the client knows the leader
+        old = fresh_cluster.leader()
+        old.signal(signal.SIGSTOP)
+        try:
+            started = time.monotonic()
+            meta = c.create("while-paused", data, replication_factor=2)
+            elapsed = time.monotonic() - started
+        finally:
+            old.signal(signal.SIGCONT)
+        assert meta.version == 1 and meta.acknowledged
+        assert c.read("while-paused") == data
+        assert c.get_meta("while-paused").version == 1  # written once, by the new leader
+    assert elapsed < 30, f"the write took {elapsed:.1f} s"
+
+
+def test_a_replication_wait_moves_on_from_a_paused_master(fresh_cluster: LocalCluster) -> None:
+    # What a Spark job does before it starts. Before: the wait sat on the paused master until
+    # its timeout and failed, although every other master could have answered at once.
+    with client_for(fresh_cluster, timeout=60.0, stall_timeout=2.0) as c:
+        c.create("needed", b"side file", replication_factor=3)
+        assert c.wait_for_replication(["needed"], 3, timeout=30).reached
+        paused = followers(fresh_cluster)[0]
+        c._preferred = paused.address  # the master this client happens to ask
+        paused.signal(signal.SIGSTOP)
+        try:
+            started = time.monotonic()
+            # 2 of the 3 copies are live (the paused master's lasts until its session ends).
+            result = c.wait_for_replication(["needed"], 2, timeout=60)
+            elapsed = time.monotonic() - started
+        finally:
+            paused.signal(signal.SIGCONT)
+    assert result.reached
+    assert elapsed < 30, f"the wait took {elapsed:.1f} s"
