@@ -105,11 +105,13 @@ _PUT_MAX_BYTES = PUT_MAX_BYTES
 # Downloads keep nothing in memory, and each new stream pays a flow-control ramp-up, so their
 # segments are larger (measured on loopback: 64 MiB segments are ~25% faster than 16 MiB).
 _DOWNLOAD_SEGMENT_BYTES = 64 * MiB
-#: Seconds a replica may send nothing during a download before the client moves on to another
-#: replica (resuming where it stopped). A paused, overloaded or cut-off master keeps its
-#: connection open and its place in the replica list until its ZooKeeper session expires; the
-#: client's whole timeout is far too long to wait for it. Data arrives in pieces of at most
-#: 1 MiB, so only a link slower than 100 KiB/s looks stalled, and the download still goes on.
+#: Seconds a master may go silent before the client moves on: a replica that sends nothing
+#: during a download (the download resumes from another where it stopped), or a master that
+#: neither answers a call nor, after half of this, a status check. A paused, overloaded or
+#: cut-off master keeps its connections open, its place in the replica list and its leadership
+#: until its ZooKeeper session expires; the client's whole timeout is far too long to wait for
+#: it. Data arrives in pieces of at most 1 MiB, so only a link slower than 100 KiB/s looks
+#: stalled, and the download still goes on.
 STALL_TIMEOUT = 10.0
 # One round of leader discovery; ClusterSummary itself asks every master, so allow it time.
 _PROBE_TIMEOUT = 10.0
@@ -890,7 +892,7 @@ class Client:
     ``timeout`` bounds how long one operation waits for the cluster, retries included (a
     transfer may run longer as long as every segment, 16 MiB up and 64 MiB down, moves within
     it, and a download as long as its bytes keep coming). ``stall_timeout`` is how long a
-    download waits on a replica that sends nothing before it resumes from another.
+    master may stay silent (see :data:`STALL_TIMEOUT`) before the client moves on to another.
 
     Example::
 
