@@ -17,6 +17,7 @@ import errno
 import functools
 import getpass
 import io
+import logging
 import os
 import queue
 import random
@@ -61,6 +62,8 @@ from blobha.status import (
     replication_from_pb,
 )
 from blobha.v1 import blobha_pb2 as pb
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "DEFAULT_CHUNK_SIZE",
@@ -113,6 +116,7 @@ _DOWNLOAD_SEGMENT_BYTES = 64 * MiB
 #: it. Data arrives in pieces of at most 1 MiB, so only a link slower than 100 KiB/s looks
 #: stalled, and the download still goes on.
 STALL_TIMEOUT = 10.0
+_MIN_STALL_TIMEOUT = 0.5
 # One round of leader discovery; ClusterSummary itself asks every master, so allow it time.
 _PROBE_TIMEOUT = 10.0
 #: Longest wait for a cheap control call (begin an upload, ask how much arrived). A leader that
@@ -535,7 +539,12 @@ class _StallWatch:
                     self._watched.discard(w)
                     w.fired = True
             for w in due:
-                w.call.cancel()  # outside the lock: gRPC may run callbacks inline
+                # Outside the lock: gRPC may run callbacks inline. A failure must not end the
+                # thread, which watches every other stream too.
+                try:
+                    w.call.cancel()
+                except Exception:
+                    log.debug("cancelling a stalled stream failed", exc_info=True)
 
 
 class GrpcTransport:
@@ -934,9 +943,10 @@ class Client:
         if not timeout > 0:
             raise InvalidArgument(f"timeout must be positive seconds, not {timeout!r}")
         self._timeout = float(timeout)
-        if not stall_timeout > 0:
-            raise InvalidArgument(
-                f"stall_timeout must be positive seconds, not {stall_timeout!r}")
+        if not stall_timeout >= _MIN_STALL_TIMEOUT:
+            # Below this, a master merely busy for a moment would count as gone.
+            raise InvalidArgument(f"stall_timeout must be at least {_MIN_STALL_TIMEOUT:g} s, not"
+                                  f" {stall_timeout!r}")
         self._stall_timeout = float(stall_timeout)
         self._chunk_size = _check_chunk_size(chunk_size)
         if address_map is None:
@@ -1536,6 +1546,9 @@ class _UploadJob:
         self.commit_unknown = False
         self.digester = Digester()
         self.hashed = 0  # bytes fed to the digester: the digest covers [0, hashed)
+        # gRPC reads an upload segment on a thread of its own, which may still be inside a read
+        # (of a slow pipe) when its call was given up and the next attempt starts reading.
+        self._read_lock = threading.Lock()
         self.source_error: BaseException | None = None
         self.high_water = 0  # most bytes any attempt of this upload got acknowledged
 
@@ -1639,12 +1652,13 @@ class _UploadJob:
         return self.c._control_call(self.leader, method, request, deadline)
 
     def _read(self, offset: int) -> bytes:
-        data = self.source.read_at(offset, self.c._chunk_size)
-        end = offset + len(data)
-        if offset <= self.hashed < end:
-            self.digester.update(memoryview(data)[self.hashed - offset :])
-            self.hashed = end
-        return data
+        with self._read_lock:
+            data = self.source.read_at(offset, self.c._chunk_size)
+            end = offset + len(data)
+            if offset <= self.hashed < end:
+                self.digester.update(memoryview(data)[self.hashed - offset :])
+                self.hashed = end
+            return data
 
     def _send(self, offset: int, deadline: _Deadline) -> None:
         """Append from ``offset`` to the end of the source."""
@@ -1844,7 +1858,14 @@ class _DownloadJob:
             address = self.candidates[0]
             before = self.pos
             try:
-                self._segment(address)
+                try:
+                    self._segment(address)
+                except DeadlineExceeded as exc:
+                    if self.pos == before:
+                        raise
+                    # The segment's deadline passed while its bytes still came (a slow link):
+                    # that is progress, and the download goes on from where it got to.
+                    raise Unavailable(f"{exc}; resuming at byte {self.pos}") from None
             except (Unavailable, ChecksumMismatch, InternalError) as exc:
                 # A replica that is down, sent bad bytes, or failed (a disk error there): the
                 # others hold the same version.

@@ -319,6 +319,8 @@ class FakeCluster:
         #: Every Download sends this many chunks, then stalls: ``stall_clock`` moves on by
         #: ``stall_secs`` and the call fails as the transport's stall watch fails it.
         self.download_stall_after: int | None = None
+        #: The next Download sends this many chunks, then its deadline passes.
+        self.download_deadline_after: int | None = None
         self.stall_clock: FakeClock | None = None
         self.stall_secs = 0.0
         self.stall_limits: list[float | None] = []
@@ -512,6 +514,9 @@ class FakeCluster:
             if self.download_break_after is not None and sent >= self.download_break_after:
                 self.download_break_after = None
                 raise Unavailable(f"master {address} unavailable: connection reset")
+            if self.download_deadline_after is not None and sent >= self.download_deadline_after:
+                self.download_deadline_after = None
+                raise DeadlineExceeded(f"master {address} did not answer in time")
             if self.download_stall_after is not None and sent >= self.download_stall_after:
                 assert self.stall_clock is not None
                 self.stall_clock.now += self.stall_secs
@@ -990,9 +995,70 @@ def test_a_download_that_never_moves_still_gives_up(
     assert 30.0 <= clock.now - 1000.0 < 40.0
 
 
-def test_the_stall_timeout_must_be_positive(cluster: FakeCluster) -> None:
-    with pytest.raises(InvalidArgument, match="stall_timeout"):
-        Client([M1], user="alice", transport=cluster, stall_timeout=0)
+def test_a_segment_whose_deadline_passed_while_bytes_came_resumes(
+    client: Client, cluster: FakeCluster
+) -> None:
+    # A slow link: the segment's deadline ends it midway, with bytes still arriving. Before,
+    # the whole download failed with DeadlineExceeded.
+    data = payload(1024 * KiB)
+    client.create("k", data)
+    cluster.holders["k"] = [M1, M2, M3]
+    cluster.download_deadline_after = 2
+    assert client.read("k") == data
+    assert len([m for _, m in cluster.calls if m == "Download"]) == 2
+
+
+def test_a_segment_whose_deadline_passed_with_nothing_received_fails(
+    client: Client, cluster: FakeCluster
+) -> None:
+    client.create("k", payload(KiB))
+    cluster.holders["k"] = [M1, M2, M3]
+    cluster.download_deadline_after = 0
+    with pytest.raises(DeadlineExceeded):
+        client.read("k")
+
+
+def test_an_upload_never_reads_its_source_twice_at_once(client: Client) -> None:
+    # gRPC reads an upload segment on its own thread; after a call is given up, that thread
+    # may still be in a read (of a slow pipe) when the next attempt reads.
+    inside = threading.Event()
+    release = threading.Event()
+    overlaps = []
+
+    class Slow(client_mod._Source):
+        size = -1
+        busy = False
+
+        def read_at(self, offset: int, n: int) -> bytes:
+            overlaps.append(self.busy)
+            self.busy = True
+            inside.set()
+            release.wait(5)
+            self.busy = False
+            return b"x" * min(n, 10 - offset) if offset < 10 else b""
+
+        def ack(self, offset: int) -> None:
+            pass
+
+        def can_restart(self) -> bool:
+            return True
+
+    job = client_mod._UploadJob(client, pb.BeginUploadRequest(key="k", create=True), Slow(), 0,
+                                None)
+    first = threading.Thread(target=job._read, args=(0,))
+    first.start()
+    assert inside.wait(5)
+    second = threading.Thread(target=job._read, args=(0,))
+    second.start()
+    release.set()
+    first.join(5)
+    second.join(5)
+    assert overlaps == [False, False] and job.hashed == 10
+
+
+def test_the_stall_timeout_has_a_floor(cluster: FakeCluster) -> None:
+    with pytest.raises(InvalidArgument, match=r"stall_timeout must be at least 0\.5 s"):
+        Client([M1], user="alice", transport=cluster, stall_timeout=0.1)
     with Client([M1], user="alice", transport=cluster, stall_timeout=2.5) as c:
         c.create("k", b"abc")
         cluster.holders["k"] = [M1]
