@@ -499,6 +499,8 @@ class _StallWatch:
         self._cond = threading.Condition()
         self._watched: set[_Watched] = set()
         self._thread: threading.Thread | None = None
+        #: When the thread will look next (None: not before it is woken).
+        self._wake_at: float | None = None
         self._closed = False
 
     def watch(self, call: Any, limit: float) -> _Watched:
@@ -509,7 +511,10 @@ class _StallWatch:
                 self._thread = threading.Thread(target=self._run, name="blobha-stall-watch",
                                                 daemon=True)
                 self._thread.start()
-            self._cond.notify()
+            if self._wake_at is None or w.last + limit < self._wake_at:
+                # Woken only when it would look too late: a small read must not cost the
+                # thread a turn.
+                self._cond.notify()
         return w
 
     def unwatch(self, w: _Watched) -> None:
@@ -533,7 +538,9 @@ class _StallWatch:
                     # at once per limit, so waking at the earliest deadline as it stands never
                     # misses a stall.
                     wake = min((w.due(now) for w in self._watched), default=None)
+                    self._wake_at = wake
                     self._cond.wait(None if wake is None else wake - now)
+                    self._wake_at = None
                     continue
                 for w in due:
                     self._watched.discard(w)
