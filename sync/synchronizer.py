@@ -288,6 +288,10 @@ class Synchronizer:
         # With it, the keys of the batches under way, each with whether replica-node events
         # changed its holders meanwhile (acted on when its batch ends). Guarded by _view_lock.
         self._batch_moved: dict[str, bool] = {}
+        # With it, the keys of the batches under way whose node was deleted meanwhile: what the
+        # batch read may be of that earlier incarnation, and a copy of it must not be registered
+        # under the next one's version number. Guarded by _view_lock.
+        self._deleted_in_batch: set[str] = set()
         # Bumped on every change of _view, so figures() recomputes only when something moved.
         self._generation = 0
         self._figures: tuple[tuple[int, frozenset[str]], tuple[int, int, int]] | None = None
@@ -437,6 +441,10 @@ class Synchronizer:
             return
         key, sep, name = path[len(BLOBSTORE) + 1:].partition("/")
         if not sep:
+            if event.type == EventType.DELETED:
+                with self._view_lock:
+                    if key in self._batch_moved:
+                        self._deleted_in_batch.add(key)
             if event.type == EventType.CREATED and self._is_leader():
                 # The leader's own commit, which queues the key itself: a second reconcile
                 # would cost two more reads per create. A create by an earlier leader is in the
@@ -882,6 +890,7 @@ class Synchronizer:
         finally:
             with self._view_lock:
                 moved = [key for key in keys if self._batch_moved.pop(key, False)]
+                self._deleted_in_batch.difference_update(keys)
                 for key in keys:
                     self._reading.pop(key, None)
             self._act_on_moved(moved)
@@ -922,6 +931,7 @@ class Synchronizer:
         installed = self._install_fetched(fetched, read_mark)
         failures.update(installed)
         to_register += [(key, state.seq) for key, state, _ in fetched if key not in installed]
+        to_register = self._drop_deleted(to_register, failures)
         # Only now, with every byte durable and verified, do the replica nodes appear (ha-rule 7).
         failures.update(self._register_many(to_register))
         for key, state, _ in to_fetch:
@@ -1251,6 +1261,18 @@ class Synchronizer:
             if spend and mark is not None and current:
                 del self._commit_marks[key]
         return current
+
+    def _drop_deleted(self, to_register: list[tuple[str, int]], failures: dict[str, Exception]
+                      ) -> list[tuple[str, int]]:
+        """``to_register`` without the keys deleted since the batch read them (recursive watch):
+        the copy may be of the deleted key, and the node, created after a re-create, would count
+        it as a holder of the new version. The deletion's event queued the key again."""
+        with self._view_lock:
+            gone = {key for key, _ in to_register if key in self._deleted_in_batch}
+        for key in gone:
+            failures[key] = SyncDeferred(f"{key!r} was deleted while it was fetched; looking"
+                                         " again")
+        return [item for item in to_register if item[0] not in gone]
 
     def _stale_fetch(self, key: str) -> SyncDeferred:
         # What was fetched may be of the key's earlier incarnation (deleted and created again

@@ -788,3 +788,29 @@ def test_a_delete_refused_for_the_cluster_identity_waits_a_full_grace_afterwards
     identity_back[0] = True
     s._key_gone("k")
     assert store.versions("k") == [1]  # its grace starts now
+
+
+def test_a_copy_fetched_across_a_delete_is_not_registered() -> None:
+    # The batch read the key, then fetched it; meanwhile the key was deleted and created
+    # again at the same version number. The copy was of the deleted key, and its replica node
+    # (created after the re-create) counted it as a holder of the new version, which a
+    # replication wait then trusted.
+    s, _ = synchroniser(recursive=True)
+    old = BlobState(seq=1, size=4, digest=digest_bytes(b"OLD!"), acl=(), replication_factor=3,
+                    creator="alice", created_at=1.0, updated_at=1.0, epoch=1, acked=True)
+    registered: list[tuple[str, int]] = []
+    s._read_many = lambda keys, armed: {"k": (old, (A,)), "j": (old, (A,))}  # type: ignore[method-assign,assignment,return-value]
+    s._decide = lambda key, state, holders, read_mark: (state, list(holders))  # type: ignore[method-assign,assignment,misc]
+
+    def fetch_all(to_fetch: Any, failures: Any, read_mark: int) -> Any:
+        s._on_tree(tree_event(EventType.DELETED, "/blobstore/k"))  # during the fetch
+        return [], [("k", 1), ("j", 1)], set()
+
+    s._fetch_all = fetch_all  # type: ignore[method-assign]
+    s._register_many = lambda items: registered.extend(items) or {}  # type: ignore[method-assign,func-returns-value]
+    s._prune = lambda key, seq: None  # type: ignore[method-assign]
+    failures = s._reconcile(["k", "j"], set(), {})
+    assert registered == [("j", 1)]
+    assert isinstance(failures["k"], SyncDeferred) and "j" not in failures
+    assert s.queue.get_batch(10) == ["k"]  # the deletion's event sends it round again
+    assert not s._deleted_in_batch  # nothing kept past the batch
