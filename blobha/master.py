@@ -93,7 +93,7 @@ from blobha.tls import ReloadingServerCredentials
 from blobha.uploads import Upload, UploadManager
 from blobha.version import __version__
 from blobha.zkauth import ZkCredentials, ZooKeeperAuthError, ensure_locked_chroot
-from blobha.zkclient import PollHandler
+from blobha.zkclient import PollHandler, on_session_timeout
 from blobha.zkstate import (
     BLOBSTORE,
     EPOCH,
@@ -238,6 +238,7 @@ class Master:
         self.election = LeaderElection(
             self.zk, self.identity, self.session_timeout, self._on_elected, self._on_deposed
         )
+        on_session_timeout(self.zk, self._session_granted)
         self.history = LeaderHistory()
         self.health = MasterHealth(self.zk)
         self.metrics = MasterMetrics(self)
@@ -563,6 +564,19 @@ class Master:
         except NoNodeError:
             return None
         return BlobState.decode(data, stat.version)
+
+    def _session_granted(self, granted: float) -> None:
+        """kazoo's connection thread, at each connection: the watchdog that steps a leader
+        down when its connection stays suspended must use the timeout ZooKeeper granted,
+        which its bounds may make shorter (or longer) than the one configured."""
+        previous = self.election.session_timeout
+        self.election.session_timeout = granted
+        if abs(granted - self.session_timeout) > 0.001 and abs(granted - previous) > 0.001:
+            log.warning(
+                "ZooKeeper granted a session timeout of %gs, not the %gs of"
+                " zookeeper.session.timeout.ms (its minSessionTimeout and maxSessionTimeout"
+                " bound it); leadership is given up after %gs without a connection",
+                granted, self.session_timeout, granted * 2 / 3)
 
     def _state_or_404(self, key: str) -> BlobState:
         state = self._read_state(key)

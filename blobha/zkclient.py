@@ -143,6 +143,29 @@ class _Recursive:
             self._read_event(buffer, offset)
 
 
+def on_session_timeout(zk: KazooClient, callback: Callable[[float], None]) -> None:
+    """Call ``callback`` with the session timeout ZooKeeper granted (seconds) at every
+    connection, on kazoo's connection thread, right after kazoo reports the connection.
+
+    The server bounds what a client asks for by its minSessionTimeout and maxSessionTimeout
+    (by default 2 and 20 ticks), and kazoo keeps the figure it got to itself (its connect
+    answer's ``time_out``, of which it returns two thirds as the read timeout). A watchdog
+    timed on the configured figure would count a session as alive after ZooKeeper ended it."""
+    connection = zk._connection
+    connect = connection._connect
+
+    def connected(host: str, hostip: str, port: int) -> Any:
+        result = connect(host, hostip, port)
+        try:
+            callback(round(result[0] * 1.5) / 1000.0)  # read timeout = granted * 2/3, in ms
+        except Exception:
+            # Never let a callback end kazoo's connection thread.
+            log.exception("session timeout callback failed")
+        return result
+
+    connection._connect = connected
+
+
 _hooks_lock = threading.Lock()
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from pathlib import Path
 
 import grpc
 import pytest
@@ -259,5 +260,22 @@ def test_unacknowledged_version_without_holder_rolls_back(tmp_path: object) -> N
                     b"acknowledged")
             wait_until(rolled_back, SESSION + 15, "the roll-back to the acknowledged content")
             assert c.read("rb") == b"acknowledged"
+    finally:
+        cluster.stop()
+
+
+def test_a_session_timeout_zookeeper_bounds_is_reported_and_used(tmp_path: Path) -> None:
+    # The embedded ZooKeeper grants at most 60 s. The watchdog that gives up leadership after
+    # 2/3 of the session timeout without a connection used the configured 120 s: a leader cut
+    # off kept its role for 80 s, 20 s after ZooKeeper had ended its session.
+    cluster = make_cluster(tmp_path / "cluster", nodes=1,
+                           **{"zookeeper.session.timeout.ms": 120000})
+    try:
+        cluster.start()
+        master = cluster.masters[0]
+        wait_until(lambda: "granted a session timeout of 60s" in master.log_path.read_text(
+            errors="replace"), 30, "the master to report the granted session timeout")
+        assert "leadership is given up after 40s without a connection" in (
+            master.log_path.read_text(errors="replace"))
     finally:
         cluster.stop()

@@ -201,3 +201,20 @@ def test_a_recursive_watch_brings_every_change_below_its_path_until_the_connecti
             c.stop()
             c.close()
         zk.stop()
+
+
+def test_the_session_timeout_zookeeper_grants_is_reported(tmp_path: Path) -> None:
+    from blobha.zkclient import on_session_timeout
+
+    # tick 500 ms: ZooKeeper grants 1 s (2 ticks) to 60 s (its maxSessionTimeout here).
+    with EmbeddedZooKeeper(tmp_path / "zk", tick_ms=500) as zk:
+        for asked, granted in ((0.3, 1.0), (120.0, 60.0), (4.0, 4.0)):
+            got: list[float] = []
+            client = KazooClient(hosts=zk.connect_string, timeout=asked)
+            on_session_timeout(client, got.append)
+            client.start(timeout=15)
+            try:
+                assert got == [granted]
+            finally:
+                client.stop()
+                client.close()
