@@ -339,6 +339,18 @@ class _Held:
         self.remove_file = True
 
 
+#: An unpack leaves this much of the cache's disk free (or 5% of it, if that is less): an
+#: archive that would expand past it (a zip or tar bomb) is refused while it unpacks, before
+#: every other writer on the node runs out of space.
+UNPACK_MARGIN_BYTES = 1024**3
+
+
+def _room_to_unpack(path: Path) -> int:
+    st = os.statvfs(path)
+    free = st.f_bavail * st.f_frsize
+    return max(0, free - min(UNPACK_MARGIN_BYTES, st.f_blocks * st.f_frsize // 20))
+
+
 def _fsync_dir(path: Path) -> None:
     # A rename is durable only once its directory is; without this a power cut could undo an
     # install whose data is already on disk (harmless: the blob is fetched again).
@@ -1209,7 +1221,7 @@ class BlobCache:
 
             stage = Path(tempfile.mkdtemp(prefix="x-", dir=self._scratch()))
             try:
-                size = unpack(version.file, key, stage)
+                size = unpack(version.file, key, stage, max_bytes=_room_to_unpack(stage))
                 stage.chmod(0o755)
                 os.rename(stage, target)
                 _fsync_dir(version.dir)

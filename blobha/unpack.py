@@ -9,6 +9,7 @@ no blob is unpacked.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import posixpath
 import re
@@ -22,9 +23,14 @@ from typing import IO
 
 from blobha.cache import ARCHIVE_SUFFIXES
 from blobha.digest import CHUNK_SIZE
-from blobha.errors import InvalidArgument
+from blobha.errors import BlobError, InternalError, InvalidArgument, ResourceExhausted
 
-__all__ = ["unpack"]
+__all__ = ["MAX_MEMBERS", "unpack"]
+
+#: Members one archive may hold: each costs an inode, and inodes run out before bytes do.
+MAX_MEMBERS = 1_000_000
+#: Longest symbolic-link target kept (a zip stores it as the member's data).
+_MAX_LINK_TARGET = 4096
 
 _DRIVE = re.compile(r"^[A-Za-z]:")
 _TAR_ERRORS: tuple[type[BaseException], ...] = (
@@ -70,12 +76,41 @@ class _Extractor:
     link in the archive cannot redirect a later write.
     """
 
-    def __init__(self, root: Path, what: str) -> None:
+    def __init__(self, root: Path, what: str, max_bytes: int | None = None,
+                 max_members: int = MAX_MEMBERS) -> None:
         self.root = root
         self.what = what
         self.size = 0
+        self.max_bytes = max_bytes
+        self.max_members = max_members
+        self.members = 0
+        #: The member being written, for errors the file system raises.
+        self.current = ""
         self._links: list[tuple[str, str]] = []
         self._real_root = os.path.realpath(root)
+
+    def member(self, raw: str) -> str:
+        """Count a member (an archive with millions is refused before it takes every inode)
+        and return its normalised name."""
+        self.members += 1
+        self.current = raw
+        if self.members > self.max_members:
+            raise InvalidArgument(
+                f"refusing to unpack {self.what!r}: it has more than {self.max_members:,}"
+                " members; nothing was unpacked"
+            )
+        return self.name(raw)
+
+    def _grow(self, n: int) -> None:
+        self.size += n
+        if self.max_bytes is not None and self.size > self.max_bytes:
+            # An archive that expands past the room there is (a zip or tar bomb, or a disk
+            # nearly full) is refused while unpacking, before it fills the disk.
+            raise ResourceExhausted(
+                f"refusing to unpack {self.what!r}: it expands to more than the"
+                f" {self.max_bytes:,} bytes the cache's disk has room for; nothing was"
+                " unpacked (free space there, or fetch it without uncompress)"
+            )
 
     def refuse(self, name: str, why: str) -> InvalidArgument:
         return InvalidArgument(
@@ -140,8 +175,8 @@ class _Extractor:
         fd = os.open(path, flags, 0o600)
         with os.fdopen(fd, "wb") as out:
             while chunk := src.read(CHUNK_SIZE):
+                self._grow(len(chunk))
                 out.write(chunk)
-                self.size += len(chunk)
             out.flush()
             # Installed by one rename later; the data must be on disk before the name is.
             os.fsync(fd)
@@ -198,7 +233,7 @@ class _Extractor:
 def _unpack_tar(archive: Path, ex: _Extractor) -> None:
     with tarfile.open(archive, "r:*") as tf:
         for member in tf:
-            rel = ex.name(member.name)
+            rel = ex.member(member.name)
             if member.isdir():
                 ex.directory(rel)
             elif member.isreg():
@@ -224,10 +259,14 @@ def _unpack_zip(archive: Path, ex: _Extractor) -> None:
         for info in zf.infolist():
             mode = info.external_attr >> 16
             kind = stat.S_IFMT(mode)
-            rel = ex.name(info.filename)
+            rel = ex.member(info.filename)
             if info.is_dir() or kind == stat.S_IFDIR:
                 ex.directory(rel)
             elif kind == stat.S_IFLNK:
+                if info.file_size > _MAX_LINK_TARGET:
+                    # Checked before reading: the "target" would be read whole into memory.
+                    raise ex.refuse(info.filename, f"is a symbolic link with a target of"
+                                    f" {info.file_size:,} bytes")
                 ex.symlink(rel, zf.read(info).decode("utf-8"))
             elif kind in (0, stat.S_IFREG):
                 mtime = time.mktime((*info.date_time, 0, 0, -1))
@@ -239,16 +278,35 @@ def _unpack_zip(archive: Path, ex: _Extractor) -> None:
                 )
 
 
-def unpack(archive: Path, key: str, dest: Path) -> int:
-    """Unpack ``archive`` into the existing empty directory ``dest``; the bytes written."""
+def unpack(archive: Path, key: str, dest: Path, max_bytes: int | None = None,
+           max_members: int = MAX_MEMBERS) -> int:
+    """Unpack ``archive`` into the existing empty directory ``dest``; the bytes written. At
+    most ``max_bytes`` (None: no limit) in at most ``max_members`` members. Every failure is
+    a :class:`BlobError` naming the key (the caller removes ``dest``)."""
     kind = _archive_kind(key, archive)
-    ex = _Extractor(dest, key)
+    ex = _Extractor(dest, key, max_bytes, max_members)
     try:
         if kind == "zip":
             _unpack_zip(archive, ex)
         else:
             _unpack_tar(archive, ex)
         ex.finish()
+    except BlobError:
+        raise
     except _TAR_ERRORS as exc:
         raise InvalidArgument(f"cannot unpack {key!r}: broken {kind} archive ({exc})") from None
+    except OSError as exc:
+        raise _unpack_error(key, ex.current, exc) from None
     return ex.size
+
+
+def _unpack_error(key: str, member: str, exc: OSError) -> BlobError:
+    """What the file system refused, said of the key and the member, not of scratch paths."""
+    where = f"cannot unpack {key!r} at member {member!r}"
+    if exc.errno == errno.ENAMETOOLONG:
+        return InvalidArgument(f"{where}: its name is too long for this file system; nothing was"
+                               " unpacked (fetch it without uncompress)")
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return ResourceExhausted(f"{where}: the cache's disk is full ({exc.strerror}); nothing"
+                                 " was unpacked")
+    return InternalError(f"{where}: {exc.strerror or exc}; nothing was unpacked")

@@ -30,6 +30,7 @@ from blobha.errors import (
     InvalidArgument,
     KeyNotFound,
     NotAuthorized,
+    ResourceExhausted,
     Unavailable,
 )
 from blobha.keys import key_dirname
@@ -1336,3 +1337,67 @@ def test_fetch_errors_are_one_line_with_the_usual_exit_codes(fake: FakeCluster, 
     assert code == InvalidArgument.exit_code and err.count("\n") == 1
     code, _, _ = fetch("--cache-dir", str(cache_dir))
     assert code == 2
+
+
+def test_an_archive_that_expands_past_the_room_on_disk_is_refused_while_unpacking(
+    fake: FakeCluster, make: Any, cache_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # 64 MiB of zeros in about 64 KiB: with 8 MiB of room, unpacking stops at 8 MiB instead of
+    # filling the disk (a 1 MiB archive unpacked to 1 GiB before).
+    import blobha.cache as cache_mod
+
+    bomb = _tar({"zeros.bin": bytes(64 * 1024 * 1024)}, "w:gz")
+    assert len(bomb) < 1024 * 1024
+    fake.put("bomb.tgz", bomb)
+    monkeypatch.setattr(cache_mod, "_room_to_unpack", lambda path: 8 * 1024 * 1024)
+    cache = make()
+    with pytest.raises(ResourceExhausted, match="expands to more than the 8,388,608 bytes"):
+        cache.get("bomb.tgz", uncompress=True)
+    assert not (cache_dir / "blobs" / "bomb.tgz" / "v1" / "unpacked").exists()
+    assert scratch_files(cache_dir) == []
+    assert cache.get("bomb.tgz").path.read_bytes() == bomb, "the blob itself is still served"
+
+
+def test_the_room_to_unpack_leaves_a_margin_of_the_disk_free(tmp_path: Path) -> None:
+    import blobha.cache as cache_mod
+
+    st = os.statvfs(tmp_path)
+    free, total = st.f_bavail * st.f_frsize, st.f_blocks * st.f_frsize
+    margin = min(cache_mod.UNPACK_MARGIN_BYTES, total // 20)
+    # Other writers may move the free space between the two looks.
+    assert abs(cache_mod._room_to_unpack(tmp_path) - max(0, free - margin)) < 64 * 1024 * 1024
+
+
+def test_an_archive_with_too_many_members_is_refused(tmp_path: Path) -> None:
+    from blobha.unpack import unpack
+
+    archive = tmp_path / "many.tar"
+    archive.write_bytes(_tar({f"f{i}": b"x" for i in range(11)}))
+    dest = tmp_path / "out"
+    dest.mkdir()
+    with pytest.raises(InvalidArgument, match="more than 10 members"):
+        unpack(archive, "many.tar", dest, max_members=10)
+
+
+def test_a_zip_link_with_a_huge_target_is_refused_before_it_is_read(tmp_path: Path) -> None:
+    from blobha.unpack import unpack
+
+    archive = tmp_path / "link.zip"
+    archive.write_bytes(_zip({}, {"l": "a" * 5000}))
+    dest = tmp_path / "out"
+    dest.mkdir()
+    with pytest.raises(InvalidArgument, match="symbolic link with a target of 5,000 bytes"):
+        unpack(archive, "link.zip", dest)
+
+
+def test_a_member_name_too_long_for_the_file_system_is_a_clear_error(tmp_path: Path) -> None:
+    from blobha.unpack import unpack
+
+    archive = tmp_path / "long.tar"
+    name = "a" * 300
+    archive.write_bytes(_tar({name: b"x"}))
+    dest = tmp_path / "out"
+    dest.mkdir()
+    with pytest.raises(InvalidArgument, match=r"cannot unpack 'long.tar' at member 'a+': its"
+                       " name is too long"):
+        unpack(archive, "long.tar", dest)
