@@ -51,6 +51,7 @@ Example::
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import logging
 import os
@@ -73,6 +74,7 @@ from blobha.errors import (
     InvalidArgument,
     KeyNotFound,
     NotAuthorized,
+    ResourceExhausted,
     Unavailable,
 )
 from blobha.keys import key_dirname, validate_key
@@ -338,6 +340,8 @@ class _Held:
     def remove(self) -> None:
         self.remove_file = True
 
+
+_DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
 
 #: An unpack leaves this much of the cache's disk free (or 5% of it, if that is less): an
 #: archive that would expand past it (a zip or tar bomb) is refused while it unpacks, before
@@ -710,6 +714,31 @@ class BlobCache:
         validate_key(key)
         spec = self._ref_spec(owner)
         self._check_open()
+        try:
+            return self._get(key, uncompress, spec)
+        except OSError as e:
+            if e.errno not in _DISK_FULL:
+                raise
+            # Room first (what staged cleanup may remove), then once more: a full disk must
+            # not leave every job on the node failing, even on blobs already cached.
+            log.warning("the node cache's disk under %s is full (%s); cleaning up and trying"
+                        " %r again", self._root, e.strerror, key)
+            try:
+                self._cleanup(blocking=True, urgent=True)
+            except Exception:
+                log.exception("cache cleanup failed under %s", self._root)
+        try:
+            return self._get(key, uncompress, spec)
+        except OSError as e:
+            if e.errno not in _DISK_FULL:
+                raise
+            raise ResourceExhausted(
+                f"the node cache's disk under {self._root} is full ({e.strerror}) and nothing"
+                f" cached could be removed to make room for {key!r}: free space there or lower"
+                " the cache's soft limit"
+            ) from None
+
+    def _get(self, key: str, uncompress: bool, spec: _RefSpec) -> CachedBlob:
         kd = key_dirname(key)
         known, asked, asking = self._remote_meta(key, kd)
         check = known if asked else None
@@ -1380,17 +1409,21 @@ class BlobCache:
         return counters
 
     def _bump(self, **deltas: int) -> None:
-        """Add to the counters on disk; a read-modify-write under a lock every process takes."""
+        """Add to the counters on disk; a read-modify-write under a lock every process takes.
+        Best effort: counters lost on a full disk must not fail a read or a cleanup."""
         with self._stats_lock:
-            fd = lock_file(self._root / "stats.lock", blocking=True)
-            assert fd is not None
             try:
-                counters = self._read_stats()
-                for name, delta in deltas.items():
-                    counters[name] += delta
-                self._write_atomic(self._root / "stats.json", json.dumps(counters).encode())
-            finally:
-                os.close(fd)
+                fd = lock_file(self._root / "stats.lock", blocking=True)
+                assert fd is not None
+                try:
+                    counters = self._read_stats()
+                    for name, delta in deltas.items():
+                        counters[name] += delta
+                    self._write_atomic(self._root / "stats.json", json.dumps(counters).encode())
+                finally:
+                    os.close(fd)
+            except OSError as e:
+                log.debug("cache counters under %s not updated: %s", self._root, e)
 
     @contextlib.contextmanager
     def _key_lock(self, kd: str, blocking: bool = True) -> Iterator[_Held | None]:
@@ -1482,7 +1515,7 @@ class BlobCache:
         except OSError:
             return None
 
-    def _cleanup(self, blocking: bool) -> CleanupReport:
+    def _cleanup(self, blocking: bool, urgent: bool = False) -> CleanupReport:
         if not self._cleanup_lock.acquire(blocking):
             return CleanupReport(ran=False)
         try:
@@ -1497,7 +1530,7 @@ class BlobCache:
                 with contextlib.suppress(OSError):
                     os.utime(fd, (now, now))
                 try:
-                    return self._cleanup_pass()
+                    return self._cleanup_pass(urgent)
                 except BaseException:
                     with contextlib.suppress(OSError):
                         os.utime(fd, ns=(before.st_atime_ns, before.st_mtime_ns))
@@ -1507,8 +1540,9 @@ class BlobCache:
         finally:
             self._cleanup_lock.release()
 
-    def _cleanup_pass(self) -> CleanupReport:
-        """Flink's staged cleanup with Storm's LRU eviction.
+    def _cleanup_pass(self, urgent: bool = False) -> CleanupReport:
+        """Flink's staged cleanup with Storm's LRU eviction (``urgent``, the disk being full:
+        every version that may go goes, whatever the soft limit).
 
         Per key, under its lock (busy keys are skipped): stale references go; older versions
         nobody references go; a current version nobody references is staged on the first
@@ -1551,18 +1585,28 @@ class BlobCache:
                 now = self._clock()
                 if current.staged is None or current.last_used > current.staged:
                     # First pass to find it unreferenced (or used since it was staged).
-                    self._write_atomic(current.dir / "staged", repr(now).encode())
+                    try:
+                        self._write_atomic(current.dir / "staged", repr(now).encode())
+                    except OSError as e:
+                        if e.errno not in _DISK_FULL:
+                            raise
+                        # A full disk cannot take the marker: what the marker would prove, no
+                        # use for a whole retention interval, the last use proves as well.
+                        if now - current.last_used >= self._retention:
+                            candidates.append((scan, current))
+                        continue
                     staged.append((scan.key, current.version))
                 elif now - current.staged >= self._retention:
                     candidates.append((scan, current))
 
-        if total > self._soft_limit:
+        limit = 0 if urgent else self._soft_limit
+        if total > limit:
             self._probe_deleted([s for s, _ in candidates if not s.deleted])
         # Keys deleted remotely first, then least recently used.
         candidates.sort(key=lambda c: (not c[0].deleted, c[1].last_used))
         evicted: list[tuple[str, int]] = []
         for scan, version in candidates:
-            if not scan.deleted and total <= self._soft_limit:
+            if not scan.deleted and total <= limit:
                 break
             if self._evict(scan, version):
                 evicted.append((scan.key, version.version))

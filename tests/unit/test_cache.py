@@ -9,6 +9,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import stat
 import tarfile
 import threading
@@ -930,7 +931,7 @@ def test_get_runs_cleanup_at_most_every_interval(fake: FakeCluster, make: Any, c
     cache = make(retention_secs=600)
     passes: list[float] = []
     real = cache._cleanup_pass
-    monkeypatch.setattr(cache, "_cleanup_pass", lambda: passes.append(clock()) or real())
+    monkeypatch.setattr(cache, "_cleanup_pass", lambda *a: passes.append(clock()) or real(*a))
     for _ in range(3):
         cache.get("k")
         clock.advance(10)
@@ -941,7 +942,7 @@ def test_get_runs_cleanup_at_most_every_interval(fake: FakeCluster, make: Any, c
     # in the cache directory: none of its own until its own interval (5 s) has gone by.
     short = make(retention_secs=5)
     real_short = short._cleanup_pass
-    monkeypatch.setattr(short, "_cleanup_pass", lambda: passes.append(clock()) or real_short())
+    monkeypatch.setattr(short, "_cleanup_pass", lambda *a: passes.append(clock()) or real_short(*a))
     short.get("k")
     assert len(passes) == 2, "the node made a pass at this very time"
     clock.advance(5)
@@ -950,7 +951,7 @@ def test_get_runs_cleanup_at_most_every_interval(fake: FakeCluster, make: Any, c
     # A record from the future (the clock was set back) is not believed.
     later = make(retention_secs=600)
     real_later = later._cleanup_pass
-    monkeypatch.setattr(later, "_cleanup_pass", lambda: passes.append(clock()) or real_later())
+    monkeypatch.setattr(later, "_cleanup_pass", lambda *a: passes.append(clock()) or real_later(*a))
     os.utime(later._root / "cleanup.lock", (clock() + 3600, clock() + 3600))
     later.get("k")
     assert len(passes) == 4
@@ -965,7 +966,7 @@ def test_a_failed_cleanup_pass_leaves_the_next_process_to_clean(
     recorded = lock.stat().st_mtime
     clock.advance(30)
 
-    def broken() -> CleanupReport:
+    def broken(urgent: bool = False) -> CleanupReport:
         raise OSError("disk error")
 
     monkeypatch.setattr(first, "_cleanup_pass", broken)
@@ -975,7 +976,7 @@ def test_a_failed_cleanup_pass_leaves_the_next_process_to_clean(
     second = make(retention_secs=600)
     passes: list[float] = []
     real = second._cleanup_pass
-    monkeypatch.setattr(second, "_cleanup_pass", lambda: passes.append(clock()) or real())
+    monkeypatch.setattr(second, "_cleanup_pass", lambda *a: passes.append(clock()) or real(*a))
     second.get("k")
     assert passes == [clock()]
 
@@ -1401,3 +1402,59 @@ def test_a_member_name_too_long_for_the_file_system_is_a_clear_error(tmp_path: P
     with pytest.raises(InvalidArgument, match=r"cannot unpack 'long.tar' at member 'a+': its"
                        " name is too long"):
         unpack(archive, "long.tar", dest)
+
+
+class _FullDisk:
+    """``_write_atomic`` failing with ENOSPC while ``full``; the first removal of a cached
+    version (``_discard``) makes room."""
+
+    def __init__(self, cache: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+        import errno
+
+        self.full = True
+        self.refused = 0
+        write, discard = cache._write_atomic, cache._discard
+
+        def write_atomic(path: Path, data: bytes) -> None:
+            if self.full:
+                self.refused += 1
+                raise OSError(errno.ENOSPC, "No space left on device", str(path))
+            write(path, data)
+
+        def discard_and_free(path: Path) -> None:
+            discard(path)
+            if re.fullmatch(r"v\d+", path.name):  # a version's directory, with its bytes
+                self.full = False
+
+        monkeypatch.setattr(cache, "_write_atomic", write_atomic)
+        monkeypatch.setattr(cache, "_discard", discard_and_free)
+
+
+def test_a_full_disk_is_made_room_on_by_evicting_what_nobody_uses(
+    fake: FakeCluster, make: Any, clock: Clock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Before: every get failed with a raw ENOSPC (recording its reference), cache hits too,
+    # and cleanup() failed on its first staged marker, so nothing could ever free space.
+    fake.put("old", b"o" * 100)
+    fake.put("new", b"n" * 100)
+    cache = make(retention_secs=100, soft_limit_bytes=10**9)
+    cache.get("old", owner="job")
+    cache.release("job")
+    clock.advance(200)  # unused for longer than the retention, never staged
+    disk = _FullDisk(cache, monkeypatch)
+    blob = cache.get("new", owner="job")
+    assert blob.path.read_bytes() == b"n" * 100
+    assert disk.refused >= 1 and cache.version("old") is None
+
+
+def test_a_full_disk_with_nothing_to_remove_is_a_clear_error(
+    fake: FakeCluster, make: Any, clock: Clock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake.put("k", b"data")
+    cache = make(retention_secs=100)
+    cache.get("k", owner="job")  # referenced: never removed
+    _FullDisk(cache, monkeypatch)
+    with pytest.raises(ResourceExhausted, match=r"disk under .* is full .* free space there"):
+        cache.get("k", owner="other")
+    report = cache.cleanup()  # counters and staged markers no longer fail the pass
+    assert report.evicted == ()
