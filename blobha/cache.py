@@ -343,6 +343,14 @@ class _Held:
 
 _DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
 
+
+def _rmtree(path: Path) -> None:
+    """Remove a tree, read-only directories (unpacked archives) included."""
+    for sub, _dirs, _files in os.walk(path):
+        with contextlib.suppress(OSError):
+            os.chmod(sub, 0o755)
+    shutil.rmtree(path, ignore_errors=True)
+
 #: An unpack leaves this much of the cache's disk free (or 5% of it, if that is less): an
 #: archive that would expand past it (a zip or tar bomb) is refused while it unpacks, before
 #: every other writer on the node runs out of space.
@@ -676,7 +684,7 @@ class BlobCache:
         name = self._instance_spec().filename
         for kd in touched:
             _unlink(self._blobs / kd / "refs" / name)
-        shutil.rmtree(self._tmp, ignore_errors=True)
+        _rmtree(self._tmp)
         with self._lock:
             client, self._client = self._client, None
         if self._owns_client and client is not None:
@@ -1168,7 +1176,7 @@ class BlobCache:
             _fsync_dir(dest.parent)
         finally:
             if stage.exists():
-                shutil.rmtree(stage, ignore_errors=True)
+                _rmtree(stage)
         # The client checked the digest end to end: recorded so the node's other processes
         # need not hash it again (see _verified_on_node).
         self._record_verified(dest / "file" / name, dest, info.digest)
@@ -1251,12 +1259,20 @@ class BlobCache:
             stage = Path(tempfile.mkdtemp(prefix="x-", dir=self._scratch()))
             try:
                 size = unpack(version.file, key, stage, max_bytes=_room_to_unpack(stage))
-                stage.chmod(0o755)
+                # Read-only, like its files: the tree is shared by every job on the node, and
+                # only the archive's digest is checked on later uses.
+                for sub, dirs, _files in os.walk(stage):
+                    for d in dirs:
+                        path = os.path.join(sub, d)
+                        if not os.path.islink(path):
+                            os.chmod(path, 0o555)
                 os.rename(stage, target)
+                # After the rename, which moving a directory needs write permission on it for.
+                target.chmod(0o555)
                 _fsync_dir(version.dir)
             finally:
                 if stage.exists():
-                    shutil.rmtree(stage, ignore_errors=True)
+                    _rmtree(stage)
             self._write_atomic(version.dir / "unpacked.size", str(size).encode())
         return target
 
@@ -1300,7 +1316,7 @@ class BlobCache:
                 log.info("removing %s, left by a process that ended", self._tmp_root / name)
                 path = self._tmp_root / name
                 if path.is_dir() and not path.is_symlink():
-                    shutil.rmtree(path, ignore_errors=True)
+                    _rmtree(path)
                 else:
                     _unlink(path)
 
@@ -1323,7 +1339,7 @@ class BlobCache:
             os.rename(path, trash)
         except FileNotFoundError:
             return
-        shutil.rmtree(trash, ignore_errors=True)
+        _rmtree(trash)
 
     def _ensure_key_dir(self, key: str, kd: str) -> None:
         kdir = self._blobs / kd

@@ -1458,3 +1458,22 @@ def test_a_full_disk_with_nothing_to_remove_is_a_clear_error(
         cache.get("k", owner="other")
     report = cache.cleanup()  # counters and staged markers no longer fail the pass
     assert report.evicted == ()
+
+
+def test_an_unpacked_tree_is_read_only_and_still_evicted_whole(
+    fake: FakeCluster, make: Any, clock: Clock, cache_dir: Path
+) -> None:
+    # Before, its directories were 0755: one job could add or rename files in the tree every
+    # later job on the node was handed, and only the archive's digest is checked.
+    fake.put("lib.tgz", _tar(TREE, "w:gz"))
+    cache = make(soft_limit_bytes=0)
+    root = cache.get("lib.tgz", uncompress=True, owner="job").path
+    dirs = [root, *(p for p in root.rglob("*") if p.is_dir() and not p.is_symlink())]
+    assert len(dirs) == 3 and all(d.stat().st_mode & 0o222 == 0 for d in dirs)
+    cache.release("job")
+    clock.advance(1)
+    cache.cleanup()
+    clock.advance(1)
+    assert cache.cleanup().evicted == (("lib.tgz", 1),)
+    assert not root.exists() and scratch_files(cache_dir) == []
+    assert not any((cache_dir / "tmp").rglob("trash-*"))
