@@ -1036,7 +1036,12 @@ class BlobCache:
             raise
         except (Unavailable, DeadlineExceeded) as exc:
             if known is None:
-                raise
+                # A new process (a Spark worker started during the outage): the cluster's last
+                # answer to this user about this key on the node, however old, as a process
+                # that had asked itself would use its own.
+                known = self._read_check(kd)
+                if known is None:
+                    raise
             # This user was allowed to read this key and nothing newer was known; an
             # unreachable cluster must not stop jobs that run on cached blobs. Asked again
             # after the next interval. (Not recorded for the node: other processes ask for

@@ -607,7 +607,8 @@ def test_after_an_asker_that_got_no_answer_the_others_ask_in_parallel(
     fake: FakeCluster, make: Any, clock: Clock, lock_waits: list[str]
 ) -> None:
     # With the cluster unreachable each question takes the client's whole timeout: the
-    # processes that waited for the one that got no answer must not then take turns.
+    # processes that waited for the one that got no answer must not then take turns. (Each
+    # then serves the cached copy on the node's record of the cluster's last answer to alice.)
     fake.put("k", b"v1")
     make(update_interval_secs=30).get("k")
     clock.advance(31)
@@ -626,8 +627,7 @@ def test_after_an_asker_that_got_no_answer_the_others_ask_in_parallel(
     fake.meta_gates["c"].set()
     for t in threads.values():
         t.join(30)
-    assert sorted(errors) == ["a", "b", "c"]
-    assert all(isinstance(e, Unavailable) for e in errors.values())
+    assert errors == {}
     assert fake.meta_calls == 4
 
 
@@ -738,12 +738,15 @@ def test_an_unreachable_cluster_serves_what_this_user_was_allowed_to_read(
     fake.put("never-checked", b"other")
     cache = make(update_interval_secs=1)
     cache.get("k")
-    make().get("never-checked")
+    make("bob").get("never-checked")
     fake.meta_error = Unavailable("no master answered")
     clock.advance(5)
     assert cache.get("k").path.read_bytes() == b"data"
     with pytest.raises(Unavailable):
-        cache.get("never-checked")  # this instance never verified this user may read it
+        cache.get("never-checked")  # cached, but the cluster never said alice may read it
+    # A process started during the outage (a new Spark worker) has no answer of its own: the
+    # node's record of the cluster's last answer to alice serves. Before, it failed.
+    assert make(update_interval_secs=1).get("k").path.read_bytes() == b"data"
 
 
 # --------------------------------------------------------------------------------------------
