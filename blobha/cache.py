@@ -724,13 +724,15 @@ class BlobCache:
         self._check_open()
         try:
             return self._get(key, uncompress, spec)
-        except OSError as e:
-            if e.errno not in _DISK_FULL:
+        except (OSError, ResourceExhausted) as e:
+            if isinstance(e, OSError) and e.errno not in _DISK_FULL:
                 raise
             # Room first (what staged cleanup may remove), then once more: a full disk must
-            # not leave every job on the node failing, even on blobs already cached.
+            # not leave every job on the node failing, even on blobs already cached. (An
+            # archive refused for want of room says so as ResourceExhausted.)
             log.warning("the node cache's disk under %s is full (%s); cleaning up and trying"
-                        " %r again", self._root, e.strerror, key)
+                        " %r again", self._root, e.strerror if isinstance(e, OSError) else e,
+                        key)
             try:
                 self._cleanup(blocking=True, urgent=True)
             except Exception:
@@ -1271,6 +1273,9 @@ class BlobCache:
                         path = os.path.join(sub, d)
                         if not os.path.islink(path):
                             os.chmod(path, 0o555)
+                # Readable by all before it is visible (mkdtemp made it 0700): a crash before
+                # the chmod below leaves it usable.
+                stage.chmod(0o755)
                 os.rename(stage, target)
                 # After the rename, which moving a directory needs write permission on it for.
                 target.chmod(0o555)
@@ -1604,6 +1609,11 @@ class BlobCache:
                     _unlink(current.dir / "staged")
                     continue
                 now = self._clock()
+                if urgent and now - current.last_used >= self._retention:
+                    # The disk is full: what a staged marker would prove, no use for a whole
+                    # retention interval, the last use proves as well.
+                    candidates.append((scan, current))
+                    continue
                 if current.staged is None or current.last_used > current.staged:
                     # First pass to find it unreferenced (or used since it was staged).
                     try:
@@ -1611,11 +1621,7 @@ class BlobCache:
                     except OSError as e:
                         if e.errno not in _DISK_FULL:
                             raise
-                        # A full disk cannot take the marker: what the marker would prove, no
-                        # use for a whole retention interval, the last use proves as well.
-                        if now - current.last_used >= self._retention:
-                            candidates.append((scan, current))
-                        continue
+                        continue  # staged by a later pass, once there is room for the marker
                     staged.append((scan.key, current.version))
                 elif now - current.staged >= self._retention:
                     candidates.append((scan, current))
@@ -1686,7 +1692,9 @@ class BlobCache:
                 self._mark_deleted(scan.kd)
                 scan.deleted = True
             except NotAuthorized:
-                pass  # it exists; this user just may not read it
+                # It exists; this user may no longer read it, and the node's record of an
+                # earlier answer must not serve the user's next process in an outage.
+                _unlink(self._check_path(scan.kd))
             except (Unavailable, DeadlineExceeded):
                 return  # no answers now; plain LRU this time
             with self._lock:

@@ -575,7 +575,8 @@ class Master:
             log.warning(
                 "ZooKeeper granted a session timeout of %gs, not the %gs of"
                 " zookeeper.session.timeout.ms (its minSessionTimeout and maxSessionTimeout"
-                " bound it); leadership is given up after %gs without a connection",
+                " bound it); a leader cut off from ZooKeeper now steps down %gs after kazoo"
+                " reports the connection suspended",
                 granted, self.session_timeout, granted * 2 / 3)
 
     def _state_or_404(self, key: str) -> BlobState:

@@ -95,11 +95,14 @@ class _Extractor:
         self.members += 1
         self.current = raw
         if self.members > self.max_members:
-            raise InvalidArgument(
-                f"refusing to unpack {self.what!r}: it has more than {self.max_members:,}"
-                " members; nothing was unpacked"
-            )
+            raise self.too_many()
         return self.name(raw)
+
+    def too_many(self) -> InvalidArgument:
+        return InvalidArgument(
+            f"refusing to unpack {self.what!r}: it has more than {self.max_members:,} members;"
+            " nothing was unpacked"
+        )
 
     def _grow(self, n: int) -> None:
         self.size += n
@@ -232,7 +235,10 @@ class _Extractor:
 
 def _unpack_tar(archive: Path, ex: _Extractor) -> None:
     with tarfile.open(archive, "r:*") as tf:
-        for member in tf:
+        while (member := tf.next()) is not None:
+            # tarfile keeps every member read (about 450 bytes each): forgotten here, an archive
+            # of a million members costs no more memory than one of ten.
+            tf.members.clear()  # type: ignore[attr-defined]
             rel = ex.member(member.name)
             if member.isdir():
                 ex.directory(rel)
@@ -256,6 +262,8 @@ def _unpack_tar(archive: Path, ex: _Extractor) -> None:
 
 def _unpack_zip(archive: Path, ex: _Extractor) -> None:
     with zipfile.ZipFile(archive) as zf:
+        if len(zf.infolist()) > ex.max_members:
+            raise ex.too_many()  # before anything is written
         for info in zf.infolist():
             mode = info.external_attr >> 16
             kind = stat.S_IFMT(mode)

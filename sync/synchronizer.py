@@ -36,6 +36,7 @@ One failing key is logged and retried with backoff; the loop itself never stops.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import math
@@ -934,6 +935,7 @@ class Synchronizer:
         to_register = self._drop_deleted(to_register, failures)
         # Only now, with every byte durable and verified, do the replica nodes appear (ha-rule 7).
         failures.update(self._register_many(to_register))
+        self._undo_deleted(to_register, failures)
         for key, state, _ in to_fetch:
             # A key that had no version here has nothing to prune (a listing saved per key).
             if key not in failures and key not in fresh:
@@ -1273,6 +1275,26 @@ class Synchronizer:
             failures[key] = SyncDeferred(f"{key!r} was deleted while it was fetched; looking"
                                          " again")
         return [item for item in to_register if item[0] not in gone]
+
+    def _undo_deleted(self, registered: list[tuple[str, int]], failures: dict[str, Exception]
+                      ) -> None:
+        """Remove the replica nodes just created for keys deleted meanwhile. ZooKeeper sends a
+        session its events before the answers to its later requests, and _on_tree runs on the
+        connection thread: a deletion that came before the registrations is known by now, even
+        one whose event was still on the way when _drop_deleted looked."""
+        with self._view_lock:
+            late = [(key, seq) for key, seq in registered
+                    if key not in failures and key in self._deleted_in_batch]
+        for key, seq in late:
+            try:
+                with contextlib.suppress(NoNodeError):
+                    self.zk.delete(replica_path(key, self.identity, seq))
+            except Exception as e:
+                failures[key] = e  # retried; the next reconcile judges the copy again
+                continue
+            self._unregistered(key)
+            failures[key] = SyncDeferred(f"{key!r} was deleted while it was registered; looking"
+                                         " again")
 
     def _stale_fetch(self, key: str) -> SyncDeferred:
         # What was fetched may be of the key's earlier incarnation (deleted and created again

@@ -275,7 +275,7 @@ def test_a_session_timeout_zookeeper_bounds_is_reported_and_used(tmp_path: Path)
         master = cluster.masters[0]
         wait_until(lambda: "granted a session timeout of 60s" in master.log_path.read_text(
             errors="replace"), 30, "the master to report the granted session timeout")
-        assert "leadership is given up after 40s without a connection" in (
+        assert "now steps down 40s after kazoo reports the connection suspended" in (
             master.log_path.read_text(errors="replace"))
     finally:
         cluster.stop()

@@ -1480,3 +1480,57 @@ def test_an_unpacked_tree_is_read_only_and_still_evicted_whole(
     assert cache.cleanup().evicted == (("lib.tgz", 1),)
     assert not root.exists() and scratch_files(cache_dir) == []
     assert not any((cache_dir / "tmp").rglob("trash-*"))
+
+
+def test_an_archive_refused_for_want_of_room_gets_room_made_first(
+    fake: FakeCluster, make: Any, clock: Clock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The disk is nearly full of blobs nobody used for longer than the retention, under the
+    # soft limit: the unpack that has no room makes some, instead of failing every time.
+    import blobha.cache as cache_mod
+
+    fake.put("old", b"o" * 100)
+    fake.put("lib.tgz", _tar(TREE, "w:gz"))
+    cache = make(retention_secs=100, soft_limit_bytes=10**9)
+    cache.get("old", owner="job")
+    cache.release("job")
+    clock.advance(200)
+    room = [0]
+    monkeypatch.setattr(cache_mod, "_room_to_unpack", lambda path: room[0])
+    discard = cache._discard
+
+    def discard_and_free(path: Path) -> None:
+        discard(path)
+        room[0] = 10**6
+
+    monkeypatch.setattr(cache, "_discard", discard_and_free)
+    assert _read_tree(cache.get("lib.tgz", uncompress=True).path) == TREE
+    assert cache.version("old") is None
+
+
+def test_probing_a_key_this_user_may_no_longer_read_drops_the_nodes_record(
+    fake: FakeCluster, make: Any, clock: Clock, cache_dir: Path
+) -> None:
+    fake.put("k", b"data", readers={"alice"})
+    cache = make(retention_secs=0, soft_limit_bytes=0, update_interval_secs=1)
+    cache.get("k")
+    fake.blobs["k"].readers = set()
+    clock.advance(5)
+    cache._probe_deleted([cache._scan_key(key_dirname("k"), "k")])
+    # An outage now must not let a new process of alice's read it on the old record.
+    fake.meta_error = Unavailable("no master answered")
+    with pytest.raises(Unavailable):
+        make(update_interval_secs=1).get("k")
+
+
+def test_a_zip_with_too_many_members_is_refused_before_anything_is_written(
+        tmp_path: Path) -> None:
+    from blobha.unpack import unpack
+
+    archive = tmp_path / "many.zip"
+    archive.write_bytes(_zip({f"f{i}": b"x" for i in range(11)}))
+    dest = tmp_path / "out"
+    dest.mkdir()
+    with pytest.raises(InvalidArgument, match="more than 10 members"):
+        unpack(archive, "many.zip", dest, max_members=10)
+    assert list(dest.iterdir()) == []

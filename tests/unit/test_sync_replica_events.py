@@ -814,3 +814,24 @@ def test_a_copy_fetched_across_a_delete_is_not_registered() -> None:
     assert isinstance(failures["k"], SyncDeferred) and "j" not in failures
     assert s.queue.get_batch(10) == ["k"]  # the deletion's event sends it round again
     assert not s._deleted_in_batch  # nothing kept past the batch
+
+
+def test_a_deletion_seen_only_once_the_copy_was_registered_takes_the_registration_back() -> None:
+    # The delete and the re-create reached ZooKeeper before the registration did, but their
+    # events arrived after _drop_deleted looked: the node just created is removed again.
+    s, zk = synchroniser(recursive=True)
+    old = BlobState(seq=1, size=4, digest=digest_bytes(b"OLD!"), acl=(), replication_factor=3,
+                    creator="alice", created_at=1.0, updated_at=1.0, epoch=1, acked=True)
+    s._read_many = lambda keys, armed: {"k": (old, (A,)), "j": (old, (A,))}  # type: ignore[method-assign,assignment,return-value]
+    s._decide = lambda key, state, holders, read_mark: (state, list(holders))  # type: ignore[method-assign,assignment,misc]
+    s._fetch_all = lambda to_fetch, failures, read_mark: ([], [("k", 1), ("j", 1)], set())  # type: ignore[method-assign,assignment,return-value]
+
+    def register_many(items: list[tuple[str, int]]) -> dict[str, Exception]:
+        s._on_tree(tree_event(EventType.DELETED, "/blobstore/k"))  # before the answers
+        return {}
+
+    s._register_many = register_many  # type: ignore[method-assign]
+    s._prune = lambda key, seq: None  # type: ignore[method-assign]
+    failures = s._reconcile(["k", "j"], set(), {})
+    assert zk.deleted == [f"/blobstore/k/{ME}-1"]
+    assert isinstance(failures["k"], SyncDeferred) and "j" not in failures
