@@ -6,6 +6,7 @@ dropped after the master answered would, stands for the lost answer."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import threading
@@ -86,15 +87,23 @@ def test_an_update_retried_after_someone_elses_is_not_written_again(
         assert c.read(unique_key, version=2) == b"alice's"
 
 
-def test_a_writer_who_may_not_read_writes_once(cluster: LocalCluster, unique_key: str) -> None:
+@contextlib.contextmanager
+def writer_who_may_not_read(cluster: LocalCluster, key: str
+                            ) -> Iterator[tuple[Client, Client, LosesAnswers]]:
+    """Alice, who created ``key`` granting bob WRITE only, and bob, through a lossy transport."""
     with client_for(cluster, "alice") as alice:
-        alice.create(unique_key, b"v1", acl="u:bob:w")
+        alice.create(key, b"v1", acl="u:bob:w")
         transport = LosesAnswers("bob")
         with client_for(cluster, "bob", transport=transport) as bob:
-            transport.lose["Put"] = None
-            assert bob.update(unique_key, b"bob's").version == 2
-            transport.lose["Put"] = None
-            assert bob.update(unique_key, b"bob's", expected_version=2).version == 3
+            yield alice, bob, transport
+
+
+def test_a_writer_who_may_not_read_writes_once(cluster: LocalCluster, unique_key: str) -> None:
+    with writer_who_may_not_read(cluster, unique_key) as (alice, bob, transport):
+        transport.lose["Put"] = None
+        assert bob.update(unique_key, b"bob's").version == 2
+        transport.lose["Put"] = None
+        assert bob.update(unique_key, b"bob's", expected_version=2).version == 3
         # Before: each lost answer made one more version (the writer cannot read the metadata
         # to see its write there), or a VersionConflict for its own write.
         assert versions(alice, unique_key) == (3, b"bob's")
@@ -104,13 +113,10 @@ def test_a_writer_who_may_not_read_writes_once(cluster: LocalCluster, unique_key
 def test_a_streamed_upload_whose_commit_answer_was_lost(
         cluster: LocalCluster, unique_key: str, source: str) -> None:
     data = os.urandom(PUT_MAX_BYTES + 4096)  # past Put: BeginUpload, AppendUpload, CommitUpload
-    with client_for(cluster, "alice") as alice:
-        alice.create(unique_key, b"v1", acl="u:bob:w")
-        transport = LosesAnswers("bob")
-        with client_for(cluster, "bob", transport=transport) as bob:
-            transport.lose["CommitUpload"] = None
-            upload: Any = data if source == "file" else _Unseekable(data)
-            meta = bob.update(unique_key, upload)
+    with writer_who_may_not_read(cluster, unique_key) as (alice, bob, transport):
+        transport.lose["CommitUpload"] = None
+        upload: Any = data if source == "file" else _Unseekable(data)
+        meta = bob.update(unique_key, upload)
         assert meta.version == 2 and meta.size == len(data)
         # Bob may not read the metadata to look for his write: the retry's BeginUpload was
         # answered with the committed version, so nothing was sent twice, and a stream, which
@@ -165,12 +171,9 @@ def test_a_key_created_again_between_the_read_and_the_delete_is_deleted(
 
 
 def test_a_writer_who_may_not_read_can_delete(cluster: LocalCluster, unique_key: str) -> None:
-    with client_for(cluster, "alice") as alice:
-        alice.create(unique_key, b"v1", acl="u:bob:w")
-        transport = LosesAnswers("bob")
-        with client_for(cluster, "bob", transport=transport) as bob:
-            transport.lose["Delete"] = None
-            bob.delete(unique_key)  # unconditional: bob cannot read the key's creation time
+    with writer_who_may_not_read(cluster, unique_key) as (alice, bob, transport):
+        transport.lose["Delete"] = None
+        bob.delete(unique_key)  # unconditional: bob cannot read the key's creation time
         with pytest.raises(KeyNotFound):
             alice.get_meta(unique_key)
 
