@@ -14,6 +14,7 @@ import os
 import posixpath
 import re
 import stat
+import struct
 import tarfile
 import time
 import zipfile
@@ -25,12 +26,20 @@ from blobha.cache import ARCHIVE_SUFFIXES
 from blobha.digest import CHUNK_SIZE
 from blobha.errors import BlobError, InternalError, InvalidArgument, ResourceExhausted
 
-__all__ = ["MAX_MEMBERS", "unpack"]
+__all__ = ["MAX_MEMBERS", "MAX_ZIP_DIRECTORY", "unpack"]
 
 #: Members one archive may hold: each costs an inode, and inodes run out before bytes do.
 MAX_MEMBERS = 1_000_000
 #: Longest symbolic-link target kept (a zip stores it as the member's data).
 _MAX_LINK_TARGET = 4096
+#: Largest zip central directory read. zipfile reads it whole and makes an object of about
+#: 600 bytes of every entry, whatever the count the archive claims, and an entry takes at
+#: least 46 bytes: this bounds that memory to under 1 GiB, and still holds a million entries
+#: with names of 20 characters.
+MAX_ZIP_DIRECTORY = 64 * 1024 * 1024
+_EOCD = struct.Struct("<4s4H2LH")  # end of central directory record
+_EOCD64_LOCATOR = struct.Struct("<4sLQL")
+_EOCD64 = struct.Struct("<4sQ2H2L4Q")
 
 _DRIVE = re.compile(r"^[A-Za-z]:")
 _TAR_ERRORS: tuple[type[BaseException], ...] = (
@@ -260,7 +269,47 @@ def _unpack_tar(archive: Path, ex: _Extractor) -> None:
                 )
 
 
+def _zip_directory(archive: Path) -> tuple[int, int] | None:
+    """(entries, bytes) of the zip's central directory, as its end records give them; None
+    when they cannot be found (zipfile then says what is wrong)."""
+    with open(archive, "rb") as f:
+        end = f.seek(0, os.SEEK_END)
+        start = max(0, end - _EOCD.size - 0xFFFF)  # the record ends with a comment of < 64 KiB
+        f.seek(start)
+        tail = f.read(end - start)
+        at = tail.rfind(b"PK\x05\x06")
+        if at < 0 or at + _EOCD.size > len(tail):
+            return None
+        _, _, _, _, entries, size, _, _ = _EOCD.unpack_from(tail, at)
+        if entries != 0xFFFF and size != 0xFFFFFFFF:
+            return entries, size
+        # Zip64: the locator just before the record points at the 64-bit record.
+        if at < _EOCD64_LOCATOR.size:
+            return None
+        sig, _, offset, _ = _EOCD64_LOCATOR.unpack_from(tail, at - _EOCD64_LOCATOR.size)
+        if sig != b"PK\x06\x07" or offset + _EOCD64.size > end:
+            return None
+        f.seek(offset)
+        record = f.read(_EOCD64.size)
+        if len(record) < _EOCD64.size or record[:4] != b"PK\x06\x06":
+            return None
+        fields = _EOCD64.unpack(record)
+        return fields[7], fields[8]
+
+
 def _unpack_zip(archive: Path, ex: _Extractor) -> None:
+    # zipfile reads the whole central directory into memory on opening: its size is checked
+    # first, so a directory of millions of entries cannot exhaust an executor's memory.
+    directory = _zip_directory(archive)
+    if directory is not None:
+        entries, size = directory
+        if entries > ex.max_members:
+            raise ex.too_many()
+        if size > MAX_ZIP_DIRECTORY:
+            raise InvalidArgument(
+                f"refusing to unpack {ex.what!r}: its central directory takes {size:,} bytes,"
+                f" more than the {MAX_ZIP_DIRECTORY:,} read; nothing was unpacked"
+            )
     with zipfile.ZipFile(archive) as zf:
         if len(zf.infolist()) > ex.max_members:
             raise ex.too_many()  # before anything is written

@@ -1387,6 +1387,54 @@ def test_an_archive_with_too_many_members_is_refused(tmp_path: Path, name: str,
         assert list(dest.iterdir()) == []  # a zip's count is known before anything is written
 
 
+def _no_zipfile(*args: object, **kw: object) -> None:
+    raise AssertionError("zipfile read the central directory")
+
+
+@pytest.mark.parametrize("members, limit, match", [(10, 10**9, "more than 10 members"),
+                                                   (100, 200, "central directory takes")])
+def test_a_zips_directory_is_judged_before_zipfile_reads_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, members: int, limit: int, match: str
+) -> None:
+    # zipfile reads the whole directory into memory (about 600 bytes per entry) on opening:
+    # a zip of millions of tiny entries would exhaust an executor before any count.
+    import blobha.unpack as unpack_mod
+
+    archive = tmp_path / "many.zip"
+    archive.write_bytes(_zip({f"f{i}": b"" for i in range(11)}))
+    monkeypatch.setattr(unpack_mod, "MAX_ZIP_DIRECTORY", limit)
+    monkeypatch.setattr(unpack_mod.zipfile, "ZipFile", _no_zipfile)
+    dest = tmp_path / "out"
+    dest.mkdir()
+    with pytest.raises(InvalidArgument, match=match):
+        unpack_mod.unpack(archive, "many.zip", dest, max_members=members)
+    assert list(dest.iterdir()) == []
+
+
+def test_the_directory_of_a_zip64_archive_is_read_from_its_64_bit_record(
+        tmp_path: Path) -> None:
+    import zipfile
+
+    from blobha.unpack import _zip_directory
+
+    archive = tmp_path / "big.zip"
+    count = 0x10000 + 5  # past the 16-bit count: zipfile writes the zip64 records
+    with zipfile.ZipFile(archive, "w") as zf:
+        for i in range(count):
+            zf.writestr(f"{i}", b"")
+    with zipfile.ZipFile(archive) as zf:
+        start = zf.start_dir
+    eocd64 = archive.read_bytes().rfind(b"PK\x06\x06")
+    assert eocd64 > 0  # a zip64 archive indeed
+    assert _zip_directory(archive) == (count, eocd64 - start)
+    small = tmp_path / "small.zip"
+    small.write_bytes(_zip({"a": b"1", "b": b"2"}))
+    directory = _zip_directory(small)
+    assert directory is not None and directory[0] == 2
+    (tmp_path / "junk.zip").write_bytes(b"not a zip")
+    assert _zip_directory(tmp_path / "junk.zip") is None
+
+
 def test_a_zip_link_with_a_huge_target_is_refused_before_it_is_read(tmp_path: Path) -> None:
     from blobha.unpack import unpack
 
