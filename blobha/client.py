@@ -55,6 +55,7 @@ from blobha.errors import (
     VersionConflict,
 )
 from blobha.keys import validate_key
+from blobha.stallwatch import StallWatch
 from blobha.status import (
     MasterSummary,
     ReplicationStatus,
@@ -464,96 +465,6 @@ def _error_from_rpc(address: str, exc: grpc.RpcError) -> BlobError:
     return error
 
 
-class _Watched:
-    """One stream under a :class:`_StallWatch`."""
-
-    __slots__ = ("call", "fired", "held", "last", "limit")
-
-    def __init__(self, call: Any, limit: float) -> None:
-        self.call = call
-        self.limit = limit
-        self.last = time.monotonic()
-        #: True while the consumer works on a message: the master is not being waited for.
-        self.held = False
-        self.fired = False
-
-    def hold(self) -> None:
-        self.held = True
-
-    def wait_again(self) -> None:
-        self.last = time.monotonic()  # before clearing held: the watch never sees a stale time
-        self.held = False
-
-    def due(self, now: float) -> float:
-        """When this stream counts as stalled (held: not before a full limit from now)."""
-        return now + self.limit if self.held else self.last + self.limit
-
-
-class _StallWatch:
-    """Cancels streams that receive nothing for too long: a paused or cut-off master accepts
-    a call and then never answers, and only the call's whole deadline would end it. One thread
-    serves every stream of a transport (a thread per stream would cost more than a small read
-    does); it sleeps until the earliest stall deadline and is started on first use."""
-
-    def __init__(self) -> None:
-        self._cond = threading.Condition()
-        self._watched: set[_Watched] = set()
-        self._thread: threading.Thread | None = None
-        #: When the thread will look next (None: not before it is woken).
-        self._wake_at: float | None = None
-        self._closed = False
-
-    def watch(self, call: Any, limit: float) -> _Watched:
-        w = _Watched(call, limit)
-        with self._cond:
-            self._watched.add(w)
-            if self._thread is None and not self._closed:
-                self._thread = threading.Thread(target=self._run, name="blobha-stall-watch",
-                                                daemon=True)
-                self._thread.start()
-            if self._wake_at is None or w.last + limit < self._wake_at:
-                # Woken only when it would look too late: a small read must not cost the
-                # thread a turn.
-                self._cond.notify()
-        return w
-
-    def unwatch(self, w: _Watched) -> None:
-        with self._cond:
-            self._watched.discard(w)
-
-    def close(self) -> None:
-        with self._cond:
-            self._closed = True
-            self._cond.notify()
-
-    def _run(self) -> None:
-        while True:
-            with self._cond:
-                if self._closed:
-                    return
-                now = time.monotonic()
-                due = [w for w in self._watched if w.due(now) <= now]
-                if not due:
-                    # Waiting again only moves a deadline later, and a held stream is looked
-                    # at once per limit, so waking at the earliest deadline as it stands never
-                    # misses a stall.
-                    wake = min((w.due(now) for w in self._watched), default=None)
-                    self._wake_at = wake
-                    self._cond.wait(None if wake is None else wake - now)
-                    self._wake_at = None
-                    continue
-                for w in due:
-                    self._watched.discard(w)
-                    w.fired = True
-            for w in due:
-                # Outside the lock: gRPC may run callbacks inline. A failure must not end the
-                # thread, which watches every other stream too.
-                try:
-                    w.call.cancel()
-                except Exception:
-                    log.debug("cancelling a stalled stream failed", exc_info=True)
-
-
 class GrpcTransport:
     """The gRPC transport: one cached channel per address, over TLS when ``credentials`` name
     a CA or a client certificate, with the token (if any) on every call.
@@ -569,7 +480,7 @@ class GrpcTransport:
         self._lock = threading.Lock()
         self._channels: dict[str, grpc.Channel] = {}
         self._stubs: dict[str, Any] = {}
-        self._stalls = _StallWatch()
+        self._stalls = StallWatch()
         self._closed = False
 
     def _stub(self, address: str) -> Any:

@@ -256,6 +256,7 @@ class Master:
             # timeout, one tick late at worst; at once if it was this data directory's.
             claim_secs=2 * self.session_timeout + 2,
             record=SessionRecord(config.data_dir, self._end_session),
+            on_leave=self._master_left,
         )
         self.sync = Synchronizer(
             self.zk, self.store, self.identity, self.peers, self.membership,
@@ -522,6 +523,13 @@ class Master:
 
     def _membership_changed(self) -> None:
         self.sync.membership_changed()
+
+    def _master_left(self, address: str) -> None:
+        # Its session ended, and its replica nodes with it. A master paused or cut off would
+        # keep this one's fetches from it waiting for their stall limit; their keys are
+        # fetched from the remaining holders, or judged without it (rolled back by a leader).
+        self.peers.abandon(address, f"master {address} left the cluster (its ZooKeeper session"
+                                    " ended); fetching from another replica")
 
     # ---- authorisation -------------------------------------------------------------------
 
@@ -1526,7 +1534,7 @@ class Master:
         if local is not None:
             return local
         temp = self.store.new_temp("rollback")
-        for address in sorted(self.membership.live() - {self.identity}):
+        for address in self.peers.rank(self.membership.live() - {self.identity}):
             try:
                 self.peers.fetch(address, key, past.seq, past.digest, temp, 60.0)
                 return self.store.install(key, past.seq, temp, past.size, past.digest)

@@ -6,7 +6,9 @@ values, so the sync logic never sees protobuf or channels.
 
 from __future__ import annotations
 
+import random
 import threading
+import time
 from collections.abc import Iterable, Sequence
 
 import grpc
@@ -16,13 +18,14 @@ from blobha.addresses import host_of
 from blobha.auth import MASTER_SECRET_METADATA_KEY, USER_METADATA_KEY
 from blobha.credentials import Credentials
 from blobha.dataplane import DataChannels, DataOffer
-from blobha.errors import BlobError, ChecksumMismatch, from_status
+from blobha.errors import BlobError, ChecksumMismatch, Unavailable, from_status
+from blobha.stallwatch import StallWatch, Watched
 from blobha.status import MasterSummary, master_from_pb
 from blobha.store import BlobBuffer, TempBlob
 from blobha.v1 import blobha_pb2 as pb
 from blobha.v1 import blobha_pb2_grpc as pb_grpc
 
-__all__ = ["CHANNEL_OPTIONS", "MAX_MESSAGE", "USER_METADATA_KEY", "Peers"]
+__all__ = ["CHANNEL_OPTIONS", "MAX_MESSAGE", "STALL_SECS", "USER_METADATA_KEY", "Peers"]
 
 MAX_MESSAGE = 8 * 1024 * 1024
 CHANNEL_OPTIONS = [
@@ -32,6 +35,12 @@ CHANNEL_OPTIONS = [
     ("grpc.keepalive_time_ms", 10000),
     ("grpc.keepalive_timeout_ms", 5000),
 ]
+#: How long a fetch may receive nothing before its peer counts as stalled and the fetch goes
+#: on from another replica. A paused master keeps its connections open and answers nothing;
+#: keepalive pings end such a call only when the peer's kernel stops acknowledging too.
+STALL_SECS = 10.0
+#: How long a peer that stalled or left is tried after the others.
+_SUSPECT_SECS = 60.0
 
 
 class Peers:
@@ -40,7 +49,8 @@ class Peers:
     verified against tls.ca and this master's own certificate is presented as client
     certificate. Renewed certificate files are picked up by re-opening the channels."""
 
-    def __init__(self, principal: str, credentials: Credentials | None = None) -> None:
+    def __init__(self, principal: str, credentials: Credentials | None = None,
+                 stall_secs: float = STALL_SECS) -> None:
         self._principal = principal
         self._metadata: tuple[tuple[str, str], ...] = ((USER_METADATA_KEY, principal),)
         self._credentials = credentials or Credentials()
@@ -49,6 +59,10 @@ class Peers:
         self._channels: dict[str, grpc.Channel] = {}
         self._guard = threading.Lock()
         self._data_channels = DataChannels()
+        self._stall = stall_secs
+        self._stalls = StallWatch()
+        #: Peers that stalled or left, and when: tried last for a while (see :meth:`rank`).
+        self._suspects: dict[str, float] = {}
 
     def set_cluster_secret(self, secret: str) -> None:
         self._metadata = ((USER_METADATA_KEY, self._principal),
@@ -71,6 +85,7 @@ class Peers:
             return stub
 
     def close(self) -> None:
+        self._stalls.close()
         with self._guard:
             for c in self._channels.values():
                 c.close()
@@ -93,13 +108,13 @@ class Peers:
                                      data_channel=data_channel)
         offer: DataOffer | None = None
         size = 0
+        # Chunks decoded by hand (blobha.chunkwire): their data are views, not copies.
+        call = self._stub(address).Download(request, timeout=timeout, metadata=self._metadata)
+        watch = self._stalls.watch(call, self._stall, address)
         try:
-            # Chunks decoded by hand (blobha.chunkwire): their data are views, not copies.
-            stream: Iterable[chunkwire.Chunk] = self._stub(address).Download(
-                request, timeout=timeout, metadata=self._metadata
-            )
             first = True
-            for chunk in stream:
+            for chunk in call:
+                watch.hold()  # writing to a slow disk is not the peer stalling
                 if first:
                     first = False
                     offered = chunk.info.digest if chunk.info is not None else "none"
@@ -113,10 +128,16 @@ class Peers:
                     offer = DataOffer(chunk.data_port, chunk.ticket)
                 if chunk.data:
                     dest.write_at(dest.size, chunk.data)
+                watch.wait_again()
         except grpc.RpcError as e:
-            raise _error(e) from None
+            raise self._failure(address, watch, e) from None
+        finally:
+            self._stalls.unwatch(watch)
+            call.cancel()  # a no-op once it has ended
+        # The data channel's receive waits at most this long for each piece (its own stall).
+        limit = min(timeout, self._stall)
         if offer is not None and not self._data_channels.take(
-                address, host_of(address), offer, size - dest.size, timeout,
+                address, host_of(address), offer, size - dest.size, limit,
                 lambda data: dest.write_at(dest.size, data)):
             self.fetch(address, key, seq, digest, dest, timeout, stream_only=True)
 
@@ -129,16 +150,49 @@ class Peers:
         request = pb.FetchVersionsRequest(
             versions=[pb.VersionRef(key=key, version=seq) for key, seq in refs])
         out: list[tuple[str, int, str, bytes]] = []
+        call = self._stub(address).FetchVersions(request, timeout=timeout,
+                                                 metadata=self._metadata)
+        watch = self._stalls.watch(call, self._stall, address)
         try:
-            replies: Iterable[pb.FetchedVersions] = self._stub(address).FetchVersions(
-                request, timeout=timeout, metadata=self._metadata
-            )
-            for reply in replies:
+            for reply in call:
                 out.extend((v.key, v.version, v.digest, v.data)
                            for v in reply.versions if not v.missing)
+                watch.wait_again()
         except grpc.RpcError as e:
-            raise _error(e) from None
+            raise self._failure(address, watch, e) from None
+        finally:
+            self._stalls.unwatch(watch)
+            call.cancel()
         return out
+
+    def abandon(self, address: str, reason: str) -> None:
+        """End the fetches from ``address`` now (it left the cluster: whatever it holds is no
+        longer counted, and a paused master would keep them waiting for the stall limit)."""
+        with self._guard:
+            self._suspects[address] = time.monotonic()
+        self._stalls.cancel(address, reason)
+
+    def rank(self, addresses: Iterable[str]) -> list[str]:
+        """``addresses`` shuffled, with those that stalled or left lately last: a fetch that
+        gave up on a silent peer must not pick it again first."""
+        now = time.monotonic()
+        with self._guard:
+            for address, since in list(self._suspects.items()):
+                if now - since >= _SUSPECT_SECS:
+                    del self._suspects[address]
+            suspect = set(self._suspects)
+        out = list(addresses)
+        random.shuffle(out)
+        out.sort(key=lambda a: a in suspect)  # stable: each group stays shuffled
+        return out
+
+    def _failure(self, address: str, watch: Watched, e: grpc.RpcError) -> BlobError:
+        if not watch.fired:
+            return _error(e)
+        with self._guard:
+            self._suspects[address] = time.monotonic()
+        return Unavailable(watch.reason or f"{address} sent nothing for {self._stall:g} s"
+                           " (paused, overloaded or cut off); fetching from another replica")
 
     def status(self, address: str, timeout: float) -> MasterSummary:
         try:

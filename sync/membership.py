@@ -138,7 +138,7 @@ class Membership:
     def __init__(
         self, zk: KazooClient, identity: str, grace_secs: float, on_change: Callable[[], None],
         info: dict[str, object], claim_secs: float = 0.0,
-        record: SessionRecord | None = None,
+        record: SessionRecord | None = None, on_leave: Callable[[str], None] | None = None,
     ) -> None:
         self.zk = zk
         #: Where this process records its sessions, and finds its predecessor's.
@@ -146,6 +146,8 @@ class Membership:
         self.identity = identity
         self.grace_secs = grace_secs
         self._on_change = on_change
+        #: Called with each master seen leaving (before on_change), outside the lock.
+        self._on_leave = on_leave
         self._info = info
         #: How long a first registration waits for a node of our name held by a session not
         #: of this process to go away (see register).
@@ -230,13 +232,17 @@ class Membership:
         now = time.monotonic()
         with self._lock:
             changed = children != self._live
-            for gone in self._live - children:
+            left = self._live - children
+            for gone in left:
                 self._gone[gone] = now
                 self._departed.add(gone)
                 log.warning("master %s left the cluster", gone)
             for back in children - self._live:
                 self._gone.pop(back, None)
             self._live = children
+        if self._on_leave is not None:
+            for gone in sorted(left):
+                self._on_leave(gone)
         if changed:
             self._on_change()
 

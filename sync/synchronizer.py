@@ -1191,7 +1191,7 @@ class Synchronizer:
             # A key with a local version goes alone: _fetch may find the bytes locally.
             if state.size <= SMALL_BLOB and sources and not self.store.versions(key):
                 fresh.add(key)
-                groups.setdefault(random.choice(sources), []).append(item)
+                groups.setdefault(self.peers.rank(sources)[0], []).append(item)
             else:
                 singles.append(item)
         batches = [
@@ -1314,10 +1314,9 @@ class Synchronizer:
                     raise self._stale_fetch(key)
                 self.store.install_copy(key, state.seq, copy)
             return None
-        sources = [h for h in holders if h != self.identity]
+        sources = self.peers.rank(h for h in holders if h != self.identity)
         if not sources:
             raise SyncDeferred(f"no live replica holds v{state.seq} yet")
-        random.shuffle(sources)
         self.store.reserve(state.size)
         small = state.size <= SMALL_BLOB
         dest: TempBlob | BlobBuffer = BlobBuffer() if small else self.store.new_temp("sync")

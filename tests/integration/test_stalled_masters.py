@@ -1,7 +1,7 @@
 """Masters that stop answering: a paused (or cut-off) master keeps its connections open, its
 place in the replica list and, until its ZooKeeper session expires, its leadership, so only the
-client can notice that it has gone quiet. Reads move to another replica, writes to the next
-leader."""
+caller can notice that it has gone quiet. Reads move to another replica, writes to the next
+leader, and masters' own fetches from each other (sync) to another holder."""
 
 from __future__ import annotations
 
@@ -14,10 +14,14 @@ from collections.abc import MutableSequence, Sequence
 from typing import Any
 
 import pytest
-from conftest import client_for, followers
+from conftest import client_for, followers, master_metadata, wait_until
 
+from blobha.auth import MASTER_SECRET_METADATA_KEY
 from blobha.client import PUT_MAX_BYTES
+from blobha.errors import Unavailable
 from blobha.localcluster import LocalCluster
+from blobha.peers import Peers
+from blobha.store import BlobBuffer
 
 pytestmark = pytest.mark.integration
 
@@ -131,3 +135,83 @@ def test_a_replication_wait_moves_on_from_a_paused_master(fresh_cluster: LocalCl
             paused.signal(signal.SIGCONT)
     assert result.reached
     assert elapsed < 30, f"the wait took {elapsed:.1f} s"
+
+
+def _master_peers(cluster: LocalCluster, stall_secs: float) -> Peers:
+    """The channels one master uses to fetch from the others, with the cluster's secret."""
+    peers = Peers("blobha-master", stall_secs=stall_secs)
+    peers.set_cluster_secret(dict(master_metadata(cluster))[MASTER_SECRET_METADATA_KEY])
+    return peers
+
+
+@pytest.mark.parametrize("size", [64 * 1024, 3 * MiB], ids=["batch", "download"])
+def test_a_sync_fetch_from_a_paused_master_gives_up_after_the_stall_limit(
+        fresh_cluster: LocalCluster, size: int) -> None:
+    # A follower catching up fetches from a holder chosen at random. Before, a fetch from a
+    # paused holder waited for the call's whole deadline (60 s and more) or for the peer to
+    # wake; the whole sync batch waited with it, and a new leader's writes for their quorum.
+    data = os.urandom(size)
+    with client_for(fresh_cluster, timeout=60.0) as c:
+        meta = c.create("held", data, replication_factor=3)
+        assert c.wait_for_replication(["held"], 3, timeout=30).reached
+    paused = followers(fresh_cluster)[0]
+    peers = _master_peers(fresh_cluster, stall_secs=1.0)
+    try:
+        buf = BlobBuffer()
+        peers.fetch(paused.address, "held", meta.version, meta.digest, buf, 60.0)
+        assert buf.value() == data  # it serves while awake
+        paused.signal(signal.SIGSTOP)
+        try:
+            started = time.monotonic()
+            with pytest.raises(Unavailable, match="sent nothing for 1 s"):
+                if size <= 64 * 1024:
+                    peers.fetch_many(paused.address, [("held", meta.version)], 60.0)
+                else:
+                    peers.fetch(paused.address, "held", meta.version, meta.digest,
+                                BlobBuffer(), 60.0)
+            elapsed = time.monotonic() - started
+        finally:
+            paused.signal(signal.SIGCONT)
+        # The master that stalled is tried after the others for a while.
+        others = [m.address for m in fresh_cluster.masters if m is not paused]
+        assert peers.rank([paused.address, *others])[-1] == paused.address
+    finally:
+        peers.close()
+    # The limit, plus the data channel's connect limit (3 s) when the offer came first.
+    assert elapsed < 8, f"the fetch took {elapsed:.1f} s"
+
+
+def test_fetches_from_a_master_that_left_end_at_once(fresh_cluster: LocalCluster) -> None:
+    # When a paused master's session ends, the masters drop their fetches from it at once
+    # (Master._master_left), rather than after the stall limit: its copies no longer count.
+    data = os.urandom(3 * MiB)
+    with client_for(fresh_cluster, timeout=60.0) as c:
+        meta = c.create("left", data, replication_factor=3)
+        assert c.wait_for_replication(["left"], 3, timeout=30).reached
+    paused = followers(fresh_cluster)[0]
+    peers = _master_peers(fresh_cluster, stall_secs=120.0)
+    outcome: list[BaseException | None] = []
+
+    def fetch() -> None:
+        try:
+            peers.fetch(paused.address, "left", meta.version, meta.digest, BlobBuffer(), 120.0,
+                        stream_only=True)
+            outcome.append(None)
+        except BaseException as e:  # reported to the test's thread
+            outcome.append(e)
+
+    paused.signal(signal.SIGSTOP)
+    fetcher = threading.Thread(target=fetch, daemon=True)
+    try:
+        fetcher.start()
+        wait_until(lambda: len(peers._stalls._watched) == 1, 10, "the fetch under way")
+        started = time.monotonic()
+        peers.abandon(paused.address, "it left the cluster")
+        fetcher.join(10)
+        elapsed = time.monotonic() - started
+    finally:
+        paused.signal(signal.SIGCONT)
+        peers.close()
+    assert not fetcher.is_alive()
+    assert isinstance(outcome[0], Unavailable) and "it left the cluster" in str(outcome[0])
+    assert elapsed < 5, f"the fetch ended {elapsed:.1f} s after it was abandoned"

@@ -143,6 +143,7 @@ def test_a_roll_back_drops_the_tags_of_every_version_it_skipped(tmp_path: Path) 
     # either write must then write it again, not be told "made" from the history's tag.
     m = _master(tmp_path, _Ensemble(applied=True, reachable=True))
     m.membership = SimpleNamespace(live=lambda: {m.identity})
+    m.peers = SimpleNamespace(rank=list)
     m.sync = SimpleNamespace(schedule=lambda key: None)
     written: dict[str, BlobState] = {}
     m._fenced_set = lambda key, new, version: written.__setitem__(key, new)

@@ -219,13 +219,31 @@ class _OfferingStub:
         self.port = port
         self.requests: list[pb.DownloadRequest] = []
 
-    def Download(self, request: pb.DownloadRequest, **kw: object) -> Iterator[Chunk]:
+    def Download(self, request: pb.DownloadRequest, **kw: object) -> _Call:
         self.requests.append(request)
+        return _Call(self._chunks(request))
+
+    def _chunks(self, request: pb.DownloadRequest) -> Iterator[Chunk]:
         info = pb.BlobInfo(version=1, size=len(DATA), digest="d")
         if request.data_channel:
             yield Chunk(info, memoryview(b""), self.port, b"t" * 16)
             return
         yield Chunk(info, memoryview(DATA[request.offset:]))
+
+
+class _Call:
+    """A server-streaming call as gRPC returns it: iterable, and cancellable."""
+
+    def __init__(self, messages: Iterator[Chunk]) -> None:
+        self.messages = messages
+        self.cancelled = False
+
+    def __iter__(self) -> Iterator[Chunk]:
+        return self.messages
+
+    def cancel(self) -> bool:
+        self.cancelled = True
+        return True
 
 
 @pytest.mark.parametrize("busy", [False, True])

@@ -214,6 +214,19 @@ def test_departures_are_reported_once_even_after_a_quick_return() -> None:
     assert m.known() == {ME, A, B} and len(changes) == 3
 
 
+def test_each_departure_is_announced_before_the_change() -> None:
+    # The master abandons its fetches from a master that left (Master._master_left) before
+    # the synchroniser looks at the new membership.
+    listed = [{ME, A, B}, {ME}, {ME}, {ME, A}]
+    zk = SimpleNamespace(get_children=lambda path, watch=None: sorted(listed.pop(0)))
+    events: list[str] = []
+    m = Membership(zk, ME, grace_secs=30, on_change=lambda: events.append("change"),  # type: ignore[arg-type]
+                   info={}, on_leave=events.append)
+    for _ in range(4):
+        m.refresh()
+    assert events == ["change", A, B, "change", "change"]
+
+
 def test_dropping_a_copy_beyond_the_placement_keeps_a_version_committed_meanwhile(
         tmp_path: Path) -> None:
     # The leader, not chosen for R=2, read v1 complete on the chosen two and drops its copy;
