@@ -8,6 +8,7 @@ maps the masters' advertised names (``master1:6627``) to those ports (``address_
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import os
@@ -16,6 +17,7 @@ import socket
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,6 +49,18 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+#: Starts of one container tried with fresh ports (see ChaosCluster._start).
+START_ATTEMPTS = 5
+
+
+def _port_taken(error: Exception) -> bool:
+    """Whether Docker refused a start because a published host port was taken: a port free
+    when chosen may be taken before Docker binds it (by another container's mapping, which
+    holds no socket with the userland proxy off, or by any process's outgoing connection)."""
+    text = str(error)
+    return "port is already allocated" in text or "address already in use" in text
 
 
 def digest(data: bytes) -> str:
@@ -118,7 +132,8 @@ class ChaosCluster:
     def start(self) -> ChaosCluster:
         self.network.create()
         servers = " ".join(f"server.{i}=zk{i}:2888:3888;2181" for i in range(1, self.n_zk + 1))
-        for i in range(1, self.n_zk + 1):
+
+        def zk_node(i: int) -> Node:
             c = self._container(f"zk{i}", [], 2181)
             c.with_env("ZOO_MY_ID", str(i)).with_env("ZOO_SERVERS", servers)
             c.with_env("ZOO_TICK_TIME", str(ZK_TICK_MS))
@@ -126,14 +141,33 @@ class ChaosCluster:
             # check does not apply to it.
             c.with_kwargs(labels=dict(self.labels), user="root", entrypoint=["zk-run"],
                           healthcheck={"test": ["NONE"]})
-            node = Node(f"zk{i}", c, c.ports["2181/tcp"][1])  # type: ignore[index]
-            self.zks.append(node)  # listed first, so a failed start is still cleaned up
-            c.start()
+            return Node(f"zk{i}", c, c.ports["2181/tcp"][1])  # type: ignore[index]
+
+        for i in range(1, self.n_zk + 1):
+            self._start(self.zks, functools.partial(zk_node, i))
         self.wait_zk_quorum(90)
         for i in range(1, self.n_masters + 1):
             self.add_master(i, wait=False)
         self.wait_ready(120)
         return self
+
+    def _start(self, nodes: list[Node], make: Callable[[], Node]) -> Node:
+        """Start the container of the node ``make`` builds, listed in ``nodes`` first so a
+        failed start is still cleaned up; built again, with other ports, when Docker finds a
+        port chosen for it taken meanwhile."""
+        for attempt in range(1, START_ATTEMPTS + 1):
+            node = make()
+            nodes.append(node)
+            try:
+                node.container.start()
+                return node
+            except Exception as e:
+                if attempt == START_ATTEMPTS or not _port_taken(e):
+                    raise
+                print(f"{node.name}: {e}; starting it again with other ports")
+                nodes.remove(node)
+                node.container.stop()  # removes the container created before the refusal
+        raise AssertionError("unreachable")
 
     def _container(self, name: str, command: list[str], port: int) -> DockerContainer:
         c = DockerContainer(IMAGE)
@@ -149,6 +183,12 @@ class ChaosCluster:
         data = self.workdir / name
         data.mkdir(parents=True, exist_ok=True)
         data.chmod(0o777)  # the container's user (uid 10001) writes here
+        node = self._start(self.masters, lambda: self._master_node(name, data))
+        if wait:
+            wait_until(lambda: self.status(node) is not None, 60, f"{name} to answer")
+        return node
+
+    def _master_node(self, name: str, data: Path) -> Node:
         c = self._container(name, ["serve", "--config", "/etc/blobha/master.toml"],
                             MASTER_PORT)
         # The data channel on the same port number inside and out: masters offer the port
@@ -175,12 +215,7 @@ class ChaosCluster:
             c.with_env(k, v)
         c.with_volume_mapping(str(data), "/var/lib/blobha", "rw")
         c.with_kwargs(labels=dict(self.labels))
-        node = Node(name, c, c.ports[f"{MASTER_PORT}/tcp"][1], data)  # type: ignore[index]
-        self.masters.append(node)  # listed first, so a failed start is still cleaned up
-        c.start()
-        if wait:
-            wait_until(lambda: self.status(node) is not None, 60, f"{name} to answer")
-        return node
+        return Node(name, c, c.ports[f"{MASTER_PORT}/tcp"][1], data)  # type: ignore[index]
 
     def stop(self) -> None:
         for client in self._clients:
