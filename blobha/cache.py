@@ -351,6 +351,7 @@ def _rmtree(path: Path) -> None:
             os.chmod(sub, 0o755)
     shutil.rmtree(path, ignore_errors=True)
 
+
 #: An unpack leaves this much of the cache's disk free (or 5% of it, if that is less): an
 #: archive that would expand past it (a zip or tar bomb) is refused while it unpacks, before
 #: every other writer on the node runs out of space.

@@ -17,7 +17,6 @@ import errno
 import functools
 import getpass
 import io
-import logging
 import os
 import queue
 import random
@@ -55,7 +54,7 @@ from blobha.errors import (
     VersionConflict,
 )
 from blobha.keys import validate_key
-from blobha.stallwatch import StallWatch
+from blobha.stallwatch import Stalled, StallWatch
 from blobha.status import (
     MasterSummary,
     ReplicationStatus,
@@ -63,8 +62,6 @@ from blobha.status import (
     replication_from_pb,
 )
 from blobha.v1 import blobha_pb2 as pb
-
-log = logging.getLogger(__name__)
 
 __all__ = [
     "DEFAULT_CHUNK_SIZE",
@@ -561,25 +558,19 @@ class GrpcTransport:
     ) -> Iterator[Any]:
         multi = getattr(self._stub(address), method)
         call: Any = multi(request, timeout=timeout, metadata=self._metadata)
-        watch = self._stalls.watch(call, stall) if stall is not None else None
         try:
-            for message in call:
-                if watch is None:
-                    yield message
-                    continue
-                watch.hold()  # a slow consumer (a busy disk) is not a stalled master
-                yield message
-                watch.wait_again()
+            if stall is None:
+                yield from call
+            else:
+                yield from self._stalls.messages(call, stall)
+        except Stalled:
+            raise Unavailable(
+                f"master {address} sent nothing for {stall:g} s (paused, overloaded or cut"
+                " off); moving on to another replica"
+            ) from None
         except grpc.RpcError as exc:
-            if watch is not None and watch.fired:
-                raise Unavailable(
-                    f"master {address} sent nothing for {stall:g} s (paused, overloaded or cut"
-                    " off); moving on to another replica"
-                ) from None
             raise _error_from_rpc(address, exc) from None
         finally:
-            if watch is not None:
-                self._stalls.unwatch(watch)
             # Frees the stream at once when the consumer stops early; a no-op once finished.
             call.cancel()
 

@@ -19,7 +19,7 @@ from blobha.auth import MASTER_SECRET_METADATA_KEY, USER_METADATA_KEY
 from blobha.credentials import Credentials
 from blobha.dataplane import DataChannels, DataOffer
 from blobha.errors import BlobError, ChecksumMismatch, Unavailable, from_status
-from blobha.stallwatch import StallWatch, Watched
+from blobha.stallwatch import Stalled, StallWatch
 from blobha.status import MasterSummary, master_from_pb
 from blobha.store import BlobBuffer, TempBlob
 from blobha.v1 import blobha_pb2 as pb
@@ -110,11 +110,9 @@ class Peers:
         size = 0
         # Chunks decoded by hand (blobha.chunkwire): their data are views, not copies.
         call = self._stub(address).Download(request, timeout=timeout, metadata=self._metadata)
-        watch = self._stalls.watch(call, self._stall, address)
         try:
             first = True
-            for chunk in call:
-                watch.hold()  # writing to a slow disk is not the peer stalling
+            for chunk in self._stalls.messages(call, self._stall, address):
                 if first:
                     first = False
                     offered = chunk.info.digest if chunk.info is not None else "none"
@@ -128,12 +126,10 @@ class Peers:
                     offer = DataOffer(chunk.data_port, chunk.ticket)
                 if chunk.data:
                     dest.write_at(dest.size, chunk.data)
-                watch.wait_again()
+        except Stalled as e:
+            raise self._stalled(address, e) from None
         except grpc.RpcError as e:
-            raise self._failure(address, watch, e) from None
-        finally:
-            self._stalls.unwatch(watch)
-            call.cancel()  # a no-op once it has ended
+            raise _error(e) from None
         # The data channel's receive waits at most this long for each piece (its own stall).
         limit = min(timeout, self._stall)
         if offer is not None and not self._data_channels.take(
@@ -152,17 +148,14 @@ class Peers:
         out: list[tuple[str, int, str, bytes]] = []
         call = self._stub(address).FetchVersions(request, timeout=timeout,
                                                  metadata=self._metadata)
-        watch = self._stalls.watch(call, self._stall, address)
         try:
-            for reply in call:
+            for reply in self._stalls.messages(call, self._stall, address):
                 out.extend((v.key, v.version, v.digest, v.data)
                            for v in reply.versions if not v.missing)
-                watch.wait_again()
+        except Stalled as e:
+            raise self._stalled(address, e) from None
         except grpc.RpcError as e:
-            raise self._failure(address, watch, e) from None
-        finally:
-            self._stalls.unwatch(watch)
-            call.cancel()
+            raise _error(e) from None
         return out
 
     def abandon(self, address: str, reason: str) -> None:
@@ -186,12 +179,10 @@ class Peers:
         out.sort(key=lambda a: a in suspect)  # stable: each group stays shuffled
         return out
 
-    def _failure(self, address: str, watch: Watched, e: grpc.RpcError) -> BlobError:
-        if not watch.fired:
-            return _error(e)
+    def _stalled(self, address: str, e: Stalled) -> BlobError:
         with self._guard:
             self._suspects[address] = time.monotonic()
-        return Unavailable(watch.reason or f"{address} sent nothing for {self._stall:g} s"
+        return Unavailable(str(e) or f"{address} sent nothing for {self._stall:g} s"
                            " (paused, overloaded or cut off); fetching from another replica")
 
     def status(self, address: str, timeout: float) -> MasterSummary:

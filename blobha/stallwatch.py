@@ -11,11 +11,17 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["StallWatch", "Watched"]
+__all__ = ["StallWatch", "Stalled", "Watched"]
 
 log = logging.getLogger(__name__)
+
+
+class Stalled(Exception):
+    """A watched stream was cancelled: it received nothing for its limit (empty message), or
+    :meth:`StallWatch.cancel` ended it (its reason)."""
 
 
 class Watched:
@@ -73,6 +79,24 @@ class StallWatch:
                 # thread a turn.
                 self._cond.notify()
         return w
+
+    def messages(self, call: Any, limit: float, tag: str = "") -> Iterator[Any]:
+        """The messages of the server stream ``call``, watched; raises :class:`Stalled` when
+        the watch cancelled it. The time the consumer spends on a message does not count, and
+        the call is cancelled when the consumer stops early."""
+        w = self.watch(call, limit, tag)
+        try:
+            for message in call:
+                w.hold()  # a slow consumer (a busy disk) is not a stalled master
+                yield message
+                w.wait_again()
+        except Exception:
+            if w.fired:
+                raise Stalled(w.reason) from None
+            raise
+        finally:
+            self.unwatch(w)
+            call.cancel()  # a no-op once it has ended
 
     def unwatch(self, w: Watched) -> None:
         with self._cond:

@@ -36,7 +36,6 @@ One failing key is logged and retried with backoff; the loop itself never stops.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
 import math
@@ -1287,8 +1286,7 @@ class Synchronizer:
                     if key not in failures and key in self._deleted_in_batch]
         for key, seq in late:
             try:
-                with contextlib.suppress(NoNodeError):
-                    self.zk.delete(replica_path(key, self.identity, seq))
+                self._delete_node(replica_path(key, self.identity, seq))
             except Exception as e:
                 failures[key] = e  # retried; the next reconcile judges the copy again
                 continue
