@@ -100,6 +100,14 @@ OPTIONS: tuple[Option, ...] = (
         "Parallel background downloads on a master.",
     ),
     Option(
+        "blobstore.sync.stall.secs",
+        10.0,
+        "How long a master's fetch from a peer may receive nothing before that peer counts as"
+        " stalled (paused, overloaded or cut off) and the fetch goes on from the next holder;"
+        " such a peer is then tried after the others for a minute. Raise it on links where a"
+        " healthy peer can fall silent for longer.",
+    ),
+    Option(
         "blobstore.scrub.interval.secs",
         86400.0,
         "Seconds between background scrub passes, which re-verify every stored version's"
@@ -334,6 +342,9 @@ def _validate(v: dict[str, Any]) -> dict[str, Any]:
     number("blobstore.delete.grace.secs", float, 0)
     number("blobstore.versions.retained", int, 1)
     number("blobstore.sync.threads", int, 1)
+    # Below a second, a peer merely busy for a moment (a garbage collection, a disk sync)
+    # would count as stalled and its fetches be thrown away.
+    number("blobstore.sync.stall.secs", float, 1.0)
     number("blobstore.scrub.interval.secs", float, 0)
     number("blobstore.scrub.rate.bytes.per.sec", int, 0)
     number("zookeeper.session.timeout.ms", int, 1000)

@@ -229,7 +229,7 @@ class Master:
         self.peers = Peers(self.principal, Credentials(
             ca=config["tls.ca"] or None, cert=config["tls.cert"] or None,
             key=config["tls.key"] or None,
-        ) if config["tls.cert"] else None)
+        ) if config["tls.cert"] else None, stall_secs=config["blobstore.sync.stall.secs"])
         self.uploads = UploadManager(self.store, config["blobstore.upload.expiration.secs"])
         self.puts: GroupCommitter[_Put, BlobState] = GroupCommitter(
             self._commit_puts, key=lambda p: p.key, name="put-commit",

@@ -36,8 +36,9 @@ CHANNEL_OPTIONS = [
     ("grpc.keepalive_timeout_ms", 5000),
 ]
 #: How long a fetch may receive nothing before its peer counts as stalled and the fetch goes
-#: on from another replica. A paused master keeps its connections open and answers nothing;
-#: keepalive pings end such a call only when the peer's kernel stops acknowledging too.
+#: on from another replica (the default of ``blobstore.sync.stall.secs``). A paused master
+#: keeps its connections open and answers nothing; keepalive pings end such a call only when
+#: the peer's kernel stops acknowledging too.
 STALL_SECS = 10.0
 #: How long a peer that stalled or left is tried after the others.
 _SUSPECT_SECS = 60.0

@@ -136,6 +136,8 @@ def test_env_name() -> None:
         ({"auth.mode": "kerberos"}, "auth.mode"),
         ({"log.level": "LOUD"}, "log.level"),
         ({"blobstore.dir": ""}, "blobstore.dir"),
+        ({"blobstore.sync.stall.secs": 0.5}, "blobstore.sync.stall.secs"),
+        ({"blobstore.sync.stall.secs": "soon"}, "blobstore.sync.stall.secs"),
         ({"no.such.key": 1}, "no.such.key"),
     ],
 )
@@ -206,3 +208,20 @@ def test_log_format_is_text_or_json() -> None:
     assert Config.of({"log.format": "JSON"})["log.format"] == "json"
     with pytest.raises(ConfigError, match=r"log\.format must be 'text' or 'json'"):
         Config.of({"log.format": "xml"})
+
+
+def test_the_peer_stall_limit_is_a_setting(tmp_path: Path) -> None:
+    # It was a constant: a site whose healthy masters can fall silent for longer (a slow link,
+    # long disk syncs) had its fetches thrown away every 10 s.
+    from blobha.master import Master
+    from blobha.peers import STALL_SECS
+
+    assert Config.of()["blobstore.sync.stall.secs"] == STALL_SECS
+    cfg = load_config(None, env={"BLOBHA_BLOBSTORE_SYNC_STALL_SECS": "42.5",
+                                 "BLOBHA_BLOBSTORE_DIR": str(tmp_path / "data")})
+    master = Master(cfg)
+    try:
+        assert master.peers._stall == 42.5
+    finally:
+        master.peers.close()
+        master.puts.close(10.0)
