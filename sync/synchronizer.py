@@ -655,7 +655,9 @@ class Synchronizer:
         # pass is a full reconcile, which sets it)
         while not self._stop.is_set():
             grace = self.membership.next_grace_expiry()
-            wait = max(0.0, next_full - time.monotonic())
+            # Capped at a period: next_full is infinite while a paced pass is handed out, and
+            # a failure can leave it so (Event.wait(inf) overflows and would end the thread).
+            wait = max(0.0, min(next_full - time.monotonic(), self.settings.period_secs))
             if grace is not None:
                 wait = min(wait, grace + 0.05)
             if paced or recheck:
@@ -696,8 +698,15 @@ class Synchronizer:
                             raise
                     paced, recheck = [], []
                     placed = known
-                    self.reconcile_all()
-                    next_full = time.monotonic() + self.settings.period_secs
+                    try:
+                        self.reconcile_all()
+                    except Exception:
+                        # Still owed (a new session's replica nodes are re-created by it):
+                        # tried again after the pause below, not a whole period later.
+                        self._full_requested = True
+                        raise
+                    finally:
+                        next_full = time.monotonic() + self.settings.period_secs
                 else:
                     recheck = self._follow_membership(placed, known, departed) + recheck
                     placed = known

@@ -848,3 +848,67 @@ def test_a_deletion_seen_only_once_the_copy_was_registered_takes_the_registratio
     failures = s._reconcile(["k", "j"], set(), {})
     assert zk.deleted == [f"/blobstore/k/{ME}-1"]
     assert isinstance(failures["k"], SyncDeferred) and "j" not in failures
+
+
+def test_a_full_pass_that_fails_during_a_paced_pass_neither_ends_the_thread_nor_is_forgotten(
+        ) -> None:
+    # A reconnect asks for a full pass while the paced safety-net pass is being handed out
+    # (its next start is then infinite); the full pass's listing fails as the connection drops
+    # again, and kazoo is still reconnecting a second later. The thread used to die on its next
+    # wait (Event.wait(inf) overflows), and nothing re-registered or reconciled after that.
+    import threading
+
+    from kazoo.exceptions import ConnectionLoss
+    from waiting import wait_until
+
+    class Connection:
+        """kazoo's state, counting how often the thread looked at it while disconnected."""
+
+        def __init__(self) -> None:
+            self.up = True
+            self.looks_while_down = 0
+
+        @property
+        def state(self) -> str:
+            if not self.up:
+                self.looks_while_down += 1
+            return KazooState.CONNECTED if self.up else KazooState.SUSPENDED
+
+        def add_listener(self, f: Any) -> None:
+            pass
+
+    s = periodic_synchroniser(period_secs=0.01)
+    zk = Connection()
+    s.zk = zk  # type: ignore[assignment]
+    listings: list[str] = []
+
+    def all_keys() -> list[str]:
+        if len(listings) == 1:  # the reconnect's full pass
+            listings.append("failed")
+            zk.up = False
+            raise ConnectionLoss()
+        listings.append("listed")
+        return [f"k{i}" for i in range(10_000)]  # paced out over about 50 s
+
+    s._all_keys = all_keys  # type: ignore[method-assign]
+    s._full_requested = False
+    thread = threading.Thread(target=s._periodic, daemon=True)
+    thread.start()
+    try:
+        wait_until(lambda: listings == ["listed"], timeout=10, what="the paced pass begun")
+        s.request_full_reconcile()
+        wait_until(lambda: len(listings) == 2, timeout=10, what="the full pass tried")
+        # Past the 1 s pause after the failure, the connection still down: the thread looks
+        # again and again (every period), where it used to die at its second look.
+        wait_until(lambda: zk.looks_while_down >= 5 or not thread.is_alive(), timeout=10,
+                   what="the thread looking at the connection")
+        assert thread.is_alive()
+        zk.up = True
+        # The failed full pass is made again once connected, without another request.
+        wait_until(lambda: len(listings) >= 3 or not thread.is_alive(), timeout=10,
+                   what="the full pass made again")
+        assert thread.is_alive() and listings[:3] == ["listed", "failed", "listed"]
+    finally:
+        s._stop.set()
+        s._kick.set()
+        thread.join(5)
