@@ -79,6 +79,9 @@ class LeaderElection:
         # clears the suspension first, and would otherwise show the old term as leading.
         self._session_lost = False
         self._leader_address = ""
+        #: The session that may hold candidacies besides ``_node``: one whose create got no
+        #: answer (made, its reply lost) or whose delete failed. Cleared by :meth:`_clear_strays`.
+        self._strays_in: int | None = None
         self._thread = threading.Thread(target=self._run, name="election", daemon=True)
         self.journal = ChangeJournal(zk)
         zk.add_listener(self._on_state)
@@ -184,8 +187,14 @@ class LeaderElection:
                 self._step_down(reason)
                 # Going to the back of the queue lets the real leader's fences stay valid.
                 if self._node is not None:
-                    with contextlib.suppress(KazooException):
+                    try:
                         self.zk.delete(self._node)
+                    except NoNodeError:
+                        pass
+                    except KazooException:
+                        # Still there, and still ahead of the real leader's if it is lowest:
+                        # removed by the next step.
+                        self._strays_in = self._session
                     self._node = None
         self._wake.set()
 
@@ -215,6 +224,10 @@ class LeaderElection:
                 return
             try:
                 with self._lock:
+                    if self._stopping.is_set():
+                        # stop() took the lock first and resigned: joining again now would
+                        # leave a candidacy (even a term) behind a master shutting down.
+                        return
                     self._step()
                 backoff = 0.1
             except Exception:
@@ -235,10 +248,18 @@ class LeaderElection:
         if self._node is None or session != self._session:
             if self._leading:
                 self._step_down("ZooKeeper session changed")
+            self._node = None
+            if self._strays_in is not None and self._strays_in == session:
+                self._clear_strays(session)
+            # Until the create answers: made but unanswered (ConnectionLoss), it would be a
+            # candidacy of this session that nothing tracks. Once lowest, this master would
+            # follow it, and every other master this one: no leader until a restart.
+            self._strays_in = session
             self._node = self.zk.create(
                 f"{ELECTION}/{_PREFIX}", self.identity.encode(), ephemeral=True, sequence=True,
                 makepath=True,
             )
+            self._strays_in = None
             self._session = session
             log.info("joined the election as %s", self._node)
         if lost:
@@ -269,6 +290,20 @@ class LeaderElection:
                 self._leader_address = data.decode()
             except NoNodeError:
                 self._wake.set()
+
+    def _clear_strays(self, session: int) -> None:
+        """Delete every candidacy of ``session`` but the tracked one (``_node``)."""
+        for child in self.zk.get_children(ELECTION):
+            path = f"{ELECTION}/{child}"
+            if not child.startswith(_PREFIX) or path == self._node:
+                continue
+            stat = self.zk.exists(path)
+            if stat is not None and stat.ephemeralOwner == session:
+                log.warning("removing %s, a candidacy of this master left by a call that got"
+                            " no answer", path)
+                with contextlib.suppress(NoNodeError):
+                    self.zk.delete(path)
+        self._strays_in = None
 
     def _become_leader(self) -> None:
         assert self._node is not None

@@ -1,0 +1,125 @@
+"""The election against a real ZooKeeper server, where kazoo's calls can fail after the server
+applied them (the connection dropped before the reply)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from blobha.leader.election import LeaderElection
+from kazoo.client import KazooClient
+from kazoo.exceptions import ConnectionLoss
+from waiting import wait_until
+
+from blobha.zkserver import EmbeddedZooKeeper
+from blobha.zkstate import ELECTION
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+
+SESSION_SECS = 4.0
+
+
+class _LosesReplies(KazooClient):
+    """A client whose first ``lose`` candidacy creates and deletes are applied by the server
+    but answered with ConnectionLoss, as when the connection drops before the reply."""
+
+    def __init__(self, *args: Any, lose: int = 1, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.lose = lose
+
+    def _lost(self, path: str) -> bool:
+        if path.startswith(f"{ELECTION}/") and self.lose > 0:
+            self.lose -= 1
+            return True
+        return False
+
+    def create(self, path: str, *args: Any, **kwargs: Any) -> str:
+        node: str = super().create(path, *args, **kwargs)
+        if self._lost(path):
+            raise ConnectionLoss()
+        return node
+
+    def delete(self, path: str, *args: Any, **kwargs: Any) -> bool:
+        if self._lost(path):
+            raise ConnectionLoss()  # this one not applied: the node stays
+        result: bool = super().delete(path, *args, **kwargs)
+        return result
+
+
+@pytest.fixture
+def zookeeper(tmp_path: Path) -> Iterator[str]:
+    with EmbeddedZooKeeper(tmp_path / "zk", tick_ms=500) as zk:
+        root = KazooClient(hosts=zk.connect_string, timeout=SESSION_SECS)
+        root.start(timeout=15)
+        try:
+            root.ensure_path("/t")
+        finally:
+            root.stop()
+            root.close()
+        yield zk.connect_string + "/t"
+
+
+def _elections(connect: str, first: KazooClient) -> tuple[list[KazooClient], list[LeaderElection]]:
+    clients = [first, KazooClient(hosts=connect, timeout=SESSION_SECS)]
+    elections: list[LeaderElection] = []
+    for i, zk in enumerate(clients):
+        zk.start(timeout=15)
+        e = LeaderElection(zk, f"m{i + 1}:6627", SESSION_SECS, on_elected=lambda epoch: None,
+                           on_deposed=lambda: None)
+        e.start()
+        elections.append(e)
+        # m1 joins first, so its candidacies are the lowest.
+        wait_until(lambda e=e: e._node is not None, 15, f"m{i + 1} in the election")
+    return clients, elections
+
+
+def _stop(clients: list[KazooClient], elections: list[LeaderElection]) -> None:
+    for e in elections:
+        e.stop()
+    for zk in clients:
+        zk.stop()
+        zk.close()
+
+
+def _candidacies(zk: KazooClient, owner: int) -> list[str]:
+    out = []
+    for child in zk.get_children(ELECTION):
+        stat = zk.exists(f"{ELECTION}/{child}")
+        if stat is not None and stat.ephemeralOwner == owner:
+            out.append(child)
+    return out
+
+
+def test_a_candidacy_made_but_unanswered_does_not_block_the_election(zookeeper: str) -> None:
+    # Before: m1's first candidacy was made, its reply lost; m1 joined again with a second one
+    # and never tracked the first. The first was the lowest, so m1 followed it (itself, as far
+    # as the others knew) and m2 followed m1: no leader until m1's session ended.
+    lossy = _LosesReplies(hosts=zookeeper, timeout=SESSION_SECS)
+    clients, elections = _elections(zookeeper, lossy)
+    try:
+        wait_until(lambda: any(e.is_leader for e in elections), 15, "a leader")
+        m1, m2 = elections
+        assert m1.is_leader and m2.leader_address == "m1:6627"
+        assert _candidacies(lossy, lossy.client_id[0]) == [m1._node.rsplit("/", 1)[1]]
+    finally:
+        _stop(clients, elections)
+
+
+def test_a_resignation_whose_delete_failed_is_finished_by_the_next_step(zookeeper: str) -> None:
+    # A leader deposed by a refused commit deletes its candidacy so that the next one leads.
+    # Before, a failed delete was ignored: the candidacy stayed lowest, the master followed it
+    # (itself) and the others followed that master, with no leader until its session ended.
+    lossy = _LosesReplies(hosts=zookeeper, timeout=SESSION_SECS, lose=0)
+    clients, elections = _elections(zookeeper, lossy)
+    try:
+        m1, m2 = elections
+        wait_until(lambda: m1.is_leader, 15, "m1 leading")
+        lossy.lose = 1
+        m1.depose("a test")
+        wait_until(lambda: m2.is_leader, 15, "m2 leading")
+        assert m1.leader_address == "m2:6627" and not m1.is_leader
+        assert len(_candidacies(lossy, lossy.client_id[0])) == 1
+    finally:
+        _stop(clients, elections)
