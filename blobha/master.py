@@ -486,22 +486,29 @@ class Master:
         # Both asked at once: one round trip, not two, per delete.
         id_read = self.zk.get_async(BLOBSTORE + "-id")
         root_read = self.zk.exists_async(BLOBSTORE)
-        present = root_read.get(timeout=self.session_timeout) is not None
+        root = root_read.get(timeout=self.session_timeout)
         try:
-            zk_id = id_read.get(timeout=self.session_timeout)[0].decode()
+            data, id_stat = id_read.get(timeout=self.session_timeout)
+            zk_id, id_made = data.decode(), id_stat.czxid
         except NoNodeError:
-            zk_id = ""
-        if zk_id == self._cluster_id and present:
+            zk_id, id_made = "", 0
+        # The key root is made before the cluster id. One made after it is not the cluster's:
+        # its keys were removed with the old one (by hand, or a restore from an old snapshot
+        # without them), and a master starting since made it again, empty. Every key would
+        # read as deleted.
+        if zk_id == self._cluster_id and root is not None and root.czxid <= id_made:
             self._identity_alarm = False
             return True
         if not self._identity_alarm:
             self._identity_alarm = True
+            state = ("missing" if root is None else "present" if root.czxid <= id_made
+                     else "made again after the cluster id, so its keys were removed")
             log.error(
                 "ALERT: ZooKeeper no longer holds this store's cluster %s (it holds %s, and %s is"
                 " %s): was it wiped or swapped? Refusing to delete any local blob. Restore"
-                " ZooKeeper, or fix zookeeper.servers / zookeeper.chroot.",
-                self._cluster_id, zk_id or "no cluster id", BLOBSTORE,
-                "present" if present else "missing",
+                " ZooKeeper, or fix zookeeper.servers / zookeeper.chroot. If the keys were"
+                " removed on purpose, stop every master and move their data directories aside.",
+                self._cluster_id, zk_id or "no cluster id", BLOBSTORE, state,
             )
         return False
 

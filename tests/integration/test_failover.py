@@ -22,7 +22,7 @@ from conftest import (
 from kazoo.client import KazooClient
 
 from blobha.errors import DeadlineExceeded
-from blobha.localcluster import LocalCluster
+from blobha.localcluster import LocalCluster, MasterProcess
 from blobha.v1 import blobha_pb2 as pb
 
 pytestmark = pytest.mark.integration
@@ -188,6 +188,50 @@ def test_zookeeper_wiped_under_running_masters_deletes_no_local_blob(
     wait_until(lambda: all(alert in m.log_path.read_text(errors="replace")
                            for m in fresh_cluster.masters),
                30, "every master to refuse deleting its copy")
+    assert all(version_files(m, "precious") for m in fresh_cluster.masters)
+
+
+def test_keys_removed_from_zookeeper_and_their_root_made_again_delete_no_local_blob(
+        fresh_cluster: LocalCluster) -> None:
+    """ha-rule 10 after a restart: /blobstore removed with every key (by hand, or a restore
+    from an old snapshot) while its cluster id stays. A master starting since makes the root
+    again, empty, and the id still matched: every master deleted every copy."""
+    with client_for(fresh_cluster) as c:
+        c.create("precious", b"only copies", replication_factor=3)
+        assert c.wait_for_replication(["precious"], 3, timeout=10).reached
+    zk = KazooClient(hosts=fresh_cluster.zk.connect_string + "/blobha")
+    zk.start()
+    try:
+        def subtree(path: str) -> list[str]:
+            return [*(n for child in zk.get_children(path)
+                      for n in subtree(f"{path}/{child}")), path]
+
+        def removed() -> bool:
+            txn = zk.transaction()  # one transaction, as in the test above
+            for path in subtree("/blobstore"):
+                txn.delete(path)
+            return not any(isinstance(r, Exception) for r in txn.commit())
+
+        for m in fresh_cluster.masters:
+            m.terminate()
+        wait_until(removed, 30, "/blobstore to be deleted")
+        assert zk.exists("/blobstore-id") is not None
+    finally:
+        zk.stop()
+        zk.close()
+    logged = {m.index: len(m.log_path.read_text(errors="replace")) for m in fresh_cluster.masters}
+    for m in fresh_cluster.masters:
+        fresh_cluster.start_master(m)
+    fresh_cluster.wait_ready(60, expect=3)
+    alert = "made again after the cluster id, so its keys were removed"
+
+    def decided(m: MasterProcess) -> bool:
+        # The restarted master refused (its alert), or deleted its copy (the old behaviour).
+        return (alert in m.log_path.read_text(errors="replace")[logged[m.index]:]
+                or not version_files(m, "precious"))
+
+    wait_until(lambda: all(decided(m) for m in fresh_cluster.masters), 60,
+               "every master to decide about its copy of a key ZooKeeper no longer has")
     assert all(version_files(m, "precious") for m in fresh_cluster.masters)
 
 
