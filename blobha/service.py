@@ -20,6 +20,7 @@ from kazoo.exceptions import (
     SessionExpiredError,
     SessionMovedError,
 )
+from kazoo.handlers.threading import KazooTimeoutError
 
 from blobha.acl import AccessControl
 from blobha.audit import audited
@@ -135,8 +136,10 @@ def _abort(context: grpc.ServicerContext, error: BlobError) -> NoReturn:
 def _translate(identity: str, method: str, e: Exception) -> BlobError:
     if isinstance(e, BlobError):
         return e
+    # KazooTimeoutError: a request given up unanswered (a connection dropping under it, or
+    # a session ZooKeeper granted longer than the master waits for), not a bug.
     if isinstance(e, ConnectionLoss | SessionExpiredError | ConnectionClosedError
-                  | OperationTimeoutError | SessionMovedError):
+                  | OperationTimeoutError | SessionMovedError | KazooTimeoutError):
         return Unavailable(
             f"ZooKeeper is unreachable from master {identity} ({type(e).__name__}); retry shortly"
         )

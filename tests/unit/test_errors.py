@@ -130,3 +130,15 @@ def test_a_full_disk_past_the_reservation_is_resource_exhausted_not_internal(cod
     assert "out of disk space" in str(e) and "m1:6627" in str(e)
     other = _translate("m1:6627", "Put", OSError(errno.EIO, "Input/output error"))
     assert type(other) is BlobError and "internal error" in str(other)
+
+
+def test_a_zookeeper_request_given_up_unanswered_is_unavailable_not_internal() -> None:
+    # The group commit's read of a key waits the session timeout; one given up surfaced as
+    # INTERNAL ("report it"), which the client does not retry.
+    from kazoo.handlers.threading import KazooTimeoutError
+
+    from blobha.service import _translate
+
+    e = _translate("m1:6627", "Put", KazooTimeoutError("Value not received within 4 seconds"))
+    assert isinstance(e, Unavailable)
+    assert "ZooKeeper is unreachable from master m1:6627" in str(e) and "retry" in str(e)
