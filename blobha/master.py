@@ -650,6 +650,9 @@ class Master:
         """Open an upload session (the resumable path, for blobs of any size): (upload id,
         expiry); or, when the write ``write_id`` names was committed already (a retry after
         a lost answer), no session and that write's answer."""
+        # Read before leadership is checked: a session begun after this master stopped
+        # leading would outlive the abort of every session (see UploadManager.begin).
+        generation = self.uploads.generation
         rf, w = self._write_settings(key, acl, replication_factor, write_quorum)
         tag = _tag(user, write_id)
         state = self._read_state(key)
@@ -673,7 +676,8 @@ class Master:
         self._check_quorum(w)
         if size_hint >= 0:
             self.store.reserve(size_hint)
-        up = self.uploads.begin(user, key, create, acl, rf, expected_version, w, tag)
+        up = self.uploads.begin(user, key, create, acl, rf, expected_version, w, tag,
+                                generation=generation)
         return up.upload_id, int(self.uploads.expiration_secs), None
 
     def append(self, user: str, upload_id: str, offset: int, data: bytes | memoryview) -> int:
@@ -726,16 +730,19 @@ class Master:
 
     def commit(self, user: str, upload_id: str, size: int, digest: str
                ) -> tuple[str, BlobState, int]:
+        generation = self.uploads.generation  # before the leader check, as in begin_upload
         self._require_leader()
         # Before the session is taken (and its data, gone with it on any error): a malformed
         # digest must not cost a multi-GB upload, only a corrected CommitUpload.
         _check_digest(digest)
         up = self.uploads.take(upload_id, user)
-        committed = self._commit_once(up.key, up.write_tag, user,
-                                      lambda: self._commit_upload(user, up, size, digest))
+        committed = self._commit_once(
+            up.key, up.write_tag, user,
+            lambda: self._commit_upload(user, up, size, digest, generation))
         return self._acknowledge(up.key, committed, user)
 
-    def _commit_upload(self, user: str, up: Upload, size: int, digest: str) -> BlobState:
+    def _commit_upload(self, user: str, up: Upload, size: int, digest: str,
+                       generation: int) -> BlobState:
         key = up.key
         with up.lock, self.store.key_lock(key):
             try:
@@ -743,6 +750,16 @@ class Master:
                 new = self._next_state(user, key, up.create, tuple(up.acl), up.replication_factor,
                                        up.write_quorum, up.expected_version, size, digest, state,
                                        time.time(), up.write_tag)
+            except (Unavailable, KazooException, KazooTimeoutError):
+                # ZooKeeper out of reach before the data was touched: the session goes back,
+                # so the client's retry of the commit (it is told to retry) finds its data
+                # instead of uploading it all again, or failing if it came from a pipe.
+                self.uploads.restore(up, generation)
+                raise
+            except BaseException:
+                up.temp.discard()
+                raise
+            try:
                 self.store.install(key, new.seq, up.temp, size, digest)
             except BaseException:
                 up.temp.discard()

@@ -15,7 +15,7 @@ import uuid
 from dataclasses import dataclass, field
 
 from blobha.acl import AccessControl
-from blobha.errors import NotAuthorized, upload_not_found
+from blobha.errors import NotAuthorized, Unavailable, upload_not_found
 from blobha.store import LocalStore, TempBlob
 
 log = logging.getLogger(__name__)
@@ -45,6 +45,9 @@ class UploadManager:
         self.expiration_secs = expiration_secs
         self._uploads: dict[str, Upload] = {}
         self._guard = threading.Lock()
+        #: Bumped by :meth:`abort_all`: a session begun or given back by a caller that checked
+        #: leadership before the last abort would outlive it (on a follower, with its file).
+        self._generation = 0
         self._stop = threading.Event()
         self._reaper = threading.Thread(target=self._reap_loop, name="upload-reaper", daemon=True)
 
@@ -55,16 +58,31 @@ class UploadManager:
         self._stop.set()
         self.abort_all("master shutting down")
 
+    @property
+    def generation(self) -> int:
+        """Read before checking leadership, and passed to :meth:`begin` or :meth:`restore`."""
+        with self._guard:
+            return self._generation
+
     def begin(
         self, user: str, key: str, create: bool, acl: list[AccessControl], replication_factor: int,
         expected_version: int, write_quorum: int, write_tag: str = "",
+        generation: int | None = None,
     ) -> Upload:
+        """A new session; with ``generation``, refused with :class:`Unavailable` if every
+        session was aborted since it was read (this master stopped leading meanwhile)."""
         upload_id = uuid.uuid4().hex
         temp = self.store.new_temp(f"upload-{upload_id}")
         up = Upload(upload_id, user, key, create, acl, replication_factor, expected_version,
                     write_quorum, temp, write_tag)
         with self._guard:
-            self._uploads[upload_id] = up
+            current = generation is None or generation == self._generation
+            if current:
+                self._uploads[upload_id] = up
+        if not current:
+            temp.discard()
+            raise Unavailable(f"this master stopped leading while the upload of {key!r} began;"
+                              " nothing was stored: retry with the new leader")
         log.info("upload %s begun by %r for %r (%s)", upload_id, user, key,
                  "create" if create else "update")
         return up
@@ -93,6 +111,19 @@ class UploadManager:
                 raise upload_not_found(upload_id)
         return up
 
+    def restore(self, up: Upload, generation: int) -> bool:
+        """Give back a session taken for a commit that failed before touching its data (a
+        transient error), so a retried commit finds it; discarded instead if every session
+        was aborted since ``generation`` was read."""
+        with self._guard:
+            current = generation == self._generation
+            if current:
+                up.last_active = time.monotonic()
+                self._uploads[up.upload_id] = up
+        if not current:
+            up.temp.discard()
+        return current
+
     def abort(self, upload_id: str, user: str) -> None:
         up = self.take(upload_id, user)
         with up.lock:
@@ -101,6 +132,7 @@ class UploadManager:
 
     def abort_all(self, reason: str) -> int:
         with self._guard:
+            self._generation += 1
             ups = list(self._uploads.values())
             self._uploads.clear()
         for up in ups:

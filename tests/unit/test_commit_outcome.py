@@ -130,7 +130,7 @@ def test_the_streamed_upload_commit_decides_the_same_way(
     upload = SimpleNamespace(key="k", lock=threading.Lock(), create=True, acl=(),
                              replication_factor=1, write_quorum=1, expected_version=0, temp=temp,
                              write_tag="")
-    m.uploads = SimpleNamespace(take=lambda upload_id, user: upload)
+    m.uploads = SimpleNamespace(take=lambda upload_id, user: upload, generation=0)
     with pytest.raises(Unavailable) as e:
         m.commit("alice", "u1", len(data), digest_bytes(data))
     assert isinstance(e.value, CommitOutcomeUnknown) == kept

@@ -1,0 +1,105 @@
+"""Upload sessions on the leader across ZooKeeper trouble and lost leadership: a commit that
+could not reach ZooKeeper keeps its data for the retry, and no session outlives the term it
+was begun in."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from kazoo.client import KazooState
+from kazoo.exceptions import ConnectionLoss, NoNodeError
+
+from blobha.digest import digest_bytes
+from blobha.errors import NotAuthorized, Unavailable, UploadNotFound
+from blobha.master import Master
+from blobha.store import LocalStore
+from blobha.uploads import UploadManager
+from blobha.zkstate import BlobState
+
+MiB = 1024 * 1024
+
+
+def _master(tmp_path: Path, zk: Any) -> Any:
+    m: Any = Master.__new__(Master)
+    m.identity = "m1:6627"
+    m.admins = frozenset()
+    m.principal = "blobha-master"
+    m.store = LocalStore(tmp_path / "store")
+    m.election = SimpleNamespace(is_leader=True, epoch=3, leader_address="m1:6627")
+    m.zk = zk
+    m.session_timeout = 0.3
+    m._stopped = threading.Event()
+    m.config = {"blobstore.versions.retained": 2, "blobstore.replication.factor": 1,
+                "blobstore.write.quorum": 1}
+    m.membership = SimpleNamespace(known=lambda: {m.identity})
+    m.sync = SimpleNamespace(view=lambda key: None, stepped_down=lambda: None)
+    m.uploads = UploadManager(m.store, 600)
+    return m
+
+
+def _temp_files(tmp_path: Path) -> list[Path]:
+    return list((tmp_path / "store" / "tmp").iterdir())
+
+
+def test_a_commit_that_cannot_read_zookeeper_keeps_the_upload_for_its_retry(
+        tmp_path: Path) -> None:
+    # The commit reads the key's state first. A dropped connection there was answered "retry
+    # shortly", but the session and its data were gone: the retry found no upload, a file was
+    # sent again from its first byte, and an upload from a pipe failed.
+    zk: Any = SimpleNamespace(state=KazooState.CONNECTED)
+
+    def unreachable(path: str) -> Any:
+        raise ConnectionLoss()
+
+    zk.get = unreachable
+    m = _master(tmp_path, zk)
+    data = b"x" * (3 * MiB)
+    up = m.uploads.begin("alice", "k", False, [], 1, 0, 1)
+    m.append("alice", up.upload_id, 0, data)
+    with pytest.raises(ConnectionLoss):
+        m.commit("alice", up.upload_id, len(data), digest_bytes(data))
+    assert m.upload_status("alice", up.upload_id) == len(data)
+    assert m.store.versions("k") == []
+    # A refusal that retrying cannot change still ends the session and its data.
+    state = BlobState(seq=1, size=1, digest="0" * 32, acl=(), replication_factor=1,
+                      creator="bob", created_at=1.0, updated_at=1.0, epoch=3, acked=True)
+    zk.get = lambda path: (state.encode(), SimpleNamespace(version=0))
+    with pytest.raises(NotAuthorized):
+        m.commit("alice", up.upload_id, len(data), digest_bytes(data))
+    with pytest.raises(UploadNotFound):
+        m.upload_status("alice", up.upload_id)
+    assert _temp_files(tmp_path) == []
+
+
+def test_a_session_begun_while_leadership_is_lost_does_not_outlive_it(tmp_path: Path) -> None:
+    # BeginUpload checks leadership, reads the key, then opens the session. Deposed in between,
+    # the abort of every session came first and this one stayed on the follower, with its
+    # open file, taking data until it expired (10 minutes).
+    m: Any = None
+
+    def deposed_during_the_read(path: str) -> Any:
+        m.election.is_leader = False
+        m._on_deposed()
+        raise NoNodeError()
+
+    m = _master(tmp_path, SimpleNamespace(state=KazooState.CONNECTED,
+                                          get=deposed_during_the_read))
+    with pytest.raises(Unavailable, match="stopped leading"):
+        m.begin_upload("alice", "k", True, [], 0, 0, -1, 0)
+    assert m.uploads.count() == 0
+    assert _temp_files(tmp_path) == []
+
+
+def test_a_session_given_back_after_every_session_was_aborted_is_discarded(
+        tmp_path: Path) -> None:
+    uploads = UploadManager(LocalStore(tmp_path / "store"), 600)
+    up = uploads.begin("alice", "k", True, [], 1, 0, 1)
+    generation = uploads.generation
+    taken = uploads.take(up.upload_id, "alice")
+    uploads.abort_all("this master is no longer the leader")
+    assert not uploads.restore(taken, generation)
+    assert uploads.count() == 0 and _temp_files(tmp_path) == []
