@@ -39,6 +39,10 @@ class AccessControl:
 
 #: The longest user name an ACL (and authentication) accepts.
 MAX_NAME_LENGTH = 256
+#: Most entries one ACL may hold. The ACL lives in the key's ZooKeeper node, which ZooKeeper
+#: caps at about 1 MB (jute.maxbuffer): a larger one was refused there by dropping the
+#: leader's connection, again at each retry. At the longest names this is about 260 KB.
+MAX_ENTRIES = 1000
 
 
 def name_problem(name: str) -> str | None:
@@ -53,6 +57,11 @@ def name_problem(name: str) -> str | None:
         return "must not start or end with spaces"
     if any(ord(c) < 32 or ord(c) == 127 for c in name):
         return "must not contain control characters"
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        # Bytes that are not UTF-8, passed through by the shell as lone surrogates.
+        return "must be valid UTF-8"
     return None
 
 
@@ -80,8 +89,14 @@ def check_entry(entry: AccessControl) -> AccessControl:
 
 
 def check_entries(acl: Iterable[AccessControl]) -> list[AccessControl]:
-    """Every entry checked (:func:`check_entry`), and no user named twice."""
+    """Every entry checked (:func:`check_entry`), no user named twice, and at most
+    :data:`MAX_ENTRIES` entries."""
     out = [check_entry(e) for e in acl]
+    if len(out) > MAX_ENTRIES:
+        raise InvalidArgument(
+            f"the ACL has {len(out):,} entries, more than the {MAX_ENTRIES:,} a key may hold;"
+            " give access to fewer users (o::r grants everyone else)"
+        )
     check_duplicates(out)
     return out
 

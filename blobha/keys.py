@@ -30,7 +30,13 @@ def validate_key(key: str) -> str:
     """Return ``key`` unchanged if valid, else raise :class:`InvalidArgument` saying why."""
     if not key:
         raise InvalidArgument("the key is empty; give a key such as 'geo-table_v2'")
-    if len(key.encode("utf-8")) > MAX_KEY_BYTES:
+    try:
+        encoded = key.encode("utf-8")
+    except UnicodeEncodeError:
+        # Bytes that are not UTF-8, passed through by the shell as lone surrogates.
+        raise InvalidArgument(f"invalid key {key!r}: it is not valid UTF-8; keys are text such"
+                              " as 'geo-table_v2'") from None
+    if len(encoded) > MAX_KEY_BYTES:
         raise InvalidArgument(f"the key is longer than {MAX_KEY_BYTES} bytes of UTF-8; shorten it")
     if key in (".", ".."):
         raise InvalidArgument(f"{key!r} is not a valid key; choose a name with letters or digits")

@@ -87,6 +87,13 @@ def test_commands_and_exit_codes(cluster: LocalCluster, tmp_path: Path) -> None:
     assert run(cluster, "cat", "no-such-key").returncode == 3
     assert run(cluster, "create", "cli-key", stdin=b"again").returncode == 4
     assert run(cluster, "create", "bad/key", stdin=b"x").returncode == 6
+    # Bytes that are not UTF-8 (as a shell passes $'\xff'): a usage error (6), not an
+    # internal one (14, "report it").
+    bad = os.fsdecode(b"k\xff")
+    r = run(cluster, "cat", bad)
+    assert r.returncode == 6 and b"not valid UTF-8" in r.stderr, r.stderr
+    r = run(cluster, "create", "utf8-acl", "-a", f"u:{bad}:r", stdin=b"x")
+    assert r.returncode == 6 and b"valid UTF-8" in r.stderr, r.stderr
     r = run(cluster, "wait-replication", "cli-key", "--min", "4", "--timeout", "1")
     assert r.returncode == 12
     assert run(cluster, "delete", "cli-key").returncode == 0

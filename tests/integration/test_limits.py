@@ -6,12 +6,15 @@ import io
 import signal
 from pathlib import Path
 
+import grpc
 import pytest
-from conftest import client_for, make_cluster, store_dir
+from conftest import client_for, make_cluster, md, store_dir, stub
 
-from blobha import KeyNotFound, NotAuthorized, ResourceExhausted
+from blobha import InvalidArgument, KeyNotFound, NotAuthorized, ResourceExhausted
 from blobha.client import Client
+from blobha.digest import digest_bytes
 from blobha.localcluster import LocalCluster
+from blobha.v1 import blobha_pb2 as pb
 
 pytestmark = pytest.mark.integration
 
@@ -55,6 +58,34 @@ def test_unauthorised_operations_are_refused(cluster: LocalCluster, alice: Clien
             stranger.wait_for_replication([unique_key], 1, timeout=1)
     assert alice.read(unique_key) == b"alice's"
     assert alice.get_meta(unique_key).version == 1
+
+
+def test_an_acl_too_large_for_zookeeper_is_refused_before_it_reaches_it(
+        cluster: LocalCluster, alice: Client, unique_key: str) -> None:
+    # 4,500 entries of long names: about 1.2 MB in the key's node, past ZooKeeper's limit.
+    # ZooKeeper refused it by dropping the leader's connection, at every retry of the client,
+    # which gave up after its timeout with "may have been made".
+    acl = [pb.AccessControl(type="u", name=f"user-{i:05d}-" + "n" * 240, access=1)
+           for i in range(4500)]
+    data = b"x"
+    begin = pb.BeginUploadRequest(key=unique_key, create=True, acl=acl, write_id=b"w" * 16)
+    with pytest.raises(grpc.RpcError) as e:
+        stub(cluster.leader().address).Put(
+            pb.PutRequest(begin=begin, data=data, digest=digest_bytes(data)), timeout=30,
+            metadata=md("alice"))
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "more than the 1,000 a key may hold" in (e.value.details() or "")
+    with pytest.raises(KeyNotFound):
+        alice.get_meta(unique_key)
+    # The same ACL through the client is refused before it is sent, as is a change to it.
+    from blobha.acl import AccessControl
+    entries = [AccessControl("u", f"user-{i}", 1) for i in range(1001)]
+    with pytest.raises(InvalidArgument, match="1,001 entries"):
+        alice.create(unique_key, data, acl=entries)
+    alice.create(unique_key, data)
+    with pytest.raises(InvalidArgument, match="1,001 entries"):
+        alice.set_acl(unique_key, entries)
+    assert alice.read(unique_key) == data
 
 
 def test_a_master_told_to_stop_while_zookeeper_is_down_exits_by_itself(tmp_path: Path) -> None:

@@ -243,3 +243,21 @@ def test_acls_read_back_from_zookeeper_keep_names_stored_before_the_rules() -> N
     assert BlobState.decode(state.encode()).acl == state.acl
     with pytest.raises(InvalidArgument, match="spaces"):
         parse_acl("u: bob:r")
+
+
+def test_a_user_name_that_is_not_utf8_is_refused() -> None:
+    import os
+
+    from blobha.acl import parse_entry
+
+    with pytest.raises(InvalidArgument, match="valid UTF-8"):
+        parse_entry("u:" + os.fsdecode(b"al\xffice") + ":r")
+
+
+def test_an_acl_has_at_most_max_entries() -> None:
+    from blobha.acl import MAX_ENTRIES, AccessControl, check_entries
+
+    many = [AccessControl("u", f"user-{i}", 1) for i in range(MAX_ENTRIES)]
+    assert len(check_entries(many)) == MAX_ENTRIES
+    with pytest.raises(InvalidArgument, match="1,001 entries"):
+        check_entries([*many, AccessControl("o", "", 1)])

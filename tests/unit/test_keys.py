@@ -169,3 +169,10 @@ def test_a_directory_name_gives_its_key_back_unless_hashed(key: str) -> None:
 def test_names_the_encoding_never_gives_have_no_key(name: str) -> None:
     # Lower-case escapes, broken escapes and stray encodings are not directories of ours.
     assert key_of_dirname(name) is None
+
+
+def test_a_key_that_is_not_utf8_is_invalid_not_a_crash() -> None:
+    # A shell passes bytes that are not UTF-8 as lone surrogates ($'\xff'); encoding the key
+    # raised UnicodeEncodeError, which the CLI reported as an internal error.
+    with pytest.raises(InvalidArgument, match="not valid UTF-8"):
+        validate_key(os.fsdecode(b"geo\xff"))
