@@ -1103,7 +1103,9 @@ class Client:
         """Download ``key`` into a file path or a binary file object.
 
         A path is written through a temporary file next to it and renamed into place only once
-        complete and verified, so a failure never leaves a partial file. ``offset``/``length``
+        complete and verified, so a failure never leaves a partial file; through a symbolic
+        link, the file it points to is replaced. A path that is not a regular file (a device,
+        a named pipe, ``/dev/fd/N``) is written into directly. ``offset``/``length``
         (0 = to the end) select a range; only a whole download is checked against the digest
         (ranged reads are still verified chunk by chunk by the server)."""
         validate_key(key)
@@ -1115,9 +1117,23 @@ class Client:
         # Checked first so the error names the user's path, not our temporary file.
         if path.is_dir():
             raise IsADirectoryError(errno.EISDIR, "is a directory", str(path))
+        try:
+            mode = path.stat().st_mode
+        except FileNotFoundError:
+            mode = 0
+        if mode and not stat.S_ISREG(mode):
+            # A device, a pipe or a shell's /dev/fd/N: written into, as any program would.
+            # Renaming a file over it would replace /dev/null or a reader's pipe with a file.
+            with open(path, "wb") as f:
+                return self._download(key, _FileSink(f), version, offset, length, progress)
+        if path.is_symlink():
+            # The file it points to is the one to replace, not the link.
+            path = Path(os.path.realpath(path))
         if not path.parent.is_dir():
             raise FileNotFoundError(errno.ENOENT, "no such directory", str(path.parent))
-        fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=path.parent)
+        # The name is cut so the temporary's stays under the usual 255-byte limit.
+        fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name[:64]}.", suffix=".part",
+                                        dir=path.parent)
         tmp = Path(tmp_name)
         try:
             with os.fdopen(fd, "wb") as f:

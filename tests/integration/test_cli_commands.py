@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 import os
 import signal
+import stat
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -98,6 +100,36 @@ def test_commands_and_exit_codes(cluster: LocalCluster, tmp_path: Path) -> None:
     assert r.returncode == 12
     assert run(cluster, "delete", "cli-key").returncode == 0
     assert run(cluster, "cat", "cli-key").returncode == 3
+
+
+def test_cat_into_a_pipe_a_link_or_a_long_name(cluster: LocalCluster, tmp_path: Path) -> None:
+    # cat -f wrote a temporary file beside the path and renamed it over the path: a named pipe
+    # (or /dev/null, /dev/stdout as root) was replaced by a file and its reader hung, a link
+    # was replaced instead of its target, and a long valid name failed (temporary too long).
+    assert run(cluster, "create", "cat-into", stdin=b"some bytes").returncode == 0
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    got: list[bytes] = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()), daemon=True)
+    reader.start()
+    r = run(cluster, "cat", "cat-into", "-f", str(fifo))
+    assert r.returncode == 0, r.stderr
+    reader.join(30)
+    assert got == [b"some bytes"] and stat.S_ISFIFO(fifo.lstat().st_mode)
+
+    target = tmp_path / "target.bin"
+    target.write_bytes(b"old")
+    link = tmp_path / "link.bin"
+    link.symlink_to(target)
+    assert run(cluster, "cat", "cat-into", "-f", str(link)).returncode == 0
+    assert link.is_symlink() and target.read_bytes() == b"some bytes"
+
+    long_name = tmp_path / ("n" * 250)
+    r = run(cluster, "cat", "cat-into", "-f", str(long_name))
+    assert r.returncode == 0, r.stderr
+    assert long_name.read_bytes() == b"some bytes"
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        ["fifo", "target.bin", "link.bin", "n" * 250])
 
 
 def test_health_asks_one_master_directly(cluster: LocalCluster) -> None:
