@@ -1425,6 +1425,12 @@ def _settings_from_args(
         raise InvalidArgument("no blobs given: use --blob KEY[:LOCALNAME][:uncompress]")
     user = settings.user or os.environ.get("BLOBHA_USER", "").strip() or None
     if user is None:
+        from blobha.credentials import Credentials
+
+        # A token names its user, whom the masters will see whatever name is sent: the
+        # client refuses a token of another user than the one given (SPARK_USER, the OS's).
+        user = Credentials.from_env().check().token_user()
+    if user is None:
         from blobha.client import default_user
 
         # The job runs as spark-submit's user (or its --proxy-user, which Spark checks); the

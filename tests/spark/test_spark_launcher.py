@@ -248,6 +248,29 @@ def test_dry_run_prints_the_command(
     assert "spark.executorEnv.BLOBHA_SPARK_CONF=" in out and out.rstrip().endswith("job.py")
 
 
+def test_a_token_names_the_user_when_none_is_given(
+    cluster: LocalCluster, capsys: pytest.CaptureFixture[str], tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The launcher named the user after SPARK_USER or the OS user, and the client then
+    # refused the token as another user's ("the token belongs to 'alice', not 'root'"), where
+    # 'blobha list' with the same environment worked.
+    from blobha.auth import new_token
+
+    token_file = tmp_path / "alice.token"
+    token_file.write_text(new_token("alice") + "\n")
+    monkeypatch.setenv("BLOBHA_TOKEN_FILE", str(token_file))
+    monkeypatch.delenv("BLOBHA_USER", raising=False)
+    monkeypatch.setenv("SPARK_USER", "someone-else")
+    status = blobspark.submit_main([
+        "--blob", PUBLIC, "--cluster", cluster.cluster,
+        "--spark-submit", "/opt/spark/bin/spark-submit", "--dry-run", "--", "job.py",
+    ])
+    captured = capsys.readouterr()
+    assert status == 0, captured.err
+    assert "--conf spark.blobha.user=alice " in captured.out
+
+
 @pytest.mark.parametrize(
     "argv, message",
     [
