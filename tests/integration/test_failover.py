@@ -154,33 +154,42 @@ def test_deleted_key_disappears_everywhere_and_stays_gone(fresh_cluster: LocalCl
         assert all(not version_files(m, "doomed") for m in fresh_cluster.masters)
 
 
+def _precious_on_every_master(cluster: LocalCluster) -> KazooClient:
+    """Key "precious" held by all three masters, and a client of the cluster's chroot."""
+    with client_for(cluster) as c:
+        c.create("precious", b"only copies", replication_factor=3)
+        assert c.wait_for_replication(["precious"], 3, timeout=10).reached
+    zk = KazooClient(hosts=cluster.zk.connect_string + "/blobha")
+    zk.start()
+    return zk
+
+
+def _subtree(zk: KazooClient, path: str) -> list[str]:
+    """``path`` and every node below it, children before their parent (a delete's order)."""
+    return [*(n for child in zk.get_children(path)
+              for n in _subtree(zk, f"{path}/{child}")), path]
+
+
+def _deleted_at_once(zk: KazooClient, root: str, *more: str) -> bool:
+    """Delete ``root``'s subtree and ``more`` in one transaction. The masters re-register a
+    replica node deleted under them, so node-by-node deletes (kazoo's recursive delete) could
+    keep finding a key's children back on a busy machine; a node added since the listing fails
+    the transaction, whole, and the caller lists again."""
+    txn = zk.transaction()
+    for path in [*_subtree(zk, root), *more]:
+        txn.delete(path)
+    return not any(isinstance(r, Exception) for r in txn.commit())
+
+
 def test_zookeeper_wiped_under_running_masters_deletes_no_local_blob(
         fresh_cluster: LocalCluster) -> None:
     """ha-rule 10 at run time: the chroot wiped while the masters run reads as "every key was
     deleted". The identity check at start-up passed long before, so each master must ask again
     before it deletes a copy; the alert it logs then is the sign it looked and refused."""
-    with client_for(fresh_cluster) as c:
-        c.create("precious", b"only copies", replication_factor=3)
-        assert c.wait_for_replication(["precious"], 3, timeout=10).reached
-    zk = KazooClient(hosts=fresh_cluster.zk.connect_string + "/blobha")
-    zk.start()
+    zk = _precious_on_every_master(fresh_cluster)
     try:
-        def subtree(path: str) -> list[str]:
-            # Children before their parent: the order a delete must take.
-            return [*(n for child in zk.get_children(path)
-                      for n in subtree(f"{path}/{child}")), path]
-
-        def wiped() -> bool:
-            # All in one transaction: the masters re-register a replica node deleted under
-            # them, so node-by-node deletes (kazoo's recursive delete) could keep finding a
-            # key's children back on a busy machine. A node added since the listing fails the
-            # transaction, whole: list again.
-            txn = zk.transaction()
-            for path in [*subtree("/blobstore"), "/blobstore-id"]:
-                txn.delete(path)
-            return not any(isinstance(r, Exception) for r in txn.commit())
-
-        wait_until(wiped, 30, "/blobstore and /blobstore-id to be deleted")
+        wait_until(lambda: _deleted_at_once(zk, "/blobstore", "/blobstore-id"), 30,
+                   "/blobstore and /blobstore-id to be deleted")
     finally:
         zk.stop()
         zk.close()
@@ -196,25 +205,11 @@ def test_keys_removed_from_zookeeper_and_their_root_made_again_delete_no_local_b
     """ha-rule 10 after a restart: /blobstore removed with every key (by hand, or a restore
     from an old snapshot) while its cluster id stays. A master starting since makes the root
     again, empty, and the id still matched: every master deleted every copy."""
-    with client_for(fresh_cluster) as c:
-        c.create("precious", b"only copies", replication_factor=3)
-        assert c.wait_for_replication(["precious"], 3, timeout=10).reached
-    zk = KazooClient(hosts=fresh_cluster.zk.connect_string + "/blobha")
-    zk.start()
+    zk = _precious_on_every_master(fresh_cluster)
     try:
-        def subtree(path: str) -> list[str]:
-            return [*(n for child in zk.get_children(path)
-                      for n in subtree(f"{path}/{child}")), path]
-
-        def removed() -> bool:
-            txn = zk.transaction()  # one transaction, as in the test above
-            for path in subtree("/blobstore"):
-                txn.delete(path)
-            return not any(isinstance(r, Exception) for r in txn.commit())
-
         for m in fresh_cluster.masters:
             m.terminate()
-        wait_until(removed, 30, "/blobstore to be deleted")
+        wait_until(lambda: _deleted_at_once(zk, "/blobstore"), 30, "/blobstore to be deleted")
         assert zk.exists("/blobstore-id") is not None
     finally:
         zk.stop()
