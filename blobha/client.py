@@ -1114,13 +1114,13 @@ class Client:
         if not isinstance(dest, (str, os.PathLike)):
             return self._download(key, _FileSink(dest), version, offset, length, progress)
         path = Path(dest)
-        # Checked first so the error names the user's path, not our temporary file.
-        if path.is_dir():
-            raise IsADirectoryError(errno.EISDIR, "is a directory", str(path))
         try:
             mode = path.stat().st_mode
         except FileNotFoundError:
             mode = 0
+        # Checked first so the error names the user's path, not our temporary file.
+        if stat.S_ISDIR(mode):
+            raise IsADirectoryError(errno.EISDIR, "is a directory", str(path))
         if mode and not stat.S_ISREG(mode):
             # A device, a pipe or a shell's /dev/fd/N: written into, as any program would.
             # Renaming a file over it would replace /dev/null or a reader's pipe with a file.

@@ -496,12 +496,13 @@ class Master:
         # its keys were removed with the old one (by hand, or a restore from an old snapshot
         # without them), and a master starting since made it again, empty. Every key would
         # read as deleted.
-        if zk_id == self._cluster_id and root is not None and root.czxid <= id_made:
+        root_ours = root is not None and root.czxid <= id_made
+        if zk_id == self._cluster_id and root_ours:
             self._identity_alarm = False
             return True
         if not self._identity_alarm:
             self._identity_alarm = True
-            state = ("missing" if root is None else "present" if root.czxid <= id_made
+            state = ("missing" if root is None else "present" if root_ours
                      else "made again after the cluster id, so its keys were removed")
             log.error(
                 "ALERT: ZooKeeper no longer holds this store's cluster %s (it holds %s, and %s is"
