@@ -50,9 +50,12 @@ class MasterProcess:
         self.config_path = config_path
         self.log_path = log_path
         self.proc: subprocess.Popen[bytes] | None = None
+        #: Where the log stood when this process was last started.
+        self.log_offset = 0
 
     def start(self) -> None:
         log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the child from here on
+        self.log_offset = log.tell()
         try:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "blobha", "serve", "--config", str(self.config_path)],
@@ -95,6 +98,14 @@ class MasterProcess:
         if not self.wait(timeout):
             self.kill()
 
+    def log_since_start(self) -> str:
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(self.log_offset)
+                return f.read().decode("utf-8", "replace")
+        except OSError:
+            return ""
+
     def wait(self, timeout: float) -> bool:
         if self.proc is None:
             return True
@@ -103,6 +114,16 @@ class MasterProcess:
             return True
         except subprocess.TimeoutExpired:
             return False
+
+
+class MasterExited(RuntimeError):
+    """A master of the cluster exited while it was awaited."""
+
+    def __init__(self, master: MasterProcess) -> None:
+        code = master.proc.returncode if master.proc is not None else None
+        super().__init__(f"master {master.address} exited with code {code}; see"
+                         f" {master.log_path}")
+        self.master = master
 
 
 class LocalCluster:
@@ -147,7 +168,8 @@ class LocalCluster:
         self.secure_dir = self.data_dir / "secure"
         self.zk = EmbeddedZooKeeper(self.data_dir / "zookeeper", zookeeper_home=zookeeper_home,
                                     tick_ms=zk_tick_ms)
-        if base_port == 0:
+        self._auto_ports = base_port == 0
+        if self._auto_ports:
             free = _free_ports(2 * nodes)
             ports, metrics_ports = free[:nodes], free[nodes:]
         else:
@@ -254,7 +276,30 @@ class LocalCluster:
         for m in self.masters:
             self.write_config(m)
             m.start()
-        self.wait_ready(timeout)
+        deadline = time.monotonic() + timeout
+        moves = 0
+        while True:
+            try:
+                self.wait_ready(max(1.0, deadline - time.monotonic()))
+                return
+            except MasterExited as e:
+                # A port picked free can be taken before the master binds it (by any
+                # process's connection, or another test's server); on the first start only
+                # the port is at fault, and the master has not registered under its address.
+                if moves >= 3 or not self._move_if_port_taken(e.master):
+                    raise
+                moves += 1
+
+    def _move_if_port_taken(self, m: MasterProcess) -> bool:
+        """Restart ``m`` on other free ports if it exited for want of its own; False if the
+        ports were asked for (they must not move) or it exited for another reason."""
+        if not self._auto_ports or "cannot listen on " not in m.log_since_start():
+            return False
+        port, metrics_port = _free_ports(2)
+        m.address = f"127.0.0.1:{port}"
+        m.metrics_address = f"127.0.0.1:{metrics_port}"
+        self.start_master(m)
+        return True
 
     def start_master(self, m: MasterProcess) -> None:
         self.write_config(m)
@@ -302,10 +347,7 @@ class LocalCluster:
         while time.monotonic() < deadline:
             for m in self.masters:
                 if m.proc is not None and not m.alive() and expect is None:
-                    raise RuntimeError(
-                        f"master {m.address} exited with code {m.proc.returncode}; see"
-                        f" {m.log_path}"
-                    )
+                    raise MasterExited(m)
             try:
                 s = self.summary(timeout=1.0)
                 reachable = [x for x in s.masters if x.reachable]
@@ -329,18 +371,37 @@ def _write_private(path: Path, text: str) -> None:
 
 
 def _free_ports(n: int) -> list[int]:
+    """``n`` ports free on 127.0.0.1 now, below the kernel's ephemeral range when it leaves
+    room: a port from that range (what binding port 0 gives) is also the source port of any
+    outgoing connection, so one made between this probe and the master's bind can take it."""
+    import random
     import socket
 
-    socks = []
+    low = _ephemeral_low()
+    candidates = random.sample(range(10000, low), min(64 * n, low - 10000)) if low > 10000 else []
+    socks: list[socket.socket] = []
     try:
-        for _ in range(n):
+        for port in [*candidates, *([0] * n)]:
+            if len(socks) == n:
+                break
             s = socket.socket()
-            s.bind(("127.0.0.1", 0))
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                s.close()
+                continue
             socks.append(s)
         return [s.getsockname()[1] for s in socks]
     finally:
         for s in socks:
             s.close()
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0
 
 
 def main(nodes: int, data_dir: str | None, base_port: int, zookeeper_home: str | None,

@@ -35,7 +35,7 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
 )
 
 from blobha.client import Client
-from blobha.localcluster import LocalCluster, MasterProcess
+from blobha.localcluster import LocalCluster, MasterProcess, _free_ports
 from blobha.peers import CHANNEL_OPTIONS
 from blobha.v1 import blobha_pb2 as pb
 
@@ -367,6 +367,40 @@ def test_a_second_master_on_a_running_masters_directory_or_address_refuses_to_st
                    metadata=md("alice"), timeout=30)
     with client_for(cluster) as c:
         assert c.read(unique_key) == data
+
+
+def test_a_local_master_whose_free_port_was_taken_meanwhile_starts_on_another(
+        tmp_path: Path) -> None:
+    # Ports picked free are only free until someone binds them (CI once lost a Spark test
+    # module to this); a first start with picked ports moves the master rather than failing.
+    lc = LocalCluster(tmp_path / "cluster", nodes=3, base_port=0, overrides=FAST)
+    unlucky = lc.masters[1]
+    taken = unlucky.address
+    host, port = taken.rsplit(":", 1)
+    with socket.socket() as squatter:
+        squatter.bind((host, int(port)))
+        squatter.listen()
+        try:
+            lc.start()
+            assert unlucky.address != taken
+            assert f"cannot listen on master.listen {taken}" in unlucky.log_path.read_text()
+            summary = lc.wait_ready(30)
+            assert sorted(m.address for m in summary.masters if m.reachable) == sorted(
+                m.address for m in lc.masters)
+            with client_for(lc) as c:
+                c.create("moved", b"still one cluster", replication_factor=3)
+                assert c.wait_for_replication(["moved"], 3, timeout=30).reached
+        finally:
+            lc.stop()
+
+
+def test_ports_picked_for_a_local_cluster_avoid_the_ephemeral_range() -> None:
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    if low <= 10000 + 64:
+        pytest.skip(f"the ephemeral range starts at {low}, leaving no room below it")
+    ports = _free_ports(6)
+    assert len(set(ports)) == 6
+    assert all(10000 <= p < low for p in ports), ports
 
 
 def _config_beside(m: MasterProcess, path: Path, **values: object) -> Path:
