@@ -98,25 +98,42 @@ def _load_sync_file_range() -> Callable[[int, int, int], None] | None:
 
 
 _start_writeback = _load_sync_file_range()
-# None where there is no syncfs: sync_fs() falls back to os.sync().
+# None where there is no syncfs: FileSystemSync falls back to os.sync().
 _syncfs: Callable[[int], int] | None = libc_function("syncfs")
 
 
-def sync_fs(path: Path) -> None:
-    """Make everything written on the file system holding ``path`` durable: file contents,
+class FileSystemSync:
+    """Makes everything written on the file system holding ``path`` durable: file contents,
     new names, renames. One call for a whole batch of files, where fsync would take one
     journal commit per file and directory (about 2,000 a second on a virtual disk, so five per
-    small blob capped a sync at a few hundred blobs a second)."""
-    if _syncfs is None:
-        os.sync()
-        return
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        if _syncfs(fd) != 0:
+    small blob capped a sync at a few hundred blobs a second).
+
+    Open it before the first write it is to cover: syncfs reports a write-back error only to a
+    descriptor opened before the error was recorded, and another thread's syncfs can make the
+    kernel write back (and fail on) this batch's pages before a late-opened one exists."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._fd = os.open(path, os.O_RDONLY) if _syncfs is not None else -1
+
+    def sync(self) -> None:
+        if _syncfs is None:
+            os.sync()
+            return
+        if _syncfs(self._fd) != 0:
             err = ctypes.get_errno()
-            raise OSError(err, f"syncfs of {path} failed: {os.strerror(err)}")
-    finally:
-        os.close(fd)
+            raise OSError(err, f"syncfs of {self.path} failed: {os.strerror(err)}")
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    def __enter__(self) -> FileSystemSync:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 class BlobBuffer:
@@ -517,6 +534,7 @@ class LocalStore:
         out: list[VersionInfo | ChecksumMismatch] = []
         staged: list[tuple[VersionInfo, Path]] = []
         installed: list[VersionInfo] = []
+        fs = FileSystemSync(self.tmp_dir)  # tmp/ and keys/ share one file system
         try:
             for key, seq, data, size, digest in items:
                 whole, chunks = Digester(), ChunkDigests()
@@ -535,7 +553,7 @@ class LocalStore:
                                                tuple(chunks.digests())), path))
                     f.write(data)
                 out.append(staged[-1][0])
-            sync_fs(self.tmp_dir)
+            fs.sync()
             for info, path in staged:
                 with self._changing(info.key) as d:
                     d.mkdir(exist_ok=True)
@@ -543,7 +561,7 @@ class LocalStore:
                     installed.append(info)  # from here on, the clean-up below removes it
                     # The record last: a version exists only once its record does.
                     write_json_atomic(d / f"v{info.seq}.json", _info_json(info), sync=False)
-            sync_fs(self.keys_dir)
+            fs.sync()
             return out
         except BaseException:
             # Nothing of a failed batch may stay: a version on disk gets registered by the next
@@ -556,6 +574,8 @@ class LocalStore:
             with contextlib.suppress(OSError):
                 fsync_dir(self.keys_dir)
             raise
+        finally:
+            fs.close()
 
     # ---- reading --------------------------------------------------------------------------
 

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import json
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -522,17 +524,54 @@ def test_a_failed_install_many_leaves_no_version_behind(
 
     calls = []
 
-    def failing_sync(path: Path) -> None:
-        calls.append(path)
+    def failing_sync(fs: store_module.FileSystemSync) -> None:
+        calls.append(fs.path)
         if len(calls) == 2:  # the sync that would make the installed records durable
             raise OSError(5, "I/O error")
 
-    monkeypatch.setattr(store_module, "sync_fs", failing_sync)
+    monkeypatch.setattr(store_module.FileSystemSync, "sync", failing_sync)
     data = _data(10)
     with pytest.raises(OSError):
         store.install_many([("a", 1, data, len(data), digest_bytes(data)),
                             ("b", 1, data, len(data), digest_bytes(data))])
     # Never made durable, so never left for a reconcile to register.
+    assert store.versions("a") == [] and store.versions("b") == []
+    assert list(store.tmp_dir.iterdir()) == []
+
+
+def test_install_many_sees_a_write_back_error_recorded_during_its_writes(
+        store: LocalStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    import blobha.store as store_module
+
+    # Linux's syncfs reports a write-back error only to descriptors opened before it was
+    # recorded. The error here is recorded while the batch writes its files (as when another
+    # thread's syncfs writes those pages back first): a descriptor opened after them misses it.
+    error = {"recorded": False}
+    opened_before_the_error: dict[int, bool] = {}
+    real_open = os.open
+
+    def note_the_error() -> bool:
+        error["recorded"] = error["recorded"] or any(store.tmp_dir.glob("*.part"))
+        return error["recorded"]
+
+    def tracking_open(path: Any, flags: int, *args: Any, **kw: Any) -> int:
+        fd = real_open(path, flags, *args, **kw)
+        opened_before_the_error[fd] = not note_the_error()
+        return fd
+
+    def fake_syncfs(fd: int) -> int:
+        if note_the_error() and opened_before_the_error.pop(fd, False):
+            ctypes.set_errno(errno.EIO)
+            return -1
+        return 0
+
+    monkeypatch.setattr(store_module, "_syncfs", fake_syncfs)
+    monkeypatch.setattr(store_module.os, "open", tracking_open)
+    data = _data(10)
+    with pytest.raises(OSError, match="syncfs"):
+        store.install_many([("a", 1, data, len(data), digest_bytes(data)),
+                            ("b", 1, data, len(data), digest_bytes(data))])
+    monkeypatch.undo()
     assert store.versions("a") == [] and store.versions("b") == []
     assert list(store.tmp_dir.iterdir()) == []
 
@@ -586,12 +625,12 @@ def test_counted_usage_follows_every_change_the_store_makes(
     # A batch that fails after its renames takes back what it counted.
     calls: list[Path] = []
 
-    def failing_sync(p: Path) -> None:
-        calls.append(p)
+    def failing_sync(fs: store_module.FileSystemSync) -> None:
+        calls.append(fs.path)
         if len(calls) == 2:
             raise OSError(5, "I/O error")
 
-    monkeypatch.setattr(store_module, "sync_fs", failing_sync)
+    monkeypatch.setattr(store_module.FileSystemSync, "sync", failing_sync)
     with pytest.raises(OSError):
         store.install_many([("f", 1, small, 700, digest_bytes(small))])
     assert store.counted_usage() == (1, 700) and agrees()
