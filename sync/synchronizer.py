@@ -96,6 +96,9 @@ BATCH = 200
 #: Replica nodes created per ZooKeeper transaction (a multi-op is one request, well under
 #: jute.maxbuffer at this size).
 REGISTER_BATCH = 100
+#: Creates of one replica node before giving up until the next pass (each failed one found
+#: another session's node in the way).
+REGISTER_ATTEMPTS = 3
 #: Blobs up to this size are fetched into memory and installed a batch at a time (two
 #: file-system syncs per batch); bigger ones stream to a temp file and install one by one.
 SMALL_BLOB = 64 * 1024
@@ -1395,16 +1398,23 @@ class Synchronizer:
             if entry is not None and entry.seq == seq and entry.registered == session and session:
                 return
         path = replica_path(key, self.identity, seq)
-        try:
-            # No makepath: if the key was deleted meanwhile, we must not resurrect it.
-            self.zk.create(path, b"", ephemeral=True)
-        except NodeExistsError:
-            stat = self.zk.exists(path)
-            if stat is not None and stat.ephemeralOwner != session:
-                self._delete_node(path)
+        for _ in range(REGISTER_ATTEMPTS):
+            try:
+                # No makepath: if the key was deleted meanwhile, we must not resurrect it.
                 self.zk.create(path, b"", ephemeral=True)
-        except NoNodeError:
-            return
+                break
+            except NodeExistsError:
+                stat = self.zk.exists(path)
+                if stat is not None and stat.ephemeralOwner == session:
+                    break
+                # An earlier session's node: removed here, or gone by itself (that session
+                # expiring) between the create and the look. Either way, none is ours yet.
+                if stat is not None:
+                    self._delete_node(path)
+            except NoNodeError:
+                return
+        else:
+            raise NodeExistsError(f"{path} kept belonging to another session; retried later")
         self._registered(key, seq, session)
 
     def _register_many(self, items: list[tuple[str, int]]) -> dict[str, Exception]:

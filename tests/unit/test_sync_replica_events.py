@@ -22,14 +22,14 @@ from blobha.sync.synchronizer import (
     _Entry,
     _holders,
 )
-from kazoo.exceptions import ConnectionLoss, NoNodeError, SessionExpiredError
+from kazoo.exceptions import ConnectionLoss, NodeExistsError, NoNodeError, SessionExpiredError
 from kazoo.protocol.states import EventType, KazooState, WatchedEvent
 
 from blobha import placement
 from blobha.digest import digest_bytes
 from blobha.errors import BlobError
 from blobha.store import LocalStore
-from blobha.zkstate import JOURNAL, BlobState, JournalRecord
+from blobha.zkstate import JOURNAL, BlobState, JournalRecord, replica_path
 
 ME, A, B = "m1:6627", "m2:6627", "m3:6627"
 SESSION = 77
@@ -160,6 +160,43 @@ def test_where_this_master_has_work_the_key_is_reconciled(case: str) -> None:
     s._replicas_read("k", PATH, Answer(listed))
     assert s.queue.depth() == 1
     assert zk.watched_reads == []
+
+
+@pytest.mark.parametrize("in_the_way", ["gone by itself", "an earlier session's"])
+def test_a_registration_that_finds_another_sessions_node_ends_with_its_own(
+        in_the_way: str) -> None:
+    s, zk = synchroniser()
+    s._view["k"] = entry([A], registered=0)
+    path = replica_path("k", ME, 5)
+    created: list[str] = []
+    owners = [None if in_the_way == "gone by itself" else SimpleNamespace(ephemeralOwner=5)]
+
+    def create(path: str, value: bytes = b"", ephemeral: bool = False) -> str:
+        created.append(path)
+        if len(created) == 1:  # the earlier session's node is still there
+            raise NodeExistsError()
+        return path
+
+    zk.create = create  # type: ignore[attr-defined]
+    zk.exists = lambda path: owners.pop(0)  # type: ignore[attr-defined]
+    s.register_replica("k", 5)
+    assert created == [path, path]
+    assert zk.deleted == ([] if in_the_way == "gone by itself" else [path])
+    assert s._view["k"].registered == SESSION and ME in s._view["k"].holders
+
+
+def test_a_registration_that_keeps_losing_the_race_is_not_marked_done() -> None:
+    s, zk = synchroniser()
+    s._view["k"] = entry([A], registered=0)
+
+    def create(path: str, value: bytes = b"", ephemeral: bool = False) -> str:
+        raise NodeExistsError()
+
+    zk.create = create  # type: ignore[attr-defined]
+    zk.exists = lambda path: None  # type: ignore[attr-defined]
+    with pytest.raises(NodeExistsError):
+        s.register_replica("k", 5)
+    assert s._view["k"].registered == 0 and ME not in s._view["k"].holders
 
 
 def test_a_departure_re_reads_each_list_once_with_its_watch() -> None:
