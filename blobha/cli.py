@@ -797,6 +797,15 @@ def _cmd_token(args: argparse.Namespace) -> int:
         line = hash_token(token)
     except Unauthenticated as exc:
         raise InvalidArgument(str(exc)) from None
+    if args.action == "create" and args.out:
+        # The token first: a hash appended for a token that could not be kept would be a
+        # credential nobody holds.
+        fd = os.open(args.out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            # The mode given to open applies only to a new file; one that existed keeps its
+            # own (often 0644) unless changed, before the token is in it.
+            os.fchmod(f.fileno(), 0o600)
+            f.write(token + "\n")
     if args.append:
         with open(args.append, "a") as f:
             f.write(line + "\n")
@@ -805,9 +814,6 @@ def _cmd_token(args: argparse.Namespace) -> int:
         print(line)
     if args.action == "create":
         if args.out:
-            fd = os.open(args.out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            with os.fdopen(fd, "w") as f:
-                f.write(token + "\n")
             _note(f"token written to {args.out}; pass it with --token-file")
         else:
             _note("the token (shown once; the masters keep only its hash):")

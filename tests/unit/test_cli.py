@@ -582,6 +582,22 @@ def test_a_stdin_upload_refused_mid_stream_exits_cleanly(tmp_path: Path) -> None
 # ------------------------------------------------------------------------------------------------
 
 
+def test_token_create_out_keeps_the_token_private_and_appends_only_what_it_kept(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    tokens, out = tmp_path / "tokens.txt", tmp_path / "erin.token"
+    out.write_text("an old token\n")
+    out.chmod(0o644)
+    assert cli.main(["token", "create", "erin", "--out", str(out), "--append", str(tokens)]) == 0
+    assert out.stat().st_mode & 0o777 == 0o600
+    token = out.read_text().strip()
+    assert token.startswith("erin") and tokens.read_text().count("\n") == 1
+    # A token that cannot be written adds no hash (a credential nobody would hold).
+    assert cli.main(["token", "create", "erin", "--out", str(tmp_path / "no" / "such"),
+                     "--append", str(tokens)]) != 0
+    assert tokens.read_text().count("\n") == 1
+    assert "Traceback" not in capsys.readouterr().err
+
+
 def test_progress_bar_renders_and_throttles() -> None:
     now = [0.0]
     out = io.StringIO()
