@@ -38,6 +38,7 @@ import contextlib
 import dataclasses
 import importlib
 import json
+import math
 import os
 import sys
 import time
@@ -63,6 +64,7 @@ DEFAULT_BASE_PORT = 6627
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
 EXIT_BROKEN_PIPE = 141
+_UINT32_MAX = 2**32 - 1
 
 EXIT_CODES_EPILOG = """\
 exit codes:
@@ -101,16 +103,21 @@ def _positive_int(text: str) -> int:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected 1 or more, got {value}")
+    if not 1 <= value <= _UINT32_MAX:
+        # The wire carries these as 32-bit counts: a larger one would fail deep in protobuf.
+        raise argparse.ArgumentTypeError(f"expected 1 to {_UINT32_MAX}, got {value}")
     return value
 
 
 def _seconds(text: str) -> float:
     try:
-        return float(text)
+        value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(
+            f"expected a number of seconds, got {text!r} (a negative number waits forever)")
+    return value
 
 
 def _port(text: str) -> int:

@@ -976,10 +976,11 @@ class Client:
     def set_replication_factor(self, key: str, replication_factor: int) -> BlobMeta:
         """Change how many masters should hold ``key``."""
         validate_key(key)
-        if replication_factor < 1:
+        if isinstance(replication_factor, int) and replication_factor < 1:
             raise InvalidArgument(
                 f"the replication factor must be at least 1, not {replication_factor}"
             )
+        _check_count("replication_factor", replication_factor, _UINT32_MAX)
         request = pb.SetMetaRequest(key=key, replication_factor=replication_factor)
         return _meta_from_pb(
             self._leader_call(f"set the replication factor of {key!r}", "SetMeta", request)

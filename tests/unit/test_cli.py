@@ -381,6 +381,16 @@ def test_wait_replication_exit_codes(store: FakeStore, capsys: pytest.CaptureFix
     assert code == errors.DeadlineExceeded.exit_code
     assert "fewer than 3 replicas" in one_error_line(capsys.readouterr().err)
     assert store.waits[-1][2] == -1.0
+    # Values the wire or the wait cannot take are usage errors, before any call.
+    waits = len(store.waits)
+    for argv in (["wait-replication", "a", "--min", "2", "--timeout", "inf"],
+                 ["wait-replication", "a", "--min", "2", "--timeout", "nan"],
+                 ["wait-replication", "a", "--min", str(2**32)],
+                 ["replication", "a", "--update", "-r", str(2**32)]):
+        assert cli.main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert "negative number waits forever" in err or "expected 1 to 4294967295" in err, err
+    assert len(store.waits) == waits
 
 
 def test_create_wait_replication(
