@@ -604,9 +604,10 @@ class Master:
     # ---- uploads -------------------------------------------------------------------------
 
     def _write_settings(self, key: str, acl: Sequence[AccessControl], replication_factor: int,
-                        write_quorum: int) -> tuple[int, int]:
-        """Check a write's arguments; its replication factor and write quorum (an update then
-        keeps the key's own factor, and its quorum is capped by it)."""
+                        write_quorum: int, create: bool) -> tuple[int, int]:
+        """Check a write's arguments; a create's replication factor and write quorum. An
+        update keeps the key's own factor: its quorum comes back as asked (0 = the default),
+        for :meth:`_update_quorum` to check against that factor."""
         self._require_leader()
         validate_key(key)
         # Before anything is written: a user name with ':' or ',' would store an ACL that no
@@ -615,6 +616,8 @@ class Master:
         rf = replication_factor or self.config["blobstore.replication.factor"]
         if rf < 1:
             raise InvalidArgument("the replication factor must be at least 1")
+        if not create:
+            return rf, write_quorum
         if write_quorum:
             if write_quorum > rf:
                 raise InvalidArgument(
@@ -622,6 +625,18 @@ class Master:
                 )
             return rf, write_quorum
         return rf, min(self.config["blobstore.write.quorum"], rf)
+
+    def _update_quorum(self, key: str, state: BlobState, write_quorum: int) -> int:
+        """An update's write quorum: as asked, which the key's replication factor must allow
+        (not the cluster's default factor: a key of 5 takes W=4); by default the configured
+        quorum, capped by that factor."""
+        rf = state.replication_factor
+        if write_quorum > rf:
+            raise InvalidArgument(
+                f"write quorum {write_quorum} exceeds the replication factor {rf} of {key!r};"
+                " lower it, or raise the key's factor first ('blobha replication --update -r N')"
+            )
+        return write_quorum or min(self.config["blobstore.write.quorum"], rf)
 
     def _check_update(self, user: str, key: str, state: BlobState | None,
                       expected_version: int) -> BlobState:
@@ -654,7 +669,7 @@ class Master:
         # Read before leadership is checked: a session begun after this master stopped
         # leading would outlive the abort of every session (see UploadManager.begin).
         generation = self.uploads.generation
-        rf, w = self._write_settings(key, acl, replication_factor, write_quorum)
+        rf, w = self._write_settings(key, acl, replication_factor, write_quorum, create)
         tag = _tag(user, write_id)
         state = self._read_state(key)
         prior = state.written_by(tag) if state is not None else None
@@ -673,7 +688,7 @@ class Master:
         else:
             state = self._check_update(user, key, state, expected_version)
             rf = state.replication_factor
-            w = min(w, rf)
+            w = self._update_quorum(key, state, write_quorum)
         self._check_quorum(w)
         if size_hint >= 0:
             self.store.reserve(size_hint)
@@ -708,7 +723,7 @@ class Master:
                 f"Put carries at most {PUT_MAX_BYTES} bytes, not {len(data)}; use the resumable"
                 " upload (BeginUpload, AppendUpload, CommitUpload) for larger blobs"
             )
-        rf, w = self._write_settings(key, acl, replication_factor, write_quorum)
+        rf, w = self._write_settings(key, acl, replication_factor, write_quorum, create)
         _check_digest(digest)
         if create:
             acl = acls.normalize_for_create(acl, user)
@@ -910,8 +925,13 @@ class Master:
                 try:
                     if isinstance(state, BaseException):
                         raise state
+                    w = p.write_quorum
+                    if not p.create and state is not None and not state.written_by(p.write_tag):
+                        # Its rights and version first: a refused writer learns nothing more.
+                        self._check_update(p.user, p.key, state, p.expected_version)
+                        w = self._update_quorum(p.key, state, w)
                     news[i] = new = self._next_state(
-                        p.user, p.key, p.create, p.acl, p.replication_factor, p.write_quorum,
+                        p.user, p.key, p.create, p.acl, p.replication_factor, w,
                         p.expected_version, len(p.data), p.digest, state, now, p.write_tag)
                     if not p.create:
                         self._check_quorum(new.write_quorum)

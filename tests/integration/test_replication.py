@@ -28,6 +28,8 @@ from kazoo.client import KazooClient
 from blobha import placement
 from blobha.bench import node_status
 from blobha.client import Client
+from blobha.digest import PUT_MAX_BYTES
+from blobha.errors import InvalidArgument
 from blobha.localcluster import LocalCluster, MasterProcess
 from blobha.master import FETCH_MAX_VERSIONS, FETCH_WHOLE_MAX_BYTES
 from blobha.store import FLUSH_BYTES
@@ -95,6 +97,29 @@ def test_raising_and_lowering_the_replication_factor(
     wait_until(lambda: _holders(alice, unique_key) == expected_two, 15,
                f"extras removed down to {expected_two}")
     assert alice.read(unique_key) == b"data"
+
+
+def test_an_updates_write_quorum_is_checked_against_the_keys_own_factor(
+        tmp_path: Path) -> None:
+    # It was checked against the cluster's default factor (2 here): a key of 3 refused
+    # updates with W=3, and a key of 1 took W=2 and acknowledged its one copy as two.
+    with make_cluster(tmp_path, **{"blobstore.replication.factor": 2}) as lc, \
+            client_for(lc, "alice") as alice:
+        lc.wait_ready(30, expect=3)
+        key = "three"
+        alice.create(key, b"one", replication_factor=3)
+        small, large = b"two", os.urandom(PUT_MAX_BYTES + 1)
+        for n, data in enumerate((small, large), start=2):  # both write paths
+            meta = alice.update(key, data, write_quorum=3)
+            assert meta.version == n
+            status = alice.get_replication(key)
+            assert status.version == n and len(status.holders) == 3, status
+        alice.create("single", b"one", replication_factor=1)
+        for data in (small, large):
+            with pytest.raises(InvalidArgument, match="replication factor 1 of 'single'"):
+                alice.update("single", data, write_quorum=2)
+        assert alice.read("single") == b"one"
+        assert alice.get_replication("single").version == 1
 
 
 def test_wait_for_replication_honours_its_deadline(alice: Client, unique_key: str) -> None:
