@@ -1158,24 +1158,6 @@ def run(cluster_addr: str | None, local: bool, opts: BenchOptions, log: Log) -> 
                     lc.stop()
 
 
-@contextlib.contextmanager
-def _sigterm_interrupts() -> Iterator[None]:
-    """SIGTERM (``timeout``, CI) becomes KeyboardInterrupt while the benchmark runs, so the
-    ``finally`` blocks stop the local cluster: dying outright would orphan its ZooKeeper JVM."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def interrupt(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    previous = signal.signal(signal.SIGTERM, interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
 def main(
     cluster: str | None,
     local: bool,
@@ -1211,8 +1193,9 @@ def main(
         skipped = [g for g in opts.metrics if g in LOCAL_ONLY]
         if skipped:
             log.note(f"skipped {', '.join(skipped)}: they need --local")
-    with _sigterm_interrupts():
-        results = run(cluster, local, opts, log)
+    # SIGTERM unwinds this through the finally blocks that stop a local cluster: the command
+    # line turns it into an exception (cli._sigterm_interrupts).
+    results = run(cluster, local, opts, log)
     if as_json:
         print(format_json(results))
     else:

@@ -40,7 +40,9 @@ import importlib
 import json
 import math
 import os
+import signal
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator, Sequence
@@ -64,6 +66,7 @@ DEFAULT_BASE_PORT = 6627
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
 EXIT_BROKEN_PIPE = 141
+EXIT_TERMINATED = 143
 _UINT32_MAX = 2**32 - 1
 
 EXIT_CODES_EPILOG = """\
@@ -74,7 +77,7 @@ exit codes:
   9 checksum mismatch  10 resource exhausted         11 unavailable
   12 deadline exceeded (and wait-replication not reached)
   13 upload lost       14 internal error             15 not authenticated
-  130 interrupted      141 broken pipe
+  130 interrupted      141 broken pipe      143 terminated (SIGTERM)
 
 environment: BLOBHA_CLUSTER (default for --cluster), BLOBHA_USER (default for --user),
   BLOBHA_ADDRESS_MAP (ADVERTISED=DIAL,... to reach masters through NAT or published ports)
@@ -891,6 +894,30 @@ def _export_credentials(args: argparse.Namespace) -> None:
             os.environ[env] = value
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the command is, as Ctrl-C raises KeyboardInterrupt."""
+
+
+@contextlib.contextmanager
+def _sigterm_interrupts() -> Iterator[None]:
+    """SIGTERM (``timeout``, a service manager, CI) unwinds the command like Ctrl-C, so its
+    clean-up runs: a download's partial file is removed, a benchmark's local cluster stopped
+    (dying outright would orphan its ZooKeeper JVM). Commands that handle the signal
+    themselves (``serve``, ``local-cluster``) put their own handler in place of this one."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def terminate(signum: int, frame: object) -> None:
+        raise Terminated(f"signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the command line; returns the exit status (see the module docstring)."""
     argv = sys.argv[1:] if argv is None else argv
@@ -913,7 +940,8 @@ def main(argv: list[str] | None = None) -> int:
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else EXIT_USAGE)
     _export_credentials(args)
     try:
-        return int(args.func(args))
+        with _sigterm_interrupts():
+            return int(args.func(args))
     except BlobError as exc:
         _fail(str(exc) or type(exc).__name__)
         return exc.exit_code
@@ -923,6 +951,9 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as exc:
         _fail(_describe_os_error(exc))
         return 1
+    except Terminated:
+        _fail("terminated")
+        return EXIT_TERMINATED
     except KeyboardInterrupt:
         _fail("interrupted")
         return EXIT_INTERRUPTED

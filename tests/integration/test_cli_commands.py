@@ -132,6 +132,39 @@ def test_cat_into_a_pipe_a_link_or_a_long_name(cluster: LocalCluster, tmp_path: 
         ["fifo", "target.bin", "link.bin", "n" * 250])
 
 
+def test_sigterm_during_cat_removes_the_partial_file(cluster: LocalCluster,
+                                                     tmp_path: Path) -> None:
+    # SIGTERM (a timeout, a service manager) killed the command outright: its hidden partial
+    # file stayed beside the destination. The masters are frozen so the download is surely
+    # under way (its partial file made, its first call unanswered) when the signal comes.
+    assert run(cluster, "create", "cat-term", stdin=b"bytes never fetched").returncode == 0
+    out = tmp_path / "out.bin"
+    env = {**os.environ, "BLOBHA_CLUSTER": cluster.cluster, "BLOBHA_USER": "alice"}
+    frozen = []
+    try:
+        for m in cluster.masters:
+            m.signal(signal.SIGSTOP)
+            frozen.append(m)
+        child = subprocess.Popen([BLOBHA, "cat", "cat-term", "-f", str(out)], env=env,
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        try:
+            wait_until(lambda: list(tmp_path.glob(".out.bin.*.part")), 30, "the partial file")
+            child.send_signal(signal.SIGTERM)
+            code = child.wait(timeout=30)
+        finally:
+            if child.poll() is None:
+                child.kill()
+                child.wait()
+    finally:
+        for m in frozen:
+            m.signal(signal.SIGCONT)
+    assert child.stderr is not None
+    err = child.stderr.read().decode(errors="replace")
+    assert code == 143, err
+    assert err.strip() == "blobha: error: terminated" and "Traceback" not in err
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_health_asks_one_master_directly(cluster: LocalCluster) -> None:
     leader = cluster.leader()
     follower = next(m for m in cluster.masters if m is not leader)
