@@ -1113,6 +1113,13 @@ class Synchronizer:
             local = self.store.info(key, state.seq)
             if local is not None and (local.digest != state.digest or local.size != state.size):
                 # A version of an earlier incarnation of the key, or of a commit that never was.
+                # Unless ZooKeeper is not this store's cluster (wiped, or another cluster's):
+                # then its record says nothing about our copy, which must stay (ha-rules 10).
+                if not self._deletions_allowed():
+                    log.warning("%r v%d here differs from ZooKeeper's record, which does not"
+                                " hold this store's cluster (wiped or foreign?): keeping the"
+                                " local copy and leaving the key alone", key, state.seq)
+                    return None
                 self.store.delete_version(key, state.seq)
                 local = None
             has_local = local is not None

@@ -83,10 +83,11 @@ class FakeZk:
         return Answer(self.data.get(path, NoNodeError()))
 
 
-def synchroniser(leader: bool | list[bool] = False, store: Any = None, recursive: bool = False
-                 ) -> tuple[Synchronizer, FakeZk]:
+def synchroniser(leader: bool | list[bool] = False, store: Any = None, recursive: bool = False,
+                 ours: bool = True) -> tuple[Synchronizer, FakeZk]:
     """``leader`` as a one-element list can be changed while the synchroniser runs;
-    ``recursive``: following /blobstore with the recursive watch."""
+    ``recursive``: following /blobstore with the recursive watch; ``ours``: ZooKeeper holds
+    this store's cluster (deletions allowed)."""
     zk = FakeZk()
     leading = leader if isinstance(leader, list) else [leader]
     s = Synchronizer(
@@ -96,7 +97,7 @@ def synchroniser(leader: bool | list[bool] = False, store: Any = None, recursive
                               versions_retained=2, threads=1, periodic_keys_per_sec=200,
                               recursive_watch=recursive),
         is_leader=lambda: leading[0], leader_duty=lambda key, view: False,
-        deletions_allowed=lambda: True, key_lock=lambda key: threading.RLock(),  # type: ignore[arg-type]
+        deletions_allowed=lambda: ours, key_lock=lambda key: threading.RLock(),  # type: ignore[arg-type]
     )
     return s, zk
 
@@ -311,6 +312,24 @@ def test_a_read_older_than_the_leaders_own_commit_deletes_nothing(tmp_path: Path
     assert s._decide("k", current.encode(), SimpleNamespace(version=0), [f"{ME}-1"],
                      read_mark=s._commits) is None
     assert b"".join(store.read("k", 1)) == new and zk.deleted == [] and not s._commit_marks
+
+
+@pytest.mark.parametrize("ours", [True, False])
+def test_a_copy_that_differs_from_zookeepers_record_goes_only_if_zookeeper_is_ours(
+        tmp_path: Path, ours: bool) -> None:
+    store = LocalStore(tmp_path / "store")
+    mine, recorded = b"MINE", b"THEIRS"
+    store.install_many([("k", 1, mine, len(mine), digest_bytes(mine))])
+    s, zk = synchroniser(store=store, ours=ours)
+    state = BlobState(seq=1, size=len(recorded), digest=digest_bytes(recorded), acl=(),
+                      replication_factor=3, creator="alice", created_at=0.0, updated_at=0.0,
+                      epoch=1, acked=True)
+    outcome = s._decide("k", state.encode(), SimpleNamespace(version=0), [f"{A}-1"])
+    if ours:  # an earlier incarnation's copy: replaced by a fetch of the recorded one
+        assert store.versions("k") == [] and outcome == (state, [A])
+    else:  # a wiped or foreign ZooKeeper's record: our copy stays, and nothing is fetched
+        assert b"".join(store.read("k", 1)) == mine and outcome is None
+    assert zk.deleted == []
 
 
 def test_a_fetch_is_not_installed_over_a_commit_made_while_it_ran(tmp_path: Path) -> None:
