@@ -1054,6 +1054,12 @@ class Master:
             if (after is not None and after.seq == new.seq and after.digest == new.digest
                     and after.epoch == new.epoch):
                 return after
+            if after is not None and after.seq > new.seq and any(
+                    past.seq == new.seq and past.digest == new.digest
+                    and past.write_tag == new.write_tag for past in after.history):
+                # Applied, then superseded (by a next leader) before this read: the version
+                # stays in the key's history, and this master's copy may be its only one.
+                return new
             raise Unavailable(f"the commit of {key!r} did not apply (ZooKeeper hiccup); retry")
         raise CommitOutcomeUnknown(
             f"ZooKeeper became unreachable during the commit of {key!r}; its outcome is unknown:"

@@ -36,9 +36,12 @@ class _Ensemble:
     the transaction applied; until ``sync`` is called the session's server may not have seen
     it yet (``lagging``); ``reachable`` says whether any read gets through."""
 
-    def __init__(self, applied: bool, reachable: bool, lagging: bool = False) -> None:
+    def __init__(self, applied: bool, reachable: bool, lagging: bool = False,
+                 superseded: bool = False) -> None:
         self.applied = applied
         self.lagging = lagging
+        #: A newer version was committed (by a next leader) before the read-back.
+        self.superseded = superseded
         self.state = KazooState.CONNECTED if reachable else KazooState.SUSPENDED
         self.data: dict[str, bytes] = {}
         self.synced = False
@@ -48,6 +51,11 @@ class _Ensemble:
         build(txn)
         if self.applied:
             self.data.update(txn.ops)
+            if self.superseded:
+                state = BlobState.decode(self.data["/blobstore/k"])
+                newer = state.with_new_version(state.seq + 1, 5, digest_bytes(b"newer"), 1.0,
+                                               state.epoch + 1, 1, 2)
+                self.data["/blobstore/k"] = newer.encode()
         raise ConnectionLoss()
 
     def sync_async(self, path: str) -> Any:
@@ -105,6 +113,19 @@ def test_a_commit_read_back_after_a_sync_is_known_to_have_applied(tmp_path: Path
     [result] = m._commit_puts([_put(b"precious")])
     assert isinstance(result, BlobState) and result.seq == 1, result
     assert zk.synced
+    assert m.store.versions("k") == [1]
+
+
+def test_an_applied_commit_superseded_before_the_read_back_keeps_its_copy(
+        tmp_path: Path) -> None:
+    # The next leader committed v2 over the applied v1 before this master read the key back:
+    # v1 was taken for "did not apply" and its copy deleted, though ZooKeeper keeps it (as
+    # acknowledged, W=1) in the key's history for roll-back.
+    zk = _Ensemble(applied=True, reachable=True, superseded=True)
+    m = _master(tmp_path, zk)
+    [result] = m._commit_puts([_put(b"precious")])
+    assert isinstance(result, BlobState) and result.seq == 1, result
+    assert BlobState.decode(zk.data["/blobstore/k"]).history[0].seq == 1
     assert m.store.versions("k") == [1]
 
 
