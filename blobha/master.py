@@ -121,6 +121,11 @@ DATA_CHANNEL_MIN_BYTES = 1024 * 1024
 #: Bytes of blob data one group commit installs at most: a batch is acknowledged only once
 #: all of it is durable, so this bounds what one writer waits for on behalf of the others.
 PUT_BATCH_BYTES = 8 * 1024 * 1024
+#: A roll-back's fetch of a past version from one peer: this long, plus a second per
+#: ROLLBACK_MIN_RATE bytes (a fixed minute never restored a large version over TLS). A peer
+#: that stops sending is left sooner, at the fetch's stall limit.
+ROLLBACK_FETCH_SECS = 60.0
+ROLLBACK_MIN_RATE = 8 * 1024 * 1024
 #: Keys whose reads a replication wait has in flight at once (two reads per key).
 _WAIT_READ_BATCH = 256
 
@@ -1584,16 +1589,27 @@ class Master:
         local = self.store.find_by_digest(key, past.digest, past.size)
         if local is not None:
             return local
+        self.store.reserve(past.size)
+        timeout = ROLLBACK_FETCH_SECS + past.size / ROLLBACK_MIN_RATE
         temp = self.store.new_temp("rollback")
-        for address in self.peers.rank(self.membership.live() - {self.identity}):
-            try:
-                self.peers.fetch(address, key, past.seq, past.digest, temp, 60.0)
-                return self.store.install(key, past.seq, temp, past.size, past.digest)
-            except BlobError:
-                temp.discard()
-                temp = self.store.new_temp("rollback")
-        temp.discard()
-        return None
+        try:
+            for address in self.peers.rank(self.membership.live() - {self.identity}):
+                try:
+                    self.peers.fetch(address, key, past.seq, past.digest, temp, timeout)
+                except BlobError as e:
+                    # What arrived stays: the next peer's fetch resumes from there.
+                    log.info("roll-back of %r: fetching v%d from %s failed: %s", key, past.seq,
+                             address, e)
+                    continue
+                try:
+                    return self.store.install(key, past.seq, temp, past.size, past.digest)
+                except ChecksumMismatch:
+                    temp = self.store.new_temp("rollback")  # install removed the bad bytes
+            return None
+        finally:
+            # Whatever ended the loop, no temporary file outlives it (after an install, its
+            # name is gone already).
+            temp.discard()
 
     # ---- status --------------------------------------------------------------------------
 

@@ -15,9 +15,9 @@ from kazoo.exceptions import ConnectionLoss, NoNodeError
 
 from blobha.digest import digest_bytes
 from blobha.errors import Unavailable
-from blobha.master import CommitOutcomeUnknown, Master, _Put
+from blobha.master import ROLLBACK_MIN_RATE, CommitOutcomeUnknown, Master, _Put
 from blobha.store import LocalStore
-from blobha.zkstate import BlobState, write_tag
+from blobha.zkstate import BlobState, PastVersion, write_tag
 
 
 class _Txn:
@@ -181,3 +181,54 @@ def test_a_roll_back_drops_the_tags_of_every_version_it_skipped(tmp_path: Path) 
     restored = written["k"]
     assert (restored.seq, restored.digest, restored.acked) == (8, digest_bytes(v5), True)
     assert restored.written_by(alice) is None and restored.written_by(bob) is None
+
+
+def _rollback_master(tmp_path: Path, fetch: Any) -> Any:
+    m = _master(tmp_path, _Ensemble(applied=True, reachable=True))
+    m.membership = SimpleNamespace(live=lambda: {m.identity, "m2:6627", "m3:6627"})
+    m.peers = SimpleNamespace(rank=sorted, fetch=fetch)
+    return m
+
+
+def test_a_roll_back_fetch_resumes_on_the_next_peer_and_leaves_no_temporary_file(
+        tmp_path: Path) -> None:
+    data = b"0123456789" * 1000
+    past = PastVersion(4, len(data), digest_bytes(data))
+    calls: list[tuple[str, int, float]] = []
+
+    def fetch(address: str, key: str, seq: int, digest: str, dest: Any, timeout: float) -> None:
+        calls.append((address, dest.size, timeout))
+        if address == "m2:6627":  # half of it, then the peer goes away
+            dest.write_at(0, data[:4000])
+            raise Unavailable("m2 went away")
+        dest.write_at(dest.size, data[dest.size:])
+
+    m = _rollback_master(tmp_path, fetch)
+    info = m._obtain("k", past)
+    assert info is not None and b"".join(m.store.read("k", 4)) == data
+    assert [(a, size) for a, size, _ in calls] == [("m2:6627", 0), ("m3:6627", 4000)]
+    assert list(m.store.tmp_dir.iterdir()) == []
+    # A large version gets time in proportion to its size, beyond the fixed minute.
+    big = PastVersion(5, 10 * 1024**3, "0" * 32)
+    m.store.reserve = lambda nbytes: None  # no 10 GiB on the test's disk: not fetched
+
+    def unreachable(address: str, key: str, seq: int, digest: str, dest: Any,
+                    timeout: float) -> None:
+        calls.append((address, dest.size, timeout))
+        raise Unavailable("gone")
+
+    m.peers.fetch = unreachable
+    assert m._obtain("k", big) is None
+    assert calls[-1][2] >= 10 * 1024**3 / ROLLBACK_MIN_RATE
+
+
+def test_a_roll_back_fetch_that_fails_unexpectedly_leaves_no_temporary_file(
+        tmp_path: Path) -> None:
+    def fetch(address: str, key: str, seq: int, digest: str, dest: Any, timeout: float) -> None:
+        dest.write_at(0, b"partial")
+        raise RuntimeError("a bug, or an OSError of the disk")
+
+    m = _rollback_master(tmp_path, fetch)
+    with pytest.raises(RuntimeError):
+        m._obtain("k", PastVersion(4, 100, "0" * 32))
+    assert list(m.store.tmp_dir.iterdir()) == []
