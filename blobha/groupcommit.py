@@ -33,18 +33,28 @@ R = TypeVar("R")
 MAX_BATCH = 64
 
 
+class Later:
+    """A handler's answer for an item it cannot take now (its key is busy elsewhere): the item
+    goes back to the head of the queue once ``ready()`` returns. ``ready`` runs on a thread of
+    its own, so the batches of every other key go on meanwhile; what it raises goes to the
+    item's submitter."""
+
+    def __init__(self, ready: Callable[[], None]) -> None:
+        self.ready = ready
+
+
 class GroupCommitter(Generic[T, R]):
     """Runs ``handler`` on batches of submitted items, on one thread, in arrival order.
 
-    ``handler(batch)`` returns one entry per item, in order: the item's result, or the
-    exception to raise in its submitter. An exception raised by the handler itself fails the
-    whole batch. ``weight(item)`` bounds a batch by size as well as by count (``max_weight``);
-    an item heavier than the bound goes alone.
+    ``handler(batch)`` returns one entry per item, in order: the item's result, the
+    exception to raise in its submitter, or :class:`Later`. An exception raised by the handler
+    itself fails the whole batch. ``weight(item)`` bounds a batch by size as well as by count
+    (``max_weight``); an item heavier than the bound goes alone.
     """
 
     def __init__(
         self,
-        handler: Callable[[Sequence[T]], Sequence[R | BaseException]],
+        handler: Callable[[Sequence[T]], Sequence[R | BaseException | Later]],
         key: Callable[[T], str],
         name: str = "group-commit",
         max_batch: int = MAX_BATCH,
@@ -59,6 +69,8 @@ class GroupCommitter(Generic[T, R]):
         self._max_weight = max_weight
         self._max_batch = max_batch
         self._pending: deque[tuple[T, Future[R]]] = deque()
+        #: Keys with a write waiting off the queue for its key (Later).
+        self._later: set[str] = set()
         self._cond = threading.Condition()
         self._closed = False
         #: Batches committed and the writes in them, since start (read by the metrics).
@@ -94,7 +106,7 @@ class GroupCommitter(Generic[T, R]):
         most ``max_batch`` items and ``max_weight`` of weight. Items left out keep their place
         at the head of the queue."""
         with self._cond:
-            while not self._pending and not self._closed:
+            while not self._takeable() and not self._closed:
                 self._cond.wait()
             batch: list[tuple[T, Future[R]]] = []
             skipped: list[tuple[T, Future[R]]] = []
@@ -103,8 +115,10 @@ class GroupCommitter(Generic[T, R]):
             while self._pending and len(batch) < self._max_batch:
                 item, future = self._pending.popleft()
                 k, w = self._key(item), self._weight(item)
-                if k in keys:
-                    skipped.append((item, future))  # a second write to a key waits its turn
+                if k in keys or k in self._later:
+                    # A second write to a key waits its turn, as do writes behind one that
+                    # waits for its key (Later): a key's writes keep their order.
+                    skipped.append((item, future))
                     continue
                 if batch and self._max_weight and weight + w > self._max_weight:
                     self._pending.appendleft((item, future))
@@ -115,25 +129,54 @@ class GroupCommitter(Generic[T, R]):
             self._pending.extendleft(reversed(skipped))
             return batch
 
+    def _takeable(self) -> bool:
+        return any(self._key(item) not in self._later for item, _ in self._pending)
+
     def _run(self) -> None:
         while True:
             batch = self._take()
             if not batch:
+                with self._cond:  # closed: what waits behind a Later is not committed
+                    stranded, self._pending = list(self._pending), deque()
+                for _, future in stranded:
+                    future.set_exception(
+                        Unavailable("this master is stopping; retry (the client finds another)"))
                 return
             items = [item for item, _ in batch]
             self.batches += 1
             self.writes += len(items)
             self.largest = max(self.largest, len(items))
             try:
-                results: Sequence[R | BaseException] = self._handler(items)
+                results: Sequence[R | BaseException | Later] = self._handler(items)
                 if len(results) != len(items):
                     raise RuntimeError(f"group commit handler gave {len(results)} results for"
                                        f" {len(items)} items")
             except Exception as e:  # the thread must outlive any one batch
                 log.exception("group commit of %d write(s) failed", len(items))
                 results = [e] * len(items)
-            for (_, future), result in zip(batch, results, strict=True):
-                if isinstance(result, BaseException):
+            for (item, future), result in zip(batch, results, strict=True):
+                if isinstance(result, Later):
+                    with self._cond:
+                        self._later.add(self._key(item))
+                    threading.Thread(target=self._again_when_ready, args=(item, future, result),
+                                     name=f"{self._thread.name}-later", daemon=True).start()
+                elif isinstance(result, BaseException):
                     future.set_exception(result)
                 else:
                     future.set_result(result)
+
+    def _again_when_ready(self, item: T, future: Future[R], later: Later) -> None:
+        failure: BaseException | None = None
+        try:
+            later.ready()
+        except BaseException as e:
+            failure = e
+        with self._cond:
+            self._later.discard(self._key(item))
+            if failure is None and self._closed:
+                failure = Unavailable("this master is stopping; retry (the client finds another)")
+            if failure is None:
+                self._pending.appendleft((item, future))
+            self._cond.notify()  # the key's later writes may go now
+        if failure is not None:
+            future.set_exception(failure)

@@ -71,7 +71,7 @@ from blobha.errors import (
     Unavailable,
     VersionConflict,
 )
-from blobha.groupcommit import GroupCommitter
+from blobha.groupcommit import GroupCommitter, Later
 from blobha.health import MasterHealth
 from blobha.keys import validate_key
 from blobha.leader import Deposed, LeaderElection, LeaderHistory, is_failure
@@ -909,61 +909,86 @@ class Master:
                 raise
             return _retried(key, prior, user)
 
-    def _commit_puts(self, batch: Sequence[_Put]) -> list[BlobState | BaseException]:
+    def _commit_puts(self, batch: Sequence[_Put]) -> list[BlobState | BaseException | Later]:
         """One group commit (:class:`GroupCommitter` handler): the batch's new versions are
         installed together (two file-system syncs in all) and committed in one fenced
         transaction. A write whose operation fails there (the key appeared, moved or vanished
-        meanwhile) leaves the batch with its error, and the others commit without it."""
+        meanwhile) leaves the batch with its error, and the others commit without it.
+
+        A write whose key is locked elsewhere (a roll-back's fetch, a large upload's commit)
+        waits for it off the committing thread and goes in a later batch: waiting here held
+        up every other key's writes for as long (seconds, behind a roll-back)."""
+        taken: list[int] = []
+        with contextlib.ExitStack() as locks:
+            for i, p in enumerate(batch):
+                lock = self.store.key_lock(p.key)
+                if lock.acquire(blocking=False):
+                    locks.callback(lock.release)
+                    taken.append(i)
+            results = self._commit_locked([batch[i] for i in taken]) if taken else []
+        out: list[BlobState | BaseException | Later] = [
+            Later(self._key_free(p.key)) for p in batch]
+        for i, result in zip(taken, results, strict=True):
+            out[i] = result
+        return out
+
+    def _key_free(self, key: str) -> Callable[[], None]:
+        def wait() -> None:
+            lock = self.store.key_lock(key)
+            if not lock.acquire(timeout=self.config["blobstore.write.timeout.secs"]):
+                raise Unavailable(f"{key!r} stayed busy with another change; retry")
+            lock.release()
+        return wait
+
+    def _commit_locked(self, batch: Sequence[_Put]) -> list[BlobState | BaseException]:
+        """:meth:`_commit_puts` of the writes whose keys' locks are held."""
         out: list[BlobState | BaseException] = [
             Unavailable("not committed; retry")] * len(batch)
-        with contextlib.ExitStack() as locks:
-            for p in sorted(batch, key=lambda p: p.key):
-                locks.enter_context(self.store.key_lock(p.key))
+        try:
+            self._require_leader()
+        except BlobError as e:
+            return [e] * len(batch)
+        news: dict[int, BlobState] = {}
+        now = time.time()
+        for i, (p, state) in enumerate(zip(batch, self._states_for_commit(batch),
+                                           strict=True)):
             try:
-                self._require_leader()
-            except BlobError as e:
-                return [e] * len(batch)
-            news: dict[int, BlobState] = {}
-            now = time.time()
-            for i, (p, state) in enumerate(zip(batch, self._states_for_commit(batch),
-                                               strict=True)):
-                try:
-                    if isinstance(state, BaseException):
-                        raise state
-                    w = p.write_quorum
-                    if not p.create and state is not None and not state.written_by(p.write_tag):
-                        # Its rights and version first: a refused writer learns nothing more.
-                        self._check_update(p.user, p.key, state, p.expected_version)
-                        w = self._update_quorum(p.key, state, w)
-                    news[i] = new = self._next_state(
-                        p.user, p.key, p.create, p.acl, p.replication_factor, w,
-                        p.expected_version, len(p.data), p.digest, state, now, p.write_tag)
-                    if not p.create:
-                        self._check_quorum(new.write_quorum)
-                except Exception as e:
-                    out[i] = e
-                    news.pop(i, None)
-            if not news:
-                return out
-            installed = self.store.install_many(
-                [(batch[i].key, new.seq, batch[i].data, len(batch[i].data), batch[i].digest)
-                 for i, new in news.items()])
-            live: list[int] = []
-            for i, result in zip(list(news), installed, strict=True):
-                if isinstance(result, ChecksumMismatch):
-                    out[i] = ChecksumMismatch(
-                        f"the data received for {batch[i].key!r} does not match its digest"
-                        f" {batch[i].digest}: {result}; nothing was stored, upload again")
-                else:
-                    live.append(i)
-            try:
-                results = self._commit_together(
-                    [(batch[i].key, batch[i].create, news[i]) for i in live])
-                for i, committed in zip(live, results, strict=True):
-                    out[i] = committed
-            finally:
-                for i in live:
-                    self._drop_uncommitted(batch[i].key, news[i].seq, out[i])
+                if isinstance(state, BaseException):
+                    raise state
+                w = p.write_quorum
+                if not p.create and state is not None and not state.written_by(p.write_tag):
+                    # Its rights and version first: a refused writer learns nothing more.
+                    self._check_update(p.user, p.key, state, p.expected_version)
+                    w = self._update_quorum(p.key, state, w)
+                news[i] = new = self._next_state(
+                    p.user, p.key, p.create, p.acl, p.replication_factor, w,
+                    p.expected_version, len(p.data), p.digest, state, now, p.write_tag)
+                if not p.create:
+                    self._check_quorum(new.write_quorum)
+            except Exception as e:
+                out[i] = e
+                news.pop(i, None)
+        if not news:
+            return out
+        installed = self.store.install_many(
+            [(batch[i].key, new.seq, batch[i].data, len(batch[i].data), batch[i].digest)
+             for i, new in news.items()])
+        live: list[int] = []
+        for i, result in zip(list(news), installed, strict=True):
+            if isinstance(result, ChecksumMismatch):
+                out[i] = ChecksumMismatch(
+                    f"the data received for {batch[i].key!r} does not match its digest"
+                    f" {batch[i].digest}: {result}; nothing was stored, upload again")
+            else:
+                live.append(i)
+        try:
+            results = self._commit_together(
+                [(batch[i].key, batch[i].create, news[i]) for i in live])
+            for i, committed in zip(live, results, strict=True):
+                out[i] = committed
+        finally:
+            for i in live:
+                self._drop_uncommitted(batch[i].key, news[i].seq, out[i])
         return out
 
     def _states_for_commit(self, batch: Sequence[_Put]

@@ -15,6 +15,7 @@ from kazoo.exceptions import ConnectionLoss, NoNodeError
 
 from blobha.digest import digest_bytes
 from blobha.errors import Unavailable
+from blobha.groupcommit import GroupCommitter
 from blobha.master import ROLLBACK_MIN_RATE, CommitOutcomeUnknown, Master, _Put
 from blobha.store import LocalStore
 from blobha.zkstate import BlobState, PastVersion, write_tag
@@ -232,3 +233,28 @@ def test_a_roll_back_fetch_that_fails_unexpectedly_leaves_no_temporary_file(
     with pytest.raises(RuntimeError):
         m._obtain("k", PastVersion(4, 100, "0" * 32))
     assert list(m.store.tmp_dir.iterdir()) == []
+
+
+def test_a_put_to_a_key_busy_elsewhere_does_not_hold_up_the_others(tmp_path: Path) -> None:
+    # The committing thread waited for every key's lock in turn: one key held by a roll-back's
+    # fetch or a large upload's commit held up the writes of every other key as long.
+    m = _master(tmp_path, _Ensemble(applied=True, reachable=True))
+    m.config["blobstore.write.timeout.secs"] = 30
+
+    def put(key: str) -> _Put:
+        return _Put("alice", key, True, (), 1, 1, 0, key.encode(), digest_bytes(key.encode()))
+
+    committer = GroupCommitter(m._commit_puts, key=lambda p: p.key)
+    busy = m.store.key_lock("busy")
+    busy.acquire()
+    try:
+        waiting = committer.submit_async(put("busy"))
+        assert committer.submit_async(put("free")).result(timeout=20).seq == 1
+        assert not waiting.done()
+    finally:
+        busy.release()
+    try:
+        assert waiting.result(timeout=20).seq == 1  # committed once its key was free
+        assert m.store.versions("busy") == [1] and m.store.versions("free") == [1]
+    finally:
+        committer.close(timeout=20)

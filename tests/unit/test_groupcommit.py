@@ -10,7 +10,7 @@ import pytest
 from waiting import wait_until
 
 from blobha.errors import Unavailable
-from blobha.groupcommit import GroupCommitter
+from blobha.groupcommit import GroupCommitter, Later
 
 
 class Recorder:
@@ -133,3 +133,62 @@ def test_close_commits_what_is_queued_then_refuses_new_writes() -> None:
     closer.join(10)
     assert not closer.is_alive()
     assert [f.result(0) for f in [head, *rest]] == ["done a", "done b", "done c"]
+
+
+class BusyKey:
+    """A handler for which key 'busy' is locked elsewhere until ``free`` is set: its first
+    write gets Later (ready once free), and every write it commits is recorded in order."""
+
+    def __init__(self) -> None:
+        self.free = threading.Event()
+        self.deferred = 0
+        self.committed: list[str] = []
+
+    def __call__(self, batch: Sequence[str]) -> list[str | BaseException | Later]:
+        out: list[str | BaseException | Later] = []
+        for item in batch:
+            if item.startswith("busy") and not self.free.is_set():
+                self.deferred += 1
+                out.append(Later(self._wait_free))
+            else:
+                self.committed.append(item)
+                out.append(f"done {item}")
+        return out
+
+    def _wait_free(self) -> None:
+        if not self.free.wait(10):
+            raise Unavailable("the key stayed busy; retry")
+
+
+def test_a_write_whose_key_is_busy_waits_off_the_queue_and_keeps_its_keys_order() -> None:
+    handler = BusyKey()
+    gc = GroupCommitter(handler, key=lambda item: item.split("#")[0])
+    first = gc.submit_async("busy#1")
+    wait_until(lambda: handler.deferred == 1, timeout=10, what="the busy key's write deferred")
+    second = gc.submit_async("busy#2")  # behind the first: must not overtake it
+    assert gc.submit_async("other").result(10) == "done other"
+    assert not first.done() and not second.done() and handler.deferred == 1
+    handler.free.set()
+    assert [first.result(10), second.result(10)] == ["done busy#1", "done busy#2"]
+    assert handler.committed == ["other", "busy#1", "busy#2"]
+    gc.close(5)
+
+
+def test_a_deferred_write_gets_its_wait_error_and_close_fails_what_waits_behind_it() -> None:
+    gate = threading.Event()
+
+    def never_free() -> None:
+        gate.wait(10)
+        raise Unavailable("the key stayed busy; retry")
+
+    gc: GroupCommitter[str, str] = GroupCommitter(
+        lambda batch: [Later(never_free) for _ in batch], key=lambda item: item.split("#")[0])
+    first = gc.submit_async("busy#1")
+    wait_until(lambda: "busy" in gc._later, timeout=10, what="the write deferred")
+    behind = gc.submit_async("busy#2")
+    gc.close(10)
+    with pytest.raises(Unavailable, match="stopping"):
+        behind.result(10)
+    gate.set()
+    with pytest.raises(Unavailable, match="stayed busy"):
+        first.result(10)
