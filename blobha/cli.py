@@ -717,7 +717,10 @@ def _existing(c: Client, keys: Sequence[str], prefix: str) -> Iterator[str]:
         except KeyNotFound:
             continue
         except NotAuthorized:
-            pass  # refused means it exists; listing needs no permission in Storm either
+            # It exists, but a listing shows it only where the masters list keys their user
+            # cannot read (blobstore.list.visibility = "all", as in Storm): ask a listing.
+            if next(iter(c.list(key)), None) != key:
+                continue
         yield key
 
 

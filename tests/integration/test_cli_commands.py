@@ -86,6 +86,10 @@ def test_commands_and_exit_codes(cluster: LocalCluster, tmp_path: Path) -> None:
     r = run(cluster, "cat", "cli-key", user="mallory")
     assert r.returncode == 5 and b"Traceback" not in r.stderr
     assert len(r.stderr.decode().strip().splitlines()) == 1
+    # Listings show mallory only keys she may read (the default visibility), named or not.
+    for listing in (("list",), ("list", "cli-key")):
+        r = run(cluster, *listing, user="mallory")
+        assert r.returncode == 0 and "cli-key" not in r.stdout.decode().split(), listing
     assert run(cluster, "cat", "no-such-key").returncode == 3
     assert run(cluster, "create", "cli-key", stdin=b"again").returncode == 4
     assert run(cluster, "create", "bad/key", stdin=b"x").returncode == 6

@@ -108,7 +108,8 @@ class FakeClient:
 
     def list(self, prefix: str = "") -> Iterator[str]:
         self._raise_next()
-        return iter(sorted(k for k in self.store.blobs if k.startswith(prefix)))
+        return iter(sorted(k for k in self.store.blobs if k.startswith(prefix) and not (
+            self.store.list_readable_only and k in self.store.forbidden)))
 
     def get_meta(self, key: str) -> BlobMeta:
         self._raise_next()
@@ -165,6 +166,8 @@ class FakeStore:
         self.created: list[tuple[str, tuple[AccessControl, ...], int, int]] = []
         self.waits: list[tuple[list[str], int, float]] = []
         self.forbidden: set[str] = set()
+        #: Listings leave out forbidden keys (blobstore.list.visibility = "readable").
+        self.list_readable_only = False
         self.replicas = 1
         self.replication_factor = 0
         self.closed = 0
@@ -304,6 +307,12 @@ def test_list_keys_and_json(store: FakeStore, capsys: pytest.CaptureFixture[str]
     assert json.loads(capsys.readouterr().out) == ["b", "secret"]
     assert cli.main(["list", "--prefix", "s"]) == 0
     assert capsys.readouterr().out == "secret\n"
+    # Named keys follow the masters' listing rule: where listings show only readable keys,
+    # naming an unreadable one does not show it either.
+    store.list_readable_only = True
+    store.blobs["secret-2"] = (b"", (), 1)
+    assert cli.main(["list", "b", "secret", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == ["b"]
 
 
 def test_meta_text_and_json(store: FakeStore, capsys: pytest.CaptureFixture[str]) -> None:
