@@ -54,6 +54,13 @@ OPTIONS: tuple[Option, ...] = (
         "Idle seconds after which an unfinished upload is aborted and its data deleted.",
     ),
     Option(
+        "blobstore.upload.max.per.user",
+        64,
+        "Unfinished uploads one user may hold open on the leader (each keeps a file open);"
+        " more are refused with RESOURCE_EXHAUSTED until some are committed, aborted or"
+        " expire. 0 = no limit.",
+    ),
+    Option(
         "blobstore.disk.reserved.bytes",
         256 * 1024 * 1024,
         "Free space an upload or a sync may never eat into; refused with RESOURCE_EXHAUSTED.",
@@ -335,6 +342,7 @@ def _validate(v: dict[str, Any]) -> dict[str, Any]:
     number("blobstore.write.quorum", int, 1)
     number("blobstore.write.timeout.secs", float, 0.1)
     number("blobstore.upload.expiration.secs", int, 1)
+    number("blobstore.upload.max.per.user", int, 0)
     number("blobstore.disk.reserved.bytes", int, 0)
     number("blobstore.sync.period.secs", float, 0.1)
     number("blobstore.sync.periodic.keys.per.sec", int, 1)

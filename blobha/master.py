@@ -235,7 +235,8 @@ class Master:
             ca=config["tls.ca"] or None, cert=config["tls.cert"] or None,
             key=config["tls.key"] or None,
         ) if config["tls.cert"] else None, stall_secs=config["blobstore.sync.stall.secs"])
-        self.uploads = UploadManager(self.store, config["blobstore.upload.expiration.secs"])
+        self.uploads = UploadManager(self.store, config["blobstore.upload.expiration.secs"],
+                                     config["blobstore.upload.max.per.user"])
         self.puts: GroupCommitter[_Put, BlobState] = GroupCommitter(
             self._commit_puts, key=lambda p: p.key, name="put-commit",
             weight=lambda p: len(p.data), max_weight=PUT_BATCH_BYTES,

@@ -15,7 +15,7 @@ import uuid
 from dataclasses import dataclass, field
 
 from blobha.acl import AccessControl
-from blobha.errors import NotAuthorized, Unavailable, upload_not_found
+from blobha.errors import NotAuthorized, ResourceExhausted, Unavailable, upload_not_found
 from blobha.store import LocalStore, TempBlob
 
 log = logging.getLogger(__name__)
@@ -40,9 +40,14 @@ class Upload:
 
 
 class UploadManager:
-    def __init__(self, store: LocalStore, expiration_secs: float) -> None:
+    """``max_per_user`` (0: no limit) bounds the sessions one user holds at once: each keeps a
+    file open, and a client looping on BeginUpload would otherwise run the leader out of
+    descriptors, for every user, until the sessions expire."""
+
+    def __init__(self, store: LocalStore, expiration_secs: float, max_per_user: int = 0) -> None:
         self.store = store
         self.expiration_secs = expiration_secs
+        self.max_per_user = max_per_user
         self._uploads: dict[str, Upload] = {}
         self._guard = threading.Lock()
         #: Bumped by :meth:`abort_all`: a session begun or given back by a caller that checked
@@ -77,8 +82,16 @@ class UploadManager:
                     write_quorum, temp, write_tag)
         with self._guard:
             current = generation is None or generation == self._generation
-            if current:
+            held = sum(u.user == user for u in self._uploads.values()) if self.max_per_user else 0
+            full = current and self.max_per_user and held >= self.max_per_user
+            if current and not full:
                 self._uploads[upload_id] = up
+        if full:
+            temp.discard()
+            raise ResourceExhausted(
+                f"user {user!r} already has {held} unfinished uploads on this master (the limit,"
+                " blobstore.upload.max.per.user); commit or abort some, or let them expire"
+                f" ({self.expiration_secs:g} s idle)")
         if not current:
             temp.discard()
             raise Unavailable(f"this master stopped leading while the upload of {key!r} began;"

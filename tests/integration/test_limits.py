@@ -88,6 +88,35 @@ def test_an_acl_too_large_for_zookeeper_is_refused_before_it_reaches_it(
     assert alice.read(unique_key) == data
 
 
+def test_a_user_holding_too_many_unfinished_uploads_is_refused_and_others_are_not(
+        cluster: LocalCluster, unique_key: str) -> None:
+    # Each session keeps a file open on the leader: a client looping on BeginUpload ran it
+    # out of descriptors, for everyone, until the sessions expired.
+    leader = stub(cluster.leader().address)
+
+    def begin(user: str, n: int) -> str:
+        reply = leader.BeginUpload(pb.BeginUploadRequest(
+            key=f"{unique_key}-{user}-{n}", create=True, size_hint=-1), metadata=md(user),
+            timeout=10)
+        return str(reply.upload_id)
+
+    held = [begin("carol", n) for n in range(64)]  # blobstore.upload.max.per.user
+    try:
+        with pytest.raises(grpc.RpcError) as e:
+            begin("carol", 64)
+        assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "64 unfinished uploads" in (e.value.details() or "")
+        leader.AbortUpload(pb.AbortUploadRequest(upload_id=begin("dave", 0)),
+                           metadata=md("dave"), timeout=10)
+        leader.AbortUpload(pb.AbortUploadRequest(upload_id=held.pop()), metadata=md("carol"),
+                           timeout=10)
+        held.append(begin("carol", 64))  # room again
+    finally:
+        for upload_id in held:
+            leader.AbortUpload(pb.AbortUploadRequest(upload_id=upload_id),
+                               metadata=md("carol"), timeout=10)
+
+
 def test_a_master_told_to_stop_while_zookeeper_is_down_exits_by_itself(tmp_path: Path) -> None:
     """SIGTERM with ZooKeeper unreachable: the master resigns as far as it can and exits on
     its own, cleanly (it used to wait forever for ZooKeeper to delete its candidacy)."""

@@ -14,7 +14,7 @@ from kazoo.client import KazooState
 from kazoo.exceptions import ConnectionLoss, NoNodeError
 
 from blobha.digest import digest_bytes
-from blobha.errors import NotAuthorized, Unavailable, UploadNotFound
+from blobha.errors import NotAuthorized, ResourceExhausted, Unavailable, UploadNotFound
 from blobha.master import Master
 from blobha.store import LocalStore
 from blobha.uploads import UploadManager
@@ -103,3 +103,19 @@ def test_a_session_given_back_after_every_session_was_aborted_is_discarded(
     uploads.abort_all("this master is no longer the leader")
     assert not uploads.restore(taken, generation)
     assert uploads.count() == 0 and _temp_files(tmp_path) == []
+
+
+def test_a_user_holds_at_most_the_configured_number_of_unfinished_uploads(
+        tmp_path: Path) -> None:
+    uploads = UploadManager(LocalStore(tmp_path / "store"), 600, max_per_user=3)
+    mine = [uploads.begin("alice", f"k{i}", True, [], 1, 0, 1) for i in range(3)]
+    with pytest.raises(ResourceExhausted, match="3 unfinished uploads"):
+        uploads.begin("alice", "k3", True, [], 1, 0, 1)
+    # Nothing is left of the refused one, and other users are not held back by alice.
+    assert uploads.count() == 3 and len(_temp_files(tmp_path)) == 3
+    uploads.begin("bob", "b", True, [], 1, 0, 1)
+    # A finished session makes room again.
+    uploads.abort(mine[0].upload_id, "alice")
+    uploads.begin("alice", "k3", True, [], 1, 0, 1)
+    assert uploads.count() == 4
+    uploads.abort_all("done")
