@@ -698,8 +698,10 @@ class Master:
         self._check_quorum(w)
         if size_hint >= 0:
             self.store.reserve(size_hint)
-        up = self.uploads.begin(user, key, create, acl, rf, expected_version, w, tag,
-                                generation=generation)
+        # An update's quorum is kept as asked: the commit checks it against the key's factor
+        # then (_next_state), which may have changed meanwhile.
+        up = self.uploads.begin(user, key, create, acl, rf, expected_version,
+                                w if create else write_quorum, tag, generation=generation)
         return up.upload_id, int(self.uploads.expiration_secs), None
 
     def append(self, user: str, upload_id: str, offset: int, data: bytes | memoryview) -> int:
@@ -814,6 +816,8 @@ class Master:
                     tag: str = "") -> BlobState:
         """The state a write commits over ``state`` (the key's current one, None if absent);
         acknowledged at once where the leader's own durable copy is the quorum (W=1).
+        ``write_quorum`` is a create's own, or an update's as asked (0 = the default), checked
+        here against the key's factor (:meth:`_update_quorum`).
         :class:`_AlreadyWritten` if ``state`` records this write (``tag``) as made already."""
         prior = state.written_by(tag) if state is not None else None
         if prior is not None:
@@ -833,7 +837,7 @@ class Master:
             state = self._check_update(user, key, state, expected_version)
             new = state.with_new_version(
                 state.seq + 1, size, digest, now, epoch,
-                min(write_quorum, state.replication_factor),
+                self._update_quorum(key, state, write_quorum),
                 self.config["blobstore.versions.retained"], tag,
             )
         return replace(new, acked=new.write_quorum <= 1)
@@ -956,13 +960,8 @@ class Master:
             try:
                 if isinstance(state, BaseException):
                     raise state
-                w = p.write_quorum
-                if not p.create and state is not None and not state.written_by(p.write_tag):
-                    # Its rights and version first: a refused writer learns nothing more.
-                    self._check_update(p.user, p.key, state, p.expected_version)
-                    w = self._update_quorum(p.key, state, w)
                 news[i] = new = self._next_state(
-                    p.user, p.key, p.create, p.acl, p.replication_factor, w,
+                    p.user, p.key, p.create, p.acl, p.replication_factor, p.write_quorum,
                     p.expected_version, len(p.data), p.digest, state, now, p.write_tag)
                 if not p.create:
                     self._check_quorum(new.write_quorum)

@@ -30,6 +30,8 @@ class Upload:
     acl: list[AccessControl]
     replication_factor: int
     expected_version: int
+    #: A create's write quorum; an update's as asked (0 = the default), for the commit to
+    #: check against the key's replication factor as it is then.
     write_quorum: int
     temp: TempBlob
     #: The write's tag (blobha.zkstate.write_tag), stored with the version it commits.
@@ -83,7 +85,7 @@ class UploadManager:
         with self._guard:
             current = generation is None or generation == self._generation
             held = sum(u.user == user for u in self._uploads.values()) if self.max_per_user else 0
-            full = current and self.max_per_user and held >= self.max_per_user
+            full = current and 0 < self.max_per_user <= held
             if current and not full:
                 self._uploads[upload_id] = up
         if full:
