@@ -37,14 +37,11 @@ import grpc
 from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import (
     BadVersionError,
-    ConnectionClosedError,
     ConnectionLoss,
     KazooException,
     NodeExistsError,
     NoNodeError,
     NotEmptyError,
-    OperationTimeoutError,
-    SessionExpiredError,
 )
 from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.protocol.states import WatchedEvent
@@ -93,7 +90,7 @@ from blobha.tls import ReloadingServerCredentials
 from blobha.uploads import Upload, UploadManager
 from blobha.version import __version__
 from blobha.zkauth import ZkCredentials, ZooKeeperAuthError, ensure_locked_chroot
-from blobha.zkclient import PollHandler, on_session_timeout
+from blobha.zkclient import UNREACHABLE, PollHandler, on_session_timeout
 from blobha.zkstate import (
     BLOBSTORE,
     EPOCH,
@@ -1148,8 +1145,7 @@ class Master:
         newer version can commit, so the view is stale only on a master cut off alone."""
         try:
             return self._state_or_404(key), None
-        except (Unavailable, ConnectionLoss, SessionExpiredError, ConnectionClosedError,
-                OperationTimeoutError):
+        except (Unavailable, *UNREACHABLE):
             view = self.sync.view(key)
             if view is None:
                 raise Unavailable(

@@ -13,14 +13,6 @@ from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 import grpc
 from grpc_health.v1 import health
 from grpc_reflection.v1alpha import reflection
-from kazoo.exceptions import (
-    ConnectionClosedError,
-    ConnectionLoss,
-    OperationTimeoutError,
-    SessionExpiredError,
-    SessionMovedError,
-)
-from kazoo.handlers.threading import KazooTimeoutError
 
 from blobha.acl import AccessControl
 from blobha.audit import audited
@@ -41,6 +33,7 @@ from blobha.peers import CHANNEL_OPTIONS
 from blobha.status import master_to_pb, replication_to_pb
 from blobha.v1 import blobha_pb2 as pb
 from blobha.v1 import blobha_pb2_grpc as pb_grpc
+from blobha.zkclient import UNREACHABLE
 from blobha.zkstate import BlobState
 
 if TYPE_CHECKING:
@@ -136,10 +129,7 @@ def _abort(context: grpc.ServicerContext, error: BlobError) -> NoReturn:
 def _translate(identity: str, method: str, e: Exception) -> BlobError:
     if isinstance(e, BlobError):
         return e
-    # KazooTimeoutError: a request given up unanswered (a connection dropping under it, or
-    # a session ZooKeeper granted longer than the master waits for), not a bug.
-    if isinstance(e, ConnectionLoss | SessionExpiredError | ConnectionClosedError
-                  | OperationTimeoutError | SessionMovedError | KazooTimeoutError):
+    if isinstance(e, UNREACHABLE):
         return Unavailable(
             f"ZooKeeper is unreachable from master {identity} ({type(e).__name__}); retry shortly"
         )

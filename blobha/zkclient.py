@@ -22,12 +22,25 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from kazoo.client import KazooClient
-from kazoo.handlers.threading import SequentialThreadingHandler
+from kazoo.exceptions import (
+    ConnectionClosedError,
+    ConnectionLoss,
+    OperationTimeoutError,
+    SessionExpiredError,
+    SessionMovedError,
+)
+from kazoo.handlers.threading import KazooTimeoutError, SequentialThreadingHandler
 from kazoo.protocol.paths import _prefix_root
 from kazoo.protocol.serialization import Watch, int_struct, write_string
 from kazoo.protocol.states import EVENT_TYPE_MAP, Callback, WatchedEvent
 
 log = logging.getLogger(__name__)
+
+#: What a ZooKeeper call fails with when ZooKeeper is out of reach, not because of the call:
+#: the connection or session went, or the request was given up unanswered (KazooTimeoutError:
+#: a connection dropping under it, or a session ZooKeeper granted longer than we wait for).
+UNREACHABLE = (ConnectionLoss, SessionExpiredError, ConnectionClosedError, OperationTimeoutError,
+               SessionMovedError, KazooTimeoutError)
 
 _READ = select.POLLIN | select.POLLPRI
 _WRITE = select.POLLOUT
@@ -215,4 +228,4 @@ def add_recursive_watch(zk: KazooClient, path: str, callback: Callable[[WatchedE
         raise
 
 
-__all__ = ["PollHandler", "add_recursive_watch", "poll_select"]
+__all__ = ["UNREACHABLE", "PollHandler", "add_recursive_watch", "poll_select"]

@@ -54,23 +54,18 @@ from blobha.sync.membership import IdentityInUse, Membership
 from blobha.sync.workqueue import WorkQueue
 from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import (
-    ConnectionClosedError,
-    ConnectionLoss,
     KazooException,
     NodeExistsError,
     NoNodeError,
-    OperationTimeoutError,
-    SessionExpiredError,
     UnimplementedError,
 )
-from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.protocol.states import EventType, WatchedEvent
 
 from blobha import placement, zkstate
 from blobha.errors import BlobError
 from blobha.peers import Peers
 from blobha.store import BlobBuffer, LocalStore, TempBlob
-from blobha.zkclient import add_recursive_watch
+from blobha.zkclient import UNREACHABLE, add_recursive_watch
 from blobha.zkstate import (
     BLOBSTORE,
     JOURNAL,
@@ -110,9 +105,6 @@ _PACE_STEP = 0.25
 _RECHECK_KEYS_PER_SEC = 2000
 #: Bound on waiting for one pipelined ZooKeeper answer; a dead connection fails sooner.
 _READ_TIMEOUT = 60.0
-#: What a key's sync fails with when ZooKeeper is out of reach (no fault of the key's).
-_UNREACHABLE = (ConnectionLoss, SessionExpiredError, ConnectionClosedError,
-                OperationTimeoutError, KazooTimeoutError)
 #: While ZooKeeper is out of reach, the keys whose sync failed for it are reported in one
 #: warning per this many seconds, not one per key and retry (a master syncing 100,000 keys
 #: wrote 580,000 such lines in one minute-long outage).
@@ -812,7 +804,7 @@ class Synchronizer:
             elif isinstance(error, SyncDeferred):
                 log.debug("sync of %r deferred: %s", key, error)
                 self._retry_later(key, quiet=True)
-            elif isinstance(error, _UNREACHABLE):
+            elif isinstance(error, UNREACHABLE):  # no fault of the key's
                 unreachable.append(error)
                 self._retry_later(key, quiet=True)
             else:

@@ -10,8 +10,10 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from blobha.sync import KeyView
 from kazoo.client import KazooState
-from kazoo.exceptions import ConnectionLoss, NoNodeError
+from kazoo.exceptions import ConnectionLoss, NoNodeError, SessionMovedError
+from kazoo.handlers.threading import KazooTimeoutError
 
 from blobha.digest import digest_bytes
 from blobha.errors import Unavailable
@@ -258,3 +260,21 @@ def test_a_put_to_a_key_busy_elsewhere_does_not_hold_up_the_others(tmp_path: Pat
         assert m.store.versions("busy") == [1] and m.store.versions("free") == [1]
     finally:
         committer.close(timeout=20)
+
+
+@pytest.mark.parametrize("failure", [KazooTimeoutError(), SessionMovedError(), ConnectionLoss()])
+def test_a_read_while_zookeeper_is_out_of_reach_serves_the_last_committed_state(
+        tmp_path: Path, failure: Exception) -> None:
+    # A request given up unanswered (KazooTimeoutError) is ZooKeeper out of reach as much as a
+    # lost connection: it failed the read instead of serving the state this master last saw.
+    m = _master(tmp_path, _Ensemble(applied=True, reachable=True))
+    state = BlobState(seq=2, size=1, digest="2" * 32, acl=(), replication_factor=3,
+                      creator="alice", created_at=0.0, updated_at=0.0, epoch=1, acked=True)
+    view = KeyView(state, ("m1:6627", "m2:6627"))
+    m.sync = SimpleNamespace(view=lambda key: view)
+
+    def unreachable(key: str) -> BlobState:
+        raise failure
+
+    m._state_or_404 = unreachable
+    assert m._state_for_read("k") == (state, view)
