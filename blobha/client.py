@@ -976,11 +976,7 @@ class Client:
     def set_replication_factor(self, key: str, replication_factor: int) -> BlobMeta:
         """Change how many masters should hold ``key``."""
         validate_key(key)
-        if isinstance(replication_factor, int) and replication_factor < 1:
-            raise InvalidArgument(
-                f"the replication factor must be at least 1, not {replication_factor}"
-            )
-        _check_count("replication_factor", replication_factor, _UINT32_MAX)
+        _check_count("replication_factor", replication_factor, _UINT32_MAX, minimum=1)
         request = pb.SetMetaRequest(key=key, replication_factor=replication_factor)
         return _meta_from_pb(
             self._leader_call(f"set the replication factor of {key!r}", "SetMeta", request)
@@ -1415,10 +1411,11 @@ _UINT32_MAX = 2**32 - 1
 _UINT64_MAX = 2**64 - 1
 
 
-def _check_count(name: str, value: int, maximum: int = _UINT64_MAX) -> None:
+def _check_count(name: str, value: int, maximum: int = _UINT64_MAX, minimum: int = 0) -> None:
     # Checked here so a bad number is an InvalidArgument, not a ValueError from protobuf.
-    if not isinstance(value, int) or not 0 <= value <= maximum:
-        raise InvalidArgument(f"{name} must be a whole number from 0 to {maximum}, not {value!r}")
+    if not isinstance(value, int) or not minimum <= value <= maximum:
+        raise InvalidArgument(
+            f"{name} must be a whole number from {minimum} to {maximum}, not {value!r}")
 
 
 def _may_have_run(exc: Unavailable) -> bool:

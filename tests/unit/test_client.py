@@ -188,9 +188,10 @@ class TestUserAndOptions:
 
 
     @pytest.mark.parametrize(("factor", "problem"), [
-        (0, "must be at least 1, not 0"), (-3, "must be at least 1, not -3"),
-        (2.5, "whole number from 0 to 4294967295, not 2.5"),
-        (2**32, "whole number from 0 to 4294967295, not 4294967296"),
+        (0, "whole number from 1 to 4294967295, not 0"),
+        (-3, "whole number from 1 to 4294967295, not -3"),
+        (2.5, "whole number from 1 to 4294967295, not 2.5"),
+        (2**32, "whole number from 1 to 4294967295, not 4294967296"),
     ])
     def test_a_replication_factor_the_wire_cannot_carry_is_refused_before_any_call(
         self, factor: Any, problem: str, cluster: FakeCluster
