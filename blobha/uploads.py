@@ -15,7 +15,13 @@ import uuid
 from dataclasses import dataclass, field
 
 from blobha.acl import AccessControl
-from blobha.errors import NotAuthorized, ResourceExhausted, Unavailable, upload_not_found
+from blobha.errors import (
+    BlobError,
+    NotAuthorized,
+    ResourceExhausted,
+    Unavailable,
+    upload_not_found,
+)
 from blobha.store import LocalStore, TempBlob
 
 log = logging.getLogger(__name__)
@@ -78,29 +84,39 @@ class UploadManager:
     ) -> Upload:
         """A new session; with ``generation``, refused with :class:`Unavailable` if every
         session was aborted since it was read (this master stopped leading meanwhile)."""
+        with self._guard:
+            refused = self._refusal(user, key, generation)
+        if refused is not None:
+            raise refused  # before a file is made: a client looping past the limit makes none
         upload_id = uuid.uuid4().hex
         temp = self.store.new_temp(f"upload-{upload_id}")
         up = Upload(upload_id, user, key, create, acl, replication_factor, expected_version,
                     write_quorum, temp, write_tag)
         with self._guard:
-            current = generation is None or generation == self._generation
-            held = sum(u.user == user for u in self._uploads.values()) if self.max_per_user else 0
-            full = current and 0 < self.max_per_user <= held
-            if current and not full:
+            refused = self._refusal(user, key, generation)  # again: it may have changed since
+            if refused is None:
                 self._uploads[upload_id] = up
-        if full:
+        if refused is not None:
             temp.discard()
-            raise ResourceExhausted(
-                f"user {user!r} already has {held} unfinished uploads on this master (the limit,"
-                " blobstore.upload.max.per.user); commit or abort some, or let them expire"
-                f" ({self.expiration_secs:g} s idle)")
-        if not current:
-            temp.discard()
-            raise Unavailable(f"this master stopped leading while the upload of {key!r} began;"
-                              " nothing was stored: retry with the new leader")
+            raise refused
         log.info("upload %s begun by %r for %r (%s)", upload_id, user, key,
                  "create" if create else "update")
         return up
+
+    def _refusal(self, user: str, key: str, generation: int | None) -> BlobError | None:
+        """Why a new session of ``user`` may not begin now (None: it may). Caller holds
+        ``_guard``."""
+        if generation is not None and generation != self._generation:
+            return Unavailable(f"this master stopped leading while the upload of {key!r} began;"
+                               " nothing was stored: retry with the new leader")
+        if self.max_per_user:
+            held = sum(u.user == user for u in self._uploads.values())
+            if held >= self.max_per_user:
+                return ResourceExhausted(
+                    f"user {user!r} already has {held} unfinished uploads on this master (the"
+                    " limit, blobstore.upload.max.per.user); commit or abort some, or let them"
+                    f" expire ({self.expiration_secs:g} s idle)")
+        return None
 
     def key_of(self, upload_id: str) -> str:
         with self._guard:

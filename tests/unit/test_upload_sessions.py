@@ -109,8 +109,12 @@ def test_a_user_holds_at_most_the_configured_number_of_unfinished_uploads(
         tmp_path: Path) -> None:
     uploads = UploadManager(LocalStore(tmp_path / "store"), 600, max_per_user=3)
     mine = [uploads.begin("alice", f"k{i}", True, [], 1, 0, 1) for i in range(3)]
+    made: list[str] = []
+    new_temp = uploads.store.new_temp
+    uploads.store.new_temp = lambda label: made.append(label) or new_temp(label)  # type: ignore[method-assign]
     with pytest.raises(ResourceExhausted, match="3 unfinished uploads"):
         uploads.begin("alice", "k3", True, [], 1, 0, 1)
+    assert made == []  # refused before any file was made (a loop past the limit makes none)
     # Nothing is left of the refused one, and other users are not held back by alice.
     assert uploads.count() == 3 and len(_temp_files(tmp_path)) == 3
     uploads.begin("bob", "b", True, [], 1, 0, 1)
