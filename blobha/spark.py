@@ -72,7 +72,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any, NamedTuple, cast
@@ -906,9 +906,7 @@ def prepare(
     if settings.user is None:
         from blobha.client import default_user
 
-        settings = settings.replace(
-            user=os.environ.get("BLOBHA_USER", "").strip() or sc.sparkUser() or default_user()
-        )
+        settings = settings.replace(user=_job_user(lambda: sc.sparkUser() or default_user()))
     settings = settings.replace(cluster=settings.resolved_cluster(), app_id=sc.applicationId)
     report = wait_for_replication(
         settings.keys,
@@ -1423,21 +1421,24 @@ def _settings_from_args(
     settings = SparkBlobSettings.from_conf(merged)  # re-validates localname clashes too
     if not settings.blobs:
         raise InvalidArgument("no blobs given: use --blob KEY[:LOCALNAME][:uncompress]")
-    user = settings.user or os.environ.get("BLOBHA_USER", "").strip() or None
-    if user is None:
-        from blobha.credentials import Credentials
+    from blobha.client import default_user
 
-        # A token names its user, whom the masters will see whatever name is sent: the
-        # client refuses a token of another user than the one given (SPARK_USER, the OS's).
-        user = Credentials.from_env().check().token_user()
-    if user is None:
-        from blobha.client import default_user
-
-        # The job runs as spark-submit's user (or its --proxy-user, which Spark checks); the
-        # blob store must see the same identity on the driver and on every executor, whatever
-        # OS user the executors run as.
-        user = os.environ.get("SPARK_USER", "").strip() or default_user()
+    # The job runs as spark-submit's user (or its --proxy-user, which Spark checks); the blob
+    # store must see the same identity on the driver and on every executor, whatever OS user
+    # the executors run as.
+    user = settings.user or _job_user(
+        lambda: os.environ.get("SPARK_USER", "").strip() or default_user())
     return settings.replace(user=user, cluster=settings.resolved_cluster())
+
+
+def _job_user(otherwise: Callable[[], str]) -> str:
+    """The blob-store user of a job that names none: ``BLOBHA_USER``, else the user the
+    token names (the masters see that user whatever name is sent, and the client refuses a
+    token of another user than the one given), else ``otherwise()`` (Spark's user)."""
+    from blobha.credentials import Credentials
+
+    return (os.environ.get("BLOBHA_USER", "").strip()
+            or Credentials.from_env().check().token_user() or otherwise())
 
 
 def _configure_logging() -> None:

@@ -271,6 +271,24 @@ def test_a_token_names_the_user_when_none_is_given(
     assert "--conf spark.blobha.user=alice " in captured.out
 
 
+def test_the_driver_side_prepare_names_the_user_the_same_way(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # prepare() (a job set up in code) took BLOBHA_USER, then Spark's user, and skipped the
+    # token: a driver with alice's token ran as the OS user and the client refused the token.
+    from blobha.auth import new_token
+
+    monkeypatch.delenv("BLOBHA_USER", raising=False)
+    monkeypatch.delenv("BLOBHA_TOKEN_FILE", raising=False)
+    assert blobspark._job_user(lambda: "spark-user") == "spark-user"
+    token_file = tmp_path / "alice.token"
+    token_file.write_text(new_token("alice") + "\n")
+    monkeypatch.setenv("BLOBHA_TOKEN_FILE", str(token_file))
+    assert blobspark._job_user(lambda: "spark-user") == "alice"
+    monkeypatch.setenv("BLOBHA_USER", "bob")
+    assert blobspark._job_user(lambda: "spark-user") == "bob"
+
+
 @pytest.mark.parametrize(
     "argv, message",
     [
