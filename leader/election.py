@@ -79,9 +79,6 @@ class LeaderElection:
         # clears the suspension first, and would otherwise show the old term as leading.
         self._session_lost = False
         self._leader_address = ""
-        #: The session that may hold candidacies besides ``_node``: one whose create got no
-        #: answer (made, its reply lost) or whose delete failed. Cleared by :meth:`_clear_strays`.
-        self._strays_in: int | None = None
         self._thread = threading.Thread(target=self._run, name="election", daemon=True)
         self.journal = ChangeJournal(zk)
         zk.add_listener(self._on_state)
@@ -187,14 +184,10 @@ class LeaderElection:
                 self._step_down(reason)
                 # Going to the back of the queue lets the real leader's fences stay valid.
                 if self._node is not None:
-                    try:
+                    # If the delete fails, the node is still there, and still ahead of the
+                    # real leader's if it is lowest: the next step's join removes it.
+                    with contextlib.suppress(KazooException):
                         self.zk.delete(self._node)
-                    except NoNodeError:
-                        pass
-                    except KazooException:
-                        # Still there, and still ahead of the real leader's if it is lowest:
-                        # removed by the next step.
-                        self._strays_in = self._session
                     self._node = None
         self._wake.set()
 
@@ -249,17 +242,15 @@ class LeaderElection:
             if self._leading:
                 self._step_down("ZooKeeper session changed")
             self._node = None
-            if self._strays_in is not None and self._strays_in == session:
-                self._clear_strays(session)
-            # Until the create answers: made but unanswered (ConnectionLoss), it would be a
-            # candidacy of this session that nothing tracks. Once lowest, this master would
+            # A candidacy of this session that nothing tracks (a create made but unanswered,
+            # a resignation's delete that failed) goes first. Once lowest, this master would
             # follow it, and every other master this one: no leader until a restart.
-            self._strays_in = session
+            if session is not None:
+                self._clear_strays(session)
             self._node = self.zk.create(
                 f"{ELECTION}/{_PREFIX}", self.identity.encode(), ephemeral=True, sequence=True,
                 makepath=True,
             )
-            self._strays_in = None
             self._session = session
             log.info("joined the election as %s", self._node)
         if lost:
@@ -292,10 +283,15 @@ class LeaderElection:
                 self._wake.set()
 
     def _clear_strays(self, session: int) -> None:
-        """Delete every candidacy of ``session`` but the tracked one (``_node``)."""
-        for child in self.zk.get_children(ELECTION):
+        """Delete every candidacy of ``session`` (called while none is tracked). Rare: at a
+        join, and then only a few small reads for the other masters' candidacies."""
+        try:
+            children = self.zk.get_children(ELECTION)
+        except NoNodeError:
+            return  # no election yet: nothing of ours either
+        for child in children:
             path = f"{ELECTION}/{child}"
-            if not child.startswith(_PREFIX) or path == self._node:
+            if not child.startswith(_PREFIX):
                 continue
             stat = self.zk.exists(path)
             if stat is not None and stat.ephemeralOwner == session:
@@ -303,7 +299,6 @@ class LeaderElection:
                             " no answer", path)
                 with contextlib.suppress(NoNodeError):
                     self.zk.delete(path)
-        self._strays_in = None
 
     def _become_leader(self) -> None:
         assert self._node is not None
