@@ -560,19 +560,18 @@ class GrpcTransport:
         call: Any = multi(request, timeout=timeout, metadata=self._metadata)
         try:
             if stall is None:
-                yield from call
+                try:
+                    yield from call
+                finally:
+                    # Frees the stream at once when the consumer stops early (messages() does
+                    # the same for a watched one); a no-op once finished.
+                    call.cancel()
             else:
-                yield from self._stalls.messages(call, stall)
-        except Stalled:
-            raise Unavailable(
-                f"master {address} sent nothing for {stall:g} s (paused, overloaded or cut"
-                " off); moving on to another replica"
-            ) from None
+                yield from self._stalls.messages(call, stall, f"master {address}")
+        except Stalled as e:
+            raise Unavailable(f"{e}; moving on to another replica") from None
         except grpc.RpcError as exc:
             raise _error_from_rpc(address, exc) from None
-        finally:
-            # Frees the stream at once when the consumer stops early; a no-op once finished.
-            call.cancel()
 
     def probe(
         self, addresses: Sequence[str], method: str, request: Any, timeout: float

@@ -540,7 +540,7 @@ class Master:
         # keep this one's fetches from it waiting for their stall limit; their keys are
         # fetched from the remaining holders, or judged without it (rolled back by a leader).
         self.peers.abandon(address, f"master {address} left the cluster (its ZooKeeper session"
-                                    " ended); fetching from another replica")
+                                    " ended)")
 
     # ---- authorisation -------------------------------------------------------------------
 

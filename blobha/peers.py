@@ -162,9 +162,13 @@ class Peers:
     def abandon(self, address: str, reason: str) -> None:
         """End the fetches from ``address`` now (it left the cluster: whatever it holds is no
         longer counted, and a paused master would keep them waiting for the stall limit)."""
+        self._suspect(address)
+        self._stalls.cancel(address, reason)
+
+    def _suspect(self, address: str) -> None:
+        """Rank ``address`` last for a while (see :meth:`rank`)."""
         with self._guard:
             self._suspects[address] = time.monotonic()
-        self._stalls.cancel(address, reason)
 
     def rank(self, addresses: Iterable[str]) -> list[str]:
         """``addresses`` shuffled, with those that stalled or left lately last: a fetch that
@@ -181,10 +185,8 @@ class Peers:
         return out
 
     def _stalled(self, address: str, e: Stalled) -> BlobError:
-        with self._guard:
-            self._suspects[address] = time.monotonic()
-        return Unavailable(str(e) or f"{address} sent nothing for {self._stall:g} s"
-                           " (paused, overloaded or cut off); fetching from another replica")
+        self._suspect(address)
+        return Unavailable(f"{e}; fetching from another replica")
 
     def status(self, address: str, timeout: float) -> MasterSummary:
         try:

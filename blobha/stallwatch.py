@@ -82,8 +82,9 @@ class StallWatch:
 
     def messages(self, call: Any, limit: float, tag: str = "") -> Iterator[Any]:
         """The messages of the server stream ``call``, watched; raises :class:`Stalled` when
-        the watch cancelled it. The time the consumer spends on a message does not count, and
-        the call is cancelled when the consumer stops early."""
+        the watch cancelled it, saying why (``tag`` names the sender). The time the consumer
+        spends on a message does not count, and the call is cancelled when the consumer stops
+        early."""
         w = self.watch(call, limit, tag)
         try:
             for message in call:
@@ -92,7 +93,8 @@ class StallWatch:
                 w.wait_again()
         except Exception:
             if w.fired:
-                raise Stalled(w.reason) from None
+                raise Stalled(w.reason or f"{tag or 'the master'} sent nothing for {limit:g} s"
+                              " (paused, overloaded or cut off)") from None
             raise
         finally:
             self.unwatch(w)
