@@ -25,9 +25,11 @@ code  meaning
 12    deadline exceeded (also: wait-replication did not reach its minimum)
 13    upload lost (it expired, or the leader changed and it could not restart)
 14    internal error
-15    not authenticated (no or a wrong token or client certificate)
+15    not authenticated (no or a wrong token or client certificate, or TLS settings
+      that do not match the masters')
 130   interrupted (Ctrl-C)
 141   broken pipe (the reader of stdout went away, e.g. ``blobha cat k | head``)
+143   terminated (SIGTERM); ``cat -f`` removes its partial file first
 ====  =========================================================================
 """
 
@@ -48,6 +50,11 @@ import traceback
 from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime
 from typing import Any, BinaryIO, TextIO
+
+# gRPC's C core reads this once, when it is loaded (below): without it, it writes a failed TLS
+# handshake to stderr as a log line of its own, beside the command's one-line error. A
+# GRPC_VERBOSITY set by the user still wins.
+os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 
 from blobha.acl import format_acl, parse_acl
 from blobha.client import BlobMeta, Client, ClusterSummary, ProgressCallback, ReplicationStatus

@@ -431,7 +431,50 @@ class Transport(Protocol):
     def close(self) -> None: ...
 
 
-def _error_from_rpc(address: str, exc: grpc.RpcError) -> BlobError:
+class _HandshakeFailed(Unavailable):
+    """No connection could be made to ``addresses`` because the client's TLS settings and
+    theirs do not match: another CA, TLS on one side only, or a client certificate they do not
+    accept. Transient at most while certificates are being replaced (masters reload theirs), so
+    the client gives up early once every master says so (see :meth:`Client._retry`)."""
+
+    def __init__(self, message: str, addresses: frozenset[str] = frozenset()) -> None:
+        super().__init__(message)
+        self.addresses = addresses
+
+
+def _handshake_failure(address: str, details: str, tls: bool) -> _HandshakeFailed | None:
+    """The failure to say for ``details`` of a connection that failed for want of a TLS
+    agreement, with what to change; None for any other unavailability."""
+    lowered = details.lower()
+    if "handshake failed" in lowered:
+        if "wrong_version_number" in lowered:
+            advice = ("it does not use TLS; drop --ca / BLOBHA_CA and any client certificate, or"
+                      " enable TLS on the masters")
+        else:
+            advice = ("its certificate did not verify against the CA given in --ca / BLOBHA_CA,"
+                      " or it did not accept this client's certificate; pass the CA that signed"
+                      " the masters' certificates (and, where they ask for one, a client"
+                      " certificate that their CA signed)")
+        return _HandshakeFailed(f"no TLS connection to master {address}: {advice} ({details})",
+                                frozenset({address}))
+    if "failed to connect" in lowered and "socket closed" in lowered:
+        # Closed before any HTTP/2 frame: what a TLS master does to a plain-text client, and
+        # (TLS 1.3 ends the handshake before the server judges the client) a master that wants
+        # a client certificate to one with none or a foreign one. A master that is down
+        # refuses the connection instead.
+        if tls:
+            advice = ("as a master that asks for client certificates does when it is given none"
+                      " or one its CA did not sign; pass --cert/--key (BLOBHA_CERT/BLOBHA_KEY)"
+                      " with a certificate that the masters' CA signed")
+        else:
+            advice = ("as a master that uses TLS does to a plain-text client; pass --ca /"
+                      " BLOBHA_CA with the CA that signed the masters' certificates")
+        return _HandshakeFailed(f"master {address} closed the connection at once, {advice}"
+                                f" ({details})", frozenset({address}))
+    return None
+
+
+def _error_from_rpc(address: str, exc: grpc.RpcError, tls: bool = False) -> BlobError:
     if not isinstance(exc, grpc.Call):
         return Unavailable(f"master {address}: {exc}")
     code = exc.code()
@@ -447,12 +490,8 @@ def _error_from_rpc(address: str, exc: grpc.RpcError) -> BlobError:
         return Unavailable(f"master {address} is busy: {details}")
     error = errors.from_status(code, details, trailers)
     if isinstance(error, Unavailable):
-        if "Socket closed" in details or "handshake" in details.lower():
-            # What a plain-text client sees from a TLS master, and TLS against the wrong CA.
-            details += (" (if the masters use TLS, pass --ca / BLOBHA_CA with the CA that"
-                        " signed their certificates)")
-            return Unavailable(f"master {address} unavailable: {details}")
-        return Unavailable(f"master {address} unavailable: {error}")
+        return (_handshake_failure(address, details, tls)
+                or Unavailable(f"master {address} unavailable: {error}"))
     if isinstance(error, DeadlineExceeded):
         if details.strip().lower() != "deadline exceeded":
             # The master's own answer (a write quorum not reached in its time), not gRPC's:
@@ -527,7 +566,7 @@ class GrpcTransport:
             finally:
                 future.cancel()  # a no-op once it has ended
         except grpc.RpcError as exc:
-            raise _error_from_rpc(address, exc) from None
+            raise _error_from_rpc(address, exc, self._credentials.tls) from None
 
     def _answers(self, address: str, limit: float) -> bool:
         """Whether ``address`` answers a status check within ``limit`` seconds."""
@@ -571,7 +610,7 @@ class GrpcTransport:
         except Stalled as e:
             raise Unavailable(f"{e}; moving on to another replica") from None
         except grpc.RpcError as exc:
-            raise _error_from_rpc(address, exc) from None
+            raise _error_from_rpc(address, exc, self._credentials.tls) from None
 
     def probe(
         self, addresses: Sequence[str], method: str, request: Any, timeout: float
@@ -584,7 +623,8 @@ class GrpcTransport:
                     request, timeout=timeout, metadata=self._metadata
                 )
                 futures.append(future)
-                future.add_done_callback(functools.partial(_probe_done, results, address))
+                future.add_done_callback(functools.partial(
+                    _probe_done, results, address, self._credentials.tls))
             for _ in addresses:
                 try:
                     # gRPC ends every call by its deadline; the margin only guards that promise.
@@ -606,11 +646,12 @@ class GrpcTransport:
             channel.close()
 
 
-def _probe_done(results: queue.SimpleQueue[tuple[str, Any]], address: str, future: Any) -> None:
+def _probe_done(results: queue.SimpleQueue[tuple[str, Any]], address: str, tls: bool,
+                future: Any) -> None:
     try:
         results.put((address, future.result()))
     except grpc.RpcError as exc:
-        results.put((address, _error_from_rpc(address, exc)))
+        results.put((address, _error_from_rpc(address, exc, tls)))
     except grpc.FutureCancelledError:
         results.put((address, Unavailable(f"master {address}: probe cancelled")))
 
@@ -1204,6 +1245,7 @@ class Client:
         first_error: BlobError | None = None
         refusal: BlobError | None = None
         answered = False
+        no_handshake: set[str] = set()
         with contextlib.closing(
             self._transport.probe(addresses, "ClusterSummary", pb.ClusterSummaryRequest(), timeout)
         ) as results:
@@ -1213,6 +1255,8 @@ class Client:
                     refusal = refusal or result
                     continue
                 if isinstance(result, BlobError):
+                    if isinstance(result, _HandshakeFailed):
+                        no_handshake.update(result.addresses)
                     # A master's own reason ("ZooKeeper is unreachable") says more than
                     # another one's silence, whichever came first.
                     if first_error is None or isinstance(first_error, DeadlineExceeded):
@@ -1234,6 +1278,8 @@ class Client:
                 raise Unavailable(f"{refusal} (asking again for a moment: a token added just now"
                                   " may not be loaded yet)")
             raise refusal
+        if isinstance(first_error, _HandshakeFailed) and no_handshake.issuperset(addresses):
+            raise _HandshakeFailed(str(first_error), frozenset(no_handshake))
         if isinstance(first_error, DeadlineExceeded) and deadline.expired():
             # Every probe ran into the end of the caller's deadline: the caller reports why it
             # was retrying (see _retry), not that its last look for a leader was cut short.
@@ -1254,15 +1300,31 @@ class Client:
     def _retry(self, what: str, deadline: _Deadline, attempt_fn: Callable[[], T]) -> T:
         attempt = 0
         last: BlobError | None = None
+        no_handshake: set[str] = set()
         while True:
             try:
                 return attempt_fn()
             except (NotLeader, Unavailable) as exc:
                 last = exc
+                self._give_up_on_tls(exc, no_handshake, deadline)
                 self._pause(attempt, deadline, exc, what)
             except DeadlineExceeded as exc:
                 self._cut_short(exc, last, what, deadline)
             attempt += 1
+
+    def _give_up_on_tls(self, exc: BlobError, no_handshake: set[str], deadline: _Deadline
+                        ) -> None:
+        """Raise :class:`Unauthenticated` once every known master has failed the TLS handshake
+        (``no_handshake``: those that have, in this call's attempts) for at least
+        :data:`_REFUSAL_PATIENCE`: the client's TLS settings are wrong, and waiting out the whole
+        timeout would not change them. Any other failure starts the count again."""
+        if not isinstance(exc, _HandshakeFailed):
+            no_handshake.clear()
+            return
+        no_handshake.update(exc.addresses)
+        waited = deadline.seconds - deadline.remaining()
+        if waited >= _REFUSAL_PATIENCE and no_handshake.issuperset(self._known_addresses()):
+            raise Unauthenticated(str(exc)) from None
 
     @staticmethod
     def _cut_short(exc: DeadlineExceeded, last: BlobError | None, what: str,
@@ -1478,6 +1540,7 @@ class _UploadJob:
         deadline = _Deadline(self.c._timeout)
         attempt = 0
         last: BlobError | None = None
+        no_handshake: set[str] = set()
         try:
             while True:
                 try:
@@ -1502,6 +1565,7 @@ class _UploadJob:
                     if meta is None:
                         raise
                     return meta
+                self.c._give_up_on_tls(last, no_handshake, deadline)
                 self.c._pause(attempt, deadline, last, self.what)
                 attempt += 1
         except (Unavailable, DeadlineExceeded) as exc:

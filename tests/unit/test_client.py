@@ -8,7 +8,7 @@ import io
 import re
 import threading
 import time
-from collections.abc import Generator, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from pathlib import Path
 from typing import Any, BinaryIO, cast
 
@@ -876,6 +876,109 @@ def test_a_refusal_is_reported_before_other_masters_unavailability(
     with pytest.raises(Unauthenticated, match="token was refused"):
         client.delete("k")
     assert clock.now - 1000.0 < 2 * client_mod._REFUSAL_PATIENCE
+
+
+_OTHER_CA = ("failed to connect to all addresses; last error: UNKNOWN: ipv4:127.0.0.1:1:"
+             " Tls handshake failed (TSI_PROTOCOL_FAILURE): SSL_ERROR_SSL: error:1a000064:ECDSA"
+             " routines:OPENSSL_internal:BAD_SIGNATURE: certificate signature failure: OK")
+_NOT_TLS = ("failed to connect to all addresses; last error: UNKNOWN: ipv4:127.0.0.1:1: Tls"
+            " handshake failed (TSI_PROTOCOL_FAILURE): SSL_ERROR_SSL: error:100000f7:SSL"
+            " routines:OPENSSL_internal:WRONG_VERSION_NUMBER")
+_CLOSED = ("failed to connect to all addresses; last error: UNAVAILABLE: ipv4:127.0.0.1:1:"
+           " Socket closed")
+
+
+@pytest.mark.parametrize(("details", "tls", "advice"), [
+    (_OTHER_CA, True, "did not verify against the CA given in --ca"),
+    (_NOT_TLS, True, "it does not use TLS; drop --ca"),
+    (_CLOSED, False, "a master that uses TLS does to a plain-text client; pass --ca"),
+    (_CLOSED, True, "pass --cert/--key"),
+])
+def test_a_failed_tls_handshake_says_which_setting_to_change(details: str, tls: bool,
+                                                             advice: str) -> None:
+    failure = client_mod._handshake_failure("m1:1", details, tls)
+    assert isinstance(failure, client_mod._HandshakeFailed)
+    assert failure.addresses == {"m1:1"}
+    assert advice in str(failure) and "m1:1" in str(failure) and details in str(failure)
+
+
+@pytest.mark.parametrize("details", [
+    "failed to connect to all addresses; last error: UNAVAILABLE: ipv4:127.0.0.1:1: Connection"
+    " refused",
+    "Socket closed",  # a connection that was up and went away: the master, not the settings
+    "keepalive watchdog timeout",
+])
+def test_other_unavailability_is_not_taken_for_a_tls_mismatch(details: str) -> None:
+    for tls in (False, True):
+        assert client_mod._handshake_failure("m1:1", details, tls) is None
+
+
+def _without_tls_agreement(cluster: FakeCluster, who: Sequence[str],
+                           agreed_after: float | None = None,
+                           clock: FakeClock | None = None) -> None:
+    """Every call to a master in ``who`` fails its TLS handshake (until ``agreed_after``
+    seconds of ``clock`` have passed, when given)."""
+    real = cluster._enter
+
+    def enter(address: str, method: str) -> None:
+        agreed = (agreed_after is not None and clock is not None
+                  and clock.now - 1000.0 >= agreed_after)
+        if address in who and not agreed:
+            cluster.calls.append((address, method))
+            raise client_mod._handshake_failure(address, _OTHER_CA, True) or AssertionError
+        real(address, method)
+
+    cluster._enter = enter  # type: ignore[method-assign]
+
+
+@pytest.mark.parametrize("operation", ["put", "resumable", "get_meta", "read", "wait"])
+def test_a_tls_mismatch_with_every_master_fails_soon_as_unauthenticated(
+    client: Client, cluster: FakeCluster, clock: FakeClock, operation: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The client's --ca (or certificate) does not match the masters': every call would fail
+    # the same way until the timeout (30 s here). It is asked again for a few seconds only,
+    # as certificates being replaced could explain it, and then reported for what it is.
+    cluster.blobs["k"] = (1, b"x")
+    cluster.holders["k"] = [M1, M2, M3]
+    if operation == "resumable":
+        monkeypatch.setattr(client_mod, "_PUT_MAX_BYTES", -1)
+    _without_tls_agreement(cluster, [M1, M2, M3])
+    calls: dict[str, Callable[[], object]] = {
+        "put": lambda: client.create("new", b"y"),
+        "resumable": lambda: client.create("new", b"y"),
+        "get_meta": lambda: client.get_meta("k"),
+        "read": lambda: client.read("k"),
+        "wait": lambda: client.wait_for_replication(["k"], 3, timeout=20.0),
+    }
+    with pytest.raises(Unauthenticated, match="did not verify against the CA given in --ca"):
+        calls[operation]()
+    waited = clock.now - 1000.0
+    assert client_mod._REFUSAL_PATIENCE <= waited < 2 * client_mod._REFUSAL_PATIENCE
+    assert "new" not in cluster.blobs
+
+
+def test_a_certificate_replaced_within_the_patience_is_accepted(
+    client: Client, cluster: FakeCluster, clock: FakeClock
+) -> None:
+    _without_tls_agreement(cluster, [M1, M2, M3], agreed_after=1.0, clock=clock)
+    client.create("k", b"x")
+    assert cluster.blobs["k"] == (1, b"x")
+    assert clock.now - 1000.0 < client_mod._REFUSAL_PATIENCE
+
+
+def test_a_tls_mismatch_with_some_masters_only_is_retried_to_the_deadline(
+    client: Client, cluster: FakeCluster, clock: FakeClock
+) -> None:
+    # One master's certificate is wrong and the others are down: the cluster may come back,
+    # so this is unavailability, reported at the deadline with the mismatch as its reason.
+    cluster.down = {M2, M3}
+    _without_tls_agreement(cluster, [M1])
+    with pytest.raises(Unavailable) as info:
+        client.create("k", b"x")
+    assert not isinstance(info.value, NotAuthorized)
+    assert clock.now - 1000.0 >= 30.0 - 5.0
+    assert "did not verify against the CA" in str(info.value)
 
 
 def test_a_leader_named_by_one_master_wins_over_anothers_refusal(
