@@ -208,6 +208,12 @@ OPTIONS: tuple[Option, ...] = (
         " RESOURCE_EXHAUSTED (masters themselves are exempt).",
     ),
     Option(
+        "master.rpc.threads",
+        64,
+        "Threads serving calls on a master. A call that finds them all taken is refused at"
+        " once as busy (RESOURCE_EXHAUSTED; clients retry), not queued out of sight.",
+    ),
+    Option(
         "master.max.streams.per.connection",
         64,
         "Concurrent gRPC streams one client connection may open (grpc.max_concurrent_streams).",
@@ -385,6 +391,7 @@ def _validate(v: dict[str, Any]) -> dict[str, Any]:
     _validate_security(v)
     number("master.max.calls.per.client", int, 1)
     number("master.max.streams.per.connection", int, 1)
+    number("master.rpc.threads", int, 4)
     level = str(v["log.level"]).upper()
     if level not in ("DEBUG", "INFO", "WARNING", "ERROR"):
         raise ConfigError(

@@ -18,6 +18,9 @@ LEADER_METADATA_KEY = "x-blobha-leader"
 #: Trailing-metadata key marking a RESOURCE_EXHAUSTED that is only "too many calls at once":
 #: clients back off and retry it, unlike a full disk.
 BUSY_METADATA_KEY = "x-blobha-busy"
+#: What grpcio's server says, with RESOURCE_EXHAUSTED, to a call that finds every one of its
+#: threads taken (``maximum_concurrent_rpcs``, see :func:`blobha.service.new_server`): busy too.
+SERVER_FULL_DETAILS = "Concurrent RPC limit exceeded!"
 
 
 class _StatusCode:

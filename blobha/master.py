@@ -338,6 +338,7 @@ class Master:
                 [("grpc.max_concurrent_streams",
                   self.config["master.max.streams.per.connection"])],
                 metrics=self.metrics.rpc,
+                threads=self.config["master.rpc.threads"],
             )
             add_to_server(self, self._server)
             listen = self.config["master.listen"]
@@ -1337,8 +1338,13 @@ class Master:
             return _status(key, state, view.holders)
         return self._replication(key, state)
 
-    def wait_for_replication(self, user: str, keys: list[str], minimum: int, timeout: float
+    def wait_for_replication(self, user: str, keys: list[str], minimum: int, timeout: float,
+                             abandoned: threading.Event | None = None,
                              ) -> tuple[bool, list[ReplicationStatus], float]:
+        """Wait until every key has ``minimum`` up-to-date holders or ``timeout`` passes
+        (negative: no limit); ``abandoned``, once set (the caller went away), ends the wait
+        within a second, so that no thread is held for a caller that will never read the
+        answer."""
         if not keys:
             raise InvalidArgument("name at least one key to wait for")
         if minimum < 1:
@@ -1355,18 +1361,20 @@ class Master:
 
         started = time.monotonic()
         deadline = float("inf") if timeout < 0 else started + timeout
-        reached, infos = self._wait(keys, minimum, deadline, first_read=may_read)
+        reached, infos = self._wait(keys, minimum, deadline, first_read=may_read,
+                                    abandoned=abandoned)
         return reached, infos, time.monotonic() - started
 
     def _wait(
         self, keys: list[str], minimum: int, deadline: float,
         seq_of: dict[str, int] | None = None, require_leader: bool = False,
         first_read: Callable[[str, BlobState | None], None] | None = None,
+        abandoned: threading.Event | None = None,
     ) -> tuple[bool, list[ReplicationStatus]]:
         """Wait on ZooKeeper watches until every key has ``minimum`` holders of its committed
-        version (or of ``seq_of[key]``), or the deadline passes (ha-rule 11). ``first_read``
-        sees each key's state as first read (None: no such key), before anything is returned,
-        and may raise."""
+        version (or of ``seq_of[key]``), or the deadline passes (ha-rule 11), or ``abandoned``
+        is set. ``first_read`` sees each key's state as first read (None: no such key), before
+        anything is returned, and may raise."""
         changed = threading.Event()
         paths = {key_path(key) for key in keys}
         with self._waiters_lock:
@@ -1374,7 +1382,7 @@ class Master:
                 self._waiters.setdefault(path, set()).add(changed)
         try:
             return self._wait_on(keys, minimum, deadline, changed, seq_of, require_leader,
-                                 first_read)
+                                 first_read, abandoned)
         finally:
             with self._waiters_lock:
                 for path in paths:
@@ -1404,6 +1412,7 @@ class Master:
         self, keys: list[str], minimum: int, deadline: float, changed: threading.Event,
         seq_of: dict[str, int] | None, require_leader: bool,
         first_read: Callable[[str, BlobState | None], None] | None,
+        abandoned: threading.Event | None,
     ) -> tuple[bool, list[ReplicationStatus]]:
         # One bound method for every read: kazoo keeps a set of callbacks per path, so the
         # same callback armed by many waits, or by many passes of one, is held once.
@@ -1447,7 +1456,8 @@ class Master:
             if all(i.replication >= minimum for i in infos):
                 return True, infos
             remaining = deadline - time.monotonic()
-            if remaining <= 0 or self._stopped.is_set():
+            if (remaining <= 0 or self._stopped.is_set()
+                    or (abandoned is not None and abandoned.is_set())):
                 return False, infos
             if require_leader and not self.election.is_leader:
                 raise Unavailable("leadership was lost while waiting for the write quorum; retry")

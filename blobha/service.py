@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import functools
 import logging
+import threading
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
@@ -61,17 +62,23 @@ SERVER_OPTIONS = [
 
 def new_server(interceptors: Iterable[grpc.ServerInterceptor] = (),  # type: ignore[type-arg]
                options: Iterable[tuple[str, Any]] = (),
-               metrics: RpcMetrics | None = None) -> grpc.Server:
-    """A gRPC server. With ``metrics``, every call first gets a request id, metrics and
-    decoding by :class:`blobha.interceptor.ObservingInterceptor` (so refused calls are counted
-    too); ``interceptors`` (authentication) come after it."""
+               metrics: RpcMetrics | None = None, threads: int = MAX_WORKERS) -> grpc.Server:
+    """A gRPC server with ``threads`` threads for calls. With ``metrics``, every call first
+    gets a request id, metrics and decoding by :class:`blobha.interceptor.ObservingInterceptor`
+    (so refused calls are counted too); ``interceptors`` (authentication) come after it.
+
+    A call that finds every thread taken is refused at once with RESOURCE_EXHAUSTED
+    (:data:`blobha.errors.SERVER_FULL_DETAILS`), which clients take for "busy, retry". Queued
+    instead, it would wait unseen, and so would the status check with which a client tells a
+    busy master from a paused one: the client would give up on a master that works."""
     chain: list[Any] = []
     if metrics is not None:
         chain.append(ObservingInterceptor(metrics, _abort))
     chain.extend(interceptors)
-    return grpc.server(ThreadPoolExecutor(max_workers=MAX_WORKERS, thread_name_prefix="rpc"),
+    return grpc.server(ThreadPoolExecutor(max_workers=threads, thread_name_prefix="rpc"),
                        interceptors=chain,
-                       options=[*CHANNEL_OPTIONS, *SERVER_OPTIONS, *options])
+                       options=[*CHANNEL_OPTIONS, *SERVER_OPTIONS, *options],
+                       maximum_concurrent_rpcs=threads)
 
 
 class _HandlerCapture:
@@ -342,8 +349,13 @@ class BlobStoreServicer(pb_grpc.BlobStoreServicer):
             # Answer before the caller's own deadline, so it learns the counts.
             cap = max(remaining - 0.5, 0.0)
             timeout = cap if timeout < 0 else min(timeout, cap)
+        # A caller that went away (cancelled, or its connection lost) gets no answer: the
+        # wait would hold one of the master's call threads to its end for nothing (a "forever"
+        # wait from a client without a deadline, for ever).
+        abandoned = threading.Event()
+        context.add_callback(abandoned.set)
         reached, infos, waited = self.master.wait_for_replication(
-            user_of(context), list(request.keys), request.min_replication, timeout
+            user_of(context), list(request.keys), request.min_replication, timeout, abandoned
         )
         return pb.WaitForReplicationResponse(
             reached=reached, status=[replication_to_pb(i) for i in infos], waited_secs=waited

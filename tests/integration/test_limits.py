@@ -5,10 +5,11 @@ from __future__ import annotations
 import io
 import signal
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
-from conftest import client_for, make_cluster, md, store_dir, stub
+from conftest import client_for, make_cluster, md, store_dir, stub, wait_until
 
 from blobha import InvalidArgument, KeyNotFound, NotAuthorized, ResourceExhausted
 from blobha.client import Client
@@ -115,6 +116,64 @@ def test_a_user_holding_too_many_unfinished_uploads_is_refused_and_others_are_no
         for upload_id in held:
             leader.AbortUpload(pb.AbortUploadRequest(upload_id=upload_id),
                                metadata=md("carol"), timeout=10)
+
+
+def test_a_master_with_every_call_thread_taken_says_so_and_serves_again(
+        tmp_path: Path) -> None:
+    # Long calls (replication waits, here) can take every call thread of a master. A call
+    # beyond them is refused at once as busy: the client's status check gets that answer and
+    # knows the master works (a queued check got none, and the client gave up on a working
+    # master), and the client's own call is retried, not failed. A waiting caller that goes
+    # away gives its thread back.
+    threads = 4
+    cluster = make_cluster(tmp_path / "c", nodes=1, **{"master.rpc.threads": threads})
+    cluster.start()
+    try:
+        master = stub(cluster.masters[0].address)
+        with client_for(cluster, timeout=60) as c:
+            c.create("held", b"x", replication_factor=1)
+            # Replication 2 on a cluster of one: each waits its whole 600 s.
+            request = pb.WaitForReplicationRequest(keys=["held"], min_replication=2,
+                                                   timeout_secs=600)
+            waits: list[Any] = []
+            try:
+
+                def every_thread_taken() -> bool:
+                    # A wait refused because a thread was briefly in use (a cluster summary,
+                    # say) is sent again.
+                    waits[:] = [w for w in waits if not w.done()]
+                    while len(waits) < threads:
+                        waits.append(master.WaitForReplication.future(
+                            request, timeout=900, metadata=md("alice")))
+                    try:
+                        master.NodeStatus(pb.NodeStatusRequest(), timeout=5, metadata=md("alice"))
+                    except grpc.RpcError as e:
+                        assert e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, e
+                        return True
+                    return False
+
+                wait_until(every_thread_taken, timeout=30,
+                           what="a status check refused at once as busy")
+                pauses: list[float] = []
+                sleep = c._sleep
+
+                def pause_then_let_go(secs: float) -> None:
+                    # The client was refused and backs off: the waiters go away meanwhile.
+                    pauses.append(secs)
+                    for w in waits:
+                        w.cancel()
+                    sleep(secs)
+
+                c._sleep = pause_then_let_go
+                # Their threads come back within about a second (no reply to wait for), and
+                # the retried read is served.
+                assert c.get_meta("held").version == 1
+                assert pauses, "the read was never refused: the master had a free thread"
+            finally:
+                for w in waits:
+                    w.cancel()
+    finally:
+        cluster.stop()
 
 
 def test_a_master_told_to_stop_while_zookeeper_is_down_exits_by_itself(tmp_path: Path) -> None:

@@ -41,6 +41,7 @@ from blobha.errors import (
     KeyNotFound,
     NotAuthorized,
     NotLeader,
+    ResourceExhausted,
     Unauthenticated,
     Unavailable,
     UploadNotFound,
@@ -1568,6 +1569,20 @@ def test_a_deadline_the_master_reported_is_not_called_a_master_that_did_not_answ
         grpc.StatusCode.DEADLINE_EXCEEDED, "'k' v2 is committed but only 1 of the 2 required"))
     assert isinstance(told, DeadlineExceeded)
     assert "did not answer" not in str(told) and "only 1 of the 2" in str(told)
+
+
+def test_a_master_with_no_free_call_thread_is_busy_not_out_of_resources() -> None:
+    # grpcio's own refusal when every call thread is taken: retried like any busy master, and
+    # known not to have run (a retry that finds the key gone is not the first try's doing).
+    from blobha.client import _error_from_rpc, _may_have_run
+
+    full = _error_from_rpc(M1, _Status(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                       "Concurrent RPC limit exceeded!"))
+    assert isinstance(full, Unavailable) and "master.rpc.threads" in str(full)
+    assert not _may_have_run(full)
+    disk = _error_from_rpc(M1, _Status(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                       "not enough disk space on m1:1"))
+    assert isinstance(disk, ResourceExhausted)
 
 
 def test_giving_up_after_a_lost_commit_answer_says_the_write_may_be_made(
