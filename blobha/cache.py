@@ -75,6 +75,7 @@ from blobha.errors import (
     KeyNotFound,
     NotAuthorized,
     ResourceExhausted,
+    TlsMismatch,
     Unavailable,
 )
 from blobha.keys import key_dirname, validate_key
@@ -1037,7 +1038,7 @@ class BlobCache:
                 self._remote.pop(key, None)
             self._mark_deleted(kd)
             raise
-        except (Unavailable, DeadlineExceeded) as exc:
+        except (Unavailable, DeadlineExceeded, TlsMismatch) as exc:
             if known is None:
                 # A new process (a Spark worker started during the outage): the cluster's last
                 # answer to this user about this key on the node, however old, as a process
@@ -1696,7 +1697,7 @@ class BlobCache:
                 # It exists; this user may no longer read it, and the node's record of an
                 # earlier answer must not serve the user's next process in an outage.
                 _unlink(self._check_path(scan.kd))
-            except (Unavailable, DeadlineExceeded):
+            except (Unavailable, DeadlineExceeded, TlsMismatch):
                 return  # no answers now; plain LRU this time
             with self._lock:
                 self._probed[scan.key] = now

@@ -25,8 +25,8 @@ code  meaning
 12    deadline exceeded (also: wait-replication did not reach its minimum)
 13    upload lost (it expired, or the leader changed and it could not restart)
 14    internal error
-15    not authenticated (no or a wrong token or client certificate, or TLS settings
-      that do not match the masters')
+15    not authenticated (no or a wrong token or client certificate)
+16    TLS settings that no master accepts (--ca names another CA, or TLS on one side only)
 130   interrupted (Ctrl-C)
 141   broken pipe (the reader of stdout went away, e.g. ``blobha cat k | head``)
 143   terminated (SIGTERM); ``cat -f`` removes its partial file first
@@ -51,10 +51,13 @@ from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime
 from typing import Any, BinaryIO, TextIO
 
-# gRPC's C core reads this once, when it is loaded (below): without it, it writes a failed TLS
-# handshake to stderr as a log line of its own, beside the command's one-line error. A
-# GRPC_VERBOSITY set by the user still wins.
-os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+# gRPC's C core reads this once, when it is loaded (below): without it, a client command writes
+# a failed TLS handshake to stderr as a log line of its own, beside its one-line error. A
+# GRPC_VERBOSITY set by the user still wins, and masters (serve, and local-cluster's, which
+# inherit the environment) keep those lines: they are how a master's operator sees the clients
+# that fail to connect.
+if not {"serve", "local-cluster"} & set(sys.argv[1:]):
+    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 
 from blobha.acl import format_acl, parse_acl
 from blobha.client import BlobMeta, Client, ClusterSummary, ProgressCallback, ReplicationStatus
@@ -84,6 +87,7 @@ exit codes:
   9 checksum mismatch  10 resource exhausted         11 unavailable
   12 deadline exceeded (and wait-replication not reached)
   13 upload lost       14 internal error             15 not authenticated
+  16 TLS settings that no master accepts (--ca)
   130 interrupted      141 broken pipe      143 terminated (SIGTERM)
 
 environment: BLOBHA_CLUSTER (default for --cluster), BLOBHA_USER (default for --user),

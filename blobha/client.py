@@ -48,6 +48,7 @@ from blobha.errors import (
     KeyNotFound,
     NotAuthorized,
     NotLeader,
+    TlsMismatch,
     Unauthenticated,
     Unavailable,
     UploadNotFound,
@@ -432,9 +433,9 @@ class Transport(Protocol):
 
 
 class _HandshakeFailed(Unavailable):
-    """No connection could be made to ``addresses`` because the client's TLS settings and
-    theirs do not match: another CA, TLS on one side only, or a client certificate they do not
-    accept. Transient at most while certificates are being replaced (masters reload theirs), so
+    """The TLS handshake with ``addresses`` failed in a way only a TLS peer that disagrees
+    can cause: its certificate did not verify against the client's CA, or it answered in plain
+    text. Transient at most while certificates are being replaced (masters reload theirs), so
     the client gives up early once every master says so (see :meth:`Client._retry`)."""
 
     def __init__(self, message: str, addresses: frozenset[str] = frozenset()) -> None:
@@ -442,35 +443,33 @@ class _HandshakeFailed(Unavailable):
         self.addresses = addresses
 
 
-def _handshake_failure(address: str, details: str, tls: bool) -> _HandshakeFailed | None:
-    """The failure to say for ``details`` of a connection that failed for want of a TLS
-    agreement, with what to change; None for any other unavailability."""
+def _handshake_failure(address: str, details: str, tls: bool) -> Unavailable | None:
+    """What to say of a connection that failed, perhaps for want of TLS agreement, with what
+    to change; None for any other unavailability. Only a :class:`_HandshakeFailed` is proof of
+    a mismatch: a connection closed at once is also what a proxy or load balancer with no
+    master behind it does, so that is only a hint."""
     lowered = details.lower()
     if "handshake failed" in lowered:
         if "wrong_version_number" in lowered:
             advice = ("it does not use TLS; drop --ca / BLOBHA_CA and any client certificate, or"
                       " enable TLS on the masters")
         else:
-            advice = ("its certificate did not verify against the CA given in --ca / BLOBHA_CA,"
-                      " or it did not accept this client's certificate; pass the CA that signed"
-                      " the masters' certificates (and, where they ask for one, a client"
-                      " certificate that their CA signed)")
+            advice = ("its certificate did not verify against the CA given in --ca / BLOBHA_CA;"
+                      " pass the CA that signed the masters' certificates")
         return _HandshakeFailed(f"no TLS connection to master {address}: {advice} ({details})",
                                 frozenset({address}))
     if "failed to connect" in lowered and "socket closed" in lowered:
         # Closed before any HTTP/2 frame: what a TLS master does to a plain-text client, and
         # (TLS 1.3 ends the handshake before the server judges the client) a master that wants
-        # a client certificate to one with none or a foreign one. A master that is down
-        # refuses the connection instead.
+        # a client certificate to one with none or a foreign one; but also a proxy whose
+        # master is down. So it is retried like any unavailability, with the likely fix.
         if tls:
-            advice = ("as a master that asks for client certificates does when it is given none"
-                      " or one its CA did not sign; pass --cert/--key (BLOBHA_CERT/BLOBHA_KEY)"
-                      " with a certificate that the masters' CA signed")
+            hint = ("if the masters ask for client certificates, pass --cert/--key"
+                    " (BLOBHA_CERT/BLOBHA_KEY) with one that their CA signed")
         else:
-            advice = ("as a master that uses TLS does to a plain-text client; pass --ca /"
-                      " BLOBHA_CA with the CA that signed the masters' certificates")
-        return _HandshakeFailed(f"master {address} closed the connection at once, {advice}"
-                                f" ({details})", frozenset({address}))
+            hint = ("if the masters use TLS, pass --ca / BLOBHA_CA with the CA that signed their"
+                    " certificates")
+        return Unavailable(f"master {address} unavailable: {details} ({hint})")
     return None
 
 
@@ -1304,31 +1303,33 @@ class Client:
     def _retry(self, what: str, deadline: _Deadline, attempt_fn: Callable[[], T]) -> T:
         attempt = 0
         last: BlobError | None = None
-        no_handshake: set[str] = set()
+        mismatches = _Mismatches()
         while True:
             try:
                 return attempt_fn()
             except (NotLeader, Unavailable) as exc:
                 last = exc
-                self._give_up_on_tls(exc, no_handshake, deadline)
+                self._give_up_on_tls(exc, mismatches)
                 self._pause(attempt, deadline, exc, what)
             except DeadlineExceeded as exc:
                 self._cut_short(exc, last, what, deadline)
             attempt += 1
 
-    def _give_up_on_tls(self, exc: BlobError, no_handshake: set[str], deadline: _Deadline
-                        ) -> None:
-        """Raise :class:`Unauthenticated` once every known master has failed the TLS handshake
-        (``no_handshake``: those that have, in this call's attempts) for at least
-        :data:`_REFUSAL_PATIENCE`: the client's TLS settings are wrong, and waiting out the whole
-        timeout would not change them. Any other failure starts the count again."""
+    def _give_up_on_tls(self, exc: BlobError, run: _Mismatches) -> None:
+        """Raise :class:`TlsMismatch` once every known master has failed the TLS handshake, in
+        failures one after the other for at least :data:`_REFUSAL_PATIENCE` (``run``: this
+        call's current run of them): the client's TLS settings are wrong, and waiting out the
+        whole timeout would not change them. Any other failure ends the run."""
         if not isinstance(exc, _HandshakeFailed):
-            no_handshake.clear()
+            run.clear()
             return
-        no_handshake.update(exc.addresses)
-        waited = deadline.seconds - deadline.remaining()
-        if waited >= _REFUSAL_PATIENCE and no_handshake.issuperset(self._known_addresses()):
-            raise Unauthenticated(str(exc)) from None
+        now = _monotonic()
+        if run.since is None:
+            run.since = now
+        run.addresses.update(exc.addresses)
+        if (now - run.since >= _REFUSAL_PATIENCE
+                and run.addresses.issuperset(self._known_addresses())):
+            raise TlsMismatch(str(exc)) from None
 
     @staticmethod
     def _cut_short(exc: DeadlineExceeded, last: BlobError | None, what: str,
@@ -1483,6 +1484,18 @@ def _check_count(name: str, value: int, maximum: int = _UINT64_MAX, minimum: int
             f"{name} must be a whole number from {minimum} to {maximum}, not {value!r}")
 
 
+class _Mismatches:
+    """A run of failed TLS handshakes within one call: since when, and with which masters."""
+
+    def __init__(self) -> None:
+        self.since: float | None = None
+        self.addresses: set[str] = set()
+
+    def clear(self) -> None:
+        self.since = None
+        self.addresses.clear()
+
+
 def _may_have_run(exc: Unavailable) -> bool:
     """Whether a call that failed with ``exc`` may have run on the master (its answer lost),
     as opposed to refused unsent: no connection, or the master too busy to take it."""
@@ -1544,7 +1557,7 @@ class _UploadJob:
         deadline = _Deadline(self.c._timeout)
         attempt = 0
         last: BlobError | None = None
-        no_handshake: set[str] = set()
+        mismatches = _Mismatches()
         try:
             while True:
                 try:
@@ -1569,7 +1582,7 @@ class _UploadJob:
                     if meta is None:
                         raise
                     return meta
-                self.c._give_up_on_tls(last, no_handshake, deadline)
+                self.c._give_up_on_tls(last, mismatches)
                 self.c._pause(attempt, deadline, last, self.what)
                 attempt += 1
         except (Unavailable, DeadlineExceeded) as exc:

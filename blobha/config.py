@@ -210,8 +210,10 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "master.rpc.threads",
         64,
-        "Threads serving calls on a master. A call that finds them all taken is refused at"
-        " once as busy (RESOURCE_EXHAUSTED; clients retry), not queued out of sight.",
+        "Threads serving calls on a master. Users' calls together may take all but a quarter"
+        " of them (at least 2 stay for the other masters and status checks); a call beyond is"
+        " refused at once as busy (RESOURCE_EXHAUSTED; clients retry), not queued out of"
+        " sight.",
     ),
     Option(
         "master.max.streams.per.connection",

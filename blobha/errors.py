@@ -72,6 +72,16 @@ class Unauthenticated(NotAuthorized):
     exit_code = 15
 
 
+class TlsMismatch(BlobError):
+    """No master accepted a TLS connection with the client's settings: another CA, or TLS on
+    the client's side only. Found by the client, never sent by a master. Not a NotAuthorized:
+    it says nothing of what this user may read, and code that would, on a refusal, forget
+    what the user was once allowed (the node cache) must not."""
+
+    code = _StatusCode("UNAUTHENTICATED")
+    exit_code = 16
+
+
 class InvalidArgument(BlobError):
     code = _StatusCode("INVALID_ARGUMENT")
     exit_code = 6

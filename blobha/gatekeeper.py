@@ -50,11 +50,27 @@ def _peer_names(context: grpc.ServicerContext) -> Mapping[str, Sequence[str]]:
     return out
 
 
+#: Calls always admitted past the cap on all users' calls: a status check takes no time, and it
+#: is how a client tells a busy master from a paused one.
+_ALWAYS_ADMITTED = frozenset({"NodeStatus"})
+
+
+def client_call_threads(threads: int) -> int:
+    """Of a master's ``threads`` call threads, those users' calls may take together; the rest
+    stay for the other masters (replication) and for status checks, so that users keeping every
+    thread busy neither stop replication nor make the master look dead."""
+    return threads - max(2, threads // 4)
+
+
 class Gatekeeper(grpc.ServerInterceptor):  # type: ignore[type-arg]
-    def __init__(self, auth: ServerAuthentication, max_calls_per_client: int) -> None:
+    def __init__(self, auth: ServerAuthentication, max_calls_per_client: int,
+                 max_client_calls: int | None = None) -> None:
         self.auth = auth
         self.max_calls = max_calls_per_client
+        #: Calls of all users together (masters apart); None: no such cap.
+        self.max_client_calls = max_client_calls
         self._running: dict[str, int] = {}
+        self._all_running = 0
         self._lock = threading.Lock()
 
     # ---- admission ---------------------------------------------------------------------------
@@ -73,26 +89,29 @@ class Gatekeeper(grpc.ServerInterceptor):  # type: ignore[type-arg]
         if user == self.auth.principal:
             # Masters are trusted and their sync fans out over many keys at once.
             return user
+        refusal = ""
         with self._lock:
             running = self._running.get(user, 0)
             if running >= self.max_calls:
-                refuse = True
+                refusal = (f"user {user!r} already has {self.max_calls} calls in progress on"
+                           " this master (master.max.calls.per.client); wait for some to finish")
+            elif (self.max_client_calls is not None and method not in _ALWAYS_ADMITTED
+                  and self._all_running >= self.max_client_calls):
+                refusal = (f"this master is busy: users' calls hold all {self.max_client_calls}"
+                           " of its call threads open to them (master.rpc.threads); retry")
             else:
-                refuse = False
                 self._running[user] = running + 1
-        if refuse:
+                self._all_running += 1
+        if refusal:
             context.set_trailing_metadata(((BUSY_METADATA_KEY, "1"),))
-            context.abort(
-                grpc.StatusCode.RESOURCE_EXHAUSTED,
-                f"user {user!r} already has {self.max_calls} calls in progress on this master"
-                " (master.max.calls.per.client); wait for some to finish",
-            )
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, refusal)
         return user
 
     def _release(self, user: str) -> None:
         if user == self.auth.principal:
             return
         with self._lock:
+            self._all_running -= 1
             left = self._running.get(user, 1) - 1
             if left > 0:
                 self._running[user] = left

@@ -78,9 +78,12 @@ class _Call:
         self.received = 0
         self.sent = 0
         self._previous_id = logs.NO_REQUEST
-        metrics.started.labels(*self.labels).inc()
 
     def enter(self) -> None:
+        # Counted here, as the handler starts, not when the call was seen: grpcio refuses a call
+        # that finds every thread taken after the interceptors have seen it, and that call
+        # would count as started and never as handled.
+        self.metrics.started.labels(*self.labels).inc()
         self._previous_id = logs.set_request_id(self.request_id)
 
     def leave(self) -> None:

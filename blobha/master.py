@@ -299,7 +299,7 @@ class Master:
     # ---- lifecycle -----------------------------------------------------------------------
 
     def start(self, serve: bool = True) -> None:
-        from blobha.gatekeeper import Gatekeeper
+        from blobha.gatekeeper import Gatekeeper, client_call_threads
         from blobha.service import add_to_server, new_server
 
         if serve and self.config.metrics_listen:
@@ -331,8 +331,9 @@ class Master:
         self.health.start()
         self.uploads.start()
         if serve:
-            self.gatekeeper = Gatekeeper(self.authentication,
-                                         self.config["master.max.calls.per.client"])
+            self.gatekeeper = Gatekeeper(
+                self.authentication, self.config["master.max.calls.per.client"],
+                client_call_threads(self.config["master.rpc.threads"]))
             self._server = new_server(
                 [self.gatekeeper],
                 [("grpc.max_concurrent_streams",

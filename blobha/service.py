@@ -353,7 +353,8 @@ class BlobStoreServicer(pb_grpc.BlobStoreServicer):
         # wait would hold one of the master's call threads to its end for nothing (a "forever"
         # wait from a client without a deadline, for ever).
         abandoned = threading.Event()
-        context.add_callback(abandoned.set)
+        if not context.add_callback(abandoned.set):
+            abandoned.set()  # gone already: the callback would never run
         reached, infos, waited = self.master.wait_for_replication(
             user_of(context), list(request.keys), request.min_replication, timeout, abandoned
         )

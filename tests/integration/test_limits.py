@@ -118,42 +118,49 @@ def test_a_user_holding_too_many_unfinished_uploads_is_refused_and_others_are_no
                                metadata=md("carol"), timeout=10)
 
 
-def test_a_master_with_every_call_thread_taken_says_so_and_serves_again(
-        tmp_path: Path) -> None:
-    # Long calls (replication waits, here) can take every call thread of a master. A call
-    # beyond them is refused at once as busy: the client's status check gets that answer and
-    # knows the master works (a queued check got none, and the client gave up on a working
-    # master), and the client's own call is retried, not failed. A waiting caller that goes
-    # away gives its thread back.
-    threads = 4
-    cluster = make_cluster(tmp_path / "c", nodes=1, **{"master.rpc.threads": threads})
+def test_users_calls_cannot_take_every_thread_of_a_master(tmp_path: Path) -> None:
+    # Long calls (replication waits, here, each from another user) could take every call thread
+    # of a master. Users' calls together may take only some of them: beyond that they are
+    # refused at once as busy, and the client retries; the rest stay for the other masters'
+    # replication and for status checks, so the master still answers one (a client that gets
+    # none gives up on the master as paused). A waiting caller that goes away gives its
+    # thread back.
+    threads = 8
+    users_share = threads - 2  # blobha.gatekeeper.client_call_threads
+    cluster = make_cluster(tmp_path / "c", nodes=2, **{"master.rpc.threads": threads})
     cluster.start()
     try:
-        master = stub(cluster.masters[0].address)
+        leader = cluster.leader()
+        master = stub(leader.address)
         with client_for(cluster, timeout=60) as c:
-            c.create("held", b"x", replication_factor=1)
-            # Replication 2 on a cluster of one: each waits its whole 600 s.
-            request = pb.WaitForReplicationRequest(keys=["held"], min_replication=2,
+            c.create("held", b"x", acl="o::r", replication_factor=1)
+            # Replication 3 on a cluster of two: each waits its whole 600 s.
+            request = pb.WaitForReplicationRequest(keys=["held"], min_replication=3,
                                                    timeout_secs=600)
             waits: list[Any] = []
             try:
 
-                def every_thread_taken() -> bool:
-                    # A wait refused because a thread was briefly in use (a cluster summary,
-                    # say) is sent again.
+                def users_share_taken() -> bool:
+                    # Until the share is full, a wait refused because another call briefly
+                    # held a slot is sent again.
                     waits[:] = [w for w in waits if not w.done()]
-                    while len(waits) < threads:
+                    while len(waits) < users_share:
                         waits.append(master.WaitForReplication.future(
-                            request, timeout=900, metadata=md("alice")))
+                            request, timeout=900, metadata=md(f"waiter-{len(waits)}")))
                     try:
-                        master.NodeStatus(pb.NodeStatusRequest(), timeout=5, metadata=md("alice"))
+                        master.GetMeta(pb.GetMetaRequest(key="held"), timeout=5,
+                                       metadata=md("alice"))
                     except grpc.RpcError as e:
                         assert e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, e
+                        assert "master.rpc.threads" in (e.details() or ""), e
                         return True
                     return False
 
-                wait_until(every_thread_taken, timeout=30,
-                           what="a status check refused at once as busy")
+                wait_until(users_share_taken, timeout=30,
+                           what="a user's call refused at once as busy")
+                # The master still answers a status check.
+                assert master.NodeStatus(pb.NodeStatusRequest(), timeout=5,
+                                         metadata=md("alice")).address == leader.address
                 pauses: list[float] = []
                 sleep = c._sleep
 
@@ -165,10 +172,10 @@ def test_a_master_with_every_call_thread_taken_says_so_and_serves_again(
                     sleep(secs)
 
                 c._sleep = pause_then_let_go
-                # Their threads come back within about a second (no reply to wait for), and
-                # the retried read is served.
-                assert c.get_meta("held").version == 1
-                assert pauses, "the read was never refused: the master had a free thread"
+                # Their slots come back within about a second (no reply to wait for), and the
+                # retried call is served.
+                assert c.wait_for_replication(["held"], 1, timeout=30).reached
+                assert pauses, "the call was never refused: users had a free thread"
             finally:
                 for w in waits:
                     w.cancel()

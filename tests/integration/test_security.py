@@ -32,7 +32,7 @@ from blobha import certgen
 from blobha.auth import MASTER_SECRET_METADATA_KEY, new_token
 from blobha.client import Client
 from blobha.credentials import Credentials
-from blobha.errors import KeyNotFound, NotAuthorized, Unauthenticated, Unavailable
+from blobha.errors import KeyNotFound, NotAuthorized, TlsMismatch, Unauthenticated, Unavailable
 from blobha.localcluster import LocalCluster
 from blobha.peers import CHANNEL_OPTIONS
 from blobha.v1 import blobha_pb2 as pb
@@ -333,36 +333,35 @@ def test_a_write_without_a_valid_token_fails_at_once(secure: LocalCluster,
 
 def test_plaintext_and_untrusted_connections_are_refused(secure: LocalCluster,
                                                          tmp_path: Path) -> None:
-    # Settings that no master accepts are the caller's to fix: they are reported soon, as
-    # such, with what to change, not retried for the client's whole timeout (60 s here).
     token_file = secure.credentials("alice").token_file
+    # A connection the master closes at once may also be a proxy with no master behind it:
+    # retried, and reported with the likely fix.
+    with Client(secure.cluster, timeout=3, credentials=Credentials(token_file=token_file)) as c, \
+            pytest.raises(Unavailable, match="if the masters use TLS, pass --ca"):
+        c.get_meta("secure-k")
+    REFUSED["secure: plaintext connection"] += 1
+    # A certificate that does not verify is the caller's to fix: reported soon, as such, with
+    # what to change, not retried for the client's whole timeout (60 s here).
     other_ca = certgen.make_ca(tmp_path / "other")
-    cases = {
-        "plaintext connection": (Credentials(token_file=token_file),
-                                 "a master that uses TLS does to a plain-text client"),
-        "server certificate from another CA": (
-            Credentials(ca=str(other_ca.cert), token_file=token_file),
-            "did not verify against the CA given in --ca"),
-    }
-    for name, (credentials, advice) in cases.items():
-        for operation in ("get_meta", "create"):
-            started = time.monotonic()
-            with Client(secure.cluster, timeout=60, credentials=credentials) as c, \
-                    pytest.raises(Unauthenticated, match=advice):
-                if operation == "get_meta":
-                    c.get_meta("secure-k")
-                else:
-                    c.create("never-made", b"x")
-            assert time.monotonic() - started < 30
-        REFUSED[f"secure: {name}"] += 1
-    # The command line says it in its one line, with the exit status of a refused credential,
-    # and gRPC's own log lines about the handshake stay out of the way.
+    credentials = Credentials(ca=str(other_ca.cert), token_file=token_file)
+    for operation in ("get_meta", "create"):
+        started = time.monotonic()
+        with Client(secure.cluster, timeout=60, credentials=credentials) as c, \
+                pytest.raises(TlsMismatch, match="did not verify against the CA given in --ca"):
+            if operation == "get_meta":
+                c.get_meta("secure-k")
+            else:
+                c.create("never-made", b"x")
+        assert time.monotonic() - started < 30
+    REFUSED["secure: server certificate from another CA"] += 1
+    # The command line says it in its one line, with an exit status of its own, and gRPC's
+    # own log lines about the handshake stay out of the way.
     r = subprocess.run([sys.executable, "-m", "blobha", "--cluster", secure.cluster,
                         "--ca", str(other_ca.cert), "--token-file", token_file or "",
                         "meta", "secure-k"],
                        capture_output=True, timeout=60, cwd=tmp_path,
                        env={k: v for k, v in os.environ.items() if k != "GRPC_VERBOSITY"})
-    assert r.returncode == Unauthenticated.exit_code == 15, r.stderr
+    assert r.returncode == TlsMismatch.exit_code == 16, r.stderr
     lines = r.stderr.decode().splitlines()
     assert len(lines) == 1 and lines[0].startswith("blobha: error: "), lines
     assert "did not verify against the CA given in --ca" in lines[0]
@@ -499,16 +498,14 @@ def test_mtls_takes_the_user_from_the_certificate(tmp_path: Path) -> None:
         ca = c.credentials().ca
         other_ca = certgen.make_ca(tmp_path / "other")
         foreign = certgen.issue(other_ca, tmp_path / "other", "alice", "alice")
-        # The TLS handshake itself fails, said soon and with what to pass.
+        # The TLS handshake itself fails, and the failure says what to pass.
         for name, credentials in (
                 ("no client certificate", Credentials(ca=ca)),
                 ("certificate from another CA",
                  Credentials(ca=ca, cert=str(foreign.cert), key=str(foreign.key)))):
-            started = time.monotonic()
-            with Client(c.cluster, user="alice", timeout=60, credentials=credentials) as who, \
-                    pytest.raises(Unauthenticated, match="pass --cert/--key"):
+            with Client(c.cluster, user="alice", timeout=3, credentials=credentials) as who, \
+                    pytest.raises(Unavailable, match="pass --cert/--key"):
                 who.read("cert-k")
-            assert time.monotonic() - started < 30
             REFUSED[f"mtls: {name}"] += 1
     except BaseException:
         _dump_logs(c)

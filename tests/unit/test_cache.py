@@ -28,10 +28,12 @@ from blobha.cache import BlobCache, CachedBlob, CleanupReport
 from blobha.client import BlobInfo, BlobMeta
 from blobha.digest import digest_bytes
 from blobha.errors import (
+    BlobError,
     InvalidArgument,
     KeyNotFound,
     NotAuthorized,
     ResourceExhausted,
+    TlsMismatch,
     Unavailable,
 )
 from blobha.keys import key_dirname
@@ -731,18 +733,24 @@ def test_a_revoked_read_reaches_new_processes_within_the_interval(
     assert connected == ["carol"]
 
 
+@pytest.mark.parametrize("outage", [
+    Unavailable("no master answered"),
+    # No master accepts this client's TLS settings (its CA was replaced, say): that says
+    # nothing of what alice may read, so it must not make the cache forget it.
+    TlsMismatch("no TLS connection to master m1:1: its certificate did not verify"),
+])
 def test_an_unreachable_cluster_serves_what_this_user_was_allowed_to_read(
-    fake: FakeCluster, make: Any, clock: Clock
+    fake: FakeCluster, make: Any, clock: Clock, outage: BlobError
 ) -> None:
     fake.put("k", b"data")
     fake.put("never-checked", b"other")
     cache = make(update_interval_secs=1)
     cache.get("k")
     make("bob").get("never-checked")
-    fake.meta_error = Unavailable("no master answered")
+    fake.meta_error = outage
     clock.advance(5)
     assert cache.get("k").path.read_bytes() == b"data"
-    with pytest.raises(Unavailable):
+    with pytest.raises(type(outage)):
         cache.get("never-checked")  # cached, but the cluster never said alice may read it
     # A process started during the outage (a new Spark worker) has no answer of its own: the
     # node's record of the cluster's last answer to alice serves. Before, it failed.

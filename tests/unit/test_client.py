@@ -42,6 +42,7 @@ from blobha.errors import (
     NotAuthorized,
     NotLeader,
     ResourceExhausted,
+    TlsMismatch,
     Unauthenticated,
     Unavailable,
     UploadNotFound,
@@ -889,29 +890,42 @@ _CLOSED = ("failed to connect to all addresses; last error: UNAVAILABLE: ipv4:12
            " Socket closed")
 
 
-@pytest.mark.parametrize(("details", "tls", "advice"), [
-    (_OTHER_CA, True, "did not verify against the CA given in --ca"),
-    (_NOT_TLS, True, "it does not use TLS; drop --ca"),
-    (_CLOSED, False, "a master that uses TLS does to a plain-text client; pass --ca"),
-    (_CLOSED, True, "pass --cert/--key"),
+@pytest.mark.parametrize(("details", "advice"), [
+    (_OTHER_CA, "did not verify against the CA given in --ca"),
+    (_NOT_TLS, "it does not use TLS; drop --ca"),
 ])
-def test_a_failed_tls_handshake_says_which_setting_to_change(details: str, tls: bool,
-                                                             advice: str) -> None:
-    failure = client_mod._handshake_failure("m1:1", details, tls)
+def test_a_failed_tls_handshake_says_which_setting_to_change(details: str, advice: str) -> None:
+    failure = client_mod._handshake_failure("m1:1", details, True)
     assert isinstance(failure, client_mod._HandshakeFailed)
     assert failure.addresses == {"m1:1"}
     assert advice in str(failure) and "m1:1" in str(failure) and details in str(failure)
+
+
+@pytest.mark.parametrize(("tls", "hint"), [
+    (False, "if the masters use TLS, pass --ca"),
+    (True, "if the masters ask for client certificates, pass --cert/--key"),
+])
+def test_a_connection_closed_at_once_only_hints_at_tls(tls: bool, hint: str) -> None:
+    # What a TLS master does to a plain-text client, but also a proxy with no master behind
+    # it: retried as unavailability, with the likely fix in the message.
+    failure = client_mod._handshake_failure("m1:1", _CLOSED, tls)
+    assert isinstance(failure, Unavailable)
+    assert not isinstance(failure, client_mod._HandshakeFailed)
+    assert hint in str(failure)
 
 
 @pytest.mark.parametrize("details", [
     "failed to connect to all addresses; last error: UNAVAILABLE: ipv4:127.0.0.1:1: Connection"
     " refused",
     "Socket closed",  # a connection that was up and went away: the master, not the settings
+    "failed to connect to all addresses; last error: UNAVAILABLE: ipv4:127.0.0.1:1: Handshake"
+    " read failed (Socket closed)",  # a TLS client behind a proxy with no master behind it
     "keepalive watchdog timeout",
 ])
 def test_other_unavailability_is_not_taken_for_a_tls_mismatch(details: str) -> None:
     for tls in (False, True):
-        assert client_mod._handshake_failure("m1:1", details, tls) is None
+        failure = client_mod._handshake_failure("m1:1", details, tls)
+        assert not isinstance(failure, client_mod._HandshakeFailed)
 
 
 def _without_tls_agreement(cluster: FakeCluster, who: Sequence[str],
@@ -933,7 +947,7 @@ def _without_tls_agreement(cluster: FakeCluster, who: Sequence[str],
 
 
 @pytest.mark.parametrize("operation", ["put", "resumable", "get_meta", "read", "wait"])
-def test_a_tls_mismatch_with_every_master_fails_soon_as_unauthenticated(
+def test_a_tls_mismatch_with_every_master_fails_soon_as_such(
     client: Client, cluster: FakeCluster, clock: FakeClock, operation: str,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -952,8 +966,10 @@ def test_a_tls_mismatch_with_every_master_fails_soon_as_unauthenticated(
         "read": lambda: client.read("k"),
         "wait": lambda: client.wait_for_replication(["k"], 3, timeout=20.0),
     }
-    with pytest.raises(Unauthenticated, match="did not verify against the CA given in --ca"):
+    with pytest.raises(TlsMismatch, match="did not verify against the CA given in --ca") as info:
         calls[operation]()
+    # Not a NotAuthorized: that says what the user may read, and callers act on it.
+    assert not isinstance(info.value, NotAuthorized)
     waited = clock.now - 1000.0
     assert client_mod._REFUSAL_PATIENCE <= waited < 2 * client_mod._REFUSAL_PATIENCE
     assert "new" not in cluster.blobs
@@ -966,6 +982,40 @@ def test_a_certificate_replaced_within_the_patience_is_accepted(
     client.create("k", b"x")
     assert cluster.blobs["k"] == (1, b"x")
     assert clock.now - 1000.0 < client_mod._REFUSAL_PATIENCE
+
+
+def test_a_tls_mismatch_is_final_only_once_every_master_has_shown_it(
+    client: Client, cluster: FakeCluster, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Even with no patience at all, two masters of three failing the handshake is no proof:
+    # the third is asked, and serves.
+    monkeypatch.setattr(client_mod, "_REFUSAL_PATIENCE", 0.0)
+    cluster.blobs["k"] = (1, b"x")
+    cluster.holders["k"] = [M1, M2, M3]
+    _without_tls_agreement(cluster, [M1, M2])
+    client._preferred = M1
+    assert client.get_meta("k").version == 1
+    assert [a for a, m in cluster.calls if m == "GetMeta"] == [M1, M2, M3]
+
+
+def test_the_patience_runs_from_the_first_tls_mismatch_not_from_the_call(
+    client: Client, cluster: FakeCluster, clock: FakeClock
+) -> None:
+    # The cluster was unreachable for 5 s (past the patience), then every master fails the
+    # handshake: that is given its own few seconds before it is final.
+    _without_tls_agreement(cluster, [M1, M2, M3])
+    mismatched = cluster._enter
+
+    def enter(address: str, method: str) -> None:
+        if clock.now - 1000.0 < 5.0:
+            cluster.calls.append((address, method))
+            raise Unavailable(f"master {address} unavailable: Connection refused")
+        mismatched(address, method)
+
+    cluster._enter = enter  # type: ignore[method-assign]
+    with pytest.raises(TlsMismatch):
+        client.get_meta("k")
+    assert clock.now - 1000.0 >= 5.0 + client_mod._REFUSAL_PATIENCE
 
 
 def test_a_tls_mismatch_with_some_masters_only_is_retried_to_the_deadline(

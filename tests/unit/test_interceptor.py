@@ -3,6 +3,7 @@ requests that do not parse."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
@@ -12,7 +13,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from blobha import logs
-from blobha.errors import InvalidArgument, NotLeader
+from blobha.errors import SERVER_FULL_DETAILS, InvalidArgument, NotLeader
 from blobha.metrics import MasterMetrics
 from blobha.service import new_server, streaming, unary
 from blobha.v1 import blobha_pb2 as pb
@@ -131,3 +132,45 @@ def test_requests_that_do_not_parse_are_invalid_argument(server: Any) -> None:
         channel.unary_unary("/blobha.v1.BlobStore/Invented")(b"")
     assert e.value.code() == grpc.StatusCode.UNIMPLEMENTED
     assert "Invented" not in metrics.render().decode()
+
+
+def test_a_call_that_finds_every_thread_taken_is_refused_at_once_and_not_counted() -> None:
+    # Queued, it would wait unseen (a status check too); refused, the client knows the master
+    # is busy and retries. The refusal comes before any handler, so it counts as neither
+    # started nor handled: "started - handled" stays the calls in progress.
+    release = threading.Event()
+    entered = threading.Semaphore(0)
+
+    class Blocking(Servicer):
+        @unary
+        def NodeStatus(self, request: pb.NodeStatusRequest, context: grpc.ServicerContext
+                       ) -> pb.MasterSummary:
+            entered.release()
+            release.wait(30)
+            return pb.MasterSummary(address="test:1")
+
+    metrics = MasterMetrics()
+    srv = new_server(metrics=metrics.rpc, threads=2)
+    pb_grpc.add_BlobStoreServicer_to_server(Blocking(), srv)  # type: ignore[no-untyped-call]
+    port = srv.add_insecure_port("127.0.0.1:0")
+    srv.start()
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    stub = pb_grpc.BlobStoreStub(channel)  # type: ignore[no-untyped-call]
+    try:
+        held = [stub.NodeStatus.future(pb.NodeStatusRequest(), timeout=30) for _ in range(2)]
+        for _ in held:
+            assert entered.acquire(timeout=10)
+        with pytest.raises(grpc.RpcError) as info:
+            stub.GetMeta(pb.GetMetaRequest(key="k"), timeout=10)
+        assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert info.value.details() == SERVER_FULL_DETAILS
+        release.set()
+        assert [f.result().address for f in held] == ["test:1", "test:1"]
+        assert stub.GetMeta(pb.GetMetaRequest(key="k"), timeout=10).key == "k"
+        for method, calls in (("NodeStatus", 2), ("GetMeta", 1)):
+            assert value(metrics, "grpc_server_started_total", grpc_method=method) == calls
+            assert value(metrics, "grpc_server_handled_total", grpc_method=method) == calls
+    finally:
+        release.set()
+        channel.close()
+        srv.stop(0)

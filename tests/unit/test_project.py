@@ -58,6 +58,7 @@ def test_public_api_surface() -> None:
         "NotAuthorized",
         "NotLeader",
         "ResourceExhausted",
+        "TlsMismatch",
         "Unauthenticated",
         "Unavailable",
         "UploadNotFound",
