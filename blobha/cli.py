@@ -26,7 +26,8 @@ code  meaning
 13    upload lost (it expired, or the leader changed and it could not restart)
 14    internal error
 15    not authenticated (no or a wrong token or client certificate)
-16    TLS settings that no master accepts (--ca names another CA, or TLS on one side only)
+16    TLS settings that every master's certificate proves wrong (--ca names another CA,
+      the certificate does not name the address, or TLS on the client's side only)
 130   interrupted (Ctrl-C)
 141   broken pipe (the reader of stdout went away, e.g. ``blobha cat k | head``)
 143   terminated (SIGTERM); ``cat -f`` removes its partial file first
@@ -87,7 +88,7 @@ exit codes:
   9 checksum mismatch  10 resource exhausted         11 unavailable
   12 deadline exceeded (and wait-replication not reached)
   13 upload lost       14 internal error             15 not authenticated
-  16 TLS settings that no master accepts (--ca)
+  16 TLS settings that the masters' certificates prove wrong (--ca)
   130 interrupted      141 broken pipe      143 terminated (SIGTERM)
 
 environment: BLOBHA_CLUSTER (default for --cluster), BLOBHA_USER (default for --user),

@@ -449,6 +449,12 @@ def _handshake_failure(address: str, details: str, tls: bool) -> Unavailable | N
     a mismatch: a connection closed at once is also what a proxy or load balancer with no
     master behind it does, so that is only a hint."""
     lowered = details.lower()
+    if "hostname verification check failed" in lowered:
+        return _HandshakeFailed(
+            f"no TLS connection to master {address}: its certificate does not name the address"
+            " dialled; reach the masters by an address their certificates name (see"
+            f" BLOBHA_ADDRESS_MAP), or give them certificates that name it ({details})",
+            frozenset({address}))
     if "handshake failed" in lowered:
         if "wrong_version_number" in lowered:
             advice = ("it does not use TLS; drop --ca / BLOBHA_CA and any client certificate, or"
@@ -458,11 +464,13 @@ def _handshake_failure(address: str, details: str, tls: bool) -> Unavailable | N
                       " pass the CA that signed the masters' certificates")
         return _HandshakeFailed(f"no TLS connection to master {address}: {advice} ({details})",
                                 frozenset({address}))
-    if "failed to connect" in lowered and "socket closed" in lowered:
+    if ("failed to connect" in lowered and "socket closed" in lowered
+            and "handshake read failed" not in lowered):
         # Closed before any HTTP/2 frame: what a TLS master does to a plain-text client, and
         # (TLS 1.3 ends the handshake before the server judges the client) a master that wants
         # a client certificate to one with none or a foreign one; but also a proxy whose
-        # master is down. So it is retried like any unavailability, with the likely fix.
+        # master is down. So it is retried like any unavailability, with the likely fix. (A
+        # TLS client that a proxy cuts off sees its handshake's read fail: no hint there.)
         if tls:
             hint = ("if the masters ask for client certificates, pass --cert/--key"
                     " (BLOBHA_CERT/BLOBHA_KEY) with one that their CA signed")
@@ -1585,7 +1593,7 @@ class _UploadJob:
                 self.c._give_up_on_tls(last, mismatches)
                 self.c._pause(attempt, deadline, last, self.what)
                 attempt += 1
-        except (Unavailable, DeadlineExceeded) as exc:
+        except (Unavailable, DeadlineExceeded, TlsMismatch) as exc:
             self._abort_quietly()
             if not self.commit_unknown:
                 raise
@@ -1594,6 +1602,7 @@ class _UploadJob:
             note = (f"{exc}; an earlier attempt's commit got no answer, so the {self.what}"
                     " may have been made: check with 'blobha meta' before writing again")
             raise (DeadlineExceeded(note) if isinstance(exc, DeadlineExceeded)
+                   else TlsMismatch(note) if isinstance(exc, TlsMismatch)
                    else Unavailable(note)) from None
         except BaseException:
             self._abort_quietly()

@@ -211,9 +211,9 @@ OPTIONS: tuple[Option, ...] = (
         "master.rpc.threads",
         64,
         "Threads serving calls on a master. Users' calls together may take all but a quarter"
-        " of them (at least 2 stay for the other masters and status checks); a call beyond is"
-        " refused at once as busy (RESOURCE_EXHAUSTED; clients retry), not queued out of"
-        " sight.",
+        " of them, and their status checks half of that quarter; the rest stay for the other"
+        " masters. A call beyond is refused at once as busy (RESOURCE_EXHAUSTED; clients"
+        " retry), not queued out of sight.",
     ),
     Option(
         "master.max.streams.per.connection",

@@ -1,5 +1,6 @@
 """The gRPC server interceptor in front of every blob-store call: authenticates the caller, and
-caps how many calls one client may have running at once, before any handler runs.
+caps how many calls one user, and all users together, may have running at once, before any
+handler runs.
 
 Handlers learn the authenticated user from :func:`authenticated_user`; they never read the user
 from metadata themselves, so no call can skip authentication.
@@ -50,25 +51,34 @@ def _peer_names(context: grpc.ServicerContext) -> Mapping[str, Sequence[str]]:
     return out
 
 
-#: Calls always admitted past the cap on all users' calls: a status check takes no time, and it
-#: is how a client tells a busy master from a paused one.
-_ALWAYS_ADMITTED = frozenset({"NodeStatus"})
+#: Calls admitted past the cap on all users' calls, up to a small cap of their own: a status
+#: check is how a client tells a busy master from a paused one.
+_PAST_THE_CAP = frozenset({"NodeStatus"})
 
 
 def client_call_threads(threads: int) -> int:
     """Of a master's ``threads`` call threads, those users' calls may take together; the rest
-    stay for the other masters (replication) and for status checks, so that users keeping every
-    thread busy neither stop replication nor make the master look dead."""
+    stay for the other masters (replication) and for status checks, so that users keeping their
+    share busy neither stop replication nor make the master look dead."""
     return threads - max(2, threads // 4)
+
+
+def status_call_threads(threads: int) -> int:
+    """Of the threads users' other calls may not take, those their status checks may: half, so
+    that status checks (not free: a master's figures are read over every key) cannot take the
+    other masters' share either."""
+    return max(1, (threads - client_call_threads(threads)) // 2)
 
 
 class Gatekeeper(grpc.ServerInterceptor):  # type: ignore[type-arg]
     def __init__(self, auth: ServerAuthentication, max_calls_per_client: int,
-                 max_client_calls: int | None = None) -> None:
+                 max_client_calls: int | None = None, max_status_calls: int = 0) -> None:
         self.auth = auth
         self.max_calls = max_calls_per_client
-        #: Calls of all users together (masters apart); None: no such cap.
+        #: Calls of all users together (masters apart); None: no such cap. Status checks may
+        #: go ``max_status_calls`` past it.
         self.max_client_calls = max_client_calls
+        self.max_status_calls = max_status_calls
         self._running: dict[str, int] = {}
         self._all_running = 0
         self._lock = threading.Lock()
@@ -95,8 +105,9 @@ class Gatekeeper(grpc.ServerInterceptor):  # type: ignore[type-arg]
             if running >= self.max_calls:
                 refusal = (f"user {user!r} already has {self.max_calls} calls in progress on"
                            " this master (master.max.calls.per.client); wait for some to finish")
-            elif (self.max_client_calls is not None and method not in _ALWAYS_ADMITTED
-                  and self._all_running >= self.max_client_calls):
+            elif self.max_client_calls is not None and self._all_running >= (
+                    self.max_client_calls
+                    + (self.max_status_calls if method in _PAST_THE_CAP else 0)):
                 refusal = (f"this master is busy: users' calls hold all {self.max_client_calls}"
                            " of its call threads open to them (master.rpc.threads); retry")
             else:

@@ -299,7 +299,7 @@ class Master:
     # ---- lifecycle -----------------------------------------------------------------------
 
     def start(self, serve: bool = True) -> None:
-        from blobha.gatekeeper import Gatekeeper, client_call_threads
+        from blobha.gatekeeper import Gatekeeper, client_call_threads, status_call_threads
         from blobha.service import add_to_server, new_server
 
         if serve and self.config.metrics_listen:
@@ -331,9 +331,10 @@ class Master:
         self.health.start()
         self.uploads.start()
         if serve:
+            threads = self.config["master.rpc.threads"]
             self.gatekeeper = Gatekeeper(
                 self.authentication, self.config["master.max.calls.per.client"],
-                client_call_threads(self.config["master.rpc.threads"]))
+                client_call_threads(threads), status_call_threads(threads))
             self._server = new_server(
                 [self.gatekeeper],
                 [("grpc.max_concurrent_streams",

@@ -65,12 +65,14 @@ def new_server(interceptors: Iterable[grpc.ServerInterceptor] = (),  # type: ign
                metrics: RpcMetrics | None = None, threads: int = MAX_WORKERS) -> grpc.Server:
     """A gRPC server with ``threads`` threads for calls. With ``metrics``, every call first
     gets a request id, metrics and decoding by :class:`blobha.interceptor.ObservingInterceptor`
-    (so refused calls are counted too); ``interceptors`` (authentication) come after it.
+    (so the interceptors' refusals are counted too); ``interceptors`` (authentication) come
+    after it.
 
     A call that finds every thread taken is refused at once with RESOURCE_EXHAUSTED
     (:data:`blobha.errors.SERVER_FULL_DETAILS`), which clients take for "busy, retry". Queued
     instead, it would wait unseen, and so would the status check with which a client tells a
-    busy master from a paused one: the client would give up on a master that works."""
+    busy master from a paused one: the client would give up on a master that works. (grpcio
+    refuses such a call before any handler runs: no metric counts it.)"""
     chain: list[Any] = []
     if metrics is not None:
         chain.append(ObservingInterceptor(metrics, _abort))

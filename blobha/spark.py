@@ -86,6 +86,7 @@ from blobha.errors import (
     InvalidArgument,
     KeyNotFound,
     NotAuthorized,
+    TlsMismatch,
     Unavailable,
 )
 from blobha.keys import validate_key
@@ -1184,7 +1185,7 @@ class _Localizer:
                 return held.blob
             try:
                 blob = cache.get(spec.key, uncompress=spec.uncompress, owner=owner)
-            except (Unavailable, DeadlineExceeded) as exc:
+            except (Unavailable, DeadlineExceeded, TlsMismatch) as exc:
                 if held is not None and held.blob.path.exists():
                     # Availability over freshness: the copy we hold was current moments ago,
                     # and failing the task would not bring the cluster back any sooner.

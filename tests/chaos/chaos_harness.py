@@ -24,6 +24,7 @@ from typing import Any
 
 import grpc
 import xxhash
+from docker.errors import APIError
 from testcontainers.core.container import DockerContainer
 from testcontainers.core.network import Network
 from waiting import wait_until
@@ -303,6 +304,23 @@ class ChaosCluster:
                    timeout, "the ZooKeeper ensemble to form a quorum")
 
     # -- faults ---------------------------------------------------------------------------
+
+    def pause(self, node: Node, timeout: float = 30.0) -> None:
+        """Freeze every process of ``node``: its connections stay open, and nothing answers.
+        The kernel's freezer gives up on a process it cannot stop in time (one in the middle
+        of disk I/O on a loaded machine: "unable to freeze", and the container runs on): that
+        is tried again, for up to ``timeout`` seconds."""
+
+        def frozen() -> bool:
+            try:
+                node.docker.pause()
+            except APIError as e:
+                if "unable to freeze" not in str(e):
+                    raise
+                return False
+            return True
+
+        wait_until(frozen, timeout, f"{node.name} to be paused")
 
     def disconnect(self, node: Node) -> None:
         self.network._unwrap_network.disconnect(node.docker.id)

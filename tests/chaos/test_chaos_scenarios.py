@@ -164,8 +164,8 @@ def test_03_leader_paused_past_session_timeout(chaos_cluster: ChaosCluster,
         old = c.wait_leader(10)
         stale = payload(3 * 1024 * 1024, random.Random(3), "stale")
         upload_id = begin_inflight(c, old, "paused-inflight", stale)
+        c.pause(old)
         t_pause = time.monotonic()
-        old.docker.pause()
         try:
             new = c.wait_leader(SESSION_S * 5, not_in=(old,))
             t_new = time.monotonic() - t_pause

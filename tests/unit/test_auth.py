@@ -232,3 +232,71 @@ def test_audit_lines_quote_keys() -> None:
     line = AuditRecord("alice", "delete", 'a "b" c', 3, "PERMISSION_DENIED").line()
     assert line == ('audit user="alice" op=delete key="a \\"b\\" c" version=3'
                     " result=PERMISSION_DENIED")
+
+
+# ---- the gatekeeper's caps on calls ---------------------------------------------------------
+
+
+class _Refused(Exception):
+    pass
+
+
+class _Context:
+    """What the gatekeeper reads of a call's context, and what it sets on a refusal."""
+
+    def __init__(self, metadata: dict[str, str]) -> None:
+        self._metadata = tuple(metadata.items())
+        self.trailers: tuple[tuple[str, str], ...] = ()
+
+    def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
+        return self._metadata
+
+    def auth_context(self) -> dict[str, list[bytes]]:
+        return {}
+
+    def peer(self) -> str:
+        return "ipv4:127.0.0.1:1"
+
+    def set_trailing_metadata(self, trailers: tuple[tuple[str, str], ...]) -> None:
+        self.trailers = trailers
+
+    def abort(self, code: object, details: str) -> None:
+        raise _Refused(f"{code}: {details}")
+
+
+def test_users_calls_together_leave_threads_for_the_masters() -> None:
+    from blobha.errors import BUSY_METADATA_KEY
+    from blobha.gatekeeper import Gatekeeper, client_call_threads, status_call_threads
+
+    threads = 8
+    assert (client_call_threads(threads), status_call_threads(threads)) == (6, 1)
+    for n in range(4, 200):
+        users, status = client_call_threads(n), status_call_threads(n)
+        assert users >= 2 and status >= 1 and n - users - status >= 1, n
+    secret = auth.new_cluster_secret()
+    keeper = Gatekeeper(ServerAuthentication(SimpleAuthenticator(), "blobha-master",
+                                             lambda: secret),
+                        max_calls_per_client=32, max_client_calls=client_call_threads(threads),
+                        max_status_calls=status_call_threads(threads))
+
+    def admit(method: str, user: str) -> str:
+        return keeper._admit(method, _Context({USER_METADATA_KEY: user}))
+
+    held = [admit("WaitForReplication", f"user-{i}") for i in range(6)]
+    refused = _Context({USER_METADATA_KEY: "someone-else"})
+    with pytest.raises(_Refused, match=r"RESOURCE_EXHAUSTED.*master\.rpc\.threads"):
+        keeper._admit("GetMeta", refused)
+    assert refused.trailers == ((BUSY_METADATA_KEY, "1"),)  # busy: the client retries
+    # A status check still gets in, but only so many: they may not take the masters' share.
+    held.append(admit("NodeStatus", "someone-else"))
+    with pytest.raises(_Refused, match=r"master\.rpc\.threads"):
+        admit("NodeStatus", "another")
+    # The other masters are not counted, nor capped.
+    for _ in range(threads):
+        keeper._admit("FetchVersions", _Context({MASTER_SECRET_METADATA_KEY: secret}))
+    # Calls that end give their place back.
+    for user in held:
+        keeper._release(user)
+    assert admit("GetMeta", "someone-else") == "someone-else"
+    keeper._release("someone-else")
+    assert keeper._all_running == 0 and keeper._running == {}

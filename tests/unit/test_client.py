@@ -893,6 +893,9 @@ _CLOSED = ("failed to connect to all addresses; last error: UNAVAILABLE: ipv4:12
 @pytest.mark.parametrize(("details", "advice"), [
     (_OTHER_CA, "did not verify against the CA given in --ca"),
     (_NOT_TLS, "it does not use TLS; drop --ca"),
+    ("failed to connect to all addresses; last error: UNKNOWN: ipv4:127.0.0.1:1: Custom"
+     " verification check failed with error: UNAUTHENTICATED: Hostname Verification Check"
+     " failed.", "its certificate does not name the address dialled"),
 ])
 def test_a_failed_tls_handshake_says_which_setting_to_change(details: str, advice: str) -> None:
     failure = client_mod._handshake_failure("m1:1", details, True)
@@ -926,6 +929,8 @@ def test_other_unavailability_is_not_taken_for_a_tls_mismatch(details: str) -> N
     for tls in (False, True):
         failure = client_mod._handshake_failure("m1:1", details, tls)
         assert not isinstance(failure, client_mod._HandshakeFailed)
+        if "Handshake read failed" in details:
+            assert failure is None  # no hint either: nothing points at the client's settings
 
 
 def _without_tls_agreement(cluster: FakeCluster, who: Sequence[str],
