@@ -290,6 +290,9 @@ class Synchronizer:
         # Bumped on every change of _view, so figures() recomputes only when something moved.
         self._generation = 0
         self._figures: tuple[tuple[int, frozenset[str]], tuple[int, int, int]] | None = None
+        #: When the view behind _figures was read (monotonic clock).
+        self._figures_taken = 0.0
+        self._figures_lock = threading.Lock()
         self._deleted_since: dict[str, float] = {}
         self._failures: dict[str, int] = {}
         # Keys whose sync failed on an unreachable ZooKeeper since the last report of it, and
@@ -376,12 +379,25 @@ class Synchronizer:
 
     def figures(self) -> tuple[int, int, int]:
         """(keys, keys with fewer holders than their replication factor, keys this master
-        should hold but lacks)."""
+        should hold but lacks), as of a moment during the call.
+
+        A pass over every key (with the placement hash of each key this master lacks: a second
+        and more at 100,000 keys on five masters) whenever the view has moved, which under
+        writes is at every call. So one pass runs at a time, and callers that waited for it
+        take its answer when it began after they asked: concurrent status checks cost one
+        pass, not one each."""
+        asked = time.monotonic()
+        with self._figures_lock:
+            return self._figures_since(asked)
+
+    def _figures_since(self, asked: float) -> tuple[int, int, int]:
         known = frozenset(self.membership.known())
         with self._view_lock:
             stamp = (self._generation, known)
-            if self._figures is not None and self._figures[0] == stamp:
+            if self._figures is not None and (self._figures[0] == stamp
+                                              or self._figures_taken > asked):
                 return self._figures[1]
+            taken = time.monotonic()
             entries = list(self._view.items())
         me = self.identity
         under = lag = 0
@@ -395,6 +411,7 @@ class Synchronizer:
         result = (len(entries), under, lag)
         with self._view_lock:
             self._figures = (stamp, result)
+            self._figures_taken = taken
         return result
 
     # ---- events (kazoo's event thread: hand off only) -------------------------------------

@@ -968,3 +968,69 @@ def test_a_full_pass_that_fails_during_a_paced_pass_neither_ends_the_thread_nor_
         s._stop.set()
         s._kick.set()
         thread.join(5)
+
+
+def test_concurrent_status_checks_share_one_pass_over_the_keys(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Each pass looks at every key (the placement hash of each one this master lacks), and
+    # under writes the view has moved at every call. Callers that arrive while a pass runs
+    # wait for it and then share one pass that began after they asked: its answer is as of
+    # a moment during their call, so nothing they could expect to see is missing.
+    from blobha.sync import synchronizer as sync_mod
+    from waiting import wait_until
+
+    s, _ = synchroniser()
+    s._view["k"] = entry([A, B])
+    s._view["k2"] = entry([A])
+    passes: list[int] = []
+    first_inside = threading.Event()
+    release = threading.Event()
+    real_chosen = sync_mod._chosen
+
+    def chosen(me: str, key: str, rf: int, known: Any) -> bool:
+        if key == "k":
+            passes.append(len(passes))
+            if len(passes) == 1:
+                first_inside.set()
+                assert release.wait(30)
+        return real_chosen(me, key, rf, known)
+
+    monkeypatch.setattr(sync_mod, "_chosen", chosen)
+
+    class CountingLock:
+        def __init__(self) -> None:
+            self.lock = threading.Lock()
+            self.waiting = 0
+
+        def __enter__(self) -> None:
+            self.waiting += 1
+            self.lock.acquire()
+            self.waiting -= 1
+
+        def __exit__(self, *exc: object) -> None:
+            self.lock.release()
+
+    gate = CountingLock()
+    s._figures_lock = gate  # type: ignore[assignment]
+    results: dict[str, tuple[int, int, int]] = {}
+
+    def ask(name: str) -> None:
+        results[name] = s.figures()
+
+    first = threading.Thread(target=ask, args=("first",))
+    first.start()
+    assert first_inside.wait(30)
+    with s._view_lock:  # a write lands while the first pass runs
+        s._view["k3"] = entry([A, B])
+        s._generation += 1
+    later = [threading.Thread(target=ask, args=(f"later-{i}",)) for i in range(3)]
+    for t in later:
+        t.start()
+    wait_until(lambda: gate.waiting == 3, what="the later callers to wait for the pass")
+    release.set()
+    for t in (first, *later):
+        t.join(30)
+    # The first pass, then one more for all three later callers, which all see the write.
+    assert len(passes) == 2
+    assert results["first"] == (2, 2, 2)
+    assert all(results[f"later-{i}"] == (3, 3, 3) for i in range(3))
