@@ -340,7 +340,7 @@ class Master:
                 [("grpc.max_concurrent_streams",
                   self.config["master.max.streams.per.connection"])],
                 metrics=self.metrics.rpc,
-                threads=self.config["master.rpc.threads"],
+                threads=threads,
             )
             add_to_server(self, self._server)
             listen = self.config["master.listen"]

@@ -512,7 +512,9 @@ class LocalStore:
         return info
 
     def install_copy(self, key: str, seq: int, source: VersionInfo) -> VersionInfo:
-        """Install version ``seq`` with the same bytes as a local version (a roll-back)."""
+        """Install version ``seq`` with the same bytes as a local version (a roll-back, or a
+        sync that finds the bytes here already): a second copy, so it needs its own room."""
+        self.reserve(source.size)
         temp = self.new_temp("copy")
         try:
             for data in self.read(source.key, source.seq):

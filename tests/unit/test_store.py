@@ -419,6 +419,22 @@ def test_reserve(tmp_path: Path) -> None:
         huge.reserve(1)
 
 
+def test_a_copy_of_a_local_version_is_refused_where_it_would_eat_the_reservation(
+        tmp_path: Path) -> None:
+    # A roll-back restores an older version as a new one by copying it, and a sync installs
+    # bytes it finds here already the same way: a second copy, which a disk at its reserve
+    # must refuse before writing anything.
+    store = LocalStore(tmp_path / "s")
+    info = _put(store, "k", 1, _data(MiB))
+    store.reserved_bytes = 1 << 62
+    with pytest.raises(ResourceExhausted, match=r"blobstore\.disk\.reserved\.bytes"):
+        store.install_copy("k", 2, info)
+    assert store.versions("k") == [1]
+    assert not any(store.tmp_dir.iterdir())
+    store.reserved_bytes = 0
+    assert store.install_copy("k", 2, info).digest == info.digest
+
+
 def test_keys_lists_installed_keys_including_unicode(store: LocalStore) -> None:
     keys = ["plain", "données_2024", "日本語キー", "with space", "tab\tkey", ".dot", "z" * 300]
     for key in keys:
