@@ -72,13 +72,13 @@ def status_call_threads(threads: int) -> int:
 
 class Gatekeeper(grpc.ServerInterceptor):  # type: ignore[type-arg]
     def __init__(self, auth: ServerAuthentication, max_calls_per_client: int,
-                 max_client_calls: int | None = None, max_status_calls: int = 0) -> None:
+                 threads: int | None = None) -> None:
         self.auth = auth
         self.max_calls = max_calls_per_client
-        #: Calls of all users together (masters apart); None: no such cap. Status checks may
-        #: go ``max_status_calls`` past it.
-        self.max_client_calls = max_client_calls
-        self.max_status_calls = max_status_calls
+        #: Calls of all users together (masters apart) on a server of ``threads`` call threads;
+        #: None: no such cap. Status checks may go ``max_status_calls`` past it.
+        self.max_client_calls = None if threads is None else client_call_threads(threads)
+        self.max_status_calls = 0 if threads is None else status_call_threads(threads)
         self._running: dict[str, int] = {}
         self._all_running = 0
         self._lock = threading.Lock()

@@ -299,7 +299,7 @@ class Master:
     # ---- lifecycle -----------------------------------------------------------------------
 
     def start(self, serve: bool = True) -> None:
-        from blobha.gatekeeper import Gatekeeper, client_call_threads, status_call_threads
+        from blobha.gatekeeper import Gatekeeper
         from blobha.service import add_to_server, new_server
 
         if serve and self.config.metrics_listen:
@@ -332,9 +332,8 @@ class Master:
         self.uploads.start()
         if serve:
             threads = self.config["master.rpc.threads"]
-            self.gatekeeper = Gatekeeper(
-                self.authentication, self.config["master.max.calls.per.client"],
-                client_call_threads(threads), status_call_threads(threads))
+            self.gatekeeper = Gatekeeper(self.authentication,
+                                         self.config["master.max.calls.per.client"], threads)
             self._server = new_server(
                 [self.gatekeeper],
                 [("grpc.max_concurrent_streams",

@@ -276,8 +276,7 @@ def test_users_calls_together_leave_threads_for_the_masters() -> None:
     secret = auth.new_cluster_secret()
     keeper = Gatekeeper(ServerAuthentication(SimpleAuthenticator(), "blobha-master",
                                              lambda: secret),
-                        max_calls_per_client=32, max_client_calls=client_call_threads(threads),
-                        max_status_calls=status_call_threads(threads))
+                        max_calls_per_client=32, threads=threads)
 
     def admit(method: str, user: str) -> str:
         return keeper._admit(method, _Context({USER_METADATA_KEY: user}))
