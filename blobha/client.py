@@ -495,10 +495,6 @@ def _error_from_rpc(address: str, exc: grpc.RpcError, tls: bool = False) -> Blob
             k == errors.BUSY_METADATA_KEY for k, _ in trailers):
         # Too many of our calls at once on that master: transient, so back off and retry.
         return Unavailable(f"master {address} is busy: {details}")
-    if code == grpc.StatusCode.RESOURCE_EXHAUSTED and details == errors.SERVER_FULL_DETAILS:
-        # Every call thread of that master is taken (by everyone's calls): likewise.
-        return Unavailable(f"master {address} is busy: every one of its call threads is in"
-                           " use (master.rpc.threads)")
     error = errors.from_status(code, details, trailers)
     if isinstance(error, Unavailable):
         return (_handshake_failure(address, details, tls)

@@ -182,6 +182,10 @@ def from_status(
 
     if code == grpc.StatusCode.NOT_FOUND and details.startswith(_UPLOAD_PREFIX):
         return UploadNotFound(details)
+    if code == grpc.StatusCode.RESOURCE_EXHAUSTED and details == SERVER_FULL_DETAILS:
+        # Busy, not out of room: another master may serve, or this one a moment later.
+        return Unavailable("master is busy: every one of its call threads is in use"
+                           f" (master.rpc.threads; {details})")
     cls = _by_code().get(code, InternalError)
     if cls is NotLeader:
         leader = ""

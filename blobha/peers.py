@@ -18,13 +18,7 @@ from blobha.addresses import host_of
 from blobha.auth import MASTER_SECRET_METADATA_KEY, USER_METADATA_KEY
 from blobha.credentials import Credentials
 from blobha.dataplane import DataChannels, DataOffer
-from blobha.errors import (
-    SERVER_FULL_DETAILS,
-    BlobError,
-    ChecksumMismatch,
-    Unavailable,
-    from_status,
-)
+from blobha.errors import BlobError, ChecksumMismatch, Unavailable, from_status
 from blobha.stallwatch import Stalled, StallWatch
 from blobha.status import MasterSummary, master_from_pb
 from blobha.store import BlobBuffer, TempBlob
@@ -210,8 +204,4 @@ def _error(e: grpc.RpcError) -> BlobError:
     trailers = e.trailing_metadata() if hasattr(e, "trailing_metadata") else ()
     # grpc types each entry as _Metadatum, a (key, value) named tuple.
     pairs = tuple((str(m[0]), m[1]) for m in (trailers or ()))  # type: ignore[index]
-    if code == grpc.StatusCode.RESOURCE_EXHAUSTED and details == SERVER_FULL_DETAILS:
-        # Every call thread of that master is taken: busy, not out of room; another holder
-        # may serve, or this one a moment later.
-        return Unavailable(f"busy: every call thread is in use ({details})")
     return from_status(code, details or "", pairs)
