@@ -527,7 +527,8 @@ class Master:
         # an earlier leader's unacknowledged commits, follow from a full reconcile that runs
         # in the background: scanning every key must not delay taking office.
         self.uploads.abort_all("a new leadership term began")
-        self.membership.refresh()
+        # Bounded: this runs under the election's lock (see LeaderElection._answer).
+        self.membership.refresh(timeout=self.session_timeout)
         self.sync.request_full_reconcile()
 
     def _on_deposed(self) -> None:

@@ -31,6 +31,7 @@ from kazoo.exceptions import (
     RuntimeInconsistency,
 )
 from kazoo.handlers.threading import KazooTimeoutError
+from kazoo.interfaces import IAsyncResult
 from kazoo.protocol.states import WatchedEvent
 
 from blobha.zkstate import ELECTION, EPOCH, JOURNAL, EpochRecord
@@ -186,8 +187,8 @@ class LeaderElection:
                 if self._node is not None:
                     # If the delete fails, the node is still there, and still ahead of the
                     # real leader's if it is lowest: the next step's join removes it.
-                    with contextlib.suppress(KazooException):
-                        self.zk.delete(self._node)
+                    with contextlib.suppress(KazooException, KazooTimeoutError):
+                        self._answer(self.zk.delete_async(self._node))
                     self._node = None
         self._wake.set()
 
@@ -208,6 +209,15 @@ class LeaderElection:
     def _on_watch(self, event: WatchedEvent) -> None:
         self._wake.set()
 
+    def _answer(self, pending: IAsyncResult) -> Any:
+        """The answer to a ZooKeeper call made under the election's lock, waited for at most
+        the session timeout (KazooTimeoutError after it). kazoo holds a call made while it
+        reconnects until the connection is back: with ZooKeeper gone, a plain call would hold
+        the lock, and with it stop() and depose(), for as long. A call given up may still be
+        applied later; the next step finds such a candidacy as a stray (_clear_strays), and
+        an epoch bumped unseen only makes the next bump skip a number."""
+        return pending.get(timeout=self.session_timeout)
+
     def _run(self) -> None:
         backoff = 0.1
         while not self._stopping.is_set():
@@ -223,6 +233,12 @@ class LeaderElection:
                         return
                     self._step()
                 backoff = 0.1
+            except KazooTimeoutError:
+                log.warning("ZooKeeper did not answer the election within %.0f s; retrying in"
+                            " %.1fs", self.session_timeout, backoff)
+                self._stopping.wait(backoff)
+                backoff = min(backoff * 2, 5.0)
+                self._wake.set()
             except Exception:
                 log.exception("election step failed; retrying in %.1fs", backoff)
                 self._stopping.wait(backoff)
@@ -247,17 +263,17 @@ class LeaderElection:
             # follow it, and every other master this one: no leader until a restart.
             if session is not None:
                 self._clear_strays(session)
-            self._node = self.zk.create(
+            self._node = self._answer(self.zk.create_async(
                 f"{ELECTION}/{_PREFIX}", self.identity.encode(), ephemeral=True, sequence=True,
                 makepath=True,
-            )
+            ))
             self._session = session
             log.info("joined the election as %s", self._node)
         if lost:
             # Whatever term the lost session held was given up above: this session is handled.
             self._session_lost = False
         children = sorted(
-            (c for c in self.zk.get_children(ELECTION, watch=self._on_watch)
+            (c for c in self._answer(self.zk.get_children_async(ELECTION, watch=self._on_watch))
              if c.startswith(_PREFIX)),
             key=lambda c: c[len(_PREFIX):],
         )
@@ -277,7 +293,8 @@ class LeaderElection:
             if self._leading:
                 self._step_down("another candidacy is lower")
             try:
-                data, _ = self.zk.get(f"{ELECTION}/{lowest}", watch=self._on_watch)
+                data, _ = self._answer(self.zk.get_async(f"{ELECTION}/{lowest}",
+                                                          watch=self._on_watch))
                 self._leader_address = data.decode()
             except NoNodeError:
                 self._wake.set()
@@ -286,31 +303,32 @@ class LeaderElection:
         """Delete every candidacy of ``session`` (called while none is tracked). Rare: at a
         join, and then only a few small reads for the other masters' candidacies."""
         try:
-            children = self.zk.get_children(ELECTION)
+            children = self._answer(self.zk.get_children_async(ELECTION))
         except NoNodeError:
             return  # no election yet: nothing of ours either
         for child in children:
             path = f"{ELECTION}/{child}"
             if not child.startswith(_PREFIX):
                 continue
-            stat = self.zk.exists(path)
+            stat = self._answer(self.zk.exists_async(path))
             if stat is not None and stat.ephemeralOwner == session:
                 log.warning("removing %s, a candidacy of this master left by a call that got"
                             " no answer", path)
                 with contextlib.suppress(NoNodeError):
-                    self.zk.delete(path)
+                    self._answer(self.zk.delete_async(path))
 
     def _become_leader(self) -> None:
         assert self._node is not None
         with contextlib.suppress(NodeExistsError):
-            self.zk.create(EPOCH, EpochRecord(0, "").encode(), makepath=True)
-        data, stat = self.zk.get(EPOCH)
+            self._answer(self.zk.create_async(EPOCH, EpochRecord(0, "").encode(),
+                                              makepath=True))
+        data, stat = self._answer(self.zk.get_async(EPOCH))
         record = EpochRecord.decode(data)
         new = EpochRecord(record.epoch + 1, self.identity)
         txn = self.zk.transaction()
         txn.check(self._node, 0)
         txn.set_data(EPOCH, new.encode(), version=stat.version)
-        results = txn.commit()
+        results = self._answer(txn.commit_async())
         if any(isinstance(r, Exception) for r in results):
             log.warning("epoch bump lost a race (%s); re-evaluating", results)
             self._wake.set()
@@ -322,7 +340,7 @@ class LeaderElection:
         log.info("won the election: epoch %d; preparing to lead", self._epoch)
         # ha-rule 4: catch up with ZooKeeper and reconcile before reporting leadership.
         try:
-            self.zk.sync("/")
+            self._answer(self.zk.sync_async("/"))
             self._on_elected(self._epoch)
         except Exception:
             # Never stay "leading but not ready": give the term up and run for a new one.

@@ -227,8 +227,12 @@ class Membership:
                 f" session 0x{owner:x}{after}: each master needs a master.advertise address"
                 " of its own; stop the other master or change this one's")
 
-    def refresh(self) -> None:
-        children = set(self.zk.get_children(MASTERS, watch=self._on_watch))
+    def refresh(self, timeout: float | None = None) -> None:
+        """Read the masters' list again. ``timeout``: seconds to wait for ZooKeeper's answer
+        (KazooTimeoutError after it) where the caller holds a lock others need; kazoo holds a
+        call made while it reconnects until the connection is back."""
+        children = set(self.zk.get_children_async(MASTERS, watch=self._on_watch).get(
+            timeout=timeout))
         now = time.monotonic()
         with self._lock:
             changed = children != self._live

@@ -3,13 +3,15 @@ applied them (the connection dropped before the reply)."""
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from blobha.leader.election import LeaderElection
-from kazoo.client import KazooClient
+from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import ConnectionLoss
 from waiting import wait_until
 
@@ -123,3 +125,55 @@ def test_a_resignation_whose_delete_failed_is_finished_by_the_next_step(zookeepe
         assert len(_candidacies(lossy, lossy.client_id[0])) == 1
     finally:
         _stop(clients, elections)
+
+
+class _OutageBeforeNextRead(KazooClient):
+    """A client that, once ``armed``, kills the ZooKeeper server just before the election's
+    next read of the candidacies, and makes that read once kazoo knows the connection is
+    gone. kazoo then holds the read until a connection is back: with the server gone, for
+    ever."""
+
+    def __init__(self, *args: Any, server: EmbeddedZooKeeper, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.server = server
+        self.armed = False
+        self.held = threading.Event()
+
+    def get_children_async(self, path: str, *args: Any, **kwargs: Any) -> Any:
+        if self.armed and path == ELECTION:
+            self.armed = False
+            self.server.kill()
+            wait_until(lambda: self.state != KazooState.CONNECTED, 15, "kazoo to see the outage")
+            self.held.set()
+        return super().get_children_async(path, *args, **kwargs)
+
+
+def test_a_master_stops_promptly_when_zookeeper_vanished_under_an_election_step(
+        tmp_path: Path) -> None:
+    # Before: the election's calls waited for ZooKeeper's answer without a limit, under the
+    # election's lock. kazoo holds a call made while it reconnects until a connection is back,
+    # so with ZooKeeper gone stop() waited for that lock for ever: the master never exited.
+    with EmbeddedZooKeeper(tmp_path / "zk", tick_ms=500) as server:
+        zk = _OutageBeforeNextRead(hosts=server.connect_string, timeout=SESSION_SECS,
+                                   server=server)
+        zk.start(timeout=15)
+        election = LeaderElection(zk, "m1:6627", SESSION_SECS, on_elected=lambda epoch: None,
+                                  on_deposed=lambda: None)
+        stopper = threading.Thread(target=election.stop, name="stopper", daemon=True)
+        try:
+            election.start()
+            wait_until(lambda: election.is_leader, 15, "m1 leading")
+            zk.armed = True
+            # The election thread is now inside a step, holding its lock, its read held.
+            wait_until(zk.held.is_set, 15, "the election's read made during the outage")
+            started = time.monotonic()
+            stopper.start()
+            # The read is given up after the session timeout; the resignation's delete after
+            # its own 3 s; then the thread is joined.
+            stopper.join(timeout=SESSION_SECS + 3 + 8)
+            assert not stopper.is_alive(), "stop() still waits for the election's lock"
+            assert time.monotonic() - started >= SESSION_SECS - 0.5  # the read was waited for
+            assert not election.is_leader
+        finally:
+            zk.stop()
+            zk.close()

@@ -170,8 +170,9 @@ class FakeZk:
     def sync(self, path: str) -> None:
         self.synced.append(path)
 
-    def get_children(self, path: str, watch: Any = None) -> list[str]:
-        return [p.rsplit("/", 1)[1] for p in self.nodes]
+    def get_children_async(self, path: str, watch: Any = None) -> Any:
+        names = [p.rsplit("/", 1)[1] for p in self.nodes]
+        return SimpleNamespace(get=lambda timeout=None: names)
 
 
 def _membership(zk: FakeZk, record: SessionRecord) -> Membership:
