@@ -50,18 +50,9 @@ import time
 import traceback
 from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime
-from typing import Any, BinaryIO, TextIO
-
-# gRPC's C core reads this once, when it is loaded (below): without it, a client command writes
-# a failed TLS handshake to stderr as a log line of its own, beside its one-line error. A
-# GRPC_VERBOSITY set by the user still wins, and masters (serve, and local-cluster's, which
-# inherit the environment) keep those lines: they are how a master's operator sees the clients
-# that fail to connect.
-if not {"serve", "local-cluster"} & set(sys.argv[1:]):
-    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+from typing import TYPE_CHECKING, Any, BinaryIO, TextIO
 
 from blobha.acl import format_acl, parse_acl
-from blobha.client import BlobMeta, Client, ClusterSummary, ProgressCallback, ReplicationStatus
 from blobha.errors import (
     BlobError,
     DeadlineExceeded,
@@ -70,6 +61,11 @@ from blobha.errors import (
     KeyNotFound,
     NotAuthorized,
 )
+
+if TYPE_CHECKING:
+    # Imported when a command first needs a client (_make_client), not with this module: gRPC
+    # must not be loaded before main() has chosen its log level (_quiet_grpc).
+    from blobha.client import BlobMeta, Client, ClusterSummary, ProgressCallback, ReplicationStatus
 
 PROG = "blobha"
 DEFAULT_CLUSTER = "127.0.0.1:6627"
@@ -98,11 +94,33 @@ environment: BLOBHA_CLUSTER (default for --cluster), BLOBHA_USER (default for --
 """
 
 #: Builds the client for a command; tests replace it with a fake (no network).
-ClientFactory = Callable[[str, str | None], Client]
+ClientFactory = Callable[[str, str | None], "Client"]
 
 
 def _make_client(cluster: str, user: str | None) -> Client:
+    from blobha.client import Client
+
     return Client(cluster, user=user)
+
+
+#: Commands that run masters. Their gRPC log lines (a client's failed TLS handshake, say) are
+#: how an operator sees the clients that cannot connect; local-cluster's masters inherit them.
+_MASTER_COMMANDS = frozenset({"serve", "local-cluster"})
+
+
+def _quiet_grpc(command: str) -> None:
+    """Keep gRPC's own log lines off a client command's stderr: a failed TLS handshake would
+    otherwise print lines of its own beside the command's one-line error. gRPC's C core reads
+    GRPC_VERBOSITY once, as it is loaded, so the setting is made for that moment only: the
+    masters a command starts (bench --local), and a process calling main() (tests), keep the
+    environment they had. A GRPC_VERBOSITY the user set still wins."""
+    if command in _MASTER_COMMANDS or "GRPC_VERBOSITY" in os.environ or "grpc" in sys.modules:
+        return
+    os.environ["GRPC_VERBOSITY"] = "ERROR"
+    try:
+        import grpc  # noqa: F401  (loaded now, to read the setting)
+    finally:
+        del os.environ["GRPC_VERBOSITY"]
 
 
 client_factory: ClientFactory = _make_client
@@ -937,6 +955,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run the command line; returns the exit status (see the module docstring)."""
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["spark-submit"]:
+        _quiet_grpc("spark-submit")
         # Its arguments (ours, then spark-submit's after "--") are the launcher's to parse;
         # argparse would try to read spark-submit's options as blobha's.
         submit: Callable[[list[str]], int] = _load(
@@ -953,6 +972,7 @@ def main(argv: list[str] | None = None) -> int:
         _check_args(args)
     except SystemExit as exc:  # argparse: --help, --version, usage errors
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else EXIT_USAGE)
+    _quiet_grpc(args.command)
     _export_credentials(args)
     try:
         with _sigterm_interrupts():

@@ -646,3 +646,58 @@ def test_spark_submit_goes_to_the_launcher(capsys: pytest.CaptureFixture[str]) -
     assert cli.main(["spark-submit", "--help"]) == 0
     assert "SPARK_SUBMIT_ARGS" in capsys.readouterr().out
     assert cli.main(["--user", "x", "spark-submit", "--blob", "k"]) == 2
+
+
+# ------------------------------------------------------------------------------------------------
+# gRPC's own log lines
+
+# Runs main() in a fresh interpreter (gRPC reads its log level once, as it is loaded), with a
+# client that makes gRPC log: a connection attempt to a closed port, traced.
+_GRPC_PROBE = """
+import os, sys
+from blobha import cli
+
+def probe(cluster, user):
+    import grpc
+    channel = grpc.insecure_channel("127.0.0.1:1")
+    try:
+        grpc.channel_ready_future(channel).result(timeout=1)
+    except grpc.FutureTimeoutError:
+        pass
+    print("GRPC_VERBOSITY=%s" % os.environ.get("GRPC_VERBOSITY"))
+    raise SystemExit(0)
+
+cli.client_factory = probe
+if sys.argv[1] == "--as-master":
+    cli._quiet_grpc("serve")
+    probe("", None)
+sys.exit(cli.main(sys.argv[1:]))
+"""
+
+
+def _probe_grpc(tmp_path: Path, *args: str) -> tuple[str, list[str]]:
+    env = {k: v for k, v in os.environ.items() if k != "GRPC_VERBOSITY"}
+    env["GRPC_TRACE"] = "connectivity_state"  # a few lines per connection attempt
+    r = subprocess.run([sys.executable, "-c", _GRPC_PROBE, *args], capture_output=True,
+                       timeout=60, cwd=tmp_path, env=env)
+    assert r.returncode == 0, r.stderr.decode(errors="replace")
+    return r.stdout.decode(), r.stderr.decode().splitlines()
+
+
+def test_grpc_log_lines_stay_off_a_client_commands_stderr(tmp_path: Path) -> None:
+    # Before, the choice was made from the raw command line when cli was imported: a key named
+    # "serve" left gRPC's lines on, and every process importing cli (the tests, the bench)
+    # passed GRPC_VERBOSITY on to the masters it started.
+    out, err = _probe_grpc(tmp_path, "meta", "serve")
+    assert err == []
+    assert out.strip() == "GRPC_VERBOSITY=None"  # not left for the processes it starts
+    # The same trace reaches stderr where the lines are kept: a master's operator sees them.
+    _, err = _probe_grpc(tmp_path, "--as-master")
+    assert any("connectivity_state" in line for line in err), err
+
+
+def test_importing_the_command_line_does_not_load_grpc(tmp_path: Path) -> None:
+    r = subprocess.run([sys.executable, "-c", "import sys, blobha.cli;"
+                        " print('grpc' in sys.modules)"], capture_output=True, timeout=60,
+                       cwd=tmp_path)
+    assert r.stdout.decode().strip() == "False", r.stderr.decode(errors="replace")
