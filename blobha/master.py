@@ -622,26 +622,22 @@ class Master:
         rf = replication_factor or self.config["blobstore.replication.factor"]
         if rf < 1:
             raise InvalidArgument("the replication factor must be at least 1")
-        if not create:
-            return rf, write_quorum
-        if write_quorum:
-            if write_quorum > rf:
-                raise InvalidArgument(
-                    f"write quorum {write_quorum} exceeds the replication factor {rf}; lower it"
-                )
-            return rf, write_quorum
-        return rf, min(self.config["blobstore.write.quorum"], rf)
+        return rf, self._quorum(write_quorum, rf) if create else write_quorum
 
     def _update_quorum(self, key: str, state: BlobState, write_quorum: int) -> int:
-        """An update's write quorum: as asked, which the key's replication factor must allow
-        (not the cluster's default factor: a key of 5 takes W=4); by default the configured
-        quorum, capped by that factor."""
-        rf = state.replication_factor
+        """An update's write quorum, against the key's own replication factor (not the
+        cluster's default: a key of 5 takes W=4)."""
+        return self._quorum(write_quorum, state.replication_factor, key)
+
+    def _quorum(self, write_quorum: int, rf: int, key: str = "") -> int:
+        """A write's quorum: as asked (0 = the default), which the replication factor ``rf``
+        must allow; by default the configured quorum, capped by ``rf``. ``key``: an existing
+        key's, whose factor can be raised."""
         if write_quorum > rf:
+            what = (f" of {key!r}; lower it, or raise the key's factor first"
+                    " ('blobha replication --update -r N')" if key else "; lower it")
             raise InvalidArgument(
-                f"write quorum {write_quorum} exceeds the replication factor {rf} of {key!r};"
-                " lower it, or raise the key's factor first ('blobha replication --update -r N')"
-            )
+                f"write quorum {write_quorum} exceeds the replication factor {rf}{what}")
         return write_quorum or min(self.config["blobstore.write.quorum"], rf)
 
     def _check_update(self, user: str, key: str, state: BlobState | None,
@@ -931,11 +927,9 @@ class Master:
                     locks.callback(lock.release)
                     taken.append(i)
             results = self._commit_locked([batch[i] for i in taken]) if taken else []
-        out: list[BlobState | BaseException | Later] = [
-            Later(self._key_free(p.key)) for p in batch]
-        for i, result in zip(taken, results, strict=True):
-            out[i] = result
-        return out
+        done = dict(zip(taken, results, strict=True))
+        return [done[i] if i in done else Later(self._key_free(p.key))
+                for i, p in enumerate(batch)]
 
     def _key_free(self, key: str) -> Callable[[], None]:
         def wait() -> None:

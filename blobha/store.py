@@ -129,12 +129,6 @@ class FileSystemSync:
             os.close(self._fd)
             self._fd = -1
 
-    def __enter__(self) -> FileSystemSync:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
 
 class BlobBuffer:
     """A small blob received into memory for :meth:`LocalStore.install_many`; appends behave

@@ -29,7 +29,7 @@ from blobha import placement
 from blobha.bench import node_status
 from blobha.client import Client
 from blobha.digest import PUT_MAX_BYTES
-from blobha.errors import InvalidArgument
+from blobha.errors import InvalidArgument, KeyNotFound
 from blobha.localcluster import LocalCluster, MasterProcess
 from blobha.master import FETCH_MAX_VERSIONS, FETCH_WHOLE_MAX_BYTES
 from blobha.store import FLUSH_BYTES
@@ -120,6 +120,12 @@ def test_an_updates_write_quorum_is_checked_against_the_keys_own_factor(
                 alice.update("single", data, write_quorum=2)
         assert alice.read("single") == b"one"
         assert alice.get_replication("single").version == 1
+        # A create's quorum is checked against the factor it asks for.
+        for data in (small, large):
+            with pytest.raises(InvalidArgument, match=r"replication factor 1; lower it$"):
+                alice.create("refused", data, replication_factor=1, write_quorum=2)
+        with pytest.raises(KeyNotFound):
+            alice.get_meta("refused")
 
 
 def test_wait_for_replication_honours_its_deadline(alice: Client, unique_key: str) -> None:
