@@ -972,11 +972,10 @@ def test_a_full_pass_that_fails_during_a_paced_pass_neither_ends_the_thread_nor_
 
 def test_concurrent_status_checks_share_one_pass_over_the_keys(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    # Each pass looks at every key (the placement hash of each one this master lacks), and
-    # under writes the view has moved at every call. Callers that arrive while a pass runs
-    # wait for it and then share one pass that began after they asked: its answer is as of
-    # a moment during their call, so nothing they could expect to see is missing.
-    from blobha.sync import synchronizer as sync_mod
+    # Each pass looks at every key, and under writes the view has moved at every call.
+    # Callers that arrive while a pass runs wait for it and then share one pass that began
+    # after they asked: its answer is as of a moment during their call, so nothing they could
+    # expect to see is missing.
     from waiting import wait_until
 
     s, _ = synchroniser()
@@ -985,17 +984,16 @@ def test_concurrent_status_checks_share_one_pass_over_the_keys(
     passes: list[int] = []
     first_inside = threading.Event()
     release = threading.Event()
-    real_chosen = sync_mod._chosen
+    real_count = s._count
 
-    def chosen(me: str, key: str, rf: int, known: Any) -> bool:
-        if key == "k":
-            passes.append(len(passes))
-            if len(passes) == 1:
-                first_inside.set()
-                assert release.wait(30)
-        return real_chosen(me, key, rf, known)
+    def count(entries: list[tuple[str, Any]], known: frozenset[str]) -> tuple[int, int]:
+        passes.append(len(passes))
+        if len(passes) == 1:
+            first_inside.set()
+            assert release.wait(30)
+        return real_count(entries, known)
 
-    monkeypatch.setattr(sync_mod, "_chosen", chosen)
+    monkeypatch.setattr(s, "_count", count)
 
     class CountingLock:
         def __init__(self) -> None:
@@ -1034,3 +1032,57 @@ def test_concurrent_status_checks_share_one_pass_over_the_keys(
     assert len(passes) == 2
     assert results["first"] == (2, 2, 2)
     assert all(results[f"later-{i}"] == (3, 3, 3) for i in range(3))
+
+
+def test_a_status_pass_hashes_only_the_keys_whose_placement_it_has_not_decided(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Where there are more masters than copies, a key this master lacks needs the placement's
+    # hash to tell whether it should hold it; under writes every status check is a new pass,
+    # and each hashed every such key again (0.2 s at 100,000 keys on five masters).
+    from blobha.sync import synchronizer as sync_mod
+
+    s, _ = synchroniser()
+    c, d = "10.0.0.4:6627", "10.0.0.5:6627"
+    known = {ME, A, B, c, d}
+    s.membership = SimpleNamespace(known=lambda: known)  # type: ignore[assignment]
+    real_chosen = sync_mod._chosen
+    hashed: list[str] = []
+
+    def chosen(me: str, key: str, rf: int, masters: Any) -> bool:
+        hashed.append(key)
+        return real_chosen(me, key, rf, masters)
+
+    monkeypatch.setattr(sync_mod, "_chosen", chosen)
+
+    def put(key: str, holders: list[str], rf: int = 3) -> None:
+        with s._view_lock:
+            s._view[key] = _Entry(b"", 0, 5, rf, True, _holders([f"{h}-5" for h in holders], 5),
+                                  SESSION)
+            s._generation += 1
+
+    def expected() -> tuple[int, int, int]:
+        view = list(s._view.items())
+        return (len(view), sum(len(e.holders) < e.rf for _, e in view),
+                sum(ME not in e.holders and ME in placement.choose(k, known, e.rf)
+                    for k, e in view))
+
+    for i in range(60):
+        put(f"k{i}", [A, B])  # lacking here: about 60% of them are placed here
+    put("mine", [ME, A, B])
+    assert s.figures() == expected() and sorted(hashed) == sorted(f"k{i}" for i in range(60))
+    assert 0 < expected()[2] < 60
+    hashed.clear()
+    put("new", [A, B])
+    assert s.figures() == expected() and hashed == ["new"]
+    hashed.clear()
+    put("k1", [A], rf=1)  # its factor changed: decided again
+    assert s.figures() == expected() and hashed == ["k1"]
+    hashed.clear()
+    known = {ME, A, B, c}  # the membership changed: every key lacking here is decided again
+    s._generation += 1
+    assert s.figures() == expected() and len(hashed) == 61
+    hashed.clear()
+    with s._view_lock:  # a deleted key's decision goes with it
+        del s._view["new"]
+        s._generation += 1
+    assert s.figures() == expected() and hashed == [] and "new" not in s._placed
