@@ -33,8 +33,12 @@ class AccessControl:
     access: int
 
     def __str__(self) -> str:
-        bits = "".join(c if self.access & b else "-" for c, b in _BITS.items())
-        return f"{self.type}:{self.name}:{bits}"
+        return f"{self.type}:{self.name}:{format_access(self.access)}"
+
+
+def format_access(access: int) -> str:
+    """Permission bits as the ACL grammar writes them: 'rw-', say."""
+    return "".join(c if access & b else "-" for c, b in _BITS.items())
 
 
 #: The longest user name an ACL (and authentication) accepts.
@@ -218,13 +222,18 @@ def normalize_for_set(acl: list[AccessControl], setter: str) -> list[AccessContr
     return ensure_user_access(acl, setter, ADMIN)
 
 
-def allowed(acl: Iterable[AccessControl], user: str, access: int) -> bool:
-    """Whether ``user`` holds every bit of ``access`` through a user or 'other' entry."""
+def access_of(acl: Iterable[AccessControl], user: str) -> int:
+    """The bits ``user`` holds through its user entries and the 'other' entries."""
     have = 0
     for e in acl:
         if e.type == "o" or (e.type == "u" and e.name == user):
             have |= e.access
-    return have & access == access
+    return have
+
+
+def allowed(acl: Iterable[AccessControl], user: str, access: int) -> bool:
+    """Whether ``user`` holds every bit of ``access`` through a user or 'other' entry."""
+    return access_of(acl, user) & access == access
 
 
 def describe(access: int) -> str:

@@ -87,6 +87,16 @@ if TYPE_CHECKING:
     # lookup itself (see _cluster).
     from blobha.client import BlobMeta, Client
 
+
+def _readable_meta(client: Client, key: str) -> BlobMeta:
+    """The metadata of ``key``, which must grant the client's user READ (NotAuthorized
+    otherwise): masters show it to writers and administrators too, and the cache serves the
+    blob on the strength of this answer."""
+    from blobha.client import require_read  # loaded already: the client exists
+
+    return require_read(client.get_meta(key), client.user)
+
+
 __all__ = [
     "DEFAULT_CLEANUP_INTERVAL_SECS",
     "BlobCache",
@@ -1027,7 +1037,7 @@ class BlobCache:
         now = self._clock()
         self._bump(checks=1)
         try:
-            meta = _Remote.of(self._cluster().get_meta(key))
+            meta = _Remote.of(_readable_meta(self._cluster(), key))
         except NotAuthorized:
             with self._lock:
                 self._remote.pop(key, None)
@@ -1689,7 +1699,7 @@ class BlobCache:
             if last is not None and now - last < self._update_interval:
                 continue
             try:
-                self._cluster().get_meta(scan.key)
+                _readable_meta(self._cluster(), scan.key)
             except KeyNotFound:
                 self._mark_deleted(scan.kd)
                 scan.deleted = True

@@ -52,7 +52,7 @@ from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, BinaryIO, TextIO
 
-from blobha.acl import format_acl, parse_acl
+from blobha.acl import format_access, format_acl, parse_acl
 from blobha.errors import (
     BlobError,
     DeadlineExceeded,
@@ -528,6 +528,7 @@ def _meta_dict(meta: BlobMeta) -> dict[str, object]:
         "creator": meta.creator,
         "created_at": meta.created_at,
         "updated_at": meta.updated_at,
+        "access": format_access(meta.access),  # the caller's own: "rw-", say
     }
 
 
@@ -543,6 +544,7 @@ def format_meta(meta: BlobMeta) -> str:
         ("creator", meta.creator or "-"),
         ("created", _iso(meta.created_at)),
         ("updated", _iso(meta.updated_at)),
+        ("your access", format_access(meta.access)),
     ]
     width = max(len(name) for name, _ in rows) + 1
     return "\n".join(f"{name + ':':<{width}} {value}" for name, value in rows)
@@ -743,14 +745,15 @@ def _existing(c: Client, keys: Sequence[str], prefix: str) -> Iterator[str]:
         if not key.startswith(prefix):
             continue
         try:
-            c.get_meta(key)
+            readable = c.get_meta(key).readable
         except KeyNotFound:
             continue
         except NotAuthorized:
-            # It exists, but a listing shows it only where the masters list keys their user
-            # cannot read (blobstore.list.visibility = "all", as in Storm): ask a listing.
-            if next(iter(c.list(key)), None) != key:
-                continue
+            readable = False
+        # It exists, but where its user may not read it a listing shows it only if the masters
+        # list keys their user cannot read (blobstore.list.visibility = "all", as in Storm).
+        if not readable and next(iter(c.list(key)), None) != key:
+            continue
         yield key
 
 

@@ -33,7 +33,15 @@ from typing import Any, BinaryIO, NoReturn, Protocol, TypeVar
 import grpc
 
 from blobha import chunkwire, errors
-from blobha.acl import AccessControl, check_entries, name_problem, normalize_for_set, parse_acl
+from blobha.acl import (
+    ALL,
+    READ,
+    AccessControl,
+    check_entries,
+    name_problem,
+    normalize_for_set,
+    parse_acl,
+)
 from blobha.addresses import DEFAULT_PORT, host_of, parse_cluster
 from blobha.credentials import Credentials
 from blobha.dataplane import DataChannels, DataOffer
@@ -187,6 +195,26 @@ class BlobMeta:
     #: The version reached its write quorum (its commit was acknowledged). False only for a
     #: version whose leader failed before the quorum: it may still be rolled back.
     acknowledged: bool = True
+    #: What the caller may do with the key: bits READ (1), WRITE (2) and ADMIN (4). The
+    #: metadata is shown to a user holding any of them (as in Storm); reading the blob takes
+    #: READ (see :meth:`readable`).
+    access: int = ALL
+
+    @property
+    def readable(self) -> bool:
+        """Whether the caller may read the blob itself, not only its metadata."""
+        return bool(self.access & READ)
+
+
+def require_read(meta: BlobMeta, user: str) -> BlobMeta:
+    """``meta``, when it grants ``user`` READ; else the NotAuthorized a read would meet. For
+    a caller about to serve the blob from elsewhere (a node cache) on the strength of the
+    metadata: masters show it to writers and administrators too."""
+    if not meta.readable:
+        raise NotAuthorized(
+            f"user {user!r} lacks READ permission on {meta.key!r} (it may see the metadata"
+            " only); ask a user with ADMIN on it to grant access ('blobha set-acl')")
+    return meta
 
 
 @dataclass(frozen=True)
@@ -362,6 +390,8 @@ def _meta_from_pb(m: pb.BlobMeta) -> BlobMeta:
         creator=m.creator,
         replication=m.replication,
         acknowledged=m.acknowledged,
+        # 0 only from a master older than the field, which answered GetMeta to readers alone.
+        access=m.access or ALL,
     )
 
 
@@ -1058,8 +1088,9 @@ class Client:
 
     def _created_at(self, key: str, deadline: _Deadline) -> float | None:
         """The creation time of ``key`` as the leader sees it (a follower may not know of a
-        key just created), or None when this user may delete but not read it: the delete is
-        then unconditional, as before the condition existed."""
+        key just created), or None when the leader will not show this user the metadata (a
+        master older than showing it to writers): the delete is then unconditional, as before
+        the condition existed."""
         try:
             meta = self._leader_call(f"read the metadata of {key!r}", "GetMeta",
                                      pb.GetMetaRequest(key=key), deadline=deadline)
@@ -1070,6 +1101,8 @@ class Client:
     # -- reads -----------------------------------------------------------------------------
 
     def get_meta(self, key: str) -> BlobMeta:
+        """The metadata of ``key``'s committed version, for a user holding any permission on
+        it; ``access`` says which (:func:`require_read` before serving the blob elsewhere)."""
         validate_key(key)
         return _meta_from_pb(self._meta_within(key, None))
 
@@ -1453,7 +1486,8 @@ class Client:
         base_version = 0
         if not request.create:
             # Remembered so a commit whose answer was lost can be recognised by a newer version
-            # carrying our digest; a writer who may not read still uploads, less precisely.
+            # carrying our digest; a writer not shown the metadata (by a master older than
+            # showing it to writers) still uploads, less precisely.
             try:
                 base_version = self.get_meta(request.key).version
             except NotAuthorized:

@@ -1154,10 +1154,22 @@ class Master:
                      key, view.state.seq)
             return view.state, view
 
+    def access(self, user: str, acl: Sequence[AccessControl]) -> int:
+        """The permission bits ``user`` holds on a key with ``acl``."""
+        return acls.ALL if self.privileged(user) else acls.access_of(acl, user)
+
     def get_meta(self, user: str, key: str) -> tuple[BlobState, int]:
+        """A key's metadata and its live replicas, for a user holding any permission on it (as
+        Storm's getBlobMeta): a writer needs the version to update conditionally and to delete
+        only the key it read, an administrator the ACL it sets again. The answer says which
+        permissions (:meth:`access`): reading the blob still needs READ."""
         validate_key(key)
         state, view = self._state_for_read(key)
-        self._check(user, state.acl, acls.READ, key)
+        if not self.access(user, state.acl):
+            raise NotAuthorized(
+                f"user {user!r} has no permission on {key!r} (any of READ, WRITE or ADMIN shows"
+                " its metadata); ask a user with ADMIN on it to grant access ('blobha set-acl')"
+            )
         if view is not None:
             return state, len(view.holders)
         return state, self._replication(key, state).replication

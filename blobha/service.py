@@ -187,19 +187,23 @@ def acl_from_pb(entries: Iterable[pb.AccessControl]) -> list[AccessControl]:
     return [AccessControl(e.type, e.name, e.access) for e in entries]
 
 
-def meta_to_pb(key: str, s: BlobState, replication: int) -> pb.BlobMeta:
+def meta_to_pb(key: str, s: BlobState, replication: int, access: int) -> pb.BlobMeta:
     return pb.BlobMeta(
         key=key, version=s.seq, size=s.size, digest=s.digest,
         acl=[pb.AccessControl(type=a.type, name=a.name, access=a.access) for a in s.acl],
         replication_factor=s.replication_factor, meta_version=s.meta_version,
         created_at=s.created_at, updated_at=s.updated_at, creator=s.creator,
-        replication=replication, acknowledged=s.acked,
+        replication=replication, acknowledged=s.acked, access=access,
     )
 
 
 class BlobStoreServicer(pb_grpc.BlobStoreServicer):
     def __init__(self, master: Master) -> None:
         self.master = master
+
+    def _meta(self, user: str, key: str, state: BlobState, replication: int) -> pb.BlobMeta:
+        """A key's metadata as ``user`` is answered it: with the permissions it holds."""
+        return meta_to_pb(key, state, replication, self.master.access(user, state.acl))
 
     @unary
     def BeginUpload(self, request: pb.BeginUploadRequest, context: grpc.ServicerContext
@@ -212,7 +216,7 @@ class BlobStoreServicer(pb_grpc.BlobStoreServicer):
                 request.write_quorum, request.write_id,
             )
         if committed is not None:
-            return pb.BeginUploadResponse(committed=meta_to_pb(*committed))
+            return pb.BeginUploadResponse(committed=self._meta(user, *committed))
         return pb.BeginUploadResponse(upload_id=upload_id, expires_after_secs=expires)
 
     @unary
@@ -243,7 +247,7 @@ class BlobStoreServicer(pb_grpc.BlobStoreServicer):
                 user, request.upload_id, request.size, request.digest
             )
             rec.key, rec.version = key, state.seq
-        return meta_to_pb(key, state, replication)
+        return self._meta(user, key, state, replication)
 
     @unary
     def Put(self, request: pb.PutRequest, context: grpc.ServicerContext) -> pb.BlobMeta:
@@ -255,7 +259,7 @@ class BlobStoreServicer(pb_grpc.BlobStoreServicer):
                 b.expected_version, b.write_quorum, request.data, request.digest, b.write_id,
             )
             rec.version = state.seq
-        return meta_to_pb(key, state, replication)
+        return self._meta(user, key, state, replication)
 
     @unary
     def AbortUpload(self, request: pb.AbortUploadRequest, context: grpc.ServicerContext
@@ -306,8 +310,9 @@ class BlobStoreServicer(pb_grpc.BlobStoreServicer):
 
     @unary
     def GetMeta(self, request: pb.GetMetaRequest, context: grpc.ServicerContext) -> pb.BlobMeta:
-        state, replication = self.master.get_meta(user_of(context), request.key)
-        return meta_to_pb(request.key, state, replication)
+        user = user_of(context)
+        state, replication = self.master.get_meta(user, request.key)
+        return self._meta(user, request.key, state, replication)
 
     @unary
     def SetMeta(self, request: pb.SetMetaRequest, context: grpc.ServicerContext) -> pb.BlobMeta:
@@ -319,7 +324,7 @@ class BlobStoreServicer(pb_grpc.BlobStoreServicer):
             state = self.master.set_meta(user, request.key, acl, request.replication_factor,
                                          expected)
             rec.version = state.seq
-        return meta_to_pb(request.key, state, 0)
+        return self._meta(user, request.key, state, 0)
 
     @unary
     def Delete(self, request: pb.DeleteRequest, context: grpc.ServicerContext

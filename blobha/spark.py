@@ -651,9 +651,12 @@ def check_access(client: Client, keys: Sequence[str]) -> dict[str, BlobMeta]:
     """Metadata of every key, or :class:`BlobsNotAccessible` naming every key that is missing
     or that the client's user may not read (all of them, not just the first)."""
 
+    from blobha.client import require_read
+
     def meta(key: str) -> BlobMeta | BlobError:
         try:
-            return client.get_meta(key)
+            # READ, not only the metadata: masters show that to writers and admins too.
+            return require_read(client.get_meta(key), client.user)
         except (KeyNotFound, NotAuthorized) as exc:
             return exc
 

@@ -179,7 +179,7 @@ class GetMetaRequest(_message.Message):
     def __init__(self, key: _Optional[str] = ...) -> None: ...
 
 class BlobMeta(_message.Message):
-    __slots__ = ("key", "version", "size", "digest", "acl", "replication_factor", "meta_version", "created_at", "updated_at", "creator", "replication", "acknowledged")
+    __slots__ = ("key", "version", "size", "digest", "acl", "replication_factor", "meta_version", "created_at", "updated_at", "creator", "replication", "acknowledged", "access")
     KEY_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -192,6 +192,7 @@ class BlobMeta(_message.Message):
     CREATOR_FIELD_NUMBER: _ClassVar[int]
     REPLICATION_FIELD_NUMBER: _ClassVar[int]
     ACKNOWLEDGED_FIELD_NUMBER: _ClassVar[int]
+    ACCESS_FIELD_NUMBER: _ClassVar[int]
     key: str
     version: int
     size: int
@@ -204,7 +205,8 @@ class BlobMeta(_message.Message):
     creator: str
     replication: int
     acknowledged: bool
-    def __init__(self, key: _Optional[str] = ..., version: _Optional[int] = ..., size: _Optional[int] = ..., digest: _Optional[str] = ..., acl: _Optional[_Iterable[_Union[AccessControl, _Mapping]]] = ..., replication_factor: _Optional[int] = ..., meta_version: _Optional[int] = ..., created_at: _Optional[float] = ..., updated_at: _Optional[float] = ..., creator: _Optional[str] = ..., replication: _Optional[int] = ..., acknowledged: _Optional[bool] = ...) -> None: ...
+    access: int
+    def __init__(self, key: _Optional[str] = ..., version: _Optional[int] = ..., size: _Optional[int] = ..., digest: _Optional[str] = ..., acl: _Optional[_Iterable[_Union[AccessControl, _Mapping]]] = ..., replication_factor: _Optional[int] = ..., meta_version: _Optional[int] = ..., created_at: _Optional[float] = ..., updated_at: _Optional[float] = ..., creator: _Optional[str] = ..., replication: _Optional[int] = ..., acknowledged: _Optional[bool] = ..., access: _Optional[int] = ...) -> None: ...
 
 class SetMetaRequest(_message.Message):
     __slots__ = ("key", "set_acl", "acl", "replication_factor", "expected_meta_version")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import stat
 import subprocess
@@ -289,3 +290,35 @@ def test_a_file_argument_that_is_a_pipe_is_read_as_a_stream(cluster: LocalCluste
     assert run(cluster, "cat", "from-dev-stdin").stdout == data[::-1]
     meta = json.loads(run(cluster, "meta", "from-dev-stdin", "--json").stdout)
     assert meta["version"] == 2 and meta["size"] == len(data)
+
+
+def test_metadata_is_shown_to_writers_and_admins_and_reading_takes_read(
+        cluster: LocalCluster, tmp_path: Path) -> None:
+    # As Storm's getBlobMeta: any permission shows the metadata. Before, READ was needed: an
+    # admin-only user could not run set-acl without -s (it re-reads the ACL), and a writer's
+    # delete could not name the key it meant.
+    acl = "u:alice:rwa,u:wendy:-w-,u:adam:--a"
+    assert run(cluster, "create", "meta-perms", "-a", acl, stdin=b"secret").returncode == 0
+    for user, access in (("wendy", "-w-"), ("adam", "--a"), ("alice", "rwa")):
+        r = run(cluster, "meta", "meta-perms", "--json", user=user)
+        assert r.returncode == 0, r.stderr
+        meta = json.loads(r.stdout)
+        assert meta["version"] == 1 and meta["access"] == access
+    shown = run(cluster, "meta", "meta-perms", user="wendy").stdout.decode()
+    assert re.search(r"^your access: +-w-$", shown, re.MULTILINE), shown
+    # Reading the blob, through the cluster or the node cache, still takes READ.
+    for args in (("cat", "meta-perms"), ("fetch", "meta-perms", "--cache-dir", str(tmp_path)),
+                 ("replication", "--read", "meta-perms")):
+        r = run(cluster, *args, user="wendy")
+        assert r.returncode == 5 and b"READ" in r.stderr and r.stdout == b"", (args, r.stderr)
+    # The default listing shows only readable keys; so does a listing by name.
+    assert run(cluster, "list", "meta-perms", user="wendy").stdout == b""
+    assert run(cluster, "list", "meta-perms", user="alice").stdout == b"meta-perms\n"
+    r = run(cluster, "meta", "meta-perms", user="mallory")
+    assert r.returncode == 5 and b"any of READ, WRITE or ADMIN" in r.stderr
+    # set-acl without -s sets the ACL read again: an admin-only user can do it now.
+    before = json.loads(run(cluster, "meta", "meta-perms", "--json").stdout)
+    r = run(cluster, "set-acl", "meta-perms", user="adam")
+    assert r.returncode == 0, r.stderr
+    after = json.loads(run(cluster, "meta", "meta-perms", "--json").stdout)
+    assert after["meta_version"] > before["meta_version"] and after["acl"] == before["acl"]

@@ -170,10 +170,20 @@ def test_a_key_created_again_between_the_read_and_the_delete_is_deleted(
         assert t.calls.count("Delete") == 2 and t.calls.count("GetMeta") == 2
 
 
-def test_a_writer_who_may_not_read_can_delete(cluster: LocalCluster, unique_key: str) -> None:
+def test_a_writer_who_may_not_read_deletes_only_the_key_it_meant(
+        cluster: LocalCluster, unique_key: str) -> None:
     with writer_who_may_not_read(cluster, unique_key) as (alice, bob, transport):
+        # Bob's delete is made; before his client retries, alice creates the key anew, again
+        # granting him WRITE.
+        transport.lose["Delete"] = lambda: alice.create(unique_key, b"alice's, new",
+                                                        acl="u:bob:w")
+        bob.delete(unique_key)
+        # Before: bob was not shown the metadata, so his delete named no key, and its retry
+        # deleted alice's new one.
+        assert versions(alice, unique_key) == (1, b"alice's, new")
+        assert transport.calls.count("Delete") == 2
         transport.lose["Delete"] = None
-        bob.delete(unique_key)  # unconditional: bob cannot read the key's creation time
+        bob.delete(unique_key)
         with pytest.raises(KeyNotFound):
             alice.get_meta(unique_key)
 

@@ -30,6 +30,7 @@ pytestmark = pytest.mark.spark
 
 PUBLIC = "launch-public"
 SECRET = "launch-secret"
+WRITABLE = "launch-writable"  # bob may write it, and change its ACL, but not read it
 ARCHIVE = "launch-libs.tgz"
 
 
@@ -40,7 +41,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
             alice.create(PUBLIC, b"p" * 4096, acl="o::r", replication_factor=3)
             alice.create(ARCHIVE, b"not really an archive", acl="o::r", replication_factor=3)
             alice.create(SECRET, b"s" * 4096, acl="u:alice:rwa", replication_factor=3)
-            alice.wait_for_replication([PUBLIC, ARCHIVE, SECRET], 3, 30)
+            alice.create(WRITABLE, b"w" * 4096, acl="u:alice:rwa,u:bob:-wa",
+                         replication_factor=3)
+            alice.wait_for_replication([PUBLIC, ARCHIVE, SECRET, WRITABLE], 3, 30)
         yield c
 
 
@@ -188,6 +191,11 @@ def test_wait_for_replication_report(cluster: LocalCluster) -> None:
     with pytest.raises(blobspark.BlobsNotAccessible) as denied:
         blobspark.wait_for_replication([SECRET], 1, 30, cluster=cluster.cluster, user="bob")
     assert denied.value.forbidden == (SECRET,) and denied.value.missing == ()
+    # Masters show bob the metadata of a key he may write: that is not leave to read it.
+    with pytest.raises(blobspark.BlobsNotAccessible) as denied:
+        blobspark.wait_for_replication([WRITABLE, PUBLIC], 1, 30, cluster=cluster.cluster,
+                                       user="bob")
+    assert denied.value.forbidden == (WRITABLE,) and denied.value.missing == ()
 
 
 class _CountingClient(Client):
