@@ -528,8 +528,13 @@ def _meta_dict(meta: BlobMeta) -> dict[str, object]:
         "creator": meta.creator,
         "created_at": meta.created_at,
         "updated_at": meta.updated_at,
-        "access": format_access(meta.access),  # the caller's own: "rw-", say
+        "access": _access(meta),  # the caller's own: "rw-", say
     }
+
+
+def _access(meta: BlobMeta) -> str:
+    # An older master does not say (it answered readers alone).
+    return format_access(meta.access) if meta.access else "r (at least)"
 
 
 def format_meta(meta: BlobMeta) -> str:
@@ -544,7 +549,7 @@ def format_meta(meta: BlobMeta) -> str:
         ("creator", meta.creator or "-"),
         ("created", _iso(meta.created_at)),
         ("updated", _iso(meta.updated_at)),
-        ("your access", format_access(meta.access)),
+        ("your access", _access(meta)),
     ]
     width = max(len(name) for name, _ in rows) + 1
     return "\n".join(f"{name + ':':<{width}} {value}" for name, value in rows)

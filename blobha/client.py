@@ -196,14 +196,15 @@ class BlobMeta:
     #: version whose leader failed before the quorum: it may still be rolled back.
     acknowledged: bool = True
     #: What the caller may do with the key: bits READ (1), WRITE (2) and ADMIN (4). The
-    #: metadata is shown to a user holding any of them (as in Storm); reading the blob takes
-    #: READ (see :meth:`readable`).
+    #: metadata is shown to a user holding any of them (as in Storm), without the digest and
+    #: the live replicas where it lacks READ; reading the blob takes READ (see
+    #: :meth:`readable`). 0: a master older than the field, which answered readers alone.
     access: int = ALL
 
     @property
     def readable(self) -> bool:
         """Whether the caller may read the blob itself, not only its metadata."""
-        return bool(self.access & READ)
+        return not self.access or bool(self.access & READ)
 
 
 def require_read(meta: BlobMeta, user: str) -> BlobMeta:
@@ -390,8 +391,7 @@ def _meta_from_pb(m: pb.BlobMeta) -> BlobMeta:
         creator=m.creator,
         replication=m.replication,
         acknowledged=m.acknowledged,
-        # 0 only from a master older than the field, which answered GetMeta to readers alone.
-        access=m.access or ALL,
+        access=m.access,
     )
 
 
@@ -1093,7 +1093,8 @@ class Client:
         the condition existed."""
         try:
             meta = self._leader_call(f"read the metadata of {key!r}", "GetMeta",
-                                     pb.GetMetaRequest(key=key), deadline=deadline)
+                                     pb.GetMetaRequest(key=key, any_access=True),
+                                     deadline=deadline)
         except NotAuthorized:
             return None
         return float(meta.created_at)
@@ -1109,7 +1110,7 @@ class Client:
     def _meta_within(self, key: str, deadline: _Deadline | None) -> Any:
         """GetMeta's answer, within ``deadline`` (None: this client's timeout)."""
         return self._read_call(f"read the metadata of {key!r}", "GetMeta",
-                               pb.GetMetaRequest(key=key), deadline)
+                               pb.GetMetaRequest(key=key, any_access=True), deadline)
 
     def get_replication(self, key: str) -> ReplicationStatus:
         validate_key(key)

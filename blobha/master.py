@@ -528,7 +528,7 @@ class Master:
         # in the background: scanning every key must not delay taking office.
         self.uploads.abort_all("a new leadership term began")
         # Bounded: this runs under the election's lock (see LeaderElection._answer).
-        self.membership.refresh(timeout=self.session_timeout)
+        self.membership.refresh(timeout=self.session_timeout * 2 / 3)
         self.sync.request_full_reconcile()
 
     def _on_deposed(self) -> None:
@@ -1158,14 +1158,16 @@ class Master:
         """The permission bits ``user`` holds on a key with ``acl``."""
         return acls.ALL if self.privileged(user) else acls.access_of(acl, user)
 
-    def get_meta(self, user: str, key: str) -> tuple[BlobState, int]:
-        """A key's metadata and its live replicas, for a user holding any permission on it (as
-        Storm's getBlobMeta): a writer needs the version to update conditionally and to delete
-        only the key it read, an administrator the ACL it sets again. The answer says which
-        permissions (:meth:`access`): reading the blob still needs READ."""
+    def get_meta(self, user: str, key: str, any_access: bool = False) -> tuple[BlobState, int]:
+        """A key's metadata and its live replicas, for a reader; with ``any_access``, for a user
+        holding any permission on it (as Storm's getBlobMeta): a writer needs the version to
+        update conditionally and to delete only the key it read, an administrator the ACL it
+        sets again. The caller's permissions (:meth:`access`) go with the answer."""
         validate_key(key)
         state, view = self._state_for_read(key)
-        if not self.access(user, state.acl):
+        if not any_access:
+            self._check(user, state.acl, acls.READ, key)
+        elif not self.access(user, state.acl):
             raise NotAuthorized(
                 f"user {user!r} has no permission on {key!r} (any of READ, WRITE or ADMIN shows"
                 " its metadata); ask a user with ADMIN on it to grant access ('blobha set-acl')"

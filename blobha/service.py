@@ -15,7 +15,7 @@ import grpc
 from grpc_health.v1 import health
 from grpc_reflection.v1alpha import reflection
 
-from blobha.acl import AccessControl
+from blobha.acl import READ, AccessControl
 from blobha.audit import audited
 from blobha.chunkwire import (
     UploadPiece,
@@ -311,8 +311,13 @@ class BlobStoreServicer(pb_grpc.BlobStoreServicer):
     @unary
     def GetMeta(self, request: pb.GetMetaRequest, context: grpc.ServicerContext) -> pb.BlobMeta:
         user = user_of(context)
-        state, replication = self.master.get_meta(user, request.key)
-        return self._meta(user, request.key, state, replication)
+        state, replication = self.master.get_meta(user, request.key, request.any_access)
+        meta = self._meta(user, request.key, state, replication)
+        if not meta.access & READ:
+            # What READ alone may learn: a writer could test guesses of a small secret
+            # against the digest, and the live copies are GetReplication's, which needs READ.
+            meta.digest, meta.replication = "", 0
+        return meta
 
     @unary
     def SetMeta(self, request: pb.SetMetaRequest, context: grpc.ServicerContext) -> pb.BlobMeta:

@@ -211,12 +211,13 @@ class LeaderElection:
 
     def _answer(self, pending: IAsyncResult) -> Any:
         """The answer to a ZooKeeper call made under the election's lock, waited for at most
-        the session timeout (KazooTimeoutError after it). kazoo holds a call made while it
-        reconnects until the connection is back: with ZooKeeper gone, a plain call would hold
-        the lock, and with it stop() and depose(), for as long. A call given up may still be
-        applied later; the next step finds such a candidacy as a stray (_clear_strays), and
-        an epoch bumped unseen only makes the next bump skip a number."""
-        return pending.get(timeout=self.session_timeout)
+        two thirds of the session timeout (then KazooTimeoutError), the watchdog's bound on a
+        suspension. kazoo holds a call made while it reconnects until the connection is back:
+        with ZooKeeper gone, a plain call would hold the lock, and with it stop() and depose(),
+        for as long. A call given up may still be applied later, in order with this session's
+        other calls: the next step finds such a candidacy as a stray (_clear_strays), and an
+        epoch bumped unseen only makes the next bump skip a number."""
+        return pending.get(timeout=self.session_timeout * 2 / 3)
 
     def _run(self) -> None:
         backoff = 0.1
@@ -234,8 +235,8 @@ class LeaderElection:
                     self._step()
                 backoff = 0.1
             except KazooTimeoutError:
-                log.warning("ZooKeeper did not answer the election within %.0f s; retrying in"
-                            " %.1fs", self.session_timeout, backoff)
+                log.warning("ZooKeeper did not answer the election within %.1f s; retrying in"
+                            " %.1fs", self.session_timeout * 2 / 3, backoff)
                 self._stopping.wait(backoff)
                 backoff = min(backoff * 2, 5.0)
                 self._wake.set()
@@ -263,9 +264,12 @@ class LeaderElection:
             # follow it, and every other master this one: no leader until a restart.
             if session is not None:
                 self._clear_strays(session)
+            # Not create(makepath=True): where the parent is missing, kazoo makes it and sends
+            # the create again from a callback, after any later call of ours, so a create given
+            # up could land after the next step's _clear_strays had looked.
+            self._answer(self.zk.ensure_path_async(ELECTION))
             self._node = self._answer(self.zk.create_async(
                 f"{ELECTION}/{_PREFIX}", self.identity.encode(), ephemeral=True, sequence=True,
-                makepath=True,
             ))
             self._session = session
             log.info("joined the election as %s", self._node)

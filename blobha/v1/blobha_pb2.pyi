@@ -173,10 +173,12 @@ class FetchedVersions(_message.Message):
     def __init__(self, versions: _Optional[_Iterable[_Union[FetchedVersion, _Mapping]]] = ...) -> None: ...
 
 class GetMetaRequest(_message.Message):
-    __slots__ = ("key",)
+    __slots__ = ("key", "any_access")
     KEY_FIELD_NUMBER: _ClassVar[int]
+    ANY_ACCESS_FIELD_NUMBER: _ClassVar[int]
     key: str
-    def __init__(self, key: _Optional[str] = ...) -> None: ...
+    any_access: bool
+    def __init__(self, key: _Optional[str] = ..., any_access: _Optional[bool] = ...) -> None: ...
 
 class BlobMeta(_message.Message):
     __slots__ = ("key", "version", "size", "digest", "acl", "replication_factor", "meta_version", "created_at", "updated_at", "creator", "replication", "acknowledged", "access")

@@ -304,6 +304,7 @@ def test_metadata_is_shown_to_writers_and_admins_and_reading_takes_read(
         assert r.returncode == 0, r.stderr
         meta = json.loads(r.stdout)
         assert meta["version"] == 1 and meta["access"] == access
+        assert bool(meta["digest"]) == (user == "alice")  # READ alone sees the digest
     shown = run(cluster, "meta", "meta-perms", user="wendy").stdout.decode()
     assert re.search(r"^your access: +-w-$", shown, re.MULTILINE), shown
     # Reading the blob, through the cluster or the node cache, still takes READ.

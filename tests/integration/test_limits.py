@@ -61,6 +61,29 @@ def test_unauthorised_operations_are_refused(cluster: LocalCluster, alice: Clien
     assert alice.get_meta(unique_key).version == 1
 
 
+def test_metadata_shown_without_read_leaves_out_what_read_alone_may_see(
+        cluster: LocalCluster, alice: Client, unique_key: str) -> None:
+    alice.create(unique_key, b"guess me", acl="u:alice:rwa,u:wendy:-w-")
+    with client_for(cluster, "wendy") as wendy:
+        meta = wendy.get_meta(unique_key)
+        # A writer may test guesses of a small secret against the digest; the live copies
+        # are GetReplication's, which needs READ.
+        assert (meta.version, meta.size, meta.digest, meta.replication) == (1, 8, "", 0)
+        assert not meta.readable and meta.access == 2
+        with pytest.raises(NotAuthorized):
+            wendy.get_replication(unique_key)
+    shown = alice.get_meta(unique_key)
+    assert shown.digest == digest_bytes(b"guess me") and shown.replication >= 1
+    # A client that does not ask for it (older ones took any answer as leave to read the
+    # blob) is answered as before: READ or nothing.
+    s = stub(cluster.leader().address)
+    with pytest.raises(grpc.RpcError) as err:
+        s.GetMeta(pb.GetMetaRequest(key=unique_key), metadata=md("wendy"), timeout=10)
+    assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert s.GetMeta(pb.GetMetaRequest(key=unique_key, any_access=True),
+                     metadata=md("wendy"), timeout=10).access == 2
+
+
 def test_an_acl_too_large_for_zookeeper_is_refused_before_it_reaches_it(
         cluster: LocalCluster, alice: Client, unique_key: str) -> None:
     # 4,500 entries of long names: about 1.2 MB in the key's node, past ZooKeeper's limit.

@@ -219,6 +219,7 @@ class TestConversions:
             creator="alice",
             replication=2,
             acknowledged=True,
+            access=3,
         )
         meta = client_mod._meta_from_pb(m)
         assert meta == BlobMeta(
@@ -233,9 +234,14 @@ class TestConversions:
             updated_at=2.5,
             creator="alice",
             replication=2,
+            access=3,
         )
+        assert meta.readable
         with pytest.raises(AttributeError):
             meta.version = 4  # type: ignore[misc]
+        # Without READ, the metadata only; a master that does not say answered readers alone.
+        assert not client_mod._meta_from_pb(pb.BlobMeta(key="k", access=6)).readable
+        assert client_mod._meta_from_pb(pb.BlobMeta(key="k")).readable
 
     def test_acl_round_trip(self) -> None:
         acl = [AccessControl("u", "bob", 3), AccessControl("o", "", 1)]
