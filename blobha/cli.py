@@ -757,7 +757,7 @@ def _existing(c: Client, keys: Sequence[str], prefix: str) -> Iterator[str]:
             readable = False
         # It exists, but where its user may not read it a listing shows it only if the masters
         # list keys their user cannot read (blobstore.list.visibility = "all", as in Storm).
-        if not readable and next(iter(c.list(key)), None) != key:
+        if not readable and next(iter(c.list(key, page_size=1)), None) != key:
             continue
         yield key
 

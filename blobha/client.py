@@ -1226,12 +1226,16 @@ class Client:
             raise
         return info
 
-    def list(self, prefix: str = "") -> Iterator[str]:
-        """Every key starting with ``prefix``, in server order, following pages as needed."""
+    def list(self, prefix: str = "", page_size: int = LIST_PAGE) -> Iterator[str]:
+        """Every key starting with ``prefix``, in server order, following pages as needed.
+        ``page_size``: keys asked for per call, at most the default, the largest page a master
+        serves (a listing of 100,000 keys is 100 calls); fewer where only the first few keys
+        are wanted."""
+        if not 1 <= page_size <= LIST_PAGE:
+            raise InvalidArgument(f"page_size must be 1 to {LIST_PAGE}, not {page_size}")
         token = ""
         while True:
-            # The largest page a master serves: a listing of 100,000 keys is 100 calls.
-            request = pb.ListRequest(prefix=prefix, page_token=token, page_size=LIST_PAGE)
+            request = pb.ListRequest(prefix=prefix, page_token=token, page_size=page_size)
             page = self._read_call("list keys", "List", request)
             yield from page.keys
             token = page.next_page_token

@@ -106,8 +106,9 @@ class FakeClient:
         self._meta(key)
         del self.store.blobs[key]
 
-    def list(self, prefix: str = "") -> Iterator[str]:
+    def list(self, prefix: str = "", page_size: int = 1000) -> Iterator[str]:
         self._raise_next()
+        self.store.list_pages.append(page_size)
         return iter(sorted(k for k in self.store.blobs if k.startswith(prefix) and not (
             self.store.list_readable_only and k in self.store.forbidden)))
 
@@ -168,6 +169,7 @@ class FakeStore:
         self.forbidden: set[str] = set()
         #: Listings leave out forbidden keys (blobstore.list.visibility = "readable").
         self.list_readable_only = False
+        self.list_pages: list[int] = []  # the page size of each listing asked for
         self.replicas = 1
         self.replication_factor = 0
         self.closed = 0
@@ -311,8 +313,10 @@ def test_list_keys_and_json(store: FakeStore, capsys: pytest.CaptureFixture[str]
     # naming an unreadable one does not show it either.
     store.list_readable_only = True
     store.blobs["secret-2"] = (b"", (), 1)
+    store.list_pages.clear()
     assert cli.main(["list", "b", "secret", "--json"]) == 0
     assert json.loads(capsys.readouterr().out) == ["b"]
+    assert store.list_pages == [1]  # one key's listing asks for one key, not a page of 1,000
 
 
 def test_meta_text_and_json(store: FakeStore, capsys: pytest.CaptureFixture[str]) -> None:

@@ -502,8 +502,9 @@ class FakeCluster:
 
     def _List(self, address: str, r: pb.ListRequest) -> pb.ListResponse:
         keys = sorted(k for k in self.blobs if k.startswith(r.prefix) and k > r.page_token)
-        page = keys[:2]
-        token = page[-1] if len(keys) > 2 else ""
+        size = min(r.page_size, 2)  # pages of two at most, to make several
+        page = keys[:size]
+        token = page[-1] if len(keys) > size else ""
         return pb.ListResponse(keys=page, next_page_token=token)
 
     def _GetReplication(self, address: str, r: pb.GetReplicationRequest) -> pb.ReplicationStatus:
@@ -1323,6 +1324,10 @@ def test_list_follows_pages(client: Client, cluster: FakeCluster) -> None:
         cluster.blobs[k] = (1, b"")
     assert list(client.list("a")) == ["a1", "a2", "a3", "a4"]
     assert list(client.list()) == ["a1", "a2", "a3", "a4", "b1"]
+    # A caller wanting the first key only asks for one (`blobha list KEY`).
+    assert list(client.list("a", page_size=1)) == ["a1", "a2", "a3", "a4"]
+    with pytest.raises(InvalidArgument, match="page_size"):
+        list(client.list(page_size=0))
 
 
 def test_reads_move_to_another_master(client: Client, cluster: FakeCluster) -> None:
