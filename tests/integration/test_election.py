@@ -37,17 +37,21 @@ class _LosesReplies(KazooClient):
             return True
         return False
 
-    def create(self, path: str, *args: Any, **kwargs: Any) -> str:
-        node: str = super().create(path, *args, **kwargs)
-        if self._lost(path):
-            raise ConnectionLoss()
-        return node
+    # The async calls: the election makes those (and kazoo's plain calls wrap them).
+    def create_async(self, path: str, *args: Any, **kwargs: Any) -> Any:
+        made = super().create_async(path, *args, **kwargs)
+        if not self._lost(path):
+            return made
+        lost = self.handler.async_result()
+        made.rawlink(lambda _: lost.set_exception(ConnectionLoss()))  # applied, answer lost
+        return lost
 
-    def delete(self, path: str, *args: Any, **kwargs: Any) -> bool:
-        if self._lost(path):
-            raise ConnectionLoss()  # this one not applied: the node stays
-        result: bool = super().delete(path, *args, **kwargs)
-        return result
+    def delete_async(self, path: str, *args: Any, **kwargs: Any) -> Any:
+        if not self._lost(path):
+            return super().delete_async(path, *args, **kwargs)
+        lost = self.handler.async_result()
+        lost.set_exception(ConnectionLoss())  # this one not applied: the node stays
+        return lost
 
 
 @pytest.fixture
@@ -105,6 +109,7 @@ def test_a_candidacy_made_but_unanswered_does_not_block_the_election(zookeeper: 
         m1, m2 = elections
         assert m1.is_leader and m2.leader_address == "m1:6627"
         assert _candidacies(lossy, lossy.client_id[0]) == [m1._node.rsplit("/", 1)[1]]
+        assert lossy.lose == 0  # the answer was lost
     finally:
         _stop(clients, elections)
 
@@ -123,6 +128,7 @@ def test_a_resignation_whose_delete_failed_is_finished_by_the_next_step(zookeepe
         wait_until(lambda: m2.is_leader, 15, "m2 leading")
         assert m1.leader_address == "m2:6627" and not m1.is_leader
         assert len(_candidacies(lossy, lossy.client_id[0])) == 1
+        assert lossy.lose == 0  # the delete failed
     finally:
         _stop(clients, elections)
 
