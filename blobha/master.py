@@ -528,7 +528,7 @@ class Master:
         # in the background: scanning every key must not delay taking office.
         self.uploads.abort_all("a new leadership term began")
         # Bounded: this runs under the election's lock (see LeaderElection._answer).
-        self.membership.refresh(timeout=self.session_timeout * 2 / 3)
+        self.membership.refresh(timeout=self.election.suspension_limit)
         self.sync.request_full_reconcile()
 
     def _on_deposed(self) -> None:
@@ -599,7 +599,7 @@ class Master:
                 " zookeeper.session.timeout.ms (its minSessionTimeout and maxSessionTimeout"
                 " bound it); a leader cut off from ZooKeeper now steps down %gs after kazoo"
                 " reports the connection suspended",
-                granted, self.session_timeout, granted * 2 / 3)
+                granted, self.session_timeout, self.election.suspension_limit)
 
     def _state_or_404(self, key: str) -> BlobState:
         state = self._read_state(key)

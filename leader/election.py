@@ -93,6 +93,13 @@ class LeaderElection:
                 and not self._session_lost)
 
     @property
+    def suspension_limit(self) -> float:
+        """Two thirds of the session timeout (as ZooKeeper granted it): how long a leader's
+        connection may stay suspended, and a ZooKeeper call under the election's lock go
+        unanswered, before this master gives up on it."""
+        return self.session_timeout * 2 / 3
+
+    @property
     def epoch(self) -> int:
         return self._epoch
 
@@ -211,13 +218,13 @@ class LeaderElection:
 
     def _answer(self, pending: IAsyncResult) -> Any:
         """The answer to a ZooKeeper call made under the election's lock, waited for at most
-        two thirds of the session timeout (then KazooTimeoutError), the watchdog's bound on a
-        suspension. kazoo holds a call made while it reconnects until the connection is back:
-        with ZooKeeper gone, a plain call would hold the lock, and with it stop() and depose(),
-        for as long. A call given up may still be applied later, in order with this session's
-        other calls: the next step finds such a candidacy as a stray (_clear_strays), and an
-        epoch bumped unseen only makes the next bump skip a number."""
-        return pending.get(timeout=self.session_timeout * 2 / 3)
+        the suspension limit (then KazooTimeoutError). kazoo holds a call made while it
+        reconnects until the connection is back: with ZooKeeper gone, a plain call would hold
+        the lock, and with it stop() and depose(), for as long. A call given up may still be
+        applied later, in order with this session's other calls: the next step finds such a
+        candidacy as a stray (_clear_strays), and an epoch bumped unseen only makes the next
+        bump skip a number."""
+        return pending.get(timeout=self.suspension_limit)
 
     def _run(self) -> None:
         backoff = 0.1
@@ -236,7 +243,7 @@ class LeaderElection:
                 backoff = 0.1
             except KazooTimeoutError:
                 log.warning("ZooKeeper did not answer the election within %.1f s; retrying in"
-                            " %.1fs", self.session_timeout * 2 / 3, backoff)
+                            " %.1fs", self.suspension_limit, backoff)
                 self._stopping.wait(backoff)
                 backoff = min(backoff * 2, 5.0)
                 self._wake.set()
@@ -249,7 +256,7 @@ class LeaderElection:
     def _step(self) -> None:
         if self.zk.state != KazooState.CONNECTED or self._suspended_since is not None:
             since = self._suspended_since
-            too_long = since is not None and time.monotonic() - since > self.session_timeout * 2 / 3
+            too_long = since is not None and time.monotonic() - since > self.suspension_limit
             if self._leading and too_long:
                 self._step_down("ZooKeeper connection suspended too long")
             return
