@@ -28,6 +28,7 @@ code  meaning
 15    not authenticated (no or a wrong token or client certificate)
 16    TLS settings that every master's certificate proves wrong (--ca names another CA,
       the certificate does not name the address, or TLS on the client's side only)
+17    busy (until the timeout, the masters refused the call: every call thread in use)
 130   interrupted (Ctrl-C)
 141   broken pipe (the reader of stdout went away, e.g. ``blobha cat k | head``)
 143   terminated (SIGTERM); ``cat -f`` removes its partial file first
@@ -85,6 +86,7 @@ exit codes:
   12 deadline exceeded (and wait-replication not reached)
   13 upload lost       14 internal error             15 not authenticated
   16 TLS settings that the masters' certificates prove wrong (--ca)
+  17 busy: the masters kept refusing the call, every call thread taken; retry later
   130 interrupted      141 broken pipe      143 terminated (SIGTERM)
 
 environment: BLOBHA_CLUSTER (default for --cluster), BLOBHA_USER (default for --user),

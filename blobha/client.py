@@ -48,6 +48,7 @@ from blobha.dataplane import DataChannels, DataOffer
 from blobha.digest import PUT_MAX_BYTES, Digester
 from blobha.errors import (
     BlobError,
+    Busy,
     ChecksumMismatch,
     DeadlineExceeded,
     InternalError,
@@ -521,11 +522,10 @@ def _error_from_rpc(address: str, exc: grpc.RpcError, tls: bool = False) -> Blob
         # Our own cancellations never get here; a cancel from the far side means the master
         # is going away, which is worth a retry elsewhere.
         return Unavailable(f"master {address} cancelled the call: {details or 'no reason'}")
-    if code == grpc.StatusCode.RESOURCE_EXHAUSTED and any(
-            k == errors.BUSY_METADATA_KEY for k, _ in trailers):
-        # Too many of our calls at once on that master: transient, so back off and retry.
-        return Unavailable(f"master {address} is busy: {details}")
     error = errors.from_status(code, details, trailers)
+    if isinstance(error, Busy):
+        # Transient: back off and retry.
+        return Busy(f"master {address} is busy: {error}")
     if isinstance(error, Unavailable):
         return (_handshake_failure(address, details, tls)
                 or Unavailable(f"master {address} unavailable: {error}"))
@@ -1542,8 +1542,8 @@ class _Mismatches:
 def _may_have_run(exc: Unavailable) -> bool:
     """Whether a call that failed with ``exc`` may have run on the master (its answer lost),
     as opposed to refused unsent: no connection, or the master too busy to take it."""
-    text = str(exc)
-    return not any(s in text for s in (" is busy: ", "failed to connect", "Connection refused"))
+    return not isinstance(exc, Busy) and not any(
+        s in str(exc) for s in ("failed to connect", "Connection refused"))
 
 
 def _gave_up(last: BlobError, what: str, seconds: float) -> BlobError:

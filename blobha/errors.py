@@ -121,6 +121,16 @@ class Unavailable(BlobError):
     exit_code = 11
 
 
+class Busy(Unavailable):
+    """A master refused the call before running it: the threads it gives such calls were all
+    taken (master.rpc.threads, master.max.calls.per.client). An Unavailable, so retried after
+    a pause, there or at another master; known not to have run. On the wire:
+    RESOURCE_EXHAUSTED with the busy trailer (or grpcio's own refusal)."""
+
+    code = _StatusCode("RESOURCE_EXHAUSTED")
+    exit_code = 17
+
+
 class DeadlineExceeded(BlobError):
     code = _StatusCode("DEADLINE_EXCEEDED")
     exit_code = 12
@@ -171,6 +181,8 @@ def to_status(error: BlobError) -> tuple[grpc.StatusCode, str, tuple[tuple[str, 
     trailers: tuple[tuple[str, str], ...] = ()
     if isinstance(error, NotLeader) and error.leader:
         trailers = ((LEADER_METADATA_KEY, error.leader),)
+    elif isinstance(error, Busy):
+        trailers = ((BUSY_METADATA_KEY, "1"),)
     return error.code, str(error), trailers
 
 
@@ -182,10 +194,13 @@ def from_status(
 
     if code == grpc.StatusCode.NOT_FOUND and details.startswith(_UPLOAD_PREFIX):
         return UploadNotFound(details)
-    if code == grpc.StatusCode.RESOURCE_EXHAUSTED and details == SERVER_FULL_DETAILS:
-        # Busy, not out of room: another master may serve, or this one a moment later.
-        return Unavailable("master is busy: every one of its call threads is in use"
-                           f" (master.rpc.threads; {details})")
+    if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+        # Busy, not out of room: another master may serve, or this one a moment later. Said
+        # by grpcio itself when every thread is taken, or by the Gatekeeper's trailer.
+        if details == SERVER_FULL_DETAILS:
+            return Busy(f"every one of its call threads is in use (master.rpc.threads; {details})")
+        if any(k == BUSY_METADATA_KEY for k, _ in trailers):
+            return Busy(details)
     cls = _by_code().get(code, InternalError)
     if cls is NotLeader:
         leader = ""

@@ -33,6 +33,7 @@ from blobha.client import (
 from blobha.digest import digest_bytes
 from blobha.errors import (
     BlobError,
+    Busy,
     ChecksumMismatch,
     DeadlineExceeded,
     InternalError,
@@ -1110,22 +1111,24 @@ def test_delete_retry_after_lost_answer(client: Client, cluster: FakeCluster) ->
 
 
 @pytest.mark.parametrize("refusal", [
-    "master m1:1 is busy: too many calls of user 'alice' at once",
-    "master m1:1 unavailable: failed to connect to all addresses",
-])
+    Busy("master m1:1 is busy: too many calls of user 'alice' at once"),
+    Unavailable("master m1:1 unavailable: failed to connect to all addresses"),
+], ids=["busy", "no-connection"])
 def test_a_delete_refused_unsent_then_missing_is_not_reported_done(
-        client: Client, cluster: FakeCluster, refusal: str) -> None:
-    # The first attempt never ran, so "no such key" on the retry is the truth, not the sign of
-    # an earlier attempt's success.
+        client: Client, cluster: FakeCluster, refusal: Unavailable) -> None:
+    # The first attempt never ran, so "no such key" on the retry is the truth (someone else
+    # deleted it meanwhile), not the sign of an earlier attempt's success.
+    cluster.blobs["k"] = (1, b"x")
     original = cluster._Delete
 
     def refuse_once(address: str, r: pb.DeleteRequest) -> pb.DeleteResponse:
         cluster._Delete = original  # type: ignore[method-assign]
-        raise Unavailable(refusal)
+        del cluster.blobs["k"]  # by someone else
+        raise refusal
 
     cluster._Delete = refuse_once  # type: ignore[method-assign]
     with pytest.raises(KeyNotFound):
-        client.delete("never-existed")
+        client.delete("k")
 
 
 # ------------------------------------------------------------------------------------------------

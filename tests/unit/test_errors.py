@@ -40,7 +40,7 @@ def test_every_class_is_covered() -> None:
         "KeyNotFound", "KeyAlreadyExists", "NotAuthorized", "InvalidArgument", "NotLeader",
         "VersionConflict", "ChecksumMismatch", "ResourceExhausted", "Unavailable",
         "DeadlineExceeded", "UploadNotFound", "InternalError", "Unauthenticated",
-        "TlsMismatch",
+        "TlsMismatch", "Busy",
     }
 
 
