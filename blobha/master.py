@@ -1655,8 +1655,11 @@ class Master:
     # ---- status --------------------------------------------------------------------------
 
     def node_status(self) -> MasterSummary:
+        return self._status(self.sync.figures()[2])
+
+    def _status(self, lag: int) -> MasterSummary:
+        """This master's summary, with ``lag`` from the synchroniser's figures."""
         count, stored = self.store.counted_usage()
-        _, _, lag = self.sync.figures()
         return MasterSummary(
             address=self.identity, is_leader=self.election.is_leader,
             uptime_secs=time.monotonic() - self.started, version=__version__, blob_count=count,
@@ -1667,10 +1670,12 @@ class Master:
     def cluster_summary(self) -> ClusterView:
         self._require_zk()
         members = sorted(self.membership.live() | {self.identity})
+        # One pass for both figures: under writes, a second call would make a second pass.
+        _, under, lag = self.sync.figures()
 
         def ask(address: str) -> MasterSummary:
             if address == self.identity:
-                return self.node_status()
+                return self._status(lag)
             try:
                 return self.peers.status(address, timeout=1.5)
             except BlobError:
@@ -1694,7 +1699,6 @@ class Master:
                 f" {SUMMARY_ZK_TIMEOUT:g} s (no quorum?); retry shortly or ask another master"
             ) from None
         leaders = [s.address for s in statuses if s.is_leader]
-        _, under, _ = self.sync.figures()
         blob_count = stat.numChildren if stat is not None else 0
         return ClusterView(tuple(statuses), leaders[0] if leaders else "", epoch.epoch,
                            blob_count, under)
