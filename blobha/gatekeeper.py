@@ -72,13 +72,13 @@ def status_call_threads(threads: int) -> int:
 
 class Gatekeeper(grpc.ServerInterceptor):  # type: ignore[type-arg]
     def __init__(self, auth: ServerAuthentication, max_calls_per_client: int,
-                 threads: int | None = None) -> None:
+                 threads: int) -> None:
         self.auth = auth
         self.max_calls = max_calls_per_client
-        #: Calls of all users together (masters apart) on a server of ``threads`` call threads;
-        #: None: no such cap. Status checks may go ``max_status_calls`` past it.
-        self.max_client_calls = None if threads is None else client_call_threads(threads)
-        self.max_status_calls = 0 if threads is None else status_call_threads(threads)
+        #: Calls of all users together (masters apart) on a server of ``threads`` call
+        #: threads. Status checks may go ``max_status_calls`` past it.
+        self.max_client_calls = client_call_threads(threads)
+        self.max_status_calls = status_call_threads(threads)
         self._running: dict[str, int] = {}
         self._all_running = 0
         self._lock = threading.Lock()
@@ -105,9 +105,8 @@ class Gatekeeper(grpc.ServerInterceptor):  # type: ignore[type-arg]
             if running >= self.max_calls:
                 refusal = (f"user {user!r} already has {self.max_calls} calls in progress on"
                            " this master (master.max.calls.per.client); wait for some to finish")
-            elif self.max_client_calls is not None and self._all_running >= (
-                    self.max_client_calls
-                    + (self.max_status_calls if method in _PAST_THE_CAP else 0)):
+            elif self._all_running >= self.max_client_calls + (
+                    self.max_status_calls if method in _PAST_THE_CAP else 0):
                 refusal = (f"this master is busy: users' calls hold all {self.max_client_calls}"
                            " of its call threads open to them (master.rpc.threads); retry")
             else:
