@@ -69,14 +69,12 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from blobha.digest import CHUNK_SIZE, Digester
 from blobha.errors import (
+    NO_ANSWER,
     ChecksumMismatch,
-    DeadlineExceeded,
     InvalidArgument,
     KeyNotFound,
     NotAuthorized,
     ResourceExhausted,
-    TlsMismatch,
-    Unavailable,
 )
 from blobha.keys import key_dirname, validate_key
 from blobha.locks import boot_id, lock_file
@@ -1048,7 +1046,7 @@ class BlobCache:
                 self._remote.pop(key, None)
             self._mark_deleted(kd)
             raise
-        except (Unavailable, DeadlineExceeded, TlsMismatch) as exc:
+        except NO_ANSWER as exc:
             if known is None:
                 # A new process (a Spark worker started during the outage): the cluster's last
                 # answer to this user about this key on the node, however old, as a process
@@ -1707,7 +1705,7 @@ class BlobCache:
                 # It exists; this user may no longer read it, and the node's record of an
                 # earlier answer must not serve the user's next process in an outage.
                 _unlink(self._check_path(scan.kd))
-            except (Unavailable, DeadlineExceeded, TlsMismatch):
+            except NO_ANSWER:
                 return  # no answers now; plain LRU this time
             with self._lock:
                 self._probed[scan.key] = now

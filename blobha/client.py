@@ -47,6 +47,7 @@ from blobha.credentials import Credentials
 from blobha.dataplane import DataChannels, DataOffer
 from blobha.digest import PUT_MAX_BYTES, Digester
 from blobha.errors import (
+    NO_ANSWER,
     BlobError,
     Busy,
     ChecksumMismatch,
@@ -1628,7 +1629,7 @@ class _UploadJob:
                 self.c._give_up_on_tls(last, mismatches)
                 self.c._pause(attempt, deadline, last, self.what)
                 attempt += 1
-        except (Unavailable, DeadlineExceeded, TlsMismatch) as exc:
+        except NO_ANSWER as exc:
             self._abort_quietly()
             if not self.commit_unknown:
                 raise
@@ -1636,9 +1637,7 @@ class _UploadJob:
             # plain "unavailable" would send the user to write it again.
             note = (f"{exc}; an earlier attempt's commit got no answer, so the {self.what}"
                     " may have been made: check with 'blobha meta' before writing again")
-            raise (DeadlineExceeded(note) if isinstance(exc, DeadlineExceeded)
-                   else TlsMismatch(note) if isinstance(exc, TlsMismatch)
-                   else Unavailable(note)) from None
+            raise type(exc)(note) from None
         except BaseException:
             self._abort_quietly()
             raise

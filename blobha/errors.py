@@ -136,6 +136,12 @@ class DeadlineExceeded(BlobError):
     exit_code = 12
 
 
+#: What a call raises when no master gave it an answer (none reachable, none in time, or none
+#: with the client's TLS settings), as opposed to an answer that refuses it: where a node can
+#: go on with what it holds (the node cache), it does.
+NO_ANSWER: tuple[type[BlobError], ...] = (Unavailable, DeadlineExceeded, TlsMismatch)
+
+
 class UploadNotFound(BlobError):
     """The upload id is unknown: it expired, was aborted, or its leader changed."""
 

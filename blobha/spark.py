@@ -81,12 +81,12 @@ from blobha.addresses import parse_cluster
 from blobha.cache import BlobCache, CachedBlob
 from blobha.cache import default_cache_dir as _cache_default_dir
 from blobha.errors import (
+    NO_ANSWER,
     BlobError,
     DeadlineExceeded,
     InvalidArgument,
     KeyNotFound,
     NotAuthorized,
-    TlsMismatch,
     Unavailable,
 )
 from blobha.keys import validate_key
@@ -1188,7 +1188,7 @@ class _Localizer:
                 return held.blob
             try:
                 blob = cache.get(spec.key, uncompress=spec.uncompress, owner=owner)
-            except (Unavailable, DeadlineExceeded, TlsMismatch) as exc:
+            except NO_ANSWER as exc:
                 if held is not None and held.blob.path.exists():
                     # Availability over freshness: the copy we hold was current moments ago,
                     # and failing the task would not bring the cluster back any sooner.
