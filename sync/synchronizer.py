@@ -289,9 +289,10 @@ class Synchronizer:
         self._deleted_in_batch: set[str] = set()
         # Bumped on every change of _view, so figures() recomputes only when something moved.
         self._generation = 0
-        self._figures: tuple[tuple[int, frozenset[str]], tuple[int, int, int]] | None = None
-        #: When the view behind _figures was read (monotonic clock).
-        self._figures_taken = 0.0
+        # The last figures: (generation, masters known), when the view behind them was read
+        # (monotonic clock), and the figures. Guarded by _figures_lock.
+        self._figures: tuple[tuple[int, frozenset[str]], float, tuple[int, int, int]] | None = (
+            None)
         self._figures_lock = threading.Lock()
         # For the keys this master lacks, whether the placement chooses it, with the factor it
         # was decided for; valid for the masters in _placed_for. The hashing was most of a
@@ -399,17 +400,15 @@ class Synchronizer:
 
     def _figures_since(self, asked: float) -> tuple[int, int, int]:
         known = frozenset(self.membership.known())
+        last = self._figures
         with self._view_lock:
             stamp = (self._generation, known)
-            if self._figures is not None and (self._figures[0] == stamp
-                                              or self._figures_taken > asked):
-                return self._figures[1]
+            if last is not None and (last[0] == stamp or last[1] > asked):
+                return last[2]
             taken = time.monotonic()
             entries = list(self._view.items())
         result = (len(entries), *self._count(entries, known))
-        with self._view_lock:
-            self._figures = (stamp, result)
-            self._figures_taken = taken
+        self._figures = (stamp, taken, result)
         return result
 
     def _count(self, entries: list[tuple[str, _Entry]], known: frozenset[str]
