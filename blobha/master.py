@@ -1609,8 +1609,12 @@ class Master:
                 self.store.install_copy(key, new.seq, source)
                 try:
                     self._fenced_set(key, new, state.meta_version)
-                except BaseException:
-                    self.store.delete_version(key, new.seq)
+                except BaseException as e:
+                    # Unanswered, it may have applied: then this copy is the restored
+                    # version's only one (the synchroniser registers it once a session is
+                    # back, or removes it as debris once the key shows it never applied).
+                    if not isinstance(e, UNREACHABLE):
+                        self.store.delete_version(key, new.seq)
                     raise
                 log.warning("ROLL-BACK: %r v%d was never acknowledged and no live master holds"
                             " it; restored the content of v%d as v%d", key, state.seq, past.seq,

@@ -24,6 +24,7 @@ from typing import Any
 from blobha.leader.journal import ChangeJournal
 from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import (
+    ConnectionLoss,
     KazooException,
     NodeExistsError,
     NoNodeError,
@@ -173,18 +174,35 @@ class LeaderElection:
             with self.journal.lock:
                 txn.set_data(JOURNAL, self.journal.record_for(epoch, changed))
                 pending = txn.commit_async()
-            *results, journal_result = pending.get()
+            *results, journal_result = self._commit_answer(pending)
             if is_failure(journal_result):  # then it is the operation that failed
                 if isinstance(journal_result, NoNodeError):
                     self.zk.ensure_path(JOURNAL)  # removed by hand: the retry finds it again
                 raise journal_result
         else:
-            results = txn.commit()
+            results = self._commit_answer(txn.commit_async())
         fence_failures = [r for r in results[:2] if is_failure(r)]
         if fence_failures:
             self.depose(f"fenced commit refused ({type(fence_failures[0]).__name__})")
             raise Deposed("leadership was lost; the write was not applied")
         return list(results[2:])
+
+    def _commit_answer(self, pending: IAsyncResult) -> list[Any]:
+        """The results of a fenced transaction, waited for at most the suspension limit.
+
+        The leadership check above and the call are not atomic: a connection that drops
+        between them leaves the transaction queued in kazoo until a connection is back, with
+        ZooKeeper gone for ever. The writes of a whole group commit, and every write queued
+        behind it, would wait as long, long after the watchdog deposed this master. A
+        transaction given up may still apply later (before any later call of this session),
+        which is what ConnectionLoss means to the callers: the outcome is unknown, re-read.
+        """
+        try:
+            return list(pending.get(timeout=self.suspension_limit))
+        except KazooTimeoutError:
+            raise ConnectionLoss(
+                f"no answer to a fenced transaction within {self.suspension_limit:.1f}s; it may"
+                " yet apply") from None
 
     def depose(self, reason: str) -> None:
         with self._lock:

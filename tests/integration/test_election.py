@@ -13,6 +13,7 @@ import pytest
 from blobha.leader.election import LeaderElection
 from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import ConnectionLoss
+from kazoo.protocol.serialization import Transaction
 from waiting import wait_until
 
 from blobha.zkserver import EmbeddedZooKeeper
@@ -181,5 +182,62 @@ def test_a_master_stops_promptly_when_zookeeper_vanished_under_an_election_step(
             assert time.monotonic() - started >= SESSION_SECS * 2 / 3 - 0.5  # read waited for
             assert not election.is_leader
         finally:
+            zk.stop()
+            zk.close()
+
+
+class _OutageBeforeNextTransaction(KazooClient):
+    """A client that, once ``armed``, kills the ZooKeeper server just before its next
+    transaction is queued, and queues it once kazoo knows the connection is gone: the
+    connection dropped between the leader's check and its fenced commit. kazoo then holds the
+    transaction until a connection is back: with the server gone, for ever."""
+
+    def __init__(self, *args: Any, server: EmbeddedZooKeeper, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.server = server
+        self.armed = False
+
+    def _call(self, request: Any, async_object: Any) -> Any:
+        if self.armed and isinstance(request, Transaction):
+            self.armed = False
+            self.server.kill()
+            wait_until(lambda: self.state != KazooState.CONNECTED, 15, "kazoo to see the outage")
+        return super()._call(request, async_object)
+
+
+def test_a_fenced_commit_queued_during_an_outage_is_given_up_as_of_unknown_outcome(
+        tmp_path: Path) -> None:
+    # Before: the fenced transaction's answer was waited for without a limit. Queued while
+    # kazoo reconnected, it waited for as long as ZooKeeper stayed away, and with it the group
+    # commit and every write behind it, long after the watchdog had deposed the leader.
+    with EmbeddedZooKeeper(tmp_path / "zk", tick_ms=500) as server:
+        zk = _OutageBeforeNextTransaction(hosts=server.connect_string, timeout=SESSION_SECS,
+                                          server=server)
+        zk.start(timeout=15)
+        election = LeaderElection(zk, "m1:6627", SESSION_SECS, on_elected=lambda epoch: None,
+                                  on_deposed=lambda: None)
+        outcome: list[BaseException | list[Any]] = []
+
+        def commit() -> None:
+            try:
+                outcome.append(election.fenced(lambda txn: txn.create("/written", b"")))
+            except BaseException as e:  # the outcome is what is checked
+                outcome.append(e)
+
+        committer = threading.Thread(target=commit, name="committer", daemon=True)
+        try:
+            election.start()
+            wait_until(lambda: election.is_leader, 15, "m1 leading")
+            zk.armed = True
+            started = time.monotonic()
+            committer.start()
+            committer.join(timeout=election.suspension_limit + 8)
+            assert not committer.is_alive(), "the fenced commit still waits for ZooKeeper"
+            assert not zk.armed  # the outage came between the check and the call
+            assert time.monotonic() - started >= election.suspension_limit - 0.5
+            # What a lost answer means: it may have applied, so the caller re-reads.
+            assert len(outcome) == 1 and isinstance(outcome[0], ConnectionLoss), outcome
+        finally:
+            election.stop()
             zk.stop()
             zk.close()

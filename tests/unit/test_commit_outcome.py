@@ -278,3 +278,32 @@ def test_a_read_while_zookeeper_is_out_of_reach_serves_the_last_committed_state(
 
     m._state_or_404 = unreachable
     assert m._state_for_read("k") == (state, view)
+
+
+@pytest.mark.parametrize(("failure", "kept"), [
+    (ConnectionLoss(), True), (KazooTimeoutError(), True), (NoNodeError(), False)])
+def test_a_roll_back_whose_commit_went_unanswered_keeps_the_restored_copy(
+        tmp_path: Path, failure: Exception, kept: bool) -> None:
+    # Before: any failure of the roll-back's commit deleted the restored copy. Unanswered, the
+    # commit may have applied, and ZooKeeper then calls the restored version acknowledged with
+    # this copy as its only one.
+    m = _master(tmp_path, _Ensemble(applied=True, reachable=True))
+    m.membership = SimpleNamespace(live=lambda: {m.identity})
+    m.peers = SimpleNamespace(rank=list)
+    written: dict[str, BlobState] = {}
+
+    def fenced_set(key: str, new: BlobState, version: int) -> None:
+        written[key] = new  # applied, or not: the caller cannot tell either way
+        raise failure
+
+    m._fenced_set = fenced_set
+    v5 = b"five"
+    m.store.install_many([("k", 5, v5, len(v5), digest_bytes(v5))])
+    state = BlobState(seq=5, size=len(v5), digest=digest_bytes(v5), acl=(), replication_factor=3,
+                      creator="alice", created_at=0.0, updated_at=0.0, epoch=1, acked=True,
+                      write_quorum=1)
+    state = state.with_new_version(6, 3, "6" * 32, 1.0, 1, 1, 3, write_tag("alice", b"a"))
+    with pytest.raises(type(failure)):
+        m._roll_back("k", state)
+    assert written["k"].seq == 7
+    assert m.store.versions("k") == ([5, 7] if kept else [5])
