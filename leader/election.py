@@ -147,7 +147,9 @@ class LeaderElection:
         ``build(txn)`` adds the version-conditional operations. ``changed`` names the keys
         they create: the same transaction records them in the change journal.
         Returns the results of ``build``'s operations. Raises :class:`Deposed` (after stepping
-        down) if a fence failed, or kazoo's exception for the failing operation otherwise.
+        down) if a fence failed, ConnectionLoss if no answer came within the suspension limit
+        (the transaction may yet apply), or kazoo's exception for the failing operation
+        otherwise.
         """
         own = self.fenced_results(build, changed)
         for r in own:
@@ -191,8 +193,8 @@ class LeaderElection:
         """The results of a fenced transaction, waited for at most the suspension limit.
 
         The leadership check above and the call are not atomic: a connection that drops
-        between them leaves the transaction queued in kazoo until a connection is back, with
-        ZooKeeper gone for ever. The writes of a whole group commit, and every write queued
+        between them leaves the transaction queued in kazoo until a connection is back: for
+        ever, if ZooKeeper stays away. The writes of a whole group commit, and every write queued
         behind it, would wait as long, long after the watchdog deposed this master. A
         transaction given up may still apply later (before any later call of this session),
         which is what ConnectionLoss means to the callers: the outcome is unknown, re-read.
