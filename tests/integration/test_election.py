@@ -3,6 +3,7 @@ applied them (the connection dropped before the reply)."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Iterator
@@ -134,11 +135,10 @@ def test_a_resignation_whose_delete_failed_is_finished_by_the_next_step(zookeepe
         _stop(clients, elections)
 
 
-class _OutageBeforeNextRead(KazooClient):
-    """A client that, once ``armed``, kills the ZooKeeper server just before the election's
-    next read of the candidacies, and makes that read once kazoo knows the connection is
-    gone. kazoo then holds the read until a connection is back: with the server gone, for
-    ever."""
+class _Outage(KazooClient):
+    """A client that, once ``armed``, kills the ZooKeeper server just before the call its
+    subclass picks, and makes that call once kazoo knows the connection is gone. kazoo then
+    holds the call until a connection is back: with the server gone, for ever."""
 
     def __init__(self, *args: Any, server: EmbeddedZooKeeper, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -146,13 +146,48 @@ class _OutageBeforeNextRead(KazooClient):
         self.armed = False
         self.held = threading.Event()
 
+    def _outage_first(self) -> None:
+        self.armed = False
+        self.server.kill()
+        wait_until(lambda: self.state != KazooState.CONNECTED, 15, "kazoo to see the outage")
+        self.held.set()
+
+
+class _OutageBeforeNextRead(_Outage):
+    """The election's next read of the candidacies is the call held."""
+
     def get_children_async(self, path: str, *args: Any, **kwargs: Any) -> Any:
         if self.armed and path == ELECTION:
-            self.armed = False
-            self.server.kill()
-            wait_until(lambda: self.state != KazooState.CONNECTED, 15, "kazoo to see the outage")
-            self.held.set()
+            self._outage_first()
         return super().get_children_async(path, *args, **kwargs)
+
+
+class _OutageBeforeNextTransaction(_Outage):
+    """The next transaction is the call held: the connection dropped between the leader's
+    check and its fenced commit."""
+
+    def _call(self, request: Any, async_object: Any) -> Any:
+        if self.armed and isinstance(request, Transaction):
+            self._outage_first()
+        return super()._call(request, async_object)
+
+
+@contextlib.contextmanager
+def _sole_candidate(tmp_path: Path, client: type[_Outage]
+                    ) -> Iterator[tuple[_Outage, LeaderElection]]:
+    """A real ZooKeeper server and one master's election, leading, through ``client``."""
+    with EmbeddedZooKeeper(tmp_path / "zk", tick_ms=500) as server:
+        zk = client(hosts=server.connect_string, timeout=SESSION_SECS, server=server)
+        zk.start(timeout=15)
+        election = LeaderElection(zk, "m1:6627", SESSION_SECS, on_elected=lambda epoch: None,
+                                  on_deposed=lambda: None)
+        try:
+            election.start()
+            wait_until(lambda: election.is_leader, 15, "m1 leading")
+            yield zk, election
+        finally:
+            zk.stop()
+            zk.close()
 
 
 def test_a_master_stops_promptly_when_zookeeper_vanished_under_an_election_step(
@@ -160,49 +195,19 @@ def test_a_master_stops_promptly_when_zookeeper_vanished_under_an_election_step(
     # Before: the election's calls waited for ZooKeeper's answer without a limit, under the
     # election's lock. kazoo holds a call made while it reconnects until a connection is back,
     # so with ZooKeeper gone stop() waited for that lock for ever: the master never exited.
-    with EmbeddedZooKeeper(tmp_path / "zk", tick_ms=500) as server:
-        zk = _OutageBeforeNextRead(hosts=server.connect_string, timeout=SESSION_SECS,
-                                   server=server)
-        zk.start(timeout=15)
-        election = LeaderElection(zk, "m1:6627", SESSION_SECS, on_elected=lambda epoch: None,
-                                  on_deposed=lambda: None)
+    with _sole_candidate(tmp_path, _OutageBeforeNextRead) as (zk, election):
         stopper = threading.Thread(target=election.stop, name="stopper", daemon=True)
-        try:
-            election.start()
-            wait_until(lambda: election.is_leader, 15, "m1 leading")
-            zk.armed = True
-            # The election thread is now inside a step, holding its lock, its read held.
-            wait_until(zk.held.is_set, 15, "the election's read made during the outage")
-            started = time.monotonic()
-            stopper.start()
-            # The read is given up after two thirds of the session timeout; the resignation's
-            # delete after its own 3 s; then the thread is joined.
-            stopper.join(timeout=SESSION_SECS + 3 + 8)
-            assert not stopper.is_alive(), "stop() still waits for the election's lock"
-            assert time.monotonic() - started >= SESSION_SECS * 2 / 3 - 0.5  # read waited for
-            assert not election.is_leader
-        finally:
-            zk.stop()
-            zk.close()
-
-
-class _OutageBeforeNextTransaction(KazooClient):
-    """A client that, once ``armed``, kills the ZooKeeper server just before its next
-    transaction is queued, and queues it once kazoo knows the connection is gone: the
-    connection dropped between the leader's check and its fenced commit. kazoo then holds the
-    transaction until a connection is back: with the server gone, for ever."""
-
-    def __init__(self, *args: Any, server: EmbeddedZooKeeper, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.server = server
-        self.armed = False
-
-    def _call(self, request: Any, async_object: Any) -> Any:
-        if self.armed and isinstance(request, Transaction):
-            self.armed = False
-            self.server.kill()
-            wait_until(lambda: self.state != KazooState.CONNECTED, 15, "kazoo to see the outage")
-        return super()._call(request, async_object)
+        zk.armed = True
+        # The election thread is now inside a step, holding its lock, its read held.
+        wait_until(zk.held.is_set, 15, "the election's read made during the outage")
+        started = time.monotonic()
+        stopper.start()
+        # The read is given up after two thirds of the session timeout; the resignation's
+        # delete after its own 3 s; then the thread is joined.
+        stopper.join(timeout=SESSION_SECS + 3 + 8)
+        assert not stopper.is_alive(), "stop() still waits for the election's lock"
+        assert time.monotonic() - started >= SESSION_SECS * 2 / 3 - 0.5  # read waited for
+        assert not election.is_leader
 
 
 def test_a_fenced_commit_queued_during_an_outage_is_given_up_as_of_unknown_outcome(
@@ -210,12 +215,7 @@ def test_a_fenced_commit_queued_during_an_outage_is_given_up_as_of_unknown_outco
     # Before: the fenced transaction's answer was waited for without a limit. Queued while
     # kazoo reconnected, it waited for as long as ZooKeeper stayed away, and with it the group
     # commit and every write behind it, long after the watchdog had deposed the leader.
-    with EmbeddedZooKeeper(tmp_path / "zk", tick_ms=500) as server:
-        zk = _OutageBeforeNextTransaction(hosts=server.connect_string, timeout=SESSION_SECS,
-                                          server=server)
-        zk.start(timeout=15)
-        election = LeaderElection(zk, "m1:6627", SESSION_SECS, on_elected=lambda epoch: None,
-                                  on_deposed=lambda: None)
+    with _sole_candidate(tmp_path, _OutageBeforeNextTransaction) as (zk, election):
         outcome: list[BaseException | list[Any]] = []
 
         def commit() -> None:
@@ -226,18 +226,14 @@ def test_a_fenced_commit_queued_during_an_outage_is_given_up_as_of_unknown_outco
 
         committer = threading.Thread(target=commit, name="committer", daemon=True)
         try:
-            election.start()
-            wait_until(lambda: election.is_leader, 15, "m1 leading")
             zk.armed = True
             started = time.monotonic()
             committer.start()
             committer.join(timeout=election.suspension_limit + 8)
             assert not committer.is_alive(), "the fenced commit still waits for ZooKeeper"
-            assert not zk.armed  # the outage came between the check and the call
+            assert zk.held.is_set()  # the outage came between the check and the call
             assert time.monotonic() - started >= election.suspension_limit - 0.5
             # What a lost answer means: it may have applied, so the caller re-reads.
             assert len(outcome) == 1 and isinstance(outcome[0], ConnectionLoss), outcome
         finally:
             election.stop()
-            zk.stop()
-            zk.close()
