@@ -491,9 +491,9 @@ class Master:
         # Both asked at once: one round trip, not two, per delete.
         id_read = self.zk.get_async(BLOBSTORE + "-id")
         root_read = self.zk.exists_async(BLOBSTORE)
-        root = root_read.get(timeout=self.session_timeout)
+        root = self._answer(root_read)
         try:
-            data, id_stat = id_read.get(timeout=self.session_timeout)
+            data, id_stat = self._answer(id_read)
             zk_id, id_made = data.decode(), id_stat.czxid
         except NoNodeError:
             zk_id, id_made = "", 0
@@ -582,10 +582,18 @@ class Master:
     def _read_state(self, key: str) -> BlobState | None:
         self._require_zk()
         try:
-            data, stat = self.zk.get(key_path(key))
+            data, stat = self._answer(self.zk.get_async(key_path(key)))
         except NoNodeError:
             return None
         return BlobState.decode(data, stat.version)
+
+    def _answer(self, pending: Any) -> Any:
+        """The answer to a ZooKeeper call made for a request, waited for at most the session
+        timeout (then KazooTimeoutError: unreachable). The connection check before it and the
+        call are not atomic: a call made just after the connection dropped is held by kazoo
+        until a connection is back, for ever if ZooKeeper stays away, with the request's
+        thread."""
+        return pending.get(timeout=self.session_timeout)
 
     def _session_granted(self, granted: float) -> None:
         """kazoo's connection thread, at each connection: the watchdog that steps a leader
@@ -997,7 +1005,7 @@ class Master:
                 out.append(None)
                 continue
             try:
-                data, stat = result.get(timeout=self.session_timeout)
+                data, stat = self._answer(result)
                 out.append(BlobState.decode(data, stat.version))
             except NoNodeError:
                 out.append(None)
@@ -1292,12 +1300,12 @@ class Master:
         """Every key, sorted; re-read only when the key list changed (ZooKeeper bumps the
         parent's cversion on every create and delete of a child), so the pages of one listing
         cost one small stat each instead of fetching and sorting 100,000s of names."""
-        stat = self.zk.exists(BLOBSTORE)
+        stat = self._answer(self.zk.exists_async(BLOBSTORE))
         cached = self._key_list
         if cached is not None and stat is not None and cached[0] == stat.cversion:
             return cached[1]
         try:
-            names, stat = self.zk.get_children(BLOBSTORE, include_data=True)
+            names, stat = self._answer(self.zk.get_children_async(BLOBSTORE, include_data=True))
         except NoNodeError:
             return []
         keys = sorted(names)
@@ -1322,7 +1330,7 @@ class Master:
                 else:
                     assert result is not None
                     try:
-                        data, stat = result.get(timeout=self.session_timeout)
+                        data, stat = self._answer(result)
                     except NoNodeError:
                         continue  # deleted meanwhile
                     acl = BlobState.decode(data, stat.version).acl
@@ -1335,7 +1343,7 @@ class Master:
 
     def _replication(self, key: str, state: BlobState) -> ReplicationStatus:
         try:
-            names = self.zk.get_children(key_path(key))
+            names = self._answer(self.zk.get_children_async(key_path(key)))
         except NoNodeError:
             names = []
         return _status(key, state, zkstate.holders(names, state.seq))
@@ -1562,7 +1570,7 @@ class Master:
 
     def _fenced_delete(self, key: str, expected_meta_version: int) -> None:
         path = key_path(key)
-        names = self.zk.get_children(path)
+        names = self._answer(self.zk.get_children_async(path))
 
         def build(txn: Any) -> None:
             # Replica nodes belong to other sessions; deleting them with the key in one

@@ -12,9 +12,10 @@ from typing import Any
 
 import pytest
 from blobha.leader.election import LeaderElection
-from kazoo.client import KazooClient, KazooState
+from kazoo.client import KazooClient
 from kazoo.exceptions import ConnectionLoss
 from kazoo.protocol.serialization import Transaction
+from outage import Outage
 from waiting import wait_until
 
 from blobha.zkserver import EmbeddedZooKeeper
@@ -135,46 +136,28 @@ def test_a_resignation_whose_delete_failed_is_finished_by_the_next_step(zookeepe
         _stop(clients, elections)
 
 
-class _Outage(KazooClient):
-    """A client that, once ``armed``, kills the ZooKeeper server just before the call its
-    subclass picks, and makes that call once kazoo knows the connection is gone. kazoo then
-    holds the call until a connection is back: with the server gone, for ever."""
-
-    def __init__(self, *args: Any, server: EmbeddedZooKeeper, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.server = server
-        self.armed = False
-        self.held = threading.Event()
-
-    def _outage_first(self) -> None:
-        self.armed = False
-        self.server.kill()
-        wait_until(lambda: self.state != KazooState.CONNECTED, 15, "kazoo to see the outage")
-        self.held.set()
-
-
-class _OutageBeforeNextRead(_Outage):
+class _OutageBeforeNextRead(Outage):
     """The election's next read of the candidacies is the call held."""
 
     def get_children_async(self, path: str, *args: Any, **kwargs: Any) -> Any:
         if self.armed and path == ELECTION:
-            self._outage_first()
+            self.outage_first()
         return super().get_children_async(path, *args, **kwargs)
 
 
-class _OutageBeforeNextTransaction(_Outage):
+class _OutageBeforeNextTransaction(Outage):
     """The next transaction is the call held: the connection dropped between the leader's
     check and its fenced commit."""
 
     def _call(self, request: Any, async_object: Any) -> Any:
         if self.armed and isinstance(request, Transaction):
-            self._outage_first()
+            self.outage_first()
         return super()._call(request, async_object)
 
 
 @contextlib.contextmanager
-def _sole_candidate(tmp_path: Path, client: type[_Outage]
-                    ) -> Iterator[tuple[_Outage, LeaderElection]]:
+def _sole_candidate(tmp_path: Path, client: type[Outage]
+                    ) -> Iterator[tuple[Outage, LeaderElection]]:
     """A real ZooKeeper server and one master's election, leading, through ``client``."""
     with EmbeddedZooKeeper(tmp_path / "zk", tick_ms=500) as server:
         zk = client(hosts=server.connect_string, timeout=SESSION_SECS, server=server)

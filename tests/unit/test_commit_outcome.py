@@ -68,10 +68,12 @@ class _Ensemble:
         self.synced = True
         return SimpleNamespace(get=lambda timeout=None: path)
 
-    def get(self, path: str) -> tuple[bytes, Any]:
-        if path not in self.data or (self.lagging and not self.synced):
-            raise NoNodeError()
-        return self.data[path], SimpleNamespace(version=0)
+    def get_async(self, path: str) -> Any:
+        def answer(timeout: float | None = None) -> tuple[bytes, Any]:
+            if path not in self.data or (self.lagging and not self.synced):
+                raise NoNodeError()
+            return self.data[path], SimpleNamespace(version=0)
+        return SimpleNamespace(get=answer)
 
 
 def _master(tmp_path: Path, zk: _Ensemble) -> Any:

@@ -42,17 +42,22 @@ class _FakeZk:
         self.cversion = 1
         self.children_reads = 0
 
-    def exists(self, path: str) -> Any:
-        return SimpleNamespace(cversion=self.cversion)
+    def exists_async(self, path: str) -> Any:
+        return _answered(SimpleNamespace(cversion=self.cversion))
 
-    def get_children(self, path: str, include_data: bool = False) -> Any:
+    def get_children_async(self, path: str, include_data: bool = False) -> Any:
         self.children_reads += 1
-        return list(self.names), SimpleNamespace(cversion=self.cversion)
+        return _answered((list(self.names), SimpleNamespace(cversion=self.cversion)))
+
+
+def _answered(value: Any) -> Any:
+    return SimpleNamespace(get=lambda timeout=None: value)
 
 
 def test_sorted_keys_are_read_again_only_when_the_key_list_changed() -> None:
     zk = _FakeZk(["b", "a"])
-    master: Any = SimpleNamespace(zk=zk, _key_list=None)
+    master: Any = SimpleNamespace(zk=zk, _key_list=None,
+                                  _answer=lambda pending: pending.get(timeout=1))
     assert Master._sorted_keys(master) == ["a", "b"]
     assert Master._sorted_keys(master) == ["a", "b"]
     assert zk.children_reads == 1

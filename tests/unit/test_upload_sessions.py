@@ -5,6 +5,7 @@ was begun in."""
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -45,6 +46,10 @@ def _temp_files(tmp_path: Path) -> list[Path]:
     return list((tmp_path / "store" / "tmp").iterdir())
 
 
+def _answering(read: Callable[[str], Any]) -> Callable[[str], Any]:
+    """A ZooKeeper read made asynchronously (as the master makes it), answered by ``read``."""
+    return lambda path: SimpleNamespace(get=lambda timeout=None: read(path))
+
 def test_a_commit_that_cannot_read_zookeeper_keeps_the_upload_for_its_retry(
         tmp_path: Path) -> None:
     # The commit reads the key's state first. A dropped connection there was answered "retry
@@ -55,7 +60,7 @@ def test_a_commit_that_cannot_read_zookeeper_keeps_the_upload_for_its_retry(
     def unreachable(path: str) -> Any:
         raise ConnectionLoss()
 
-    zk.get = unreachable
+    zk.get_async = _answering(unreachable)
     m = _master(tmp_path, zk)
     data = b"x" * (3 * MiB)
     up = m.uploads.begin("alice", "k", False, [], 1, 0, 1)
@@ -67,7 +72,7 @@ def test_a_commit_that_cannot_read_zookeeper_keeps_the_upload_for_its_retry(
     # A refusal that retrying cannot change still ends the session and its data.
     state = BlobState(seq=1, size=1, digest="0" * 32, acl=(), replication_factor=1,
                       creator="bob", created_at=1.0, updated_at=1.0, epoch=3, acked=True)
-    zk.get = lambda path: (state.encode(), SimpleNamespace(version=0))
+    zk.get_async = _answering(lambda path: (state.encode(), SimpleNamespace(version=0)))
     with pytest.raises(NotAuthorized):
         m.commit("alice", up.upload_id, len(data), digest_bytes(data))
     with pytest.raises(UploadNotFound):
@@ -87,7 +92,7 @@ def test_a_session_begun_while_leadership_is_lost_does_not_outlive_it(tmp_path: 
         raise NoNodeError()
 
     m = _master(tmp_path, SimpleNamespace(state=KazooState.CONNECTED,
-                                          get=deposed_during_the_read))
+                                          get_async=_answering(deposed_during_the_read)))
     with pytest.raises(Unavailable, match="stopped leading"):
         m.begin_upload("alice", "k", True, [], 0, 0, -1, 0)
     assert m.uploads.count() == 0

@@ -1,0 +1,109 @@
+"""A request whose ZooKeeper call is made just as ZooKeeper vanishes, against a real server.
+
+The master checks its connection, then calls; the two are not atomic. kazoo holds a call made
+after the connection dropped until a connection is back. Each such call is waited for at most
+the session timeout, so the request gets its answer (the last committed state, or
+"unreachable") and its thread back, instead of waiting for as long as ZooKeeper stays away.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from blobha.sync import KeyView
+from kazoo.handlers.threading import KazooTimeoutError
+from outage import Outage
+
+from blobha.master import Master
+from blobha.zkserver import EmbeddedZooKeeper
+from blobha.zkstate import BLOBSTORE, BlobState, key_path
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+
+SESSION_SECS = 4.0
+
+
+class _OutageBeforeNextRead(Outage):
+    """The next read of a node under /blobstore (kazoo's plain calls make the async ones)."""
+
+    def _next(self, path: str) -> None:
+        if self.armed and path.startswith(BLOBSTORE):
+            self.outage_first()
+
+    def get_async(self, path: str, *args: Any, **kwargs: Any) -> Any:
+        self._next(path)
+        return super().get_async(path, *args, **kwargs)
+
+    def exists_async(self, path: str, *args: Any, **kwargs: Any) -> Any:
+        self._next(path)
+        return super().exists_async(path, *args, **kwargs)
+
+
+STATE = BlobState(seq=2, size=1, digest="2" * 32, acl=(), replication_factor=3,
+                  creator="alice", created_at=1.0, updated_at=1.0, epoch=1, acked=True)
+
+
+@pytest.fixture
+def master(tmp_path: Path) -> Iterator[tuple[Any, _OutageBeforeNextRead]]:
+    """A master's request side on a real ZooKeeper session holding key 'k' at v2; it last saw
+    'k' at v2 on m1 and m2."""
+    with EmbeddedZooKeeper(tmp_path / "zk", tick_ms=500) as server:
+        zk = _OutageBeforeNextRead(hosts=server.connect_string, timeout=SESSION_SECS,
+                                   server=server)
+        zk.start(timeout=15)
+        try:
+            zk.create(key_path("k"), STATE.encode(), makepath=True)
+            m: Any = Master.__new__(Master)
+            m.identity = "m1:6627"
+            m.zk = zk
+            m.session_timeout = SESSION_SECS
+            m._key_list = None
+            view = KeyView(STATE, ("m1:6627", "m2:6627"))
+            m.sync = SimpleNamespace(view=lambda key: view if key == "k" else None)
+            yield m, zk
+        finally:
+            zk.stop()
+            zk.close()
+
+
+def _during_outage(zk: Outage, request: Callable[[], object]) -> tuple[object, float]:
+    """``request``'s result (or error) when its ZooKeeper read meets the outage, and how long
+    it took; fails the test if it still waits well past the session timeout."""
+    outcome: list[object] = []
+
+    def run() -> None:
+        try:
+            outcome.append(request())
+        except Exception as e:  # the outcome is what is checked
+            outcome.append(e)
+
+    zk.armed = True
+    started = time.monotonic()
+    thread = threading.Thread(target=run, name="request", daemon=True)
+    thread.start()
+    thread.join(timeout=SESSION_SECS + 8)
+    assert not thread.is_alive(), "the request still waits for ZooKeeper"
+    assert zk.held.is_set()  # the read was made as the connection was gone
+    return outcome[0], time.monotonic() - started
+
+
+def test_a_read_that_meets_the_outage_serves_the_last_committed_state(
+        master: tuple[Any, Outage]) -> None:
+    m, zk = master
+    result, took = _during_outage(zk, lambda: m._state_for_read("k"))
+    assert result == (STATE, m.sync.view("k")), result
+    assert took >= SESSION_SECS - 0.5  # the read was waited for, then given up
+
+
+def test_a_listing_that_meets_the_outage_is_told_zookeeper_is_unreachable(
+        master: tuple[Any, Outage]) -> None:
+    m, zk = master
+    result, _ = _during_outage(zk, m._sorted_keys)
+    # One of the errors the service answers as UNAVAILABLE, "ZooKeeper is unreachable".
+    assert isinstance(result, KazooTimeoutError), result
