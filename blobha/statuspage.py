@@ -125,9 +125,13 @@ def _status_urls(master: Master, addresses: list[str]) -> dict[str, str]:
     urls: dict[str, str] = {}
     if master.zk.state != KazooState.CONNECTED:
         return urls  # kazoo would queue the reads until it reconnects
-    for address in addresses:
+    # Pipelined, and waited for at most the session timeout in all: a read made just as the
+    # connection dropped is held by kazoo until ZooKeeper is back, and the page with it.
+    reads = [(address, master.zk.get_async(f"{MASTERS}/{address}")) for address in addresses]
+    deadline = time.monotonic() + master.session_timeout
+    for address, read in reads:
         try:
-            data, _ = master.zk.get(f"{MASTERS}/{address}")
+            data, _ = read.get(timeout=max(deadline - time.monotonic(), 0.0))
             url = json.loads(data).get("status_url", "")
         except Exception:
             continue  # gone, or ZooKeeper unreachable: no link, the row still shows

@@ -174,7 +174,8 @@ class LeaderElection:
         if changed:
             # Appended and submitted under one lock: records reach ZooKeeper in journal order.
             with self.journal.lock:
-                txn.set_data(JOURNAL, self.journal.record_for(epoch, changed))
+                txn.set_data(JOURNAL, self.journal.record_for(epoch, changed,
+                                                              self.suspension_limit))
                 pending = txn.commit_async()
             *results, journal_result = self._commit_answer(pending)
             if is_failure(journal_result):  # then it is the operation that failed

@@ -39,13 +39,17 @@ class ChangeJournal:
         self._keys: deque[str] = deque()
         self._bytes = 0
 
-    def record_for(self, term: int, keys: Iterable[str]) -> bytes:
+    def record_for(self, term: int, keys: Iterable[str], timeout: float | None = None
+                   ) -> bytes:
         """Append ``keys`` and return the record to write (caller holds :attr:`lock`).
 
-        The first call of a leadership ``term`` loads the record a previous leader left."""
+        The first call of a leadership ``term`` loads the record a previous leader left,
+        waiting at most ``timeout`` for it (then KazooTimeoutError): a read made just as the
+        connection dropped is held by kazoo until ZooKeeper is back, and with it the commit
+        and the lock."""
         if self._term != term:
             try:
-                data, _ = self.zk.get(JOURNAL)
+                data, _ = self.zk.get_async(JOURNAL).get(timeout=timeout)
             except NoNodeError:
                 data = b""
             loaded = JournalRecord.decode(data)

@@ -14,12 +14,13 @@ import pytest
 from blobha.leader.election import LeaderElection
 from kazoo.client import KazooClient
 from kazoo.exceptions import ConnectionLoss
+from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.protocol.serialization import Transaction
 from outage import Outage
 from waiting import wait_until
 
 from blobha.zkserver import EmbeddedZooKeeper
-from blobha.zkstate import ELECTION
+from blobha.zkstate import ELECTION, JOURNAL
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -155,6 +156,16 @@ class _OutageBeforeNextTransaction(Outage):
         return super()._call(request, async_object)
 
 
+class _OutageBeforeJournalRead(Outage):
+    """The read of the change journal that a term's first commit of a new key makes is the
+    call held: the journal's lock, and the commit, waited on it."""
+
+    def get_async(self, path: str, *args: Any, **kwargs: Any) -> Any:
+        if self.armed and path == JOURNAL:
+            self.outage_first()
+        return super().get_async(path, *args, **kwargs)
+
+
 @contextlib.contextmanager
 def _sole_candidate(tmp_path: Path, client: type[Outage]
                     ) -> Iterator[tuple[Outage, LeaderElection]]:
@@ -193,17 +204,26 @@ def test_a_master_stops_promptly_when_zookeeper_vanished_under_an_election_step(
         assert not election.is_leader
 
 
-def test_a_fenced_commit_queued_during_an_outage_is_given_up_as_of_unknown_outcome(
-        tmp_path: Path) -> None:
-    # Before: the fenced transaction's answer was waited for without a limit. Queued while
-    # kazoo reconnected, it waited for as long as ZooKeeper stayed away, and with it the group
-    # commit and every write behind it, long after the watchdog had deposed the leader.
-    with _sole_candidate(tmp_path, _OutageBeforeNextTransaction) as (zk, election):
+@pytest.mark.parametrize(("client", "changed", "error"), [
+    # The transaction held: it may yet apply, so the caller is told ConnectionLoss (re-read).
+    (_OutageBeforeNextTransaction, (), ConnectionLoss),
+    # The journal's read held: nothing was sent, ZooKeeper is unreachable.
+    (_OutageBeforeJournalRead, ("written",), KazooTimeoutError),
+])
+def test_a_fenced_commit_that_meets_an_outage_is_given_up(
+        tmp_path: Path, client: type[Outage], changed: tuple[str, ...],
+        error: type[Exception]) -> None:
+    # Before: the fenced transaction's answer, and a term's first read of the change journal,
+    # were waited for without a limit. Made while kazoo reconnected, they waited for as long as
+    # ZooKeeper stayed away, and with them the group commit and every write behind it, long
+    # after the watchdog had deposed the leader.
+    with _sole_candidate(tmp_path, client) as (zk, election):
         outcome: list[BaseException | list[Any]] = []
 
         def commit() -> None:
             try:
-                outcome.append(election.fenced(lambda txn: txn.create("/written", b"")))
+                outcome.append(election.fenced(lambda txn: txn.create("/written", b""),
+                                               changed))
             except BaseException as e:  # the outcome is what is checked
                 outcome.append(e)
 
@@ -216,7 +236,6 @@ def test_a_fenced_commit_queued_during_an_outage_is_given_up_as_of_unknown_outco
             assert not committer.is_alive(), "the fenced commit still waits for ZooKeeper"
             assert zk.held.is_set()  # the outage came between the check and the call
             assert time.monotonic() - started >= election.suspension_limit - 0.5
-            # What a lost answer means: it may have applied, so the caller re-reads.
-            assert len(outcome) == 1 and isinstance(outcome[0], ConnectionLoss), outcome
+            assert len(outcome) == 1 and isinstance(outcome[0], error), outcome
         finally:
             election.stop()

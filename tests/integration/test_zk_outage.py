@@ -8,6 +8,7 @@ the session timeout, so the request gets its answer (the last committed state, o
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -21,8 +22,9 @@ from kazoo.handlers.threading import KazooTimeoutError
 from outage import Outage
 
 from blobha.master import Master
+from blobha.statuspage import _status_urls
 from blobha.zkserver import EmbeddedZooKeeper
-from blobha.zkstate import BLOBSTORE, BlobState, key_path
+from blobha.zkstate import BLOBSTORE, MASTERS, BlobState, key_path
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -30,10 +32,12 @@ SESSION_SECS = 4.0
 
 
 class _OutageBeforeNextRead(Outage):
-    """The next read of a node under /blobstore (kazoo's plain calls make the async ones)."""
+    """The next read of a node under ``prefix`` (kazoo's plain calls make the async ones)."""
+
+    prefix = BLOBSTORE
 
     def _next(self, path: str) -> None:
-        if self.armed and path.startswith(BLOBSTORE):
+        if self.armed and path.startswith(self.prefix):
             self.outage_first()
 
     def get_async(self, path: str, *args: Any, **kwargs: Any) -> Any:
@@ -45,6 +49,7 @@ class _OutageBeforeNextRead(Outage):
         return super().exists_async(path, *args, **kwargs)
 
 
+URLS = {"m1:6627": "http://127.0.0.1:8627/", "m2:6627": "http://127.0.0.1:8628/"}
 STATE = BlobState(seq=2, size=1, digest="2" * 32, acl=(), replication_factor=3,
                   creator="alice", created_at=1.0, updated_at=1.0, epoch=1, acked=True)
 
@@ -59,6 +64,9 @@ def master(tmp_path: Path) -> Iterator[tuple[Any, _OutageBeforeNextRead]]:
         zk.start(timeout=15)
         try:
             zk.create(key_path("k"), STATE.encode(), makepath=True)
+            for address, url in URLS.items():
+                zk.create(f"{MASTERS}/{address}", json.dumps({"status_url": url}).encode(),
+                          makepath=True)
             m: Any = Master.__new__(Master)
             m.identity = "m1:6627"
             m.zk = zk
@@ -107,3 +115,14 @@ def test_a_listing_that_meets_the_outage_is_told_zookeeper_is_unreachable(
     result, _ = _during_outage(zk, m._sorted_keys)
     # One of the errors the service answers as UNAVAILABLE, "ZooKeeper is unreachable".
     assert isinstance(result, KazooTimeoutError), result
+
+
+def test_the_status_page_meets_the_outage_with_no_links_and_in_one_timeout(
+        master: tuple[Any, _OutageBeforeNextRead]) -> None:
+    m, zk = master
+    assert _status_urls(m, list(URLS)) == URLS  # before the outage: each master's link
+    zk.prefix = MASTERS
+    result, took = _during_outage(zk, lambda: _status_urls(m, list(URLS)))
+    assert result == {}  # the rows still show, without links
+    # The reads share one deadline: a page does not wait a session timeout per master.
+    assert took < 2 * SESSION_SECS, took

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 from blobha.leader.journal import JOURNAL_ENTRIES, JOURNAL_MAX_BYTES, ChangeJournal
@@ -38,11 +39,15 @@ class _FakeZk:
         self.data = data
         self.gets = 0
 
-    def get(self, path: str) -> tuple[bytes, Any]:
+    def get_async(self, path: str) -> Any:
         self.gets += 1
-        if self.data is None:
-            raise NoNodeError()
-        return self.data, None
+        data = self.data
+
+        def answer(timeout: float | None = None) -> tuple[bytes, Any]:
+            if data is None:
+                raise NoNodeError()
+            return data, None
+        return SimpleNamespace(get=answer)
 
 
 def test_a_new_term_continues_from_the_record_in_zookeeper() -> None:
