@@ -12,6 +12,7 @@ locks themselves out by mistake.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -47,6 +48,11 @@ MAX_NAME_LENGTH = 256
 #: caps at about 1 MB (jute.maxbuffer): a larger one was refused there by dropping the
 #: leader's connection, again at each retry. At the longest names this is about 260 KB.
 MAX_ENTRIES = 1000
+#: Most bytes an ACL may take as stored (its text form, in the key's JSON record). The entry
+#: and name limits do not bound it: 1,000 names of 256 four-byte characters take 1 MB. It
+#: leaves the rest of the record (history, creator) and its transaction room below
+#: ZooKeeper's 1 MB (zkstate.MAX_STATE_BYTES).
+MAX_STORED_BYTES = 900_000
 
 
 def name_problem(name: str) -> str | None:
@@ -102,7 +108,20 @@ def check_entries(acl: Iterable[AccessControl]) -> list[AccessControl]:
             " give access to fewer users (o::r grants everyone else)"
         )
     check_duplicates(out)
+    stored = stored_size(out)
+    if stored > MAX_STORED_BYTES:
+        raise InvalidArgument(
+            f"the ACL takes {stored:,} bytes as stored, more than the {MAX_STORED_BYTES:,} a"
+            " key's metadata has room for (ZooKeeper caps it at 1 MB): give access to fewer"
+            " users or use shorter names (o::r grants everyone else)"
+        )
     return out
+
+
+def stored_size(acl: Iterable[AccessControl]) -> int:
+    """The bytes ``acl`` takes in the key's record: its text form as a JSON string (UTF-8,
+    quotes and escapes included), as :meth:`blobha.zkstate.BlobState.encode` writes it."""
+    return len(json.dumps(format_acl(acl), ensure_ascii=False).encode())
 
 
 #: Type words, short and long (Storm accepts both), to the type stored.

@@ -844,7 +844,7 @@ class Master:
                 self._update_quorum(key, state, write_quorum),
                 self.config["blobstore.versions.retained"], tag,
             )
-        return replace(new, acked=new.write_quorum <= 1)
+        return _fitting(key, replace(new, acked=new.write_quorum <= 1))
 
     def _acknowledge(self, key: str, committed: BlobState, user: str
                      ) -> tuple[str, BlobState, int]:
@@ -1015,11 +1015,31 @@ class Master:
 
     def _commit_together(self, writes: Sequence[tuple[str, bool, BlobState]]
                          ) -> list[BlobState | BaseException]:
-        """Commit ``writes`` (key, create?, new state) in one fenced transaction: each its
-        metadata and this master's replica node (installed durably before, so a version never
-        appears without a holder), and the created keys in the change journal (no watch tells
-        the other masters of them). A write whose own operation fails gets its error and the
-        others are tried again without it. One result per write: its state, or its error."""
+        """Commit ``writes`` (key, create?, new state) in as few fenced transactions as fit in
+        ZooKeeper's request limit (one, unless their records take more than
+        :data:`zkstate.MAX_STATE_BYTES` together: a request over it is refused by dropping
+        the connection). One result per write: its state, or its error."""
+        out: list[BlobState | BaseException] = []
+        chunk: list[tuple[str, bool, BlobState]] = []
+        size = 0
+        for write in writes:
+            n = len(write[2].encode())
+            if chunk and size + n > zkstate.MAX_STATE_BYTES:
+                out.extend(self._commit_transaction(chunk))
+                chunk, size = [], 0
+            chunk.append(write)
+            size += n
+        if chunk:
+            out.extend(self._commit_transaction(chunk))
+        return out
+
+    def _commit_transaction(self, writes: Sequence[tuple[str, bool, BlobState]]
+                            ) -> list[BlobState | BaseException]:
+        """Commit ``writes`` in one fenced transaction: each its metadata and this master's
+        replica node (installed durably before, so a version never appears without a holder),
+        and the created keys in the change journal (no watch tells the other masters of them).
+        A write whose own operation fails gets its error and the others are tried again
+        without it. One result per write: its state, or its error."""
         out: list[BlobState | BaseException | None] = [None] * len(writes)
         live = list(range(len(writes)))
         session = self.sync.session_id()
@@ -1517,6 +1537,7 @@ class Master:
                 new = replace(new, acl=tuple(acls.normalize_for_set(acl, user)))
             if replication_factor:
                 new = replace(new, replication_factor=replication_factor)
+            _fitting(key, new)
             try:
                 self._fenced_set(key, new, state.meta_version)
             except BadVersionError:
@@ -1721,6 +1742,21 @@ def _check_digest(digest: str) -> None:
         raise InvalidArgument(
             "the digest must be the xxh3-128 of the content as 32 lower-case hex digits"
         )
+
+
+def _fitting(key: str, state: BlobState) -> BlobState:
+    """``state``, if its record fits in ZooKeeper (:data:`zkstate.MAX_STATE_BYTES`); else
+    InvalidArgument, before anything is written. The ACL's own bound (acl.MAX_STORED_BYTES)
+    leaves room for the rest; this catches what it cannot: a setter or creator entry added
+    to an ACL at that bound, or a long history of retained versions."""
+    size = len(state.encode())
+    if size > zkstate.MAX_STATE_BYTES:
+        raise InvalidArgument(
+            f"the metadata of {key!r} would take {size:,} bytes, more than the"
+            f" {zkstate.MAX_STATE_BYTES:,} ZooKeeper has room for: give access to fewer users"
+            " or use shorter names in its ACL"
+        )
+    return state
 
 
 class CommitOutcomeUnknown(Unavailable):

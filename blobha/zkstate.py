@@ -33,6 +33,11 @@ MASTERS = "/masters"
 MASTER_SECRET = "/master-secret"
 JOURNAL = "/journal"
 ALL_ROOTS = (BLOBSTORE, ELECTION, MASTERS, JOURNAL)
+#: Most bytes a key's record may take. ZooKeeper refuses a request larger than its
+#: jute.maxbuffer (1 MB by default) by dropping the connection, again at each retry; a
+#: commit's transaction carries the record with its replica node, fences and the change
+#: journal's record (8 KiB at most), and a group commit's transactions stay under this too.
+MAX_STATE_BYTES = 1_000_000
 
 
 def key_path(key: str) -> str:
@@ -121,7 +126,10 @@ class BlobState:
         for h in d["history"]:
             if not h["write_tag"]:
                 del h["write_tag"]
-        return json.dumps(d, separators=(",", ":")).encode()
+        # UTF-8 as is, not \u escapes: a name of non-ASCII characters took twice the room in
+        # ZooKeeper's 1 MB (MAX_STATE_BYTES), and an ACL within the entry and name limits did
+        # not fit. Every reader decodes either form.
+        return json.dumps(d, separators=(",", ":"), ensure_ascii=False).encode()
 
     @classmethod
     def decode(cls, data: bytes, meta_version: int = 0) -> BlobState:

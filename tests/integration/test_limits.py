@@ -112,6 +112,37 @@ def test_an_acl_too_large_for_zookeeper_is_refused_before_it_reaches_it(
     assert alice.read(unique_key) == data
 
 
+def test_an_acl_is_bounded_by_the_bytes_zookeeper_holds(
+        cluster: LocalCluster, alice: Client, unique_key: str) -> None:
+    # Before: 1,000 names of 256 CJK characters, within the entry and name limits, were
+    # stored escaped (1.5 MB). ZooKeeper refused the request by dropping the leader's
+    # connection, at every retry, until the client gave up: "ZooKeeper is unreachable".
+    from blobha.acl import ALL, READ, AccessControl
+
+    def names(char: str) -> list[AccessControl]:
+        # With alice's own entry, 1,000: a setter keeps only ADMIN otherwise (as in Storm).
+        return [AccessControl("u", "alice", ALL)] + [
+            AccessControl("u", f"{i:04d}" + char * 252, READ) for i in range(999)]
+
+    alice.create(unique_key, b"x")
+    wide = names("日")
+    alice.set_acl(unique_key, wide)
+    assert set(wide) <= set(alice.get_meta(unique_key).acl)
+    # Four-byte characters take 1 MB: refused by the client before it sends them, and by the
+    # master (the raw call) before ZooKeeper sees them.
+    with pytest.raises(InvalidArgument, match="bytes as stored"):
+        alice.set_acl(unique_key, names("😀"))
+    request = pb.SetMetaRequest(
+        key=unique_key, set_acl=True,
+        acl=[pb.AccessControl(type=e.type, name=e.name, access=e.access) for e in names("😀")])
+    with pytest.raises(grpc.RpcError) as e:
+        stub(cluster.leader().address).SetMeta(request, timeout=30, metadata=md("alice"))
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "bytes as stored" in (e.value.details() or "")
+    assert set(wide) <= set(alice.get_meta(unique_key).acl)  # unchanged
+    assert alice.read(unique_key) == b"x"
+
+
 def test_a_user_holding_too_many_unfinished_uploads_is_refused_and_others_are_not(
         cluster: LocalCluster, unique_key: str) -> None:
     # Each session keeps a file open on the leader: a client looping on BeginUpload ran it

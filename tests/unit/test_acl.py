@@ -7,6 +7,7 @@ import pytest
 from blobha.acl import (
     ADMIN,
     ALL,
+    MAX_STORED_BYTES,
     READ,
     WRITE,
     AccessControl,
@@ -19,8 +20,10 @@ from blobha.acl import (
     normalize_for_set,
     parse_acl,
     parse_entry,
+    stored_size,
 )
 from blobha.errors import InvalidArgument
+from blobha.zkstate import MAX_STATE_BYTES, BlobState
 
 
 def test_parse_user_and_other_entries() -> None:
@@ -261,3 +264,26 @@ def test_an_acl_has_at_most_max_entries() -> None:
     assert len(check_entries(many)) == MAX_ENTRIES
     with pytest.raises(InvalidArgument, match="1,001 entries"):
         check_entries([*many, AccessControl("o", "", 1)])
+
+
+def _names(char: str) -> list[AccessControl]:
+    # 1,000 entries of 256-character names: the entry and name limits at their largest.
+    return [AccessControl("u", f"{i:04d}" + char * 252, READ) for i in range(1000)]
+
+
+def test_an_acl_is_bounded_by_its_stored_size_as_well_as_its_entries() -> None:
+    # Before: the record escaped non-ASCII as \uXXXX, so 1,000 names of 256 CJK characters
+    # took 1.5 MB in ZooKeeper, which dropped the leader's connection at each retry.
+    cjk = _names("日")
+    assert check_entries(cjk) == cjk
+    record = BlobState(seq=1, size=1, digest="0" * 32, acl=tuple(cjk), replication_factor=3,
+                       creator="alice", created_at=1.0, updated_at=1.0, epoch=1,
+                       acked=True).encode()
+    assert stored_size(cjk) < MAX_STORED_BYTES
+    assert len(record) < MAX_STATE_BYTES
+    assert "日".encode() * 252 in record  # raw UTF-8
+    # Four-byte characters: within the entry and name limits, past what ZooKeeper holds.
+    with pytest.raises(InvalidArgument, match=r"bytes as stored, more than the 900,000"):
+        check_entries(_names("😀"))
+    # Quotes are stored escaped, and counted so.
+    assert stored_size([AccessControl("u", '"', READ)]) == len('"u:\\":r--"')

@@ -15,12 +15,13 @@ from kazoo.client import KazooState
 from kazoo.exceptions import ConnectionLoss, NoNodeError, SessionMovedError
 from kazoo.handlers.threading import KazooTimeoutError
 
+from blobha.acl import READ, AccessControl
 from blobha.digest import digest_bytes
 from blobha.errors import Unavailable
 from blobha.groupcommit import GroupCommitter
 from blobha.master import ROLLBACK_MIN_RATE, CommitOutcomeUnknown, Master, _Put
 from blobha.store import LocalStore
-from blobha.zkstate import BlobState, PastVersion, write_tag
+from blobha.zkstate import MAX_STATE_BYTES, BlobState, PastVersion, write_tag
 
 
 class _Txn:
@@ -309,3 +310,32 @@ def test_a_roll_back_whose_commit_went_unanswered_keeps_the_restored_copy(
         m._roll_back("k", state)
     assert written["k"].seq == 7
     assert m.store.versions("k") == ([5, 7] if kept else [5])
+
+
+class _Recorder:
+    """ZooKeeper applying every transaction, recording the record bytes each one carried."""
+
+    def __init__(self) -> None:
+        self.sizes: list[int] = []
+        self.state = KazooState.CONNECTED
+
+    def fenced_results(self, build: Any, changed: Any = ()) -> list[object]:
+        txn = _Txn()
+        build(txn)
+        self.sizes.append(sum(len(data) for _, data in txn.ops))
+        return [True] * len(txn.ops)
+
+
+def test_a_group_commit_too_large_for_one_zookeeper_request_is_split(tmp_path: Path) -> None:
+    # Before: the batch's records all went in one transaction. Three keys with large ACLs took
+    # 1.4 MB, over ZooKeeper's 1 MB request limit: it dropped the connection at each retry.
+    zk = _Recorder()
+    m = _master(tmp_path, zk)  # type: ignore[arg-type]
+    acl = tuple(AccessControl("u", f"{i:04d}" + "日" * 252, READ) for i in range(600))
+    writes = [(f"k{n}", True, BlobState(
+        seq=1, size=1, digest="0" * 32, acl=acl, replication_factor=3, creator="alice",
+        created_at=1.0, updated_at=1.0, epoch=3, acked=True)) for n in range(3)]
+    results = m._commit_together(writes)
+    assert [r.seq for r in results if isinstance(r, BlobState)] == [1, 1, 1], results
+    assert len(zk.sizes) == 2 and all(size <= MAX_STATE_BYTES for size in zk.sizes), zk.sizes
+    assert sum(zk.sizes) == sum(len(new.encode()) for _, _, new in writes)
