@@ -1889,6 +1889,9 @@ class _DownloadJob:
         what = f"download {self.key!r}"
         may_guess = True
         guessing = False
+        # The last failure of a master that should have served the bytes (down, corrupt,
+        # failing), which says more than the "not held here" of the others.
+        unreached: BlobError | None = None
         while True:
             if not self.candidates:
                 known = self.c._known_addresses() if may_guess else []
@@ -1916,6 +1919,7 @@ class _DownloadJob:
                 # A replica that is down, sent bad bytes, or failed (a disk error there): the
                 # others hold the same version.
                 last: BlobError = exc
+                unreached = exc
                 self.candidates.pop(0)
                 self.failed.add(address)
             except KeyNotFound as exc:
@@ -1940,9 +1944,26 @@ class _DownloadJob:
                 deadline.restart()
                 attempt = 0
             if not self.candidates and not guessing:
-                self.c._pause(attempt, deadline, last, what)
+                self.c._pause(attempt, deadline, self._why(last, unreached), what)
                 attempt += 1
             guessing = False
+
+    def _why(self, last: BlobError, unreached: BlobError | None) -> BlobError:
+        """What to give up with: a failure of a master that should have served the bytes,
+        else, where every master said it lacks the version, that none holds it now. The key
+        exists (its replica list was read), so "key not found" (exit 3), the last master's
+        "not held here", would tell a script that it is gone, and name the internal call to
+        ask instead."""
+        if unreached is not None:
+            return unreached
+        if isinstance(last, KeyNotFound):
+            version = self.info.version if self.info else self.version
+            which = f"v{version}" if version else "the latest version"
+            return Unavailable(
+                f"no reachable master holds {which} of {self.key!r}: its copies may be on"
+                " masters that are down, or being repaired; retry later ('blobha replication"
+                f" --read {self.key}' shows how many masters hold it)")
+        return last
 
     def _choose_replicas(self, deadline: _Deadline) -> None:
         status = self.c._read_call(

@@ -14,13 +14,14 @@ from collections.abc import MutableSequence, Sequence
 from typing import Any
 
 import pytest
-from conftest import client_for, followers, master_metadata, wait_until
+from conftest import client_for, followers, master_metadata, version_files, wait_until
 
 from blobha.auth import MASTER_SECRET_METADATA_KEY
 from blobha.client import PUT_MAX_BYTES
 from blobha.errors import Unavailable
 from blobha.localcluster import LocalCluster
 from blobha.peers import Peers
+from blobha.placement import choose
 from blobha.store import BlobBuffer
 
 pytestmark = pytest.mark.integration
@@ -215,3 +216,43 @@ def test_fetches_from_a_master_that_left_end_at_once(fresh_cluster: LocalCluster
     assert not fetcher.is_alive()
     assert isinstance(outcome[0], Unavailable) and "it left the cluster" in str(outcome[0])
     assert elapsed < 5, f"the fetch ended {elapsed:.1f} s after it was abandoned"
+
+
+@pytest.mark.parametrize("gone", ["paused", "stopped"])
+def test_a_blob_whose_only_holder_is_out_of_reach_is_unavailable_not_missing(
+        fresh_cluster: LocalCluster, gone: str) -> None:
+    # Before: once the holder's session had ended, the replica list named no live holder and
+    # every master said "not held here"; the read gave up with the last of them: KeyNotFound
+    # (exit 3, "key not found") for a key that exists, which a script could take for gone and
+    # create again.
+    data = os.urandom(1000)
+    masters = {m.address: m for m in fresh_cluster.masters}
+    [placed] = choose("solo", masters, 1)
+    holder = masters[placed]
+    with client_for(fresh_cluster, timeout=20.0, stall_timeout=2.0) as c:
+        c.create("solo", data, replication_factor=1)
+
+        def settled() -> bool:
+            # The one copy where the placement puts it, in ZooKeeper and on disk alone: the
+            # leader's first copy has moved there, and nothing moves any more.
+            on_disk = [m.address for m in fresh_cluster.masters if version_files(m, "solo")]
+            return c.get_replication("solo").holders == (placed,) and on_disk == [placed]
+
+        wait_until(settled, 60, "the key's one copy where the placement puts it")
+        if gone == "paused":
+            holder.signal(signal.SIGSTOP)  # still listed: its session lives on
+        else:
+            holder.terminate()
+            wait_until(lambda: not c.get_replication("solo").holders, 60,
+                       "the stopped holder's replica node gone")
+        try:
+            with pytest.raises(Unavailable) as e:
+                c.read("solo")
+        finally:
+            if gone == "paused":
+                holder.signal(signal.SIGCONT)
+            else:
+                fresh_cluster.start_master(holder)
+        assert "could not download 'solo'" in str(e.value)
+        assert c.wait_for_replication(["solo"], 1, timeout=60).reached
+        assert c.read("solo") == data

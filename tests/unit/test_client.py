@@ -1793,3 +1793,21 @@ def test_a_call_to_a_master_that_answers_nothing_is_given_up() -> None:
         transport.unary(M1, "Put", pb.PutRequest(), 60.0, stall=1.0)
     assert checks == ["NodeStatus"] and future.cancelled
 
+
+
+def test_a_download_no_master_holds_gives_up_unavailable_not_key_not_found() -> None:
+    # Every master answered "not held here" for a key whose replica list was read: the key
+    # exists, so the read gives up with UNAVAILABLE (exit 11), never "key not found" (exit 3).
+    from blobha.client import _DownloadJob
+
+    job: Any = _DownloadJob.__new__(_DownloadJob)
+    job.key, job.version, job.info = "k", 0, None
+    not_held = KeyNotFound("not held here: m3:6627 does not hold v1 of 'k'")
+    why = job._why(not_held, None)
+    assert isinstance(why, Unavailable) and not isinstance(why, KeyNotFound)
+    assert "no reachable master holds the latest version of 'k'" in str(why)
+    assert "GetReplication" not in str(why)
+    job.version = 4
+    assert "holds v4 of 'k'" in str(job._why(not_held, None))
+    down = Unavailable("master m1:6627 unavailable: connection refused")
+    assert job._why(not_held, down) is down  # a holder's own failure says more
