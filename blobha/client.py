@@ -1331,8 +1331,10 @@ class Client:
             # was retrying (see _retry), not that its last look for a leader was cut short.
             raise DeadlineExceeded(f"no master answered at {', '.join(addresses)} before the"
                                    f" deadline ({first_error})")
+        # Not "no master answered": each may have answered, with its reason ("ZooKeeper is
+        # unreachable"), and the first such reason is given.
         raise Unavailable(
-            f"no master answered at {', '.join(addresses)}"
+            f"no master at {', '.join(addresses)} named a leader"
             + (f" ({first_error})" if first_error else "")
         )
 

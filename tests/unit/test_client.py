@@ -1589,8 +1589,8 @@ def test_a_masters_reason_is_reported_before_another_ones_silence(
         raise Unavailable(f"master {address} unavailable: ZooKeeper is unreachable")
 
     cluster.unary = unary  # type: ignore[method-assign]
-    with pytest.raises(Unavailable, match=r"no master answered .*\(master m2:2 unavailable:"
-                                          r" ZooKeeper is unreachable\)"):
+    with pytest.raises(Unavailable, match=r"no master at .* named a leader \(master m2:2"
+                                          r" unavailable: ZooKeeper is unreachable\)"):
         client._discover_leader(client_mod._Deadline(30.0))
 
 
