@@ -271,7 +271,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     p = command(
-        "fetch", "put blobs in this node's cache (once per node) and print their paths", _cmd_fetch
+        "fetch", "put blobs in this node's cache (once per node) and print their paths (each"
+        " one tried; the status is the first failure's)", _cmd_fetch
     )
     p.add_argument("keys", metavar="KEY", nargs="+")
     p.add_argument(
@@ -544,7 +545,8 @@ def format_meta(meta: BlobMeta) -> str:
         ("key", meta.key),
         ("version", str(meta.version)),
         ("size", f"{meta.size} ({_human_bytes(meta.size)})"),
-        ("digest", f"xxh3-128:{meta.digest}"),
+        # Left out of the answer to a user without READ (the content's fingerprint).
+        ("digest", f"xxh3-128:{meta.digest}" if meta.digest else "- (needs READ)"),
         ("acl", format_acl(meta.acl) or "-"),
         ("replication factor", str(meta.replication_factor)),
         ("meta version", str(meta.meta_version)),
@@ -698,11 +700,18 @@ def _cmd_fetch(args: argparse.Namespace) -> int:
 
     cache_dir = args.cache_dir or default_cache_dir()
     fetched: list[dict[str, object]] = []
+    # Like delete: every key is tried, each failure said, and the first one's status returned.
+    status = 0
     # Interval 0: a command asks the cluster for the current version (its user may just have
     # updated the key) instead of reusing a check that another process recorded for the node.
     with _client(args) as c, BlobCache(cache_dir, client=c, update_interval_secs=0) as cache:
         for key in args.keys:
-            blob = cache.get(key, uncompress=args.uncompress)
+            try:
+                blob = cache.get(key, uncompress=args.uncompress)
+            except BlobError as exc:
+                _fail(str(exc) or type(exc).__name__)
+                status = status or exc.exit_code
+                continue
             if args.json:
                 fetched.append(
                     {
@@ -718,7 +727,7 @@ def _cmd_fetch(args: argparse.Namespace) -> int:
                 print(f"{blob.key}\t{blob.version}\t{blob.path}", flush=True)
     if args.json:
         print(json.dumps(fetched))
-    return 0
+    return status
 
 
 def _cmd_delete(args: argparse.Namespace) -> int:

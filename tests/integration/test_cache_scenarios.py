@@ -484,6 +484,12 @@ def test_fetch_end_to_end(cluster: LocalCluster, alice: Client, unique_key: str,
         assert (stats.downloads, stats.hits) == (3, 0)
         assert {(e.key, e.version, e.refs) for e in cache.entries()} == {(a, 2, 0), (b, 1, 0)}
 
+    # Like delete, every key is tried: one missing does not leave the others unfetched.
+    r = fetch(cluster, a, unique_key + "-missing", b, "--cache-dir", str(cache_dir))
+    assert r.returncode == KeyNotFound.exit_code
+    assert [line.split("\t")[0] for line in r.stdout.splitlines()] == [a, b]
+    assert r.stderr.count("\n") == 1 and "-missing" in r.stderr
+
 
 @pytest.mark.skipif(not Path("/proc/locks").exists(), reason="needs Linux /proc/locks")
 def test_fetch_waits_while_another_process_downloads(cluster: LocalCluster, alice: Client,

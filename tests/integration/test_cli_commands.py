@@ -307,6 +307,7 @@ def test_metadata_is_shown_to_writers_and_admins_and_reading_takes_read(
         assert bool(meta["digest"]) == (user == "alice")  # READ alone sees the digest
     shown = run(cluster, "meta", "meta-perms", user="wendy").stdout.decode()
     assert re.search(r"^your access: +-w-$", shown, re.MULTILINE), shown
+    assert re.search(r"^digest: +- \(needs READ\)$", shown, re.MULTILINE), shown
     # Reading the blob, through the cluster or the node cache, still takes READ.
     for args in (("cat", "meta-perms"), ("fetch", "meta-perms", "--cache-dir", str(tmp_path)),
                  ("replication", "--read", "meta-perms")):
