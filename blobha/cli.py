@@ -831,8 +831,13 @@ def _cmd_health(args: argparse.Namespace) -> int:
         print(json.dumps(dataclasses.asdict(status), indent=2))
     else:
         role = "leader" if status.is_leader else "follower"
+        # Still "ok" (exit 0): the master answers and serves reads of what it holds, and a
+        # health check that failed it would have every master restarted during a ZooKeeper
+        # outage, which restarting cannot mend. The line says what it cannot do.
+        cut_off = (": ZooKeeper unreachable, serving reads of what it holds and no writes"
+                   if status.zookeeper_unreachable else "")
         print(f"ok {status.address} {role} epoch {status.epoch} blobs {status.blob_count}"
-              f" lag {status.lag_blobs} up {status.uptime_secs:.0f}s")
+              f" lag {status.lag_blobs} up {status.uptime_secs:.0f}s{cut_off}")
     return 0
 
 

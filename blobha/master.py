@@ -1698,6 +1698,7 @@ class Master:
             uptime_secs=time.monotonic() - self.started, version=__version__, blob_count=count,
             bytes_stored=stored, disk_free=self.store.disk_free(), lag_blobs=lag,
             reachable=True, epoch=self.election.epoch,
+            zookeeper_unreachable=self.zk.state != KazooState.CONNECTED,
         )
 
     def cluster_summary(self) -> ClusterView:

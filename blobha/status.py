@@ -32,6 +32,8 @@ class MasterSummary:
     #: False when the master is registered but did not answer.
     reachable: bool
     epoch: int
+    #: The master answered but has no ZooKeeper connection (reads of what it holds only).
+    zookeeper_unreachable: bool = False
 
 
 def replication_from_pb(r: pb.ReplicationStatus) -> ReplicationStatus:
@@ -46,7 +48,8 @@ def replication_to_pb(r: ReplicationStatus) -> pb.ReplicationStatus:
 
 def master_from_pb(m: pb.MasterSummary) -> MasterSummary:
     return MasterSummary(m.address, m.is_leader, m.uptime_secs, m.version, m.blob_count,
-                         m.bytes_stored, m.disk_free, m.lag_blobs, m.reachable, m.epoch)
+                         m.bytes_stored, m.disk_free, m.lag_blobs, m.reachable, m.epoch,
+                         m.zookeeper_unreachable)
 
 
 def master_to_pb(s: MasterSummary) -> pb.MasterSummary:
@@ -54,4 +57,5 @@ def master_to_pb(s: MasterSummary) -> pb.MasterSummary:
         address=s.address, is_leader=s.is_leader, uptime_secs=s.uptime_secs, version=s.version,
         blob_count=s.blob_count, bytes_stored=s.bytes_stored, disk_free=s.disk_free,
         lag_blobs=s.lag_blobs, reachable=s.reachable, epoch=s.epoch,
+        zookeeper_unreachable=s.zookeeper_unreachable,
     )

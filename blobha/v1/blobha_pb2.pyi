@@ -299,7 +299,7 @@ class ClusterSummaryRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class MasterSummary(_message.Message):
-    __slots__ = ("address", "is_leader", "uptime_secs", "version", "blob_count", "bytes_stored", "disk_free", "lag_blobs", "reachable", "epoch")
+    __slots__ = ("address", "is_leader", "uptime_secs", "version", "blob_count", "bytes_stored", "disk_free", "lag_blobs", "reachable", "epoch", "zookeeper_unreachable")
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     IS_LEADER_FIELD_NUMBER: _ClassVar[int]
     UPTIME_SECS_FIELD_NUMBER: _ClassVar[int]
@@ -310,6 +310,7 @@ class MasterSummary(_message.Message):
     LAG_BLOBS_FIELD_NUMBER: _ClassVar[int]
     REACHABLE_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
+    ZOOKEEPER_UNREACHABLE_FIELD_NUMBER: _ClassVar[int]
     address: str
     is_leader: bool
     uptime_secs: float
@@ -320,7 +321,8 @@ class MasterSummary(_message.Message):
     lag_blobs: int
     reachable: bool
     epoch: int
-    def __init__(self, address: _Optional[str] = ..., is_leader: _Optional[bool] = ..., uptime_secs: _Optional[float] = ..., version: _Optional[str] = ..., blob_count: _Optional[int] = ..., bytes_stored: _Optional[int] = ..., disk_free: _Optional[int] = ..., lag_blobs: _Optional[int] = ..., reachable: _Optional[bool] = ..., epoch: _Optional[int] = ...) -> None: ...
+    zookeeper_unreachable: bool
+    def __init__(self, address: _Optional[str] = ..., is_leader: _Optional[bool] = ..., uptime_secs: _Optional[float] = ..., version: _Optional[str] = ..., blob_count: _Optional[int] = ..., bytes_stored: _Optional[int] = ..., disk_free: _Optional[int] = ..., lag_blobs: _Optional[int] = ..., reachable: _Optional[bool] = ..., epoch: _Optional[int] = ..., zookeeper_unreachable: _Optional[bool] = ...) -> None: ...
 
 class ClusterSummaryResponse(_message.Message):
     __slots__ = ("masters", "leader", "epoch", "blob_count", "under_replicated")

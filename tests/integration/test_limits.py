@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import io
 import signal
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +20,8 @@ from blobha.localcluster import LocalCluster
 from blobha.v1 import blobha_pb2 as pb
 
 pytestmark = pytest.mark.integration
+
+BLOBHA = str(Path(sys.executable).with_name("blobha"))
 
 
 def test_disk_reservation_refuses_before_writing(tmp_path: Path) -> None:
@@ -264,7 +268,17 @@ def test_zookeeper_unreachable_gives_a_clear_error_and_loses_nothing(tmp_path: P
         with client_for(cluster, timeout=3) as c:
             c.create("kept", b"before the outage", replication_factor=3)
             assert c.wait_for_replication(["kept"], 3, timeout=10).reached
+            addresses = [m.address for m in cluster.masters]
+            assert not any(c.node_status(a).zookeeper_unreachable for a in addresses)
             cluster.zk.stop()
+            # Each master's status says it is cut off (before, 'blobha health' said plain ok).
+            wait_until(lambda: all(c.node_status(a).zookeeper_unreachable for a in addresses),
+                       30, "every master to report ZooKeeper unreachable")
+            health = subprocess.run([BLOBHA, "health", addresses[0]], capture_output=True,
+                                    text=True, timeout=60)
+            assert health.returncode == 0, health.stderr  # it answers, and serves reads
+            assert health.stdout.startswith(f"ok {addresses[0]} ")
+            assert "ZooKeeper unreachable, serving reads of what it holds" in health.stdout
             with pytest.raises(Unavailable, match=r"ZooKeeper|leader|unreachable|no master"):
                 c.create("during", b"x")
             # Reads of committed blobs keep working from the masters' last committed view...
