@@ -6,6 +6,8 @@ import json
 from dataclasses import replace
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from blobha.acl import ALL, READ, AccessControl
 from blobha.zkstate import (
@@ -199,3 +201,38 @@ def test_epoch_record() -> None:
     rec = EpochRecord(7, "m1:6627")
     assert EpochRecord.decode(rec.encode()) == rec
     assert EpochRecord.decode(b"") == EpochRecord(0, "")
+
+
+_texts = st.text(st.characters(blacklist_categories=("Cs",)), max_size=256)
+
+
+@settings(max_examples=300, deadline=None)
+@given(names=st.lists(_texts, max_size=20), creator=_texts, tag=_texts,
+       past=st.lists(st.tuples(st.integers(0, 2**63), _texts, _texts), max_size=4),
+       numbers=st.tuples(st.integers(0, 2**63), st.integers(0, 2**63),
+                         st.floats(allow_nan=False), st.integers(0, 2**63)))
+def test_the_size_bound_is_never_below_the_encoded_record(
+        names: list[str], creator: str, tag: str, past: list[tuple[int, str, str]],
+        numbers: tuple[int, int, float, int]) -> None:
+    # The commit trusts the bound to keep a record, and a group commit's transaction, under
+    # ZooKeeper's request limit without encoding it: it must never under-estimate.
+    seq, size, when, epoch = numbers
+    state = BlobState(
+        seq=seq, size=size, digest=tag[:32], acl=tuple(AccessControl("u", n, ALL) for n in names),
+        replication_factor=3, creator=creator, created_at=when, updated_at=when, epoch=epoch,
+        acked=True, write_quorum=2, write_tag=tag,
+        history=tuple(PastVersion(s, s, d, t) for s, d, t in past))
+    assert len(state.encode()) <= state.size_bound()
+
+
+@pytest.mark.parametrize("char", ["\x01", '"', "\\", "é", "日", "😀", "a"])
+def test_the_size_bound_holds_for_the_costliest_characters(char: str) -> None:
+    # Escaped control characters take 6 bytes, quotes 2, and UTF-8 up to 4, for one character.
+    text = char * 256
+    state = BlobState(
+        seq=2**63, size=2**63, digest=text, acl=tuple(AccessControl("u", text, ALL)
+                                                    for _ in range(1000)),
+        replication_factor=3, creator=text, created_at=-1.2345678901234567e-300,
+        updated_at=1.7976931348623157e308, epoch=2**63, acked=False, write_quorum=2,
+        write_tag=text, history=tuple(PastVersion(2**63, 2**63, text, text) for _ in range(8)))
+    assert len(state.encode()) <= state.size_bound()
