@@ -201,7 +201,7 @@ class LeaderElection:
         which is what ConnectionLoss means to the callers: the outcome is unknown, re-read.
         """
         try:
-            return list(pending.get(timeout=self.suspension_limit))
+            return list(self._answer(pending))
         except KazooTimeoutError:
             raise ConnectionLoss(
                 f"no answer to a fenced transaction within {self.suspension_limit:.1f}s; it may"
@@ -238,8 +238,9 @@ class LeaderElection:
         self._wake.set()
 
     def _answer(self, pending: IAsyncResult) -> Any:
-        """The answer to a ZooKeeper call made under the election's lock, waited for at most
-        the suspension limit (then KazooTimeoutError). kazoo holds a call made while it
+        """The answer to a ZooKeeper call made under the election's lock (or a fenced
+        transaction, :meth:`_commit_answer`), waited for at most the suspension limit (then
+        KazooTimeoutError). kazoo holds a call made while it
         reconnects until the connection is back: with ZooKeeper gone, a plain call would hold
         the lock, and with it stop() and depose(), for as long. A call given up may still be
         applied later, in order with this session's other calls: the next step finds such a

@@ -16,7 +16,7 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import ConnectionLoss
 from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.protocol.serialization import Transaction
-from outage import Outage
+from outage import Outage, into_outage
 from waiting import wait_until
 
 from blobha.zkserver import EmbeddedZooKeeper
@@ -218,24 +218,11 @@ def test_a_fenced_commit_that_meets_an_outage_is_given_up(
     # ZooKeeper stayed away, and with them the group commit and every write behind it, long
     # after the watchdog had deposed the leader.
     with _sole_candidate(tmp_path, client) as (zk, election):
-        outcome: list[BaseException | list[Any]] = []
-
-        def commit() -> None:
-            try:
-                outcome.append(election.fenced(lambda txn: txn.create("/written", b""),
-                                               changed))
-            except BaseException as e:  # the outcome is what is checked
-                outcome.append(e)
-
-        committer = threading.Thread(target=commit, name="committer", daemon=True)
         try:
-            zk.armed = True
-            started = time.monotonic()
-            committer.start()
-            committer.join(timeout=election.suspension_limit + 8)
-            assert not committer.is_alive(), "the fenced commit still waits for ZooKeeper"
-            assert zk.held.is_set()  # the outage came between the check and the call
-            assert time.monotonic() - started >= election.suspension_limit - 0.5
-            assert len(outcome) == 1 and isinstance(outcome[0], error), outcome
+            outcome, took = into_outage(
+                zk, lambda: election.fenced(lambda txn: txn.create("/written", b""), changed),
+                election.suspension_limit, "the fenced commit")
+            assert took >= election.suspension_limit - 0.5
+            assert isinstance(outcome, error), outcome
         finally:
             election.stop()

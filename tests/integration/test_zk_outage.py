@@ -9,8 +9,6 @@ the session timeout, so the request gets its answer (the last committed state, o
 from __future__ import annotations
 
 import json
-import threading
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -19,7 +17,7 @@ from typing import Any
 import pytest
 from blobha.sync import KeyView
 from kazoo.handlers.threading import KazooTimeoutError
-from outage import Outage
+from outage import Outage, into_outage
 
 from blobha.master import Master
 from blobha.statuspage import _status_urls
@@ -81,24 +79,7 @@ def master(tmp_path: Path) -> Iterator[tuple[Any, _OutageBeforeNextRead]]:
 
 
 def _during_outage(zk: Outage, request: Callable[[], object]) -> tuple[object, float]:
-    """``request``'s result (or error) when its ZooKeeper read meets the outage, and how long
-    it took; fails the test if it still waits well past the session timeout."""
-    outcome: list[object] = []
-
-    def run() -> None:
-        try:
-            outcome.append(request())
-        except Exception as e:  # the outcome is what is checked
-            outcome.append(e)
-
-    zk.armed = True
-    started = time.monotonic()
-    thread = threading.Thread(target=run, name="request", daemon=True)
-    thread.start()
-    thread.join(timeout=SESSION_SECS + 8)
-    assert not thread.is_alive(), "the request still waits for ZooKeeper"
-    assert zk.held.is_set()  # the read was made as the connection was gone
-    return outcome[0], time.monotonic() - started
+    return into_outage(zk, request, SESSION_SECS, "the request")
 
 
 def test_a_read_that_meets_the_outage_serves_the_last_committed_state(
