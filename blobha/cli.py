@@ -54,6 +54,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, BinaryIO, TextIO
 
 from blobha.acl import format_access, format_acl, parse_acl
+from blobha.addresses import parse_cluster
 from blobha.errors import (
     BlobError,
     DeadlineExceeded,
@@ -404,6 +405,16 @@ def _check_args(args: argparse.Namespace) -> None:
             args.parser.error("'token hash' reads the token from stdin; it takes no USER or --out")
     if args.command == "local-cluster" and args.auth == "mtls" and not args.tls:
         args.parser.error("--auth mtls needs --tls")
+    if getattr(args, "cluster", None):
+        # A typo in an option is a usage error like any other (exit 2), found before the
+        # command starts; the BLOBHA_CLUSTER variable is checked when the client is built.
+        try:
+            parse_cluster(args.cluster)
+        except InvalidArgument as exc:
+            args.parser.error(f"--cluster: {exc}")
+    if getattr(args, "file", None) == "":
+        # Otherwise the empty name reaches the file system as the current directory.
+        args.parser.error("-f/--file needs a file name (or - for standard input/output)")
     if args.command == "replication":
         if args.update and args.replication_factor is None:
             args.parser.error("--update needs --replication-factor N")
@@ -830,13 +841,15 @@ def _cmd_health(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(dataclasses.asdict(status), indent=2))
     else:
-        role = "leader" if status.is_leader else "follower"
+        # The epoch is the term this master leads: a follower's would read as 0 (or as the
+        # term it last led), which looks like a fault.
+        role = f"leader epoch {status.epoch}" if status.is_leader else "follower"
         # Still "ok" (exit 0): the master answers and serves reads of what it holds, and a
         # health check that failed it would have every master restarted during a ZooKeeper
         # outage, which restarting cannot mend. The line says what it cannot do.
         cut_off = (": ZooKeeper unreachable, serving reads of what it holds and no writes"
                    if status.zookeeper_unreachable else "")
-        print(f"ok {status.address} {role} epoch {status.epoch} blobs {status.blob_count}"
+        print(f"ok {status.address} {role} blobs {status.blob_count}"
               f" lag {status.lag_blobs} up {status.uptime_secs:.0f}s{cut_off}")
     return 0
 

@@ -176,6 +176,9 @@ def test_health_asks_one_master_directly(cluster: LocalCluster) -> None:
     r = run(cluster, "health", leader.address)
     assert r.returncode == 0, r.stderr
     assert r.stdout.decode().startswith(f"ok {leader.address} leader epoch ")
+    r = run(cluster, "health", follower.address)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.decode().startswith(f"ok {follower.address} follower blobs "), r.stdout
     status = json.loads(run(cluster, "health", follower.address, "--json").stdout)
     assert status["address"] == follower.address and status["is_leader"] is False
     # A master that does not answer is "unavailable" (exit 11), in one line.

@@ -241,6 +241,10 @@ class TestParsing:
             ["wait-replication", "--min", "1"],
             ["serve"],
             ["local-cluster", "--base-port", "70000"],
+            ["--cluster", "127.0.0.1:abc", "list"],
+            ["list", "--cluster", "[::1"],
+            ["cat", "k", "-f", ""],
+            ["create", "k", "--file", ""],
         ],
     )
     def test_usage_errors_exit_2(self, argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
@@ -518,10 +522,16 @@ def test_unexpected_exception_has_no_traceback(
     assert "internal error: RuntimeError: boom" in one_error_line(capsys.readouterr().err)
 
 
-def test_invalid_cluster_address_from_real_factory(capsys: pytest.CaptureFixture[str]) -> None:
-    # The real Client rejects the address before any connection is attempted.
-    assert cli.main(["--cluster", "h:notaport", "list"]) == errors.InvalidArgument.exit_code
+def test_invalid_cluster_address_from_real_factory(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # From the environment (the option is checked as a usage error): the real Client rejects
+    # the address before any connection is attempted.
+    monkeypatch.setenv("BLOBHA_CLUSTER", "h:notaport")
+    assert cli.main(["list"]) == errors.InvalidArgument.exit_code
     assert "bad port" in one_error_line(capsys.readouterr().err)
+    assert cli.main(["--cluster", "h:notaport", "list"]) == 2
+    assert "--cluster: bad port" in capsys.readouterr().err
 
 
 def test_unavailable_message_is_one_line(
