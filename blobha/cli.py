@@ -593,10 +593,14 @@ def format_cluster(summary: ClusterSummary) -> str:
     lines = [
         "  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip() for r in rows
     ]
+    blobs = "unknown" if summary.zookeeper_unreachable else str(summary.blob_count)
     lines.append(
         f"leader: {summary.leader or '(none)'}  epoch: {summary.epoch}"
-        f"  blobs: {summary.blob_count}  under-replicated: {summary.under_replicated}"
+        f"  blobs: {blobs}  under-replicated: {summary.under_replicated}"
     )
+    if summary.zookeeper_unreachable:
+        lines.append("ZooKeeper is unreachable from the master that answered: these are the"
+                     " masters it last saw; writes wait until ZooKeeper is back")
     return "\n".join(lines)
 
 
@@ -604,8 +608,10 @@ def _cluster_dict(summary: ClusterSummary) -> dict[str, object]:
     return {
         "leader": summary.leader,
         "epoch": summary.epoch,
-        "blob_count": summary.blob_count,
+        # Unknown without ZooKeeper, not 0.
+        "blob_count": None if summary.zookeeper_unreachable else summary.blob_count,
         "under_replicated": summary.under_replicated,
+        "zookeeper_unreachable": summary.zookeeper_unreachable,
         "masters": [
             {
                 "address": m.address,
@@ -621,6 +627,7 @@ def _cluster_dict(summary: ClusterSummary) -> dict[str, object]:
                 "disk_free": m.disk_free,
                 "lag_blobs": m.lag_blobs,
                 "epoch": m.epoch,
+                "zookeeper_unreachable": m.zookeeper_unreachable,
             }
             for m in summary.masters
         ],

@@ -243,6 +243,9 @@ class ClusterSummary:
     epoch: int
     blob_count: int
     under_replicated: int
+    #: The master that answered has no ZooKeeper connection: the masters are those it last
+    #: saw, and ``blob_count`` is unknown (0).
+    zookeeper_unreachable: bool = False
 
 
 # --------------------------------------------------------------------------------------------
@@ -416,6 +419,7 @@ def _summary_from_pb(s: pb.ClusterSummaryResponse) -> ClusterSummary:
         epoch=s.epoch,
         blob_count=s.blob_count,
         under_replicated=s.under_replicated,
+        zookeeper_unreachable=s.zookeeper_unreachable,
     )
 
 
@@ -1290,12 +1294,13 @@ class Client:
             raise DeadlineExceeded("no leader found before the deadline")
         first_error: BlobError | None = None
         refusal: BlobError | None = None
+        cut_off: BlobError | None = None
         answered = False
         no_handshake: set[str] = set()
         with contextlib.closing(
             self._transport.probe(addresses, "ClusterSummary", pb.ClusterSummaryRequest(), timeout)
         ) as results:
-            for _address, result in results:
+            for source, result in results:
                 if isinstance(result, _REFUSALS):
                     # About the caller, not the cluster: a retry would only be refused again.
                     refusal = refusal or result
@@ -1308,16 +1313,24 @@ class Client:
                     if first_error is None or isinstance(first_error, DeadlineExceeded):
                         first_error = result
                     continue
-                answered = True
                 self._learn(m.address for m in result.masters)
                 if result.leader:
                     self._learn([result.leader])
                     with self._lock:
                         self._leader = result.leader
                     return str(result.leader)
+                if result.zookeeper_unreachable:
+                    # It answered from what it last saw: its reason says more than silence.
+                    cut_off = cut_off or Unavailable(
+                        f"ZooKeeper is unreachable from master {source}, and no master it"
+                        " knows of leads; retry when ZooKeeper is back")
+                    continue
+                answered = True
         if answered:
             # Some master accepted us (one that refused may not have reloaded its tokens yet).
             raise Unavailable("no leader is elected yet (a failover may be in progress)")
+        if cut_off is not None:
+            raise cut_off
         if refusal is not None:
             waited = deadline.seconds - deadline.remaining()
             if isinstance(refusal, Unauthenticated) and waited < _REFUSAL_PATIENCE:

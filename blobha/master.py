@@ -42,6 +42,7 @@ from kazoo.exceptions import (
     NodeExistsError,
     NoNodeError,
     NotEmptyError,
+    SessionExpiredError,
 )
 from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.protocol.states import WatchedEvent
@@ -170,6 +171,8 @@ class ClusterView:
     epoch: int
     blob_count: int
     under_replicated: int
+    #: Answered without ZooKeeper: the masters last seen, and the blob count unknown (0).
+    zookeeper_unreachable: bool = False
 
 
 def _read_held(store: LocalStore, identity: str, key: str, seq: int, offset: int, length: int
@@ -1702,7 +1705,13 @@ class Master:
         )
 
     def cluster_summary(self) -> ClusterView:
-        self._require_zk()
+        """The masters as this one sees them, with the leader among them.
+
+        Without a ZooKeeper connection this still answers, from the masters it last saw:
+        the command an operator runs to find out what is wrong must not be the one that hangs.
+        The leader is still the one that says so (only a leader with its own live session
+        does), the blob count is unknown (0), and ``zookeeper_unreachable`` says which view
+        this is."""
         members = sorted(self.membership.live() | {self.identity})
         # One pass for both figures: under writes, a second call would make a second pass.
         _, under, lag = self.sync.figures()
@@ -1715,27 +1724,32 @@ class Master:
             except BlobError:
                 return MasterSummary(address, False, 0.0, "", 0, 0, 0, 0, False, 0)
 
-        # Both reads at once, and bounded: a ZooKeeper that lost its quorum may hold a request
-        # until the session notices, and clients discover the leader through this call, so it
-        # must say "unreachable" quickly rather than leave them guessing.
-        epoch_read = self.zk.get_async(EPOCH)
-        count_read = self.zk.exists_async(BLOBSTORE)  # the child count, not 100,000s of names
+        connected = self.zk.state == KazooState.CONNECTED
+        if connected:
+            # Both reads at once, and bounded: a ZooKeeper that lost its quorum may hold a
+            # request until the session notices, and clients discover the leader through this
+            # call, so it must answer quickly rather than leave them guessing.
+            epoch_read = self.zk.get_async(EPOCH)
+            count_read = self.zk.exists_async(BLOBSTORE)  # the child count, not every name
         statuses = list(self._summary_pool.map(ask, members))
-        try:
-            try:
-                epoch = EpochRecord.decode(epoch_read.get(timeout=SUMMARY_ZK_TIMEOUT)[0])
-            except NoNodeError:
-                epoch = EpochRecord(0, "")
-            stat = count_read.get(timeout=SUMMARY_ZK_TIMEOUT)  # exists: None if absent
-        except KazooTimeoutError:
-            raise Unavailable(
-                f"ZooKeeper did not answer master {self.identity} within"
-                f" {SUMMARY_ZK_TIMEOUT:g} s (no quorum?); retry shortly or ask another master"
-            ) from None
         leaders = [s.address for s in statuses if s.is_leader]
-        blob_count = stat.numChildren if stat is not None else 0
-        return ClusterView(tuple(statuses), leaders[0] if leaders else "", epoch.epoch,
-                           blob_count, under)
+        leader = leaders[0] if leaders else ""
+        if connected:
+            try:
+                try:
+                    epoch = EpochRecord.decode(epoch_read.get(timeout=SUMMARY_ZK_TIMEOUT)[0])
+                except NoNodeError:
+                    epoch = EpochRecord(0, "")
+                stat = count_read.get(timeout=SUMMARY_ZK_TIMEOUT)  # exists: None if absent
+            except (KazooTimeoutError, ConnectionLoss, SessionExpiredError):
+                connected = False
+            else:
+                blob_count = stat.numChildren if stat is not None else 0
+                return ClusterView(tuple(statuses), leader, epoch.epoch, blob_count, under)
+        # The leader's own status carries the epoch it leads.
+        epoch_led = next((s.epoch for s in statuses if s.is_leader), 0)
+        return ClusterView(tuple(statuses), leader, epoch_led, 0, under,
+                           zookeeper_unreachable=True)
 
 
 def _check_digest(digest: str) -> None:

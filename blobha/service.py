@@ -381,6 +381,7 @@ class BlobStoreServicer(pb_grpc.BlobStoreServicer):
         return pb.ClusterSummaryResponse(
             masters=[master_to_pb(s) for s in view.masters], leader=view.leader,
             epoch=view.epoch, blob_count=view.blob_count, under_replicated=view.under_replicated,
+            zookeeper_unreachable=view.zookeeper_unreachable,
         )
 
     @unary

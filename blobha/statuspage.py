@@ -70,6 +70,9 @@ def status_document(master: Master, blob_limit: int = DEFAULT_BLOB_LIMIT) -> dic
     try:
         view = master.cluster_summary()
         masters, leader, epoch = list(view.masters), view.leader, view.epoch
+        if view.zookeeper_unreachable:
+            errors.append("cluster summary: ZooKeeper is unreachable from this master; the"
+                          " masters shown are those it last saw")
     except BlobError as e:
         errors.append(f"cluster summary: {e}")
     except Exception as e:  # the page must still show this master

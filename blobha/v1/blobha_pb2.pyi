@@ -325,18 +325,20 @@ class MasterSummary(_message.Message):
     def __init__(self, address: _Optional[str] = ..., is_leader: _Optional[bool] = ..., uptime_secs: _Optional[float] = ..., version: _Optional[str] = ..., blob_count: _Optional[int] = ..., bytes_stored: _Optional[int] = ..., disk_free: _Optional[int] = ..., lag_blobs: _Optional[int] = ..., reachable: _Optional[bool] = ..., epoch: _Optional[int] = ..., zookeeper_unreachable: _Optional[bool] = ...) -> None: ...
 
 class ClusterSummaryResponse(_message.Message):
-    __slots__ = ("masters", "leader", "epoch", "blob_count", "under_replicated")
+    __slots__ = ("masters", "leader", "epoch", "blob_count", "under_replicated", "zookeeper_unreachable")
     MASTERS_FIELD_NUMBER: _ClassVar[int]
     LEADER_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     BLOB_COUNT_FIELD_NUMBER: _ClassVar[int]
     UNDER_REPLICATED_FIELD_NUMBER: _ClassVar[int]
+    ZOOKEEPER_UNREACHABLE_FIELD_NUMBER: _ClassVar[int]
     masters: _containers.RepeatedCompositeFieldContainer[MasterSummary]
     leader: str
     epoch: int
     blob_count: int
     under_replicated: int
-    def __init__(self, masters: _Optional[_Iterable[_Union[MasterSummary, _Mapping]]] = ..., leader: _Optional[str] = ..., epoch: _Optional[int] = ..., blob_count: _Optional[int] = ..., under_replicated: _Optional[int] = ...) -> None: ...
+    zookeeper_unreachable: bool
+    def __init__(self, masters: _Optional[_Iterable[_Union[MasterSummary, _Mapping]]] = ..., leader: _Optional[str] = ..., epoch: _Optional[int] = ..., blob_count: _Optional[int] = ..., under_replicated: _Optional[int] = ..., zookeeper_unreachable: _Optional[bool] = ...) -> None: ...
 
 class NodeStatusRequest(_message.Message):
     __slots__ = ()

@@ -155,8 +155,9 @@ class FakeClient:
             ),
             leader="m1:6627",
             epoch=4,
-            blob_count=2,
+            blob_count=0 if self.store.cut_off else 2,
             under_replicated=1,
+            zookeeper_unreachable=self.store.cut_off,
         )
 
 
@@ -173,6 +174,7 @@ class FakeStore:
         self.replicas = 1
         self.replication_factor = 0
         self.closed = 0
+        self.cut_off = False  # the summary's master has no ZooKeeper connection
         self.error: BaseException | None = None
         self.expected_meta_versions: list[int | None] = []
 
@@ -388,6 +390,16 @@ def test_cluster_table_and_json(store: FakeStore, capsys: pytest.CaptureFixture[
     assert cli.main(["cluster", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["leader"] == "m1:6627" and data["masters"][2]["role"] == "unreachable"
+    assert data["blob_count"] == 2 and data["zookeeper_unreachable"] is False
+    # Answered without ZooKeeper: the count is unknown, not 0, and the table says why.
+    store.cut_off = True
+    assert cli.main(["cluster"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[4] == "leader: m1:6627  epoch: 4  blobs: unknown  under-replicated: 1"
+    assert lines[5].startswith("ZooKeeper is unreachable from the master that answered")
+    assert cli.main(["cluster", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["blob_count"] is None and data["zookeeper_unreachable"] is True
 
 
 def test_wait_replication_exit_codes(store: FakeStore, capsys: pytest.CaptureFixture[str]) -> None:

@@ -1811,3 +1811,26 @@ def test_a_download_no_master_holds_gives_up_unavailable_not_key_not_found() -> 
     assert "holds v4 of 'k'" in str(job._why(not_held, None))
     down = Unavailable("master m1:6627 unavailable: connection refused")
     assert job._why(not_held, down) is down  # a holder's own failure says more
+
+
+def test_masters_cut_off_from_zookeeper_say_so_when_no_leader_is_found(
+    client: Client, cluster: FakeCluster
+) -> None:
+    # They answer the leader search from what they last saw (so 'blobha cluster' has a view);
+    # with no leader among them, the failure names ZooKeeper, not "no leader elected yet".
+    cluster.leader = ""
+    original = cluster._ClusterSummary
+
+    def cut_off(address: str, request: Any) -> pb.ClusterSummaryResponse:
+        reply = original(address, request)
+        reply.zookeeper_unreachable = True
+        return reply
+
+    cluster._ClusterSummary = cut_off  # type: ignore[method-assign]
+    with pytest.raises(Unavailable, match="ZooKeeper is unreachable from master") as info:
+        client.create("k", b"x")
+    assert "retry when ZooKeeper is back" in str(info.value)
+    # A leader one of them still sees (a live session of its own) is used as usual.
+    cluster.leader = M2
+    client.create("k", b"x")
+    assert cluster.count("BeginUpload", M2) + cluster.count("Put", M2) >= 1
