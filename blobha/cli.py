@@ -103,7 +103,13 @@ ClientFactory = Callable[[str, str | None], "Client"]
 def _make_client(cluster: str, user: str | None) -> Client:
     from blobha.client import Client
 
-    return Client(cluster, user=user)
+    client = Client(cluster, user=user)
+    client.on_retry = _say_retrying
+    return client
+
+
+def _say_retrying(what: str, why: BlobError, left: float) -> None:
+    _note(f"blobha: still trying to {what} ({why}); giving up in {left:.0f} s")
 
 
 #: Commands that run masters. Their gRPC log lines (a client's failed TLS handshake, say) are

@@ -149,6 +149,9 @@ _REFUSALS: tuple[type[BlobError], ...] = (NotAuthorized, InvalidArgument)
 #: final: a master reads its token file again at most once a second, so a token added just
 #: now may be refused for that long (twice that, and some, for a busy master).
 _REFUSAL_PATIENCE = 3.0
+#: How long a call retries quietly before Client.on_retry hears of it: a failover's redirect
+#: or a master's restart is usually over by then, and needs no word to the user.
+_RETRY_NOTICE_AFTER = 2.0
 _NOT_HELD_PREFIX = "not held here"
 
 _CHANNEL_OPTIONS: tuple[tuple[str, int], ...] = (
@@ -358,6 +361,8 @@ class _Deadline:
         self.seconds = seconds
         self._clock = clock if clock is not None else _monotonic
         self._end = self._clock() + seconds
+        #: Whether Client.on_retry has heard of this call's retries (once per call).
+        self.noticed = False
 
     def remaining(self) -> float:
         return max(0.0, self._end - self._clock())
@@ -948,6 +953,10 @@ class Client:
         self._data_channels = DataChannels()
         #: Replaceable so tests do not wait for real backoff.
         self._sleep: Callable[[float], None] = time.sleep
+        #: Told, once per call, when it has retried for a while: (what, why, seconds left before
+        #: it gives up). The command line says it on a terminal, so a long wait (a ZooKeeper
+        #: outage, say, retried for the whole timeout) is not a silent one.
+        self.on_retry: Callable[[str, BlobError, float], None] | None = None
         self._lock = threading.Lock()
         self._known: builtins.list[str] = builtins.list(self._addresses)
         self._leader: str | None = None
@@ -1354,8 +1363,13 @@ class Client:
     def _pause(self, attempt: int, deadline: _Deadline, last: BlobError, what: str) -> None:
         """Sleep before retry ``attempt``, or raise ``last`` if the deadline would pass."""
         delay = backoff_delay(attempt, rand=self._rng.random)
-        if delay >= deadline.remaining():
+        left = deadline.remaining()
+        if delay >= left:
             raise _gave_up(last, what, deadline.seconds)
+        if (self.on_retry is not None and not deadline.noticed
+                and deadline.seconds - left >= _RETRY_NOTICE_AFTER):
+            deadline.noticed = True
+            self.on_retry(what, last, left)
         self._sleep(delay)
 
     def _retry(self, what: str, deadline: _Deadline, attempt_fn: Callable[[], T]) -> T:

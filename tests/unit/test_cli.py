@@ -727,3 +727,19 @@ def test_importing_the_command_line_does_not_load_grpc(tmp_path: Path) -> None:
                         " print('grpc' in sys.modules)"], capture_output=True, timeout=60,
                        cwd=tmp_path)
     assert r.stdout.decode().strip() == "False", r.stderr.decode(errors="replace")
+
+
+def test_a_long_retry_is_said_on_a_terminal(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    c = cli._make_client("127.0.0.1:1", "alice")
+    with c:
+        assert c.on_retry is cli._say_retrying
+    why = Unavailable("ZooKeeper is unreachable from master m1:6627; retry shortly")
+    cli._say_retrying("create 'k'", why, 57.4)
+    assert capsys.readouterr().err == ""  # not a terminal: scripts get the outcome only
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    cli._say_retrying("create 'k'", why, 57.4)
+    assert capsys.readouterr().err == (
+        "blobha: still trying to create 'k' (ZooKeeper is unreachable from master m1:6627;"
+        " retry shortly); giving up in 57 s\n")

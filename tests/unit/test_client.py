@@ -1834,3 +1834,25 @@ def test_masters_cut_off_from_zookeeper_say_so_when_no_leader_is_found(
     cluster.leader = M2
     client.create("k", b"x")
     assert cluster.count("BeginUpload", M2) + cluster.count("Put", M2) >= 1
+
+
+def test_a_call_retrying_for_a_while_is_told_once_and_a_short_blip_not_at_all(
+    client: Client, cluster: FakeCluster, clock: FakeClock
+) -> None:
+    told: list[tuple[str, str, float]] = []
+    client.on_retry = lambda what, why, left: told.append((what, str(why), left))
+    # A blip (one refusal, then a leader): retried quietly.
+    cluster.faults.append(("*", "ClusterSummary", Unavailable("starting")))
+    client.create("a", b"x")
+    assert told == []
+    # No leader for the whole timeout: one word once it has retried for a while, then the
+    # failure at the deadline as before.
+    cluster.leader = ""
+    started = clock.now
+    with pytest.raises(Unavailable, match="could not create 'b' within 30 s"):
+        client.create("b", b"x")
+    assert len(told) == 1, told
+    what, why, left = told[0]
+    assert what == "create 'b'" and "no leader is elected yet" in why
+    assert 0 < left <= 30.0 - client_mod._RETRY_NOTICE_AFTER
+    assert clock.now - started > 30.0 - left >= client_mod._RETRY_NOTICE_AFTER
