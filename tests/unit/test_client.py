@@ -1856,3 +1856,28 @@ def test_a_call_retrying_for_a_while_is_told_once_and_a_short_blip_not_at_all(
     assert what == "create 'b'" and "no leader is elected yet" in why
     assert 0 < left <= 30.0 - client_mod._RETRY_NOTICE_AFTER
     assert clock.now - started > 30.0 - left >= client_mod._RETRY_NOTICE_AFTER
+
+
+def test_a_master_that_does_not_answer_a_control_call_is_passed_over_late_in_the_deadline(
+    client: Client, cluster: FakeCluster, clock: FakeClock
+) -> None:
+    # Each stalled GetReplication takes the control call's whole limit (8 s). The third one
+    # starts with 14 s of the 30 left: it must still count as that master's silence (try
+    # another), not as the end of the caller's deadline, which has 6 s left.
+    client.create("k", b"data")
+    cluster.holders["k"] = [M1, M2, M3]
+    real = cluster.unary
+    stalls = [3]
+
+    def unary(address: str, method: str, request: Any, timeout: float | None,
+              stall: float | None = None) -> Any:
+        if method == "GetReplication" and stalls[0] > 0:
+            stalls[0] -= 1
+            assert timeout is not None
+            clock.now += timeout
+            raise DeadlineExceeded(f"master {address} did not answer in time")
+        return real(address, method, request, timeout, stall)
+
+    cluster.unary = unary  # type: ignore[method-assign]
+    assert client.get_replication("k").replication == 3
+    assert stalls == [0]
