@@ -8,6 +8,7 @@ import os
 import socket
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -330,8 +331,22 @@ def _serve(config: Path) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, timeout=60, cwd=config.parent)
 
 
+@pytest.fixture
+def patient_cluster(tmp_path: Path) -> Iterator[LocalCluster]:
+    """A cluster whose idle uploads last: a test that holds one open across two refused
+    'blobha serve' runs (seconds each on a loaded machine) would see it expire at FAST's 3 s."""
+    lc = make_cluster(tmp_path / "patient", **{"blobstore.upload.expiration.secs": 600})
+    lc.start()
+    try:
+        lc.wait_ready(60)
+        yield lc
+    finally:
+        lc.stop()
+
+
 def test_a_second_master_on_a_running_masters_directory_or_address_refuses_to_start(
-        cluster: LocalCluster, unique_key: str, tmp_path: Path) -> None:
+        patient_cluster: LocalCluster, unique_key: str, tmp_path: Path) -> None:
+    cluster = patient_cluster
     leader = cluster.leader()
     s = stub(leader.address)
     begun = s.BeginUpload(pb.BeginUploadRequest(key=unique_key, create=True,
