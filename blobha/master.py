@@ -899,8 +899,9 @@ class Master:
             # version that timed out stays committed and is acknowledged once enough masters
             # hold it (_leader_duty). Nothing else would bring a new key to it before the
             # periodic pass: the leader has no watch on a key it has not reconciled yet, and
-            # does not read its own journal.
-            self.sync.schedule(key)
+            # does not read its own journal. A create acknowledged in its commit needs none
+            # (see Synchronizer.follow).
+            self.sync.follow(key, committed.seq)
 
     def _commit_once(self, key: str, tag: str, user: str, commit: Callable[[], BlobState]
                      ) -> BlobState:
@@ -1046,21 +1047,37 @@ class Master:
         out: list[BlobState | BaseException | None] = [None] * len(writes)
         live = list(range(len(writes)))
         session = self.sync.session_id()
-        while live:
-            batch = [writes[i] for i in live]
+        records = [new.encode() for _, _, new in writes]
+        # New keys acknowledged in the commit, with no other version here (so nothing for a
+        # reconcile to prune): the synchroniser makes their entries from the commit itself.
+        creating = [key for key, create, new in writes
+                    if create and new.acked and self.store.versions(key) == [new.seq]]
+        self.sync.creating(creating)
+        try:
+            return self._commit_records(writes, records, out, live, session)
+        finally:
+            self.sync.created(creating)
 
-            def build(txn: Any, batch: list[tuple[str, bool, BlobState]] = batch) -> None:
-                for key, create, new in batch:
+    def _commit_records(self, writes: Sequence[tuple[str, bool, BlobState]],
+                        records: list[bytes], out: list[BlobState | BaseException | None],
+                        live: list[int], session: int) -> list[BlobState | BaseException]:
+        """:meth:`_commit_transaction`'s retries, with each write's encoded ``records``."""
+        while live:
+            batch = [(*writes[i], records[i]) for i in live]
+
+            def build(txn: Any, batch: list[tuple[str, bool, BlobState, bytes]] = batch
+                      ) -> None:
+                for key, create, new, record in batch:
                     if create:
-                        txn.create(key_path(key), new.encode())
+                        txn.create(key_path(key), record)
                     else:
                         # The version read under the key's lock: any change since fails it.
-                        txn.set_data(key_path(key), new.encode(), version=new.meta_version)
+                        txn.set_data(key_path(key), record, version=new.meta_version)
                     txn.create(replica_path(key, self.identity, new.seq), b"", ephemeral=True)
 
             try:
                 results = self.election.fenced_results(
-                    build, changed=[key for key, create, _ in batch if create])
+                    build, changed=[key for key, create, _, _ in batch if create])
             except Deposed:
                 lost = Unavailable("leadership was lost before the commit; nothing was"
                                    " committed, retry (the client finds the new leader)")
@@ -1070,7 +1087,7 @@ class Master:
             except ConnectionLoss:
                 # ha-rule: after ConnectionLoss the write may or may not have applied: re-read.
                 # A transaction applies whole, so one key's state tells for all of them.
-                key, _, new = batch[0]
+                key, _, new, _ = batch[0]
                 try:
                     self._resolve_unknown_commit(key, new)
                 except Unavailable as e:
@@ -1081,8 +1098,9 @@ class Master:
             failed = next((n for n, r in enumerate(results) if is_failure(r)), None)
             if failed is None:
                 for i in live:
-                    key, _, new = writes[i]
-                    self.sync.registered(key, new.seq, session, new.replication_factor)
+                    key, create, new = writes[i]
+                    self.sync.registered(key, new.seq, session, new.replication_factor,
+                                         new if create else None, records[i])
                     # meta_version is stale here; _mark_acked re-reads before its write.
                     out[i] = new
                 break

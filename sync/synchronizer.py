@@ -257,6 +257,14 @@ class Synchronizer:
         #: commit not yet followed by a read (see _decide).
         self._commits = 0
         self._commit_marks: dict[str, int] = {}
+        # Keys this master is creating in a commit under way, each with the replica-node events
+        # (holder, version, present) that came since it was sent: registered() makes the new
+        # key's entry from the commit itself and replays them, instead of a reconcile reading
+        # back what the commit just wrote (two reads per create). Guarded by _view_lock.
+        self._creating: dict[str, list[tuple[str, int, bool]]] = {}
+        # Of those, the keys registered() made an entry for, with its version: the commit
+        # path's follow() then queues no reconcile. Guarded by _view_lock.
+        self._made_here: dict[str, int] = {}
         self._key_list_next = 0.0  # monotonic time before which the key list is not re-read
         # The last change-journal record acted on: its last entry (None: not read yet) and the
         # zxid that wrote it (answers can arrive out of order; older ones are ignored).
@@ -491,6 +499,9 @@ class Synchronizer:
             return
         change = (parsed[0], parsed[1], event.type == EventType.CREATED)
         with self._view_lock:
+            creating = self._creating.get(key)
+            if creating is not None:
+                creating.append(change)
             pending = self._reading.get(key)
             if pending is not None:
                 pending.append(change)
@@ -1499,13 +1510,61 @@ class Synchronizer:
                 entry.registered = 0
                 self._set_holder(entry, self.identity, False)
 
-    def registered(self, key: str, seq: int, session: int, replication_factor: int) -> None:
+    def creating(self, keys: list[str]) -> None:
+        """``keys`` are about to be created by this master's commit, each acknowledged in it
+        and with no other version here: from now their replica-node events are held for
+        :meth:`registered`, which makes their entries. Call :meth:`created` once the commit
+        is over, whatever its outcome."""
+        if not self._recursive:
+            return  # the one-shot watches are armed by the reconcile this would save
+        with self._view_lock:
+            for key in keys:
+                self._creating[key] = []
+
+    def created(self, keys: list[str]) -> None:
+        """The commit announced by :meth:`creating` is over."""
+        with self._view_lock:
+            for key in keys:
+                self._creating.pop(key, None)
+
+    def follow(self, key: str, seq: int) -> None:
+        """After this master's commit of ``seq``: reconcile ``key``, unless the commit itself
+        gave it its entry (a create acknowledged in its commit, :meth:`creating`). Only the
+        follower's work is left then, and nothing to read back: the version and our replica
+        node are what the commit wrote, and the other holders come as events."""
+        with self._view_lock:
+            if self._made_here.pop(key, None) == seq:
+                entry = self._view.get(key)
+                if entry is not None and entry.seq == seq:
+                    if key not in self._batch_moved:
+                        # No batch is reading the key, so none sent its read before the
+                        # commit (see _decide): the commit's mark has nothing left to guard.
+                        self._commit_marks.pop(key, None)
+                    return
+        self.queue.put(key)
+
+    def registered(self, key: str, seq: int, session: int, replication_factor: int,
+                   state: BlobState | None = None, record: bytes = b"") -> None:
         """The leader's commit created our replica node of ``seq`` in ``session`` (in the same
-        transaction as the version itself)."""
+        transaction as the version itself). ``state`` and ``record`` (its encoding, as
+        written): the version, for a key created by that commit and announced by
+        :meth:`creating`."""
         with self._view_lock:
             self._commits += 1
             self._commit_marks[key] = self._commits
             entry = self._view.get(key)
+            held = self._creating.pop(key, None)
+            if state is not None and record and held is not None and entry is None and session:
+                # The commit made the key: its entry is what the commit wrote (a new znode's
+                # version is 0), held here alone, replayed with what registered since.
+                entry = self._view[key] = _Entry(
+                    _pack(record), 0, seq, state.replication_factor, state.acked,
+                    (sys.intern(self.identity),), session)
+                self._generation += 1
+                for change in held:
+                    self._apply_replica(entry, *change)
+                self._made_here[key] = seq
+                return
             if entry is None or entry.seq != seq:
                 self._committed_here[key] = (seq, session)
             if replication_factor > 1 and not self._recursive:

@@ -3,12 +3,13 @@ still gets exactly its own outcome (a clash fails only itself, nothing of it is 
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 from collections.abc import Callable
 from typing import Any
 
-from conftest import client_for, scrape, store_dir, value, version_files
+from conftest import client_for, http_get, scrape, store_dir, value, version_files
 from waiting import wait_until
 
 from blobha.errors import KeyAlreadyExists, VersionConflict
@@ -88,6 +89,18 @@ def test_concurrent_small_writes_share_commits_and_keep_their_own_outcomes(
         assert c.read(moving) == b"v2"
     assert [p.name for p in version_files(leader, taken)] == ["v1.blob"]
     assert list((store_dir(leader) / "tmp").iterdir()) == []
+
+    # The leader's own view of the keys it created, made from its commits (no read back),
+    # has every copy the followers registered meanwhile: nothing is shown under-replicated.
+    def leader_view() -> dict[str, int]:
+        status, _, body = http_get(leader.status_url + "status.json?limit=10000")
+        assert status == 200
+        doc = json.loads(body)
+        assert not doc["blobs_truncated"]
+        return {b["key"]: b["replication"] for b in doc["blobs"] if b["key"] in payloads}
+
+    wait_until(lambda: leader_view() == dict.fromkeys(payloads, 3), 30,
+               "the leader's view to show every created key with its 3 copies")
 
     after = scrape(leader)
     writes = (value(after, "blobha_group_commit_writes_total")

@@ -88,7 +88,8 @@ def _master(tmp_path: Path, zk: _Ensemble) -> Any:
     m.config = {"blobstore.versions.retained": 2}
     m.membership = SimpleNamespace(known=lambda: {m.identity})
     m.sync = SimpleNamespace(view=lambda key: None, session_id=lambda: 7,
-                             registered=lambda *args: None)
+                             registered=lambda *args: None, creating=lambda keys: None,
+                             created=lambda keys: None)
     return m
 
 

@@ -1086,3 +1086,59 @@ def test_a_status_pass_hashes_only_the_keys_whose_placement_it_has_not_decided(
         del s._view["new"]
         s._generation += 1
     assert s.figures() == expected() and hashed == [] and "new" not in s._placed
+
+
+# ---- a key the leader's commit creates ------------------------------------------------------
+
+
+def _new_key(rf: int = 3) -> BlobState:
+    data = b"fresh"
+    return BlobState(seq=1, size=len(data), digest=digest_bytes(data), acl=(),
+                     replication_factor=rf, creator="alice", created_at=0.0, updated_at=0.0,
+                     epoch=1, acked=True)
+
+
+def test_a_key_created_by_the_leaders_commit_gets_its_entry_from_the_commit() -> None:
+    # No reconcile reads back what the commit wrote (two reads per create); the copies
+    # registered while the commit's answer was on its way are replayed onto the entry.
+    s, zk = synchroniser(leader=True, recursive=True)
+    state = _new_key()
+    s.creating(["new"])
+    for kind, holder in ((EventType.CREATED, ME), (EventType.CREATED, A)):
+        s._on_tree(tree_event(kind, f"/blobstore/new/{holder}-1"))
+    s.registered("new", 1, SESSION, 3, state, state.encode())
+    s.created(["new"])
+    s.follow("new", 1)
+    view = s.view("new")
+    assert view is not None and view.state.seq == 1 and view.state.digest == state.digest
+    assert view.holders == (ME, A) and s._view["new"].registered == SESSION
+    assert s.queue.depth() == 0 and s._creating == {} and s._made_here == {}
+    assert s._commit_marks == {}  # no batch was reading it: nothing left to guard
+    assert zk.data_reads == [] and zk.watched_reads == []
+    # Later registrations reach the entry as for any key.
+    s._on_tree(tree_event(EventType.CREATED, f"/blobstore/new/{B}-1"))
+    assert s._view["new"].holders == (ME, A, B)
+
+
+@pytest.mark.parametrize("case", ["update", "not announced", "known already", "one-shot"])
+def test_any_other_commit_is_followed_by_a_reconcile(case: str) -> None:
+    s, _ = synchroniser(leader=True, recursive=case != "one-shot")
+    state = _new_key()
+    if case == "known already":
+        s._view["new"] = entry([ME])
+    if case != "not announced":
+        s.creating(["new"])
+    made = None if case == "update" else state
+    s.registered("new", 1, SESSION, 3, made, state.encode())
+    s.created(["new"])
+    s.follow("new", 1)
+    assert s.queue.get_batch(10) == ["new"]
+    assert s._creating == {} and s._made_here == {}
+
+
+def test_a_commit_that_fails_leaves_nothing_held() -> None:
+    s, _ = synchroniser(leader=True, recursive=True)
+    s.creating(["new"])
+    s._on_tree(tree_event(EventType.CREATED, f"/blobstore/new/{A}-1"))
+    s.created(["new"])  # never registered: the commit failed
+    assert s._creating == {} and "new" not in s._view
