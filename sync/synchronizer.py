@@ -105,6 +105,9 @@ _PACE_STEP = 0.25
 _RECHECK_KEYS_PER_SEC = 2000
 #: Bound on waiting for one pipelined ZooKeeper answer; a dead connection fails sooner.
 _READ_TIMEOUT = 60.0
+#: At most this many keys' creations are followed from their events (_born); past it, keys
+#: are read with their lists as before.
+_BORN_MAX = 10_000
 #: While ZooKeeper is out of reach, the keys whose sync failed for it are reported in one
 #: warning per this many seconds, not one per key and retry (a master syncing 100,000 keys
 #: wrote 580,000 such lines in one minute-long outage).
@@ -288,6 +291,12 @@ class Synchronizer:
         # version, present) that arrived since its read was sent: replayed onto what the read
         # found once it is stored (see _decide). Guarded by _view_lock.
         self._reading: dict[str, list[tuple[str, int, bool]]] = {}
+        # With it, the keys whose creation this master saw, each with the replica-node events
+        # since (the creating transaction's own node among them): their replica list is
+        # exactly those, so the reconcile that follows reads the key's node and not its list.
+        # Emptied on every change of the connection (events may be missed then); at most
+        # _BORN_MAX keys. Guarded by _view_lock.
+        self._born: dict[str, list[tuple[str, int, bool]]] = {}
         # With it, the keys of the batches under way, each with whether replica-node events
         # changed its holders meanwhile (acted on when its batch ends). Guarded by _view_lock.
         self._batch_moved: dict[str, bool] = {}
@@ -444,6 +453,8 @@ class Synchronizer:
     # ---- events (kazoo's event thread: hand off only) -------------------------------------
 
     def _on_state(self, state: str) -> None:
+        with self._view_lock:
+            self._born.clear()
         if state == KazooState.CONNECTED:
             # kazoo does not re-send watches after a reconnect, even within one session: look
             # at everything again, which re-arms them.
@@ -482,6 +493,7 @@ class Synchronizer:
         if not sep:
             if event.type == EventType.DELETED:
                 with self._view_lock:
+                    self._born.pop(key, None)
                     if key in self._batch_moved:
                         self._deleted_in_batch.add(key)
             if event.type == EventType.CREATED and self._is_leader():
@@ -490,6 +502,10 @@ class Synchronizer:
                 # listing of the full reconcile a new leader runs, and one by the next leader,
                 # before this master saw it step down, in the listing stepped_down asks for.
                 return
+            if event.type == EventType.CREATED:
+                with self._view_lock:
+                    if len(self._born) < _BORN_MAX:
+                        self._born[key] = []
             self.queue.put(key)
             return
         if "/" in name or event.type not in (EventType.CREATED, EventType.DELETED):
@@ -499,9 +515,9 @@ class Synchronizer:
             return
         change = (parsed[0], parsed[1], event.type == EventType.CREATED)
         with self._view_lock:
-            creating = self._creating.get(key)
-            if creating is not None:
-                creating.append(change)
+            for held in (self._creating.get(key), self._born.get(key)):
+                if held is not None:
+                    held.append(change)
             pending = self._reading.get(key)
             if pending is not None:
                 pending.append(change)
@@ -932,12 +948,19 @@ class Synchronizer:
         # (see _on_tree): a follower fetching a key had work on it when the other holders
         # registered, and each of their events sent the key round again, to find its work done
         # (two more reads per follower per create).
+        listless: set[str] = set()
         with self._view_lock:
             for key in keys:
-                self._reading.setdefault(key, [])
+                born = self._born.pop(key, None)
+                if born is not None and key not in self._reading:
+                    # Every event since the key's creation: they are its replica list.
+                    self._reading[key] = born
+                    listless.add(key)
+                else:
+                    self._reading.setdefault(key, [])
                 self._batch_moved[key] = False
         try:
-            return self._reconcile_batch(keys, armed, failures)
+            return self._reconcile_batch(keys, armed, failures, listless)
         finally:
             with self._view_lock:
                 moved = [key for key in keys if self._batch_moved.pop(key, False)]
@@ -947,12 +970,16 @@ class Synchronizer:
             self._act_on_moved(moved)
 
     def _reconcile_batch(self, keys: list[str], armed: set[str],
-                         failures: dict[str, Exception]) -> dict[str, Exception]:
+                         failures: dict[str, Exception],
+                         listless: frozenset[str] | set[str] = frozenset()
+                         ) -> dict[str, Exception]:
+        """Reconcile ``keys``; those in ``listless`` have their replica lists in the events
+        held for them (see _born), and only their nodes are read."""
         to_fetch: list[tuple[str, BlobState, list[str]]] = []
         to_register: list[tuple[str, int]] = []
         with self._view_lock:
             read_mark = self._commits  # before the reads are sent
-        reads = self._read_many(keys, armed)
+        reads = self._read_many(keys, armed, listless)
         seen: list[str] = []
         for key, read in reads.items():
             try:
@@ -965,7 +992,8 @@ class Synchronizer:
                     self._key_gone(key)
                     continue
                 seen.append(key)
-                action = self._decide(key, *read, read_mark=read_mark)
+                action = self._decide(key, *read, read_mark=read_mark,
+                                      from_events=key in listless)
                 if isinstance(action, tuple):
                     to_fetch.append((key, action[0], action[1]))
                 elif action is not None:
@@ -1063,11 +1091,13 @@ class Synchronizer:
             return not _chosen(self.identity, key, entry.rf, known)
         return False
 
-    def _read_many(self, keys: list[str], armed: set[str]
+    def _read_many(self, keys: list[str], armed: set[str],
+                   listless: frozenset[str] | set[str] = frozenset()
                    ) -> dict[str, tuple[bytes, Any, list[str]] | Exception | None]:
         """Each key's (metadata bytes, stat, replica names), None if the key is gone, or the
         error; pipelined, each arming the watch on the key's metadata, and the keys in
-        ``armed`` the one on their replica list too."""
+        ``armed`` the one on their replica list too. The keys in ``listless``: their node
+        alone, with no names."""
         pending = []
         # The recursive watch needs no watch set by reads (and arming none saves ZooKeeper a
         # watch per key).
@@ -1077,13 +1107,14 @@ class Synchronizer:
             # Elsewhere the replica list without a watch: _watch_replicas arms one where it
             # matters.
             pending.append((key, self.zk.get_async(path, watch=data_watch),
-                            self.zk.get_children_async(
+                            None if key in listless else self.zk.get_children_async(
                                 path, watch=self._watcher if key in armed else None)))
         out: dict[str, tuple[bytes, Any, list[str]] | Exception | None] = {}
         for key, data_result, children_result in pending:
             try:
                 data, stat = data_result.get(timeout=_READ_TIMEOUT)
-                names = children_result.get(timeout=_READ_TIMEOUT)
+                names = ([] if children_result is None
+                         else children_result.get(timeout=_READ_TIMEOUT))
                 out[key] = (data, stat, names)
             except NoNodeError:
                 out[key] = None
@@ -1091,8 +1122,8 @@ class Synchronizer:
                 out[key] = e
         return out
 
-    def _decide(self, key: str, data: bytes, stat: Any, names: list[str], read_mark: int = -1
-                ) -> tuple[BlobState, list[str]] | int | None:
+    def _decide(self, key: str, data: bytes, stat: Any, names: list[str], read_mark: int = -1,
+                from_events: bool = False) -> tuple[BlobState, list[str]] | int | None:
         """:meth:`_decide_read`, under the key's lock, for a read sent when this master's
         commit count was ``read_mark`` (-1: unknown). A commit this master made to the key
         since may be missing from the read, and acting on it could delete the new version: a
@@ -1103,13 +1134,14 @@ class Synchronizer:
             if not self._read_is_current(key, read_mark, spend=True):
                 self.queue.put(key)  # runs once this batch lets go of the key
                 return None
-            return self._decide_read(key, data, stat, names)
+            return self._decide_read(key, data, stat, names, from_events)
 
-    def _decide_read(self, key: str, data: bytes, stat: Any, names: list[str]
-                     ) -> tuple[BlobState, list[str]] | int | None:
+    def _decide_read(self, key: str, data: bytes, stat: Any, names: list[str],
+                     from_events: bool = False) -> tuple[BlobState, list[str]] | int | None:
         """Bring ``key`` in line with what ZooKeeper says, except for the slow parts, which it
         returns: (state, holders) to fetch, or the version whose replica node to (re-)register
-        (our copy is installed and verified), or None."""
+        (our copy is installed and verified), or None. ``from_events``: ``names`` is empty,
+        and the replica list is the events held since the key's creation."""
         state = BlobState.decode(data, stat.version)
         holders = _holders(names, state.seq)
         session = self.session_id()
@@ -1137,6 +1169,10 @@ class Synchronizer:
             changed = False
             for change in self._reading.pop(key, ()):
                 changed |= self._apply_replica(stored, *change)
+            if from_events:
+                # The list the events make is what ZooKeeper holds (as a read would): it is
+                # what this decision goes by, not a change that came meanwhile.
+                holders, changed = stored.holders, False
             if changed and key in self._batch_moved:
                 self._batch_moved[key] = True
         self._deleted_since.pop(key, None)

@@ -868,8 +868,8 @@ def test_a_copy_fetched_across_a_delete_is_not_registered() -> None:
     old = BlobState(seq=1, size=4, digest=digest_bytes(b"OLD!"), acl=(), replication_factor=3,
                     creator="alice", created_at=1.0, updated_at=1.0, epoch=1, acked=True)
     registered: list[tuple[str, int]] = []
-    s._read_many = lambda keys, armed: {"k": (old, (A,)), "j": (old, (A,))}  # type: ignore[method-assign,assignment,return-value]
-    s._decide = lambda key, state, holders, read_mark: (state, list(holders))  # type: ignore[method-assign,assignment,misc]
+    s._read_many = lambda keys, armed, listless: {"k": (old, (A,)), "j": (old, (A,))}  # type: ignore[method-assign,assignment,return-value]
+    s._decide = lambda key, state, holders, read_mark, from_events: (state, list(holders))  # type: ignore[method-assign,assignment,misc]
 
     def fetch_all(to_fetch: Any, failures: Any, read_mark: int) -> Any:
         s._on_tree(tree_event(EventType.DELETED, "/blobstore/k"))  # during the fetch
@@ -891,8 +891,8 @@ def test_a_deletion_seen_only_once_the_copy_was_registered_takes_the_registratio
     s, zk = synchroniser(recursive=True)
     old = BlobState(seq=1, size=4, digest=digest_bytes(b"OLD!"), acl=(), replication_factor=3,
                     creator="alice", created_at=1.0, updated_at=1.0, epoch=1, acked=True)
-    s._read_many = lambda keys, armed: {"k": (old, (A,)), "j": (old, (A,))}  # type: ignore[method-assign,assignment,return-value]
-    s._decide = lambda key, state, holders, read_mark: (state, list(holders))  # type: ignore[method-assign,assignment,misc]
+    s._read_many = lambda keys, armed, listless: {"k": (old, (A,)), "j": (old, (A,))}  # type: ignore[method-assign,assignment,return-value]
+    s._decide = lambda key, state, holders, read_mark, from_events: (state, list(holders))  # type: ignore[method-assign,assignment,misc]
     s._fetch_all = lambda to_fetch, failures, read_mark: ([], [("k", 1), ("j", 1)], set())  # type: ignore[method-assign,assignment,return-value]
 
     def register_many(items: list[tuple[str, int]]) -> dict[str, Exception]:
@@ -1142,3 +1142,56 @@ def test_a_commit_that_fails_leaves_nothing_held() -> None:
     s._on_tree(tree_event(EventType.CREATED, f"/blobstore/new/{A}-1"))
     s.created(["new"])  # never registered: the commit failed
     assert s._creating == {} and "new" not in s._view
+
+
+# ---- a key whose creation a follower saw ----------------------------------------------------
+
+
+def _follower_seeing_a_creation() -> tuple[Synchronizer, FakeZk, list[Any]]:
+    """A follower (recursive watch) that saw key 'new' created by leader A (A's replica node
+    in the same transaction), then B register a copy; its reconcile's fetches are recorded."""
+    state = _new_key()
+    store = SimpleNamespace(info=lambda k, seq: None, versions=lambda k: [],
+                            has_version=lambda k, seq: False)
+    s, zk = synchroniser(store=store, recursive=True)
+    zk.data["/blobstore/new"] = (state.encode(), SimpleNamespace(version=0))
+    fetched: list[Any] = []
+
+    def fetch_all(to_fetch: Any, failures: Any, read_mark: int) -> Any:
+        fetched.extend((key, tuple(holders)) for key, _, holders in to_fetch)
+        return [], [], set()
+
+    s._fetch_all = fetch_all  # type: ignore[method-assign]
+    s._register_many = lambda items: {}  # type: ignore[method-assign]
+    s._prune = lambda key, seq: None  # type: ignore[method-assign]
+    s._on_tree(tree_event(EventType.CREATED, "/blobstore/new"))
+    s._on_tree(tree_event(EventType.CREATED, f"/blobstore/new/{A}-1"))
+    s._on_tree(tree_event(EventType.CREATED, f"/blobstore/new/{B}-1"))
+    return s, zk, fetched
+
+
+def test_a_follower_that_saw_a_key_created_reads_its_node_but_not_its_list() -> None:
+    # The events since the creation are the whole list: one read per key instead of two.
+    s, zk, fetched = _follower_seeing_a_creation()
+    assert s.queue.get_batch(10) == ["new"]
+    assert s._handle(["new"]) == {}
+    assert zk.data_reads == [("/blobstore/new", None)] and zk.watched_reads == []
+    assert s._view["new"].holders == (A, B) and fetched == [("new", (A, B))]
+    assert s._born == {} and s._reading == {}
+    # The next reconcile of the key reads its list as any other.
+    s._handle(["new"])
+    assert zk.watched_reads == [("/blobstore/new", None)]
+
+
+@pytest.mark.parametrize("case", ["reconnected", "deleted"])
+def test_creation_events_are_trusted_only_while_nothing_could_be_missed(case: str) -> None:
+    s, zk, _ = _follower_seeing_a_creation()
+    if case == "reconnected":
+        s._on_state(KazooState.SUSPENDED)  # events may be lost until the next full pass
+    else:
+        s._on_tree(tree_event(EventType.DELETED, "/blobstore/new"))
+    assert s._born == {}
+    zk.listed["/blobstore/new"] = [f"{A}-1"]
+    s._handle(["new"])
+    assert zk.watched_reads == [("/blobstore/new", None)]  # the list is read
+    assert s._view["new"].holders == (A,)
