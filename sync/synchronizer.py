@@ -260,13 +260,9 @@ class Synchronizer:
         #: commit not yet followed by a read (see _decide).
         self._commits = 0
         self._commit_marks: dict[str, int] = {}
-        # Keys this master is creating in a commit under way, each with the replica-node events
-        # (holder, version, present) that came since it was sent: registered() makes the new
-        # key's entry from the commit itself and replays them, instead of a reconcile reading
-        # back what the commit just wrote (two reads per create). Guarded by _view_lock.
-        self._creating: dict[str, list[tuple[str, int, bool]]] = {}
-        # Of those, the keys registered() made an entry for, with its version: the commit
-        # path's follow() then queues no reconcile. Guarded by _view_lock.
+        # The keys this master's commit created and registered() made an entry for (from the
+        # events held in _born since creating()), with its version: the commit path's follow()
+        # then queues no reconcile. Guarded by _view_lock.
         self._made_here: dict[str, int] = {}
         self._key_list_next = 0.0  # monotonic time before which the key list is not re-read
         # The last change-journal record acted on: its last entry (None: not read yet) and the
@@ -291,11 +287,13 @@ class Synchronizer:
         # version, present) that arrived since its read was sent: replayed onto what the read
         # found once it is stored (see _decide). Guarded by _view_lock.
         self._reading: dict[str, list[tuple[str, int, bool]]] = {}
-        # With it, the keys whose creation this master saw, each with the replica-node events
-        # since (the creating transaction's own node among them): their replica list is
-        # exactly those, so the reconcile that follows reads the key's node and not its list.
-        # Emptied on every change of the connection (events may be missed then); at most
-        # _BORN_MAX keys. Guarded by _view_lock.
+        # With it, the keys whose creation this master saw (a follower) or is committing (the
+        # leader, see creating()), each with the replica-node events since (the creating
+        # transaction's own node among them): their replica list is exactly those, so a
+        # follower's reconcile reads the key's node and not its list, and the leader makes the
+        # entry from its commit without a read. Emptied on every change of the connection
+        # (events may be missed then); at most _BORN_MAX keys from events. Guarded by
+        # _view_lock.
         self._born: dict[str, list[tuple[str, int, bool]]] = {}
         # With it, the keys of the batches under way, each with whether replica-node events
         # changed its holders meanwhile (acted on when its batch ends). Guarded by _view_lock.
@@ -515,9 +513,9 @@ class Synchronizer:
             return
         change = (parsed[0], parsed[1], event.type == EventType.CREATED)
         with self._view_lock:
-            for held in (self._creating.get(key), self._born.get(key)):
-                if held is not None:
-                    held.append(change)
+            born = self._born.get(key)
+            if born is not None:
+                born.append(change)
             pending = self._reading.get(key)
             if pending is not None:
                 pending.append(change)
@@ -1555,13 +1553,13 @@ class Synchronizer:
             return  # the one-shot watches are armed by the reconcile this would save
         with self._view_lock:
             for key in keys:
-                self._creating[key] = []
+                self._born[key] = []
 
     def created(self, keys: list[str]) -> None:
         """The commit announced by :meth:`creating` is over."""
         with self._view_lock:
             for key in keys:
-                self._creating.pop(key, None)
+                self._born.pop(key, None)
 
     def follow(self, key: str, seq: int) -> None:
         """After this master's commit of ``seq``: reconcile ``key``, unless the commit itself
@@ -1589,7 +1587,7 @@ class Synchronizer:
             self._commits += 1
             self._commit_marks[key] = self._commits
             entry = self._view.get(key)
-            held = self._creating.pop(key, None)
+            held = self._born.pop(key, None)
             if state is not None and record and held is not None and entry is None and session:
                 # The commit made the key: its entry is what the commit wrote (a new znode's
                 # version is 0), held here alone, replayed with what registered since.

@@ -1112,7 +1112,7 @@ def test_a_key_created_by_the_leaders_commit_gets_its_entry_from_the_commit() ->
     view = s.view("new")
     assert view is not None and view.state.seq == 1 and view.state.digest == state.digest
     assert view.holders == (ME, A) and s._view["new"].registered == SESSION
-    assert s.queue.depth() == 0 and s._creating == {} and s._made_here == {}
+    assert s.queue.depth() == 0 and s._born == {} and s._made_here == {}
     assert s._commit_marks == {}  # no batch was reading it: nothing left to guard
     assert zk.data_reads == [] and zk.watched_reads == []
     # Later registrations reach the entry as for any key.
@@ -1120,7 +1120,8 @@ def test_a_key_created_by_the_leaders_commit_gets_its_entry_from_the_commit() ->
     assert s._view["new"].holders == (ME, A, B)
 
 
-@pytest.mark.parametrize("case", ["update", "not announced", "known already", "one-shot"])
+@pytest.mark.parametrize("case", ["update", "not announced", "known already", "one-shot",
+                                  "reconnected meanwhile"])
 def test_any_other_commit_is_followed_by_a_reconcile(case: str) -> None:
     s, _ = synchroniser(leader=True, recursive=case != "one-shot")
     state = _new_key()
@@ -1128,12 +1129,14 @@ def test_any_other_commit_is_followed_by_a_reconcile(case: str) -> None:
         s._view["new"] = entry([ME])
     if case != "not announced":
         s.creating(["new"])
+    if case == "reconnected meanwhile":
+        s._on_state(KazooState.SUSPENDED)  # events of the commit's time may be lost
     made = None if case == "update" else state
     s.registered("new", 1, SESSION, 3, made, state.encode())
     s.created(["new"])
     s.follow("new", 1)
     assert s.queue.get_batch(10) == ["new"]
-    assert s._creating == {} and s._made_here == {}
+    assert s._born == {} and s._made_here == {}
 
 
 def test_a_commit_that_fails_leaves_nothing_held() -> None:
@@ -1141,7 +1144,7 @@ def test_a_commit_that_fails_leaves_nothing_held() -> None:
     s.creating(["new"])
     s._on_tree(tree_event(EventType.CREATED, f"/blobstore/new/{A}-1"))
     s.created(["new"])  # never registered: the commit failed
-    assert s._creating == {} and "new" not in s._view
+    assert s._born == {} and "new" not in s._view
 
 
 # ---- a key whose creation a follower saw ----------------------------------------------------
