@@ -1742,32 +1742,34 @@ class Master:
             except BlobError:
                 return MasterSummary(address, False, 0.0, "", 0, 0, 0, 0, False, 0)
 
-        connected = self.zk.state == KazooState.CONNECTED
-        if connected:
-            # Both reads at once, and bounded: a ZooKeeper that lost its quorum may hold a
-            # request until the session notices, and clients discover the leader through this
-            # call, so it must answer quickly rather than leave them guessing.
-            epoch_read = self.zk.get_async(EPOCH)
-            count_read = self.zk.exists_async(BLOBSTORE)  # the child count, not every name
-        statuses = list(self._summary_pool.map(ask, members))
-        leaders = [s.address for s in statuses if s.is_leader]
-        leader = leaders[0] if leaders else ""
-        if connected:
-            try:
-                try:
-                    epoch = EpochRecord.decode(epoch_read.get(timeout=SUMMARY_ZK_TIMEOUT)[0])
-                except NoNodeError:
-                    epoch = EpochRecord(0, "")
-                stat = count_read.get(timeout=SUMMARY_ZK_TIMEOUT)  # exists: None if absent
-            except (KazooTimeoutError, ConnectionLoss, SessionExpiredError):
-                connected = False
-            else:
-                blob_count = stat.numChildren if stat is not None else 0
-                return ClusterView(tuple(statuses), leader, epoch.epoch, blob_count, under)
+        # Both reads at once, and bounded: a ZooKeeper that lost its quorum may hold a request
+        # until the session notices, and clients discover the leader through this call, so it
+        # must answer quickly rather than leave them guessing.
+        reads = ((self.zk.get_async(EPOCH), self.zk.exists_async(BLOBSTORE))
+                 if self.zk.state == KazooState.CONNECTED else None)
+        statuses = tuple(self._summary_pool.map(ask, members))
+        leader = next((s.address for s in statuses if s.is_leader), "")
+        counted = _epoch_and_count(*reads) if reads is not None else None
+        if counted is not None:
+            return ClusterView(statuses, leader, *counted, under)
         # The leader's own status carries the epoch it leads.
         epoch_led = next((s.epoch for s in statuses if s.is_leader), 0)
-        return ClusterView(tuple(statuses), leader, epoch_led, 0, under,
-                           zookeeper_unreachable=True)
+        return ClusterView(statuses, leader, epoch_led, 0, under, zookeeper_unreachable=True)
+
+
+def _epoch_and_count(epoch_read: Any, count_read: Any) -> tuple[int, int] | None:
+    """The cluster's epoch and key count from the summary's two reads (the key count is the
+    child count of /blobstore, not 100,000s of names); None if ZooKeeper did not answer in
+    time."""
+    try:
+        try:
+            epoch = EpochRecord.decode(epoch_read.get(timeout=SUMMARY_ZK_TIMEOUT)[0]).epoch
+        except NoNodeError:
+            epoch = 0
+        stat = count_read.get(timeout=SUMMARY_ZK_TIMEOUT)  # exists: None if absent
+    except (KazooTimeoutError, ConnectionLoss, SessionExpiredError):
+        return None
+    return epoch, stat.numChildren if stat is not None else 0
 
 
 def _check_digest(digest: str) -> None:
