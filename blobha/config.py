@@ -107,6 +107,15 @@ OPTIONS: tuple[Option, ...] = (
         "Parallel background downloads on a master.",
     ),
     Option(
+        "blobstore.sync.linger.secs",
+        0.03,
+        "How long a key to replicate may wait for others to join its batch while the master is"
+        " already replicating another batch (0 = never): a stream of small writes then costs"
+        " each follower one batch's ZooKeeper reads, fetch call, file-system syncs and"
+        " registration for many keys instead of one each. A key arriving while nothing is"
+        " being replicated goes at once.",
+    ),
+    Option(
         "blobstore.sync.stall.secs",
         10.0,
         "How long a master's fetch from a peer may receive nothing before that peer counts as"
@@ -358,6 +367,7 @@ def _validate(v: dict[str, Any]) -> dict[str, Any]:
     number("blobstore.delete.grace.secs", float, 0)
     number("blobstore.versions.retained", int, 1)
     number("blobstore.sync.threads", int, 1)
+    number("blobstore.sync.linger.secs", float, 0)
     # Below a second, a peer merely busy for a moment (a garbage collection, a disk sync)
     # would count as stalled and its fetches be thrown away.
     number("blobstore.sync.stall.secs", float, 1.0)

@@ -274,6 +274,7 @@ class Master:
                 threads=config["blobstore.sync.threads"],
                 periodic_keys_per_sec=config["blobstore.sync.periodic.keys.per.sec"],
                 recursive_watch=config["blobstore.sync.recursive.watch"],
+                linger_secs=config["blobstore.sync.linger.secs"],
             ),
             is_leader=lambda: self.election.is_leader,
             leader_duty=self._leader_duty,

@@ -182,6 +182,12 @@ class MasterCollector(Collector):
             "blobha_sync_queue_depth", "Keys queued or in progress in this master's synchroniser.",
             value=float(sync.queue.depth()),
         )
+        yield CounterMetricFamily(
+            "blobha_sync_batches", "Batches of keys this master's synchroniser has reconciled.",
+            value=float(sync.queue.batches),
+        )
+        yield CounterMetricFamily("blobha_sync_batch_keys", "Keys those batches carried.",
+                                  value=float(sync.queue.batched_keys))
 
     def _group_commit(self) -> Iterator[Metric]:
         puts = self.master.puts

@@ -223,6 +223,9 @@ class SyncSettings:
     #: instead of the change journal and a one-shot watch per key (the masters set it from
     #: ``blobstore.sync.recursive.watch``, on by default).
     recursive_watch: bool = True
+    #: How long a key may wait for others to join its batch while another batch is being
+    #: handled (see blobha.sync.workqueue; ``blobstore.sync.linger.secs``).
+    linger_secs: float = 0.0
 
 
 class Synchronizer:
@@ -249,7 +252,7 @@ class Synchronizer:
         self._leader_duty = leader_duty
         self._deletions_allowed = deletions_allowed
         self._key_lock = key_lock
-        self.queue = WorkQueue()
+        self.queue = WorkQueue(linger=settings.linger_secs)
         self._view: dict[str, _Entry] = {}
         self._view_lock = threading.Lock()
         # Replica nodes the leader's commit transactions created, for keys whose view entry

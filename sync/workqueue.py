@@ -2,6 +2,14 @@
 
 A key queued again while a worker handles it runs once more afterwards, so no event is lost and
 none is handled twice in parallel. Failed keys come back after a per-key backoff.
+
+Under load, keys wait a little for company (``linger``): a key that becomes ready while another
+batch is being handled is held until more keys join it, that batch ends, or ``linger`` has
+passed since it arrived. Handing each key of a stream of small creates to its own worker made
+every master pay the fixed costs of a batch (its pipelined ZooKeeper reads, a FetchVersions
+call, two file-system syncs, a registration transaction) once per key, with the workers'
+batches competing for the same cores; held back, they share them. A key arriving while nothing
+is being handled goes at once, so a lone write replicates as soon as before.
 """
 
 from __future__ import annotations
@@ -13,10 +21,17 @@ import time
 
 
 class WorkQueue:
-    def __init__(self) -> None:
+    def __init__(self, linger: float = 0.0) -> None:
+        if linger < 0:
+            raise ValueError("linger must not be negative")
         self._cond = threading.Condition()
-        self._ready: dict[str, None] = {}  # insertion-ordered set
+        #: Keys due, in the order they became due, each with when it did (for the linger).
+        self._ready: dict[str, float] = {}
         self._running: set[str] = set()
+        self._linger = linger
+        #: Batches handed out, and the keys in them, since start (read by the metrics).
+        self.batches = 0
+        self.batched_keys = 0
         self._delayed: list[tuple[float, str]] = []
         self._closed = False
 
@@ -25,13 +40,14 @@ class WorkQueue:
             if delay > 0:
                 heapq.heappush(self._delayed, (time.monotonic() + delay, key))
             else:
-                self._ready[key] = None
+                self._ready.setdefault(key, time.monotonic())
             self._cond.notify()
 
     def put_many(self, keys: list[str]) -> None:
         with self._cond:
+            now = time.monotonic()
             for k in keys:
-                self._ready[k] = None
+                self._ready.setdefault(k, now)
             self._cond.notify_all()
 
     def get_batch(self, limit: int) -> list[str]:
@@ -39,22 +55,35 @@ class WorkQueue:
         handles (each is then running until :meth:`done_many`). Empty once closed.
 
         Batches let the synchroniser pipeline its ZooKeeper reads and replica registrations:
-        one round trip for many keys instead of one per key."""
+        one round trip for many keys instead of one per key. While another batch is being
+        handled, a batch short of ``limit`` is held for up to the linger (see the module)."""
         with self._cond:
             while not self._closed:
                 now = time.monotonic()
                 while self._delayed and self._delayed[0][0] <= now:
-                    self._ready[heapq.heappop(self._delayed)[1]] = None
+                    self._ready.setdefault(heapq.heappop(self._delayed)[1], now)
                 batch = [k for k in itertools.islice(
                     (k for k in self._ready if k not in self._running), limit)]
-                if batch:
-                    for key in batch:
-                        del self._ready[key]
-                        self._running.add(key)
-                    return batch
                 timeout = self._delayed[0][0] - now if self._delayed else None
+                if batch:
+                    hold = self._hold(batch, limit, now)
+                    if hold <= 0:
+                        for key in batch:
+                            del self._ready[key]
+                            self._running.add(key)
+                        self.batches += 1
+                        self.batched_keys += len(batch)
+                        return batch
+                    timeout = hold if timeout is None else min(hold, timeout)
                 self._cond.wait(timeout)
             return []
+
+    def _hold(self, batch: list[str], limit: int, now: float) -> float:
+        """Seconds ``batch`` should still wait for more keys: none when it is full or no
+        other batch is being handled (done_many wakes the waiter when the last one ends)."""
+        if not self._linger or len(batch) >= limit or not self._running:
+            return 0.0
+        return self._ready[batch[0]] + self._linger - now
 
     def done_many(self, keys: list[str]) -> None:
         with self._cond:

@@ -6,10 +6,22 @@ from __future__ import annotations
 import json
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
-from conftest import client_for, http_get, scrape, store_dir, value, version_files
+import pytest
+from conftest import (
+    client_for,
+    followers,
+    http_get,
+    make_cluster,
+    scrape,
+    store_dir,
+    value,
+    version_files,
+)
+from failures import failed
 from waiting import wait_until
 
 from blobha.errors import KeyAlreadyExists, VersionConflict
@@ -136,3 +148,66 @@ def test_a_create_racing_a_create_of_the_same_key_commits_once(
         assert c.read(unique_key) == f"racer {winners[0]}".encode()
         wait_until(lambda: c.get_replication(unique_key).replication == 3, 30,
                    "the winner's version on every master")
+
+
+#: Far longer than any test waits for a lone write's copies: were a lone key held for the
+#: linger, its replication could not be seen in time.
+LONG_LINGER = 20.0
+
+
+@pytest.fixture
+def lingering_cluster(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[LocalCluster]:
+    # No periodic pass during the test: its batches would count as running work.
+    c = make_cluster(tmp_path / "cluster", **{"blobstore.sync.linger.secs": LONG_LINGER,
+                                             "blobstore.sync.period.secs": 600.0})
+    try:
+        c.start()
+        yield c
+    finally:
+        if failed(request.node):
+            for m in c.masters:
+                print(m.log_since_start()[-4000:])
+        c.stop()
+
+
+def test_followers_replicate_a_lone_write_at_once_and_a_burst_in_shared_batches(
+    lingering_cluster: LocalCluster, unique_key: str
+) -> None:
+    cluster = lingering_cluster
+    fs = followers(cluster)
+    assert len(fs) == 2
+    wait_until(lambda: all(value(scrape(f), "blobha_sync_queue_depth") == 0 for f in fs), 30,
+               "the followers' start-up reconcile to end")
+
+    # Nothing is being replicated: the lone write's key goes to a worker at once, not after
+    # the linger.
+    with client_for(cluster) as c:
+        c.create(f"{unique_key}-lone", os.urandom(4096))
+        assert c.wait_for_replication(f"{unique_key}-lone", 3, timeout=LONG_LINGER / 2).reached
+
+    before = {f.address: scrape(f) for f in fs}
+    payloads = {f"{unique_key}-{w}-{i}": os.urandom(4096) for w in range(WRITERS)
+                for i in range(PER_WRITER)}
+
+    def writer(w: int) -> None:
+        with client_for(cluster) as c:
+            for key, data in payloads.items():
+                if key.startswith(f"{unique_key}-{w}-"):
+                    c.create(key, data)
+
+    run_together(writer, WRITERS, 120)
+    with client_for(cluster) as c:
+        # Held keys wait at most the linger from their arrival: nothing is left behind.
+        assert c.wait_for_replication(list(payloads), 3, timeout=LONG_LINGER + 40).reached
+        for key, data in payloads.items():
+            assert c.read(key) == data
+    for f in fs:
+        after = scrape(f)
+        batches = (value(after, "blobha_sync_batches_total")
+                   - value(before[f.address], "blobha_sync_batches_total"))
+        keys = (value(after, "blobha_sync_batch_keys_total")
+                - value(before[f.address], "blobha_sync_batch_keys_total"))
+        # Every created key went through a batch on each follower; keys that arrived while
+        # another batch was replicated waited for it and went on together.
+        assert keys >= len(payloads), (f.address, keys)
+        assert batches < len(payloads) / 2, (f.address, batches, keys)

@@ -117,6 +117,7 @@ def test_env_name() -> None:
         ({"blobstore.replication.factor": 0}, "blobstore.replication.factor"),
         ({"blobstore.disk.reserved.bytes": -1}, "blobstore.disk.reserved.bytes"),
         ({"blobstore.write.timeout.secs": 0}, "blobstore.write.timeout.secs"),
+        ({"blobstore.sync.linger.secs": -0.01}, "blobstore.sync.linger.secs"),
         ({"zookeeper.session.timeout.ms": 10}, "zookeeper.session.timeout.ms"),
         ({"master.listen": "nohost"}, "master.listen"),
         ({"master.listen": "host:0"}, "master.listen"),

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import threading
+import time
 
+import pytest
 from blobha.sync.workqueue import WorkQueue
 
 
@@ -42,3 +44,76 @@ def test_delayed_keys_join_a_batch_when_due() -> None:
     assert q.get_batch(10) == ["now"]
     # Blocks until the delayed key is due (bounded by the test timeout, no sleep needed).
     assert q.get_batch(10) == ["later"]
+
+
+def _get_in_thread(q: WorkQueue, limit: int) -> tuple[threading.Thread, list[list[str]]]:
+    got: list[list[str]] = []
+    t = threading.Thread(target=lambda: got.append(q.get_batch(limit)), daemon=True)
+    t.start()
+    return t, got
+
+
+def test_a_key_goes_at_once_when_no_batch_is_being_handled() -> None:
+    # A lone write replicates as soon as without the linger: were it held, the call would
+    # block for the whole minute and the join below would give up.
+    q = WorkQueue(linger=60.0)
+    q.put("a")
+    t, got = _get_in_thread(q, 10)
+    t.join(timeout=10)
+    assert not t.is_alive() and got == [["a"]]
+
+
+def test_while_a_batch_is_handled_a_new_key_waits_out_the_linger() -> None:
+    q = WorkQueue(linger=0.3)
+    q.put("a")
+    assert q.get_batch(10) == ["a"]  # now being handled, and stays so
+    q.put("b")
+    started = time.monotonic()
+    assert q.get_batch(10) == ["b"]
+    # It waited for company while "a" ran, but no longer than the linger from its arrival.
+    assert time.monotonic() - started >= 0.3 - 0.01
+
+
+def test_keys_arriving_meanwhile_join_the_held_batch() -> None:
+    q = WorkQueue(linger=0.3)
+    q.put("a")
+    assert q.get_batch(10) == ["a"]
+    q.put("b")
+    t, got = _get_in_thread(q, 10)
+    q.put("c")  # within b's linger: the two go together, whichever came first to the worker
+    t.join(timeout=10)
+    assert got == [["b", "c"]]
+
+
+def test_a_held_key_goes_as_soon_as_the_running_batch_ends() -> None:
+    q = WorkQueue(linger=60.0)
+    q.put("a")
+    assert q.get_batch(10) == ["a"]
+    q.put("b")
+    t, got = _get_in_thread(q, 10)
+    q.done_many(["a"])  # nothing is handled any more: no reason left to wait
+    t.join(timeout=10)
+    assert not t.is_alive() and got == [["b"]]
+
+
+def test_a_full_batch_is_not_held() -> None:
+    q = WorkQueue(linger=60.0)
+    q.put("a")
+    assert q.get_batch(10) == ["a"]
+    q.put_many(["b", "c", "d"])
+    t, got = _get_in_thread(q, 2)
+    t.join(timeout=10)
+    assert not t.is_alive() and got == [["b", "c"]]
+
+
+def test_batches_and_their_keys_are_counted() -> None:
+    q = WorkQueue()
+    q.put_many(["a", "b", "c"])
+    assert q.get_batch(2) == ["a", "b"]
+    assert q.get_batch(2) == ["c"]
+    assert (q.batches, q.batched_keys) == (2, 3)
+
+
+def test_a_negative_linger_is_refused() -> None:
+    with pytest.raises(ValueError, match="linger"):
+        WorkQueue(linger=-1.0)
