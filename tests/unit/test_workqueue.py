@@ -53,6 +53,14 @@ def _get_in_thread(q: WorkQueue, limit: int) -> tuple[threading.Thread, list[lis
     return t, got
 
 
+def _handling_a(linger: float) -> WorkQueue:
+    """A queue one of whose workers is handling key "a" (and goes on doing so)."""
+    q = WorkQueue(linger=linger)
+    q.put("a")
+    assert q.get_batch(10) == ["a"]
+    return q
+
+
 def test_a_key_goes_at_once_when_no_batch_is_being_handled() -> None:
     # A lone write replicates as soon as without the linger: were it held, the call would
     # block for the whole minute and the join below would give up.
@@ -64,9 +72,7 @@ def test_a_key_goes_at_once_when_no_batch_is_being_handled() -> None:
 
 
 def test_while_a_batch_is_handled_a_new_key_waits_out_the_linger() -> None:
-    q = WorkQueue(linger=0.3)
-    q.put("a")
-    assert q.get_batch(10) == ["a"]  # now being handled, and stays so
+    q = _handling_a(linger=0.3)
     q.put("b")
     started = time.monotonic()
     assert q.get_batch(10) == ["b"]
@@ -75,9 +81,7 @@ def test_while_a_batch_is_handled_a_new_key_waits_out_the_linger() -> None:
 
 
 def test_keys_arriving_meanwhile_join_the_held_batch() -> None:
-    q = WorkQueue(linger=0.3)
-    q.put("a")
-    assert q.get_batch(10) == ["a"]
+    q = _handling_a(linger=0.3)
     q.put("b")
     t, got = _get_in_thread(q, 10)
     q.put("c")  # within b's linger: the two go together, whichever came first to the worker
@@ -86,9 +90,7 @@ def test_keys_arriving_meanwhile_join_the_held_batch() -> None:
 
 
 def test_a_held_key_goes_as_soon_as_the_running_batch_ends() -> None:
-    q = WorkQueue(linger=60.0)
-    q.put("a")
-    assert q.get_batch(10) == ["a"]
+    q = _handling_a(linger=60.0)
     q.put("b")
     t, got = _get_in_thread(q, 10)
     q.done_many(["a"])  # nothing is handled any more: no reason left to wait
@@ -97,9 +99,7 @@ def test_a_held_key_goes_as_soon_as_the_running_batch_ends() -> None:
 
 
 def test_a_full_batch_is_not_held() -> None:
-    q = WorkQueue(linger=60.0)
-    q.put("a")
-    assert q.get_batch(10) == ["a"]
+    q = _handling_a(linger=60.0)
     q.put_many(["b", "c", "d"])
     t, got = _get_in_thread(q, 2)
     t.join(timeout=10)
