@@ -72,7 +72,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
 
 @pytest.fixture
 def fresh_cluster(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[LocalCluster]:
-    c = make_cluster(tmp_path / "cluster")
+    """A cluster of the test's own; settings of its own come as the fixture's parameter
+    (``@pytest.mark.parametrize("fresh_cluster", [{key: value}], indirect=True)``)."""
+    c = make_cluster(tmp_path / "cluster", **getattr(request, "param", {}))
     try:
         c.start()
         yield c

@@ -6,8 +6,7 @@ from __future__ import annotations
 import json
 import os
 import threading
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -15,13 +14,11 @@ from conftest import (
     client_for,
     followers,
     http_get,
-    make_cluster,
     scrape,
     store_dir,
     value,
     version_files,
 )
-from failures import failed
 from waiting import wait_until
 
 from blobha.errors import KeyAlreadyExists, VersionConflict
@@ -155,25 +152,14 @@ def test_a_create_racing_a_create_of_the_same_key_commits_once(
 LONG_LINGER = 20.0
 
 
-@pytest.fixture
-def lingering_cluster(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[LocalCluster]:
-    # No periodic pass during the test: its batches would count as running work.
-    c = make_cluster(tmp_path / "cluster", **{"blobstore.sync.linger.secs": LONG_LINGER,
-                                             "blobstore.sync.period.secs": 600.0})
-    try:
-        c.start()
-        yield c
-    finally:
-        if failed(request.node):
-            for m in c.masters:
-                print(m.log_since_start()[-4000:])
-        c.stop()
-
-
+# No periodic pass during the test: its batches would count as work being replicated.
+@pytest.mark.parametrize("fresh_cluster", [{"blobstore.sync.linger.secs": LONG_LINGER,
+                                            "blobstore.sync.period.secs": 600.0}],
+                         indirect=True)
 def test_followers_replicate_a_lone_write_at_once_and_a_burst_in_shared_batches(
-    lingering_cluster: LocalCluster, unique_key: str
+    fresh_cluster: LocalCluster, unique_key: str
 ) -> None:
-    cluster = lingering_cluster
+    cluster = fresh_cluster
     fs = followers(cluster)
     assert len(fs) == 2
     wait_until(lambda: all(value(scrape(f), "blobha_sync_queue_depth") == 0 for f in fs), 30,
