@@ -8,8 +8,14 @@ batch is being handled is held until more keys join it, that batch ends, or ``li
 passed since it arrived. Handing each key of a stream of small creates to its own worker made
 every master pay the fixed costs of a batch (its pipelined ZooKeeper reads, a FetchVersions
 call, two file-system syncs, a registration transaction) once per key, with the workers'
-batches competing for the same cores; held back, they share them. A key arriving while nothing
-is being handled goes at once, so a lone write replicates as soon as before.
+batches competing for the same cores; held back, they share them.
+
+A steady trickle (one client creating key after key) mostly finds nothing running: each
+follower replicated each key alone, one batch per create. So a key is also held while a stream
+goes on: when the last batch ended less than ``linger`` ago and showed one, by carrying more
+than one key or a key that arrived while another batch was being handled. A key that finds the
+queue idle after a batch that showed none (a lone write, or one client that waits for each
+write's replication before the next) goes at once, so it replicates as soon as before.
 """
 
 from __future__ import annotations
@@ -34,21 +40,33 @@ class WorkQueue:
         self.batched_keys = 0
         self._delayed: list[tuple[float, str]] = []
         self._closed = False
+        #: When the last batch ended, and whether the last one handed out showed a stream:
+        #: it had company, or one of its keys arrived while another batch was being handled
+        #: (``_busy_arrival``, since the hand-out before). See :meth:`_hold`.
+        self._last_end = float("-inf")
+        self._stream = False
+        self._busy_arrival = False
 
     def put(self, key: str, delay: float = 0.0) -> None:
         with self._cond:
             if delay > 0:
                 heapq.heappush(self._delayed, (time.monotonic() + delay, key))
             else:
-                self._ready.setdefault(key, time.monotonic())
+                self._arrive(key, time.monotonic())
             self._cond.notify()
 
     def put_many(self, keys: list[str]) -> None:
         with self._cond:
             now = time.monotonic()
             for k in keys:
-                self._ready.setdefault(k, now)
+                self._arrive(k, now)
             self._cond.notify_all()
+
+    def _arrive(self, key: str, now: float) -> None:
+        if key not in self._ready:
+            self._ready[key] = now
+            if self._running and key not in self._running:
+                self._busy_arrival = True
 
     def get_batch(self, limit: int) -> list[str]:
         """Block until at least one key is due; take up to ``limit`` due keys that no worker
@@ -73,21 +91,28 @@ class WorkQueue:
                             self._running.add(key)
                         self.batches += 1
                         self.batched_keys += len(batch)
+                        self._stream = len(batch) >= 2 or self._busy_arrival
+                        self._busy_arrival = False
                         return batch
                     timeout = hold if timeout is None else min(hold, timeout)
                 self._cond.wait(timeout)
             return []
 
     def _hold(self, batch: list[str], limit: int, now: float) -> float:
-        """Seconds ``batch`` should still wait for more keys: none when it is full or no
-        other batch is being handled (done_many wakes the waiter when the last one ends)."""
-        if not self._linger or len(batch) >= limit or not self._running:
+        """Seconds ``batch`` should still wait for more keys (from its first key's arrival):
+        none when it is full, nor when no other batch is being handled unless a stream goes on
+        (the last batch showed one and ended within the linger; a key retried after its
+        backoff shows none). done_many wakes the waiter when a running batch ends."""
+        if not self._linger or len(batch) >= limit:
+            return 0.0
+        if not self._running and not (self._stream and now - self._last_end < self._linger):
             return 0.0
         return self._ready[batch[0]] + self._linger - now
 
     def done_many(self, keys: list[str]) -> None:
         with self._cond:
             self._running.difference_update(keys)
+            self._last_end = time.monotonic()
             self._cond.notify_all()
 
     def depth(self) -> int:

@@ -22,7 +22,7 @@ from conftest import (
 from waiting import wait_until
 
 from blobha.errors import KeyAlreadyExists, VersionConflict
-from blobha.localcluster import LocalCluster
+from blobha.localcluster import LocalCluster, MasterProcess
 
 WRITERS = 8
 PER_WRITER = 6
@@ -171,7 +171,7 @@ def test_followers_replicate_a_lone_write_at_once_and_a_burst_in_shared_batches(
         c.create(f"{unique_key}-lone", os.urandom(4096))
         assert c.wait_for_replication(f"{unique_key}-lone", 3, timeout=LONG_LINGER / 2).reached
 
-    before = {f.address: scrape(f) for f in fs}
+    before = batch_counts(fs)
     payloads = {f"{unique_key}-{w}-{i}": os.urandom(4096) for w in range(WRITERS)
                 for i in range(PER_WRITER)}
 
@@ -187,13 +187,60 @@ def test_followers_replicate_a_lone_write_at_once_and_a_burst_in_shared_batches(
         assert c.wait_for_replication(list(payloads), 3, timeout=LONG_LINGER + 40).reached
         for key, data in payloads.items():
             assert c.read(key) == data
-    for f in fs:
-        after = scrape(f)
-        batches = (value(after, "blobha_sync_batches_total")
-                   - value(before[f.address], "blobha_sync_batches_total"))
-        keys = (value(after, "blobha_sync_batch_keys_total")
-                - value(before[f.address], "blobha_sync_batch_keys_total"))
+    for address, (batches, keys) in batches_since(fs, before).items():
         # Every created key went through a batch on each follower; keys that arrived while
         # another batch was replicated waited for it and went on together.
-        assert keys >= len(payloads), (f.address, keys)
-        assert batches < len(payloads) / 2, (f.address, batches, keys)
+        assert keys >= len(payloads), (address, keys)
+        assert batches < len(payloads) / 2, (address, batches, keys)
+
+
+STREAM = 40
+
+
+@pytest.mark.parametrize("fresh_cluster", [{"blobstore.sync.linger.secs": LONG_LINGER,
+                                            "blobstore.sync.period.secs": 600.0}],
+                         indirect=True)
+def test_followers_batch_one_client_s_stream_but_not_writes_that_wait_for_their_copies(
+    fresh_cluster: LocalCluster, unique_key: str
+) -> None:
+    cluster = fresh_cluster
+    fs = followers(cluster)
+    assert len(fs) == 2
+    wait_until(lambda: all(value(scrape(f), "blobha_sync_queue_depth") == 0 for f in fs), 30,
+               "the followers' start-up reconcile to end")
+    with client_for(cluster) as c:
+        # A client that waits for each write's copies before the next gives no key company:
+        # each goes at once. Held for the linger, none would be seen in time.
+        for i in range(3):
+            c.create(f"{unique_key}-waits-{i}", os.urandom(4096))
+            assert c.wait_for_replication(f"{unique_key}-waits-{i}", 3,
+                                          timeout=LONG_LINGER / 2).reached
+
+        # One client creating key after key: the followers rarely find a batch running when a
+        # key arrives, yet the stream keeps giving company, so its keys share batches.
+        before = batch_counts(fs)
+        payloads = {f"{unique_key}-{i}": os.urandom(4096) for i in range(STREAM)}
+        for key, data in payloads.items():
+            c.create(key, data)
+        assert c.wait_for_replication(list(payloads), 3, timeout=LONG_LINGER + 40).reached
+        for key, data in payloads.items():
+            assert c.read(key) == data
+    for address, (batches, keys) in batches_since(fs, before).items():
+        assert keys >= STREAM, (address, keys)
+        # Without the hold for a stream, each follower took about four batches for five keys.
+        assert batches < STREAM / 4, (address, batches, keys)
+
+
+def batch_counts(masters: list[MasterProcess]) -> dict[str, tuple[float, float]]:
+    """Each master's synchroniser batches so far, and the keys they carried."""
+    out = {}
+    for m in masters:
+        text = scrape(m)
+        out[m.address] = (value(text, "blobha_sync_batches_total"),
+                          value(text, "blobha_sync_batch_keys_total"))
+    return out
+
+
+def batches_since(masters: list[MasterProcess], before: dict[str, tuple[float, float]]
+                  ) -> dict[str, tuple[float, float]]:
+    return {a: (b - before[a][0], k - before[a][1]) for a, (b, k) in batch_counts(masters).items()}

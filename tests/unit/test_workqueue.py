@@ -6,6 +6,7 @@ import threading
 import time
 
 import pytest
+from blobha.sync import workqueue
 from blobha.sync.workqueue import WorkQueue
 
 
@@ -104,6 +105,67 @@ def test_a_full_batch_is_not_held() -> None:
     t, got = _get_in_thread(q, 2)
     t.join(timeout=10)
     assert not t.is_alive() and got == [["b", "c"]]
+
+
+def _after_a_batch_of(keys: list[str], linger: float) -> WorkQueue:
+    """A queue idle again after one batch of ``keys`` went through a worker."""
+    q = WorkQueue(linger=linger)
+    q.put_many(keys)
+    assert q.get_batch(10) == keys
+    q.done_many(keys)
+    return q
+
+
+def test_right_after_a_batch_with_company_a_key_waits_for_the_stream() -> None:
+    # One client creating key after key: the last batch had company and just ended, so the
+    # next key waits out the linger for the keys behind it.
+    q = _after_a_batch_of(["a", "b"], linger=0.3)
+    q.put("c")
+    started = time.monotonic()
+    t, got = _get_in_thread(q, 10)
+    q.put("d")
+    t.join(timeout=10)
+    assert got == [["c", "d"]]
+    assert time.monotonic() - started >= 0.3 - 0.01
+
+
+def test_a_key_that_arrived_while_another_batch_ran_also_shows_a_stream() -> None:
+    # The trickle's usual case: the key came while its predecessor was replicated, then went
+    # alone; the keys behind it wait for company.
+    q = _handling_a(linger=0.3)
+    q.put("b")
+    q.done_many(["a"])
+    assert q.get_batch(10) == ["b"]
+    q.done_many(["b"])
+    q.put("c")
+    started = time.monotonic()
+    t, got = _get_in_thread(q, 10)
+    q.put("d")
+    t.join(timeout=10)
+    assert got == [["c", "d"]]
+    assert time.monotonic() - started >= 0.3 - 0.01
+
+
+def test_right_after_a_lone_batch_a_key_goes_at_once() -> None:
+    # A client that waits for each write's copies before the next: no company ever comes.
+    q = _after_a_batch_of(["a"], linger=60.0)
+    q.put("b")
+    t, got = _get_in_thread(q, 10)
+    t.join(timeout=10)
+    assert not t.is_alive() and got == [["b"]]
+
+
+def test_once_the_stream_has_paused_for_the_linger_a_key_goes_at_once(
+    monkeypatch: pytest.MonkeyPatch
+) -> None:
+    q = _after_a_batch_of(["a", "b"], linger=60.0)
+    real = time.monotonic
+    # The clock moves past the linger since that batch ended, without the test waiting.
+    monkeypatch.setattr(workqueue.time, "monotonic", lambda: real() + 61.0)
+    q.put("c")
+    t, got = _get_in_thread(q, 10)
+    t.join(timeout=10)
+    assert not t.is_alive() and got == [["c"]]
 
 
 def test_batches_and_their_keys_are_counted() -> None:
