@@ -13,9 +13,11 @@ batches competing for the same cores; held back, they share them.
 A steady trickle (one client creating key after key) mostly finds nothing running: each
 follower replicated each key alone, one batch per create. So a key is also held while a stream
 goes on: when the last batch ended less than ``linger`` ago and showed one, by carrying more
-than one key or a key that arrived while another batch was being handled. A key that finds the
-queue idle after a batch that showed none (a lone write, or one client that waits for each
-write's replication before the next) goes at once, so it replicates as soon as before.
+than one key, or by being the second batch in a row with a key that arrived while another batch
+was being handled (one such key can be a lone write that came just as the batch before
+finished). A key that finds the queue idle after a batch that showed none (a lone write, or one
+client that waits for each write's replication before the next) goes at once, so it
+replicates as soon as before.
 """
 
 from __future__ import annotations
@@ -41,11 +43,13 @@ class WorkQueue:
         self._delayed: list[tuple[float, str]] = []
         self._closed = False
         #: When the last batch ended, and whether the last one handed out showed a stream:
-        #: it had company, or one of its keys arrived while another batch was being handled
-        #: (``_busy_arrival``, since the hand-out before). See :meth:`_hold`.
+        #: it had company, or it and the one before each had a key that arrived while another
+        #: batch was being handled (``_busy_arrival``, since the hand-out before; ``_busy_run``
+        #: such batches in a row). See :meth:`_hold`.
         self._last_end = float("-inf")
         self._stream = False
         self._busy_arrival = False
+        self._busy_run = 0
 
     def put(self, key: str, delay: float = 0.0) -> None:
         with self._cond:
@@ -91,8 +95,9 @@ class WorkQueue:
                             self._running.add(key)
                         self.batches += 1
                         self.batched_keys += len(batch)
-                        self._stream = len(batch) >= 2 or self._busy_arrival
+                        self._busy_run = self._busy_run + 1 if self._busy_arrival else 0
                         self._busy_arrival = False
+                        self._stream = len(batch) >= 2 or self._busy_run >= 2
                         return batch
                     timeout = hold if timeout is None else min(hold, timeout)
                 self._cond.wait(timeout)

@@ -21,6 +21,7 @@ from conftest import (
 )
 from waiting import wait_until
 
+from blobha.client import Client
 from blobha.errors import KeyAlreadyExists, VersionConflict
 from blobha.localcluster import LocalCluster, MasterProcess
 
@@ -152,83 +153,82 @@ def test_a_create_racing_a_create_of_the_same_key_commits_once(
 LONG_LINGER = 20.0
 
 
-# No periodic pass during the test: its batches would count as work being replicated.
-@pytest.mark.parametrize("fresh_cluster", [{"blobstore.sync.linger.secs": LONG_LINGER,
-                                            "blobstore.sync.period.secs": 600.0}],
-                         indirect=True)
-def test_followers_replicate_a_lone_write_at_once_and_a_burst_in_shared_batches(
-    fresh_cluster: LocalCluster, unique_key: str
-) -> None:
-    cluster = fresh_cluster
+#: A cluster of the test's own whose synchronisers linger that long. No periodic pass during
+#: the test: its batches would count as work being replicated.
+lingering = pytest.mark.parametrize(
+    "fresh_cluster",
+    [{"blobstore.sync.linger.secs": LONG_LINGER, "blobstore.sync.period.secs": 600.0}],
+    indirect=True)
+
+
+def idle_followers(cluster: LocalCluster) -> list[MasterProcess]:
+    """The two followers, once their start-up reconcile has ended."""
     fs = followers(cluster)
     assert len(fs) == 2
     wait_until(lambda: all(value(scrape(f), "blobha_sync_queue_depth") == 0 for f in fs), 30,
                "the followers' start-up reconcile to end")
-
-    # Nothing is being replicated: the lone write's key goes to a worker at once, not after
-    # the linger.
-    with client_for(cluster) as c:
-        c.create(f"{unique_key}-lone", os.urandom(4096))
-        assert c.wait_for_replication(f"{unique_key}-lone", 3, timeout=LONG_LINGER / 2).reached
-
-    before = batch_counts(fs)
-    payloads = {f"{unique_key}-{w}-{i}": os.urandom(4096) for w in range(WRITERS)
-                for i in range(PER_WRITER)}
-
-    def writer(w: int) -> None:
-        with client_for(cluster) as c:
-            for key, data in payloads.items():
-                if key.startswith(f"{unique_key}-{w}-"):
-                    c.create(key, data)
-
-    run_together(writer, WRITERS, 120)
-    with client_for(cluster) as c:
-        # Held keys wait at most the linger from their arrival: nothing is left behind.
-        assert c.wait_for_replication(list(payloads), 3, timeout=LONG_LINGER + 40).reached
-        for key, data in payloads.items():
-            assert c.read(key) == data
-    for address, (batches, keys) in batches_since(fs, before).items():
-        # Every created key went through a batch on each follower; keys that arrived while
-        # another batch was replicated waited for it and went on together.
-        assert keys >= len(payloads), (address, keys)
-        assert batches < len(payloads) / 2, (address, batches, keys)
+    return fs
 
 
-STREAM = 40
+STREAM = 60
 
 
-@pytest.mark.parametrize("fresh_cluster", [{"blobstore.sync.linger.secs": LONG_LINGER,
-                                            "blobstore.sync.period.secs": 600.0}],
-                         indirect=True)
-def test_followers_batch_one_client_s_stream_but_not_writes_that_wait_for_their_copies(
+@lingering
+def test_followers_replicate_lone_writes_at_once_and_a_stream_or_a_burst_in_shared_batches(
     fresh_cluster: LocalCluster, unique_key: str
 ) -> None:
-    cluster = fresh_cluster
-    fs = followers(cluster)
-    assert len(fs) == 2
-    wait_until(lambda: all(value(scrape(f), "blobha_sync_queue_depth") == 0 for f in fs), 30,
-               "the followers' start-up reconcile to end")
-    with client_for(cluster) as c:
-        # A client that waits for each write's copies before the next gives no key company:
-        # each goes at once. Held for the linger, none would be seen in time.
+    fs = idle_followers(fresh_cluster)
+    with client_for(fresh_cluster) as c:
+        # Nothing is being replicated, and a client that waits for each write's copies before
+        # the next gives no key company: each goes to a worker at once. Held for the linger,
+        # none would be seen in time.
         for i in range(3):
             c.create(f"{unique_key}-waits-{i}", os.urandom(4096))
             assert c.wait_for_replication(f"{unique_key}-waits-{i}", 3,
                                           timeout=LONG_LINGER / 2).reached
 
         # One client creating key after key: the followers rarely find a batch running when a
-        # key arrives, yet the stream keeps giving company, so its keys share batches.
+        # key arrives, yet the stream keeps giving company, so its keys share batches. Without
+        # the hold for a stream, each follower took about four batches for five keys.
         before = batch_counts(fs)
-        payloads = {f"{unique_key}-{i}": os.urandom(4096) for i in range(STREAM)}
-        for key, data in payloads.items():
+        stream = {f"{unique_key}-{i}": os.urandom(4096) for i in range(STREAM)}
+        for key, data in stream.items():
             c.create(key, data)
-        assert c.wait_for_replication(list(payloads), 3, timeout=LONG_LINGER + 40).reached
-        for key, data in payloads.items():
-            assert c.read(key) == data
-    for address, (batches, keys) in batches_since(fs, before).items():
-        assert keys >= STREAM, (address, keys)
-        # Without the hold for a stream, each follower took about four batches for five keys.
-        assert batches < STREAM / 4, (address, batches, keys)
+        assert_replicated_intact(c, stream)
+    assert_shared_batches(fs, before, STREAM, STREAM / 4)
+
+    # Writers at once: keys that arrive while another batch is replicated wait for it and go
+    # on together.
+    before = batch_counts(fs)
+    payloads = {f"{unique_key}-{w}-{i}": os.urandom(4096) for w in range(WRITERS)
+                for i in range(PER_WRITER)}
+
+    def writer(w: int) -> None:
+        with client_for(fresh_cluster) as c:
+            for key, data in payloads.items():
+                if key.startswith(f"{unique_key}-{w}-"):
+                    c.create(key, data)
+
+    run_together(writer, WRITERS, 120)
+    with client_for(fresh_cluster) as c:
+        assert_replicated_intact(c, payloads)
+    assert_shared_batches(fs, before, len(payloads), len(payloads) / 2)
+
+
+def assert_shared_batches(masters: list[MasterProcess], before: dict[str, tuple[float, float]],
+                          keys: int, most: float) -> None:
+    """Each of ``masters`` took every one of ``keys`` keys through a batch, in fewer than ``most``
+    batches."""
+    for address, (batches, taken) in batches_since(masters, before).items():
+        assert taken >= keys, (address, taken)
+        assert batches < most, (address, batches, taken)
+
+
+def assert_replicated_intact(c: Client, payloads: dict[str, bytes]) -> None:
+    # Held keys wait at most the linger from their arrival: nothing is left behind.
+    assert c.wait_for_replication(list(payloads), 3, timeout=LONG_LINGER + 40).reached
+    for key, data in payloads.items():
+        assert c.read(key) == data
 
 
 def batch_counts(masters: list[MasterProcess]) -> dict[str, tuple[float, float]]:

@@ -54,6 +54,15 @@ def _get_in_thread(q: WorkQueue, limit: int) -> tuple[threading.Thread, list[lis
     return t, got
 
 
+def _assert_goes_at_once(q: WorkQueue, key: str) -> None:
+    """``key``, put now, is handed out at once: were it held for a long linger, the join
+    would give up first."""
+    q.put(key)
+    t, got = _get_in_thread(q, 10)
+    t.join(timeout=10)
+    assert not t.is_alive() and got == [[key]]
+
+
 def _handling_a(linger: float) -> WorkQueue:
     """A queue one of whose workers is handling key "a" (and goes on doing so)."""
     q = WorkQueue(linger=linger)
@@ -66,10 +75,7 @@ def test_a_key_goes_at_once_when_no_batch_is_being_handled() -> None:
     # A lone write replicates as soon as without the linger: were it held, the call would
     # block for the whole minute and the join below would give up.
     q = WorkQueue(linger=60.0)
-    q.put("a")
-    t, got = _get_in_thread(q, 10)
-    t.join(timeout=10)
-    assert not t.is_alive() and got == [["a"]]
+    _assert_goes_at_once(q, "a")
 
 
 def test_while_a_batch_is_handled_a_new_key_waits_out_the_linger() -> None:
@@ -119,40 +125,49 @@ def _after_a_batch_of(keys: list[str], linger: float) -> WorkQueue:
 def test_right_after_a_batch_with_company_a_key_waits_for_the_stream() -> None:
     # One client creating key after key: the last batch had company and just ended, so the
     # next key waits out the linger for the keys behind it.
-    q = _after_a_batch_of(["a", "b"], linger=0.3)
+    _assert_the_next_key_waits_for_company(_after_a_batch_of(["a", "b"], linger=0.3), 0.3)
+
+
+def _assert_the_next_key_waits_for_company(q: WorkQueue, linger: float) -> None:
     q.put("c")
     started = time.monotonic()
     t, got = _get_in_thread(q, 10)
     q.put("d")
     t.join(timeout=10)
     assert got == [["c", "d"]]
-    assert time.monotonic() - started >= 0.3 - 0.01
+    assert time.monotonic() - started >= linger - 0.01
 
 
-def test_a_key_that_arrived_while_another_batch_ran_also_shows_a_stream() -> None:
-    # The trickle's usual case: the key came while its predecessor was replicated, then went
-    # alone; the keys behind it wait for company.
-    q = _handling_a(linger=0.3)
-    q.put("b")
-    q.done_many(["a"])
-    assert q.get_batch(10) == ["b"]
+def _one_arriving_during_the_other(q: WorkQueue, running: str, arriving: str) -> None:
+    """``arriving`` comes while ``running`` is handled, and goes alone once that ends."""
+    q.put(arriving)
+    q.done_many([running])
+    assert q.get_batch(10) == [arriving]
+
+
+def test_one_key_that_arrived_while_another_batch_ran_shows_no_stream() -> None:
+    # It may be a lone write that came just as the batch before finished: the next key goes
+    # at once (held, the join below would give up long before the minute).
+    q = _handling_a(linger=60.0)
+    _one_arriving_during_the_other(q, "a", "b")
     q.done_many(["b"])
-    q.put("c")
-    started = time.monotonic()
-    t, got = _get_in_thread(q, 10)
-    q.put("d")
-    t.join(timeout=10)
-    assert got == [["c", "d"]]
-    assert time.monotonic() - started >= 0.3 - 0.01
+    _assert_goes_at_once(q, "c")
+
+
+def test_two_batches_in_a_row_with_keys_that_arrived_while_another_ran_show_a_stream() -> None:
+    # The trickle's usual case: each key came while its predecessor was replicated, then went
+    # alone. The keys behind them wait for company.
+    q = _handling_a(linger=0.3)
+    _one_arriving_during_the_other(q, "a", "b")
+    _one_arriving_during_the_other(q, "b", "y")
+    q.done_many(["y"])
+    _assert_the_next_key_waits_for_company(q, 0.3)
 
 
 def test_right_after_a_lone_batch_a_key_goes_at_once() -> None:
     # A client that waits for each write's copies before the next: no company ever comes.
     q = _after_a_batch_of(["a"], linger=60.0)
-    q.put("b")
-    t, got = _get_in_thread(q, 10)
-    t.join(timeout=10)
-    assert not t.is_alive() and got == [["b"]]
+    _assert_goes_at_once(q, "b")
 
 
 def test_once_the_stream_has_paused_for_the_linger_a_key_goes_at_once(
@@ -162,10 +177,7 @@ def test_once_the_stream_has_paused_for_the_linger_a_key_goes_at_once(
     real = time.monotonic
     # The clock moves past the linger since that batch ended, without the test waiting.
     monkeypatch.setattr(workqueue.time, "monotonic", lambda: real() + 61.0)
-    q.put("c")
-    t, got = _get_in_thread(q, 10)
-    t.join(timeout=10)
-    assert not t.is_alive() and got == [["c"]]
+    _assert_goes_at_once(q, "c")
 
 
 def test_batches_and_their_keys_are_counted() -> None:
