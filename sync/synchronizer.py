@@ -224,7 +224,8 @@ class SyncSettings:
     #: ``blobstore.sync.recursive.watch``, on by default).
     recursive_watch: bool = True
     #: How long a key may wait for others to join its batch while another batch is being
-    #: handled (see blobha.sync.workqueue; ``blobstore.sync.linger.secs``).
+    #: handled or a stream of writes goes on (see blobha.sync.workqueue;
+    #: ``blobstore.sync.linger.secs``).
     linger_secs: float = 0.0
 
 
