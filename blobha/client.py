@@ -1925,6 +1925,7 @@ class _DownloadJob:
         # The last failure of a master that should have served the bytes (down, corrupt,
         # failing), which says more than the "not held here" of the others.
         unreached: BlobError | None = None
+        last: BlobError | None = None
         while True:
             if not self.candidates:
                 known = self.c._known_addresses() if may_guess else []
@@ -1936,7 +1937,16 @@ class _DownloadJob:
                     # on a miss (one call instead of two for most reads).
                     self.candidates = [self.c._rng.choice(known)]
                 else:
-                    self._choose_replicas(deadline)
+                    try:
+                        self._choose_replicas(deadline)
+                    except DeadlineExceeded:
+                        # The last pause left too little of the deadline for this call: why
+                        # the download was retrying ("no reachable master holds v1") is the
+                        # news, not that its next question was cut short.
+                        if last is None or not deadline.expired():
+                            raise
+                        raise _gave_up(self._why(last, unreached), what,
+                                       deadline.seconds) from None
             address = self.candidates[0]
             before = self.pos
             try:
@@ -1951,7 +1961,7 @@ class _DownloadJob:
             except (Unavailable, ChecksumMismatch, InternalError) as exc:
                 # A replica that is down, sent bad bytes, or failed (a disk error there): the
                 # others hold the same version.
-                last: BlobError = exc
+                last = exc
                 unreached = exc
                 self.candidates.pop(0)
                 self.failed.add(address)

@@ -1281,6 +1281,30 @@ def test_not_held_here_tries_another_master(client: Client, cluster: FakeCluster
     assert client.read("k") == b"abc"
 
 
+def test_a_read_whose_deadline_ends_in_a_replica_lookup_says_why_it_was_retrying(
+    client: Client, cluster: FakeCluster, clock: FakeClock
+) -> None:
+    # Before: the last back-off left a sliver of the deadline, the replica lookup after it ran
+    # into the deadline's end, and the read failed "did not answer in time" (a master that
+    # answered every call) instead of saying that no reachable master holds the key's bytes.
+    client.create("k", b"abc")
+    cluster.holders["k"] = []  # its one holder is down: its replica node is gone
+    original = cluster._GetReplication
+    start = clock.now
+
+    def into_the_end(address: str, r: pb.GetReplicationRequest) -> pb.ReplicationStatus:
+        if 30.0 - (clock.now - start) <= client_mod._CONTROL_TIMEOUT:
+            clock.now = start + 30.0  # the call takes what is left of the read's deadline
+            raise DeadlineExceeded(f"master {address} did not answer in time")
+        return original(address, r)
+
+    cluster._GetReplication = into_the_end  # type: ignore[method-assign]
+    with pytest.raises(Unavailable) as e:
+        client.read("k")
+    assert str(e.value).startswith("could not download 'k' within 30 s: no reachable master")
+    assert clock.now - start == 30.0
+
+
 @pytest.mark.parametrize("failure", [
     ChecksumMismatch("chunk 0 corrupt on disk"),
     # INTERNAL (a disk error there) failed the whole read, two others holding the version.
