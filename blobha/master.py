@@ -1285,7 +1285,9 @@ class Master:
                        ) -> Iterator[tuple[str, int, VersionInfo | None, bytes]]:
         """For a master syncing: each named version whole, verified against its stored digests
         as it is read, as (key, seq, info, data); info None where this master does not hold it
-        (or it is too big to come whole, or it failed its digest and was removed)."""
+        (or it is too big to come whole, or it failed its digest and was removed). A version
+        installed lately comes from memory (:meth:`LocalStore.recent`): the bytes whose digest
+        its install checked, which the fetching master checks again."""
         if user != self.principal:
             raise NotAuthorized(
                 f"{user!r} may not call FetchVersions: it is for masters syncing from each"
@@ -1303,6 +1305,10 @@ class Master:
     def _fetch_versions(self, refs: Sequence[tuple[str, int]]
                         ) -> Iterator[tuple[str, int, VersionInfo | None, bytes]]:
         for key, seq in refs:
+            recent = self.store.recent(key, seq) if seq else None
+            if recent is not None:
+                yield key, seq, *recent
+                continue
             info = self.store.info(key, seq) if seq else None
             if info is None or info.size > FETCH_WHOLE_MAX_BYTES:
                 yield key, seq, None, b""

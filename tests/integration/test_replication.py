@@ -435,3 +435,12 @@ def test_fetch_versions_serves_small_versions_whole_to_masters_only(
         with pytest.raises(grpc.RpcError) as refused:
             list(s.FetchVersions(too_many, timeout=10, metadata=as_master))
         assert refused.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+
+    # Every master served those versions from memory (each installed them lately, together);
+    # a deleted version is served by none, from memory or from disk.
+    alice.delete(small[1])
+    gone = pb.FetchVersionsRequest(versions=[pb.VersionRef(key=small[1], version=1)])
+    for m in cluster.masters:
+        wait_until(lambda m=m: [v.missing for reply in stub(m.address).FetchVersions(
+                       gone, timeout=10, metadata=as_master) for v in reply.versions] == [True],
+                   30, f"{m.address} no longer serving the deleted {small[1]!r}")

@@ -520,6 +520,56 @@ def test_install_many_installs_each_version_durably_and_readably(store: LocalSto
     assert list(store.tmp_dir.iterdir()) == []
 
 
+def _install_small(store: LocalStore, *entries: tuple[str, int, bytes]
+                   ) -> list[VersionInfo | ChecksumMismatch]:
+    return store.install_many([(key, seq, data, len(data), digest_bytes(data))
+                               for key, seq, data in entries])
+
+
+def test_versions_installed_together_are_remembered_until_removed(store: LocalStore) -> None:
+    # The other masters fetch a new version right after its install: from memory, with the
+    # record the disk holds, and never once the version is gone.
+    a, b = _data(300), _data(500, seed=1)
+    _install_small(store, ("a", 1, a), ("b", 2, b))
+    for key, seq, data in (("a", 1, a), ("b", 2, b)):
+        remembered = store.recent(key, seq)
+        assert remembered == (store.info(key, seq), data)
+    assert store.recent("a", 2) is None and store.recent("c", 1) is None
+    store.delete_version("a", 1)
+    assert store.recent("a", 1) is None
+    store.prune("b", 0)
+    assert store.recent("b", 2) is None
+    # A key deleted and created again can reuse a version number: its new bytes, not the old.
+    _install_small(store, ("b", 2, b))
+    store.delete_key("b")
+    assert store.recent("b", 2) is None
+    new = _data(200, seed=2)
+    _put(store, "b", 2, new)
+    assert store.recent("b", 2) is None and _read(store, "b", 2) == new
+
+
+def test_a_corrupt_version_is_forgotten_with_its_file(store: LocalStore) -> None:
+    data = _data(CHUNK_SIZE + 10)
+    _install_small(store, ("k", 1, data))
+    _flip_byte(store, "k", 1, 5)
+    with pytest.raises(ChecksumMismatch):
+        _read(store, "k", 1)
+    assert store.recent("k", 1) is None and store.versions("k") == []
+
+
+def test_remembered_versions_are_bounded_oldest_first(
+        store: LocalStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(store_module, "RECENT_BYTES", 1000)
+    monkeypatch.setattr(store_module, "RECENT_VERSIONS", 3)
+    _install_small(store, *[(f"k{i}", 1, _data(100, seed=i)) for i in range(5)])
+    assert [k for k in ("k0", "k1", "k2", "k3", "k4") if store.recent(k, 1)] == ["k2", "k3", "k4"]
+    _install_small(store, ("big", 1, _data(801)))  # 801 + only the newest 100 fit in 1,000
+    assert [k for k in ("k2", "k3", "k4", "big") if store.recent(k, 1)] == ["k4", "big"]
+    _install_small(store, ("huge", 1, _data(1001)))  # more than the bound: nothing stays
+    assert [k for k in ("k4", "big", "huge") if store.recent(k, 1)] == []
+    assert _read(store, "huge", 1) == _data(1001)  # installed all the same
+
+
 def test_install_many_keeps_out_a_copy_that_does_not_match(store: LocalStore) -> None:
     good, bad = _data(64), _data(64, seed=1)
     out = store.install_many([
@@ -550,8 +600,9 @@ def test_a_failed_install_many_leaves_no_version_behind(
     with pytest.raises(OSError):
         store.install_many([("a", 1, data, len(data), digest_bytes(data)),
                             ("b", 1, data, len(data), digest_bytes(data))])
-    # Never made durable, so never left for a reconcile to register.
+    # Never made durable, so never left for a reconcile to register, nor served from memory.
     assert store.versions("a") == [] and store.versions("b") == []
+    assert store.recent("a", 1) is None and store.recent("b", 1) is None
     assert list(store.tmp_dir.iterdir()) == []
 
 
