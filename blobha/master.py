@@ -29,6 +29,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Set as AbstractSet
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any
@@ -778,7 +779,8 @@ class Master:
         key = up.key
         with up.lock, self.store.key_lock(key):
             try:
-                state = None if up.create and self._nothing_here(key) else self._read_state(key)
+                fresh = up.create and self._nothing_here(key)
+                state = None if fresh else self._read_state(key)
                 new = self._next_state(user, key, up.create, tuple(up.acl), up.replication_factor,
                                        up.write_quorum, up.expected_version, size, digest, state,
                                        time.time(), up.write_tag)
@@ -798,7 +800,8 @@ class Master:
                 raise
             result: BlobState | BaseException = Unavailable("not committed; retry")
             try:
-                result = self._commit_together([(key, up.create, new)])[0]
+                result = self._commit_together([(key, up.create, new)],
+                                               fresh={key} if fresh else set())[0]
             finally:
                 self._drop_uncommitted(key, new.seq, result)
             if isinstance(result, BaseException):
@@ -962,7 +965,8 @@ class Master:
             return [e] * len(batch)
         news: dict[int, BlobState] = {}
         now = time.time()
-        for i, (p, state) in enumerate(zip(batch, self._states_for_commit(batch),
+        fresh = {p.key for p in batch if p.create and self._nothing_here(p.key)}
+        for i, (p, state) in enumerate(zip(batch, self._states_for_commit(batch, fresh),
                                            strict=True)):
             try:
                 if isinstance(state, BaseException):
@@ -990,7 +994,7 @@ class Master:
                 live.append(i)
         try:
             results = self._commit_together(
-                [(batch[i].key, batch[i].create, news[i]) for i in live])
+                [(batch[i].key, batch[i].create, news[i]) for i in live], fresh)
             for i, committed in zip(live, results, strict=True):
                 out[i] = committed
         finally:
@@ -998,11 +1002,12 @@ class Master:
                 self._drop_uncommitted(batch[i].key, news[i].seq, out[i])
         return out
 
-    def _states_for_commit(self, batch: Sequence[_Put]
+    def _states_for_commit(self, batch: Sequence[_Put], fresh: AbstractSet[str]
                            ) -> list[BlobState | BaseException | None]:
         """Each write's current key state (the caller holds the keys' locks), read in one
-        pipelined round trip; none is read for a create of a key this master knows nothing of."""
-        pending = [None if p.create and self._nothing_here(p.key)
+        pipelined round trip; none is read for a create of a ``fresh`` key (one this master
+        knows nothing of, :meth:`_nothing_here`)."""
+        pending = [None if p.create and p.key in fresh
                    else self.zk.get_async(key_path(p.key)) for p in batch]
         out: list[BlobState | BaseException | None] = []
         for result in pending:
@@ -1018,28 +1023,30 @@ class Master:
                 out.append(e)
         return out
 
-    def _commit_together(self, writes: Sequence[tuple[str, bool, BlobState]]
-                         ) -> list[BlobState | BaseException]:
+    def _commit_together(self, writes: Sequence[tuple[str, bool, BlobState]],
+                         fresh: AbstractSet[str]) -> list[BlobState | BaseException]:
         """Commit ``writes`` (key, create?, new state) in as few fenced transactions as fit in
         ZooKeeper's request limit (one, unless their records take more than
         :data:`zkstate.MAX_STATE_BYTES` together: a request over it is refused by dropping
-        the connection). One result per write: its state, or its error."""
+        the connection). One result per write: its state, or its error. ``fresh``: the
+        created keys this master held nothing of before their install (:meth:`_nothing_here`).
+        """
         out: list[BlobState | BaseException] = []
         chunk: list[tuple[str, bool, BlobState]] = []
         size = 0
         for write in writes:
             n = _record_bytes(write[2])
             if chunk and size + n > zkstate.MAX_STATE_BYTES:
-                out.extend(self._commit_transaction(chunk))
+                out.extend(self._commit_transaction(chunk, fresh))
                 chunk, size = [], 0
             chunk.append(write)
             size += n
         if chunk:
-            out.extend(self._commit_transaction(chunk))
+            out.extend(self._commit_transaction(chunk, fresh))
         return out
 
-    def _commit_transaction(self, writes: Sequence[tuple[str, bool, BlobState]]
-                            ) -> list[BlobState | BaseException]:
+    def _commit_transaction(self, writes: Sequence[tuple[str, bool, BlobState]],
+                            fresh: AbstractSet[str]) -> list[BlobState | BaseException]:
         """Commit ``writes`` in one fenced transaction: each its metadata and this master's
         replica node (installed durably before, so a version never appears without a holder),
         and the created keys in the change journal (no watch tells the other masters of them).
@@ -1050,9 +1057,11 @@ class Master:
         session = self.sync.session_id()
         records = [new.encode() for _, _, new in writes]
         # New keys acknowledged in the commit, with no other version here (so nothing for a
-        # reconcile to prune): the synchroniser makes their entries from the commit itself.
+        # reconcile to prune): the synchroniser makes their entries from the commit itself. A
+        # ``fresh`` key had nothing here before its install, under the lock held since.
         creating = [key for key, create, new in writes
-                    if create and new.acked and self.store.versions(key) == [new.seq]]
+                    if create and new.acked
+                    and (key in fresh or self.store.versions(key) == [new.seq])]
         self.sync.creating(creating)
         try:
             return self._commit_records(writes, records, out, live, session)

@@ -336,7 +336,7 @@ def test_a_group_commit_too_large_for_one_zookeeper_request_is_split(tmp_path: P
     writes = [(f"k{n}", True, BlobState(
         seq=1, size=1, digest="0" * 32, acl=acl, replication_factor=3, creator="alice",
         created_at=1.0, updated_at=1.0, epoch=3, acked=True)) for n in range(3)]
-    results = m._commit_together(writes)
+    results = m._commit_together(writes, set())
     assert [r.seq for r in results if isinstance(r, BlobState)] == [1, 1, 1], results
     assert len(zk.sizes) == 2 and all(size <= MAX_STATE_BYTES for size in zk.sizes), zk.sizes
     assert sum(zk.sizes) == sum(len(new.encode()) for _, _, new in writes)

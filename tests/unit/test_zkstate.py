@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import replace
 
@@ -121,6 +122,16 @@ def test_meta_version_is_not_stored() -> None:
     assert "meta_version" not in raw
     assert raw["acl"] == "u:alice:rwa,o::r--"
     assert BlobState.decode(_state(meta_version=5).encode()).meta_version == 0
+
+
+def test_every_field_but_the_znode_version_is_stored() -> None:
+    # encode() names each field itself: a field added to BlobState or PastVersion and not to
+    # encode() would be lost at the first write.
+    tagged = _state(write_tag="t1", history=(PastVersion(2, 10, "1" * 32, "t0"),))
+    raw = json.loads(tagged.encode())
+    assert set(raw) == {f.name for f in dataclasses.fields(BlobState)} - {"meta_version"}
+    assert set(raw["history"][0]) == {f.name for f in dataclasses.fields(PastVersion)}
+    assert BlobState.decode(tagged.encode()) == tagged
 
 
 def test_decode_without_history_or_quorum() -> None:
