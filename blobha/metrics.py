@@ -155,7 +155,9 @@ class MasterCollector(Collector):
         yield GaugeMetricFamily("blobha_blobs_stored",
                                 "Blobs with a version on this master's disk.", value=float(count))
         yield GaugeMetricFamily(
-            "blobha_stored_bytes", "Bytes of every retained blob version on this master's disk.",
+            "blobha_stored_bytes",
+            "Bytes of every retained blob version's file on this master's disk (a small"
+            " version's file holds its record of a few hundred bytes too).",
             value=float(stored),
         )
         yield GaugeMetricFamily("blobha_disk_free_bytes", "Free bytes on the store's file system.",

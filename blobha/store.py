@@ -3,18 +3,24 @@
 Layout under the store root::
 
     keys/<dirname>/v<seq>.blob  the bytes of one committed version, never modified
-    keys/<dirname>/v<seq>.json  its key (dirname is an encoding, see blobha.keys), size, xxh3-128
-                                digest and per-chunk xxh3-64 digests
+    keys/<dirname>/v<seq>.json  its record: its key (dirname is an encoding, see blobha.keys),
+                                size, xxh3-128 digest and per-chunk xxh3-64 digests
+    keys/<dirname>/v<seq>.ver   a small version installed with others (install_many): its bytes
+                                and its record in one file, the record after the bytes
     tmp/                        uploads and downloads in progress; emptied at start-up
     LOCK                        held (flock) by the process using the store; holds its pid
     zk-session                  not the store's: the master's ZooKeeper session, which its
                                 successor on this directory ends (blobha.sync.SessionRecord)
 
-A version exists only once both files are in place (the ``.json`` is renamed in last), so a
-crash at any point leaves either the old state or the new one, plus debris in ``tmp/`` that
-start-up removes. Every read checks each chunk against its stored digest before handing it out:
-a corrupt chunk raises :class:`ChecksumMismatch` and the version is removed, so it is never
-served twice and the synchroniser fetches a healthy copy. The one exception is
+A version exists only once its record is in place: a ``.json`` is renamed in after its
+``.blob``, a ``.ver`` is renamed in whole. So a crash at any point leaves either the old state
+or the new one, plus debris in ``tmp/`` that start-up removes. A ``.ver`` costs one file where
+the pair costs two: on a file system that searches for a free inode past the recently deleted
+ones (ext4 without a journal), allocating them was a tenth of a busy cluster's CPU.
+
+Every read checks each chunk against its stored digest before handing it out: a corrupt chunk
+raises :class:`ChecksumMismatch` and the version is removed, so it is never served twice and
+the synchroniser fetches a healthy copy. The one exception is
 :meth:`LocalStore.recent`: the small versions last installed together, kept in memory for the
 other masters' fetches, as the bytes whose digest the install checked.
 """
@@ -58,6 +64,13 @@ class VersionInfo:
     digest: str
     chunk_size: int
     chunks: tuple[str, ...]
+    #: Stored as one ``.ver`` file, its record after its bytes (else ``.blob`` and ``.json``).
+    packed: bool = False
+
+
+#: The last bytes of a ``.ver`` file: its record's length (4 bytes, little-endian), then this.
+_PACKED_MAGIC = b"BLOBHAv1"
+_PACKED_FOOTER = 4 + len(_PACKED_MAGIC)
 
 
 #: Bytes, and versions, of the small versions last installed together that a store keeps in
@@ -501,6 +514,8 @@ class LocalStore:
         info = VersionInfo(key, seq, size, digest, CHUNK_SIZE, tuple(chunks))
         with self._changing(key) as d:
             self._forget(key, seq)  # what install_many left of an earlier version seq
+            # Replaced, not kept: read first, an earlier packed copy would hide this one.
+            (d / f"v{seq}.ver").unlink(missing_ok=True)
             try:
                 d.mkdir()
                 new_dir = True
@@ -538,10 +553,10 @@ class LocalStore:
         """Install many small versions, each ``(key, seq, data, size, digest)``, with the durability
         of :meth:`install` for each but two file-system syncs for the whole batch instead of
         three or four fsyncs per version: verify each blob's size and digest (from the very
-        bytes to be written, as :class:`TempBlob` does) -> write every temp file -> sync ->
-        rename into place and write its record -> sync. Nothing is returned (so nothing
-        registered) before the last sync. One entry per item: its VersionInfo, or the
-        ChecksumMismatch that kept it out."""
+        bytes to be written, as :class:`TempBlob` does) -> write every temp file, the bytes
+        and then the record (a packed ``.ver``) -> sync -> rename into place -> sync. Nothing
+        is returned (so nothing registered) before the last sync. One entry per item: its
+        VersionInfo, or the ChecksumMismatch that kept it out."""
         out: list[VersionInfo | ChecksumMismatch] = []
         staged: list[tuple[VersionInfo, Path, bytes]] = []
         installed: list[VersionInfo] = []
@@ -562,19 +577,24 @@ class LocalStore:
                 # emptied at start: a counter names the file as surely as a uuid4, without
                 # its system call (2 % of a busy leader's Python time).
                 path = self.tmp_dir / f"sync-{os.getpid()}-{next(_temp_names)}.part"
+                info = VersionInfo(key, seq, size, digest, CHUNK_SIZE, tuple(chunks.digests()),
+                                   packed=True)
                 with open(path, "xb") as f:
-                    staged.append((VersionInfo(key, seq, size, digest, CHUNK_SIZE,
-                                               tuple(chunks.digests())), path, data))
+                    staged.append((info, path, data))
                     f.write(data)
-                out.append(staged[-1][0])
+                    f.write(_packed_footer(info))
+                out.append(info)
             fs.sync()
             for info, path, data in staged:
                 with self._changing(info.key) as d:
                     d.mkdir(exist_ok=True)
-                    os.replace(path, d / f"v{info.seq}.blob")
+                    # An earlier copy of this version is replaced, not kept: its record goes
+                    # first, so it no longer exists even if a crash comes before the rename.
+                    (d / f"v{info.seq}.json").unlink(missing_ok=True)
+                    # The bytes and the record at once: the version exists from this rename.
+                    os.replace(path, d / f"v{info.seq}.ver")
                     installed.append(info)  # from here on, the clean-up below removes it
-                    # The record last: a version exists only once its record does.
-                    write_json_atomic(d / f"v{info.seq}.json", _info_json(info), sync=False)
+                    (d / f"v{info.seq}.blob").unlink(missing_ok=True)
                     # Under the key's lock, as the files: a delete of the version forgets it
                     # under the same lock, so no removed version is remembered.
                     self._remember(info, data)
@@ -624,24 +644,27 @@ class LocalStore:
             return self._recent.get((key, seq))
 
     def info(self, key: str, seq: int) -> VersionInfo | None:
-        path = self._dir(key) / f"v{seq}.json"
+        d = self._dir(key)
+        path = d / f"v{seq}.ver"
         try:
+            try:
+                return _read_packed(path, key)
+            except FileNotFoundError:
+                pass
+            path = d / f"v{seq}.json"
             with open(path, encoding="utf-8") as f:
-                raw = json.load(f)
+                return _info_from(json.load(f), key)
         except FileNotFoundError:
             return None
-        except (OSError, ValueError):
+        except (OSError, ValueError, KeyError, TypeError):
             log.error("unreadable version record %s; removing the version", path)
             self.delete_version(key, seq)
             return None
-        return VersionInfo(
-            key, int(raw["seq"]), int(raw["size"]), str(raw["digest"]),
-            int(raw["chunk_size"]), tuple(raw["chunks"]),
-        )
 
     def has_version(self, key: str, seq: int) -> bool:
-        """Whether version ``seq`` is installed (its record exists); one stat, no parsing."""
-        return (self._dir(key) / f"v{seq}.json").exists()
+        """Whether version ``seq`` is installed (its record exists); no parsing."""
+        d = self._dir(key)
+        return (d / f"v{seq}.ver").exists() or (d / f"v{seq}.json").exists()
 
     def versions(self, key: str) -> list[int]:
         """Installed versions of ``key``, oldest first."""
@@ -694,7 +717,8 @@ class LocalStore:
             f.seek(index * info.chunk_size)
             pos = index * info.chunk_size
             while pos < end:
-                data = f.read(info.chunk_size)
+                # Not past the version's bytes: a packed file's record follows them.
+                data = f.read(min(info.chunk_size, info.size - pos))
                 self._check_chunk(info, index, data)
                 lo = max(offset - pos, 0)
                 hi = min(end - pos, len(data))
@@ -721,8 +745,11 @@ class LocalStore:
             buffer = memoryview(bytearray(info.chunk_size))
 
             def check(index: int) -> None:
-                # pread, not the file's position: the sender's sendfile moves that.
-                n = os.preadv(fd, [buffer], index * info.chunk_size)
+                # pread, not the file's position: the sender's sendfile moves that. Not past
+                # the version's bytes: a packed file's record follows them.
+                start = index * info.chunk_size
+                n = os.preadv(fd, [buffer[:max(0, min(info.chunk_size, info.size - start))]],
+                              start)
                 self._check_chunk(info, index, buffer[:n])
 
             index = offset // info.chunk_size
@@ -743,7 +770,8 @@ class LocalStore:
 
     def _open_version(self, info: VersionInfo) -> BinaryIO:
         try:
-            return open(self._dir(info.key) / f"v{info.seq}.blob", "rb")
+            name = f"v{info.seq}.ver" if info.packed else f"v{info.seq}.blob"
+            return open(self._dir(info.key) / name, "rb")
         except FileNotFoundError:
             raise KeyNotFound(
                 f"version {info.seq} of {info.key!r} is not stored on this master") from None
@@ -796,6 +824,7 @@ class LocalStore:
             self._forget(key, seq)
             # The record goes first: without it the version does not exist, even mid-delete.
             (d / f"v{seq}.json").unlink(missing_ok=True)
+            (d / f"v{seq}.ver").unlink(missing_ok=True)
             (d / f"v{seq}.blob").unlink(missing_ok=True)
 
     def prune(self, key: str, keep: int) -> None:
@@ -847,13 +876,14 @@ class LocalStore:
 
 
 def _footprint(d: str | Path) -> tuple[bool, int]:
-    """(whether it holds a version file, their bytes) of key directory ``d``."""
+    """(whether it holds a version file, their bytes) of key directory ``d``: a packed
+    version's bytes include its record's few hundred."""
     found = False
     total = 0
     try:
         with os.scandir(d) as files:
             for f in files:
-                if f.name.startswith("v") and f.name.endswith(".blob"):
+                if f.name.startswith("v") and f.name.endswith((".blob", ".ver")):
                     try:
                         total += f.stat().st_size
                         found = True
@@ -870,10 +900,12 @@ def _versions_in(d: str | Path) -> list[int]:
         names = os.listdir(d)
     except (FileNotFoundError, NotADirectoryError):
         return []
-    seqs = []
+    seqs = set()
     for n in names:
         if n.startswith("v") and n.endswith(".json") and n[1:-5].isdigit():
-            seqs.append(int(n[1:-5]))
+            seqs.add(int(n[1:-5]))
+        elif n.startswith("v") and n.endswith(".ver") and n[1:-4].isdigit():
+            seqs.add(int(n[1:-4]))
     return sorted(seqs)
 
 
@@ -882,16 +914,63 @@ def _key_of_dir(d: Path) -> str | None:
     is an encoding that long keys make one-way); stores written before that have a ``key``
     file."""
     try:
-        names = sorted(n for n in os.listdir(d) if n.startswith("v") and n.endswith(".json"))
+        names = sorted(n for n in os.listdir(d)
+                       if n.startswith("v") and n.endswith((".json", ".ver")))
     except OSError:
         return None
     for name in [*names, "key"]:
         try:
+            if name.endswith(".ver"):
+                return _read_packed(d / name, None).key
             with open(d / name, encoding="utf-8") as f:
                 return str(json.load(f)["key"])
-        except (OSError, ValueError, KeyError):
+        except (OSError, ValueError, KeyError, TypeError):
             continue
     return None
+
+
+def _info_from(raw: dict[str, Any], key: str, packed: bool = False) -> VersionInfo:
+    return VersionInfo(
+        key, int(raw["seq"]), int(raw["size"]), str(raw["digest"]),
+        int(raw["chunk_size"]), tuple(raw["chunks"]), packed,
+    )
+
+
+def _packed_footer(info: VersionInfo) -> bytes:
+    """What follows a packed version's bytes: its record, the record's length, the magic."""
+    record = json.dumps(_info_json(info)).encode("utf-8")
+    return record + len(record).to_bytes(4, "little") + _PACKED_MAGIC
+
+
+#: A packed file's tail read at once: the record of a small version comes with its footer.
+_PACKED_TAIL_READ = 4096
+
+
+def _read_packed(path: Path, key: str | None) -> VersionInfo:
+    """The record at the end of packed version file ``path`` (for ``key``; None: the key it
+    names). ValueError if the file does not end in a whole record that accounts for its every
+    byte (a truncated or overwritten file)."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        end = os.fstat(fd).st_size
+        take = min(end, _PACKED_TAIL_READ)
+        tail = os.pread(fd, take, end - take)
+        if len(tail) < _PACKED_FOOTER or not tail.endswith(_PACKED_MAGIC):
+            raise ValueError(f"{path.name} has no record at its end")
+        n = int.from_bytes(tail[-_PACKED_FOOTER:-len(_PACKED_MAGIC)], "little")
+        if n + _PACKED_FOOTER > end:
+            raise ValueError(f"{path.name}'s record is longer than the file")
+        if n + _PACKED_FOOTER <= take:
+            record = tail[take - _PACKED_FOOTER - n:take - _PACKED_FOOTER]
+        else:
+            record = os.pread(fd, n, end - _PACKED_FOOTER - n)
+    finally:
+        os.close(fd)
+    raw = json.loads(record)
+    info = _info_from(raw, str(raw["key"]) if key is None else key, packed=True)
+    if info.size + n + _PACKED_FOOTER != end:
+        raise ValueError(f"{path.name} holds {end} bytes, not its {info.size} and its record")
+    return info
 
 
 def _info_json(info: VersionInfo) -> dict[str, object]:

@@ -308,7 +308,9 @@ def test_06_bit_rot_is_scrubbed_and_repaired(chaos_cluster: ChaosCluster,
     follower = next(m for m in c.masters if m is not leader)
 
     def flip(key: str) -> Any:
-        path = follower.data_dir / "keys" / key_dirname(key) / "v1.blob"  # type: ignore[operator]
+        d = follower.data_dir / "keys" / key_dirname(key)  # type: ignore[operator]
+        # Over 1 MiB: uploaded and synced in segments, so a .blob (not packed with its record).
+        path = d / "v1.blob"
         raw = bytearray(path.read_bytes())
         raw[mib + 12345] ^= 0x10
         path.write_bytes(bytes(raw))

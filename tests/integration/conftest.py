@@ -139,8 +139,10 @@ def store_dir(m: MasterProcess) -> Path:
 
 
 def version_files(m: MasterProcess, key: str) -> list[Path]:
+    """The files of ``key``'s versions on ``m``: ``v<seq>.ver`` (packed with its record) or
+    ``v<seq>.blob`` (beside its ``.json``); ``Path.stem`` is ``v<seq>`` either way."""
     d = store_dir(m) / "keys" / key_dirname(key)
-    return sorted(d.glob("v*.blob")) if d.exists() else []
+    return sorted([*d.glob("v*.blob"), *d.glob("v*.ver")]) if d.exists() else []
 
 
 def followers(cluster: LocalCluster) -> list[MasterProcess]:

@@ -97,7 +97,7 @@ def test_concurrent_small_writes_share_commits_and_keep_their_own_outcomes(
         assert c.read(taken) == b"the first and only"
         assert c.get_meta(taken).version == 1
         assert c.read(moving) == b"v2"
-    assert [p.name for p in version_files(leader, taken)] == ["v1.blob"]
+    assert [p.stem for p in version_files(leader, taken)] == ["v1"]
     assert list((store_dir(leader) / "tmp").iterdir()) == []
 
     # The leader's own view of the keys it created, made from its commits (no read back),

@@ -351,7 +351,7 @@ def test_a_leader_deposed_within_its_session_follows_the_change_journal_again(
                            != old.address, 30, "another master to lead")
                 c.create("after", b"y", replication_factor=3)
                 assert c.wait_for_replication(["after"], 3, timeout=20).reached
-                assert [f.name for f in version_files(old, "after")] == ["v1.blob"]
+                assert [f.stem for f in version_files(old, "after")] == ["v1"]
                 # The same session throughout: no reconnect's full reconcile did this.
                 assert still_a_candidate(zk, session)
         finally:
@@ -391,7 +391,7 @@ def test_a_leader_deposed_while_frozen_still_learns_the_next_leaders_keys(
                 old.signal(signal.SIGCONT)
             with client_for(cl) as c:
                 assert c.wait_for_replication(["after"], 3, timeout=20).reached
-            assert [f.name for f in version_files(old, "after")] == ["v1.blob"]
+            assert [f.stem for f in version_files(old, "after")] == ["v1"]
             # The step-down's listing ran (a reconnect within the session, which the freeze
             # may also bring, reconciles everything and would find the key without it).
             assert "no longer leading: listing the keys once" in old.log_path.read_text()

@@ -266,8 +266,19 @@ def test_discarded_temp_is_removed(store: LocalStore) -> None:
     assert os.listdir(store.tmp_dir) == []
 
 
+def _version_file(store: LocalStore, key: str, seq: int) -> Path:
+    """The file of a version's bytes: a packed ``.ver``, or a ``.blob`` beside its record."""
+    d = store.keys_dir / key_dirname(key)
+    packed = d / f"v{seq}.ver"
+    return packed if packed.exists() else d / f"v{seq}.blob"
+
+
+def _file_size(store: LocalStore, key: str, seq: int) -> int:
+    return _version_file(store, key, seq).stat().st_size
+
+
 def _flip_byte(store: LocalStore, key: str, seq: int, offset: int) -> None:
-    path = store.keys_dir / key_dirname(key) / f"v{seq}.blob"
+    path = _version_file(store, key, seq)
     with open(path, "r+b") as f:
         f.seek(offset)
         b = f.read(1)
@@ -520,6 +531,83 @@ def test_install_many_installs_each_version_durably_and_readably(store: LocalSto
     assert list(store.tmp_dir.iterdir()) == []
 
 
+def test_versions_installed_together_are_one_file_each_with_their_record(
+        store: LocalStore) -> None:
+    # One file per version (its bytes, then its record), not three inodes with the key's
+    # directory: what the allocation of inodes costs a busy cluster halves.
+    data = _data(CHUNK_SIZE + 1000, seed=3)  # two chunks: the last one ends at the record
+    [info] = _install_small(store, ("two chunks", 4, data))
+    assert isinstance(info, VersionInfo) and info.packed
+    d = store.keys_dir / key_dirname("two chunks")
+    assert [p.name for p in d.iterdir()] == ["v4.ver"]
+    assert store.info("two chunks", 4) == info and store.versions("two chunks") == [4]
+    assert store.has_version("two chunks", 4) and not store.has_version("two chunks", 3)
+    assert _read(store, "two chunks", 4) == data
+    assert _read(store, "two chunks", 4, CHUNK_SIZE + 990) == data[-10:]
+    assert store.verify("two chunks", 4)
+    sent = bytearray()
+
+    def send(f: Any, pos: int, n: int) -> None:
+        f.seek(pos)
+        sent.extend(f.read(n))
+
+    with ThreadPoolExecutor(1) as checker:
+        store.send_verified(info, 10, info.size, lambda: None, send, checker)
+    assert bytes(sent) == data[10:]
+
+
+def test_packed_and_paired_versions_live_side_by_side(tmp_path: Path) -> None:
+    # A store written before packing (a .blob and a .json per version) keeps working, with new
+    # versions packed beside the old ones; a long key's hashed directory names its key in
+    # either kind of record.
+    long_key = "k" * 300
+    assert key_dirname(long_key).startswith("h-")
+    root = tmp_path / "store"
+    store = LocalStore(root)
+    _put(store, long_key, 1, b"paired")
+    _install_small(store, (long_key, 2, b"packed"), ("other", 1, b"x"))
+    store.close()
+    store = LocalStore(root)
+    assert sorted(store.keys()) == [long_key, "other"]
+    assert store.versions(long_key) == [1, 2]
+    assert _read(store, long_key, 1) == b"paired" and _read(store, long_key, 2) == b"packed"
+    assert store.latest(long_key) == store.info(long_key, 2)
+    d = store.keys_dir / key_dirname(long_key)
+    (d / "v1.json").unlink()
+    (d / "v1.blob").unlink()
+    store.close()
+    store = LocalStore(root)  # the key now read from its packed record alone
+    assert sorted(store.keys()) == [long_key, "other"]
+    store.prune(long_key, 0)
+    assert store.keys() == ["other"] and not list(d.glob("v*"))
+
+
+@pytest.mark.parametrize("damage", ["truncated", "record overwritten", "bytes appended"])
+def test_a_packed_version_without_a_whole_record_is_removed(
+        store: LocalStore, damage: str) -> None:
+    _install_small(store, ("k", 1, _data(5000)))
+    path = store.keys_dir / key_dirname("k") / "v1.ver"
+    raw = path.read_bytes()
+    if damage == "truncated":
+        path.write_bytes(raw[:-3])
+    elif damage == "record overwritten":
+        path.write_bytes(raw[:5000] + b"\0" * (len(raw) - 5000))
+    else:
+        path.write_bytes(raw + b"more")
+    assert store.info("k", 1) is None
+    assert store.versions("k") == [] and not path.exists()
+
+
+def test_a_paired_copy_replaced_by_a_packed_one_is_not_kept(store: LocalStore) -> None:
+    _put(store, "k", 1, b"paired")
+    _install_small(store, ("k", 1, b"packed"))
+    d = store.keys_dir / key_dirname("k")
+    assert [p.name for p in d.iterdir()] == ["v1.ver"] and _read(store, "k", 1) == b"packed"
+    _put(store, "k", 1, b"paired again")  # and the other way round
+    assert sorted(p.name for p in d.iterdir()) == ["v1.blob", "v1.json"]
+    assert _read(store, "k", 1) == b"paired again"
+
+
 def _install_small(store: LocalStore, *entries: tuple[str, int, bytes]
                    ) -> list[VersionInfo | ChecksumMismatch]:
     return store.install_many([(key, seq, data, len(data), digest_bytes(data))
@@ -671,24 +759,27 @@ def test_counted_usage_follows_every_change_the_store_makes(
     store.install_many([("c", 1, small, 700, digest_bytes(small)),
                         ("a", 3, small, 700, digest_bytes(small)),
                         ("d", 1, small, 700, "0" * 32)])  # refused: counts nothing
-    assert store.counted_usage() == (3, 8 + 1400) and agrees()
+    # Versions installed together are packed: their files hold their records too.
+    c1, a3 = _file_size(store, "c", 1), _file_size(store, "a", 3)
+    assert c1 > 700 and a3 > 700
+    assert store.counted_usage() == (3, 8 + c1 + a3) and agrees()
     store.install_copy("e", 1, store.info("c", 1))  # type: ignore[arg-type]
-    assert store.counted_usage() == (4, 8 + 2100) and agrees()
+    assert store.counted_usage() == (4, 8 + c1 + a3 + 700) and agrees()
     store.prune("a", 1)
-    assert store.counted_usage() == (4, 2100) and agrees()
+    assert store.counted_usage() == (4, c1 + a3 + 700) and agrees()
     store.delete_version("b", 1)  # its last version: the key no longer counts
-    assert store.counted_usage() == (3, 2100) and agrees()
+    assert store.counted_usage() == (3, c1 + a3 + 700) and agrees()
     store.delete_through("c", 1)
     store.delete_key("e")
     store.delete_key("never-there")
-    assert store.counted_usage() == (1, 700) and agrees()
+    assert store.counted_usage() == (1, a3) and agrees()
     # A corrupt copy found on read is removed, and uncounted.
     _put(store, "rot", 1, _data(3000))
     path = store.keys_dir / key_dirname("rot") / "v1.blob"
     path.write_bytes(b"x" * 3000)
     with pytest.raises(ChecksumMismatch):
         _read(store, "rot", 1)
-    assert store.counted_usage() == (1, 700) and agrees()
+    assert store.counted_usage() == (1, a3) and agrees()
     # A batch that fails after its renames takes back what it counted.
     calls: list[Path] = []
 
@@ -700,7 +791,7 @@ def test_counted_usage_follows_every_change_the_store_makes(
     monkeypatch.setattr(store_module.FileSystemSync, "sync", failing_sync)
     with pytest.raises(OSError):
         store.install_many([("f", 1, small, 700, digest_bytes(small))])
-    assert store.counted_usage() == (1, 700) and agrees()
+    assert store.counted_usage() == (1, a3) and agrees()
 
 
 def test_counted_usage_is_exact_under_concurrent_changes(store: LocalStore) -> None:
@@ -830,6 +921,7 @@ def test_an_install_whose_record_cannot_be_written_leaves_no_blob_file(
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(store_module, "write_json_atomic", no_space)
+    monkeypatch.setattr(store_module, "_packed_footer", no_space)  # install_many's record
     data = _data(5000)
     temp = store.new_temp("up")
     temp.write_at(0, data)
