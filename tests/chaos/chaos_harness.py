@@ -378,10 +378,13 @@ class Records:
     failures: list[Failure] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def latest(self) -> dict[str, Ack]:
+    def latest(self, before: float | None = None) -> dict[str, Ack]:
+        """Each key's newest acknowledged version (of those acknowledged ``before``, if given)."""
         out: dict[str, Ack] = {}
         with self.lock:
             for a in self.acks:
+                if before is not None and a.at >= before:
+                    continue
                 if a.key not in out or a.version > out[a.key].version:
                     out[a.key] = a
         return out

@@ -223,16 +223,18 @@ def test_04_zookeeper_nodes_killed(chaos_cluster: ChaosCluster,
         # its acknowledged write. (Not compared with a GetMeta: that call may reach another
         # master, whose view can differ from the reader's by an update that was in flight
         # when ZooKeeper went, committed or not.)
+        # Each key's newest write acknowledged a second before quorum went, not its newest
+        # of all: with the workload's keys rewritten every second or so, that was often
+        # later than the cut for each of the first eight keys, and nothing was read.
         reads = 0
-        for key, ack in sorted(w.records.latest().items())[:8]:
-            if ack.at < t2 - 1:
-                out = io.BytesIO()
-                info = probe.download(key, out)
-                assert digest(out.getvalue()) == info.digest  # as the client checked it
-                assert info.version >= ack.version, (key, info, ack)
-                if info.version == ack.version:
-                    assert info.digest == ack.digest, (key, info, ack)
-                reads += 1
+        for key, ack in sorted(w.records.latest(before=t2 - 1).items())[:8]:
+            out = io.BytesIO()
+            info = probe.download(key, out)
+            assert digest(out.getvalue()) == info.digest  # as the client checked it
+            assert info.version >= ack.version, (key, info, ack)
+            if info.version == ack.version:
+                assert info.digest == ack.digest, (key, info, ack)
+            reads += 1
         scenario["reads_without_quorum"] = reads
         assert reads > 0
         zk1.docker.start()
