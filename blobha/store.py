@@ -589,14 +589,20 @@ class LocalStore:
             fs.sync()
             for info, path, data in staged:
                 with self._changing(info.key) as d:
-                    d.mkdir(exist_ok=True)
-                    # An earlier copy of this version is replaced, not kept: its record goes
-                    # first, so it no longer exists even if a crash comes before the rename.
-                    (d / f"v{info.seq}.json").unlink(missing_ok=True)
+                    try:
+                        d.mkdir()
+                        earlier = False
+                    except FileExistsError:
+                        earlier = True  # a new key's directory holds no copy to replace
+                    if earlier:
+                        # An earlier copy of this version is replaced, not kept: its record
+                        # goes first, so it is gone even if a crash comes before the rename.
+                        (d / f"v{info.seq}.json").unlink(missing_ok=True)
                     # The bytes and the record at once: the version exists from this rename.
                     os.replace(path, d / f"v{info.seq}.ver")
                     installed.append(info)  # from here on, the clean-up below removes it
-                    (d / f"v{info.seq}.blob").unlink(missing_ok=True)
+                    if earlier:
+                        (d / f"v{info.seq}.blob").unlink(missing_ok=True)
                     # Under the key's lock, as the files: a delete of the version forgets it
                     # under the same lock, so no removed version is remembered.
                     self._remember(info, data)
