@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from blobha.bench import unjournaled_ext4
 from blobha.client import Client
 from blobha.localcluster import LocalCluster
 
@@ -62,6 +63,9 @@ def test_bench_local_json_reports_every_metric_with_baseline_and_ratio(tmp_path:
         assert isinstance(m["ratio"], (int, float)), m
         assert m["ratio"] == pytest.approx(m["value"] / m["baseline_value"], rel=1e-3, abs=1e-4)
     assert by_name["scale_keys"]["value"] >= 150
+    # The note on an ext4 without a journal comes exactly where the kernel says it is one.
+    noted = "ext4 without a journal" in proc.stderr
+    assert noted == (unjournaled_ext4(tmp_path) is not None), proc.stderr[-2000:]
     # The run cleans up after itself: the throw-away cluster's directory is gone.
     assert not list(tmp_path.glob("blobha-bench-*"))
     print(f"bench smoke took {time.monotonic() - started:.1f} s")

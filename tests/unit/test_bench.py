@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import threading
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,7 @@ from blobha.bench import (
     parse_vmrss_kib,
     parse_wchs,
     percentile,
+    unjournaled_ext4,
 )
 
 # ---- statistics --------------------------------------------------------------------------
@@ -139,6 +141,52 @@ def test_rss_of_this_process_is_positive() -> None:
     import os
 
     assert bench.rss_kib(os.getpid()) > 0
+
+
+# ---- the file system's note ---------------------------------------------------------------
+
+
+def _fake_kernel(tmp_path: Path, device: str, ext4: list[str], journals: list[str] | None
+                 ) -> tuple[Path, Path, Path]:
+    """A data directory, and /proc and /sys trees in which its file system's device is
+    ``device``, the ext4 devices are ``ext4``, and /proc/fs/jbd2 lists ``journals`` (None:
+    no such directory, as when jbd2 is not loaded)."""
+    data = tmp_path / "data"
+    data.mkdir()
+    proc, sys_dir = tmp_path / "proc", tmp_path / "sys"
+    for name in ext4:
+        (proc / "fs" / "ext4" / name).mkdir(parents=True)
+    if journals is not None:
+        (proc / "fs" / "jbd2").mkdir(parents=True)
+        for j in journals:
+            (proc / "fs" / "jbd2" / j).mkdir()
+    st = os.stat(data).st_dev
+    target = sys_dir / "devices" / device
+    target.mkdir(parents=True)
+    (sys_dir / "dev" / "block").mkdir(parents=True)
+    (sys_dir / "dev" / "block" / f"{os.major(st)}:{os.minor(st)}").symlink_to(target)
+    return data, proc, sys_dir
+
+
+@pytest.mark.parametrize(("device", "ext4", "journals", "expected"), [
+    ("vda", ["vda"], [], "vda"),  # ext4, no journal
+    ("vda", ["vda"], None, "vda"),  # jbd2 not even loaded
+    ("vda", ["vda"], ["vda-8"], None),  # journaled
+    ("dm-1", ["dm-1", "dm-10"], ["dm-10-8"], "dm-1"),  # another device's journal
+    ("dm-10", ["dm-1", "dm-10"], ["dm-10-8"], None),
+    ("sda1", ["vda"], [], None),  # not ext4 (xfs, btrfs, ...)
+])
+def test_unjournaled_ext4_is_told_by_the_kernels_lists(
+        tmp_path: Path, device: str, ext4: list[str], journals: list[str] | None,
+        expected: str | None) -> None:
+    data, proc, sys_dir = _fake_kernel(tmp_path, device, ext4, journals)
+    assert unjournaled_ext4(data, proc, sys_dir) == expected
+
+
+def test_unjournaled_ext4_is_none_when_the_device_cannot_be_found(tmp_path: Path) -> None:
+    # An overlay or tmpfs has no block device entry; a missing path is no error either.
+    assert unjournaled_ext4(tmp_path, tmp_path / "proc", tmp_path / "sys") is None
+    assert unjournaled_ext4(tmp_path / "missing") is None
 
 
 # ---- options -----------------------------------------------------------------------------
