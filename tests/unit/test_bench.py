@@ -138,8 +138,6 @@ def test_parse_vmrss() -> None:
 
 
 def test_rss_of_this_process_is_positive() -> None:
-    import os
-
     assert bench.rss_kib(os.getpid()) > 0
 
 
