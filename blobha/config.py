@@ -108,14 +108,15 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "blobstore.sync.linger.secs",
-        0.03,
+        0.3,
         "How long a key to replicate may wait for others to join its batch while the master is"
         " already replicating another batch, or while a stream of writes goes on (the last"
         " batch ended less than this long ago and had several keys, or it and the batch before"
         " each had a key that arrived while another batch ran); 0 = never. A stream of small"
         " writes then costs each follower one batch's ZooKeeper reads, fetch call, file-system"
         " syncs and registration for many keys instead of one each. A lone write's key goes at"
-        " once.",
+        " once, and while writers wait for copies (a write quorum above 1) no key waits longer"
+        " than 0.03 s.",
     ),
     Option(
         "blobstore.sync.stall.secs",

@@ -105,6 +105,9 @@ _PACE_STEP = 0.25
 _RECHECK_KEYS_PER_SEC = 2000
 #: Bound on waiting for one pipelined ZooKeeper answer; a dead connection fails sooner.
 _READ_TIMEOUT = 60.0
+#: How long the queue holds no batch after one showed a writer waiting for this master's copy
+#: (see WorkQueue.hurry): long enough to span the gaps between such a writer's writes.
+_HURRY_SECS = 2.0
 #: At most this many keys' creations are followed from their events (_born); past it, keys
 #: are read with their lists as before.
 _BORN_MAX = 10_000
@@ -1002,6 +1005,10 @@ class Synchronizer:
                     to_register.append((key, action))
             except Exception as e:
                 failures[key] = e
+        if any(not state.acked and state.write_quorum > 1 for _, state, _ in to_fetch):
+            # A writer waits for these copies: held for the linger, each of its next writes
+            # would wait for it too.
+            self.queue.hurry(_HURRY_SECS)
         if armed:
             # What _decide stored for these keys is what the batch read found; where the list
             # changed since, an event's newer read may have been overwritten: read it again.

@@ -18,6 +18,14 @@ was being handled (one such key can be a lone write that came just as the batch 
 finished). A key that finds the queue idle after a batch that showed none (a lone write, or one
 client that waits for each write's replication before the next) goes at once, so it
 replicates as soon as before.
+
+A writer whose write quorum is above 1 waits for a follower's copy, so in a stream each of its
+writes would wait out the linger as well (eight such writers made a sixth of their rate with a
+0.3 s linger). The synchroniser learns the quorum only from the state it reads after the hold;
+when a batch shows a writer waiting, it calls :meth:`WorkQueue.hurry`, and for a while no
+batch is held longer than :data:`HURRIED_LINGER`: short enough for such writers, long enough
+for their keys to share batches (without any hold, eight of them made 124 writes a second
+against 158 with it).
 """
 
 from __future__ import annotations
@@ -26,6 +34,9 @@ import heapq
 import itertools
 import threading
 import time
+
+#: The longest hold while writers wait for copies (see :meth:`WorkQueue.hurry`).
+HURRIED_LINGER = 0.03
 
 
 class WorkQueue:
@@ -50,6 +61,8 @@ class WorkQueue:
         self._stream = False
         self._busy_arrival = False
         self._busy_run = 0
+        #: Until when no batch is held (see :meth:`hurry`).
+        self._hurry_until = float("-inf")
 
     def put(self, key: str, delay: float = 0.0) -> None:
         with self._cond:
@@ -103,16 +116,26 @@ class WorkQueue:
                 self._cond.wait(timeout)
             return []
 
+    def hurry(self, secs: float) -> None:
+        """Hold no batch longer than :data:`HURRIED_LINGER` for the next ``secs`` seconds, a
+        batch held now included: writers wait for this master's copies (a write quorum above
+        1), and each of their writes would wait out the linger."""
+        with self._cond:
+            self._hurry_until = max(self._hurry_until, time.monotonic() + secs)
+            self._cond.notify_all()
+
     def _hold(self, batch: list[str], limit: int, now: float) -> float:
         """Seconds ``batch`` should still wait for more keys (from its first key's arrival):
         none when it is full, nor when no other batch is being handled unless a stream goes on
         (the last batch showed one and ended within the linger; a key retried after its
         backoff shows none). done_many wakes the waiter when a running batch ends."""
-        if not self._linger or len(batch) >= limit:
+        linger = self._linger if now >= self._hurry_until else min(self._linger,
+                                                                    HURRIED_LINGER)
+        if not linger or len(batch) >= limit:
             return 0.0
-        if not self._running and not (self._stream and now - self._last_end < self._linger):
+        if not self._running and not (self._stream and now - self._last_end < linger):
             return 0.0
-        return self._ready[batch[0]] + self._linger - now
+        return self._ready[batch[0]] + linger - now
 
     def done_many(self, keys: list[str]) -> None:
         with self._cond:

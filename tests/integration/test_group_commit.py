@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -213,6 +214,27 @@ def test_followers_replicate_lone_writes_at_once_and_a_stream_or_a_burst_in_shar
     with client_for(fresh_cluster) as c:
         assert_replicated_intact(c, payloads)
     assert_shared_batches(fs, before, len(payloads), len(payloads) / 2)
+
+
+@lingering
+def test_writers_that_wait_for_a_followers_copy_are_not_held_for_the_linger(
+    fresh_cluster: LocalCluster, unique_key: str
+) -> None:
+    idle_followers(fresh_cluster)
+    took: list[float] = []
+
+    def writer(w: int) -> None:
+        with client_for(fresh_cluster) as c:
+            for i in range(PER_WRITER):
+                started = time.monotonic()
+                # Answered only once a follower holds a copy: with its key held for the
+                # linger, each write of this stream would take the 20 s of it.
+                c.create(f"{unique_key}-{w}-{i}", os.urandom(4096), write_quorum=2)
+                took.append(time.monotonic() - started)
+
+    run_together(writer, WRITERS, 120)
+    assert len(took) == WRITERS * PER_WRITER
+    assert max(took) < LONG_LINGER / 2, sorted(took)[-5:]
 
 
 def assert_shared_batches(masters: list[MasterProcess], before: dict[str, tuple[float, float]],

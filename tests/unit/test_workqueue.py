@@ -7,7 +7,7 @@ import time
 
 import pytest
 from blobha.sync import workqueue
-from blobha.sync.workqueue import WorkQueue
+from blobha.sync.workqueue import HURRIED_LINGER, WorkQueue
 
 
 def test_get_batch_takes_up_to_the_limit_in_order() -> None:
@@ -111,6 +111,35 @@ def test_a_full_batch_is_not_held() -> None:
     t, got = _get_in_thread(q, 2)
     t.join(timeout=10)
     assert not t.is_alive() and got == [["b", "c"]]
+
+
+def test_a_hurried_queue_holds_a_batch_no_longer_than_the_hurried_linger() -> None:
+    q = _handling_a(linger=60.0)
+    q.hurry(60.0)
+    q.put("b")
+    started = time.monotonic()
+    t, got = _get_in_thread(q, 10)
+    t.join(timeout=10)  # held for the minute, the join would give up
+    assert not t.is_alive() and got == [["b"]]
+    assert time.monotonic() - started >= HURRIED_LINGER - 0.01  # still a short hold
+
+
+def test_hurry_lets_a_batch_held_now_go() -> None:
+    q = _handling_a(linger=60.0)
+    q.put("b")
+    t, got = _get_in_thread(q, 10)
+    q.hurry(60.0)  # "b" waits for the minute's hold; a writer waits for its copy
+    t.join(timeout=10)
+    assert not t.is_alive() and got == [["b"]]
+
+
+def test_holds_come_back_when_the_hurry_ends() -> None:
+    q = _handling_a(linger=0.3)
+    q.hurry(0.0)  # over at once
+    q.put("b")
+    started = time.monotonic()
+    assert q.get_batch(10) == ["b"]
+    assert time.monotonic() - started >= 0.3 - 0.01
 
 
 def _after_a_batch_of(keys: list[str], linger: float) -> WorkQueue:
