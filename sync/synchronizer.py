@@ -105,8 +105,8 @@ _PACE_STEP = 0.25
 _RECHECK_KEYS_PER_SEC = 2000
 #: Bound on waiting for one pipelined ZooKeeper answer; a dead connection fails sooner.
 _READ_TIMEOUT = 60.0
-#: How long the queue holds no batch after one showed a writer waiting for this master's copy
-#: (see WorkQueue.hurry): long enough to span the gaps between such a writer's writes.
+#: How long the queue holds no batch beyond a short hold after one showed a writer waiting for
+#: this master's copy (see WorkQueue.hurry): long enough to span such a writer's gaps.
 _HURRY_SECS = 2.0
 #: At most this many keys' creations are followed from their events (_born); past it, keys
 #: are read with their lists as before.

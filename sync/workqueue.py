@@ -61,7 +61,7 @@ class WorkQueue:
         self._stream = False
         self._busy_arrival = False
         self._busy_run = 0
-        #: Until when no batch is held (see :meth:`hurry`).
+        #: Until when no batch is held longer than HURRIED_LINGER (see :meth:`hurry`).
         self._hurry_until = float("-inf")
 
     def put(self, key: str, delay: float = 0.0) -> None:
