@@ -93,7 +93,7 @@ from kazoo.client import KazooClient
 from blobha.client import Client
 from blobha.credentials import Credentials
 from blobha.digest import CHUNK_SIZE, digest_bytes
-from blobha.localcluster import LocalCluster, MasterProcess
+from blobha.localcluster import LocalCluster, MasterProcess, cpus_allowed
 from blobha.peers import CHANNEL_OPTIONS, USER_METADATA_KEY
 from blobha.store import LocalStore
 from blobha.v1 import blobha_pb2 as pb
@@ -1153,7 +1153,7 @@ def run(cluster_addr: str | None, local: bool, opts: BenchOptions, log: Log) -> 
             lc = LocalCluster(Path(tmp) / "cluster", nodes=3, base_port=0, overrides={
                 "zookeeper.session.timeout.ms": SESSION_TIMEOUT_MS,
                 "blobstore.disk.reserved.bytes": 0,
-            })
+            }, spread_cpus=True)
             log.say(f"starting a local cluster of 3 masters in {lc.data_dir}")
             try:
                 lc.start()
@@ -1163,6 +1163,10 @@ def run(cluster_addr: str | None, local: bool, opts: BenchOptions, log: Log) -> 
             cluster_addr = lc.cluster
             zk_connect = lc.zk.connect_string
             disk_dir = lc.data_dir
+            placed = [cpus_allowed(m.pid) for m in lc.masters]
+            log.note(f"the masters run on CPUs {', '.join(placed)} (master.cpus; each on one CPU"
+                     " unless BLOBHA_MASTER_CPUS is set: empty runs them anywhere); ZooKeeper"
+                     " and the bench's clients run anywhere")
             device = unjournaled_ext4(lc.data_dir)
             if device is not None:
                 # Measured here: 32,000-52,000 files removed just before cost one client's

@@ -141,6 +141,11 @@ class LocalCluster:
     throwaway CA and a certificate per master, credentials for :data:`SECURE_USERS` (tokens, or
     client certificates with ``auth="mtls"``), and ZooKeeper locked down to the masters.
     :meth:`credentials` gives what a client of that user passes.
+
+    ``spread_cpus=True`` gives each master one CPU of those this process may use, in turn
+    (``master.cpus``), unless ``overrides`` or the environment set it: on a machine shared
+    by the whole cluster, a master kept on one CPU hands work between its threads without
+    cross-CPU wake-ups. The embedded ZooKeeper and the clients run anywhere.
     """
 
     def __init__(
@@ -154,12 +159,14 @@ class LocalCluster:
         tls: bool = False,
         auth: str | None = None,
         zk_lockdown: bool | None = None,
+        spread_cpus: bool = False,
     ) -> None:
         if nodes < 1:
             raise ValueError("a cluster needs at least one master")
         self.data_dir = data_dir.resolve()
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.overrides = dict(overrides or {})
+        self.spread_cpus = spread_cpus
         self.tls = tls
         self.auth = auth or ("token" if tls else "simple")
         if self.auth == "mtls" and not tls:
@@ -196,12 +203,19 @@ class LocalCluster:
             "master.listen": m.address,
             "metrics.listen": m.metrics_address,
             "blobstore.disk.reserved.bytes": 64 * 1024 * 1024,
+            **self._cpu_config(m),
             **self._security_config(m),
             **self.overrides,
         }
         m.config_path.write_text(
             "".join(f"{_toml_value(k)} = {_toml_value(v)}\n" for k, v in values.items())
         )
+
+    def _cpu_config(self, m: MasterProcess) -> dict[str, Any]:
+        cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+        if not self.spread_cpus or len(cpus) < 2:
+            return {}
+        return {"master.cpus": str(cpus[m.index % len(cpus)])}
 
     # ---- the secure set-up ---------------------------------------------------------------
 
@@ -364,6 +378,17 @@ class LocalCluster:
         return next(m for m in self.masters if m.address == s.leader)
 
 
+def cpus_allowed(pid: int, proc: Path = Path("/proc")) -> str:
+    """The CPUs process ``pid`` may run on, as Linux lists them ("0-1"); "?" if unknown."""
+    try:
+        for line in (proc / str(pid) / "status").read_text().splitlines():
+            if line.startswith("Cpus_allowed_list:"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "?"
+
+
 def _write_private(path: Path, text: str) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
@@ -409,7 +434,7 @@ def main(nodes: int, data_dir: str | None, base_port: int, zookeeper_home: str |
     """Run a local cluster in the foreground until Ctrl-C or SIGTERM."""
     root = Path(data_dir or os.environ.get("BLOBHA_LOCAL_DIR", "blobha-local"))
     cluster = LocalCluster(root, nodes=nodes, base_port=base_port, zookeeper_home=zookeeper_home,
-                           tls=tls, auth=auth)
+                           tls=tls, auth=auth, spread_cpus=True)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     print(f"blobha local-cluster: starting ZooKeeper and {nodes} masters in {cluster.data_dir}",
@@ -430,8 +455,8 @@ def main(nodes: int, data_dir: str | None, base_port: int, zookeeper_home: str |
     print(f"ZooKeeper: {cluster.zk.connect_string} (chroot /blobha)")
     for m in cluster.masters:
         role = "leader" if m.address == summary.leader else "follower"
-        print(f"master {m.index + 1}: {m.address} pid {m.pid} ({role}); status page"
-              f" {m.status_url}; log {m.log_path}")
+        print(f"master {m.index + 1}: {m.address} pid {m.pid} ({role}, CPU"
+              f" {cpus_allowed(m.pid)}); status page {m.status_url}; log {m.log_path}")
     print("\nIn another shell:\n")
     print(f"  export BLOBHA_CLUSTER={cluster.cluster}")
     creds = cluster.credentials("alice")

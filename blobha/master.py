@@ -32,6 +32,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from collections.abc import Set as AbstractSet
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -54,7 +55,7 @@ from blobha import logs, zkstate
 from blobha.acl import AccessControl
 from blobha.addresses import host_of
 from blobha.auth import ServerAuthentication, make_authenticator, new_cluster_secret
-from blobha.config import Config, ConfigError, load_config
+from blobha.config import Config, ConfigError, format_cpu_list, load_config, parse_cpu_list
 from blobha.credentials import Credentials
 from blobha.dataplane import DataOffer, DataPlane
 from blobha.digest import PUT_MAX_BYTES, is_digest
@@ -1884,6 +1885,32 @@ def _limit_malloc_arenas(arenas: int = 2) -> None:
         mallopt(m_arena_max, arenas)
 
 
+def confine_to_cpus(text: str) -> frozenset[int]:
+    """Run every thread of this process, and each it starts later, on the CPUs of the list
+    ``text`` (``master.cpus``). Raises :class:`ConfigError` if the system offers no such
+    control or the list names a CPU this process may not use."""
+    wanted = parse_cpu_list(text)
+    if not wanted:
+        raise ConfigError("master.cpus names no CPU; leave it empty to run anywhere")
+    if not hasattr(os, "sched_setaffinity"):
+        raise ConfigError("master.cpus needs CPU affinity, which this system does not offer;"
+                          " leave it empty")
+    allowed = os.sched_getaffinity(0)
+    if not wanted <= allowed:
+        raise ConfigError(
+            f"master.cpus {text!r} names CPU {format_cpu_list(wanted - allowed)}, which this"
+            f" master may not use (it may use {format_cpu_list(set(allowed))}); pick from those"
+            " or leave it empty")
+    # Each thread has its own mask: set it on all that exist (a library may have started
+    # one already); those started later inherit it from their starter.
+    tasks = Path(f"/proc/{os.getpid()}/task")
+    tids = [int(t.name) for t in tasks.iterdir()] if tasks.is_dir() else [0]
+    for tid in tids:
+        with contextlib.suppress(ProcessLookupError):  # a thread that ended meanwhile
+            os.sched_setaffinity(tid, wanted)
+    return wanted
+
+
 def serve_main(config_path: str | None) -> int:
     """``blobha serve --config FILE``: run one master until SIGTERM or SIGINT."""
     _limit_malloc_arenas()
@@ -1901,6 +1928,13 @@ def serve_main(config_path: str | None) -> int:
             return 1
         handler.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
         logging.getLogger("blobha.audit").addHandler(handler)
+    if config["master.cpus"]:
+        try:
+            cpus = confine_to_cpus(config["master.cpus"])
+        except ConfigError as e:
+            log.error("cannot start: %s", e)
+            return 1
+        log.info("running on CPU %s (master.cpus)", format_cpu_list(cpus))
     try:
         master = Master(config)
         master.start()

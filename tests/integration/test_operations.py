@@ -507,3 +507,74 @@ def test_a_leader_killed_and_restarted_at_once_hands_over_at_once(tmp_path: Path
         assert c.wait_for_replication(["after"], 3, timeout=15).reached
         assert (f"ended ZooKeeper session 0x{old_session:x}"
                 in old.log_path.read_text(errors="replace"))
+
+
+def _task_cpu_lists(pid: int) -> set[str]:
+    """The CPU lists of every thread of process ``pid``: a mask is per thread."""
+    lists = set()
+    for status in Path(f"/proc/{pid}/task").glob("*/status"):
+        try:
+            text = status.read_text()
+        except OSError:
+            continue  # a thread that ended meanwhile
+        lists.update(line.split(":", 1)[1].strip() for line in text.splitlines()
+                     if line.startswith("Cpus_allowed_list:"))
+    return lists
+
+
+def test_a_local_clusters_masters_each_run_on_one_cpu_and_serve(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    allowed = sorted(os.sched_getaffinity(0))
+    monkeypatch.delenv("BLOBHA_MASTER_CPUS", raising=False)  # the masters would inherit it
+    lc = LocalCluster(tmp_path / "cluster", nodes=3, base_port=0, overrides=FAST,
+                      spread_cpus=True)
+    try:
+        lc.start()
+        lc.wait_ready(60)
+        for m in lc.masters:
+            if len(allowed) < 2:
+                # One CPU: nothing to spread, and the masters keep what they were given.
+                assert _task_cpu_lists(m.pid) == _task_cpu_lists(os.getpid())
+                continue
+            cpu = str(allowed[m.index % len(allowed)])
+            # Every thread, the ones started after the confinement too (gRPC, kazoo, sync).
+            assert _task_cpu_lists(m.pid) == {cpu}, (m.index, cpu)
+            assert f"running on CPU {cpu} (master.cpus)" in m.log_since_start()
+        if len(allowed) >= 2:
+            spread = {_task_cpu_lists(m.pid).pop() for m in lc.masters}
+            assert len(spread) == min(3, len(allowed)), spread
+        # Confined, they still do their work: a write replicated to all three and read back.
+        with client_for(lc) as c:
+            c.create("pinned", b"on one cpu each", replication_factor=3)
+            assert c.wait_for_replication(["pinned"], 3, 30).reached
+            assert c.read("pinned") == b"on one cpu each"
+    finally:
+        lc.stop()
+
+
+def test_a_master_given_cpus_it_may_not_use_refuses_to_start_and_touches_nothing(
+        tmp_path: Path) -> None:
+    beyond = max(os.sched_getaffinity(0)) + 1
+    data = tmp_path / "data"
+    config = tmp_path / "master.toml"
+    with socket.socket() as s:  # a port with no ZooKeeper: it must not get that far
+        s.bind(("127.0.0.1", 0))
+        nothing = s.getsockname()[1]
+    config.write_text(
+        f'"blobstore.dir" = "{data}"\n'
+        f'"zookeeper.servers" = "127.0.0.1:{nothing}"\n'
+        f'"master.listen" = "127.0.0.1:{_free_ports(1)[0]}"\n'
+        f'"master.cpus" = "0,{beyond}"\n')
+    refused = _serve(config)
+    out = refused.stdout + refused.stderr
+    assert refused.returncode == 1, out
+    assert f"names CPU {beyond}, which this master may not use" in out, out
+    assert "Traceback" not in out
+    assert not data.exists()
+
+    # A list that is no list is a configuration error, named as such.
+    config.write_text(config.read_text().replace(f'"0,{beyond}"', '"first"'))
+    bad = _serve(config)
+    assert bad.returncode == 2, bad.stdout + bad.stderr
+    assert "master.cpus must be a CPU list" in bad.stdout + bad.stderr
+    assert not data.exists()

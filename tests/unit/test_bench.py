@@ -32,6 +32,8 @@ from blobha.bench import (
     percentile,
     unjournaled_ext4,
 )
+from blobha.config import parse_cpu_list
+from blobha.localcluster import cpus_allowed
 
 # ---- statistics --------------------------------------------------------------------------
 
@@ -139,6 +141,15 @@ def test_parse_vmrss() -> None:
 
 def test_rss_of_this_process_is_positive() -> None:
     assert bench.rss_kib(os.getpid()) > 0
+
+
+def test_cpus_allowed_reads_the_kernels_list(tmp_path: Path) -> None:
+    (tmp_path / "42").mkdir()
+    (tmp_path / "42" / "status").write_text(
+        "Name:\tpython\nCpus_allowed:\t3\nCpus_allowed_list:\t0-1\nMems_allowed:\t1\n")
+    assert cpus_allowed(42, tmp_path) == "0-1"
+    assert cpus_allowed(43, tmp_path) == "?"  # gone
+    assert parse_cpu_list(cpus_allowed(os.getpid())) == os.sched_getaffinity(0)
 
 
 # ---- the file system's note ---------------------------------------------------------------

@@ -7,7 +7,15 @@ from typing import Any
 
 import pytest
 
-from blobha.config import OPTIONS, Config, ConfigError, env_name, load_config
+from blobha.config import (
+    OPTIONS,
+    Config,
+    ConfigError,
+    env_name,
+    format_cpu_list,
+    load_config,
+    parse_cpu_list,
+)
 
 
 def _write(tmp_path: Path, text: str) -> Path:
@@ -226,3 +234,27 @@ def test_the_peer_stall_limit_is_a_setting(tmp_path: Path) -> None:
     finally:
         master.peers.close()
         master.puts.close(10.0)
+
+
+def test_master_cpus_reads_linux_cpu_lists() -> None:
+    assert Config.of()["master.cpus"] == ""
+    assert parse_cpu_list("") == frozenset()
+    assert parse_cpu_list("3") == {3}
+    assert parse_cpu_list("0,2-4, 7") == {0, 2, 3, 4, 7}
+    # Written back in the shortest form, so logs and the status page show one spelling.
+    assert Config.of({"master.cpus": "3,1,2,0,6"})["master.cpus"] == "0-3,6"
+    assert load_config(None, env={"BLOBHA_MASTER_CPUS": "1"})["master.cpus"] == "1"
+    # Empty from the environment overrides a file's list: the master runs anywhere.
+    assert load_config(None, env={"BLOBHA_MASTER_CPUS": ""})["master.cpus"] == ""
+    for bad in ("a", "1-", "-1", "1,,2", "1.5", 1):
+        with pytest.raises(ConfigError, match=r"master\.cpus must be a CPU list"):
+            Config.of({"master.cpus": bad})
+    with pytest.raises(ConfigError, match="runs backwards"):
+        Config.of({"master.cpus": "3-1"})
+
+
+def test_cpu_lists_round_trip() -> None:
+    for cpus in ({0}, {0, 1}, {0, 2}, {1, 2, 3, 8, 9, 11}, set(range(64))):
+        text = format_cpu_list(cpus)
+        assert parse_cpu_list(text) == cpus, text
+    assert format_cpu_list({1, 2, 3, 8, 9, 11}) == "1-3,8-9,11"
