@@ -481,10 +481,11 @@ def _validate_security(v: dict[str, Any]) -> None:
 def parse_cpu_list(text: str) -> frozenset[int]:
     """CPU numbers from a list as Linux writes them (``"0,2-3"``); empty = none named.
     Raises :class:`ConfigError` naming ``master.cpus``."""
+    cleaned = text.replace(" ", "")
+    if not cleaned:
+        return frozenset()
     cpus: set[int] = set()
-    for part in text.replace(" ", "").split(","):
-        if not part and not text.strip():
-            continue
+    for part in cleaned.split(","):
         first, dash, last = part.partition("-")
         if not first.isdigit() or (dash and not last.isdigit()):
             raise ConfigError(f"master.cpus must be a CPU list like \"0\" or \"0,2-3\","
