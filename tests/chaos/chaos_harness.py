@@ -465,8 +465,16 @@ class Workload:
             th.join(self.op_timeout + 30)
         assert not any(th.is_alive() for th in self._threads), "workload threads did not stop"
 
-    def wait_acks(self, n: int, timeout: float) -> None:
-        target = len(self.records.acks) + n
+    def acked(self) -> int:
+        """Writes acknowledged so far: a mark for :meth:`wait_acks`."""
+        with self.records.lock:
+            return len(self.records.acks)
+
+    def wait_acks(self, n: int, timeout: float, since: int | None = None) -> None:
+        """Wait for ``n`` acknowledged writes after the mark ``since`` (default: now). Take
+        the mark before a fault's end when the wait comes after a longer check: writes
+        resume meanwhile and may spend the workload's op budget before the wait starts."""
+        target = (self.acked() if since is None else since) + n
         wait_until(lambda: len(self.records.acks) >= target, timeout,
                    f"{n} more acknowledged writes")
 

@@ -240,13 +240,12 @@ def test_04_zookeeper_nodes_killed(chaos_cluster: ChaosCluster,
         # Counted from the restart, not from the end of the quorum check below: writes resume
         # as soon as two ZooKeeper nodes agree, and the check waits for all three. In between,
         # the workload could spend its whole op budget, and "5 more" never come (CI, once).
-        acked_before = len(w.records.acks)
+        acked_before = w.acked()
         zk1.docker.start()
         zk2.docker.start()
         t3 = time.monotonic()
         c.wait_zk_quorum(90)
-        wait_until(lambda: len(w.records.acks) >= acked_before + 5, 90,
-                   "5 acknowledged writes after ZooKeeper's restart")
+        w.wait_acks(5, 90, since=acked_before)
         with w.records.lock:
             fifth = w.records.acks[acked_before + 4].at
         scenario["writes_back_after_restore_s"] = round(fifth - t3, 2)
@@ -455,11 +454,14 @@ def test_11_leader_sigkill_and_restarted_at_once(chaos_cluster: ChaosCluster,
         w.wait_acks(10, 60)
         leader = c.wait_leader(10)
         t_kill = time.monotonic()
+        # Writes resume under the next leader while wait_ready waits for all three masters:
+        # counted from the kill, they cannot spend the op budget before the wait (as in 04).
+        killed_at = w.acked()
         leader.docker.kill(signal="SIGKILL")
         leader.docker.wait(timeout=30)
         leader.docker.start()
         c.wait_ready(120)
-        w.wait_acks(10, 60)
+        w.wait_acks(10, 60, since=killed_at)
         t_end = time.monotonic()
     scenario["unavailability_s"] = round(w.records.max_gap(t_kill, t_end), 2)
     logs = c.logs(leader, lines=2000)
