@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -497,7 +497,7 @@ def parse_cpu_list(text: str) -> frozenset[int]:
     return frozenset(cpus)
 
 
-def format_cpu_list(cpus: frozenset[int] | set[int]) -> str:
+def format_cpu_list(cpus: Iterable[int]) -> str:
     """The shortest list :func:`parse_cpu_list` reads back as ``cpus``: ``"0,2-3"``."""
     runs: list[list[int]] = []
     for cpu in sorted(cpus):

@@ -1899,11 +1899,11 @@ def confine_to_cpus(text: str) -> frozenset[int]:
     if not wanted <= allowed:
         raise ConfigError(
             f"master.cpus {text!r} names CPU {format_cpu_list(wanted - allowed)}, which this"
-            f" master may not use (it may use {format_cpu_list(set(allowed))}); pick from those"
+            f" master may not use (it may use {format_cpu_list(allowed)}); pick from those"
             " or leave it empty")
     # Each thread has its own mask: set it on all that exist (a library may have started
     # one already); those started later inherit it from their starter.
-    tasks = Path(f"/proc/{os.getpid()}/task")
+    tasks = Path("/proc/self/task")
     tids = [int(t.name) for t in tasks.iterdir()] if tasks.is_dir() else [0]
     for tid in tids:
         with contextlib.suppress(ProcessLookupError):  # a thread that ended meanwhile

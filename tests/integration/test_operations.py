@@ -36,7 +36,7 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
 )
 
 from blobha.client import Client
-from blobha.localcluster import LocalCluster, MasterProcess, _free_ports
+from blobha.localcluster import LocalCluster, MasterProcess, _free_ports, cpus_allowed
 from blobha.peers import CHANNEL_OPTIONS
 from blobha.v1 import blobha_pb2 as pb
 
@@ -511,15 +511,9 @@ def test_a_leader_killed_and_restarted_at_once_hands_over_at_once(tmp_path: Path
 
 def _task_cpu_lists(pid: int) -> set[str]:
     """The CPU lists of every thread of process ``pid``: a mask is per thread."""
-    lists = set()
-    for status in Path(f"/proc/{pid}/task").glob("*/status"):
-        try:
-            text = status.read_text()
-        except OSError:
-            continue  # a thread that ended meanwhile
-        lists.update(line.split(":", 1)[1].strip() for line in text.splitlines()
-                     if line.startswith("Cpus_allowed_list:"))
-    return lists
+    tasks = Path(f"/proc/{pid}/task")
+    # A task's entry reads as a process's; "?" is a thread that ended meanwhile.
+    return {cpus_allowed(int(t.name), tasks) for t in tasks.iterdir()} - {"?"}
 
 
 def test_a_local_clusters_masters_each_run_on_one_cpu_and_serve(
