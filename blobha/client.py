@@ -65,7 +65,7 @@ from blobha.errors import (
     VersionConflict,
 )
 from blobha.keys import validate_key
-from blobha.stallwatch import Stalled, StallWatch
+from blobha.stallwatch import CallWatch, Stalled, StallWatch
 from blobha.status import (
     MasterSummary,
     ReplicationStatus,
@@ -564,6 +564,7 @@ class GrpcTransport:
         self._channels: dict[str, grpc.Channel] = {}
         self._stubs: dict[str, Any] = {}
         self._stalls = StallWatch()
+        self._calls = CallWatch(self._answers, self._cut)
         self._closed = False
 
     def _stub(self, address: str) -> Any:
@@ -588,32 +589,48 @@ class GrpcTransport:
 
     def _call(self, address: str, method: str, request: Any, timeout: float | None,
               stall: float | None) -> Any:
-        call = getattr(self._stub(address), method)
-        try:
-            if stall is None or (timeout is not None and timeout <= stall):
-                return call(request, timeout=timeout, metadata=self._metadata)
-            future = call.future(request, timeout=timeout, metadata=self._metadata)
-            # Half the limit waiting for the answer, half for the status check: a paused master
-            # is left after about ``stall`` seconds.
-            half = stall / 2
+        if stall is None or (timeout is not None and timeout <= stall):
             try:
-                while True:
-                    try:
-                        return future.result(timeout=half)
-                    except grpc.FutureTimeoutError:
-                        # A long call may be legitimate (a write waiting for its quorum, a
-                        # segment on a slow link); a master that cannot answer a status check
-                        # is not working on it.
-                        if not self._answers(address, half):
-                            raise Unavailable(
-                                f"master {address} stopped answering: {method} got no answer"
-                                f" for {stall:g} s and neither did a status check (paused or"
-                                " cut off); trying another master"
-                            ) from None
-            finally:
-                future.cancel()  # a no-op once it has ended
-        except grpc.RpcError as exc:
-            raise _error_from_rpc(address, exc, self._credentials.tls) from None
+                return getattr(self._stub(address), method)(request, timeout=timeout,
+                                                            metadata=self._metadata)
+            except grpc.RpcError as exc:
+                raise _error_from_rpc(address, exc, self._credentials.tls) from None
+        # Half the limit waiting for the answer, half for the status check: a paused master is
+        # left after about ``stall`` seconds (see CallWatch).
+        pending = self._calls.begin(address, stall / 2)
+        stub: Any = None
+        try:
+            stub = self._stub(address)
+            return getattr(stub, method)(request, timeout=timeout, metadata=self._metadata)
+        except (grpc.RpcError, ValueError) as exc:
+            # ValueError: the channel was closed as this call began (cut for another call).
+            if pending.fired or self._was_cut(address, stub):
+                raise Unavailable(
+                    f"master {address} stopped answering: {method} got no answer for"
+                    f" {stall:g} s and neither did a status check (paused or cut off); trying"
+                    " another master"
+                ) from None
+            if isinstance(exc, grpc.RpcError):
+                raise _error_from_rpc(address, exc, self._credentials.tls) from None
+            raise
+        finally:
+            self._calls.end(pending)
+
+    def _was_cut(self, address: str, stub: Any) -> bool:
+        """Whether ``stub``'s channel was closed because its master stopped answering."""
+        with self._lock:
+            return stub is not None and not self._closed and self._stubs.get(address) is not stub
+
+    def _cut(self, address: str) -> None:
+        """End every call to ``address`` (it answered no status check): its channel is closed,
+        and the next call opens a new one."""
+        with self._lock:
+            channel = self._channels.pop(address, None)
+            self._stubs.pop(address, None)
+        self._stalls.cancel(f"master {address}",
+                            f"master {address} stopped answering (it failed a status check)")
+        if channel is not None:
+            channel.close()
 
     def _answers(self, address: str, limit: float) -> bool:
         """Whether ``address`` answers a status check within ``limit`` seconds."""
@@ -686,6 +703,7 @@ class GrpcTransport:
         with self._lock:
             self._closed = True
             self._stalls.close()
+            self._calls.close()
             channels = builtins.list(self._channels.values())
             self._channels.clear()
             self._stubs.clear()

@@ -1761,62 +1761,65 @@ def test_a_slow_consumer_is_not_a_stalled_master() -> None:
     assert not transport._stalls._thread.is_alive()  # closing the transport ends the watch
 
 
-class _SlowFuture:
-    """A unary call's future that answers after ``waits`` timed-out waits for it."""
+class _SlowMaster:
+    """A master whose Put answers once ``checks`` status checks have been made (None: never),
+    over a channel whose close ends the call as gRPC does."""
 
-    def __init__(self, waits: int) -> None:
-        self.waits = waits
-        self.cancelled = False
+    def __init__(self, checks: int | None, status_answers: bool) -> None:
+        self.answer_after = checks
+        self.status_answers = status_answers
+        self.checks: list[str] = []
+        self.closed = threading.Event()
 
-    def result(self, timeout: float | None = None) -> str:
-        if self.waits:
-            self.waits -= 1
-            raise grpc.FutureTimeoutError()
-        return "answer"
+    def Put(self, request: Any, timeout: float | None, metadata: Any) -> str:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            if self.closed.wait(0.01):
+                raise _Status(grpc.StatusCode.CANCELLED, "Channel closed!")
+            if self.answer_after is not None and len(self.checks) >= self.answer_after:
+                return "answer"
+        raise AssertionError("the call was neither answered nor ended in 10 s")
 
-    def cancel(self) -> bool:
-        self.cancelled = True
-        return True
+    def NodeStatus(self, request: Any, timeout: float | None, metadata: Any) -> Any:
+        self.checks.append("NodeStatus")
+        if not self.status_answers:
+            raise _Status(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
+        return pb.MasterSummary()
+
+    def close(self) -> None:
+        self.closed.set()
 
 
-def _unary_transport(future: _SlowFuture, status_answers: bool) -> tuple[Any, list[str]]:
+def _unary_transport(master: _SlowMaster) -> Any:
     from blobha.client import GrpcTransport
 
     transport = GrpcTransport("alice")
-    checks: list[str] = []
-
-    class Method:
-        def future(self, request: Any, timeout: float | None, metadata: Any) -> _SlowFuture:
-            return future
-
-    class Stub:
-        Put = Method()
-
-        def NodeStatus(self, request: Any, timeout: float | None, metadata: Any) -> Any:
-            checks.append("NodeStatus")
-            if not status_answers:
-                raise _Status(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
-            return pb.MasterSummary()
-
-    transport._stub = lambda address: Stub()  # type: ignore[method-assign]
-    return transport, checks
+    transport._stubs[M1] = master
+    transport._channels[M1] = master
+    return transport
 
 
 def test_a_long_call_to_a_master_that_answers_status_checks_is_waited_for() -> None:
     # A write waiting for its quorum takes long; its master is working on it.
-    future = _SlowFuture(waits=3)
-    transport, checks = _unary_transport(future, status_answers=True)
-    assert transport.unary(M1, "Put", pb.PutRequest(), 60.0, stall=1.0) == "answer"
-    assert checks == ["NodeStatus"] * 3
+    master = _SlowMaster(checks=3, status_answers=True)
+    transport = _unary_transport(master)
+    try:
+        assert transport.unary(M1, "Put", pb.PutRequest(), 60.0, stall=0.4) == "answer"
+        assert master.checks == ["NodeStatus"] * 3 and not master.closed.is_set()
+    finally:
+        transport.close()
 
 
 def test_a_call_to_a_master_that_answers_nothing_is_given_up() -> None:
-    future = _SlowFuture(waits=100)
-    transport, checks = _unary_transport(future, status_answers=False)
-    with pytest.raises(Unavailable, match="stopped answering: Put got no answer for 1 s"):
-        transport.unary(M1, "Put", pb.PutRequest(), 60.0, stall=1.0)
-    assert checks == ["NodeStatus"] and future.cancelled
-
+    master = _SlowMaster(checks=None, status_answers=False)
+    transport = _unary_transport(master)
+    try:
+        with pytest.raises(Unavailable, match=r"stopped answering: Put got no answer for 0\.4 s"):
+            transport.unary(M1, "Put", pb.PutRequest(), 60.0, stall=0.4)
+        assert master.checks == ["NodeStatus"] and master.closed.is_set()
+        assert M1 not in transport._channels  # the next call dials the master afresh
+    finally:
+        transport.close()
 
 
 def test_a_download_no_master_holds_gives_up_unavailable_not_key_not_found() -> None:

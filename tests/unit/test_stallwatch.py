@@ -6,7 +6,7 @@ import threading
 
 from waiting import wait_until
 
-from blobha.stallwatch import StallWatch
+from blobha.stallwatch import CallWatch, StallWatch
 
 
 class _Call:
@@ -45,5 +45,81 @@ def test_a_silent_stream_is_cancelled_without_a_reason_and_a_busy_one_is_not() -
         assert w_silent.fired and w_silent.reason == ""
         w_busy.wait_again()
         assert not busy.cancelled.is_set()
+    finally:
+        watch.close()
+
+
+class _Master:
+    """Stands in for the status check and the channel close a :class:`CallWatch` is given."""
+
+    def __init__(self, answers: bool) -> None:
+        self.answers = answers
+        self.checked: list[str] = []
+        self.cut: list[str] = []
+        self.was_cut = threading.Event()
+
+    def check(self, address: str, half: float) -> bool:
+        self.checked.append(address)
+        return self.answers
+
+    def close(self, address: str) -> None:
+        self.cut.append(address)
+        self.was_cut.set()
+
+
+def test_a_call_that_ends_within_half_its_limit_costs_no_check() -> None:
+    master = _Master(answers=False)
+    watch = CallWatch(master.check, master.close)
+    try:
+        for _ in range(100):
+            watch.end(watch.begin("a:1", 0.5))
+        # The thread ticks every eighth of a second while calls are made, then sleeps.
+        wait_until(lambda: watch._idle, 5, "the watch asleep once calls stopped")
+        assert master.checked == [] and master.cut == []
+    finally:
+        watch.close()
+
+
+def test_a_master_that_fails_its_check_has_every_call_to_it_ended_and_no_other() -> None:
+    master = _Master(answers=False)
+    watch = CallWatch(master.check, master.close)
+    try:
+        quiet = [watch.begin("a:1", 0.1), watch.begin("a:1", 5.0)]
+        other = watch.begin("b:1", 5.0)
+        assert master.was_cut.wait(5), "the silent master's calls were ended"
+        assert master.cut == ["a:1"] and master.checked == ["a:1"]
+        assert all(p.fired for p in quiet)  # the longer limit's call too: the master is gone
+        assert not other.fired
+    finally:
+        watch.close()
+
+
+def test_a_master_that_answers_its_check_is_waited_for_and_checked_again() -> None:
+    master = _Master(answers=True)
+    watch = CallWatch(master.check, master.close)
+    try:
+        long_call = watch.begin("a:1", 0.1)
+        wait_until(lambda: len(master.checked) >= 3, 5, "the call checked once per half limit")
+        assert master.cut == [] and not long_call.fired
+        watch.end(long_call)
+        checks = len(master.checked)
+        wait_until(lambda: watch._idle, 5, "the watch asleep once the call ended")
+        assert len(master.checked) <= checks + 1  # at most one check already under way
+    finally:
+        watch.close()
+
+
+def test_a_failing_check_is_no_verdict() -> None:
+    class _Broken(_Master):
+        def check(self, address: str, half: float) -> bool:
+            self.checked.append(address)
+            raise ValueError("Cannot invoke RPC on closed channel!")
+
+    master = _Broken(answers=False)
+    watch = CallWatch(master.check, master.close)
+    try:
+        p = watch.begin("a:1", 0.1)
+        wait_until(lambda: len(master.checked) >= 2, 5, "the call checked again")
+        assert not p.fired and master.cut == []
     finally:
         watch.close()
