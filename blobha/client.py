@@ -168,6 +168,7 @@ _CHANNEL_OPTIONS: tuple[tuple[str, int], ...] = (
     # Likewise a reconnection to such a master gives up after this long instead of 20 s.
     ("grpc.min_reconnect_backoff_ms", 3000),
     ("grpc.http2.max_pings_without_data", 0),
+    chunkwire.CALLER_THREAD_STREAMS,
 )
 
 T = TypeVar("T")

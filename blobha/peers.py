@@ -80,7 +80,8 @@ class Peers:
                 self._stubs.clear()
             stub = self._stubs.get(address)
             if stub is None:
-                channel = self._credentials.channel(address, CHANNEL_OPTIONS)
+                channel = self._credentials.channel(
+                    address, [*CHANNEL_OPTIONS, chunkwire.CALLER_THREAD_STREAMS])
                 self._channels[address] = channel
                 stub = self._stubs[address] = chunkwire.stub(channel)
             return stub

@@ -8,6 +8,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -572,3 +573,26 @@ def test_a_master_given_cpus_it_may_not_use_refuses_to_start_and_touches_nothing
     assert bad.returncode == 2, bad.stdout + bad.stderr
     assert "master.cpus must be a CPU list" in bad.stdout + bad.stderr
     assert not data.exists()
+
+
+def test_reads_and_writes_start_no_thread_per_call(alice: Client, unique_key: str,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    # gRPC reads a server stream (a download) on a channel thread of its own, started again
+    # for each call made while no other runs, and a unary call made with a future answers
+    # through the same thread: each such call cost the client a thread start and a wake-up
+    # (about 0.2 ms of CPU per 4 KiB read or create). The client reads on the caller's thread.
+    data = os.urandom(4096)
+    alice.create(unique_key, data, replication_factor=3)
+    assert alice.read(unique_key) == data  # the channels and the call watch exist from here
+    started: list[str] = []
+    start = threading.Thread.start
+
+    def counted(self: threading.Thread) -> None:
+        started.append(self.name)
+        start(self)
+
+    monkeypatch.setattr(threading.Thread, "start", counted)
+    for i in range(10):
+        assert alice.read(unique_key) == data
+        alice.create(f"{unique_key}-{i}", data)
+    assert started == []
