@@ -53,28 +53,52 @@ class Watched:
         return now + self.limit if self.held else self.last + self.limit
 
 
-class StallWatch:
+class _Watcher:
+    """What both watches share: a condition, and one thread that starts on first use and ends
+    with :meth:`close`."""
+
+    _THREAD_NAME = "blobha-watch"
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._closed = False
+
+    def _start(self) -> None:
+        """Start the thread unless it runs or the watch is closed (the condition held)."""
+        if self._thread is None and not self._closed:
+            self._thread = threading.Thread(target=self._run, name=self._THREAD_NAME,
+                                            daemon=True)
+            self._thread.start()
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+
+    def _run(self) -> None:
+        raise NotImplementedError
+
+
+class StallWatch(_Watcher):
     """Cancels the streams it watches that receive nothing for their limit. One thread serves
     every stream (a thread per stream would cost more than a small read does); it sleeps until
     the earliest stall deadline and is started on first use."""
 
+    _THREAD_NAME = "blobha-stall-watch"
+
     def __init__(self) -> None:
-        self._cond = threading.Condition()
+        super().__init__()
         self._watched: set[Watched] = set()
-        self._thread: threading.Thread | None = None
         #: When the thread will look next (None: not before it is woken).
         self._wake_at: float | None = None
-        self._closed = False
 
     def watch(self, call: Any, limit: float, tag: str = "") -> Watched:
         """Watch ``call`` (anything with ``cancel()``); ``tag`` names it for :meth:`cancel`."""
         w = Watched(call, limit, tag)
         with self._cond:
             self._watched.add(w)
-            if self._thread is None and not self._closed:
-                self._thread = threading.Thread(target=self._run, name="blobha-stall-watch",
-                                                daemon=True)
-                self._thread.start()
+            self._start()
             if self._wake_at is None or w.last + limit < self._wake_at:
                 # Woken only when it would look too late: a small read must not cost the
                 # thread a turn.
@@ -116,11 +140,6 @@ class StallWatch:
                 w.fired = True
         self._cancel(hit)
         return len(hit)
-
-    def close(self) -> None:
-        with self._cond:
-            self._closed = True
-            self._cond.notify()
 
     def _run(self) -> None:
         while True:
@@ -168,7 +187,7 @@ class Pending:
         self.fired = False
 
 
-class CallWatch:
+class CallWatch(_Watcher):
     """Watches blocking calls, which cost nothing extra while they end in time.
 
     A call made with a future gets its answer through the channel's own thread, which then wakes
@@ -182,20 +201,20 @@ class CallWatch:
     call to it marked as fired and then ended by ``cut(address)``, which closes its channel.
     """
 
+    _THREAD_NAME = "blobha-call-watch"
+
     def __init__(self, check: Callable[[str, float], bool], cut: Callable[[str], None]) -> None:
+        super().__init__()
         self._check = check
         self._cut = cut
-        self._cond = threading.Condition()
         self._calls: set[Pending] = set()
         #: Addresses being checked now (one check each at a time).
         self._checking: set[str] = set()
-        self._thread: threading.Thread | None = None
         self._tick = float("inf")
         #: A call began since the thread last looked: it looks again a tick later.
         self._began = False
         #: The thread sleeps until woken (no call was made for a whole tick).
         self._idle = False
-        self._closed = False
 
     def begin(self, address: str, half: float) -> Pending:
         """Note a call to ``address`` about to be made; :meth:`end` it when it returns."""
@@ -203,11 +222,9 @@ class CallWatch:
         with self._cond:
             self._calls.add(p)
             self._began = True
-            if self._thread is None and not self._closed:
+            if self._thread is None:
                 self._tick = half / 4
-                self._thread = threading.Thread(target=self._run, name="blobha-call-watch",
-                                                daemon=True)
-                self._thread.start()
+                self._start()
             elif self._idle or half / 4 < self._tick:
                 # Only the first call after a quiet tick (or a shorter limit) wakes the thread:
                 # a stream of calls must not cost it a turn each.
@@ -218,11 +235,6 @@ class CallWatch:
     def end(self, p: Pending) -> None:
         with self._cond:
             self._calls.discard(p)
-
-    def close(self) -> None:
-        with self._cond:
-            self._closed = True
-            self._cond.notify()
 
     def _run(self) -> None:
         while True:
