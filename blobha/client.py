@@ -65,7 +65,7 @@ from blobha.errors import (
     VersionConflict,
 )
 from blobha.keys import validate_key
-from blobha.stallwatch import CallWatch, Stalled, StallWatch
+from blobha.stallwatch import CallWatch, Pending, Stalled, StallWatch
 from blobha.status import (
     MasterSummary,
     ReplicationStatus,
@@ -590,22 +590,19 @@ class GrpcTransport:
 
     def _call(self, address: str, method: str, request: Any, timeout: float | None,
               stall: float | None) -> Any:
-        if stall is None or (timeout is not None and timeout <= stall):
-            try:
-                return getattr(self._stub(address), method)(request, timeout=timeout,
-                                                            metadata=self._metadata)
-            except grpc.RpcError as exc:
-                raise _error_from_rpc(address, exc, self._credentials.tls) from None
-        # Half the limit waiting for the answer, half for the status check: a paused master is
-        # left after about ``stall`` seconds (see CallWatch).
-        pending = self._calls.begin(address, stall / 2)
+        # With a stall limit shorter than the timeout: half the limit waiting for the answer,
+        # half for the status check, so a paused master is left after about ``stall`` seconds
+        # (see CallWatch).
+        pending: Pending | None = None
+        if stall is not None and (timeout is None or timeout > stall):
+            pending = self._calls.begin(address, stall / 2)
         stub: Any = None
         try:
             stub = self._stub(address)
             return getattr(stub, method)(request, timeout=timeout, metadata=self._metadata)
         except (grpc.RpcError, ValueError) as exc:
             # ValueError: the channel was closed as this call began (cut for another call).
-            if pending.fired or self._was_cut(address, stub):
+            if pending is not None and (pending.fired or self._was_cut(address, stub)):
                 raise Unavailable(
                     f"master {address} stopped answering: {method} got no answer for"
                     f" {stall:g} s and neither did a status check (paused or cut off); trying"
@@ -615,7 +612,8 @@ class GrpcTransport:
                 raise _error_from_rpc(address, exc, self._credentials.tls) from None
             raise
         finally:
-            self._calls.end(pending)
+            if pending is not None:
+                self._calls.end(pending)
 
     def _was_cut(self, address: str, stub: Any) -> bool:
         """Whether ``stub``'s channel was closed because its master stopped answering."""

@@ -222,13 +222,12 @@ class CallWatch(_Watcher):
         with self._cond:
             self._calls.add(p)
             self._began = True
-            if self._thread is None:
-                self._tick = half / 4
-                self._start()
-            elif self._idle or half / 4 < self._tick:
-                # Only the first call after a quiet tick (or a shorter limit) wakes the thread:
-                # a stream of calls must not cost it a turn each.
-                self._tick = min(self._tick, half / 4)
+            # Only the first call after a quiet tick (or with a shorter limit) wakes the
+            # thread: a stream of calls must not cost it a turn each.
+            wake = self._idle or half / 4 < self._tick
+            self._tick = min(self._tick, half / 4)
+            self._start()
+            if wake:
                 self._cond.notify()
         return p
 
