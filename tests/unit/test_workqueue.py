@@ -8,6 +8,7 @@ import time
 import pytest
 from blobha.sync import workqueue
 from blobha.sync.workqueue import HURRIED_LINGER, WorkQueue
+from waiting import wait_until
 
 
 def test_get_batch_takes_up_to_the_limit_in_order() -> None:
@@ -111,6 +112,34 @@ def test_a_full_batch_is_not_held() -> None:
     t, got = _get_in_thread(q, 2)
     t.join(timeout=10)
     assert not t.is_alive() and got == [["b", "c"]]
+
+
+def test_keys_joining_a_held_batch_do_not_wake_its_worker_until_it_is_full() -> None:
+    q = _handling_a(linger=60.0)
+    q.put("b")
+    t, got = _get_in_thread(q, 3)
+    _wait_holding(q)
+    wakes = []
+    real_notify = q._cond.notify
+
+    def counting_notify(n: int = 1) -> None:
+        wakes.append(n)
+        real_notify(n)
+
+    q._cond.notify = counting_notify  # type: ignore[method-assign]
+    q.put("c")  # joins the held batch: waking the worker would change nothing
+    assert wakes == []
+    q.put("d")  # the batch is full now: it goes at once, not after the minute
+    t.join(timeout=10)
+    assert wakes == [1] and not t.is_alive() and got == [["b", "c", "d"]]
+
+
+def _wait_holding(q: WorkQueue) -> None:
+    def holding() -> bool:
+        with q._cond:
+            return q._holding > 0
+
+    wait_until(holding, 10, "the worker to hold its batch", interval=0.005)
 
 
 def test_a_hurried_queue_holds_a_batch_no_longer_than_the_hurried_linger() -> None:
