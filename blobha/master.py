@@ -929,7 +929,7 @@ class Master:
 
     def _commit_puts(self, batch: Sequence[_Put]) -> list[BlobState | BaseException | Later]:
         """One group commit (:class:`GroupCommitter` handler): the batch's new versions are
-        installed together (two file-system syncs in all) and committed in one fenced
+        installed together (appended to one segment, one fdatasync) and committed in one fenced
         transaction. A write whose operation fails there (the key appeared, moved or vanished
         meanwhile) leaves the batch with its error, and the others commit without it.
 

@@ -5,18 +5,19 @@ Layout under the store root::
     keys/<dirname>/v<seq>.blob  the bytes of one committed version, never modified
     keys/<dirname>/v<seq>.json  its record: its key (dirname is an encoding, see blobha.keys),
                                 size, xxh3-128 digest and per-chunk xxh3-64 digests
-    keys/<dirname>/v<seq>.ver   a small version installed with others (install_many): its bytes
-                                and its record in one file, the record after the bytes
+    segments/<n>.seg            small versions installed together (install_many): each a
+                                record appended to a shared file (see blobha.segments)
+    keys/<dirname>/v<seq>.ver   a small version as an earlier release stored it: its bytes and
+                                its record in one file, the record after the bytes (read only)
     tmp/                        uploads and downloads in progress; emptied at start-up
     LOCK                        held (flock) by the process using the store; holds its pid
     zk-session                  not the store's: the master's ZooKeeper session, which its
                                 successor on this directory ends (blobha.sync.SessionRecord)
 
 A version exists only once its record is in place: a ``.json`` is renamed in after its
-``.blob``, a ``.ver`` is renamed in whole. So a crash at any point leaves either the old state
-or the new one, plus debris in ``tmp/`` that start-up removes. A ``.ver`` costs one file where
-the pair costs two: on a file system that searches for a free inode past the recently deleted
-ones (ext4 without a journal), allocating them was a tenth of a busy cluster's CPU.
+``.blob``, a segment's record is indexed after its fdatasync. So a crash at any point leaves
+either the old state or the new one, plus debris in ``tmp/`` that start-up removes, or a torn
+record at a segment's end that its scan passes over.
 
 Every read checks each chunk against its stored digest before handing it out: a corrupt chunk
 raises :class:`ChecksumMismatch` and the version is removed, so it is never served twice and
@@ -30,6 +31,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import ctypes
+import dataclasses
 import errno
 import json
 import logging
@@ -50,6 +52,14 @@ from blobha.digest import CHUNK_SIZE, ChunkDigests, Digester, chunk_digest
 from blobha.errors import ChecksumMismatch, InvalidArgument, KeyNotFound, ResourceExhausted
 from blobha.keys import key_dirname, key_of_dirname
 from blobha.locks import lock_file
+from blobha.segments import (
+    HEADER_SIZE,
+    SegmentLog,
+    Slot,
+    fsync_dir,
+    read_record,
+    segment_path,
+)
 
 log = logging.getLogger(__name__)
 # Temp-file names of version records (see write_json_atomic).
@@ -64,8 +74,12 @@ class VersionInfo:
     digest: str
     chunk_size: int
     chunks: tuple[str, ...]
-    #: Stored as one ``.ver`` file, its record after its bytes (else ``.blob`` and ``.json``).
+    #: Stored with its record: a record of a segment (``segment`` >= 0), or a ``.ver`` file
+    #: of an earlier release (else ``.blob`` and ``.json``).
     packed: bool = False
+    #: The segment holding it and the offset of its bytes there; -1: a file of its own.
+    segment: int = -1
+    offset: int = 0
 
 
 #: The last bytes of a ``.ver`` file: its record's length (4 bytes, little-endian), then this.
@@ -81,6 +95,8 @@ _PACKED_FOOTER = 4 + len(_PACKED_MAGIC)
 #: bytes of RSS a key in the bench's 20,000-key scale run).
 RECENT_BYTES = 16 * 1024 * 1024
 RECENT_VERSIONS = 1024
+#: Records compaction copies forward in one append (and one fdatasync).
+COMPACT_BATCH = 256
 #: How much a temp file accumulates before its write-back to disk is started.
 WRITEBACK_BYTES = 8 * 1024 * 1024
 #: How much a temp file accumulates between two flushes in the background (see TempBlob).
@@ -122,38 +138,6 @@ def _load_sync_file_range() -> Callable[[int, int, int], None] | None:
 
 
 _start_writeback = _load_sync_file_range()
-# None where there is no syncfs: FileSystemSync falls back to os.sync().
-_syncfs: Callable[[int], int] | None = libc_function("syncfs")
-
-
-class FileSystemSync:
-    """Makes everything written on the file system holding ``path`` durable: file contents,
-    new names, renames. One call for a whole batch of files, where fsync would take one
-    journal commit per file and directory (about 2,000 a second on a virtual disk, so five per
-    small blob capped a sync at a few hundred blobs a second).
-
-    Open it before the first write it is to cover: syncfs reports a write-back error only to a
-    descriptor opened before the error was recorded, and another thread's syncfs can make the
-    kernel write back (and fail on) this batch's pages before a late-opened one exists."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self._fd = os.open(path, os.O_RDONLY) if _syncfs is not None else -1
-
-    def sync(self) -> None:
-        if _syncfs is None:
-            os.sync()
-            return
-        if _syncfs(self._fd) != 0:
-            err = ctypes.get_errno()
-            raise OSError(err, f"syncfs of {self.path} failed: {os.strerror(err)}")
-
-    def close(self) -> None:
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
-
-
 class BlobBuffer:
     """A small blob received into memory for :meth:`LocalStore.install_many`; appends behave
     as :meth:`TempBlob.write_at` (a retried chunk is skipped, a gap refused)."""
@@ -176,14 +160,6 @@ class BlobBuffer:
 
     def value(self) -> bytes:
         return bytes(self._data)
-
-
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _write_all(fd: int, data: bytes | memoryview) -> None:
@@ -378,6 +354,12 @@ class LocalStore:
             self.tmp_dir = root / "tmp"
             self.keys_dir.mkdir(parents=True, exist_ok=True)
             self.tmp_dir.mkdir(parents=True, exist_ok=True)
+            self.segments_dir = root / "segments"
+            self.segments: SegmentLog | None = None
+            self.segments = SegmentLog(self.segments_dir)
+            self._compactor: threading.Thread | None = None
+            self._compact_wake = threading.Event()
+            self._closed = False
             #: Called with (key, seq) after a corrupt version was removed, so the master can
             #: unregister that replica and fetch a healthy copy.
             self.on_corrupt: Callable[[str, int], None] | None = None
@@ -402,9 +384,20 @@ class LocalStore:
             self.close()
             raise
         self._changing_here = threading.local()
+        # Segments left sparse by the removals of an earlier run are compacted now, not at
+        # this run's first removal.
+        self._compact_soon()
 
     def close(self) -> None:
         """Let the directory go (another store may open it now). Idempotent."""
+        self._closed = True
+        compactor = getattr(self, "_compactor", None)
+        if compactor is not None:
+            self._compact_wake.set()
+            compactor.join()
+        segments = getattr(self, "segments", None)
+        if segments is not None:
+            segments.close()
         fd, self._lock_fd = self._lock_fd, -1
         if fd >= 0:
             os.close(fd)
@@ -465,16 +458,23 @@ class LocalStore:
                 yield d
                 return
             active.add(key)
-            had, before = _footprint(d)
+            had, before = self._footprint(key, d)
             try:
                 yield d
             finally:
                 active.discard(key)
-                has, after = _footprint(d)
+                has, after = self._footprint(key, d)
                 if (had, before) != (has, after):
                     with self._counted_lock:
                         blobs, stored = self._counted
                         self._counted = (blobs + has - had, stored + after - before)
+
+    def _footprint(self, key: str, d: Path) -> tuple[bool, int]:
+        """(whether ``key`` has a version here, their bytes): its files and its records."""
+        found, stored = _footprint(d)
+        assert self.segments is not None
+        in_log, logged = self.segments.footprint(key)
+        return found or in_log, stored + logged
 
     # ---- space ---------------------------------------------------------------------------
 
@@ -516,7 +516,12 @@ class LocalStore:
         info = VersionInfo(key, seq, size, digest, CHUNK_SIZE, tuple(chunks))
         with self._changing(key) as d:
             self._forget(key, seq)  # what install_many left of an earlier version seq
-            # Replaced, not kept: read first, an earlier packed copy would hide this one.
+            # Replaced, not kept: read first, an earlier packed copy would hide this one, so
+            # its removal is made durable before this one exists.
+            assert self.segments is not None
+            old = self.segments.slot(key, seq)
+            if old is not None and self.segments.kill(key, seq):
+                self.segments.sync_dead_marks(old.segment)
             (d / f"v{seq}.ver").unlink(missing_ok=True)
             try:
                 d.mkdir()
@@ -553,74 +558,51 @@ class LocalStore:
     def install_many(self, items: list[tuple[str, int, bytes, int, str]]
                      ) -> list[VersionInfo | ChecksumMismatch]:
         """Install many small versions, each ``(key, seq, data, size, digest)``, with the durability
-        of :meth:`install` for each but two file-system syncs for the whole batch instead of
-        three or four fsyncs per version: verify each blob's size and digest (from the very
-        bytes to be written, as :class:`TempBlob` does) -> write every temp file, the bytes
-        and then the record (a packed ``.ver``) -> sync -> rename into place -> sync. Nothing
-        is returned (so nothing registered) before the last sync. One entry per item: its
-        VersionInfo, or the ChecksumMismatch that kept it out."""
+        of :meth:`install` for each: verify each blob's size and digest (from the very bytes to
+        be written, as :class:`TempBlob` does) -> append them with their records to the current
+        segment in one write -> fdatasync -> index them. Nothing is returned (so nothing
+        registered) before the sync. One entry per item: its VersionInfo, or the
+        ChecksumMismatch that kept it out."""
+        assert self.segments is not None
         out: list[VersionInfo | ChecksumMismatch] = []
-        staged: list[tuple[VersionInfo, Path, bytes]] = []
-        installed: list[VersionInfo] = []
-        fs = FileSystemSync(self.tmp_dir)  # tmp/ and keys/ share one file system
-        try:
-            for key, seq, data, size, digest in items:
-                whole, chunks = Digester(), ChunkDigests()
-                whole.update(data)
-                chunks.update(data)
-                if len(data) != size or whole.hexdigest() != digest:
-                    out.append(ChecksumMismatch(
-                        f"the copy of {key!r} v{seq} does not match: expected {size} bytes"
-                        f" with xxh3-128 {digest}, got {len(data)} bytes with"
-                        f" {whole.hexdigest()}"
-                    ))
-                    continue
-                # The store's directory is this process's alone (lock_data_dir), and tmp/ is
-                # emptied at start: a counter names the file as surely as a uuid4, without
-                # its system call (2 % of a busy leader's Python time).
-                path = self.tmp_dir / f"sync-{os.getpid()}-{next(_temp_names)}.part"
-                info = VersionInfo(key, seq, size, digest, CHUNK_SIZE, tuple(chunks.digests()),
-                                   packed=True)
-                with open(path, "xb") as f:
-                    staged.append((info, path, data))
-                    f.write(data)
-                    f.write(_packed_footer(info))
-                out.append(info)
-            fs.sync()
-            for info, path, data in staged:
-                with self._changing(info.key) as d:
-                    try:
-                        d.mkdir()
-                        earlier = False
-                    except FileExistsError:
-                        earlier = True  # a new key's directory holds no copy to replace
-                    if earlier:
-                        # An earlier copy of this version is replaced, not kept: its record
-                        # goes first, so it is gone even if a crash comes before the rename.
-                        (d / f"v{info.seq}.json").unlink(missing_ok=True)
-                    # The bytes and the record at once: the version exists from this rename.
-                    os.replace(path, d / f"v{info.seq}.ver")
-                    installed.append(info)  # from here on, the clean-up below removes it
-                    if earlier:
-                        (d / f"v{info.seq}.blob").unlink(missing_ok=True)
-                    # Under the key's lock, as the files: a delete of the version forgets it
-                    # under the same lock, so no removed version is remembered.
-                    self._remember(info, data)
-            fs.sync()
+        staged: list[tuple[int, VersionInfo, bytes]] = []
+        for key, seq, data, size, digest in items:
+            whole, chunks = Digester(), ChunkDigests()
+            whole.update(data)
+            chunks.update(data)
+            if len(data) != size or whole.hexdigest() != digest:
+                out.append(ChecksumMismatch(
+                    f"the copy of {key!r} v{seq} does not match: expected {size} bytes"
+                    f" with xxh3-128 {digest}, got {len(data)} bytes with"
+                    f" {whole.hexdigest()}"
+                ))
+                continue
+            info = VersionInfo(key, seq, size, digest, CHUNK_SIZE, tuple(chunks.digests()),
+                               packed=True)
+            staged.append((len(out), info, data))
+            out.append(info)
+        if not staged:
             return out
-        except BaseException:
-            # Nothing of a failed batch may stay: a version on disk gets registered by the next
-            # reconcile, and these were never made durable.
-            for info in installed:
-                self.delete_version(info.key, info.seq)
-            for _, path, _ in staged:
-                path.unlink(missing_ok=True)
-            # Key directories made here stay; install() syncs keys/ only for those it makes.
-            with contextlib.suppress(OSError):
-                fsync_dir(self.keys_dir)
-            raise
+        slots = self.segments.append([(_info_json(info), data) for _, info, data in staged])
+        done = 0
+        try:
+            for (at, info, data), slot in zip(staged, slots, strict=True):
+                placed = dataclasses.replace(info, segment=slot.segment,
+                                             offset=slot.offset + slot.length - len(data))
+                with self._changing(info.key) as d:
+                    self.segments.install(info.key, info.seq, slot)
+                    done += 1
+                    # An earlier copy in files of its own goes (the record read first wins
+                    # over it should a crash keep it).
+                    _remove_version_files(d, info.seq)
+                    # Under the key's lock, as the index: a delete of the version forgets it
+                    # under the same lock, so no removed version is remembered.
+                    self._remember(placed, data)
+                out[at] = placed
+            return out
         finally:
-            fs.close()
+            for slot in slots[done:]:
+                self.segments.discard(slot)
 
     def _remember(self, info: VersionInfo, data: bytes) -> None:
         with self._recent_lock:
@@ -652,6 +634,14 @@ class LocalStore:
             return self._recent.get((key, seq))
 
     def info(self, key: str, seq: int) -> VersionInfo | None:
+        assert self.segments is not None
+        for _ in range(3):  # a record compaction moves is looked up again where it went
+            slot = self.segments.slot(key, seq)
+            if slot is None:
+                break
+            found = self._slot_info(key, seq, slot)
+            if found is not None:
+                return found
         d = self._dir(key)
         path = d / f"v{seq}.ver"
         try:
@@ -669,14 +659,48 @@ class LocalStore:
             self.delete_version(key, seq)
             return None
 
+    def _slot_info(self, key: str, seq: int, slot: Slot) -> VersionInfo | None:
+        """The record in ``slot`` of a version of ``key``, or None once it is gone (compacted
+        away, deleted) or unreadable (then removed, as an unreadable file record is)."""
+        try:
+            fd = os.open(segment_path(self.segments_dir, slot.segment),
+                         os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return None
+        try:
+            found = read_record(fd, slot.offset, slot.offset + slot.length)
+        finally:
+            os.close(fd)
+        try:
+            if found is None or not found[3]:
+                raise ValueError("no live record")
+            record, rlen, _, _ = found
+            info = _info_from(record, key, packed=True)
+            return dataclasses.replace(info, segment=slot.segment,
+                                       offset=slot.offset + HEADER_SIZE + rlen)
+        except (ValueError, KeyError, TypeError):
+            log.error("unreadable record of %r v%d in segment %d at %d; removing the version",
+                      key, seq, slot.segment, slot.offset)
+            with self._changing(key):
+                assert self.segments is not None
+                if self.segments.slot(key, seq) == slot:
+                    self.segments.kill(key, seq)
+            return None
+
     def has_version(self, key: str, seq: int) -> bool:
         """Whether version ``seq`` is installed (its record exists); no parsing."""
+        assert self.segments is not None
+        if self.segments.slot(key, seq) is not None:
+            return True
         d = self._dir(key)
         return (d / f"v{seq}.ver").exists() or (d / f"v{seq}.json").exists()
 
     def versions(self, key: str) -> list[int]:
         """Installed versions of ``key``, oldest first."""
-        return _versions_in(self._dir(key))
+        assert self.segments is not None
+        logged = self.segments.seqs(key)
+        on_disk = _versions_in(self._dir(key))
+        return sorted({*logged, *on_disk}) if logged else on_disk
 
     def latest(self, key: str) -> VersionInfo | None:
         for seq in reversed(self.versions(key)):
@@ -694,7 +718,9 @@ class LocalStore:
 
     def keys(self) -> list[str]:
         """Every key with at least one installed version."""
-        out = []
+        assert self.segments is not None
+        out = self.segments.keys()
+        logged = set(out)
         with os.scandir(self.keys_dir) as dirs:
             for d in dirs:
                 if not d.is_dir(follow_symlinks=False):
@@ -704,7 +730,7 @@ class LocalStore:
                 key = key_of_dirname(d.name)
                 if key is None:
                     key = _key_of_dir(Path(d.path))
-                if key is not None and _versions_in(d.path):
+                if key is not None and key not in logged and _versions_in(d.path):
                     out.append(key)
         return out
 
@@ -720,9 +746,10 @@ class LocalStore:
         if offset > info.size:
             raise InvalidArgument(f"offset {offset} is past the end of {key!r} ({info.size} bytes)")
         end = info.size if length == 0 else min(info.size, offset + length)
-        with self._open_version(info) as f:
+        f, info = self._open_version(info)
+        with f:
             index = offset // info.chunk_size
-            f.seek(index * info.chunk_size)
+            f.seek(info.offset + index * info.chunk_size)
             pos = index * info.chunk_size
             while pos < end:
                 # Not past the version's bytes: a packed file's record follows them.
@@ -747,9 +774,11 @@ class LocalStore:
         two, not their sum. A mismatch removes the version and raises
         :class:`ChecksumMismatch` before anything of the bad chunk is sent, as :meth:`read`
         does."""
-        with self._open_version(info) as f:
+        f, info = self._open_version(info)
+        with f:
             opened()
             fd = f.fileno()
+            base = info.offset
             buffer = memoryview(bytearray(info.chunk_size))
 
             def check(index: int) -> None:
@@ -757,7 +786,7 @@ class LocalStore:
                 # the version's bytes: a packed file's record follows them.
                 start = index * info.chunk_size
                 n = os.preadv(fd, [buffer[:max(0, min(info.chunk_size, info.size - start))]],
-                              start)
+                              base + start)
                 self._check_chunk(info, index, buffer[:n])
 
             index = offset // info.chunk_size
@@ -769,17 +798,27 @@ class LocalStore:
                     hi = min(end, (index + 1) * info.chunk_size)
                     index += 1
                     pending = checker.submit(check, index) if hi < end else None
-                    send(f, lo, hi - lo)
+                    send(f, base + lo, hi - lo)
             finally:
                 if pending is not None and not pending.cancel():
                     # Still reading into the buffer: wait before the file closes.
                     with contextlib.suppress(Exception):
                         pending.result()
 
-    def _open_version(self, info: VersionInfo) -> BinaryIO:
+    def _open_version(self, info: VersionInfo) -> tuple[BinaryIO, VersionInfo]:
+        """The open file of a version's bytes, and its record: ``info``, or where compaction
+        moved the same bytes since (its ``offset`` is that of the bytes in the file)."""
         try:
+            if info.segment >= 0:
+                try:
+                    return open(segment_path(self.segments_dir, info.segment), "rb"), info
+                except FileNotFoundError:
+                    moved = self.info(info.key, info.seq)
+                    if moved is None or moved.digest != info.digest or moved.segment < 0:
+                        raise
+                    return open(segment_path(self.segments_dir, moved.segment), "rb"), moved
             name = f"v{info.seq}.ver" if info.packed else f"v{info.seq}.blob"
-            return open(self._dir(info.key) / name, "rb")
+            return open(self._dir(info.key) / name, "rb"), info
         except FileNotFoundError:
             raise KeyNotFound(
                 f"version {info.seq} of {info.key!r} is not stored on this master") from None
@@ -830,6 +869,9 @@ class LocalStore:
     def delete_version(self, key: str, seq: int) -> None:
         with self._changing(key) as d:
             self._forget(key, seq)
+            assert self.segments is not None
+            if self.segments.kill(key, seq):
+                self._compact_soon()
             # The record goes first: without it the version does not exist, even mid-delete.
             (d / f"v{seq}.json").unlink(missing_ok=True)
             (d / f"v{seq}.ver").unlink(missing_ok=True)
@@ -873,14 +915,97 @@ class LocalStore:
     def usage(self) -> tuple[int, int]:
         """(blobs, bytes) stored: each key counted once, every retained version's bytes. A
         scan of every key directory; :meth:`counted_usage` gives the same figures at once."""
-        count = 0
-        total = 0
+        assert self.segments is not None
+        logged = self.segments.usage()
+        count = len(logged)
+        total = sum(logged.values())
+        logged_dirs = {key_dirname(k) for k in logged}
         with os.scandir(self.keys_dir) as dirs:
             for d in dirs:
                 found, stored = _footprint(d.path)
-                count += found
+                count += found and d.name not in logged_dirs
                 total += stored
         return count, total
+
+    # ---- compaction -----------------------------------------------------------------------
+
+    def _compact_soon(self) -> None:
+        """Have the compactor look at the segments (after a removal made some bytes dead)."""
+        assert self.segments is not None
+        if self._closed or not self.segments.sparse():
+            return
+        if self._compactor is None:
+            with self._locks_guard:
+                if self._compactor is None:
+                    self._compactor = threading.Thread(
+                        target=self._compact_loop, name="segment-compactor", daemon=True)
+                    self._compactor.start()
+        self._compact_wake.set()
+
+    def _compact_loop(self) -> None:
+        while True:
+            self._compact_wake.wait()
+            self._compact_wake.clear()
+            if self._closed:
+                return
+            try:
+                self.compact()
+            except Exception:  # the thread must outlive one failure; the next removal retries
+                log.exception("segment compaction failed")
+
+    def compact(self) -> int:
+        """Copy the live records of every sparse segment forward, then remove it (see
+        blobha.segments); the number of records copied."""
+        assert self.segments is not None
+        moved = 0
+        for segment in self.segments.sparse():
+            live = self.segments.live_in(segment)
+            for start in range(0, len(live), COMPACT_BATCH):
+                if self._closed:
+                    return moved
+                moved += self._copy_forward(live[start:start + COMPACT_BATCH])
+            self.segments.drop_if_empty(segment)
+        return moved
+
+    def _copy_forward(self, live: list[tuple[str, int, Slot]]) -> int:
+        """Append checked copies of ``live`` records, then index each copy where its version
+        still lies where it was read (under the key's lock: a version deleted or replaced
+        meanwhile keeps its own fate, and the copy is dropped)."""
+        assert self.segments is not None
+        copies: list[tuple[VersionInfo, bytes, Slot]] = []
+        for key, seq, slot in live:
+            info = self._slot_info(key, seq, slot)
+            if info is None:
+                continue
+            try:
+                data = b"".join(self.read(key, seq))
+            except (ChecksumMismatch, KeyNotFound):
+                continue  # a corrupt copy was removed by the read itself
+            copies.append((info, data, slot))
+        if not copies:
+            return 0
+        slots = self.segments.append([(_info_json(i), d) for i, d, _ in copies])
+        moved = 0
+        for (info, _, old), new in zip(copies, slots, strict=True):
+            with self._changing(info.key):
+                if self.segments.slot(info.key, info.seq) == old:
+                    self.segments.install(info.key, info.seq, new)
+                    moved += 1
+                    continue
+            self.segments.discard(new)
+        return moved
+
+
+def _remove_version_files(d: Path, seq: int) -> None:
+    """Remove version ``seq``'s files from key directory ``d``, if it has any: its record
+    first, so it is gone even if the rest is not."""
+    try:
+        names = os.listdir(d)
+    except (FileNotFoundError, NotADirectoryError):
+        return
+    for suffix in (".json", ".ver", ".blob"):
+        if f"v{seq}{suffix}" in names:
+            (d / f"v{seq}{suffix}").unlink(missing_ok=True)
 
 
 def _footprint(d: str | Path) -> tuple[bool, int]:
@@ -942,12 +1067,6 @@ def _info_from(raw: dict[str, Any], key: str, packed: bool = False) -> VersionIn
         key, int(raw["seq"]), int(raw["size"]), str(raw["digest"]),
         int(raw["chunk_size"]), tuple(raw["chunks"]), packed,
     )
-
-
-def _packed_footer(info: VersionInfo) -> bytes:
-    """What follows a packed version's bytes: its record, the record's length, the magic."""
-    record = json.dumps(_info_json(info)).encode("utf-8")
-    return record + len(record).to_bytes(4, "little") + _PACKED_MAGIC
 
 
 #: A packed file's tail read at once: the record of a small version comes with its footer.

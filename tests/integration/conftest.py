@@ -25,6 +25,7 @@ from blobha.client import Client
 from blobha.keys import key_dirname
 from blobha.localcluster import LocalCluster, MasterProcess
 from blobha.peers import CHANNEL_OPTIONS, USER_METADATA_KEY
+from blobha.segments import scan
 from blobha.v1 import blobha_pb2_grpc as pb_grpc
 
 __all__ = ["wait_until"]
@@ -138,11 +139,59 @@ def store_dir(m: MasterProcess) -> Path:
     return m.config_path.parent / f"master-{m.index + 1}"
 
 
-def version_files(m: MasterProcess, key: str) -> list[Path]:
-    """The files of ``key``'s versions on ``m``: ``v<seq>.ver`` (packed with its record) or
-    ``v<seq>.blob`` (beside its ``.json``); ``Path.stem`` is ``v<seq>`` either way."""
+class VersionCopy:
+    """One version of a key as a master holds it on disk: a ``.blob`` file (beside its
+    ``.json``) or a record of a segment file (small versions, see blobha.segments)."""
+
+    def __init__(self, seq: int, path: Path, offset: int, size: int) -> None:
+        self.seq = seq
+        self.stem = f"v{seq}"
+        self.path = path
+        self.offset = offset
+        self.size = size
+
+    def __repr__(self) -> str:
+        return f"VersionCopy({self.stem}, {self.path}@{self.offset})"
+
+    @property
+    def identity(self) -> tuple[str, int, int]:
+        """Which copy this is: a copy installed again has another (a new file or record)."""
+        return str(self.path), self.path.stat().st_ino, self.offset
+
+    def read_bytes(self) -> bytes:
+        with open(self.path, "rb") as f:
+            f.seek(self.offset)
+            return f.read(self.size)
+
+    def write_bytes(self, data: bytes) -> None:
+        """Overwrite the version's bytes in place (the same length: damage, not a change)."""
+        assert len(data) == self.size
+        with open(self.path, "r+b") as f:
+            f.seek(self.offset)
+            f.write(data)
+
+
+def version_files(m: MasterProcess, key: str) -> list[VersionCopy]:
+    """``key``'s versions on ``m``, oldest first: its ``.blob`` files and its live segment
+    records (of two records of one version, the later; what the master's own index holds)."""
+    copies: dict[int, VersionCopy] = {}
+    segments = store_dir(m) / "segments"
+    for path in sorted(segments.glob("*.seg")) if segments.exists() else []:
+        try:
+            records = list(scan(path))
+        except FileNotFoundError:
+            continue  # compacted away meanwhile
+        for offset, length, record in records:
+            if record is not None and record.get("key") == key:
+                size = int(record["size"])
+                seq = int(record["seq"])
+                copies[seq] = VersionCopy(seq, path, offset + length - size, size)
     d = store_dir(m) / "keys" / key_dirname(key)
-    return sorted([*d.glob("v*.blob"), *d.glob("v*.ver")]) if d.exists() else []
+    for blob in d.glob("v*.blob") if d.exists() else []:
+        seq = int(blob.stem[1:])
+        if seq not in copies and blob.with_suffix(".json").exists():
+            copies[seq] = VersionCopy(seq, blob, 0, blob.stat().st_size)
+    return [copies[seq] for seq in sorted(copies)]
 
 
 def followers(cluster: LocalCluster) -> list[MasterProcess]:

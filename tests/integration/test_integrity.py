@@ -145,10 +145,10 @@ def test_corrupt_replica_is_never_served_and_is_repaired(cluster: LocalCluster, 
     alice.create(unique_key, data, replication_factor=3)
     assert alice.wait_for_replication([unique_key], 3, timeout=15).reached
     follower = next(m for m in cluster.masters if m is not cluster.leader())
-    path = version_files(follower, unique_key)[0]
-    raw = bytearray(path.read_bytes())
+    copy = version_files(follower, unique_key)[0]
+    raw = bytearray(copy.read_bytes())
     raw[1024 * 1024 + 5] ^= 0xFF  # second chunk
-    path.write_bytes(bytes(raw))
+    copy.write_bytes(bytes(raw))
 
     received = []
     with pytest.raises(grpc.RpcError) as err:
@@ -189,10 +189,10 @@ def test_scrubber_finds_rot_nobody_reads_and_repairs_it(tmp_path: Path) -> None:
             alice.create("rot", data, replication_factor=3)
             assert alice.wait_for_replication(["rot"], 3, timeout=15).reached
         follower = next(m for m in c.masters if m is not c.leader())
-        path = version_files(follower, "rot")[0]
-        raw = bytearray(path.read_bytes())
+        copy = version_files(follower, "rot")[0]
+        raw = bytearray(copy.read_bytes())
         raw[1024 * 1024 + 1] ^= 0x04
-        path.write_bytes(bytes(raw))
+        copy.write_bytes(bytes(raw))
 
         def repaired() -> bool:
             files = version_files(follower, "rot")
@@ -224,7 +224,6 @@ def test_an_old_version_of_an_earlier_incarnation_is_never_served(
         wait_until(lambda: follower.address in c.get_replication("reborn").holders, 20,
                    "the follower to hold the new v2")
         old_v1 = [f for f in version_files(follower, "reborn") if f.stem == "v1"]
-        # What the bug served (a packed file's record follows its bytes).
         assert old_v1 and old_v1[0].read_bytes()[:5] == b"OLD-1"
         try:
             got = b"".join(m.data for m in stub(follower.address).Download(

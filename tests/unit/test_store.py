@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ctypes
 import errno
 import json
 import os
@@ -13,10 +12,12 @@ from typing import Any
 
 import pytest
 
+from blobha import segments as segments_module
 from blobha import store as store_module
 from blobha.digest import CHUNK_SIZE, EMPTY_DIGEST, chunk_digest, digest_bytes
 from blobha.errors import ChecksumMismatch, InvalidArgument, KeyNotFound, ResourceExhausted
 from blobha.keys import key_dirname
+from blobha.segments import segment_path
 from blobha.store import DataDirInUse, LocalStore, TempBlob, VersionInfo
 
 MiB = 1024 * 1024
@@ -266,19 +267,27 @@ def test_discarded_temp_is_removed(store: LocalStore) -> None:
     assert os.listdir(store.tmp_dir) == []
 
 
-def _version_file(store: LocalStore, key: str, seq: int) -> Path:
-    """The file of a version's bytes: a packed ``.ver``, or a ``.blob`` beside its record."""
-    d = store.keys_dir / key_dirname(key)
-    packed = d / f"v{seq}.ver"
-    return packed if packed.exists() else d / f"v{seq}.blob"
+def _version_place(store: LocalStore, key: str, seq: int) -> tuple[Path, int]:
+    """The file holding a version's bytes, and where they start in it: a segment, or a
+    ``.blob`` beside its record."""
+    info = store.info(key, seq)
+    assert info is not None
+    if info.segment >= 0:
+        return segment_path(store.segments_dir, info.segment), info.offset
+    return store.keys_dir / key_dirname(key) / f"v{seq}.blob", 0
 
 
-def _file_size(store: LocalStore, key: str, seq: int) -> int:
-    return _version_file(store, key, seq).stat().st_size
+def _stored_size(store: LocalStore, key: str, seq: int) -> int:
+    """What a small version counts for in the usage: its whole record in its segment."""
+    assert store.segments is not None
+    slot = store.segments.slot(key, seq)
+    assert slot is not None
+    return slot.length
 
 
 def _flip_byte(store: LocalStore, key: str, seq: int, offset: int) -> None:
-    path = _version_file(store, key, seq)
+    path, base = _version_place(store, key, seq)
+    offset += base
     with open(path, "r+b") as f:
         f.seek(offset)
         b = f.read(1)
@@ -531,15 +540,14 @@ def test_install_many_installs_each_version_durably_and_readably(store: LocalSto
     assert list(store.tmp_dir.iterdir()) == []
 
 
-def test_versions_installed_together_are_one_file_each_with_their_record(
-        store: LocalStore) -> None:
-    # One file per version (its bytes, then its record), not three inodes with the key's
-    # directory: what the allocation of inodes costs a busy cluster halves.
-    data = _data(CHUNK_SIZE + 1000, seed=3)  # two chunks: the last one ends at the record
-    [info] = _install_small(store, ("two chunks", 4, data))
-    assert isinstance(info, VersionInfo) and info.packed
-    d = store.keys_dir / key_dirname("two chunks")
-    assert [p.name for p in d.iterdir()] == ["v4.ver"]
+def test_versions_installed_together_are_records_of_one_segment(store: LocalStore) -> None:
+    # No file, no directory, no inode per version: one shared segment takes them all.
+    data = _data(CHUNK_SIZE + 1000, seed=3)  # two chunks: the last one ends at the next record
+    [info, _] = _install_small(store, ("two chunks", 4, data), ("next", 1, b"after"))
+    assert isinstance(info, VersionInfo) and info.packed and info.segment >= 0
+    assert not (store.keys_dir / key_dirname("two chunks")).exists()
+    assert [p.name for p in store.segments_dir.iterdir()] == [
+        segment_path(store.segments_dir, info.segment).name]
     assert store.info("two chunks", 4) == info and store.versions("two chunks") == [4]
     assert store.has_version("two chunks", 4) and not store.has_version("two chunks", 3)
     assert _read(store, "two chunks", 4) == data
@@ -585,8 +593,7 @@ def test_packed_and_paired_versions_live_side_by_side(tmp_path: Path) -> None:
 @pytest.mark.parametrize("damage", ["truncated", "record overwritten", "bytes appended"])
 def test_a_packed_version_without_a_whole_record_is_removed(
         store: LocalStore, damage: str) -> None:
-    _install_small(store, ("k", 1, _data(5000)))
-    path = store.keys_dir / key_dirname("k") / "v1.ver"
+    path = _write_legacy_ver(store, "k", 1, _data(5000))
     raw = path.read_bytes()
     if damage == "truncated":
         path.write_bytes(raw[:-3])
@@ -598,14 +605,33 @@ def test_a_packed_version_without_a_whole_record_is_removed(
     assert store.versions("k") == [] and not path.exists()
 
 
-def test_a_paired_copy_replaced_by_a_packed_one_is_not_kept(store: LocalStore) -> None:
+def test_a_paired_copy_replaced_by_a_packed_one_is_not_kept(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path / "store")
     _put(store, "k", 1, b"paired")
     _install_small(store, ("k", 1, b"packed"))
     d = store.keys_dir / key_dirname("k")
-    assert [p.name for p in d.iterdir()] == ["v1.ver"] and _read(store, "k", 1) == b"packed"
+    assert list(d.iterdir()) == [] and _read(store, "k", 1) == b"packed"
     _put(store, "k", 1, b"paired again")  # and the other way round
     assert sorted(p.name for p in d.iterdir()) == ["v1.blob", "v1.json"]
     assert _read(store, "k", 1) == b"paired again"
+    store.close()
+    store = LocalStore(tmp_path / "store")  # the replaced record stays dead
+    assert store.versions("k") == [1] and _read(store, "k", 1) == b"paired again"
+    store.close()
+
+
+def _write_legacy_ver(store: LocalStore, key: str, seq: int, data: bytes) -> Path:
+    """A version as an earlier release packed it: one ``.ver`` file, its bytes then its
+    record (stores keep reading those)."""
+    chunks = tuple(chunk_digest(data[i:i + CHUNK_SIZE]) for i in range(0, len(data), CHUNK_SIZE))
+    info = VersionInfo(key, seq, len(data), digest_bytes(data), CHUNK_SIZE, chunks, packed=True)
+    d = store.keys_dir / key_dirname(key)
+    d.mkdir(exist_ok=True)
+    path = d / f"v{seq}.ver"
+    record = json.dumps({"key": key, "seq": seq, "size": len(data), "digest": info.digest,
+                         "chunk_size": CHUNK_SIZE, "chunks": list(chunks)}).encode()
+    path.write_bytes(data + record + len(record).to_bytes(4, "little") + b"BLOBHAv1")
+    return path
 
 
 def _install_small(store: LocalStore, *entries: tuple[str, int, bytes]
@@ -673,62 +699,51 @@ def test_install_many_keeps_out_a_copy_that_does_not_match(store: LocalStore) ->
 
 
 def test_a_failed_install_many_leaves_no_version_behind(
-        store: LocalStore, monkeypatch: pytest.MonkeyPatch) -> None:
-    import blobha.store as store_module
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = LocalStore(tmp_path / "store")
 
-    calls = []
+    def failing_sync(fd: int) -> None:
+        raise OSError(5, "I/O error")  # the sync that would make the records durable
 
-    def failing_sync(fs: store_module.FileSystemSync) -> None:
-        calls.append(fs.path)
-        if len(calls) == 2:  # the sync that would make the installed records durable
-            raise OSError(5, "I/O error")
-
-    monkeypatch.setattr(store_module.FileSystemSync, "sync", failing_sync)
+    monkeypatch.setattr(segments_module.os, "fdatasync", failing_sync)
     data = _data(10)
     with pytest.raises(OSError):
         store.install_many([("a", 1, data, len(data), digest_bytes(data)),
                             ("b", 1, data, len(data), digest_bytes(data))])
-    # Never made durable, so never left for a reconcile to register, nor served from memory.
+    monkeypatch.undo()
+    # Never made durable, so never left for a reconcile to register, nor served from memory;
+    # the records written are marked dead, so a restart does not find them either.
     assert store.versions("a") == [] and store.versions("b") == []
     assert store.recent("a", 1) is None and store.recent("b", 1) is None
-    assert list(store.tmp_dir.iterdir()) == []
+    _install_small(store, ("c", 1, b"later"))
+    store.close()
+    store = LocalStore(tmp_path / "store")
+    assert store.keys() == ["c"] and _read(store, "c", 1) == b"later"
+    store.close()
 
 
-def test_install_many_sees_a_write_back_error_recorded_during_its_writes(
-        store: LocalStore, monkeypatch: pytest.MonkeyPatch) -> None:
-    import blobha.store as store_module
+def test_install_many_that_finds_no_space_leaves_no_partial_record(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = LocalStore(tmp_path / "store")
+    real = os.pwritev
 
-    # Linux's syncfs reports a write-back error only to descriptors opened before it was
-    # recorded. The error here is recorded while the batch writes its files (as when another
-    # thread's syncfs writes those pages back first): a descriptor opened after them misses it.
-    error = {"recorded": False}
-    opened_before_the_error: dict[int, bool] = {}
-    real_open = os.open
+    def half_then_full(fd: int, buffers: list[Any], offset: int) -> int:
+        if sum(len(b) for b in buffers) > 100:
+            real(fd, [bytes(buffers[0])[:30]], offset)  # a torn header, then the disk is full
+        raise OSError(errno.ENOSPC, "No space left on device")
 
-    def note_the_error() -> bool:
-        error["recorded"] = error["recorded"] or any(store.tmp_dir.glob("*.part"))
-        return error["recorded"]
-
-    def tracking_open(path: Any, flags: int, *args: Any, **kw: Any) -> int:
-        fd = real_open(path, flags, *args, **kw)
-        opened_before_the_error[fd] = not note_the_error()
-        return fd
-
-    def fake_syncfs(fd: int) -> int:
-        if note_the_error() and opened_before_the_error.pop(fd, False):
-            ctypes.set_errno(errno.EIO)
-            return -1
-        return 0
-
-    monkeypatch.setattr(store_module, "_syncfs", fake_syncfs)
-    monkeypatch.setattr(store_module.os, "open", tracking_open)
-    data = _data(10)
-    with pytest.raises(OSError, match="syncfs"):
-        store.install_many([("a", 1, data, len(data), digest_bytes(data)),
-                            ("b", 1, data, len(data), digest_bytes(data))])
+    monkeypatch.setattr(segments_module.os, "pwritev", half_then_full)
+    data = _data(5000)
+    with pytest.raises(OSError, match="No space"):
+        store.install_many([("m", 1, data, len(data), digest_bytes(data))])
     monkeypatch.undo()
-    assert store.versions("a") == [] and store.versions("b") == []
-    assert list(store.tmp_dir.iterdir()) == []
+    assert store.versions("m") == [] and store.counted_usage() == (0, 0)
+    assert [p.stat().st_size for p in store.segments_dir.iterdir()] == [0]  # cut off again
+    _install_small(store, ("n", 1, b"fits"))  # the next batch goes where the failed one began
+    store.close()
+    store = LocalStore(tmp_path / "store")
+    assert store.keys() == ["n"] and _read(store, "n", 1) == b"fits"
+    store.close()
 
 
 def test_blob_buffer_appends_like_a_temp_blob() -> None:
@@ -745,7 +760,6 @@ def test_blob_buffer_appends_like_a_temp_blob() -> None:
 
 def test_counted_usage_follows_every_change_the_store_makes(
         store: LocalStore, monkeypatch: pytest.MonkeyPatch) -> None:
-    import blobha.store as store_module
 
     def agrees() -> bool:
         return store.counted_usage() == store.usage()
@@ -759,8 +773,8 @@ def test_counted_usage_follows_every_change_the_store_makes(
     store.install_many([("c", 1, small, 700, digest_bytes(small)),
                         ("a", 3, small, 700, digest_bytes(small)),
                         ("d", 1, small, 700, "0" * 32)])  # refused: counts nothing
-    # Versions installed together are packed: their files hold their records too.
-    c1, a3 = _file_size(store, "c", 1), _file_size(store, "a", 3)
+    # Versions installed together are records of a segment: their headers count too.
+    c1, a3 = _stored_size(store, "c", 1), _stored_size(store, "a", 3)
     assert c1 > 700 and a3 > 700
     assert store.counted_usage() == (3, 8 + c1 + a3) and agrees()
     store.install_copy("e", 1, store.info("c", 1))  # type: ignore[arg-type]
@@ -780,15 +794,11 @@ def test_counted_usage_follows_every_change_the_store_makes(
     with pytest.raises(ChecksumMismatch):
         _read(store, "rot", 1)
     assert store.counted_usage() == (1, a3) and agrees()
-    # A batch that fails after its renames takes back what it counted.
-    calls: list[Path] = []
+    # A batch whose sync fails counts nothing.
+    def failing_sync(fd: int) -> None:
+        raise OSError(5, "I/O error")
 
-    def failing_sync(fs: store_module.FileSystemSync) -> None:
-        calls.append(fs.path)
-        if len(calls) == 2:
-            raise OSError(5, "I/O error")
-
-    monkeypatch.setattr(store_module.FileSystemSync, "sync", failing_sync)
+    monkeypatch.setattr(segments_module.os, "fdatasync", failing_sync)
     with pytest.raises(OSError):
         store.install_many([("f", 1, small, 700, digest_bytes(small))])
     assert store.counted_usage() == (1, a3) and agrees()
@@ -921,17 +931,13 @@ def test_an_install_whose_record_cannot_be_written_leaves_no_blob_file(
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(store_module, "write_json_atomic", no_space)
-    monkeypatch.setattr(store_module, "_packed_footer", no_space)  # install_many's record
     data = _data(5000)
     temp = store.new_temp("up")
     temp.write_at(0, data)
     with pytest.raises(OSError):
         store.install("k", 1, temp, len(data), digest_bytes(data))
-    with pytest.raises(OSError):
-        store.install_many([("m", 1, data, len(data), digest_bytes(data))])
-    for key in ("k", "m"):
-        d = store.keys_dir / key_dirname(key)
-        assert store.versions(key) == [] and not list(d.glob("v*"))
+    d = store.keys_dir / key_dirname("k")
+    assert store.versions("k") == [] and not list(d.glob("v*"))
     assert store.counted_usage()[1] == 0
 
 
