@@ -186,10 +186,10 @@ class SegmentLog:
         #: Per segment: [bytes in it, bytes of its live records].
         self._sizes: dict[int, list[int]] = {}
         self._load()
-        self._active = max(self._sizes, default=0) + 1
+        self._active = -1
         self._fd = -1
         self._end = 0
-        self._open_active()
+        self._open_active(max(self._sizes, default=0) + 1)
 
     # ---- start-up -----------------------------------------------------------------------
 
@@ -216,13 +216,23 @@ class SegmentLog:
                      sum(len(s) for s in self._index.values()), len(self._index),
                      len(self._sizes))
 
-    def _open_active(self) -> None:
-        path = segment_path(self.dir, self._active)
-        self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
-        self._end = 0
-        self._sizes[self._active] = [0, 0]
-        # The new name must outlast a crash before any record in it is acknowledged.
-        fsync_dir(self.dir)
+    def _open_active(self, number: int) -> None:
+        """Make segment ``number`` the one appended to; on a failure (a full disk) the one
+        before stays so, and the next append tries again."""
+        path = segment_path(self.dir, number)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        try:
+            # The new name must outlast a crash before any record in it is acknowledged.
+            fsync_dir(self.dir)
+        except BaseException:
+            os.close(fd)
+            path.unlink(missing_ok=True)
+            raise
+        with self._lock:
+            self._sizes[number] = [0, 0]
+        old, self._fd, self._active, self._end = self._fd, fd, number, 0
+        if old >= 0:
+            os.close(old)
 
     def close(self) -> None:
         with self._append_lock:
@@ -312,10 +322,7 @@ class SegmentLog:
             return slots
 
     def _roll(self) -> None:
-        os.close(self._fd)
-        self._fd = -1
-        self._active += 1
-        self._open_active()
+        self._open_active(self._active + 1)
 
     def install(self, key: str, seq: int, slot: Slot) -> None:
         """Index a durable record as version ``seq`` of ``key``; the copy it replaces is

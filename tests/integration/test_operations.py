@@ -126,6 +126,9 @@ def test_state_metrics_show_leader_zookeeper_blobs_and_under_replication(
         assert value(s, "blobha_zookeeper_session_state", state="SUSPENDED") == 0
         assert value(s, "blobha_blobs_stored") >= 2
         assert value(s, "blobha_stored_bytes") >= 3000
+        # Both blobs are small: records of a segment on every master.
+        assert value(s, "blobha_segment_files") >= 1
+        assert value(s, "blobha_segment_bytes") >= value(s, "blobha_segment_live_bytes") >= 3000
         assert value(s, "blobha_cluster_blobs") >= 2
         assert value(s, "blobha_disk_free_bytes") > 0
         assert ("blobha_sync_queue_depth", frozenset()) in s

@@ -21,7 +21,8 @@ def fake_master(**overrides: Any) -> SimpleNamespace:
         identity="m2:6627", started=time.monotonic() - 5,
         election=SimpleNamespace(is_leader=True, epoch=4), history=history,
         zk=SimpleNamespace(state="CONNECTED"),
-        store=SimpleNamespace(counted_usage=lambda: (7, 7000), disk_free=lambda: 123456),
+        store=SimpleNamespace(counted_usage=lambda: (7, 7000), disk_free=lambda: 123456,
+                              segments=SimpleNamespace(stats=lambda: (2, 9000, 6500))),
         uploads=SimpleNamespace(count=lambda: 2),
         sync=SimpleNamespace(figures=lambda: (9, 1, 3), queue=SimpleNamespace(depth=lambda: 5)),
         puts=SimpleNamespace(batches=4, writes=11, largest=6),
@@ -48,6 +49,9 @@ def test_state_is_read_at_scrape_time() -> None:
     assert s[("blobha_zookeeper_session_state", (("state", "LOST"),))] == 0
     assert s[("blobha_blobs_stored", ())] == 7
     assert s[("blobha_stored_bytes", ())] == 7000
+    assert s[("blobha_segment_files", ())] == 2
+    assert s[("blobha_segment_bytes", ())] == 9000
+    assert s[("blobha_segment_live_bytes", ())] == 6500
     assert s[("blobha_disk_free_bytes", ())] == 123456
     assert s[("blobha_uploads_in_progress", ())] == 2
     assert s[("blobha_cluster_blobs", ())] == 9

@@ -189,3 +189,24 @@ def test_a_record_is_its_header_its_record_and_its_bytes(root: Path) -> None:
     assert (offset, length) == (0, len(raw))
     assert record is not None and (record["key"], record["seq"]) == ("k", 7)
     store.close()
+
+
+def test_a_segment_that_cannot_be_made_fails_its_batch_only(
+        root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(segments_module, "SEGMENT_BYTES", 5_000)
+    store = LocalStore(root)
+    _install(store, ("a", 1, _data(6000)))  # fills the first segment: the next batch rolls
+    real = segments_module.fsync_dir
+
+    def full(path: Path) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(segments_module, "fsync_dir", full)
+    with pytest.raises(OSError, match="No space"):
+        store.install_many([("b", 1, b"bee", 3, digest_bytes(b"bee"))])
+    assert len(_segments(store)) == 1  # the half-made one is gone
+    monkeypatch.setattr(segments_module, "fsync_dir", real)
+    _install(store, ("b", 1, b"bee"))  # space again: the roll is tried once more
+    assert len(_segments(store)) == 2
+    assert _read(store, "a", 1) == _data(6000) and _read(store, "b", 1) == b"bee"
+    store.close()
