@@ -662,6 +662,12 @@ class LocalStore:
     def _slot_info(self, key: str, seq: int, slot: Slot) -> VersionInfo | None:
         """The record in ``slot`` of a version of ``key``, or None once it is gone (compacted
         away, deleted) or unreadable (then removed, as an unreadable file record is)."""
+        found = self._slot_record(key, seq, slot)
+        return found[1] if found is not None else None
+
+    def _slot_record(self, key: str, seq: int, slot: Slot
+                     ) -> tuple[dict[str, Any], VersionInfo] | None:
+        """:meth:`_slot_info`, with the record as stored (compaction copies it as it is)."""
         try:
             fd = os.open(segment_path(self.segments_dir, slot.segment),
                          os.O_RDONLY | os.O_CLOEXEC)
@@ -676,8 +682,8 @@ class LocalStore:
                 raise ValueError("no live record")
             record, rlen, _, _ = found
             info = _info_from(record, key, packed=True)
-            return dataclasses.replace(info, segment=slot.segment,
-                                       offset=slot.offset + HEADER_SIZE + rlen)
+            return record, dataclasses.replace(info, segment=slot.segment,
+                                               offset=slot.offset + HEADER_SIZE + rlen)
         except (ValueError, KeyError, TypeError):
             log.error("unreadable record of %r v%d in segment %d at %d; removing the version",
                       key, seq, slot.segment, slot.offset)
@@ -972,21 +978,24 @@ class LocalStore:
         still lies where it was read (under the key's lock: a version deleted or replaced
         meanwhile keeps its own fate, and the copy is dropped)."""
         assert self.segments is not None
-        copies: list[tuple[VersionInfo, bytes, Slot]] = []
+        copies: list[tuple[dict[str, Any], VersionInfo, bytes, Slot]] = []
         for key, seq, slot in live:
-            info = self._slot_info(key, seq, slot)
-            if info is None:
+            found = self._slot_record(key, seq, slot)
+            if found is None:
                 continue
             try:
+                # Checked chunk by chunk (a corrupt copy is removed by the read itself). The
+                # version may have moved meanwhile: the index check below drops such a copy.
                 data = b"".join(self.read(key, seq))
             except (ChecksumMismatch, KeyNotFound):
-                continue  # a corrupt copy was removed by the read itself
-            copies.append((info, data, slot))
+                continue
+            copies.append((*found, data, slot))
         if not copies:
             return 0
-        slots = self.segments.append([(_info_json(i), d) for i, d, _ in copies])
+        # The records as they were (their install time too): a copy is the same version.
+        slots = self.segments.append([(record, data) for record, _, data, _ in copies])
         moved = 0
-        for (info, _, old), new in zip(copies, slots, strict=True):
+        for (_, info, _, old), new in zip(copies, slots, strict=True):
             with self._changing(info.key):
                 if self.segments.slot(info.key, info.seq) == old:
                     self.segments.install(info.key, info.seq, new)
