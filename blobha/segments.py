@@ -19,7 +19,8 @@ its record on every read.
 
 At start-up every segment is read through, header by header, into an in-memory index of
 the live records (the later of two copies of a version wins: segments are numbered in the
-order they were written, and compaction copies forward). A new segment takes the appends of
+order they were written, and compaction copies forward), up to the first place that holds no
+whole, valid record (see :func:`scan`). A new segment takes the appends of
 each run, and of each :data:`SEGMENT_BYTES`. A segment most of whose bytes are dead is
 compacted: its live records are copied forward, then the file is removed.
 """
@@ -136,10 +137,11 @@ def read_record(fd: int, offset: int, end: int) -> tuple[dict[str, Any], int, in
 
 def scan(path: Path) -> Iterator[tuple[int, int, dict[str, Any] | None]]:
     """Every record of segment ``path``, in order: (offset, length, its record if live, else
-    None). Past a header that is not a record (a torn tail, an overwritten block) the scan
-    looks for the next magic: the records after a damaged one are still found. A torn tail
-    ends it. Reading one whole segment file needs no lock (tests use it on a running master's
-    files)."""
+    None). The first place that holds no whole, valid record ends it: the torn tail a crash
+    leaves, or damage. It does not search on for the next magic: the bytes there may be a
+    blob's, and a blob may hold what looks like a record (of any key); the versions lost past
+    damage are fetched again from other replicas. Reading a segment file needs no lock (tests
+    use it on a running master's files)."""
     with open(path, "rb") as f:
         fd = f.fileno()
         end = os.fstat(fd).st_size
@@ -147,27 +149,15 @@ def scan(path: Path) -> Iterator[tuple[int, int, dict[str, Any] | None]]:
         while offset + HEADER_SIZE <= end:
             found = read_record(fd, offset, end)
             if found is None:
-                nxt = _next_magic(fd, offset + 1, end)
-                if nxt is None:
-                    return
-                offset = nxt
-                continue
+                break
             record, rlen, dlen, live = found
             length = HEADER_SIZE + rlen + dlen
             yield offset, length, record if live else None
             offset += length
-
-
-def _next_magic(fd: int, start: int, end: int) -> int | None:
-    step = 1024 * 1024
-    pos = start
-    while pos < end:
-        buf = os.pread(fd, min(step + len(MAGIC), end - pos), pos)
-        i = buf.find(MAGIC)
-        if i >= 0:
-            return pos + i
-        pos += step
-    return None
+        if offset < end:
+            log.warning("segment %s: no whole record at byte %d of %d (a write a crash cut"
+                        " short, or damage); the %d bytes from there are left out", path.name,
+                        offset, end, end - offset)
 
 
 class SegmentLog:

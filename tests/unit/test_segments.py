@@ -9,7 +9,7 @@ import pytest
 from waiting import wait_until
 
 from blobha import segments as segments_module
-from blobha.digest import digest_bytes
+from blobha.digest import chunk_digest, digest_bytes
 from blobha.errors import ChecksumMismatch
 from blobha.segments import HEADER_SIZE, MAGIC, scan, segment_path
 from blobha.store import LocalStore, VersionInfo
@@ -69,20 +69,27 @@ def test_a_torn_record_at_a_segments_end_is_passed_over(root: Path) -> None:
     store.close()
 
 
-def test_a_damaged_header_loses_its_own_record_only(root: Path) -> None:
+def test_a_damaged_header_ends_its_segments_scan(root: Path) -> None:
     store = LocalStore(root)
-    infos = _install(store, ("a", 1, _data(2000)), ("b", 1, _data(2000, seed=1)),
+    # The data of "a" holds a record of "victim", whole and valid: the scan must never take
+    # it for one, whatever damage comes before it.
+    forged = b"".join(segments_module.encode(
+        {"key": "victim", "seq": 1, "size": 4, "digest": digest_bytes(b"evil"),
+         "chunk_size": 1 << 20, "chunks": [chunk_digest(b"evil")]}, b"evil"))
+    alone = root.parent / "forged.seg"
+    alone.write_bytes(forged)
+    assert [rec["key"] for _, _, rec in scan(alone) if rec] == ["victim"]  # a valid record
+    infos = _install(store, ("a", 1, b"x" * 50 + forged), ("b", 1, _data(2000, seed=1)),
                      ("c", 1, _data(2000, seed=2)))
     path = segment_path(store.segments_dir, infos[1].segment)
     store.close()
-    b_header = next(off for off, _, rec in scan(path) if rec and rec["key"] == "b")
+    a_header = next(off for off, _, rec in scan(path) if rec and rec["key"] == "a")
     with open(path, "r+b") as f:
-        f.seek(b_header + 9)  # inside the lengths the header's check covers
+        f.seek(a_header + 9)  # inside the lengths the header's check covers
         f.write(b"\xff\xff")
     store = LocalStore(root)
-    # The scan finds c past the damage; b is gone, so the synchroniser fetches it again.
-    assert sorted(store.keys()) == ["a", "c"]
-    assert _read(store, "c", 1) == _data(2000, seed=2)
+    # Nothing from the damage on: the synchroniser fetches a, b and c again from replicas.
+    assert store.keys() == []
     store.close()
 
 
