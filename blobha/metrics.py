@@ -160,19 +160,18 @@ class MasterCollector(Collector):
             " segment record counts its header and record of a few hundred bytes too).",
             value=float(stored),
         )
-        if m.store.segments is not None:
-            files, size, live = m.store.segments.stats()
-            yield GaugeMetricFamily("blobha_segment_files",
-                                    "Segment files holding this master's small versions.",
-                                    value=float(files))
-            yield GaugeMetricFamily(
-                "blobha_segment_bytes",
-                "Bytes of those segment files, live records and dead ones (deleted or replaced"
-                " versions, until compaction copies the live ones out of a sparse segment).",
-                value=float(size))
-            yield GaugeMetricFamily("blobha_segment_live_bytes",
-                                    "Bytes of the live records in those segment files.",
-                                    value=float(live))
+        files, size, live = m.store.segments.stats()
+        yield GaugeMetricFamily("blobha_segment_files",
+                                "Segment files holding this master's small versions.",
+                                value=float(files))
+        yield GaugeMetricFamily(
+            "blobha_segment_bytes",
+            "Bytes of those segment files, live records and dead ones (deleted or replaced"
+            " versions, until compaction copies the live ones out of a sparse segment).",
+            value=float(size))
+        yield GaugeMetricFamily("blobha_segment_live_bytes",
+                                "Bytes of the live records in those segment files.",
+                                value=float(live))
         yield GaugeMetricFamily("blobha_disk_free_bytes", "Free bytes on the store's file system.",
                                 value=float(m.store.disk_free()))
         yield GaugeMetricFamily("blobha_uploads_in_progress", "Uploads begun, not yet committed.",

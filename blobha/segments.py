@@ -69,9 +69,6 @@ class Slot:
     offset: int
     length: int
 
-    def data_offset(self, record_len: int) -> int:
-        return self.offset + HEADER_SIZE + record_len
-
 
 def encode(record: dict[str, Any], data: bytes) -> list[bytes]:
     """The pieces of one live record, for ``pwritev``. ValueError for one too large for the
@@ -307,7 +304,7 @@ class SegmentLog:
                 os.fdatasync(self._fd)
             except BaseException:
                 for s in slots:
-                    self._mark_dead(s)
+                    self.discard(s)
                 raise
             return slots
 
@@ -320,8 +317,8 @@ class SegmentLog:
         with self._lock:
             old = self._put(key, seq, slot)
         if old is not None:
-            self._mark_dead(old)
-            self._maybe_empty(old.segment)
+            self.discard(old)
+            self.drop_if_empty(old.segment)
 
     def kill(self, key: str, seq: int) -> bool:
         """Remove version ``seq`` of ``key``: out of the index, and marked dead on disk (not
@@ -335,13 +332,9 @@ class SegmentLog:
             if not seqs:
                 del self._index[key]
             self._sizes[slot.segment][1] -= slot.length
-        self._mark_dead(slot)
-        self._maybe_empty(slot.segment)
+        self.discard(slot)
+        self.drop_if_empty(slot.segment)
         return True
-
-    def discard(self, slot: Slot) -> None:
-        """Mark an appended record that was never indexed dead (a copy made redundant)."""
-        self._mark_dead(slot)
 
     def sync_dead_marks(self, segment: int) -> None:
         """Make the dead marks written in ``segment`` durable: a replaced copy must not come
@@ -353,7 +346,9 @@ class SegmentLog:
             finally:
                 os.close(fd)
 
-    def _mark_dead(self, slot: Slot) -> None:
+    def discard(self, slot: Slot) -> None:
+        """Mark the record in ``slot`` dead on disk: one removed from the index, or appended
+        and never indexed (a copy made redundant)."""
         try:
             with self._append_lock:  # the active descriptor stays open meanwhile
                 if slot.segment == self._active and self._fd >= 0:
@@ -370,7 +365,8 @@ class SegmentLog:
             log.warning("could not mark a removed small version dead in segment %d: %s",
                         slot.segment, e)
 
-    def _maybe_empty(self, segment: int) -> None:
+    def drop_if_empty(self, segment: int) -> None:
+        """Remove ``segment`` if it is closed and holds no live record."""
         with self._lock:
             sizes = self._sizes.get(segment)
             empty = sizes is not None and sizes[1] == 0 and segment != self._active
@@ -395,9 +391,6 @@ class SegmentLog:
         with self._lock:
             return [(k, seq, s) for k, seqs in self._index.items() for seq, s in seqs.items()
                     if s.segment == segment]
-
-    def drop_if_empty(self, segment: int) -> None:
-        self._maybe_empty(segment)
 
     def stats(self) -> tuple[int, int, int]:
         """(segments, their bytes, their live records' bytes)."""

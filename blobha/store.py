@@ -355,7 +355,6 @@ class LocalStore:
             self.keys_dir.mkdir(parents=True, exist_ok=True)
             self.tmp_dir.mkdir(parents=True, exist_ok=True)
             self.segments_dir = root / "segments"
-            self.segments: SegmentLog | None = None
             self.segments = SegmentLog(self.segments_dir)
             self._compactor: threading.Thread | None = None
             self._compact_wake = threading.Event()
@@ -472,7 +471,6 @@ class LocalStore:
     def _footprint(self, key: str, d: Path) -> tuple[bool, int]:
         """(whether ``key`` has a version here, their bytes): its files and its records."""
         found, stored = _footprint(d)
-        assert self.segments is not None
         in_log, logged = self.segments.footprint(key)
         return found or in_log, stored + logged
 
@@ -518,7 +516,6 @@ class LocalStore:
             self._forget(key, seq)  # what install_many left of an earlier version seq
             # Replaced, not kept: read first, an earlier packed copy would hide this one, so
             # its removal is made durable before this one exists.
-            assert self.segments is not None
             old = self.segments.slot(key, seq)
             if old is not None and self.segments.kill(key, seq):
                 self.segments.sync_dead_marks(old.segment)
@@ -563,7 +560,6 @@ class LocalStore:
         segment in one write -> fdatasync -> index them. Nothing is returned (so nothing
         registered) before the sync. One entry per item: its VersionInfo, or the
         ChecksumMismatch that kept it out."""
-        assert self.segments is not None
         out: list[VersionInfo | ChecksumMismatch] = []
         staged: list[tuple[int, VersionInfo, bytes]] = []
         for key, seq, data, size, digest in items:
@@ -634,7 +630,6 @@ class LocalStore:
             return self._recent.get((key, seq))
 
     def info(self, key: str, seq: int) -> VersionInfo | None:
-        assert self.segments is not None
         for _ in range(3):  # a record compaction moves is looked up again where it went
             slot = self.segments.slot(key, seq)
             if slot is None:
@@ -688,14 +683,12 @@ class LocalStore:
             log.error("unreadable record of %r v%d in segment %d at %d; removing the version",
                       key, seq, slot.segment, slot.offset)
             with self._changing(key):
-                assert self.segments is not None
                 if self.segments.slot(key, seq) == slot:
                     self.segments.kill(key, seq)
             return None
 
     def has_version(self, key: str, seq: int) -> bool:
         """Whether version ``seq`` is installed (its record exists); no parsing."""
-        assert self.segments is not None
         if self.segments.slot(key, seq) is not None:
             return True
         d = self._dir(key)
@@ -703,7 +696,6 @@ class LocalStore:
 
     def versions(self, key: str) -> list[int]:
         """Installed versions of ``key``, oldest first."""
-        assert self.segments is not None
         logged = self.segments.seqs(key)
         on_disk = _versions_in(self._dir(key))
         return sorted({*logged, *on_disk}) if logged else on_disk
@@ -724,7 +716,6 @@ class LocalStore:
 
     def keys(self) -> list[str]:
         """Every key with at least one installed version."""
-        assert self.segments is not None
         out = self.segments.keys()
         logged = set(out)
         with os.scandir(self.keys_dir) as dirs:
@@ -875,7 +866,6 @@ class LocalStore:
     def delete_version(self, key: str, seq: int) -> None:
         with self._changing(key) as d:
             self._forget(key, seq)
-            assert self.segments is not None
             if self.segments.kill(key, seq):
                 self._compact_soon()
             # The record goes first: without it the version does not exist, even mid-delete.
@@ -921,7 +911,6 @@ class LocalStore:
     def usage(self) -> tuple[int, int]:
         """(blobs, bytes) stored: each key counted once, every retained version's bytes. A
         scan of every key directory; :meth:`counted_usage` gives the same figures at once."""
-        assert self.segments is not None
         logged = self.segments.usage()
         count = len(logged)
         total = sum(logged.values())
@@ -937,7 +926,6 @@ class LocalStore:
 
     def _compact_soon(self) -> None:
         """Have the compactor look at the segments (after a removal made some bytes dead)."""
-        assert self.segments is not None
         if self._closed or not self.segments.sparse():
             return
         if self._compactor is None:
@@ -962,7 +950,6 @@ class LocalStore:
     def compact(self) -> int:
         """Copy the live records of every sparse segment forward, then remove it (see
         blobha.segments); the number of records copied."""
-        assert self.segments is not None
         moved = 0
         for segment in self.segments.sparse():
             live = self.segments.live_in(segment)
@@ -977,7 +964,6 @@ class LocalStore:
         """Append checked copies of ``live`` records, then index each copy where its version
         still lies where it was read (under the key's lock: a version deleted or replaced
         meanwhile keeps its own fate, and the copy is dropped)."""
-        assert self.segments is not None
         copies: list[tuple[dict[str, Any], VersionInfo, bytes, Slot]] = []
         for key, seq, slot in live:
             found = self._slot_record(key, seq, slot)

@@ -127,7 +127,7 @@ def test_sparse_segments_are_compacted_and_removed(
         if f"k{i}" not in kept:
             store.delete_version(f"k{i}", 1)
     # Emptied segments go at once; sparse ones are copied forward in the background.
-    wait_until(lambda: store.segments is not None and not store.segments.sparse(), 10,
+    wait_until(lambda: not store.segments.sparse(), 10,
                "compaction")
     assert sorted(store.keys()) == sorted(kept)
     assert len(_segments(store)) < len(first)
@@ -160,7 +160,7 @@ def test_compaction_copies_no_corrupt_record(root: Path, monkeypatch: pytest.Mon
     assert infos[0].segment == rot.segment == infos[2].segment
     store.delete_version("k0", 1)
     store.delete_version("k2", 1)  # the segment is sparse now: k1 is to be copied forward
-    wait_until(lambda: store.segments is not None and not store.segments.sparse(), 10,
+    wait_until(lambda: not store.segments.sparse(), 10,
                "compaction")
     # The compactor read k1 through its digests, found it corrupt and removed it.
     assert store.versions("k1") == []
@@ -252,7 +252,7 @@ def test_installs_deletes_reads_and_compaction_together_lose_nothing(
         t.join()
     assert errors == []
     # The compactor counts its last copy just after the index shows it: waited for as well.
-    wait_until(lambda: store.segments is not None and not store.segments.sparse()
+    wait_until(lambda: not store.segments.sparse()
                and store.counted_usage() == store.usage(), 10, "compaction")
     held = {(k, s) for k in store.keys() for s in store.versions(k)}  # noqa: SIM118
     assert held == set(kept)

@@ -279,7 +279,6 @@ def _version_place(store: LocalStore, key: str, seq: int) -> tuple[Path, int]:
 
 def _stored_size(store: LocalStore, key: str, seq: int) -> int:
     """What a small version counts for in the usage: its whole record in its segment."""
-    assert store.segments is not None
     slot = store.segments.slot(key, seq)
     assert slot is not None
     return slot.length
