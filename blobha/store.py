@@ -372,6 +372,13 @@ class LocalStore:
                 collections.OrderedDict())
             self._recent_bytes = 0
             self._recent_lock = threading.Lock()
+            #: Names of the key directories under keys/: only a version in files of its own (a
+            #: large one, or one of an earlier release) has one, so most keys have none, and
+            #: asking the file system about each was a failing listing or two per key and
+            #: install, each giving up the interpreter lock on the leader's commit path (a
+            #: tenth of its committing thread's time under eight writers, py-spy --idle).
+            #: Changed only under the key's lock, where the directory is made or removed.
+            self._dirs: set[str] = set()
             self.clean_temp()
             # (blobs, bytes) as usage() would count them, kept current by every change below
             # (each measures its key's directory before and after, under the key's lock): a
@@ -415,6 +422,7 @@ class LocalStore:
         for d in self.keys_dir.iterdir():
             if not d.is_dir():
                 continue  # not ours (the store only makes directories here); leave it alone
+            self._dirs.add(d.name)
             for p in d.iterdir():
                 name = p.name
                 orphan_blob = name.endswith(".blob") and not p.with_suffix(".json").exists()
@@ -443,6 +451,11 @@ class LocalStore:
     def _dir(self, key: str) -> Path:
         return self.keys_dir / key_dirname(key)
 
+    def _files_dir(self, key: str) -> Path | None:
+        """``key``'s directory if it has one (see ``_dirs``), else None."""
+        name = key_dirname(key)
+        return self.keys_dir / name if name in self._dirs else None
+
     @contextlib.contextmanager
     def _changing(self, key: str) -> Iterator[Path]:
         """Hold ``key``'s lock while its directory (yielded) changes, and count the change
@@ -470,7 +483,7 @@ class LocalStore:
 
     def _footprint(self, key: str, d: Path) -> tuple[bool, int]:
         """(whether ``key`` has a version here, their bytes): its files and its records."""
-        found, stored = _footprint(d)
+        found, stored = _footprint(d) if d.name in self._dirs else (False, 0)
         in_log, logged = self.segments.footprint(key)
         return found or in_log, stored + logged
 
@@ -525,6 +538,7 @@ class LocalStore:
                 new_dir = True
             except FileExistsError:
                 new_dir = False
+            self._dirs.add(d.name)
             os.replace(temp.path, d / f"v{seq}.blob")
             try:
                 write_json_atomic(d / f"v{seq}.json", _info_json(info))
@@ -590,7 +604,8 @@ class LocalStore:
                     done += 1
                     # An earlier copy in files of its own goes (the record read first wins
                     # over it should a crash keep it).
-                    _remove_version_files(d, info.seq)
+                    if d.name in self._dirs:
+                        _remove_version_files(d, info.seq)
                     # Under the key's lock, as the index: a delete of the version forgets it
                     # under the same lock, so no removed version is remembered.
                     self._remember(placed, data)
@@ -637,7 +652,9 @@ class LocalStore:
             found = self._slot_info(key, seq, slot)
             if found is not None:
                 return found
-        d = self._dir(key)
+        d = self._files_dir(key)
+        if d is None:
+            return None
         path = d / f"v{seq}.ver"
         try:
             try:
@@ -691,13 +708,16 @@ class LocalStore:
         """Whether version ``seq`` is installed (its record exists); no parsing."""
         if self.segments.slot(key, seq) is not None:
             return True
-        d = self._dir(key)
+        d = self._files_dir(key)
+        if d is None:
+            return False
         return (d / f"v{seq}.ver").exists() or (d / f"v{seq}.json").exists()
 
     def versions(self, key: str) -> list[int]:
         """Installed versions of ``key``, oldest first."""
         logged = self.segments.seqs(key)
-        on_disk = _versions_in(self._dir(key))
+        d = self._files_dir(key)
+        on_disk = _versions_in(d) if d is not None else []
         return sorted({*logged, *on_disk}) if logged else on_disk
 
     def latest(self, key: str) -> VersionInfo | None:
@@ -868,6 +888,8 @@ class LocalStore:
             self._forget(key, seq)
             if self.segments.kill(key, seq):
                 self._compact_soon()
+            if d.name not in self._dirs:
+                return
             # The record goes first: without it the version does not exist, even mid-delete.
             (d / f"v{seq}.json").unlink(missing_ok=True)
             (d / f"v{seq}.ver").unlink(missing_ok=True)
@@ -891,13 +913,20 @@ class LocalStore:
                 else:
                     left = True
             if not left:
-                shutil.rmtree(d, ignore_errors=True)
+                self._remove_dir(d)
 
     def delete_key(self, key: str) -> None:
         with self._changing(key) as d:
             for seq in self.versions(key):
                 self.delete_version(key, seq)
-            shutil.rmtree(d, ignore_errors=True)
+            self._remove_dir(d)
+
+    def _remove_dir(self, d: Path) -> None:
+        # Whether listed or not: a directory made by hand, or by a release that kept none,
+        # goes with the key too.
+        shutil.rmtree(d, ignore_errors=True)
+        if not d.exists():
+            self._dirs.discard(d.name)
 
     # ---- figures --------------------------------------------------------------------------
 

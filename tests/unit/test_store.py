@@ -591,7 +591,8 @@ def test_packed_and_paired_versions_live_side_by_side(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("damage", ["truncated", "record overwritten", "bytes appended"])
 def test_a_packed_version_without_a_whole_record_is_removed(
-        store: LocalStore, damage: str) -> None:
+        tmp_path: Path, damage: str) -> None:
+    store = LocalStore(tmp_path / "store")
     path = _write_legacy_ver(store, "k", 1, _data(5000))
     raw = path.read_bytes()
     if damage == "truncated":
@@ -600,8 +601,11 @@ def test_a_packed_version_without_a_whole_record_is_removed(
         path.write_bytes(raw[:5000] + b"\0" * (len(raw) - 5000))
     else:
         path.write_bytes(raw + b"more")
+    store.close()
+    store = LocalStore(tmp_path / "store")  # an earlier release's store, opened by this one
     assert store.info("k", 1) is None
     assert store.versions("k") == [] and not path.exists()
+    store.close()
 
 
 def test_a_paired_copy_replaced_by_a_packed_one_is_not_kept(tmp_path: Path) -> None:
