@@ -8,8 +8,9 @@ master makes while a follower catches up, that was a sixth of each master's CPU 
 ``poll(2)`` does the same wait in about 4 microseconds, and unlike ``select(2)`` it has no limit
 on descriptor numbers (a busy master has more than 1,024 open files).
 
-It also adds what kazoo lacks: ZooKeeper's persistent recursive watches (``addWatch``, server
-3.6 and later; see :func:`add_recursive_watch`).
+It also adds what kazoo lacks, both from server 3.6 on: persistent recursive watches
+(``addWatch``, see :func:`add_recursive_watch`) and reads of many nodes in one request
+(``multiRead``, see :func:`read_many`).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from typing import Any
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import (
+    EXCEPTIONS,
     ConnectionClosedError,
     ConnectionLoss,
     OperationTimeoutError,
@@ -30,9 +32,18 @@ from kazoo.exceptions import (
     SessionMovedError,
 )
 from kazoo.handlers.threading import KazooTimeoutError, SequentialThreadingHandler
+from kazoo.interfaces import IAsyncResult
 from kazoo.protocol.paths import _prefix_root
-from kazoo.protocol.serialization import Watch, int_struct, write_string
-from kazoo.protocol.states import EVENT_TYPE_MAP, Callback, WatchedEvent
+from kazoo.protocol.serialization import (
+    Watch,
+    int_struct,
+    multiheader_struct,
+    read_buffer,
+    read_string,
+    stat_struct,
+    write_string,
+)
+from kazoo.protocol.states import EVENT_TYPE_MAP, Callback, WatchedEvent, ZnodeStat
 
 log = logging.getLogger(__name__)
 
@@ -109,6 +120,83 @@ class _AddWatch:
     @classmethod
     def deserialize(cls, buffer: bytes, offset: int) -> bool:
         return True  # the reply is its header alone
+
+
+#: ZooKeeper's ``multiRead`` operation, and the read operations and error result in it.
+_MULTI_READ = 22
+_GET_DATA = 4
+_GET_CHILDREN = 8
+_ERROR = -1
+
+#: One read's answer: (data, stat) of a node, the names of its children, or the error.
+ReadResult = tuple[bytes, ZnodeStat] | list[str] | Exception
+
+
+class _MultiRead:
+    """The request (``type``, ``serialize``) and its answer (``deserialize``), as for
+    :class:`_AddWatch`: ``ops`` are (``_GET_DATA`` or ``_GET_CHILDREN``, full path)."""
+
+    type = _MULTI_READ
+
+    def __init__(self, ops: list[tuple[int, str]]) -> None:
+        self.ops = ops
+
+    def __repr__(self) -> str:
+        return f"MultiRead({len(self.ops)} reads)"
+
+    def serialize(self) -> bytearray:
+        b = bytearray()
+        for op, path in self.ops:
+            b.extend(multiheader_struct.pack(op, False, -1))
+            b.extend(write_string(path))
+            b.append(0)  # no watch: a multiRead sets none
+        b.extend(multiheader_struct.pack(-1, True, -1))
+        return b
+
+    @classmethod
+    def deserialize(cls, buffer: bytes, offset: int) -> list[ReadResult]:
+        results: list[ReadResult] = []
+        while True:
+            op, done, _ = multiheader_struct.unpack_from(buffer, offset)
+            offset += multiheader_struct.size
+            if done:
+                return results
+            if op == _GET_DATA:
+                data, offset = read_buffer(buffer, offset)
+                stat = ZnodeStat._make(stat_struct.unpack_from(buffer, offset))
+                offset += stat_struct.size
+                results.append((data or b"", stat))
+            elif op == _GET_CHILDREN:
+                count = int_struct.unpack_from(buffer, offset)[0]
+                offset += int_struct.size
+                names = []
+                for _ in range(max(count, 0)):
+                    name, offset = read_string(buffer, offset)
+                    names.append(name)
+                results.append(names)
+            elif op == _ERROR:
+                code = int_struct.unpack_from(buffer, offset)[0]
+                offset += int_struct.size
+                results.append(EXCEPTIONS[code]())
+            else:
+                raise ValueError(f"multiRead answer with an operation of type {op}")
+
+
+def read_many_async(zk: KazooClient, reads: Sequence[tuple[str, bool]]) -> IAsyncResult:
+    """Send one ``multiRead`` request: for each (path, children) in ``reads``, the node's data
+    and stat, or with ``children`` the names of its children. The async result gives a list
+    of :data:`ReadResult`, in order; a read that failed (the node does not exist) holds its
+    exception, and the others are still answered. No watch is set.
+
+    One request instead of one per read: a follower reads each new key once, and each request
+    and answer costs ZooKeeper and kazoo's connection thread the same whatever it carries.
+    A server older than 3.6 fails the request with
+    :class:`kazoo.exceptions.UnimplementedError`."""
+    result = zk.handler.async_result()
+    ops = [(_GET_CHILDREN if children else _GET_DATA, _prefix_root(zk.chroot, path))
+           for path, children in reads]
+    zk._call(_MultiRead(ops), result)
+    return result
 
 
 class _Recursive:
@@ -228,4 +316,5 @@ def add_recursive_watch(zk: KazooClient, path: str, callback: Callable[[WatchedE
         raise
 
 
-__all__ = ["UNREACHABLE", "PollHandler", "add_recursive_watch", "poll_select"]
+__all__ = ["UNREACHABLE", "PollHandler", "ReadResult", "add_recursive_watch", "poll_select",
+           "read_many_async"]

@@ -65,7 +65,7 @@ from blobha import placement, zkstate
 from blobha.errors import BlobError
 from blobha.peers import Peers
 from blobha.store import BlobBuffer, LocalStore, TempBlob
-from blobha.zkclient import UNREACHABLE, add_recursive_watch
+from blobha.zkclient import UNREACHABLE, ReadResult, add_recursive_watch, read_many_async
 from blobha.zkstate import (
     BLOBSTORE,
     JOURNAL,
@@ -88,6 +88,9 @@ KEY_LIST_PACING = 4.0
 #: Keys a worker takes at once: their ZooKeeper reads are pipelined (one round trip for the
 #: batch instead of two per key) and their replica nodes registered in a few transactions.
 BATCH = 200
+#: Reads per multiRead request: records are a few hundred bytes (1 MB at most), so an answer
+#: stays small while the per-request costs are shared.
+MULTI_READS = 50
 #: Replica nodes created per ZooKeeper transaction (a multi-op is one request, well under
 #: jute.maxbuffer at this size).
 REGISTER_BATCH = 100
@@ -290,6 +293,8 @@ class Synchronizer:
         # Whether /blobstore is followed with one persistent recursive watch (_on_tree); it
         # falls back to the one-shot watches if ZooKeeper refuses it.
         self._recursive = settings.recursive_watch
+        #: Whether reads of many keys go in multiRead requests (with the recursive watch).
+        self._multi_read = True
         # With it, the keys being read by a batch, each with the replica-node events (holder,
         # version, present) that arrived since its read was sent: replayed onto what the read
         # found once it is stored (see _decide). Guarded by _view_lock.
@@ -1107,6 +1112,15 @@ class Synchronizer:
         error; pipelined, each arming the watch on the key's metadata, and the keys in
         ``armed`` the one on their replica list too. The keys in ``listless``: their node
         alone, with no names."""
+        if self._recursive and self._multi_read and not armed:
+            try:
+                return self._read_together(keys, listless)
+            except UnimplementedError as e:
+                # Not before ZooKeeper 3.6, which the recursive watch needs too: only a
+                # server replaced by an older one since this master armed its watch.
+                log.warning("ZooKeeper refused a multiRead (%s); reading keys one by one",
+                            _describe(e))
+                self._multi_read = False
         pending = []
         # The recursive watch needs no watch set by reads (and arming none saves ZooKeeper a
         # watch per key).
@@ -1129,6 +1143,44 @@ class Synchronizer:
                 out[key] = None
             except Exception as e:
                 out[key] = e
+        return out
+
+    def _read_together(self, keys: list[str], listless: frozenset[str] | set[str]
+                       ) -> dict[str, tuple[bytes, Any, list[str]] | Exception | None]:
+        """:meth:`_read_many` (no watches) in ``multiRead`` requests of ``MULTI_READS`` reads
+        each, sent all at once: a follower reads every new key, and one request per read
+        cost it and ZooKeeper as much again per key as the reads themselves (py-spy)."""
+        reads: list[tuple[str, bool]] = []
+        for key in keys:
+            reads.append((key_path(key), False))
+            if key not in listless:
+                reads.append((key_path(key), True))
+        pending = [read_many_async(self.zk, reads[i:i + MULTI_READS])
+                   for i in range(0, len(reads), MULTI_READS)]
+        results: list[ReadResult] = []
+        for i, request in enumerate(pending):
+            try:
+                results.extend(request.get(timeout=_READ_TIMEOUT))
+            except UnimplementedError:
+                raise
+            except Exception as e:
+                results.extend([e] * len(reads[i * MULTI_READS:(i + 1) * MULTI_READS]))
+        out: dict[str, tuple[bytes, Any, list[str]] | Exception | None] = {}
+        at = 0
+        for key in keys:
+            node = results[at]
+            names: ReadResult = [] if key in listless else results[at + 1]
+            at += 1 if key in listless else 2
+            if isinstance(node, NoNodeError):
+                out[key] = None
+            elif isinstance(node, Exception):
+                out[key] = node
+            elif isinstance(names, NoNodeError):
+                out[key] = None  # deleted between the two reads
+            elif isinstance(names, Exception):
+                out[key] = names
+            elif isinstance(node, tuple) and isinstance(names, list):
+                out[key] = (node[0], node[1], names)
         return out
 
     def _decide(self, key: str, data: bytes, stat: Any, names: list[str], read_mark: int = -1,

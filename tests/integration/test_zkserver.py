@@ -203,6 +203,48 @@ def test_a_recursive_watch_brings_every_change_below_its_path_until_the_connecti
         zk.stop()
 
 
+def test_a_multi_read_answers_each_read_on_its_own(tmp_path: Path) -> None:
+    from kazoo.exceptions import NoAuthError, NoNodeError
+    from kazoo.security import make_digest_acl
+
+    from blobha.zkclient import PollHandler, read_many_async
+
+    zk = EmbeddedZooKeeper(tmp_path / "zk", tick_ms=500)
+    zk.start()
+    root = KazooClient(hosts=zk.connect_string, timeout=4.0)
+    client = KazooClient(hosts=zk.connect_string + "/app", timeout=4.0, handler=PollHandler())
+    try:
+        root.start(timeout=15)
+        root.create("/app/k1", b"one", makepath=True)
+        root.create("/app/k1/m1-1", b"")
+        root.create("/app/k1/m2-1", b"")
+        root.create("/app/empty", b"")
+        root.set("/app/empty", b"")  # a node's version moves: the stat comes with the data
+        root.create("/app/big", os.urandom(200_000))
+        root.create("/app/locked", b"secret", acl=[make_digest_acl("other", "pw", all=True)])
+        client.start(timeout=15)
+        reads = [("/k1", False), ("/k1", True), ("/gone", False), ("/empty", False),
+                 ("/big", False), ("/locked", False), ("/gone", True)]
+        results = read_many_async(client, reads).get(timeout=10)
+        assert len(results) == len(reads)
+        data, stat = results[0]  # type: ignore[misc]
+        assert data == b"one" and stat.numChildren == 2
+        assert sorted(results[1]) == ["m1-1", "m2-1"]  # type: ignore[arg-type]
+        assert isinstance(results[2], NoNodeError) and isinstance(results[6], NoNodeError)
+        data, stat = results[3]  # type: ignore[misc]
+        assert data == b"" and stat.version == 1
+        assert results[4][0] == root.get("/app/big")[0]  # type: ignore[index]
+        assert isinstance(results[5], NoAuthError)  # refused alone; the others answered
+        assert read_many_async(client, []).get(timeout=10) == []
+        # The connection goes on serving as before.
+        assert client.get("/k1")[0] == b"one"
+    finally:
+        for c in (client, root):
+            c.stop()
+            c.close()
+        zk.stop()
+
+
 def test_the_session_timeout_zookeeper_grants_is_reported(tmp_path: Path) -> None:
     from blobha.zkclient import on_session_timeout
 

@@ -82,6 +82,24 @@ class FakeZk:
         self.data_reads.append((path, watch))
         return Answer(self.data.get(path, NoNodeError()))
 
+    # What blobha.zkclient.read_many_async asks of kazoo: a multiRead request's reads, each
+    # answered as the reads above are (and recorded the same way).
+    chroot = ""
+
+    @property
+    def handler(self) -> Any:
+        return SimpleNamespace(async_result=lambda: SimpleNamespace())
+
+    def _call(self, request: Any, result: Any) -> None:
+        answers = []
+        for op, path in request.ops:
+            answer = self.get_children_async(path) if op == 8 else self.get_async(path)
+            try:
+                answers.append(answer.get())
+            except Exception as e:
+                answers.append(e)
+        result.get = Answer(answers).get
+
 
 def synchroniser(leader: bool | list[bool] = False, store: Any = None, recursive: bool = False,
                  ours: bool = True) -> tuple[Synchronizer, FakeZk]:
