@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -138,22 +140,38 @@ def test_the_masters_handler_talks_to_a_real_server_and_survives_its_restart(
         zk.stop()
 
 
+@contextlib.contextmanager
+def _root_and_chrooted(tmp_path: Path) -> Iterator[tuple[EmbeddedZooKeeper, KazooClient,
+                                                           KazooClient]]:
+    """A server, a client at its root, and one chrooted at /app as the masters are (paths go
+    out with the root and come back without it), on the masters' connection handler."""
+    from blobha.zkclient import PollHandler
+
+    zk = EmbeddedZooKeeper(tmp_path / "zk", tick_ms=500)
+    zk.start()
+    root = KazooClient(hosts=zk.connect_string, timeout=4.0)
+    client = KazooClient(hosts=zk.connect_string + "/app", timeout=4.0, handler=PollHandler())
+    try:
+        root.start(timeout=15)
+        root.ensure_path("/app")
+        client.start(timeout=15)
+        yield zk, root, client
+    finally:
+        for c in (client, root):
+            c.stop()
+            c.close()
+        zk.stop()
+
+
 def test_a_recursive_watch_brings_every_change_below_its_path_until_the_connection_ends(
         tmp_path: Path) -> None:
     from kazoo.protocol.states import KazooState
     from waiting import wait_until
 
-    from blobha.zkclient import PollHandler, add_recursive_watch
+    from blobha.zkclient import add_recursive_watch
 
-    zk = EmbeddedZooKeeper(tmp_path / "zk", tick_ms=500)
-    zk.start()
-    root = KazooClient(hosts=zk.connect_string, timeout=4.0)
-    # Chrooted, as the masters are: paths go out with the root and come back without it.
-    client = KazooClient(hosts=zk.connect_string + "/app", timeout=4.0, handler=PollHandler())
-    try:
-        root.start(timeout=15)
-        root.create("/app/tree", b"", makepath=True)
-        client.start(timeout=15)
+    with _root_and_chrooted(tmp_path) as (zk, root, client):
+        root.create("/app/tree", b"")
         events: list[tuple[str, str]] = []
         add_recursive_watch(client, "/tree", lambda e: events.append((e.type, e.path)),
                             timeout=10)
@@ -196,33 +214,22 @@ def test_a_recursive_watch_brings_every_change_below_its_path_until_the_connecti
         wait_until(lambda: len(events) >= 2, 10, "the new watch's events")
         assert events == [("CREATED", "/tree/bad"), ("CREATED", "/tree/again")]
         assert client.get("/tree/again")[0] == b""  # the connection is still serving
-    finally:
-        for c in (client, root):
-            c.stop()
-            c.close()
-        zk.stop()
 
 
 def test_a_multi_read_answers_each_read_on_its_own(tmp_path: Path) -> None:
     from kazoo.exceptions import NoAuthError, NoNodeError
     from kazoo.security import make_digest_acl
 
-    from blobha.zkclient import PollHandler, read_many_async
+    from blobha.zkclient import read_many_async
 
-    zk = EmbeddedZooKeeper(tmp_path / "zk", tick_ms=500)
-    zk.start()
-    root = KazooClient(hosts=zk.connect_string, timeout=4.0)
-    client = KazooClient(hosts=zk.connect_string + "/app", timeout=4.0, handler=PollHandler())
-    try:
-        root.start(timeout=15)
-        root.create("/app/k1", b"one", makepath=True)
+    with _root_and_chrooted(tmp_path) as (_, root, client):
+        root.create("/app/k1", b"one")
         root.create("/app/k1/m1-1", b"")
         root.create("/app/k1/m2-1", b"")
         root.create("/app/empty", b"")
         root.set("/app/empty", b"")  # a node's version moves: the stat comes with the data
         root.create("/app/big", os.urandom(200_000))
         root.create("/app/locked", b"secret", acl=[make_digest_acl("other", "pw", all=True)])
-        client.start(timeout=15)
         reads = [("/k1", False), ("/k1", True), ("/gone", False), ("/empty", False),
                  ("/big", False), ("/locked", False), ("/gone", True)]
         results = read_many_async(client, reads).get(timeout=10)
@@ -238,11 +245,6 @@ def test_a_multi_read_answers_each_read_on_its_own(tmp_path: Path) -> None:
         assert read_many_async(client, []).get(timeout=10) == []
         # The connection goes on serving as before.
         assert client.get("/k1")[0] == b"one"
-    finally:
-        for c in (client, root):
-            c.stop()
-            c.close()
-        zk.stop()
 
 
 def test_the_session_timeout_zookeeper_grants_is_reported(tmp_path: Path) -> None:
