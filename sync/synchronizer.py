@@ -58,6 +58,7 @@ from kazoo.exceptions import (
     NodeExistsError,
     NoNodeError,
     UnimplementedError,
+    ZookeeperError,
 )
 from kazoo.protocol.states import EventType, WatchedEvent
 
@@ -1159,12 +1160,17 @@ class Synchronizer:
                    for i in range(0, len(reads), MULTI_READS)]
         results: list[ReadResult] = []
         for i, request in enumerate(pending):
+            asked = len(reads[i * MULTI_READS:(i + 1) * MULTI_READS])
             try:
-                results.extend(request.get(timeout=_READ_TIMEOUT))
+                answers = request.get(timeout=_READ_TIMEOUT)
+                if len(answers) != asked:
+                    raise ZookeeperError(f"a multiRead of {asked} reads came back with"
+                                         f" {len(answers)} answers")
+                results.extend(answers)
             except UnimplementedError:
                 raise
             except Exception as e:
-                results.extend([e] * len(reads[i * MULTI_READS:(i + 1) * MULTI_READS]))
+                results.extend([e] * asked)
         out: dict[str, tuple[bytes, Any, list[str]] | Exception | None] = {}
         at = 0
         for key in keys:
@@ -1181,6 +1187,8 @@ class Synchronizer:
                 out[key] = names
             elif isinstance(node, tuple) and isinstance(names, list):
                 out[key] = (node[0], node[1], names)
+            else:
+                out[key] = ZookeeperError(f"unexpected multiRead answer for {key!r}")
         return out
 
     def _decide(self, key: str, data: bytes, stat: Any, names: list[str], read_mark: int = -1,

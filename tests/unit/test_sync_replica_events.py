@@ -706,6 +706,26 @@ def test_a_change_replayed_after_the_read_that_leaves_work_queues_the_key() -> N
     assert s.queue.get_batch(10) == ["new"]
 
 
+def test_a_multi_read_answered_short_fails_only_its_keys() -> None:
+    s, zk, _ = committed(recursive=True)
+    zk._call = lambda request, result: setattr(  # type: ignore[method-assign]
+        result, "get", Answer([]).get)
+    failures = s._handle(["new"])
+    assert list(failures) == ["new"] and "came back with 0 answers" in str(failures["new"])
+    assert s._multi_read  # a bad answer is not a refusal: the next batch asks the same way
+
+
+def test_a_server_that_refuses_multi_read_gets_one_read_per_request() -> None:
+    from kazoo.exceptions import UnimplementedError
+
+    s, zk, _ = committed(recursive=True)
+    zk._call = lambda request, result: setattr(  # type: ignore[method-assign]
+        result, "get", Answer(UnimplementedError()).get)
+    assert s._handle(["new"]) == {}
+    assert not s._multi_read
+    assert zk.data_reads == [("/blobstore/new", None)]  # read again, on its own
+
+
 def test_with_the_recursive_watch_a_commit_arms_nothing() -> None:
     s, zk, _ = committed(recursive=True)
     assert s._arm_on_read == {}
