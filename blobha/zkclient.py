@@ -10,7 +10,7 @@ on descriptor numbers (a busy master has more than 1,024 open files).
 
 It also adds what kazoo lacks, both from server 3.6 on: persistent recursive watches
 (``addWatch``, see :func:`add_recursive_watch`) and reads of many nodes in one request
-(``multiRead``, see :func:`read_many`).
+(``multiRead``, see :func:`read_many_async`).
 """
 
 from __future__ import annotations

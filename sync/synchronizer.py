@@ -1149,8 +1149,9 @@ class Synchronizer:
     def _read_together(self, keys: list[str], listless: frozenset[str] | set[str]
                        ) -> dict[str, tuple[bytes, Any, list[str]] | Exception | None]:
         """:meth:`_read_many` (no watches) in ``multiRead`` requests of ``MULTI_READS`` reads
-        each, sent all at once: a follower reads every new key, and one request per read
-        cost it and ZooKeeper as much again per key as the reads themselves (py-spy)."""
+        each, sent all at once: a follower reads every new key, and with a request per read
+        ZooKeeper spent about 40 % more CPU per create (scratch counts under eight writers:
+        0.37-0.39 ms against 0.24-0.29), and each follower about a fifth more."""
         reads: list[tuple[str, bool]] = []
         for key in keys:
             reads.append((key_path(key), False))
