@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 import pytest
+from threads import run_in_threads
 from waiting import wait_until
 
 from blobha import segments as segments_module
@@ -220,37 +221,28 @@ def test_installs_deletes_reads_and_compaction_together_lose_nothing(
 
     monkeypatch.setattr(segments_module, "SEGMENT_BYTES", 16_000)  # rolls and compactions
     store = LocalStore(root)
-    errors: list[BaseException] = []
     kept: dict[tuple[str, int], bytes] = {}
     kept_lock = threading.Lock()
 
     def churn(worker: int) -> None:
-        try:
-            for i in range(60):
-                key = f"w{worker}-{i % 9}"
-                data = _data(900 + i, seed=worker * 100 + i)
-                _install(store, (key, i + 1, data))
+        for i in range(60):
+            key = f"w{worker}-{i % 9}"
+            data = _data(900 + i, seed=worker * 100 + i)
+            _install(store, (key, i + 1, data))
+            with kept_lock:
+                kept[(key, i + 1)] = data
+            if i % 3:  # most go again: segments empty out and get compacted meanwhile
+                store.delete_version(key, i + 1)
                 with kept_lock:
-                    kept[(key, i + 1)] = data
-                if i % 3:  # most go again: segments empty out and get compacted meanwhile
-                    store.delete_version(key, i + 1)
-                    with kept_lock:
-                        del kept[(key, i + 1)]
-                for (k, seq), expected in list(kept.items())[-5:]:
-                    try:
-                        got = _read(store, k, seq)
-                    except Exception:
-                        continue  # its own worker deleted it meanwhile
-                    assert got == expected, (k, seq)
-        except BaseException as e:
-            errors.append(e)
+                    del kept[(key, i + 1)]
+            for (k, seq), expected in list(kept.items())[-5:]:
+                try:
+                    got = _read(store, k, seq)
+                except Exception:
+                    continue  # its own worker deleted it meanwhile
+                assert got == expected, (k, seq)
 
-    threads = [threading.Thread(target=churn, args=(w,)) for w in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert errors == []
+    assert run_in_threads(churn, 4) == []
     # The compactor counts its last copy just after the index shows it: waited for as well.
     wait_until(lambda: not store.segments.sparse()
                and store.counted_usage() == store.usage(), 10, "compaction")

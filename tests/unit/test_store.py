@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from threads import run_in_threads
 
 from blobha import segments as segments_module
 from blobha import store as store_module
@@ -808,33 +809,21 @@ def test_counted_usage_follows_every_change_the_store_makes(
 
 
 def test_counted_usage_is_exact_under_concurrent_changes(store: LocalStore) -> None:
-    import threading
-
-    errors: list[BaseException] = []
-
     def churn(worker: int) -> None:
-        try:
-            for i in range(40):
-                # Shared keys as well as own ones: changes of one key are serialised.
-                key = f"shared-{i % 5}" if i % 2 else f"own-{worker}-{i % 7}"
-                data = _data(100 + worker * 10 + i, seed=worker)
-                seq = worker * 1000 + i + 1
-                if i % 3 == 2:
-                    store.delete_key(key)
-                elif i % 3 == 1:
-                    store.install_many([(key, seq, data, len(data), digest_bytes(data))])
-                else:
-                    _put(store, key, seq, data)
-                    store.prune(key, 2)
-        except BaseException as e:
-            errors.append(e)
+        for i in range(40):
+            # Shared keys as well as own ones: changes of one key are serialised.
+            key = f"shared-{i % 5}" if i % 2 else f"own-{worker}-{i % 7}"
+            data = _data(100 + worker * 10 + i, seed=worker)
+            seq = worker * 1000 + i + 1
+            if i % 3 == 2:
+                store.delete_key(key)
+            elif i % 3 == 1:
+                store.install_many([(key, seq, data, len(data), digest_bytes(data))])
+            else:
+                _put(store, key, seq, data)
+                store.prune(key, 2)
 
-    threads = [threading.Thread(target=churn, args=(w,)) for w in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert errors == []
+    assert run_in_threads(churn, 4) == []
     assert store.counted_usage() == store.usage() != (0, 0)
 
 
