@@ -44,7 +44,8 @@ from blobha.acl import (
 )
 from blobha.addresses import DEFAULT_PORT, host_of, parse_cluster
 from blobha.credentials import Credentials
-from blobha.dataplane import DataChannels, DataOffer
+from blobha.dataplane import MIN_BYTES as _DATA_CHANNEL_MIN_BYTES
+from blobha.dataplane import DataChannels, DataChannelUnusable, DataOffer, send_upload
 from blobha.digest import PUT_MAX_BYTES, Digester
 from blobha.errors import (
     NO_ANSWER,
@@ -112,6 +113,9 @@ BACKOFF_CAP = 0.5
 # in memory), and a per-segment deadline catches a stalled peer without capping the total
 # transfer time.
 _UPLOAD_SEGMENT_BYTES = 16 * MiB
+# Over the data channel a segment costs a GetUploadStatus call and a connection more, so a
+# source that keeps nothing in memory (bytes, a file; not a pipe) sends larger ones.
+_CHANNEL_SEGMENT_BYTES = 64 * MiB
 #: Blobs up to this size go whole in one Put call (module level so tests can lower it).
 _PUT_MAX_BYTES = PUT_MAX_BYTES
 # Downloads keep nothing in memory, and each new stream pays a flow-control ramp-up, so their
@@ -730,9 +734,17 @@ class _Source:
 
     #: Total bytes when known in advance, else -1.
     size: int = -1
+    #: Whether it keeps the bytes not yet acknowledged in memory (a stream), which bounds
+    #: how much one segment may carry.
+    buffers: bool = False
 
     def read_at(self, offset: int, n: int) -> bytes:
         raise NotImplementedError
+
+    def view_at(self, offset: int, n: int) -> bytes | memoryview:
+        """As :meth:`read_at`, for a caller done with the bytes before it reads again: a
+        source in memory answers with a view of its own, not a copy."""
+        return self.read_at(offset, n)
 
     def ack(self, offset: int) -> None:
         """Bytes below ``offset`` are safe on the leader and will not be asked for again."""
@@ -752,6 +764,9 @@ class _BytesSource(_Source):
 
     def read_at(self, offset: int, n: int) -> bytes:
         return bytes(self._view[offset : offset + n])
+
+    def view_at(self, offset: int, n: int) -> memoryview:
+        return self._view[offset : offset + n]
 
 
 class _FileSource(_Source):
@@ -777,6 +792,8 @@ class _FileSource(_Source):
 class _StreamSource(_Source):
     """A non-seekable stream (a pipe, stdin). Keeps what the leader has not acknowledged yet,
     so a broken segment can be re-sent; once bytes are dropped it can no longer restart."""
+
+    buffers = True
 
     def __init__(self, f: BinaryIO, owned: bool = False) -> None:
         self._f = f
@@ -1646,6 +1663,9 @@ class _UploadJob:
         self._read_lock = threading.Lock()
         self.source_error: BaseException | None = None
         self.high_water = 0  # most bytes any attempt of this upload got acknowledged
+        # Cleared when the leader offers no data channel (TLS, turned off, an older release),
+        # so the rest of this upload does not ask again.
+        self.channel = True
 
     def run(self) -> BlobMeta:
         deadline = _Deadline(self.c._timeout)
@@ -1747,9 +1767,12 @@ class _UploadJob:
     def _control(self, method: str, request: Any, deadline: _Deadline) -> Any:
         return self.c._control_call(self.leader, method, request, deadline)
 
-    def _read(self, offset: int) -> bytes:
+    def _read(self, offset: int, view: bool = False) -> bytes | memoryview:
         with self._read_lock:
-            data = self.source.read_at(offset, self.c._chunk_size)
+            if view:
+                data = self.source.view_at(offset, self.c._chunk_size)
+            else:
+                data = self.source.read_at(offset, self.c._chunk_size)
             end = offset + len(data)
             if offset <= self.hashed < end:
                 self.digester.update(memoryview(data)[self.hashed - offset :])
@@ -1767,45 +1790,13 @@ class _UploadJob:
                         " was the file truncated during the upload?"
                     )
                 return
-            sent = offset
-            self.source_error = None
-
-            def chunks(start: int = offset, data: bytes = first
-                       ) -> Iterator[chunkwire.UploadPiece]:
-                nonlocal sent
-                # gRPC pulls this iterator on its own thread and reports failures inside it
-                # only as a cancelled call, so keep the real error to raise it ourselves.
-                pos = start
-                try:
-                    while data:
-                        yield chunkwire.UploadPiece(self.upload_id, pos, memoryview(data))
-                        pos += len(data)
-                        sent = pos
-                        if self.progress is not None:
-                            self.progress(pos, self.source.size)
-                        if pos - start >= _UPLOAD_SEGMENT_BYTES:
-                            return
-                        data = self._read(pos)
-                except GeneratorExit:
-                    raise
-                except BaseException as exc:
-                    self.source_error = exc
-                    raise
-
-            try:
-                status = self.c._transport.client_stream(
-                    self.leader, "AppendUpload", chunks(), self.c._timeout,
-                    stall=self.c._stall_timeout,
-                )
-            except BlobError:
-                if self.source_error is not None:
-                    raise self.source_error from None
-                raise
-            received = int(status.received)
+            received = self._channel_segment(offset, first, deadline)
+            if received is None:
+                received = self._stream_segment(offset, first)
             if received <= offset:
                 raise InternalError(
                     f"the leader acknowledged no progress at offset {offset} of upload"
-                    f" {self.upload_id!r} ({sent - offset} bytes were sent)"
+                    f" {self.upload_id!r}"
                 )
             self.source.ack(received)
             offset = received
@@ -1814,6 +1805,94 @@ class _UploadJob:
                 # already delivered is not progress, so a commit that keeps failing still ends.
                 self.high_water = received
                 deadline.restart()
+
+    def _channel_segment(self, offset: int, first: bytes | memoryview, deadline: _Deadline
+                         ) -> int | None:
+        """Send a segment from ``offset`` (whose first piece is ``first``) over the leader's
+        data channel (blobha.dataplane); the bytes the leader then holds, or None when the
+        channel cannot be used and the segment goes in an ``AppendUpload`` stream."""
+        channels = self.c._data_channels
+        if not self.channel or not channels.usable(self.leader):
+            return None
+        left = self.source.size - offset
+        if 0 <= left < _DATA_CHANNEL_MIN_BYTES:
+            return None  # a connection of its own costs more than the copies it saves
+        host = self.c._transport.data_host(self.leader)
+        if host is None:
+            return None
+        status = self._control(
+            "GetUploadStatus",
+            pb.UploadStatusRequest(upload_id=self.upload_id, data_channel=True), deadline)
+        if not status.ticket:
+            self.channel = False
+            return None
+        if int(status.received) != offset:
+            return int(status.received)  # an earlier stream's bytes arrived after all
+        segment = _UPLOAD_SEGMENT_BYTES if self.source.buffers else _CHANNEL_SEGMENT_BYTES
+
+        def pieces() -> Iterator[bytes | memoryview]:
+            pos, data = offset, first
+            while data:
+                yield data
+                pos += len(data)
+                if self.progress is not None:
+                    self.progress(pos, self.source.size)
+                if pos - offset >= segment:
+                    return
+                data = self._read(pos, view=True)
+
+        # The channel's own time limits (connect, answer, each send) are the stall limit.
+        limit = min(self.c._timeout, self.c._stall_timeout)
+        try:
+            return send_upload(host, status.data_port, status.ticket, limit, pieces())
+        except DataChannelUnusable as e:
+            channels.failed(self.leader, e)
+            return None
+
+    def _stream_segment(self, offset: int, first: bytes | memoryview) -> int:
+        """Send a segment from ``offset`` in an ``AppendUpload`` stream; the bytes the leader
+        then holds."""
+        sent = offset
+        self.source_error = None
+
+        def chunks(start: int = offset, data: bytes | memoryview = first
+                   ) -> Iterator[chunkwire.UploadPiece]:
+            nonlocal sent
+            # gRPC pulls this iterator on its own thread and reports failures inside it only
+            # as a cancelled call, so keep the real error to raise it ourselves.
+            pos = start
+            try:
+                while data:
+                    yield chunkwire.UploadPiece(self.upload_id, pos, memoryview(data))
+                    pos += len(data)
+                    sent = pos
+                    if self.progress is not None:
+                        self.progress(pos, self.source.size)
+                    if pos - start >= _UPLOAD_SEGMENT_BYTES:
+                        return
+                    data = self._read(pos)
+            except GeneratorExit:
+                raise
+            except BaseException as exc:
+                self.source_error = exc
+                raise
+
+        try:
+            status = self.c._transport.client_stream(
+                self.leader, "AppendUpload", chunks(), self.c._timeout,
+                stall=self.c._stall_timeout,
+            )
+        except BlobError:
+            if self.source_error is not None:
+                raise self.source_error from None
+            raise
+        received = int(status.received)
+        if received <= offset:
+            raise InternalError(
+                f"the leader acknowledged no progress at offset {offset} of upload"
+                f" {self.upload_id!r} ({sent - offset} bytes were sent)"
+            )
+        return received
 
     def _put(self, deadline: _Deadline) -> BlobMeta:
         """A small blob of known size: begin, append and commit in one call."""

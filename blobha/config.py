@@ -156,10 +156,10 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "blobstore.data.port",
         0,
-        "Port of the data channel, which serves downloads outside gRPC with one copy of each"
-        " byte (blobha.dataplane), on master.listen's host: 0 picks a free port (clients learn it"
-        " from each download), -1 turns it off. Off with TLS: downloads then stay in the"
-        " encrypted gRPC stream. Clients that cannot reach it use the gRPC stream.",
+        "Port of the data channel, which carries downloads and uploads outside gRPC with fewer"
+        " copies of each byte (blobha.dataplane), on master.listen's host: 0 picks a free port"
+        " (clients learn it from each offer), -1 turns it off. Off with TLS: transfers then"
+        " stay in the encrypted gRPC stream. Clients that cannot reach it use the gRPC stream.",
     ),
     Option("master.principal", "blobha-master", "User name masters use with each other."),
     Option("admins", [], "Users allowed every operation on every blob."),

@@ -1,4 +1,4 @@
-"""The data channel: a download's bytes over a plain TCP connection, beside gRPC.
+"""The data channel: a download's or an upload's bytes over a plain TCP connection, beside gRPC.
 
 Why it exists: through gRPC's Python server every MiB of a download is copied twice in user
 space (the file read into a new buffer, then gRPC's copy of the message into its own slice)
@@ -24,6 +24,28 @@ A chunk that fails its digest is never sent: the master removes its copy (as the
 does) and closes the connection early, so the client sees a short transfer and resumes from
 another replica. The client verifies the whole blob's digest end to end, as over gRPC.
 
+Uploads take the channel for the same reason the other way round: through gRPC the leader
+copied every byte twice in user space (gRPC's slices into a message, the message into the temp
+file's write) and handled a message per MiB on its serving threads, about 0.7-1.0 s of the
+leader's CPU per GiB (0.2 s of it user time). A ``GetUploadStatus`` call with
+``data_channel`` set is checked as any call on the session is (its user, the leader's own
+session table) and answered with an offer for the session from the bytes received so far. The
+ticket names the user and the session, single use, with the same expiry. Then::
+
+    client -> master   MAGIC, ticket (16 bytes)
+    master -> client   MAGIC, status (1 byte); not OK: a UTF-8 reason, then the master closes
+    client -> master   the upload's bytes from the offer's offset on; then it shuts down its
+                       sending side (the end of this segment, not of the blob)
+    master -> client   status (1 byte), bytes received in all (8 bytes, big-endian); FAILED:
+                       then the error's gRPC status code (1 byte) and a UTF-8 reason
+
+The master appends each MiB as ``AppendUpload`` would (the same checks, durability and
+idempotence), so whatever arrived before a broken connection is kept and the client resumes
+from ``GetUploadStatus``. An append that fails (a full disk, the session aborted) is answered at
+once with FAILED; the master then reads what is still in flight until the client, which looks
+for an answer between pieces, stops sending, so the answer is not lost to a reset connection.
+The client commits with ``CommitUpload`` as always, and its digest covers every byte.
+
 The channel carries no TLS: a master with TLS configured offers none, and its downloads stay in
 the encrypted gRPC stream. Without TLS the ticket crosses the network as the caller's token
 already does.
@@ -36,11 +58,12 @@ import errno
 import logging
 import os
 import secrets
+import select
 import socket
 import struct
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, BinaryIO
@@ -48,9 +71,11 @@ from typing import TYPE_CHECKING, BinaryIO
 from blobha.errors import ChecksumMismatch, KeyNotFound, Unavailable
 
 if TYPE_CHECKING:  # clients import this module; only masters have a store
+    from blobha.errors import BlobError
     from blobha.store import LocalStore, VersionInfo
 
-__all__ = ["DataChannelUnusable", "DataChannels", "DataOffer", "DataPlane", "receive"]
+__all__ = ["DataChannelUnusable", "DataChannels", "DataOffer", "DataPlane", "receive",
+           "send_upload"]
 
 log = logging.getLogger(__name__)
 
@@ -69,11 +94,17 @@ CONNECT_TIMEOUT = 3.0
 RECEIVE_BYTES = 1024 * 1024
 #: Bytes queued before a receiving client is woken (SO_RCVLOWAT).
 WAKE_BYTES = 256 * 1024
+#: Smallest range that takes the channel (a download's, or an upload's rest); smaller ones stay
+#: in gRPC, since a connection of its own costs more than the copies it saves.
+MIN_BYTES = 1024 * 1024
 #: Seconds a client keeps to the gRPC stream for a master whose data channel it could not use.
 UNREACHABLE_SECS = 300.0
 
-OK, REFUSED, BUSY, NOT_HELD = 0, 1, 2, 3
+OK, REFUSED, BUSY, NOT_HELD, FAILED = 0, 1, 2, 3, 4
 _REASON_MAX = 4096
+#: Seconds a master keeps reading an upload it answered with FAILED, so that the client, which
+#: checks for an answer between pieces, reads it before the connection is reset.
+DRAIN_SECS = 10.0
 
 
 class DataChannelUnusable(Unavailable):
@@ -102,6 +133,21 @@ class _Grant:
     expires: float
 
 
+@dataclass(frozen=True)
+class _UploadGrant:
+    """An upload session's bytes from ``offset`` on, for ``user`` (whose session it is)."""
+
+    user: str
+    upload_id: str
+    offset: int
+    expires: float
+
+
+#: How a master appends an upload's bytes (Master.append): (user, upload id, offset, data) ->
+#: bytes received in all. Raises what AppendUpload would.
+Append = Callable[[str, str, int, memoryview], int]
+
+
 class _ClientGone(Exception):
     """The socket failed while sending: the client went away or stalled."""
 
@@ -111,13 +157,19 @@ class DataPlane:
     connection (at most ``max_connections`` at once; more are told BUSY and use gRPC)."""
 
     def __init__(self, store: LocalStore, host: str, port: int, max_connections: int = 64,
-                 ttl: float = TICKET_TTL, clock: Callable[[], float] = time.monotonic) -> None:
+                 ttl: float = TICKET_TTL, clock: Callable[[], float] = time.monotonic,
+                 append: Append | None = None,
+                 translate: Callable[[Exception], BlobError] | None = None) -> None:
         self.store = store
         self._host = host
         self._want_port = port
         self._ttl = ttl
         self._clock = clock
-        self._grants: dict[bytes, _Grant] = {}
+        self._append = append
+        # An append's failure as the client should see it (service.translate_error: a full
+        # disk is RESOURCE_EXHAUSTED, anything unforeseen is logged and INTERNAL).
+        self._translate = translate
+        self._grants: dict[bytes, _Grant | _UploadGrant] = {}
         self._lock = threading.Lock()
         self._slots = threading.BoundedSemaphore(max_connections)
         self._refusing = threading.BoundedSemaphore(max_connections)
@@ -133,6 +185,8 @@ class DataPlane:
         self.transfers = 0
         self.bytes_sent = 0
         self.refused = 0
+        self.uploads = 0
+        self.bytes_received = 0
 
     def start(self) -> None:
         """Bind (an ephemeral port for port 0, then in ``port``) and start accepting."""
@@ -166,6 +220,17 @@ class DataPlane:
     def offer(self, info: VersionInfo, offset: int, end: int) -> bytes:
         """A ticket for bytes ``[offset, end)`` of the version ``info``; the caller has checked
         that the user may read it and that this master holds it."""
+        return self._issue(lambda expires: _Grant(info, offset, end, expires))
+
+    def offer_upload(self, user: str, upload_id: str, offset: int) -> bytes | None:
+        """A ticket for ``user`` to send the upload session ``upload_id`` from ``offset`` on;
+        the caller has checked that the session is the user's. None: this channel takes no
+        uploads (it was made without an ``append``)."""
+        if self._append is None:
+            return None
+        return self._issue(lambda expires: _UploadGrant(user, upload_id, offset, expires))
+
+    def _issue(self, grant: Callable[[float], _Grant | _UploadGrant]) -> bytes:
         ticket = secrets.token_bytes(TICKET_BYTES)
         now = self._clock()
         with self._lock:
@@ -173,7 +238,7 @@ class DataPlane:
                 self._expire(now)
                 while len(self._grants) >= MAX_TICKETS:  # all live: drop the oldest
                     del self._grants[next(iter(self._grants))]
-            self._grants[ticket] = _Grant(info, offset, end, now + self._ttl)
+            self._grants[ticket] = grant(now + self._ttl)
         return ticket
 
     def outstanding(self) -> int:
@@ -190,7 +255,7 @@ class DataPlane:
                 return
             del self._grants[ticket]
 
-    def _take(self, ticket: bytes) -> _Grant | None:
+    def _take(self, ticket: bytes) -> _Grant | _UploadGrant | None:
         with self._lock:
             grant = self._grants.pop(ticket, None)
             if grant is None or grant.expires <= self._clock():
@@ -251,9 +316,73 @@ class DataPlane:
             return  # not a blobha client: nothing to say to it
         grant = self._take(hello[len(MAGIC):])
         if grant is None:
-            _answer(conn, REFUSED, "unknown or expired ticket: call Download again")
+            _answer(conn, REFUSED, "unknown or expired ticket: ask for another (Download, or"
+                    " GetUploadStatus for an upload)")
             return
-        self._send(conn, grant)
+        if isinstance(grant, _UploadGrant):
+            self._receive(conn, grant)
+        else:
+            self._send(conn, grant)
+
+    def _receive(self, conn: socket.socket, grant: _UploadGrant) -> None:
+        """Append what the client sends to its upload session until it ends its side."""
+        append = self._append
+        assert append is not None  # no upload ticket is issued without it
+        # Blocking, with the kernel's time limits, so MSG_WAITALL fills the buffer in one call.
+        conn.settimeout(None)
+        _time_limit(conn, IO_TIMEOUT)
+        conn.sendall(MAGIC + bytes([OK]))
+        with contextlib.suppress(OSError):  # only a wake-up hint, as for a receiving client
+            conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, WAKE_BYTES)
+        buf = bytearray(RECEIVE_BYTES)
+        view = memoryview(buf)
+        offset = received = grant.offset
+        ended = False
+        try:
+            while not ended:
+                filled = 0
+                while filled < len(buf):
+                    # 0 is the client's end; a stall past IO_TIMEOUT raises (the client
+                    # resumes from GetUploadStatus, with what arrived before it appended).
+                    n = conn.recv_into(view[filled:], len(buf) - filled, socket.MSG_WAITALL)
+                    if n == 0:
+                        ended = True
+                        break
+                    filled += n
+                if not filled:
+                    break
+                try:
+                    received = append(grant.user, grant.upload_id, offset, view[:filled])
+                except Exception as e:  # every failure is answered to the client, not raised
+                    self._refuse_upload(conn, e, received)
+                    return
+                offset += filled
+                with self._lock:
+                    self.bytes_received += filled
+            conn.sendall(bytes([OK]) + received.to_bytes(8, "big"))
+        finally:
+            view.release()
+        with self._lock:
+            self.uploads += 1
+
+    def _refuse_upload(self, conn: socket.socket, e: Exception, received: int) -> None:
+        if self._translate is not None:
+            error = self._translate(e)
+        else:
+            from blobha.errors import BlobError, InternalError
+
+            error = e if isinstance(e, BlobError) else InternalError(str(e))
+        code = error.code.value[0]
+        conn.sendall(bytes([FAILED]) + received.to_bytes(8, "big") + bytes([code])
+                     + str(error).encode("utf-8")[:_REASON_MAX])
+        conn.shutdown(socket.SHUT_WR)
+        # Read what is still on its way, so closing does not reset the connection (and drop
+        # the answer) before the client has read it.
+        _time_limit(conn, DRAIN_SECS)
+        deadline = time.monotonic() + DRAIN_SECS
+        sink = bytearray(RECEIVE_BYTES)
+        while time.monotonic() < deadline and conn.recv_into(sink):
+            pass
 
     def _send(self, conn: socket.socket, grant: _Grant) -> None:
         info = grant.info
@@ -332,21 +461,15 @@ def _recv_exact(conn: socket.socket, n: int) -> bytes | None:
     return bytes(buf)
 
 
-def receive(host: str, port: int, ticket: bytes, size: int, timeout: float,
-            on_data: Callable[[memoryview], object]) -> None:
-    """Take ``size`` bytes offered with ``ticket`` from the data channel at ``host:port``,
-    handing them to ``on_data`` in pieces of up to :data:`RECEIVE_BYTES`: views of one reused
-    buffer, valid only during the call (a caller that keeps them copies them).
-
-    Raises :class:`DataChannelUnusable` when the channel cannot be reached, answers as
-    something else or is busy; :class:`KeyNotFound` ("not held here") when the master cannot
-    serve the version after all; :class:`Unavailable` when it refuses the ticket or the
-    transfer stops early (what arrived was handed on, so the caller resumes after it)."""
+def _open(host: str, port: int, ticket: bytes, timeout: float) -> socket.socket:
+    """A connection to the data channel at ``host:port`` that accepted ``ticket``: blocking,
+    with kernel time limits of at most :data:`IO_TIMEOUT` (see :func:`receive` for the
+    errors)."""
     try:
         conn = socket.create_connection((host, port), timeout=min(CONNECT_TIMEOUT, timeout))
     except OSError as e:
         raise DataChannelUnusable(f"data channel {host}:{port} unreachable: {e}") from None
-    with conn:
+    try:
         try:
             # Blocking, with kernel time-outs, so MSG_WAITALL fills the buffer in one call.
             conn.settimeout(None)
@@ -366,6 +489,23 @@ def receive(host: str, port: int, ticket: bytes, size: int, timeout: float,
             if status == NOT_HELD:
                 raise KeyNotFound(reason)
             raise Unavailable(f"data channel {host}:{port} refused the transfer: {reason}")
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+def receive(host: str, port: int, ticket: bytes, size: int, timeout: float,
+            on_data: Callable[[memoryview], object]) -> None:
+    """Take ``size`` bytes offered with ``ticket`` from the data channel at ``host:port``,
+    handing them to ``on_data`` in pieces of up to :data:`RECEIVE_BYTES`: views of one reused
+    buffer, valid only during the call (a caller that keeps them copies them).
+
+    Raises :class:`DataChannelUnusable` when the channel cannot be reached, answers as
+    something else or is busy; :class:`KeyNotFound` ("not held here") when the master cannot
+    serve the version after all; :class:`Unavailable` when it refuses the ticket or the
+    transfer stops early (what arrived was handed on, so the caller resumes after it)."""
+    with _open(host, port, ticket, timeout) as conn:
         buf = bytearray(min(RECEIVE_BYTES, size))
         view = memoryview(buf)
         # Woken once this much is queued, not for every segment: on loopback this halved the
@@ -395,6 +535,78 @@ def receive(host: str, port: int, ticket: bytes, size: int, timeout: float,
                                       f" {size} bytes")
         finally:
             view.release()
+
+
+def send_upload(host: str, port: int, ticket: bytes, timeout: float,
+                pieces: Iterable[bytes | memoryview]) -> int:
+    """Send ``pieces`` over the data channel at ``host:port`` for the upload offered with
+    ``ticket``, and return the bytes the master has received in all (the offset to go on
+    from). An error raised while drawing a piece (the input's) goes through unchanged; the
+    master keeps what it was sent before.
+
+    Raises :class:`DataChannelUnusable` as :func:`receive` does (nothing was sent: the caller
+    uses ``AppendUpload``); the master's own error (a full disk: :class:`ResourceExhausted`,
+    the session gone: :class:`UploadNotFound`, ...) when it refused the bytes; and
+    :class:`Unavailable` when the connection broke without an answer (the caller asks
+    ``GetUploadStatus`` where to resume)."""
+    with _open(host, port, ticket, timeout) as conn:
+        sent = 0
+        try:
+            for piece in pieces:  # outside the socket's error handling: the input's own
+                if _answered(conn):
+                    break  # only a refusal comes before the end: stop sending, read it
+                try:
+                    conn.sendall(piece)
+                except OSError as e:
+                    raise _Broken(str(e)) from None
+                sent += len(piece)
+            try:
+                conn.shutdown(socket.SHUT_WR)
+            except OSError as e:
+                raise _Broken(str(e)) from None
+            return _upload_answer(conn, host, port)
+        except _Broken as e:
+            # A refusal may have arrived before the reset that failed the send.
+            with contextlib.suppress(Unavailable):
+                _upload_answer(conn, host, port)
+            raise Unavailable(f"data channel {host}:{port} failed after {sent} bytes of the"
+                              f" upload: {e}") from None
+
+
+class _Broken(Exception):
+    """Sending on the data channel failed."""
+
+
+def _answered(conn: socket.socket) -> bool:
+    # poll, not select: a client may hold more than FD_SETSIZE descriptors.
+    poller = select.poll()
+    poller.register(conn, select.POLLIN)
+    return bool(poller.poll(0))
+
+
+def _upload_answer(conn: socket.socket, host: str, port: int) -> int:
+    """The master's answer to an upload: the bytes received in all, or its error raised."""
+    try:
+        head = _recv_exact(conn, 9)
+    except OSError as e:
+        raise Unavailable(f"data channel {host}:{port} gave no answer to the upload: {e}"
+                          ) from None
+    if head is None:
+        raise Unavailable(f"data channel {host}:{port} closed without answering the upload")
+    if head[0] == OK:
+        return int.from_bytes(head[1:], "big")
+    code = _recv_exact(conn, 1) if head[0] == FAILED else None
+    reason = _read_reason(conn)
+    if code is None:
+        raise Unavailable(f"data channel {host}:{port} answered the upload with status"
+                          f" {head[0]}: {reason}")
+    import grpc
+
+    from blobha.errors import from_status
+
+    status = next((c for c in grpc.StatusCode if c.value[0] == code[0]),
+                  grpc.StatusCode.INTERNAL)
+    raise from_status(status, reason)
 
 
 def _time_limit(conn: socket.socket, secs: float) -> None:

@@ -57,7 +57,7 @@ from blobha.addresses import host_of
 from blobha.auth import ServerAuthentication, make_authenticator, new_cluster_secret
 from blobha.config import Config, ConfigError, format_cpu_list, load_config, parse_cpu_list
 from blobha.credentials import Credentials
-from blobha.dataplane import DataOffer, DataPlane
+from blobha.dataplane import MIN_BYTES, DataOffer, DataPlane
 from blobha.digest import PUT_MAX_BYTES, is_digest
 from blobha.errors import (
     BlobError,
@@ -116,8 +116,6 @@ MAX_PAGE = 1000
 #: batch of small blobs; anything bigger goes through Download, resumable).
 FETCH_MAX_VERSIONS = 1000
 FETCH_WHOLE_MAX_BYTES = PUT_MAX_BYTES
-#: Smallest range served over the data channel; smaller ones stream (see open_download).
-DATA_CHANNEL_MIN_BYTES = 1024 * 1024
 #: Bytes of blob data one group commit installs at most: a batch is acknowledged only once
 #: all of it is durable, so this bounds what one writer waits for on behalf of the others.
 PUT_BATCH_BYTES = 8 * 1024 * 1024
@@ -382,10 +380,14 @@ class Master:
         if port < 0:
             return
         if self.server_tls is not None:
-            log.info("no data channel: with TLS, downloads stay in the encrypted gRPC stream")
+            log.info("no data channel: with TLS, transfers stay in the encrypted gRPC stream")
             return
+        from blobha.service import translate_error
+
         host = host_of(listen)
-        dataplane = DataPlane(self.store, host, port)
+        dataplane = DataPlane(
+            self.store, host, port, append=self.append,
+            translate=lambda e: translate_error(self.identity, "an upload on the data channel", e))
         try:
             dataplane.start()
         except OSError as e:
@@ -758,6 +760,17 @@ class Master:
 
     def upload_status(self, user: str, upload_id: str) -> int:
         return self.uploads.get(upload_id, user).temp.size
+
+    def offer_upload(self, user: str, upload_id: str) -> tuple[int, DataOffer | None]:
+        """Bytes received so far, and an offer of the data channel for the rest from there
+        on (None when this master has none)."""
+        received = self.upload_status(user, upload_id)
+        dataplane = self.dataplane
+        if dataplane is not None:
+            ticket = dataplane.offer_upload(user, upload_id, received)
+            if ticket is not None:
+                return received, DataOffer(dataplane.port, ticket)
+        return received, None
 
     def abort(self, user: str, upload_id: str) -> None:
         self.uploads.abort(upload_id, user)
@@ -1249,7 +1262,7 @@ class Master:
         info = self._download_version(user, key, version, offset)
         end = info.size if length == 0 else min(info.size, offset + length)
         dataplane = self.dataplane
-        if data_channel and dataplane is not None and end - offset >= DATA_CHANNEL_MIN_BYTES:
+        if data_channel and dataplane is not None and end - offset >= MIN_BYTES:
             return info, DataOffer(dataplane.port, dataplane.offer(info, offset, end))
         return info, _read_held(self.store, self.identity, key, info.seq, offset, length)
 

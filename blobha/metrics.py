@@ -234,6 +234,12 @@ class MasterCollector(Collector):
         yield CounterMetricFamily("blobha_data_channel_bytes",
                                   "Bytes sent over the data channel.",
                                   value=float(plane.bytes_sent))
+        yield CounterMetricFamily("blobha_data_channel_uploads",
+                                  "Upload segments received over the data channel.",
+                                  value=float(plane.uploads))
+        yield CounterMetricFamily("blobha_data_channel_received_bytes",
+                                  "Upload bytes received over the data channel.",
+                                  value=float(plane.bytes_received))
         yield CounterMetricFamily("blobha_data_channel_refused",
                                   "Data channel connections with an unknown or expired ticket.",
                                   value=float(plane.refused))

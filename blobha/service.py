@@ -135,7 +135,9 @@ def _abort(context: grpc.ServicerContext, error: BlobError) -> NoReturn:
     raise AssertionError("unreachable")  # context.abort raises
 
 
-def _translate(identity: str, method: str, e: Exception) -> BlobError:
+def translate_error(identity: str, method: str, e: Exception) -> BlobError:
+    """What a caller is told of ``e``, raised while serving ``method`` (a call, or the data
+    channel's upload): the error itself, or one that says what to do."""
     if isinstance(e, BlobError):
         return e
     if isinstance(e, UNREACHABLE):
@@ -162,7 +164,7 @@ def unary(fn: Callable[..., T]) -> Callable[..., T]:
         try:
             return fn(self, request, context)
         except Exception as e:
-            _abort(context, _translate(self.master.identity, fn.__name__, e))
+            _abort(context, translate_error(self.master.identity, fn.__name__, e))
     return wrapper
 
 
@@ -173,7 +175,7 @@ def streaming(fn: Callable[..., Iterator[T]]) -> Callable[..., Iterator[T]]:
         try:
             yield from fn(self, request, context)
         except Exception as e:
-            _abort(context, _translate(self.master.identity, fn.__name__, e))
+            _abort(context, translate_error(self.master.identity, fn.__name__, e))
     return wrapper
 
 
@@ -235,8 +237,15 @@ class BlobStoreServicer(pb_grpc.BlobStoreServicer):
     @unary
     def GetUploadStatus(self, request: pb.UploadStatusRequest, context: grpc.ServicerContext
                         ) -> pb.UploadStatus:
-        received = self.master.upload_status(user_of(context), request.upload_id)
-        return pb.UploadStatus(upload_id=request.upload_id, received=received)
+        user = user_of(context)
+        if not request.data_channel:
+            received = self.master.upload_status(user, request.upload_id)
+            return pb.UploadStatus(upload_id=request.upload_id, received=received)
+        received, offer = self.master.offer_upload(user, request.upload_id)
+        if offer is None:
+            return pb.UploadStatus(upload_id=request.upload_id, received=received)
+        return pb.UploadStatus(upload_id=request.upload_id, received=received,
+                               data_port=offer.port, ticket=offer.ticket)
 
     @unary
     def CommitUpload(self, request: pb.CommitUploadRequest, context: grpc.ServicerContext

@@ -57,18 +57,24 @@ class UploadChunk(_message.Message):
     def __init__(self, upload_id: _Optional[str] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
 
 class UploadStatusRequest(_message.Message):
-    __slots__ = ("upload_id",)
+    __slots__ = ("upload_id", "data_channel")
     UPLOAD_ID_FIELD_NUMBER: _ClassVar[int]
+    DATA_CHANNEL_FIELD_NUMBER: _ClassVar[int]
     upload_id: str
-    def __init__(self, upload_id: _Optional[str] = ...) -> None: ...
+    data_channel: bool
+    def __init__(self, upload_id: _Optional[str] = ..., data_channel: _Optional[bool] = ...) -> None: ...
 
 class UploadStatus(_message.Message):
-    __slots__ = ("upload_id", "received")
+    __slots__ = ("upload_id", "received", "data_port", "ticket")
     UPLOAD_ID_FIELD_NUMBER: _ClassVar[int]
     RECEIVED_FIELD_NUMBER: _ClassVar[int]
+    DATA_PORT_FIELD_NUMBER: _ClassVar[int]
+    TICKET_FIELD_NUMBER: _ClassVar[int]
     upload_id: str
     received: int
-    def __init__(self, upload_id: _Optional[str] = ..., received: _Optional[int] = ...) -> None: ...
+    data_port: int
+    ticket: bytes
+    def __init__(self, upload_id: _Optional[str] = ..., received: _Optional[int] = ..., data_port: _Optional[int] = ..., ticket: _Optional[bytes] = ...) -> None: ...
 
 class CommitUploadRequest(_message.Message):
     __slots__ = ("upload_id", "size", "digest")

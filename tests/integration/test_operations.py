@@ -87,11 +87,13 @@ def test_metrics_count_calls_by_method_and_code_and_bytes(cluster: LocalCluster,
         value(before[i], "grpc_server_handled_total", grpc_method="Put", grpc_code="OK") >= 1
     assert delta("grpc_server_started_total", grpc_method="BeginUpload") >= 1
     # Upload bytes arrive at the leader; download bytes leave whichever replicas served them
-    # (and the followers' sync fetches): at least the blob's size each way. A download of more
-    # than 1 MiB takes the data channel: only its offer goes through gRPC.
-    assert value(after[i], "blobha_rpc_received_bytes_total", grpc_method="AppendUpload") - \
-        value(before[i], "blobha_rpc_received_bytes_total", grpc_method="AppendUpload") \
-        >= len(data)
+    # (and the followers' sync fetches): at least the blob's size each way. An upload or a
+    # download of more than 1 MiB takes the data channel: only its offer goes through gRPC.
+    assert value(after[i], "blobha_data_channel_received_bytes_total") - \
+        value(before[i], "blobha_data_channel_received_bytes_total") == len(data)
+    assert value(after[i], "blobha_rpc_received_bytes_total", grpc_method="AppendUpload") == \
+        value(before[i], "blobha_rpc_received_bytes_total", grpc_method="AppendUpload")
+    assert delta("grpc_server_handled_total", grpc_method="GetUploadStatus", grpc_code="OK") >= 1
     assert delta("blobha_data_channel_transfers_total") >= 3
     assert delta("blobha_rpc_sent_bytes_total", grpc_method="Download") > 0
     assert delta("grpc_server_handling_seconds_count", grpc_method="CommitUpload") >= 1

@@ -570,6 +570,11 @@ class _DiskFullMaster(pb_grpc.BlobStoreServicer):
                     ) -> pb.BeginUploadResponse:
         return pb.BeginUploadResponse(upload_id="up-1")
 
+    def GetUploadStatus(self, request: pb.UploadStatusRequest, context: grpc.ServicerContext
+                        ) -> pb.UploadStatus:
+        # As a master without a data channel answers: no ticket, so the bytes go in a stream.
+        return pb.UploadStatus(upload_id=request.upload_id, received=0)
+
     def AppendUpload(self, request_iterator: Iterator[pb.UploadChunk],
                      context: grpc.ServicerContext) -> pb.UploadStatus:
         next(request_iterator)

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import pytest
@@ -14,11 +15,20 @@ from waiting import wait_until
 from blobha import dataplane
 from blobha.chunkwire import Chunk
 from blobha.client import _BufferSink
-from blobha.dataplane import DataChannels, DataChannelUnusable, DataPlane, receive
+from blobha.dataplane import DataChannels, DataChannelUnusable, DataPlane, receive, send_upload
 from blobha.digest import CHUNK_SIZE, digest_bytes
-from blobha.errors import KeyNotFound, Unavailable
+from blobha.errors import (
+    BlobError,
+    InvalidArgument,
+    KeyNotFound,
+    ResourceExhausted,
+    Unavailable,
+    UploadNotFound,
+    upload_not_found,
+)
 from blobha.keys import key_dirname
 from blobha.peers import Peers
+from blobha.service import translate_error
 from blobha.store import BlobBuffer, LocalStore
 from blobha.v1 import blobha_pb2 as pb
 
@@ -306,3 +316,130 @@ def test_stop_ends_the_transfers_in_progress(store: LocalStore, clock: Clock) ->
         while piece := client.recv(1 << 20):
             got += len(piece)
         assert got < len(big) + 5  # cut short, not completed
+
+
+# ---- uploads ------------------------------------------------------------------------------
+
+
+class Sessions:
+    """Master.append's part for the channel: one upload session in a real temp file, and an
+    error to raise once ``fail_after`` bytes are in."""
+
+    def __init__(self, store: LocalStore) -> None:
+        self.temp = store.new_temp("upload")
+        self.users: set[str] = set()
+        self.fail_after: int | None = None
+        self.error: Exception = ResourceExhausted("the disk is full; free space and retry")
+
+    def append(self, user: str, upload_id: str, offset: int, data: memoryview) -> int:
+        assert upload_id == "up-1"
+        self.users.add(user)
+        if self.fail_after is not None and self.temp.size + len(data) > self.fail_after:
+            raise self.error
+        self.temp.write_at(offset, data)
+        return self.temp.size
+
+
+@pytest.fixture
+def sessions(store: LocalStore) -> Iterator[Sessions]:
+    s = Sessions(store)
+    yield s
+    s.temp.discard()
+
+
+@pytest.fixture
+def uploads(store: LocalStore, clock: Clock, sessions: Sessions) -> Iterator[DataPlane]:
+    p = DataPlane(store, "127.0.0.1", 0, max_connections=2, clock=clock, append=sessions.append,
+                  translate=lambda e: translate_error("m1:6627", "an upload", e))
+    p.start()
+    yield p
+    p.stop()
+
+
+def pieces_of(data: bytes, size: int = CHUNK_SIZE) -> Iterator[memoryview]:
+    view = memoryview(data)
+    for at in range(0, len(data), size):
+        yield view[at:at + size]
+
+
+def send(plane: DataPlane, ticket: bytes, pieces: Iterable[bytes | memoryview]) -> int:
+    return send_upload("127.0.0.1", plane.port, ticket, 10.0, pieces)
+
+
+def test_an_upload_appends_what_arrives_and_answers_the_total(
+        uploads: DataPlane, sessions: Sessions) -> None:
+    first, rest = DATA[:2 * CHUNK_SIZE + 5], DATA[2 * CHUNK_SIZE + 5:]
+    ticket = uploads.offer_upload("alice", "up-1", 0)
+    assert ticket is not None
+    # Pieces of any size; the master appends a MiB at a time.
+    assert send(uploads, ticket, pieces_of(first, 300_000)) == len(first)
+    ticket = uploads.offer_upload("alice", "up-1", len(first))
+    assert ticket is not None
+    assert send(uploads, ticket, pieces_of(rest)) == len(DATA)
+    digest, _, size = sessions.temp.finish()
+    assert (digest, size) == (digest_bytes(DATA), len(DATA))
+    assert sessions.users == {"alice"}  # the grant's user, for the session's own check
+    assert uploads.bytes_received == len(DATA)
+    wait_until(lambda: uploads.uploads == 2, what="both segments counted")
+
+
+def test_an_upload_ticket_is_good_for_one_connection(uploads: DataPlane,
+                                                     sessions: Sessions) -> None:
+    ticket = uploads.offer_upload("alice", "up-1", 0)
+    assert ticket is not None
+    assert send(uploads, ticket, [b"x" * 10]) == 10
+    with pytest.raises(Unavailable, match="unknown or expired ticket"):
+        send(uploads, ticket, [b"y" * 10])
+    assert sessions.temp.size == 10
+
+
+def test_a_plane_made_without_append_offers_no_upload(plane: DataPlane) -> None:
+    assert plane.offer_upload("alice", "up-1", 0) is None
+
+
+@pytest.mark.parametrize("error,expected,words", [
+    (ResourceExhausted("the disk is full; free space and retry"), ResourceExhausted,
+     "the disk is full"),
+    (OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)), ResourceExhausted, "out of disk space"),
+    (upload_not_found("up-1"), UploadNotFound, "begin a new upload"),
+    (InvalidArgument("chunk at offset 9 leaves a gap"), InvalidArgument, "leaves a gap"),
+])
+def test_a_refused_append_is_answered_while_the_client_is_still_sending(
+        uploads: DataPlane, sessions: Sessions, error: Exception, expected: type[BlobError],
+        words: str) -> None:
+    sessions.fail_after = 2 * CHUNK_SIZE
+    sessions.error = error
+    drawn = 0
+
+    def many() -> Iterator[bytes]:
+        # Far more than the sockets' buffers hold: the client must notice the answer and
+        # stop, not send it all (nor fail on a reset connection without the answer).
+        nonlocal drawn
+        piece = bytes(CHUNK_SIZE)
+        for _ in range(256):
+            drawn += 1
+            yield piece
+
+    ticket = uploads.offer_upload("alice", "up-1", 0)
+    assert ticket is not None
+    with pytest.raises(expected, match=words) as raised:
+        send(uploads, ticket, many())
+    assert type(raised.value) is expected
+    assert drawn < 64
+    assert sessions.temp.size == 2 * CHUNK_SIZE  # what was appended before stays
+
+
+def test_an_input_error_goes_through_and_what_was_sent_is_kept(uploads: DataPlane,
+                                                               sessions: Sessions) -> None:
+    def failing() -> Iterator[bytes]:
+        yield DATA[:CHUNK_SIZE]
+        yield DATA[CHUNK_SIZE:2 * CHUNK_SIZE]
+        raise OSError(errno.EIO, "the input could not be read")
+
+    ticket = uploads.offer_upload("alice", "up-1", 0)
+    assert ticket is not None
+    with pytest.raises(OSError, match="the input could not be read"):
+        send(uploads, ticket, failing())
+    # The master saw the connection end and appended what had arrived: the client resumes
+    # from there (GetUploadStatus), or aborts.
+    wait_until(lambda: sessions.temp.size == 2 * CHUNK_SIZE, what="the two pieces appended")

@@ -131,12 +131,12 @@ def test_other_empty_details_fall_back_to_the_code_name() -> None:
 
 @pytest.mark.parametrize("code", [errno.ENOSPC, errno.EDQUOT])
 def test_a_full_disk_past_the_reservation_is_resource_exhausted_not_internal(code: int) -> None:
-    from blobha.service import _translate
+    from blobha.service import translate_error
 
-    e = _translate("m1:6627", "Put", OSError(code, os.strerror(code)))
+    e = translate_error("m1:6627", "Put", OSError(code, os.strerror(code)))
     assert isinstance(e, ResourceExhausted)
     assert "out of disk space" in str(e) and "m1:6627" in str(e)
-    other = _translate("m1:6627", "Put", OSError(errno.EIO, "Input/output error"))
+    other = translate_error("m1:6627", "Put", OSError(errno.EIO, "Input/output error"))
     assert type(other) is BlobError and "internal error" in str(other)
 
 
@@ -145,8 +145,8 @@ def test_a_zookeeper_request_given_up_unanswered_is_unavailable_not_internal() -
     # INTERNAL ("report it"), which the client does not retry.
     from kazoo.handlers.threading import KazooTimeoutError
 
-    from blobha.service import _translate
+    from blobha.service import translate_error
 
-    e = _translate("m1:6627", "Put", KazooTimeoutError("Value not received within 4 seconds"))
+    e = translate_error("m1:6627", "Put", KazooTimeoutError("Value not received within 4 seconds"))
     assert isinstance(e, Unavailable)
     assert "ZooKeeper is unreachable from master m1:6627" in str(e) and "retry" in str(e)
