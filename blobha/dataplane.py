@@ -666,5 +666,5 @@ class DataChannels:
             return
         with self._lock:
             self._until[address] = self._clock() + self._hold
-        log.warning("%s; downloads from %s use the gRPC stream for the next %.0f s", error,
+        log.warning("%s; transfers with %s use the gRPC stream for the next %.0f s", error,
                     address, self._hold)
