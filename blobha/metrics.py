@@ -228,21 +228,18 @@ class MasterCollector(Collector):
         plane = getattr(self.master, "dataplane", None)
         if plane is None:
             return
-        yield CounterMetricFamily("blobha_data_channel_transfers",
-                                  "Downloads served over the data channel.",
-                                  value=float(plane.transfers))
-        yield CounterMetricFamily("blobha_data_channel_bytes",
-                                  "Bytes sent over the data channel.",
-                                  value=float(plane.bytes_sent))
-        yield CounterMetricFamily("blobha_data_channel_uploads",
-                                  "Upload segments received over the data channel.",
-                                  value=float(plane.uploads))
-        yield CounterMetricFamily("blobha_data_channel_received_bytes",
-                                  "Upload bytes received over the data channel.",
-                                  value=float(plane.bytes_received))
-        yield CounterMetricFamily("blobha_data_channel_refused",
-                                  "Data channel connections with an unknown or expired ticket.",
-                                  value=float(plane.refused))
+        for name, doc, value in (
+            ("blobha_data_channel_transfers", "Downloads served over the data channel.",
+             plane.transfers),
+            ("blobha_data_channel_bytes", "Bytes sent over the data channel.", plane.bytes_sent),
+            ("blobha_data_channel_uploads", "Upload segments received over the data channel.",
+             plane.uploads),
+            ("blobha_data_channel_received_bytes",
+             "Upload bytes received over the data channel.", plane.bytes_received),
+            ("blobha_data_channel_refused",
+             "Data channel connections with an unknown or expired ticket.", plane.refused),
+        ):
+            yield CounterMetricFamily(name, doc, value=float(value))
 
 
 class MasterMetrics:
