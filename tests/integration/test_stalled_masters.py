@@ -14,7 +14,15 @@ from collections.abc import MutableSequence, Sequence
 from typing import Any
 
 import pytest
-from conftest import client_for, followers, master_metadata, version_files, wait_until
+from conftest import (
+    client_for,
+    followers,
+    master_metadata,
+    scrape,
+    value,
+    version_files,
+    wait_until,
+)
 
 from blobha.auth import MASTER_SECRET_METADATA_KEY
 from blobha.client import PUT_MAX_BYTES
@@ -116,6 +124,42 @@ def test_a_write_moves_on_from_a_paused_leader(fresh_cluster: LocalCluster, size
         assert c.read("while-paused") == data
         assert c.get_meta("while-paused").version == 1  # written once, by the new leader
     assert elapsed < 30, f"the write took {elapsed:.1f} s"
+
+
+def test_an_upload_paused_midway_is_made_by_the_next_leader(fresh_cluster: LocalCluster) -> None:
+    # The leader stops while the bytes cross its data channel: the client's send stalls (the
+    # sockets' buffers fill), gives up at the stall limit and writes it all through the next
+    # leader, once, instead of waiting on the paused one.
+    data = os.urandom(48 * MiB)
+    with client_for(fresh_cluster, timeout=60.0, stall_timeout=2.0) as c:
+        c.create("warm", b"x")  # the client knows the leader
+        old = fresh_cluster.leader()
+        before = value(scrape(old), "blobha_data_channel_received_bytes_total")
+        stopped: list[int] = []
+
+        def progress(done: int, total: int) -> None:
+            if not stopped and done >= 4 * MiB:
+                old.signal(signal.SIGSTOP)
+                stopped.append(done)
+
+        try:
+            started = time.monotonic()
+            meta = c.create("paused-upload", data, replication_factor=2, progress=progress)
+            elapsed = time.monotonic() - started
+        finally:
+            old.signal(signal.SIGCONT)
+        assert stopped and stopped[0] < len(data)
+        assert meta.version == 1 and meta.acknowledged
+        assert c.read("paused-upload") == data
+        assert c.get_meta("paused-upload").version == 1
+        new = fresh_cluster.leader()
+        assert new is not old
+        # Both legs took the data channel: the paused leader had bytes of it before it
+        # stopped, and the next leader all of them.
+        wait_until(lambda: value(scrape(old), "blobha_data_channel_received_bytes_total")
+                   > before, what="the paused leader's count of channel bytes")
+        assert value(scrape(new), "blobha_data_channel_received_bytes_total") >= len(data)
+    assert elapsed < 30, f"the upload took {elapsed:.1f} s"
 
 
 def test_a_replication_wait_moves_on_from_a_paused_master(fresh_cluster: LocalCluster) -> None:
