@@ -134,7 +134,6 @@ def test_an_upload_paused_midway_is_made_by_the_next_leader(fresh_cluster: Local
     with client_for(fresh_cluster, timeout=60.0, stall_timeout=2.0) as c:
         c.create("warm", b"x")  # the client knows the leader
         old = fresh_cluster.leader()
-        before = value(scrape(old), "blobha_data_channel_received_bytes_total")
         stopped: list[int] = []
 
         def progress(done: int, total: int) -> None:
@@ -154,10 +153,9 @@ def test_an_upload_paused_midway_is_made_by_the_next_leader(fresh_cluster: Local
         assert c.get_meta("paused-upload").version == 1
         new = fresh_cluster.leader()
         assert new is not old
-        # Both legs took the data channel: the paused leader had bytes of it before it
-        # stopped, and the next leader all of them.
-        wait_until(lambda: value(scrape(old), "blobha_data_channel_received_bytes_total")
-                   > before, what="the paused leader's count of channel bytes")
+        # The next leader took every byte over its data channel (a stall is not a reason to
+        # leave the channel). What the paused one had appended is not checked: the bytes it
+        # was sent may all have sat in the sockets' buffers when it stopped.
         assert value(scrape(new), "blobha_data_channel_received_bytes_total") >= len(data)
     assert elapsed < 30, f"the upload took {elapsed:.1f} s"
 
