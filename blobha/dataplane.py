@@ -69,10 +69,16 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, BinaryIO
 
-from blobha.errors import ChecksumMismatch, KeyNotFound, Unavailable
+from blobha.errors import (
+    BlobError,
+    ChecksumMismatch,
+    InternalError,
+    KeyNotFound,
+    Unavailable,
+    from_status,
+)
 
 if TYPE_CHECKING:  # clients import this module; only masters have a store
-    from blobha.errors import BlobError
     from blobha.store import LocalStore, VersionInfo
 
 __all__ = ["DataChannelUnusable", "DataChannels", "DataOffer", "DataPlane", "receive",
@@ -370,8 +376,6 @@ class DataPlane:
         if self._translate is not None:
             error = self._translate(e)
         else:
-            from blobha.errors import BlobError, InternalError
-
             error = e if isinstance(e, BlobError) else InternalError(str(e))
         code = error.code.value[0]
         conn.sendall(bytes([FAILED]) + received.to_bytes(8, "big") + bytes([code])
@@ -601,9 +605,7 @@ def _upload_answer(conn: socket.socket, host: str, port: int) -> int:
     if code is None:
         raise Unavailable(f"data channel {host}:{port} answered the upload with status"
                           f" {head[0]}: {reason}")
-    import grpc
-
-    from blobha.errors import from_status
+    import grpc  # here, as in blobha.errors: importing this module does not load grpc
 
     status = next((c for c in grpc.StatusCode if c.value[0] == code[0]),
                   grpc.StatusCode.INTERNAL)

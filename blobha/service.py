@@ -238,10 +238,11 @@ class BlobStoreServicer(pb_grpc.BlobStoreServicer):
     def GetUploadStatus(self, request: pb.UploadStatusRequest, context: grpc.ServicerContext
                         ) -> pb.UploadStatus:
         user = user_of(context)
-        if not request.data_channel:
+        offer = None
+        if request.data_channel:
+            received, offer = self.master.offer_upload(user, request.upload_id)
+        else:
             received = self.master.upload_status(user, request.upload_id)
-            return pb.UploadStatus(upload_id=request.upload_id, received=received)
-        received, offer = self.master.offer_upload(user, request.upload_id)
         if offer is None:
             return pb.UploadStatus(upload_id=request.upload_id, received=received)
         return pb.UploadStatus(upload_id=request.upload_id, received=received,
