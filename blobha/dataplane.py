@@ -175,7 +175,7 @@ class DataPlane:
         self._append = append
         # An append's failure as the client should see it (service.translate_error: a full
         # disk is RESOURCE_EXHAUSTED, anything unforeseen is logged and INTERNAL).
-        self._translate = translate
+        self._translate = translate or _as_blob_error
         self._grants: dict[bytes, _Grant | _UploadGrant] = {}
         self._lock = threading.Lock()
         self._slots = threading.BoundedSemaphore(max_connections)
@@ -373,10 +373,7 @@ class DataPlane:
             self.uploads += 1
 
     def _refuse_upload(self, conn: socket.socket, e: Exception, received: int) -> None:
-        if self._translate is not None:
-            error = self._translate(e)
-        else:
-            error = e if isinstance(e, BlobError) else InternalError(str(e))
+        error = self._translate(e)
         code = error.code.value[0]
         conn.sendall(bytes([FAILED]) + received.to_bytes(8, "big") + bytes([code])
                      + str(error).encode("utf-8")[:_REASON_MAX])
@@ -440,6 +437,10 @@ class DataPlane:
         finally:
             with self._lock:
                 self.bytes_sent += sent
+
+
+def _as_blob_error(e: Exception) -> BlobError:
+    return e if isinstance(e, BlobError) else InternalError(str(e))
 
 
 @contextlib.contextmanager
@@ -556,9 +557,12 @@ def send_upload(host: str, port: int, ticket: bytes, timeout: float,
     ``GetUploadStatus`` where to resume)."""
     with _open(host, port, ticket, timeout) as conn:
         sent = 0
+        # poll, not select: a client may hold more than FD_SETSIZE descriptors.
+        answer = select.poll()
+        answer.register(conn, select.POLLIN)
         try:
             for piece in pieces:  # outside the socket's error handling: the input's own
-                if _answered(conn):
+                if answer.poll(0):
                     break  # only a refusal comes before the end: stop sending, read it
                 try:
                     conn.sendall(piece)
@@ -580,13 +584,6 @@ def send_upload(host: str, port: int, ticket: bytes, timeout: float,
 
 class _Broken(Exception):
     """Sending on the data channel failed."""
-
-
-def _answered(conn: socket.socket) -> bool:
-    # poll, not select: a client may hold more than FD_SETSIZE descriptors.
-    poller = select.poll()
-    poller.register(conn, select.POLLIN)
-    return bool(poller.poll(0))
 
 
 def _upload_answer(conn: socket.socket, host: str, port: int) -> int:
