@@ -11,12 +11,13 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from blobha import _moved
+
 if TYPE_CHECKING:
-    from blobha.acl import AccessControl, format_acl, parse_acl
     from blobha.cache import BlobCache
     from blobha.client import Client
-    from blobha.credentials import Credentials
-    from blobha.errors import (
+    from blobha.core.acl import AccessControl, format_acl, parse_acl
+    from blobha.core.errors import (
         BlobError,
         ChecksumMismatch,
         DeadlineExceeded,
@@ -33,36 +34,41 @@ if TYPE_CHECKING:
         UploadNotFound,
         VersionConflict,
     )
-    from blobha.version import __version__
+    from blobha.core.version import __version__
+    from blobha.wire.credentials import Credentials
 
 # Where each public name lives. They are imported on first access, not with the package:
 # every submodule import (blobha.spark in a Spark task, say) runs this file first, and the
 # client brings grpc, protobuf and cryptography, which a task served from a warm node cache
 # never uses; loading them would cost it more than the lookup itself.
 _EXPORTS = {
-    "AccessControl": "blobha.acl",
-    "format_acl": "blobha.acl",
-    "parse_acl": "blobha.acl",
+    "AccessControl": "blobha.core.acl",
+    "format_acl": "blobha.core.acl",
+    "parse_acl": "blobha.core.acl",
     "BlobCache": "blobha.cache",
     "Client": "blobha.client",
-    "Credentials": "blobha.credentials",
-    "BlobError": "blobha.errors",
-    "ChecksumMismatch": "blobha.errors",
-    "DeadlineExceeded": "blobha.errors",
-    "InternalError": "blobha.errors",
-    "InvalidArgument": "blobha.errors",
-    "KeyAlreadyExists": "blobha.errors",
-    "KeyNotFound": "blobha.errors",
-    "NotAuthorized": "blobha.errors",
-    "NotLeader": "blobha.errors",
-    "ResourceExhausted": "blobha.errors",
-    "TlsMismatch": "blobha.errors",
-    "Unauthenticated": "blobha.errors",
-    "Unavailable": "blobha.errors",
-    "UploadNotFound": "blobha.errors",
-    "VersionConflict": "blobha.errors",
-    "__version__": "blobha.version",
+    "Credentials": "blobha.wire.credentials",
+    "BlobError": "blobha.core.errors",
+    "ChecksumMismatch": "blobha.core.errors",
+    "DeadlineExceeded": "blobha.core.errors",
+    "InternalError": "blobha.core.errors",
+    "InvalidArgument": "blobha.core.errors",
+    "KeyAlreadyExists": "blobha.core.errors",
+    "KeyNotFound": "blobha.core.errors",
+    "NotAuthorized": "blobha.core.errors",
+    "NotLeader": "blobha.core.errors",
+    "ResourceExhausted": "blobha.core.errors",
+    "TlsMismatch": "blobha.core.errors",
+    "Unauthenticated": "blobha.core.errors",
+    "Unavailable": "blobha.core.errors",
+    "UploadNotFound": "blobha.core.errors",
+    "VersionConflict": "blobha.core.errors",
+    "__version__": "blobha.core.version",
 }
+
+
+# Old module paths (blobha.errors, blobha.store, ...) keep working for one release.
+_moved.install()
 
 
 def __getattr__(name: str) -> Any:

@@ -35,7 +35,7 @@ from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.interfaces import IAsyncResult
 from kazoo.protocol.states import WatchedEvent
 
-from blobha.zkstate import ELECTION, EPOCH, JOURNAL, EpochRecord
+from blobha.zk.layout import ELECTION, EPOCH, JOURNAL, EpochRecord
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from kazoo.client import KazooClient
 from kazoo.protocol.states import ZnodeStat
 
-from blobha.zkstate import EPOCH, EpochRecord
+from blobha.zk.layout import EPOCH, EpochRecord
 
 #: Terms kept; older ones are forgotten.
 MAX_TERMS = 50

@@ -20,7 +20,7 @@ from collections.abc import Iterable
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
 
-from blobha.zkstate import JOURNAL, JournalRecord
+from blobha.zk.layout import JOURNAL, JournalRecord
 
 #: Entries kept in the record. Readers fetch the record as soon as its watch fires, so they
 #: fall behind by more than this only when cut off, and then they list every key once.

@@ -19,9 +19,9 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import BadVersionError, KazooException, NodeExistsError, NoNodeError
 from kazoo.protocol.states import WatchedEvent
 
-from blobha.locks import boot_id
-from blobha.store import write_json_atomic
-from blobha.zkstate import MASTERS
+from blobha.core.locks import boot_id
+from blobha.store.local import write_json_atomic
+from blobha.zk.layout import MASTERS
 
 log = logging.getLogger(__name__)
 

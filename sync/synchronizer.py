@@ -1,9 +1,9 @@
 """Background replica synchronisation on every master (ha-rules 6-12).
 
 Watch-driven: one persistent recursive watch on ``/blobstore`` (ZooKeeper 3.6 and later, see
-:func:`blobha.zkclient.add_recursive_watch`) brings every change below it. A key's node created,
-changed or deleted queues the key; a replica node created or deleted changes the key's holders
-in memory, with no read, and queues the key only where this master has work on it. Worker
+:func:`blobha.zk.connection.add_recursive_watch`) brings every change below it. A key's node
+created, changed or deleted queues the key; a replica node created or deleted changes the key's
+holders in memory, with no read, and queues the key only where this master has work on it. Worker
 threads *re-read and reconcile* queued keys, so a follower starts fetching a new version within
 milliseconds of its commit. The watch lasts for one connection: after each reconnect it is added
 again, and everything is reconciled.
@@ -25,7 +25,7 @@ Reconciling a key means:
 
 * key gone from ZooKeeper: after the delete grace, drop the local copy; never re-create or
   re-register it (deletes flow one way);
-* this master is one of the key's holders (:mod:`blobha.placement`) and lacks the committed
+* this master is one of the key's holders (:mod:`blobha.core.placement`) and lacks the committed
   version: fetch it from a live replica at that version, verify, install, then register;
 * it holds the committed version: make sure its ephemeral replica node exists in this session;
 * it holds a copy it is no longer meant to hold: drop it only once every chosen holder has it;
@@ -51,6 +51,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from blobha.sync.membership import IdentityInUse, Membership
+from blobha.sync.peers import Peers
 from blobha.sync.workqueue import WorkQueue
 from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import (
@@ -62,12 +63,12 @@ from kazoo.exceptions import (
 )
 from kazoo.protocol.states import EventType, WatchedEvent
 
-from blobha import placement, zkstate
-from blobha.errors import BlobError
-from blobha.peers import Peers
-from blobha.store import BlobBuffer, LocalStore, TempBlob
-from blobha.zkclient import UNREACHABLE, ReadResult, add_recursive_watch, read_many_async
-from blobha.zkstate import (
+from blobha.core import placement
+from blobha.core.errors import BlobError
+from blobha.store.local import BlobBuffer, LocalStore, TempBlob
+from blobha.zk import layout as zkstate
+from blobha.zk.connection import UNREACHABLE, ReadResult, add_recursive_watch, read_many_async
+from blobha.zk.layout import (
     BLOBSTORE,
     JOURNAL,
     BlobState,

@@ -14,7 +14,7 @@ from typing import Any
 from kazoo.client import KazooClient, KazooState
 from waiting import wait_until
 
-from blobha.zkserver import EmbeddedZooKeeper
+from blobha.ops.zkserver import EmbeddedZooKeeper
 
 
 class Outage(KazooClient):

@@ -196,7 +196,7 @@ def write_model_archive(path: Path, extra_mb: float, seed: int = 1, version: int
 def upload(client: object, key: str, path: Path, acl: str, replication_factor: int) -> int:
     """Create ``key`` from ``path``, or update it if it exists; returns the new version."""
     from blobha.client import Client
-    from blobha.errors import KeyAlreadyExists
+    from blobha.core.errors import KeyAlreadyExists
 
     assert isinstance(client, Client)
     try:

@@ -24,17 +24,17 @@ from typing import Any
 
 import grpc
 import xxhash
+from blobha.sync.peers import CHANNEL_OPTIONS, USER_METADATA_KEY
 from docker.errors import APIError
 from testcontainers.core.container import DockerContainer
 from testcontainers.core.network import Network
 from waiting import wait_until
 
 from blobha.client import Client
-from blobha.errors import BlobError, KeyAlreadyExists
-from blobha.peers import CHANNEL_OPTIONS, USER_METADATA_KEY
+from blobha.core.errors import BlobError, KeyAlreadyExists
+from blobha.ops.zkserver import four_letter_word
 from blobha.v1 import blobha_pb2 as pb
 from blobha.v1 import blobha_pb2_grpc as pb_grpc
-from blobha.zkserver import four_letter_word
 
 IMAGE = os.environ.get("BLOBHA_CHAOS_IMAGE", "blobha:latest")
 #: Every container and network of the suite carries this label; leftovers are swept by it.

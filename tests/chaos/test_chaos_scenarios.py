@@ -25,7 +25,7 @@ from chaos_harness import (
 )
 from waiting import wait_until
 
-from blobha.errors import Unavailable
+from blobha.core.errors import Unavailable
 from blobha.v1 import blobha_pb2 as pb
 
 SESSION_S = SESSION_TIMEOUT_MS / 1000
@@ -64,7 +64,7 @@ def test_01_leader_sigkill_under_writes(chaos_cluster: ChaosCluster,
 # trying complete writes against the master itself until it refuses one.
 _PROBE = r'''
 import json, sys, time, grpc, xxhash
-from blobha.peers import USER_METADATA_KEY
+from blobha.sync.peers import USER_METADATA_KEY
 from blobha.v1 import blobha_pb2 as pb, blobha_pb2_grpc as g
 args = json.loads(sys.argv[1])
 s = g.BlobStoreStub(grpc.insecure_channel("127.0.0.1:6627"))
@@ -102,7 +102,7 @@ print(json.dumps(out))
 
 
 def _absent(c: ChaosCluster, key: str) -> bool:
-    from blobha.errors import KeyNotFound
+    from blobha.core.errors import KeyNotFound
 
     try:
         c.client(timeout=30).get_meta(key)
@@ -309,7 +309,7 @@ def test_05_follower_disk_wiped_resyncs(chaos_cluster: ChaosCluster,
 
 def test_06_bit_rot_is_scrubbed_and_repaired(chaos_cluster: ChaosCluster,
                                              scenario: dict[str, Any]) -> None:
-    from blobha.keys import key_dirname
+    from blobha.core.keys import key_dirname
 
     c = chaos_cluster
     mib = 1024 * 1024

@@ -17,15 +17,15 @@ from typing import Any, TypeVar
 
 import grpc
 import pytest
+from blobha.sync.peers import CHANNEL_OPTIONS, USER_METADATA_KEY
 from failures import failed
 from prometheus_client.parser import text_string_to_metric_families
 from waiting import wait_until
 
 from blobha.client import Client
-from blobha.keys import key_dirname
-from blobha.localcluster import LocalCluster, MasterProcess
-from blobha.peers import CHANNEL_OPTIONS, USER_METADATA_KEY
-from blobha.segments import scan
+from blobha.core.keys import key_dirname
+from blobha.ops.localcluster import LocalCluster, MasterProcess
+from blobha.store.segments import scan
 from blobha.v1 import blobha_pb2_grpc as pb_grpc
 
 __all__ = ["wait_until"]
@@ -122,8 +122,8 @@ def master_metadata(cluster: LocalCluster) -> tuple[tuple[str, str], ...]:
     secret, read from ZooKeeper."""
     from kazoo.client import KazooClient
 
-    from blobha.auth import MASTER_SECRET_METADATA_KEY
-    from blobha.zkstate import MASTER_SECRET
+    from blobha.core.auth import MASTER_SECRET_METADATA_KEY
+    from blobha.zk.layout import MASTER_SECRET
 
     zk = KazooClient(hosts=cluster.zk.connect_string + "/blobha")
     zk.start()
@@ -141,7 +141,7 @@ def store_dir(m: MasterProcess) -> Path:
 
 class VersionCopy:
     """One version of a key as a master holds it on disk: a ``.blob`` file (beside its
-    ``.json``) or a record of a segment file (small versions, see blobha.segments)."""
+    ``.json``) or a record of a segment file (small versions, see blobha.store.segments)."""
 
     def __init__(self, seq: int, path: Path, offset: int, size: int) -> None:
         self.seq = seq

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from blobha.bench import unjournaled_ext4
 from blobha.client import Client
-from blobha.localcluster import LocalCluster
+from blobha.ops.bench import unjournaled_ext4
+from blobha.ops.localcluster import LocalCluster
 
 pytestmark = pytest.mark.integration
 

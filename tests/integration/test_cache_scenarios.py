@@ -26,8 +26,8 @@ from conftest import wait_until
 
 from blobha import BlobCache, KeyNotFound, NotAuthorized
 from blobha.client import Client
-from blobha.keys import key_dirname
-from blobha.localcluster import LocalCluster
+from blobha.core.keys import key_dirname
+from blobha.ops.localcluster import LocalCluster
 
 pytestmark = pytest.mark.integration
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from conftest import SESSION_TIMEOUT_MS, wait_until
 
-from blobha.localcluster import LocalCluster
+from blobha.ops.localcluster import LocalCluster
 
 pytestmark = pytest.mark.integration
 

@@ -1,4 +1,4 @@
-"""The data channel (blobha.dataplane) between real master processes and clients: downloads,
+"""The data channel (blobha.wire.dataplane) between real master processes and clients: downloads,
 uploads and sync take it, authorisation stays in gRPC, and whoever cannot use it streams
 instead."""
 
@@ -16,11 +16,11 @@ from conftest import client_for, make_cluster, md, scrape, stub, value, wait_unt
 
 from blobha import client as client_module
 from blobha.client import Client
-from blobha.dataplane import receive, send_upload
-from blobha.digest import digest_bytes
-from blobha.errors import Unavailable
-from blobha.localcluster import LocalCluster
+from blobha.core.digest import digest_bytes
+from blobha.core.errors import Unavailable
+from blobha.ops.localcluster import LocalCluster
 from blobha.v1 import blobha_pb2 as pb
+from blobha.wire.dataplane import receive, send_upload
 
 MiB = 1024 * 1024
 SENT = "blobha_data_channel_bytes_total"

@@ -19,8 +19,8 @@ from kazoo.protocol.serialization import Transaction
 from outage import Outage, into_outage
 from waiting import wait_until
 
-from blobha.zkserver import EmbeddedZooKeeper
-from blobha.zkstate import ELECTION, JOURNAL
+from blobha.ops.zkserver import EmbeddedZooKeeper
+from blobha.zk.layout import ELECTION, JOURNAL
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

@@ -21,8 +21,8 @@ from conftest import (
 )
 from kazoo.client import KazooClient
 
-from blobha.errors import DeadlineExceeded
-from blobha.localcluster import LocalCluster, MasterProcess
+from blobha.core.errors import DeadlineExceeded
+from blobha.ops.localcluster import LocalCluster, MasterProcess
 from blobha.v1 import blobha_pb2 as pb
 
 pytestmark = pytest.mark.integration

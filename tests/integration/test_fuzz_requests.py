@@ -26,14 +26,14 @@ from typing import Any
 
 import grpc
 import pytest
+from blobha.sync.peers import CHANNEL_OPTIONS
 from conftest import md, store_dir, wait_until
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from hypothesis.control import currently_in_test_context
 
-from blobha.digest import digest_bytes
-from blobha.localcluster import LocalCluster
-from blobha.peers import CHANNEL_OPTIONS
+from blobha.core.digest import digest_bytes
+from blobha.ops.localcluster import LocalCluster
 from blobha.v1 import blobha_pb2 as pb
 from blobha.v1 import blobha_pb2_grpc as pb_grpc
 
@@ -633,7 +633,7 @@ def test_zz_after_fuzzing_every_master_serves_and_nothing_is_left_behind(fuzz: F
         text = m.log_path.read_text(errors="replace")
         # Matched with punctuation no key may contain: fuzzed keys (hypothesis also tries
         # strings from the source, such as "internal error in") appear in the audit lines.
-        assert "blobha.service: internal error in" not in text, m.log_path
+        assert "blobha.master.edge.service: internal error in" not in text, m.log_path
         assert "Traceback (most recent call last)" not in text, m.log_path
     # Abandoned uploads expire and take their temp files with them.
     wait_until(lambda: not any(list((store_dir(m) / "tmp").glob("*"))

@@ -23,8 +23,8 @@ from conftest import (
 from waiting import wait_until
 
 from blobha.client import Client
-from blobha.errors import KeyAlreadyExists, VersionConflict
-from blobha.localcluster import LocalCluster, MasterProcess
+from blobha.core.errors import KeyAlreadyExists, VersionConflict
+from blobha.ops.localcluster import LocalCluster, MasterProcess
 
 WRITERS = 8
 PER_WRITER = 6

@@ -23,8 +23,8 @@ from conftest import (
 )
 
 from blobha.client import Client
-from blobha.errors import KeyNotFound
-from blobha.localcluster import LocalCluster
+from blobha.core.errors import KeyNotFound
+from blobha.ops.localcluster import LocalCluster
 from blobha.v1 import blobha_pb2 as pb
 
 pytestmark = pytest.mark.integration

@@ -16,8 +16,8 @@ from conftest import client_for, make_cluster, md, store_dir, stub, wait_until
 
 from blobha import InvalidArgument, KeyNotFound, NotAuthorized, ResourceExhausted
 from blobha.client import Client
-from blobha.digest import digest_bytes
-from blobha.localcluster import LocalCluster
+from blobha.core.digest import digest_bytes
+from blobha.ops.localcluster import LocalCluster
 from blobha.v1 import blobha_pb2 as pb
 
 pytestmark = pytest.mark.integration
@@ -107,7 +107,7 @@ def test_an_acl_too_large_for_zookeeper_is_refused_before_it_reaches_it(
     with pytest.raises(KeyNotFound):
         alice.get_meta(unique_key)
     # The same ACL through the client is refused before it is sent, as is a change to it.
-    from blobha.acl import AccessControl
+    from blobha.core.acl import AccessControl
     entries = [AccessControl("u", f"user-{i}", 1) for i in range(1001)]
     with pytest.raises(InvalidArgument, match="1,001 entries"):
         alice.create(unique_key, data, acl=entries)
@@ -122,7 +122,7 @@ def test_an_acl_is_bounded_by_the_bytes_zookeeper_holds(
     # Before: 1,000 names of 256 CJK characters, within the entry and name limits, were
     # stored escaped (1.5 MB). ZooKeeper refused the request by dropping the leader's
     # connection, at every retry, until the client gave up: "ZooKeeper is unreachable".
-    from blobha.acl import ALL, READ, AccessControl
+    from blobha.core.acl import ALL, READ, AccessControl
 
     def names(char: str) -> list[AccessControl]:
         # With alice's own entry, 1,000: a setter keeps only ADMIN otherwise (as in Storm).
@@ -185,7 +185,7 @@ def test_users_calls_cannot_take_every_thread_of_a_master(tmp_path: Path) -> Non
     # none gives up on the master as paused). A waiting caller that goes away gives its
     # thread back.
     threads = 8
-    users_share = threads - 2  # blobha.gatekeeper.client_call_threads
+    users_share = threads - 2  # blobha.master.edge.gatekeeper.client_call_threads
     cluster = make_cluster(tmp_path / "c", nodes=2, **{"master.rpc.threads": threads})
     cluster.start()
     try:

@@ -25,16 +25,16 @@ from conftest import (
 )
 from kazoo.client import KazooClient
 
-from blobha import placement
-from blobha.bench import node_status
 from blobha.client import Client
-from blobha.digest import PUT_MAX_BYTES
-from blobha.errors import InvalidArgument, KeyNotFound
-from blobha.localcluster import LocalCluster, MasterProcess
-from blobha.master import FETCH_MAX_VERSIONS, FETCH_WHOLE_MAX_BYTES
-from blobha.store import FLUSH_BYTES
+from blobha.core import placement
+from blobha.core.digest import PUT_MAX_BYTES
+from blobha.core.errors import InvalidArgument, KeyNotFound
+from blobha.master.facade import FETCH_MAX_VERSIONS, FETCH_WHOLE_MAX_BYTES
+from blobha.ops.bench import node_status
+from blobha.ops.localcluster import LocalCluster, MasterProcess
+from blobha.store.local import FLUSH_BYTES
 from blobha.v1 import blobha_pb2 as pb
-from blobha.zkstate import (
+from blobha.zk.layout import (
     ELECTION,
     JOURNAL,
     MASTERS,

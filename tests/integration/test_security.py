@@ -22,21 +22,21 @@ from typing import Any
 
 import grpc
 import pytest
+from blobha.sync.peers import CHANNEL_OPTIONS
 from conftest import FAST, _dump_logs, followers, md, stub, wait_until
 from cryptography import x509
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoAuthError, NotEmptyError
 from kazoo.security import make_digest_acl
 
-from blobha import certgen
-from blobha.auth import MASTER_SECRET_METADATA_KEY, new_token
 from blobha.client import Client
-from blobha.credentials import Credentials
-from blobha.errors import KeyNotFound, NotAuthorized, TlsMismatch, Unauthenticated, Unavailable
-from blobha.localcluster import LocalCluster
-from blobha.peers import CHANNEL_OPTIONS
+from blobha.core.auth import MASTER_SECRET_METADATA_KEY, new_token
+from blobha.core.errors import KeyNotFound, NotAuthorized, TlsMismatch, Unauthenticated, Unavailable
+from blobha.ops import certgen
+from blobha.ops.localcluster import LocalCluster
 from blobha.v1 import blobha_pb2 as pb
 from blobha.v1 import blobha_pb2_grpc as pb_grpc
+from blobha.wire.credentials import Credentials
 
 pytestmark = pytest.mark.integration
 

@@ -14,6 +14,7 @@ from collections.abc import MutableSequence, Sequence
 from typing import Any
 
 import pytest
+from blobha.sync.peers import Peers
 from conftest import (
     client_for,
     followers,
@@ -24,13 +25,12 @@ from conftest import (
     wait_until,
 )
 
-from blobha.auth import MASTER_SECRET_METADATA_KEY
 from blobha.client import PUT_MAX_BYTES
-from blobha.errors import Unavailable
-from blobha.localcluster import LocalCluster
-from blobha.peers import Peers
-from blobha.placement import choose
-from blobha.store import BlobBuffer
+from blobha.core.auth import MASTER_SECRET_METADATA_KEY
+from blobha.core.errors import Unavailable
+from blobha.core.placement import choose
+from blobha.ops.localcluster import LocalCluster
+from blobha.store.local import BlobBuffer
 
 pytestmark = pytest.mark.integration
 

@@ -13,7 +13,7 @@ import pytest
 from conftest import wait_until
 
 from blobha.client import Client
-from blobha.localcluster import LocalCluster, MasterProcess
+from blobha.ops.localcluster import LocalCluster, MasterProcess
 
 pytestmark = pytest.mark.integration
 

@@ -18,8 +18,8 @@ from blobha import (
     parse_acl,
 )
 from blobha.client import Client
-from blobha.keys import key_dirname
-from blobha.localcluster import LocalCluster
+from blobha.core.keys import key_dirname
+from blobha.ops.localcluster import LocalCluster
 from blobha.v1 import blobha_pb2 as pb
 
 pytestmark = pytest.mark.integration

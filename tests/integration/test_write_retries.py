@@ -17,8 +17,8 @@ import pytest
 from conftest import client_for
 
 from blobha.client import PUT_MAX_BYTES, Client, GrpcTransport
-from blobha.errors import KeyNotFound, Unavailable, VersionConflict
-from blobha.localcluster import LocalCluster
+from blobha.core.errors import KeyNotFound, Unavailable, VersionConflict
+from blobha.ops.localcluster import LocalCluster
 
 pytestmark = pytest.mark.integration
 

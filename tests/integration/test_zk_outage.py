@@ -19,10 +19,10 @@ from blobha.sync import KeyView
 from kazoo.handlers.threading import KazooTimeoutError
 from outage import Outage, into_outage
 
-from blobha.master import Master
-from blobha.statuspage import _status_urls
-from blobha.zkserver import EmbeddedZooKeeper
-from blobha.zkstate import BLOBSTORE, MASTERS, BlobState, key_path
+from blobha.master.edge.statuspage import _status_urls
+from blobha.master.facade import Master
+from blobha.ops.zkserver import EmbeddedZooKeeper
+from blobha.zk.layout import BLOBSTORE, MASTERS, BlobState, key_path
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from kazoo.client import KazooClient
 
-from blobha.zkserver import (
+from blobha.ops.zkserver import (
     EmbeddedZooKeeper,
     JavaNotFound,
     ZooKeeperNotFound,
@@ -113,7 +113,7 @@ def test_the_masters_handler_talks_to_a_real_server_and_survives_its_restart(
     from kazoo.protocol.states import KazooState
     from waiting import wait_until
 
-    from blobha.zkclient import PollHandler
+    from blobha.zk.connection import PollHandler
 
     zk = EmbeddedZooKeeper(tmp_path / "zk", tick_ms=500)
     zk.start()
@@ -145,7 +145,7 @@ def _root_and_chrooted(tmp_path: Path) -> Iterator[tuple[EmbeddedZooKeeper, Kazo
                                                            KazooClient]]:
     """A server, a client at its root, and one chrooted at /app as the masters are (paths go
     out with the root and come back without it), on the masters' connection handler."""
-    from blobha.zkclient import PollHandler
+    from blobha.zk.connection import PollHandler
 
     zk = EmbeddedZooKeeper(tmp_path / "zk", tick_ms=500)
     zk.start()
@@ -168,7 +168,7 @@ def test_a_recursive_watch_brings_every_change_below_its_path_until_the_connecti
     from kazoo.protocol.states import KazooState
     from waiting import wait_until
 
-    from blobha.zkclient import add_recursive_watch
+    from blobha.zk.connection import add_recursive_watch
 
     with _root_and_chrooted(tmp_path) as (zk, root, client):
         root.create("/app/tree", b"")
@@ -220,7 +220,7 @@ def test_a_multi_read_answers_each_read_on_its_own(tmp_path: Path) -> None:
     from kazoo.exceptions import NoAuthError, NoNodeError
     from kazoo.security import make_digest_acl
 
-    from blobha.zkclient import read_many_async
+    from blobha.zk.connection import read_many_async
 
     with _root_and_chrooted(tmp_path) as (_, root, client):
         root.create("/app/k1", b"one")
@@ -248,7 +248,7 @@ def test_a_multi_read_answers_each_read_on_its_own(tmp_path: Path) -> None:
 
 
 def test_the_session_timeout_zookeeper_grants_is_reported(tmp_path: Path) -> None:
-    from blobha.zkclient import on_session_timeout
+    from blobha.zk.connection import on_session_timeout
 
     # tick 500 ms: ZooKeeper grants 1 s (2 ticks) to 60 s (its maxSessionTimeout here).
     with EmbeddedZooKeeper(tmp_path / "zk", tick_ms=500) as zk:

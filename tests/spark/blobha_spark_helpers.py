@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 import pytest
 
-from blobha.localcluster import LocalCluster
+from blobha.ops.localcluster import LocalCluster
 
 T = TypeVar("T")
 

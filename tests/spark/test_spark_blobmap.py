@@ -7,7 +7,7 @@ import json
 import pytest
 
 from blobha import spark as blobspark
-from blobha.errors import InvalidArgument
+from blobha.core.errors import InvalidArgument
 from blobha.spark import BlobSpec, SparkBlobSettings, parse_blob_arg, parse_blob_map
 
 pytestmark = pytest.mark.spark  # no Spark needed: runs wherever blobha is installed
@@ -160,12 +160,12 @@ class _UnreachableDuringTheWait:
         return BlobMeta(key, 2, 10, "ab" * 16, (), 3, 1, 1.0, 2.0, "alice", 1)
 
     def cluster_summary(self) -> object:
-        from blobha.errors import Unavailable
+        from blobha.core.errors import Unavailable
 
         raise Unavailable("no leader is elected yet")
 
     def wait_for_replication(self, keys: list[str], minimum: int, timeout: float) -> object:
-        from blobha.errors import Unavailable
+        from blobha.core.errors import Unavailable
 
         raise Unavailable("ZooKeeper is unreachable from every master; retry shortly")
 

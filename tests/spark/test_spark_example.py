@@ -25,7 +25,7 @@ from blobha_spark_helpers import EXAMPLES, require_spark, running_cluster, spark
 from blobha import spark as blobspark
 from blobha.cache import BlobCache
 from blobha.client import Client
-from blobha.localcluster import LocalCluster
+from blobha.ops.localcluster import LocalCluster
 
 require_spark()
 

@@ -33,7 +33,7 @@ from waiting import wait_until
 from blobha import spark as blobspark
 from blobha.cache import BlobCache
 from blobha.client import Client
-from blobha.localcluster import LocalCluster
+from blobha.ops.localcluster import LocalCluster
 
 require_spark()
 

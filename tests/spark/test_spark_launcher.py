@@ -24,7 +24,7 @@ from blobha_spark_helpers import running_cluster
 
 from blobha import spark as blobspark
 from blobha.client import BlobMeta, Client, ClusterSummary, WaitResult
-from blobha.localcluster import LocalCluster
+from blobha.ops.localcluster import LocalCluster
 
 pytestmark = pytest.mark.spark
 
@@ -263,7 +263,7 @@ def test_a_token_names_the_user_when_none_is_given(
     # The launcher named the user after SPARK_USER or the OS user, and the client then
     # refused the token as another user's ("the token belongs to 'alice', not 'root'"), where
     # 'blobha list' with the same environment worked.
-    from blobha.auth import new_token
+    from blobha.core.auth import new_token
 
     token_file = tmp_path / "alice.token"
     token_file.write_text(new_token("alice") + "\n")
@@ -284,7 +284,7 @@ def test_the_driver_side_prepare_names_the_user_the_same_way(
 ) -> None:
     # prepare() (a job set up in code) took BLOBHA_USER, then Spark's user, and skipped the
     # token: a driver with alice's token ran as the OS user and the client refused the token.
-    from blobha.auth import new_token
+    from blobha.core.auth import new_token
 
     monkeypatch.delenv("BLOBHA_USER", raising=False)
     monkeypatch.delenv("BLOBHA_TOKEN_FILE", raising=False)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from blobha.acl import (
+from blobha.core.acl import (
     ADMIN,
     ALL,
     MAX_STORED_BYTES,
@@ -22,8 +22,8 @@ from blobha.acl import (
     parse_entry,
     stored_size,
 )
-from blobha.errors import InvalidArgument
-from blobha.zkstate import MAX_STATE_BYTES, BlobState
+from blobha.core.errors import InvalidArgument
+from blobha.zk.layout import MAX_STATE_BYTES, BlobState
 
 
 def test_parse_user_and_other_entries() -> None:
@@ -238,7 +238,7 @@ def test_check_entries_accepts_what_the_grammar_round_trips_and_rejects_duplicat
 
 def test_acls_read_back_from_zookeeper_keep_names_stored_before_the_rules() -> None:
     # An older version stored 'u: bob:r' as the name ' bob': its key must stay readable.
-    from blobha.zkstate import BlobState
+    from blobha.zk.layout import BlobState
 
     state = BlobState(seq=1, size=1, digest="0" * 32, acl=(AccessControl("u", " bob", READ),),
                       replication_factor=3, creator="alice", created_at=0.0, updated_at=0.0,
@@ -251,14 +251,14 @@ def test_acls_read_back_from_zookeeper_keep_names_stored_before_the_rules() -> N
 def test_a_user_name_that_is_not_utf8_is_refused() -> None:
     import os
 
-    from blobha.acl import parse_entry
+    from blobha.core.acl import parse_entry
 
     with pytest.raises(InvalidArgument, match="valid UTF-8"):
         parse_entry("u:" + os.fsdecode(b"al\xffice") + ":r")
 
 
 def test_an_acl_has_at_most_max_entries() -> None:
-    from blobha.acl import MAX_ENTRIES, AccessControl, check_entries
+    from blobha.core.acl import MAX_ENTRIES, AccessControl, check_entries
 
     many = [AccessControl("u", f"user-{i}", 1) for i in range(MAX_ENTRIES)]
     assert len(check_entries(many)) == MAX_ENTRIES

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from blobha import auth, certgen
-from blobha.audit import AuditRecord
-from blobha.auth import (
+from blobha.client import Client
+from blobha.core import auth
+from blobha.core.auth import (
     AUTHORIZATION_METADATA_KEY,
     MASTER_SECRET_METADATA_KEY,
     USER_METADATA_KEY,
@@ -25,12 +25,13 @@ from blobha.auth import (
     parse_token_file,
     split_token,
 )
-from blobha.client import Client
-from blobha.config import Config, ConfigError
-from blobha.credentials import Credentials
-from blobha.errors import InvalidArgument, Unauthenticated
-from blobha.tls import ReloadingServerCredentials
-from blobha.zkauth import ZkCredentials, ZooKeeperAuthError
+from blobha.core.errors import InvalidArgument, Unauthenticated
+from blobha.master.config import Config, ConfigError
+from blobha.master.edge.audit import AuditRecord
+from blobha.ops import certgen
+from blobha.wire.credentials import Credentials
+from blobha.wire.tls import ReloadingServerCredentials
+from blobha.zk.lockdown import ZkCredentials, ZooKeeperAuthError
 
 NO_PEER: dict[str, list[str]] = {}
 
@@ -265,8 +266,8 @@ class _Context:
 
 
 def test_users_calls_together_leave_threads_for_the_masters() -> None:
-    from blobha.errors import BUSY_METADATA_KEY
-    from blobha.gatekeeper import Gatekeeper, client_call_threads, status_call_threads
+    from blobha.core.errors import BUSY_METADATA_KEY
+    from blobha.master.edge.gatekeeper import Gatekeeper, client_call_threads, status_call_threads
 
     threads = 8
     assert (client_call_threads(threads), status_call_threads(threads)) == (6, 1)

@@ -14,8 +14,10 @@ from typing import Any
 
 import pytest
 
-from blobha import bench, cli
-from blobha.bench import (
+from blobha import cli
+from blobha.master.config import parse_cpu_list
+from blobha.ops import bench
+from blobha.ops.bench import (
     LOCAL_ONLY,
     METRIC_GROUPS,
     BenchOptions,
@@ -32,8 +34,7 @@ from blobha.bench import (
     percentile,
     unjournaled_ext4,
 )
-from blobha.config import parse_cpu_list
-from blobha.localcluster import cpus_allowed
+from blobha.ops.localcluster import cpus_allowed
 
 # ---- statistics --------------------------------------------------------------------------
 

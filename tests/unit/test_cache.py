@@ -26,8 +26,8 @@ from blobha import cache as cache_mod
 from blobha import cli
 from blobha.cache import BlobCache, CachedBlob, CleanupReport
 from blobha.client import BlobInfo, BlobMeta
-from blobha.digest import digest_bytes
-from blobha.errors import (
+from blobha.core.digest import digest_bytes
+from blobha.core.errors import (
     BlobError,
     InvalidArgument,
     KeyNotFound,
@@ -36,7 +36,7 @@ from blobha.errors import (
     TlsMismatch,
     Unavailable,
 )
-from blobha.keys import key_dirname
+from blobha.core.keys import key_dirname
 
 T = TypeVar("T")
 
@@ -1383,7 +1383,7 @@ def test_the_room_to_unpack_leaves_a_margin_of_the_disk_free(tmp_path: Path) -> 
 @pytest.mark.parametrize("name, build", [("many.tar", _tar), ("many.zip", _zip)])
 def test_an_archive_with_too_many_members_is_refused(tmp_path: Path, name: str,
                                                      build: Any) -> None:
-    from blobha.unpack import unpack
+    from blobha.cache.unpack import unpack
 
     archive = tmp_path / name
     archive.write_bytes(build({f"f{i}": b"x" for i in range(11)}))
@@ -1406,7 +1406,7 @@ def test_a_zips_directory_is_judged_before_zipfile_reads_it(
 ) -> None:
     # zipfile reads the whole directory into memory (about 600 bytes per entry) on opening:
     # a zip of millions of tiny entries would exhaust an executor before any count.
-    import blobha.unpack as unpack_mod
+    import blobha.cache.unpack as unpack_mod
 
     archive = tmp_path / "many.zip"
     archive.write_bytes(_zip({f"f{i}": b"" for i in range(11)}))
@@ -1423,7 +1423,7 @@ def test_the_directory_of_a_zip64_archive_is_read_from_its_64_bit_record(
         tmp_path: Path) -> None:
     import zipfile
 
-    from blobha.unpack import _zip_directory
+    from blobha.cache.unpack import _zip_directory
 
     archive = tmp_path / "big.zip"
     count = 0x10000 + 5  # past the 16-bit count: zipfile writes the zip64 records
@@ -1444,7 +1444,7 @@ def test_the_directory_of_a_zip64_archive_is_read_from_its_64_bit_record(
 
 
 def test_a_zip_link_with_a_huge_target_is_refused_before_it_is_read(tmp_path: Path) -> None:
-    from blobha.unpack import unpack
+    from blobha.cache.unpack import unpack
 
     archive = tmp_path / "link.zip"
     archive.write_bytes(_zip({}, {"l": "a" * 5000}))
@@ -1455,7 +1455,7 @@ def test_a_zip_link_with_a_huge_target_is_refused_before_it_is_read(tmp_path: Pa
 
 
 def test_a_member_name_too_long_for_the_file_system_is_a_clear_error(tmp_path: Path) -> None:
-    from blobha.unpack import unpack
+    from blobha.cache.unpack import unpack
 
     archive = tmp_path / "long.tar"
     name = "a" * 300

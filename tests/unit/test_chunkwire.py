@@ -6,14 +6,14 @@ import os
 
 import pytest
 
-from blobha.chunkwire import (
+from blobha.v1 import blobha_pb2 as pb
+from blobha.wire.chunks import (
     decode_chunk,
     decode_upload_chunk,
     encode_chunk,
     encode_upload_chunk,
     serialize_response,
 )
-from blobha.v1 import blobha_pb2 as pb
 
 INFO = pb.BlobInfo(version=7, size=123456789, digest="ab" * 16)
 

@@ -21,8 +21,7 @@ from typing import Any, BinaryIO
 import grpc
 import pytest
 
-from blobha import cli, errors
-from blobha.acl import AccessControl
+from blobha import cli
 from blobha.client import (
     DEFAULT_CHUNK_SIZE,
     BlobInfo,
@@ -32,7 +31,9 @@ from blobha.client import (
     ReplicationStatus,
     WaitResult,
 )
-from blobha.errors import (
+from blobha.core import errors
+from blobha.core.acl import AccessControl
+from blobha.core.errors import (
     BlobError,
     KeyAlreadyExists,
     KeyNotFound,
@@ -448,12 +449,12 @@ def test_serve_and_local_cluster_are_loaded_lazily(
         calls.append(("local", *args, *sorted(kw.items())))
         return 3
 
-    master = types.ModuleType("blobha.master")
+    master = types.ModuleType("blobha.master.facade")
     master.serve_main = serve_main  # type: ignore[attr-defined]
-    local = types.ModuleType("blobha.localcluster")
+    local = types.ModuleType("blobha.ops.localcluster")
     local.main = local_main  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "blobha.master", master)
-    monkeypatch.setitem(sys.modules, "blobha.localcluster", local)
+    monkeypatch.setitem(sys.modules, "blobha.master.facade", master)
+    monkeypatch.setitem(sys.modules, "blobha.ops.localcluster", local)
     assert cli.main(["serve", "--config", "m.toml"]) == 0
     assert cli.main(["local-cluster", "--nodes", "5", "--data-dir", "d"]) == 3
     assert cli.main(["local-cluster"]) == 3

@@ -16,7 +16,6 @@ import grpc
 import pytest
 
 from blobha import client as client_mod
-from blobha.acl import AccessControl
 from blobha.client import (
     BACKOFF_BASE,
     BACKOFF_CAP,
@@ -30,8 +29,9 @@ from blobha.client import (
     backoff_delay,
     parse_cluster,
 )
-from blobha.digest import digest_bytes
-from blobha.errors import (
+from blobha.core.acl import AccessControl
+from blobha.core.digest import digest_bytes
+from blobha.core.errors import (
     BlobError,
     Busy,
     ChecksumMismatch,
@@ -49,8 +49,8 @@ from blobha.errors import (
     UploadNotFound,
     upload_not_found,
 )
-from blobha.status import replication_from_pb
 from blobha.v1 import blobha_pb2 as pb
+from blobha.wire.status import replication_from_pb
 
 KiB = 1024
 
@@ -803,7 +803,7 @@ def test_create_commit_lost_then_exists_is_success(client: Client, cluster: Fake
 
 @pytest.mark.usefixtures("resumable_only")
 def test_not_authorized_is_not_retried(client: Client, cluster: FakeCluster) -> None:
-    from blobha.errors import NotAuthorized
+    from blobha.core.errors import NotAuthorized
 
     cluster.faults.append(("*", "BeginUpload", NotAuthorized("no")))
     with pytest.raises(NotAuthorized):
@@ -1056,7 +1056,7 @@ def test_a_leader_named_by_one_master_wins_over_anothers_refusal(
 
 @pytest.mark.usefixtures("resumable_only")
 def test_upload_aborted_on_fatal_error(client: Client, cluster: FakeCluster) -> None:
-    from blobha.errors import ResourceExhausted
+    from blobha.core.errors import ResourceExhausted
 
     cluster.faults.append(("*", "CommitUpload", ResourceExhausted("disk full")))
     with pytest.raises(ResourceExhausted):

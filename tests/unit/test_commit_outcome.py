@@ -15,13 +15,13 @@ from kazoo.client import KazooState
 from kazoo.exceptions import ConnectionLoss, NoNodeError, SessionMovedError
 from kazoo.handlers.threading import KazooTimeoutError
 
-from blobha.acl import READ, AccessControl
-from blobha.digest import digest_bytes
-from blobha.errors import Unavailable
-from blobha.groupcommit import GroupCommitter
-from blobha.master import ROLLBACK_MIN_RATE, CommitOutcomeUnknown, Master, _Put
-from blobha.store import LocalStore
-from blobha.zkstate import MAX_STATE_BYTES, BlobState, PastVersion, write_tag
+from blobha.core.acl import READ, AccessControl
+from blobha.core.digest import digest_bytes
+from blobha.core.errors import Unavailable
+from blobha.master.facade import ROLLBACK_MIN_RATE, CommitOutcomeUnknown, Master, _Put
+from blobha.master.groupcommit import GroupCommitter
+from blobha.store.local import LocalStore
+from blobha.zk.layout import MAX_STATE_BYTES, BlobState, PastVersion, write_tag
 
 
 class _Txn:

@@ -1,4 +1,4 @@
-"""The data channel (blobha.dataplane): a real store and a real socket on 127.0.0.1."""
+"""The data channel (blobha.wire.dataplane): a real store and a real socket on 127.0.0.1."""
 
 from __future__ import annotations
 
@@ -10,14 +10,12 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import pytest
+from blobha.sync.peers import Peers
 from waiting import wait_until
 
-from blobha import dataplane
-from blobha.chunkwire import Chunk
 from blobha.client import _BufferSink
-from blobha.dataplane import DataChannels, DataChannelUnusable, DataPlane, receive, send_upload
-from blobha.digest import CHUNK_SIZE, digest_bytes
-from blobha.errors import (
+from blobha.core.digest import CHUNK_SIZE, digest_bytes
+from blobha.core.errors import (
     BlobError,
     InvalidArgument,
     KeyNotFound,
@@ -26,11 +24,13 @@ from blobha.errors import (
     UploadNotFound,
     upload_not_found,
 )
-from blobha.keys import key_dirname
-from blobha.peers import Peers
-from blobha.service import translate_error
-from blobha.store import BlobBuffer, LocalStore
+from blobha.core.keys import key_dirname
+from blobha.master.edge.service import translate_error
+from blobha.store.local import BlobBuffer, LocalStore
 from blobha.v1 import blobha_pb2 as pb
+from blobha.wire import dataplane
+from blobha.wire.chunks import Chunk
+from blobha.wire.dataplane import DataChannels, DataChannelUnusable, DataPlane, receive, send_upload
 
 DATA = os.urandom(3 * CHUNK_SIZE + 12345)
 

@@ -8,8 +8,8 @@ import os
 import grpc
 import pytest
 
-from blobha import errors
-from blobha.errors import (
+from blobha.core import errors
+from blobha.core.errors import (
     LEADER_METADATA_KEY,
     BlobError,
     KeyNotFound,
@@ -131,7 +131,7 @@ def test_other_empty_details_fall_back_to_the_code_name() -> None:
 
 @pytest.mark.parametrize("code", [errno.ENOSPC, errno.EDQUOT])
 def test_a_full_disk_past_the_reservation_is_resource_exhausted_not_internal(code: int) -> None:
-    from blobha.service import translate_error
+    from blobha.master.edge.service import translate_error
 
     e = translate_error("m1:6627", "Put", OSError(code, os.strerror(code)))
     assert isinstance(e, ResourceExhausted)
@@ -145,7 +145,7 @@ def test_a_zookeeper_request_given_up_unanswered_is_unavailable_not_internal() -
     # INTERNAL ("report it"), which the client does not retry.
     from kazoo.handlers.threading import KazooTimeoutError
 
-    from blobha.service import translate_error
+    from blobha.master.edge.service import translate_error
 
     e = translate_error("m1:6627", "Put", KazooTimeoutError("Value not received within 4 seconds"))
     assert isinstance(e, Unavailable)

@@ -9,8 +9,8 @@ from concurrent.futures import Future
 import pytest
 from waiting import wait_until
 
-from blobha.errors import Unavailable
-from blobha.groupcommit import GroupCommitter, Later
+from blobha.core.errors import Unavailable
+from blobha.master.groupcommit import GroupCommitter, Later
 
 
 class Recorder:

@@ -12,10 +12,10 @@ import grpc
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from blobha import logs
-from blobha.errors import SERVER_FULL_DETAILS, InvalidArgument, NotLeader
-from blobha.metrics import MasterMetrics
-from blobha.service import new_server, streaming, unary
+from blobha.core import logs
+from blobha.core.errors import SERVER_FULL_DETAILS, InvalidArgument, NotLeader
+from blobha.master.edge.metrics import MasterMetrics
+from blobha.master.edge.service import new_server, streaming, unary
 from blobha.v1 import blobha_pb2 as pb
 from blobha.v1 import blobha_pb2_grpc as pb_grpc
 

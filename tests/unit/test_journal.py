@@ -8,7 +8,7 @@ from typing import Any
 from blobha.leader.journal import JOURNAL_ENTRIES, JOURNAL_MAX_BYTES, ChangeJournal
 from kazoo.exceptions import NoNodeError
 
-from blobha.zkstate import JournalRecord
+from blobha.zk.layout import JournalRecord
 
 
 def test_since_returns_the_entries_after_the_one_seen() -> None:

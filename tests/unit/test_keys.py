@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from blobha import keys
-from blobha.errors import InvalidArgument
-from blobha.keys import MAX_KEY_BYTES, key_dirname, key_of_dirname, validate_key
+from blobha.core import keys
+from blobha.core.errors import InvalidArgument
+from blobha.core.keys import MAX_KEY_BYTES, key_dirname, key_of_dirname, validate_key
 
 VALID = [
     "test",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from blobha.leader import LeaderHistory
 
-from blobha.zkstate import EpochRecord
+from blobha.zk.layout import EpochRecord
 
 
 def test_terms_are_newest_first_and_the_first_one_is_not_a_change() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
-from blobha.master import Master, keys_after
+from blobha.master.facade import Master, keys_after
 
 
 def _pages(keys: list[str], prefix: str, size: int) -> list[list[str]]:

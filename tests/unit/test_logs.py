@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from blobha import logs
+from blobha.core import logs
 
 
 @pytest.fixture

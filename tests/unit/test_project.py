@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import blobha
-from blobha.config import OPTIONS
+from blobha.master.config import OPTIONS
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -77,7 +77,7 @@ def test_a_spark_worker_loads_no_client_with_blobha_spark(tmp_path: Path) -> Non
     # archive unpacking: each is loaded where first needed, or a worker pays for it regardless.
     # dataclasses too: each costs a worker about 1 ms to create, so the records are named
     # tuples.
-    heavy = ["grpc", "google.protobuf", "kazoo", "blobha.client", "blobha.unpack", "tarfile",
+    heavy = ["grpc", "google.protobuf", "kazoo", "blobha.client", "blobha.cache.unpack", "tarfile",
              "zipfile", "dataclasses"]
     code = f"import sys, blobha.spark; print([m for m in {heavy!r} if m in sys.modules])"
     out = subprocess.run(

@@ -9,10 +9,10 @@ from pathlib import Path
 
 from waiting import wait_until
 
-from blobha.digest import CHUNK_SIZE, digest_bytes
-from blobha.keys import key_dirname
-from blobha.scrub import Scrubber, _RateLimit
-from blobha.store import LocalStore
+from blobha.core.digest import CHUNK_SIZE, digest_bytes
+from blobha.core.keys import key_dirname
+from blobha.master.scrub import Scrubber, _RateLimit
+from blobha.store.local import LocalStore
 
 
 def _put(store: LocalStore, key: str, seq: int, data: bytes) -> None:

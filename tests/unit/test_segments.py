@@ -9,11 +9,11 @@ import pytest
 from threads import run_in_threads
 from waiting import wait_until
 
-from blobha import segments as segments_module
-from blobha.digest import chunk_digest, digest_bytes
-from blobha.errors import ChecksumMismatch
-from blobha.segments import HEADER_SIZE, MAGIC, scan, segment_path
-from blobha.store import LocalStore, VersionInfo
+from blobha.core.digest import chunk_digest, digest_bytes
+from blobha.core.errors import ChecksumMismatch
+from blobha.store import segments as segments_module
+from blobha.store.local import LocalStore, VersionInfo
+from blobha.store.segments import HEADER_SIZE, MAGIC, scan, segment_path
 
 
 def _data(n: int, seed: int = 0) -> bytes:

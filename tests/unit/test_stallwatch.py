@@ -1,4 +1,4 @@
-"""The watch that cancels silent streams (blobha.stallwatch), with stand-in calls."""
+"""The watch that cancels silent streams (blobha.wire.stallwatch), with stand-in calls."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import threading
 
 from waiting import wait_until
 
-from blobha.stallwatch import CallWatch, StallWatch
+from blobha.wire.stallwatch import CallWatch, StallWatch
 
 
 class _Call:

@@ -13,13 +13,13 @@ from typing import Any
 import pytest
 from threads import run_in_threads
 
-from blobha import segments as segments_module
-from blobha import store as store_module
-from blobha.digest import CHUNK_SIZE, EMPTY_DIGEST, chunk_digest, digest_bytes
-from blobha.errors import ChecksumMismatch, InvalidArgument, KeyNotFound, ResourceExhausted
-from blobha.keys import key_dirname
-from blobha.segments import segment_path
-from blobha.store import DataDirInUse, LocalStore, TempBlob, VersionInfo
+from blobha.core.digest import CHUNK_SIZE, EMPTY_DIGEST, chunk_digest, digest_bytes
+from blobha.core.errors import ChecksumMismatch, InvalidArgument, KeyNotFound, ResourceExhausted
+from blobha.core.keys import key_dirname
+from blobha.store import local as store_module
+from blobha.store import segments as segments_module
+from blobha.store.local import DataDirInUse, LocalStore, TempBlob, VersionInfo
+from blobha.store.segments import segment_path
 
 MiB = 1024 * 1024
 
@@ -115,7 +115,7 @@ def test_a_version_removed_before_its_stream_starts_is_not_held_here(store: Loca
     # The master found the version, then dropped its copy (held by all the chosen masters)
     # before the stream's first read: the client must hear "not held here" and read from
     # another replica, not be told the blob is gone.
-    from blobha.master import _read_held
+    from blobha.master.facade import _read_held
 
     _put(store, "k", 1, b"committed")
     stream = _read_held(store, "m1:6627", "k", 1, 0, 0)
@@ -751,7 +751,7 @@ def test_install_many_that_finds_no_space_leaves_no_partial_record(
 
 
 def test_blob_buffer_appends_like_a_temp_blob() -> None:
-    from blobha.store import BlobBuffer
+    from blobha.store.local import BlobBuffer
 
     buf = BlobBuffer()
     assert buf.write_at(0, b"abc") == 3
@@ -863,7 +863,7 @@ def test_the_directory_lock_is_released_when_its_process_dies(tmp_path: Path) ->
     import sys
 
     root = tmp_path / "s"
-    code = ("import sys, pathlib; from blobha.store import LocalStore;"
+    code = ("import sys, pathlib; from blobha.store.local import LocalStore;"
             " LocalStore(pathlib.Path(sys.argv[1])); print('locked', flush=True);"
             " sys.stdin.read()")
     child = subprocess.Popen([sys.executable, "-c", code, str(root)], stdin=subprocess.PIPE,

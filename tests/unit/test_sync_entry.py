@@ -6,8 +6,8 @@ import os
 
 from blobha.sync.synchronizer import _Entry, _pack, _unpack
 
-from blobha.acl import parse_acl
-from blobha.zkstate import BlobState, PastVersion
+from blobha.core.acl import parse_acl
+from blobha.zk.layout import BlobState, PastVersion
 
 
 def _state(**changes: object) -> BlobState:

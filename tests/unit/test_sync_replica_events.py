@@ -25,11 +25,11 @@ from blobha.sync.synchronizer import (
 from kazoo.exceptions import ConnectionLoss, NodeExistsError, NoNodeError, SessionExpiredError
 from kazoo.protocol.states import EventType, KazooState, WatchedEvent
 
-from blobha import placement
-from blobha.digest import digest_bytes
-from blobha.errors import BlobError
-from blobha.store import LocalStore
-from blobha.zkstate import JOURNAL, BlobState, JournalRecord, replica_path
+from blobha.core import placement
+from blobha.core.digest import digest_bytes
+from blobha.core.errors import BlobError
+from blobha.store.local import LocalStore
+from blobha.zk.layout import JOURNAL, BlobState, JournalRecord, replica_path
 
 ME, A, B = "m1:6627", "m2:6627", "m3:6627"
 SESSION = 77
@@ -82,7 +82,7 @@ class FakeZk:
         self.data_reads.append((path, watch))
         return Answer(self.data.get(path, NoNodeError()))
 
-    # What blobha.zkclient.read_many_async asks of kazoo: a multiRead request's reads, each
+    # What blobha.zk.connection.read_many_async asks of kazoo: a multiRead request's reads, each
     # answered as the reads above are (and recorded the same way).
     chroot = ""
 

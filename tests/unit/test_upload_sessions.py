@@ -14,12 +14,12 @@ import pytest
 from kazoo.client import KazooState
 from kazoo.exceptions import ConnectionLoss, NoNodeError
 
-from blobha.digest import digest_bytes
-from blobha.errors import NotAuthorized, ResourceExhausted, Unavailable, UploadNotFound
-from blobha.master import Master
-from blobha.store import LocalStore
-from blobha.uploads import UploadManager
-from blobha.zkstate import BlobState
+from blobha.core.digest import digest_bytes
+from blobha.core.errors import NotAuthorized, ResourceExhausted, Unavailable, UploadNotFound
+from blobha.master.facade import Master
+from blobha.master.uploads import UploadManager
+from blobha.store.local import LocalStore
+from blobha.zk.layout import BlobState
 
 MiB = 1024 * 1024
 

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from blobha.zkclient import PollHandler, poll_select
+from blobha.zk.connection import PollHandler, poll_select
 
 
 @pytest.fixture
@@ -93,7 +93,7 @@ def test_a_recursive_watch_the_server_did_not_take_leaves_no_callback() -> None:
     from kazoo.client import KazooClient
     from kazoo.exceptions import ConnectionClosedError
 
-    from blobha.zkclient import add_recursive_watch
+    from blobha.zk.connection import add_recursive_watch
 
     zk = KazooClient(hosts="127.0.0.1:1")  # never started: every request fails
     with pytest.raises(ConnectionClosedError):
@@ -107,7 +107,7 @@ def test_a_failed_re_add_keeps_the_watch_that_was_there() -> None:
     from kazoo.client import KazooClient
     from kazoo.exceptions import ConnectionClosedError
 
-    from blobha.zkclient import add_recursive_watch
+    from blobha.zk.connection import add_recursive_watch
 
     zk = KazooClient(hosts="127.0.0.1:1")  # never started: every request fails
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from blobha import zkserver
-from blobha.zkserver import (
+from blobha.ops import zkserver
+from blobha.ops.zkserver import (
     EmbeddedZooKeeper,
     JavaNotFound,
     ZooKeeperNotFound,

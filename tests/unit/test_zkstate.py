@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from blobha.acl import ALL, READ, AccessControl
-from blobha.zkstate import (
+from blobha.core.acl import ALL, READ, AccessControl
+from blobha.zk.layout import (
     BlobState,
     EpochRecord,
     PastVersion,

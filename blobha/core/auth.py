@@ -1,0 +1,337 @@
+"""Who is calling: the pluggable authenticators of a master (``auth.mode``).
+
+* ``simple``: the client asserts its user name in call metadata (Hadoop's "simple" auth).
+* ``token``: a bearer token, checked against a file of salted scrypt hashes, so no token sits in
+  the clear on the server. The file is re-read when it changes.
+* ``mtls``: the user comes from the client certificate (common name or subject alternative
+  names), mapped by ``auth.mtls.rules``.
+
+Whatever the mode, the masters' own principal (``master.principal``) is never taken on anyone's
+word: a master proves it by sending the cluster secret, which only masters can read (it lives in
+ZooKeeper, behind the lock-down ACLs). Without that proof, a call naming the principal is refused,
+so nobody can claim it to skip ACL checks on the sync path.
+
+Every refusal is :class:`~blobha.core.errors.Unauthenticated` with a message that says which
+credential to pass; it never depends on what the call was about, so it reveals nothing about keys.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import logging
+import os
+import re
+import secrets
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from blobha.core.acl import name_problem
+from blobha.core.errors import Unauthenticated
+
+log = logging.getLogger("blobha.auth")
+
+#: Call metadata carrying the user name a client asserts (simple mode).
+USER_METADATA_KEY = "x-blobha-user"
+#: Call metadata carrying a bearer token (token mode): ``Bearer <user>:<secret>``.
+AUTHORIZATION_METADATA_KEY = "authorization"
+#: Call metadata by which a master proves it is one (the cluster secret).
+MASTER_SECRET_METADATA_KEY = "x-blobha-master-secret"
+
+MODES = ("simple", "token", "mtls")
+
+# scrypt cost: ~16 MiB and a few tens of milliseconds per check. Tokens are random (256 bits),
+# so this only protects a stolen token file against offline guessing of weak tokens someone
+# might add by hand; verified tokens are remembered (by their SHA-256) so calls stay cheap.
+_SCRYPT_N, _SCRYPT_R, _SCRYPT_P, _SCRYPT_LEN = 2**14, 8, 1, 32
+_SCHEME = "scrypt"
+# Bounds the CPU and memory an attacker can burn with wrong tokens.
+_VERIFY_SLOTS = threading.BoundedSemaphore(2)
+_CACHE_SIZE = 4096
+_RELOAD_CHECK_SECS = 1.0
+
+
+def check_user_name(user: str) -> str:
+    """The rules every user name follows (they appear in ACLs, so no ``:`` or ``,``)."""
+    problem = name_problem(user)
+    if problem:
+        raise Unauthenticated(f"the user name {user!r} {problem}")
+    return user
+
+
+class Authenticator(Protocol):
+    """Maps a call's credentials to a user name, or raises :class:`Unauthenticated`.
+
+    ``metadata`` is the call metadata (lower-case keys); ``peer`` is what the TLS layer
+    verified about the client (``x509_common_name``, ``x509_subject_alternative_name``, ...)."""
+
+    def authenticate(self, metadata: Mapping[str, str], peer: Mapping[str, Sequence[str]]
+                     ) -> str: ...
+
+
+class SimpleAuthenticator:
+    """Trusts the user name the client sends."""
+
+    def authenticate(self, metadata: Mapping[str, str], peer: Mapping[str, Sequence[str]]
+                     ) -> str:
+        user = metadata.get(USER_METADATA_KEY)
+        if not user:
+            raise Unauthenticated("no user given; pass --user or set BLOBHA_USER")
+        return check_user_name(user)
+
+
+# ---- tokens ------------------------------------------------------------------------------------
+
+
+def new_token(user: str) -> str:
+    """A fresh random token for ``user`` (``<user>:<secret>``; the user part tells the server
+    which hashes to try)."""
+    check_user_name(user)
+    return f"{user}:{secrets.token_urlsafe(32)}"
+
+
+def split_token(token: str) -> tuple[str, str]:
+    """``alice:s3cr3t`` -> (``alice``, ``s3cr3t``); raises Unauthenticated if malformed."""
+    user, sep, secret = token.strip().partition(":")
+    if not sep or not user or not secret:
+        raise Unauthenticated(
+            "malformed token; a token looks like USER:SECRET, as printed by 'blobha token create'"
+        )
+    return check_user_name(user), secret
+
+
+def _scrypt(secret: str, salt: bytes) -> bytes:
+    return hashlib.scrypt(secret.encode(), salt=salt, n=_SCRYPT_N, r=_SCRYPT_R, p=_SCRYPT_P,
+                          dklen=_SCRYPT_LEN, maxmem=64 * 1024 * 1024)
+
+
+def hash_token(token: str) -> str:
+    """The token-file line for ``token``: ``user:scrypt$<salt>$<hash>`` (base64)."""
+    user, secret = split_token(token)
+    salt = os.urandom(16)
+    digest = _scrypt(secret, salt)
+    b64 = base64.b64encode
+    return f"{user}:{_SCHEME}${b64(salt).decode()}${b64(digest).decode()}"
+
+
+@dataclass(frozen=True)
+class TokenHash:
+    salt: bytes
+    digest: bytes
+
+    def matches(self, secret: str) -> bool:
+        return hmac.compare_digest(_scrypt(secret, self.salt), self.digest)
+
+
+def parse_token_file(text: str, source: str) -> dict[str, list[TokenHash]]:
+    """Parse a token file: ``user:scrypt$<salt>$<hash>`` per line; ``#`` comments and blank
+    lines are ignored; a user may have several lines (to rotate tokens without downtime)."""
+    out: dict[str, list[TokenHash]] = {}
+    for number, raw in enumerate(text.splitlines(), 1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        user, sep, rest = line.partition(":")
+        parts = rest.split("$")
+        if not sep or not user or len(parts) != 3 or parts[0] != _SCHEME:
+            raise ValueError(
+                f"{source} line {number}: expected USER:scrypt$SALT$HASH (make lines with"
+                " 'blobha token create' or 'blobha token hash')"
+            )
+        try:
+            salt = base64.b64decode(parts[1], validate=True)
+            digest = base64.b64decode(parts[2], validate=True)
+        except ValueError:
+            raise ValueError(f"{source} line {number}: salt or hash is not base64") from None
+        if len(digest) != _SCRYPT_LEN or not salt:
+            raise ValueError(f"{source} line {number}: the hash must be {_SCRYPT_LEN} bytes")
+        out.setdefault(user, []).append(TokenHash(salt, digest))
+    return out
+
+
+class TokenAuthenticator:
+    """Bearer tokens checked against a file of hashes, re-read when the file changes."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        self._lock = threading.Lock()
+        self._hashes: dict[str, list[TokenHash]] = {}
+        self._stamp: tuple[int, int] | None = None
+        self._checked = 0.0
+        # sha256(token) -> user, for tokens verified against the current file.
+        self._verified: OrderedDict[bytes, str] = OrderedDict()
+        self._load(initial=True)
+
+    def _load(self, initial: bool = False) -> None:
+        try:
+            st = self.path.stat()
+            stamp = (st.st_mtime_ns, st.st_size)
+            if stamp == self._stamp:
+                return
+            hashes = parse_token_file(self.path.read_text(), str(self.path))
+        except (OSError, ValueError) as e:
+            if initial:
+                raise ValueError(f"cannot use the token file: {e}") from None
+            # Keep serving with the previous tokens rather than locking everyone out.
+            log.error("token file %s not reloaded (%s); still using the previous one",
+                      self.path, e)
+            return
+        with self._lock:
+            self._hashes = hashes
+            self._stamp = stamp
+            self._verified.clear()
+        if not initial:
+            log.info("token file %s reloaded: %d users", self.path, len(hashes))
+
+    def _maybe_reload(self) -> None:
+        now = time.monotonic()
+        if now - self._checked >= _RELOAD_CHECK_SECS:
+            self._checked = now
+            self._load()
+
+    def authenticate(self, metadata: Mapping[str, str], peer: Mapping[str, Sequence[str]]
+                     ) -> str:
+        header = metadata.get(AUTHORIZATION_METADATA_KEY, "")
+        scheme, _, token = header.partition(" ")
+        if not header:
+            raise Unauthenticated(
+                "no token given; this cluster requires one: pass --token-file or set"
+                " BLOBHA_TOKEN_FILE"
+            )
+        if scheme.lower() != "bearer" or not token:
+            raise Unauthenticated("the authorization metadata must be 'Bearer <token>'")
+        user, secret = split_token(token)
+        self._maybe_reload()
+        fingerprint = hashlib.sha256(token.strip().encode()).digest()
+        with self._lock:
+            known = self._verified.get(fingerprint)
+            if known is not None:
+                self._verified.move_to_end(fingerprint)
+                return known
+            candidates = list(self._hashes.get(user, ()))
+        with _VERIFY_SLOTS:
+            ok = any(h.matches(secret) for h in candidates)
+        if not ok:
+            raise Unauthenticated(
+                "the token was refused (unknown, revoked or mistyped); ask an administrator for"
+                " a valid one"
+            )
+        with self._lock:
+            self._verified[fingerprint] = user
+            while len(self._verified) > _CACHE_SIZE:
+                self._verified.popitem(last=False)
+        return user
+
+
+# ---- client certificates -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MappingRule:
+    """``SOURCE REGEX REPLACEMENT``: if REGEX matches a value of SOURCE (``cn`` for the common
+    name, ``san`` for a subject alternative name) as a whole, the user is REPLACEMENT with
+    ``\\1``... filled in from the match."""
+
+    source: str
+    pattern: re.Pattern[str]
+    replacement: str
+
+    @classmethod
+    def parse(cls, text: str) -> MappingRule:
+        parts = text.split()
+        if len(parts) != 3 or parts[0] not in ("cn", "san"):
+            raise ValueError(
+                f"bad certificate mapping rule {text!r}; expected 'cn|san REGEX REPLACEMENT',"
+                r" e.g. 'cn ^(.+)$ \1'"
+            )
+        try:
+            pattern = re.compile(parts[1])
+        except re.error as e:
+            raise ValueError(f"bad regular expression in rule {text!r}: {e}") from None
+        return cls(parts[0], pattern, parts[2])
+
+    def apply(self, peer: Mapping[str, Sequence[str]]) -> str | None:
+        key = "x509_common_name" if self.source == "cn" else "x509_subject_alternative_name"
+        for value in peer.get(key, ()):
+            m = self.pattern.fullmatch(value)
+            if m is not None:
+                return m.expand(self.replacement)
+        return None
+
+
+class MtlsAuthenticator:
+    """The user comes from the verified client certificate, through the first matching rule."""
+
+    def __init__(self, rules: Sequence[str]) -> None:
+        self.rules = [MappingRule.parse(r) for r in rules]
+        if not self.rules:
+            raise ValueError("auth.mtls.rules must hold at least one rule")
+
+    def authenticate(self, metadata: Mapping[str, str], peer: Mapping[str, Sequence[str]]
+                     ) -> str:
+        if not peer.get("x509_common_name") and not peer.get("x509_subject_alternative_name"):
+            raise Unauthenticated(
+                "no client certificate; this cluster requires one: pass --cert and --key (or"
+                " set BLOBHA_CERT and BLOBHA_KEY)"
+            )
+        for rule in self.rules:
+            user = rule.apply(peer)
+            if user:
+                return check_user_name(user)
+        names = [*peer.get("x509_common_name", ()), *peer.get("x509_subject_alternative_name", ())]
+        raise Unauthenticated(
+            f"the client certificate ({', '.join(names)}) maps to no user; an administrator must"
+            " add a rule to auth.mtls.rules"
+        )
+
+
+# ---- the masters' own principal ----------------------------------------------------------------
+
+
+class ServerAuthentication:
+    """The authenticator of ``auth.mode`` plus the masters' proof of identity."""
+
+    def __init__(self, authenticator: Authenticator, principal: str,
+                 cluster_secret: Callable[[], str]) -> None:
+        self.authenticator = authenticator
+        self.principal = principal
+        self._cluster_secret = cluster_secret
+
+    def authenticate(self, metadata: Mapping[str, str], peer: Mapping[str, Sequence[str]]
+                     ) -> str:
+        presented = metadata.get(MASTER_SECRET_METADATA_KEY)
+        if presented is not None:
+            secret = self._cluster_secret()
+            if secret and hmac.compare_digest(presented.encode(), secret.encode()):
+                return self.principal
+            raise Unauthenticated("the cluster secret is wrong; only masters may send one")
+        user = self.authenticator.authenticate(metadata, peer)
+        if user == self.principal:
+            raise Unauthenticated(
+                f"user {user!r} is reserved for the masters, which prove it with the cluster"
+                " secret; use your own user name"
+            )
+        return user
+
+
+def make_authenticator(mode: str, token_file: str, mtls_rules: Sequence[str]) -> Authenticator:
+    """The authenticator for ``auth.mode``; raises ValueError naming what is missing."""
+    if mode == "simple":
+        return SimpleAuthenticator()
+    if mode == "token":
+        if not token_file:
+            raise ValueError("auth.mode 'token' needs auth.token.file (a file of token hashes)")
+        return TokenAuthenticator(token_file)
+    if mode == "mtls":
+        return MtlsAuthenticator(mtls_rules)
+    raise ValueError(f"auth.mode {mode!r} is not supported; use one of {', '.join(MODES)}")
+
+
+def new_cluster_secret() -> str:
+    return secrets.token_urlsafe(32)

@@ -1,0 +1,518 @@
+"""Master configuration: a TOML file, then environment overrides, then validation.
+
+Keys are dotted names (Storm's where Storm has the concept). In the file they may be written
+flat (``"blobstore.dir" = "/var/lib/blobha"``) or as TOML tables (``[blobstore] dir = ...``).
+Every key can be overridden by an environment variable: ``BLOBHA_`` + the key upper-cased with
+dots as underscores, e.g. ``BLOBHA_BLOBSTORE_WRITE_QUORUM=2``.
+
+Bad configuration fails at start with :class:`ConfigError` naming the key and what is allowed.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+class ConfigError(ValueError):
+    """Invalid configuration; the message names the key and the fix."""
+
+
+@dataclass(frozen=True)
+class Option:
+    key: str
+    default: Any
+    doc: str
+
+
+#: Every configuration key, its default and what it means. The README table is made from this.
+OPTIONS: tuple[Option, ...] = (
+    Option("blobstore.dir", "blobha-data", "Directory where this master keeps blobs."),
+    Option(
+        "blobstore.replication.factor",
+        3,
+        "Default replication factor of a new blob (capped at the number of live masters).",
+    ),
+    Option(
+        "blobstore.write.quorum",
+        1,
+        "Masters that must hold a new version durably before a create or update is acknowledged"
+        " (1 = the leader alone, Storm's behaviour). A request may override it.",
+    ),
+    Option(
+        "blobstore.write.timeout.secs",
+        30.0,
+        "How long a commit waits for the write quorum before failing with DEADLINE_EXCEEDED.",
+    ),
+    Option(
+        "blobstore.upload.expiration.secs",
+        600,
+        "Idle seconds after which an unfinished upload is aborted and its data deleted.",
+    ),
+    Option(
+        "blobstore.upload.max.per.user",
+        64,
+        "Unfinished uploads one user may hold open on the leader (each keeps a file open);"
+        " more are refused with RESOURCE_EXHAUSTED until some are committed, aborted or"
+        " expire. 0 = no limit.",
+    ),
+    Option(
+        "blobstore.disk.reserved.bytes",
+        256 * 1024 * 1024,
+        "Free space an upload or a sync may never eat into; refused with RESOURCE_EXHAUSTED.",
+    ),
+    Option(
+        "blobstore.sync.period.secs",
+        30.0,
+        "Period of the full reconcile that backs up the watch-driven sync (Storm's"
+        " nimbus.code.sync.freq.secs; here only a safety net).",
+    ),
+    Option(
+        "blobstore.sync.periodic.keys.per.sec",
+        200,
+        "Keys a second each master re-reads in that safety-net pass (two ZooKeeper reads"
+        " each; 100,000 keys take about 8 minutes). Watches bring changes within"
+        " milliseconds; the pass only catches what they cannot, so a faster one mostly adds"
+        " load.",
+    ),
+    Option(
+        "blobstore.sync.recursive.watch",
+        True,
+        "Follow every key's changes through one persistent recursive ZooKeeper watch on"
+        " /blobstore (ZooKeeper 3.6 or later). Off: the change journal and a one-shot watch"
+        " per key, for older servers (also the fallback when the server refuses it).",
+    ),
+    Option(
+        "blobstore.replica.grace.secs",
+        30.0,
+        "How long a holder may be gone before another master takes its place.",
+    ),
+    Option(
+        "blobstore.delete.grace.secs",
+        5.0,
+        "How long a master keeps the local copy of a key deleted in ZooKeeper.",
+    ),
+    Option(
+        "blobstore.versions.retained",
+        2,
+        "Versions of each key kept on disk (the committed one and older ones for roll-back).",
+    ),
+    Option(
+        "blobstore.sync.threads",
+        4,
+        "Parallel background downloads on a master.",
+    ),
+    Option(
+        "blobstore.sync.linger.secs",
+        0.3,
+        "How long a key to replicate may wait for others to join its batch while the master is"
+        " already replicating another batch, or while a stream of writes goes on (the last"
+        " batch ended less than this long ago and had several keys, or it and the batch before"
+        " each had a key that arrived while another batch ran); 0 = never. A stream of small"
+        " writes then costs each follower one batch's ZooKeeper reads, fetch call, file-system"
+        " syncs and registration for many keys instead of one each. A lone write's key goes at"
+        " once, and while writers wait for copies (a write quorum above 1) no key waits longer"
+        " than 0.03 s.",
+    ),
+    Option(
+        "blobstore.sync.stall.secs",
+        10.0,
+        "How long a master's fetch from a peer may receive nothing before that peer counts as"
+        " stalled (paused, overloaded or cut off) and the fetch goes on from the next holder;"
+        " such a peer is then tried after the others for a minute. Raise it on links where a"
+        " healthy peer can fall silent for longer.",
+    ),
+    Option(
+        "blobstore.scrub.interval.secs",
+        86400.0,
+        "Seconds between background scrub passes, which re-verify every stored version's"
+        " digests so silent corruption is found and repaired from a healthy replica"
+        " (0 disables scrubbing).",
+    ),
+    Option(
+        "blobstore.scrub.rate.bytes.per.sec",
+        16 * 1024 * 1024,
+        "Read rate cap of the scrubber, so it never competes with clients for the disk"
+        " (0 = unlimited).",
+    ),
+    Option("zookeeper.servers", "127.0.0.1:2181", "Comma-separated ZooKeeper host:port list."),
+    Option("zookeeper.chroot", "/blobha", "ZooKeeper path under which all blobha state lives."),
+    Option(
+        "zookeeper.session.timeout.ms",
+        20000,
+        "ZooKeeper session timeout (the server clamps it to 2x..20x its tickTime).",
+    ),
+    Option("master.listen", "0.0.0.0:6627", "host:port the gRPC server binds."),
+    Option(
+        "master.advertise",
+        "",
+        "host:port other masters and clients use to reach this master; its identity. Defaults"
+        " to master.listen with 127.0.0.1 for a wildcard host.",
+    ),
+    Option(
+        "blobstore.data.port",
+        0,
+        "Port of the data channel, which carries downloads and uploads outside gRPC with fewer"
+        " copies of each byte (blobha.wire.dataplane), on master.listen's host: 0 picks a free port"
+        " (clients learn it from each offer), -1 turns it off. Off with TLS: transfers then"
+        " stay in the encrypted gRPC stream. Clients that cannot reach it use the gRPC stream.",
+    ),
+    Option("master.principal", "blobha-master", "User name masters use with each other."),
+    Option("admins", [], "Users allowed every operation on every blob."),
+    Option(
+        "auth.mode",
+        "simple",
+        "Authenticator: 'simple' trusts the user name the client sends; 'token' checks a bearer"
+        " token against auth.token.file; 'mtls' takes the user from the client certificate"
+        " (needs tls.*).",
+    ),
+    Option(
+        "auth.token.file",
+        "",
+        "Token mode: file of 'user:scrypt$salt$hash' lines ('blobha token create' makes them);"
+        " re-read when it changes.",
+    ),
+    Option(
+        "auth.mtls.rules",
+        ["cn ^(.+)$ \\1"],
+        "mtls mode: rules 'cn|san REGEX REPLACEMENT' mapping a client certificate's common name"
+        " or subject alternative name to a user; the first match wins.",
+    ),
+    Option(
+        "tls.cert",
+        "",
+        "PEM certificate of this master; with tls.key, the master serves TLS only. Re-read when"
+        " it changes.",
+    ),
+    Option("tls.key", "", "PEM private key of tls.cert."),
+    Option(
+        "tls.ca",
+        "",
+        "PEM CA certificate(s) that masters' certificates (and in mtls mode clients') must be"
+        " signed by.",
+    ),
+    Option(
+        "zookeeper.auth.scheme",
+        "none",
+        "'digest' locks blobha's znodes down to the masters' ZooKeeper credentials"
+        " (zookeeper.auth.file); 'none' leaves them open to anyone who reaches ZooKeeper.",
+    ),
+    Option(
+        "zookeeper.auth.file",
+        "",
+        "File holding the masters' ZooKeeper digest credentials as one 'user:password' line"
+        " (keep it readable by the master only).",
+    ),
+    Option(
+        "blobstore.list.visibility",
+        "readable",
+        "What 'list' shows: 'readable' = only keys the user may READ (admins see all); 'all' ="
+        " every key, as in Storm.",
+    ),
+    Option(
+        "master.max.calls.per.client",
+        32,
+        "Calls one user may have running at once on a master; more are refused with"
+        " RESOURCE_EXHAUSTED (masters themselves are exempt).",
+    ),
+    Option(
+        "master.rpc.threads",
+        64,
+        "Threads serving calls on a master. Users' calls together may take all but a quarter"
+        " of them, and their status checks half of that quarter; the rest stay for the other"
+        " masters. A call beyond is refused at once as busy (RESOURCE_EXHAUSTED; clients"
+        " retry), not queued out of sight.",
+    ),
+    Option(
+        "master.cpus",
+        "",
+        "CPUs this master's threads run on, written as Linux does (\"0\", \"0,2\", \"1-3\");"
+        " empty = wherever the system puts them. A master's threads take turns on Python's"
+        " interpreter lock, so it gains little from a second CPU, while each hand-off between"
+        " threads on different CPUs is a cross-CPU wake-up (on a virtual machine, an exit to"
+        " the host). Confined to one CPU, a leader took about a quarter less CPU per small"
+        " create (see the benchmark notes). Applied by 'blobha serve' at start; the local"
+        " cluster gives each master one CPU.",
+    ),
+    Option(
+        "master.max.streams.per.connection",
+        64,
+        "Concurrent gRPC streams one client connection may open (grpc.max_concurrent_streams).",
+    ),
+    Option("audit.file", "", "Also append the audit log (blobha.audit) to this file."),
+    Option(
+        "metrics.listen",
+        "",
+        "host:port of this master's HTTP server for Prometheus metrics (/metrics) and the status"
+        " page (/, /status.json). Empty: no HTTP server.",
+    ),
+    Option("log.level", "INFO", "Logging level: DEBUG, INFO, WARNING or ERROR."),
+    Option(
+        "log.format",
+        "text",
+        "Log line format: 'text' (human-readable) or 'json' (one object per line), both with"
+        " the request id of the RPC being served.",
+    ),
+)
+
+_BY_KEY = {o.key: o for o in OPTIONS}
+
+
+@dataclass(frozen=True)
+class Config:
+    """A validated master configuration. Build one with :func:`load_config` or :meth:`of`."""
+
+    values: Mapping[str, Any] = field(default_factory=dict)
+
+    def __getitem__(self, key: str) -> Any:
+        return self.values[key]
+
+    @classmethod
+    def of(cls, overrides: Mapping[str, Any] | None = None) -> Config:
+        merged = {o.key: o.default for o in OPTIONS}
+        for k, v in (overrides or {}).items():
+            if k not in _BY_KEY:
+                raise ConfigError(f"unknown configuration key {k!r}; see 'blobha serve --help'")
+            merged[k] = v
+        return cls(_validate(merged))
+
+    # Typed accessors for the keys the code uses most.
+    @property
+    def data_dir(self) -> Path:
+        return Path(self.values["blobstore.dir"])
+
+    @property
+    def advertise(self) -> str:
+        return str(self.values["master.advertise"])
+
+    @property
+    def metrics_listen(self) -> str:
+        """host:port of the metrics and status HTTP server; '' when disabled."""
+        return str(self.values["metrics.listen"])
+
+    @property
+    def admins(self) -> frozenset[str]:
+        return frozenset(self.values["admins"])
+
+
+def _flatten(prefix: str, table: Mapping[str, Any], out: dict[str, Any]) -> None:
+    for k, v in table.items():
+        name = f"{prefix}.{k}" if prefix else k
+        if isinstance(v, dict) and name not in _BY_KEY:
+            _flatten(name, v, out)
+        else:
+            out[name] = v
+
+
+def env_name(key: str) -> str:
+    return "BLOBHA_" + key.upper().replace(".", "_")
+
+
+def load_config(
+    path: str | os.PathLike[str] | None, env: Mapping[str, str] | None = None
+) -> Config:
+    """Read ``path`` (may be None), apply ``BLOBHA_*`` environment overrides, validate."""
+    raw: dict[str, Any] = {}
+    if path is not None:
+        try:
+            with open(path, "rb") as f:
+                _flatten("", tomllib.load(f), raw)
+        except FileNotFoundError:
+            raise ConfigError(f"configuration file {os.fspath(path)!r} does not exist") from None
+        except tomllib.TOMLDecodeError as e:
+            raise ConfigError(
+                f"configuration file {os.fspath(path)!r} is not valid TOML: {e}"
+            ) from None
+    env = os.environ if env is None else env
+    for option in OPTIONS:
+        text = env.get(env_name(option.key))
+        if text is not None:
+            raw[option.key] = _from_env(option, text)
+    return Config.of(raw)
+
+
+def _from_env(option: Option, text: str) -> Any:
+    if isinstance(option.default, list):
+        return [t.strip() for t in text.split(",") if t.strip()]
+    return text  # converted and checked by _validate
+
+
+#: How a true/false setting may be written in an environment variable.
+_FLAGS = {"true": True, "1": True, "yes": True, "on": True,
+          "false": False, "0": False, "no": False, "off": False}
+
+
+def _validate(v: dict[str, Any]) -> dict[str, Any]:
+    def number(key: str, kind: type, minimum: float) -> None:
+        value = v[key]
+        try:
+            converted = kind(value)
+            if kind is int and isinstance(value, float) and value != int(value):
+                raise ValueError
+        except (TypeError, ValueError):
+            raise ConfigError(
+                f"{key} must be a {'whole ' if kind is int else ''}number, got {value!r}"
+            ) from None
+        if isinstance(value, bool) or converted < minimum:
+            raise ConfigError(f"{key} must be at least {minimum}, got {value!r}")
+        v[key] = converted
+
+    def flag(key: str) -> None:
+        value = v[key]
+        if isinstance(value, str) and value.strip().lower() in _FLAGS:
+            value = _FLAGS[value.strip().lower()]
+        if not isinstance(value, bool):
+            raise ConfigError(f"{key} must be true or false, got {value!r}")
+        v[key] = value
+
+    number("blobstore.replication.factor", int, 1)
+    number("blobstore.write.quorum", int, 1)
+    number("blobstore.write.timeout.secs", float, 0.1)
+    number("blobstore.upload.expiration.secs", int, 1)
+    number("blobstore.upload.max.per.user", int, 0)
+    number("blobstore.disk.reserved.bytes", int, 0)
+    number("blobstore.sync.period.secs", float, 0.1)
+    number("blobstore.sync.periodic.keys.per.sec", int, 1)
+    number("blobstore.replica.grace.secs", float, 0)
+    number("blobstore.delete.grace.secs", float, 0)
+    number("blobstore.versions.retained", int, 1)
+    number("blobstore.sync.threads", int, 1)
+    number("blobstore.sync.linger.secs", float, 0)
+    # Below a second, a peer merely busy for a moment (a garbage collection, a disk sync)
+    # would count as stalled and its fetches be thrown away.
+    number("blobstore.sync.stall.secs", float, 1.0)
+    number("blobstore.scrub.interval.secs", float, 0)
+    number("blobstore.scrub.rate.bytes.per.sec", int, 0)
+    number("zookeeper.session.timeout.ms", int, 1000)
+    flag("blobstore.sync.recursive.watch")
+    number("blobstore.data.port", int, -1)
+    if v["blobstore.data.port"] > 65535:
+        raise ConfigError(f"blobstore.data.port must be a port (0 = any free one, -1 = off), got"
+                          f" {v['blobstore.data.port']}")
+
+    for key in ("blobstore.dir", "zookeeper.servers", "master.listen", "master.principal"):
+        if not isinstance(v[key], str) or not v[key].strip():
+            raise ConfigError(f"{key} must be a non-empty string, got {v[key]!r}")
+    for server in v["zookeeper.servers"].split(","):
+        _check_hostport("zookeeper.servers", server.strip(), allow_no_port=True)
+    chroot = v["zookeeper.chroot"]
+    bad_end = isinstance(chroot, str) and chroot.endswith("/") and chroot != "/"
+    if not isinstance(chroot, str) or not chroot.startswith("/") or bad_end:
+        raise ConfigError(f"zookeeper.chroot must be an absolute path like /blobha, got {chroot!r}")
+    _check_hostport("master.listen", v["master.listen"])
+    if not v["master.advertise"]:
+        host, port = v["master.listen"].rsplit(":", 1)
+        wildcard = host in ("", "0.0.0.0", "::", "[::]")
+        v["master.advertise"] = f"{'127.0.0.1' if wildcard else host}:{port}"
+    _check_hostport("master.advertise", v["master.advertise"])
+    if v["master.advertise"].rsplit(":", 1)[0] in ("0.0.0.0", "::", "[::]"):
+        raise ConfigError("master.advertise must be an address others can reach, not a wildcard")
+    admins = v["admins"]
+    if not isinstance(admins, list) or not all(isinstance(a, str) and a for a in admins):
+        raise ConfigError(f"admins must be a list of user names, got {admins!r}")
+    _validate_security(v)
+    number("master.max.calls.per.client", int, 1)
+    number("master.max.streams.per.connection", int, 1)
+    number("master.rpc.threads", int, 4)
+    if not isinstance(v["master.cpus"], str):
+        raise ConfigError(f"master.cpus must be a CPU list like \"0\" or \"0,2-3\", got"
+                          f" {v['master.cpus']!r}")
+    v["master.cpus"] = format_cpu_list(parse_cpu_list(v["master.cpus"]))
+    level = str(v["log.level"]).upper()
+    if level not in ("DEBUG", "INFO", "WARNING", "ERROR"):
+        raise ConfigError(
+            f"log.level must be DEBUG, INFO, WARNING or ERROR, got {v['log.level']!r}"
+        )
+    v["log.level"] = level
+    metrics = v["metrics.listen"]
+    if not isinstance(metrics, str):
+        raise ConfigError(f"metrics.listen must be host:port or empty, got {metrics!r}")
+    if metrics.strip():
+        _check_hostport("metrics.listen", metrics.strip())
+        if metrics.strip() == v["master.listen"]:
+            raise ConfigError("metrics.listen must differ from master.listen (the gRPC port)")
+    v["metrics.listen"] = metrics.strip()
+    fmt = str(v["log.format"]).lower()
+    if fmt not in ("text", "json"):
+        raise ConfigError(f"log.format must be 'text' or 'json', got {v['log.format']!r}")
+    v["log.format"] = fmt
+    return v
+
+
+def _validate_security(v: dict[str, Any]) -> None:
+    for key in ("auth.token.file", "tls.cert", "tls.key", "tls.ca", "zookeeper.auth.file",
+                "audit.file"):
+        if not isinstance(v[key], str):
+            raise ConfigError(f"{key} must be a file path (a string), got {v[key]!r}")
+    mode = v["auth.mode"]
+    if mode not in ("simple", "token", "mtls"):
+        raise ConfigError(f"auth.mode must be 'simple', 'token' or 'mtls', got {mode!r}")
+    if mode == "token" and not v["auth.token.file"]:
+        raise ConfigError("auth.mode 'token' needs auth.token.file (make lines with"
+                          " 'blobha token create')")
+    rules = v["auth.mtls.rules"]
+    if not isinstance(rules, list) or not all(isinstance(r, str) for r in rules):
+        raise ConfigError(f"auth.mtls.rules must be a list of strings, got {rules!r}")
+    if bool(v["tls.cert"]) != bool(v["tls.key"]):
+        raise ConfigError("tls.cert and tls.key go together: set both or neither")
+    if mode == "mtls" and not (v["tls.cert"] and v["tls.ca"]):
+        raise ConfigError("auth.mode 'mtls' needs TLS: set tls.cert, tls.key and tls.ca")
+    if v["tls.ca"] and not v["tls.cert"]:
+        raise ConfigError("tls.ca is set but tls.cert/tls.key are not; a master serves TLS only"
+                          " with its own certificate")
+    if v["zookeeper.auth.scheme"] not in ("none", "digest"):
+        raise ConfigError(f"zookeeper.auth.scheme must be 'none' or 'digest', got"
+                          f" {v['zookeeper.auth.scheme']!r}")
+    if v["zookeeper.auth.scheme"] == "digest" and not v["zookeeper.auth.file"]:
+        raise ConfigError("zookeeper.auth.scheme 'digest' needs zookeeper.auth.file (one"
+                          " 'user:password' line)")
+    if v["zookeeper.auth.scheme"] == "digest" and v["zookeeper.chroot"] == "/":
+        raise ConfigError("zookeeper.auth.scheme 'digest' needs a zookeeper.chroot below /: the"
+                          " lock-down never touches ZooKeeper's own root")
+    if v["blobstore.list.visibility"] not in ("readable", "all"):
+        raise ConfigError(f"blobstore.list.visibility must be 'readable' or 'all', got"
+                          f" {v['blobstore.list.visibility']!r}")
+
+
+def parse_cpu_list(text: str) -> frozenset[int]:
+    """CPU numbers from a list as Linux writes them (``"0,2-3"``); empty = none named.
+    Raises :class:`ConfigError` naming ``master.cpus``."""
+    cleaned = text.replace(" ", "")
+    if not cleaned:
+        return frozenset()
+    cpus: set[int] = set()
+    for part in cleaned.split(","):
+        first, dash, last = part.partition("-")
+        if not first.isdigit() or (dash and not last.isdigit()):
+            raise ConfigError(f"master.cpus must be a CPU list like \"0\" or \"0,2-3\","
+                              f" got {text!r}")
+        low, high = int(first), int(last) if dash else int(first)
+        if high < low:
+            raise ConfigError(f"master.cpus has a range that runs backwards ({part!r})")
+        cpus.update(range(low, high + 1))
+    return frozenset(cpus)
+
+
+def format_cpu_list(cpus: Iterable[int]) -> str:
+    """The shortest list :func:`parse_cpu_list` reads back as ``cpus``: ``"0,2-3"``."""
+    runs: list[list[int]] = []
+    for cpu in sorted(cpus):
+        if runs and runs[-1][1] == cpu - 1:
+            runs[-1][1] = cpu
+        else:
+            runs.append([cpu, cpu])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+
+
+def _check_hostport(key: str, text: str, allow_no_port: bool = False) -> None:
+    if ":" not in text:
+        if allow_no_port and text:
+            return
+        raise ConfigError(f"{key} must be host:port, got {text!r}")
+    host, port = text.rsplit(":", 1)
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(f"{key} must be host:port with a port from 1 to 65535, got {text!r}")

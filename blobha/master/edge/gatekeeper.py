@@ -1,0 +1,176 @@
+"""The gRPC server interceptor in front of every blob-store call: authenticates the caller, and
+caps how many calls one user, and all users together, may have running at once, before any
+handler runs.
+
+Handlers learn the authenticated user from :func:`authenticated_user`; they never read the user
+from metadata themselves, so no call can skip authentication.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+import grpc
+
+from blobha.core.auth import ServerAuthentication
+from blobha.core.errors import BUSY_METADATA_KEY, Unauthenticated
+from blobha.master.edge import audit
+
+#: Calls of this service are authenticated; others (health checks, reflection) are not ours.
+SERVICE_PREFIX = "/blobha.v1.BlobStore/"
+
+
+class AuthenticatedContext:
+    """The handler's view of the call context: the real one plus the authenticated user."""
+
+    __slots__ = ("_context", "blobha_user")
+
+    def __init__(self, context: grpc.ServicerContext, user: str) -> None:
+        self._context = context
+        self.blobha_user = user
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._context, name)
+
+
+def authenticated_user(context: Any) -> str:
+    user = getattr(context, "blobha_user", None)
+    if not isinstance(user, str):
+        # Only reachable if a server was built without the gatekeeper: fail closed.
+        raise Unauthenticated("this call was not authenticated; the master is misconfigured")
+    return user
+
+
+def _peer_names(context: grpc.ServicerContext) -> Mapping[str, Sequence[str]]:
+    out: dict[str, list[str]] = {}
+    for k, values in (context.auth_context() or {}).items():
+        out[k] = [v.decode(errors="replace") if isinstance(v, bytes) else str(v)
+                  for v in values]
+    return out
+
+
+#: Calls admitted past the cap on all users' calls, up to a small cap of their own: a status
+#: check is how a client tells a busy master from a paused one.
+_PAST_THE_CAP = frozenset({"NodeStatus"})
+
+
+def client_call_threads(threads: int) -> int:
+    """Of a master's ``threads`` call threads, those users' calls may take together; the rest
+    stay for the other masters (replication) and for status checks, so that users keeping their
+    share busy neither stop replication nor make the master look dead."""
+    return threads - max(2, threads // 4)
+
+
+def status_call_threads(threads: int) -> int:
+    """Of the threads users' other calls may not take, those their status checks may: half, so
+    that status checks (not free: a master's figures are read over every key) cannot take the
+    other masters' share either."""
+    return max(1, (threads - client_call_threads(threads)) // 2)
+
+
+class Gatekeeper(grpc.ServerInterceptor):  # type: ignore[type-arg]
+    def __init__(self, auth: ServerAuthentication, max_calls_per_client: int,
+                 threads: int) -> None:
+        self.auth = auth
+        self.max_calls = max_calls_per_client
+        #: Calls of all users together (masters apart) on a server of ``threads`` call
+        #: threads. Status checks may go ``max_status_calls`` past it.
+        self.max_client_calls = client_call_threads(threads)
+        self.max_status_calls = status_call_threads(threads)
+        self._running: dict[str, int] = {}
+        self._all_running = 0
+        self._lock = threading.Lock()
+
+    # ---- admission ---------------------------------------------------------------------------
+
+    def _admit(self, method: str, context: grpc.ServicerContext) -> str:
+        metadata = {
+            str(k).lower(): v for k, v in (context.invocation_metadata() or ())
+            if isinstance(v, str)
+        }
+        try:
+            user = self.auth.authenticate(metadata, _peer_names(context))
+        except Unauthenticated as e:
+            audit.refused(method, context.peer(), str(e))
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, str(e))
+            raise AssertionError("unreachable") from None  # abort raises
+        if user == self.auth.principal:
+            # Masters are trusted and their sync fans out over many keys at once.
+            return user
+        refusal = ""
+        with self._lock:
+            running = self._running.get(user, 0)
+            if running >= self.max_calls:
+                refusal = (f"user {user!r} already has {self.max_calls} calls in progress on"
+                           " this master (master.max.calls.per.client); wait for some to finish")
+            elif self._all_running >= self.max_client_calls + (
+                    self.max_status_calls if method in _PAST_THE_CAP else 0):
+                refusal = (f"this master is busy: users' calls hold all {self.max_client_calls}"
+                           " of its call threads open to them (master.rpc.threads); retry")
+            else:
+                self._running[user] = running + 1
+                self._all_running += 1
+        if refusal:
+            context.set_trailing_metadata(((BUSY_METADATA_KEY, "1"),))
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, refusal)
+        return user
+
+    def _release(self, user: str) -> None:
+        if user == self.auth.principal:
+            return
+        with self._lock:
+            self._all_running -= 1
+            left = self._running.get(user, 1) - 1
+            if left > 0:
+                self._running[user] = left
+            else:
+                self._running.pop(user, None)
+
+    def running(self, user: str) -> int:
+        with self._lock:
+            return self._running.get(user, 0)
+
+    # ---- wrapping handlers -------------------------------------------------------------------
+
+    def _unary_response(self, method: str, behavior: Callable[..., Any]) -> Callable[..., Any]:
+        def wrapped(request: Any, context: grpc.ServicerContext) -> Any:
+            user = self._admit(method, context)
+            try:
+                return behavior(request, AuthenticatedContext(context, user))
+            finally:
+                self._release(user)
+        return wrapped
+
+    def _stream_response(self, method: str, behavior: Callable[..., Iterator[Any]]
+                         ) -> Callable[..., Iterator[Any]]:
+        def wrapped(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
+            # Admission runs on the first next(), so the slot is released by this finally
+            # whether the stream ends, fails or is dropped by a cancelled client.
+            user = self._admit(method, context)
+            try:
+                yield from behavior(request, AuthenticatedContext(context, user))
+            finally:
+                self._release(user)
+        return wrapped
+
+    def intercept_service(self, continuation: Callable[[Any], Any], details: Any) -> Any:
+        handler = continuation(details)
+        method = str(details.method)
+        if handler is None or not method.startswith(SERVICE_PREFIX):
+            return handler
+        name = method[len(SERVICE_PREFIX):]
+        kw = {"request_deserializer": handler.request_deserializer,
+              "response_serializer": handler.response_serializer}
+        if handler.unary_unary is not None:
+            return grpc.unary_unary_rpc_method_handler(
+                self._unary_response(name, handler.unary_unary), **kw)
+        if handler.stream_unary is not None:
+            return grpc.stream_unary_rpc_method_handler(
+                self._unary_response(name, handler.stream_unary), **kw)
+        if handler.unary_stream is not None:
+            return grpc.unary_stream_rpc_method_handler(
+                self._stream_response(name, handler.unary_stream), **kw)
+        return grpc.stream_stream_rpc_method_handler(
+            self._stream_response(name, handler.stream_stream), **kw)

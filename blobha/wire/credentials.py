@@ -1,0 +1,112 @@
+"""What a client presents to the masters: TLS trust and client certificate, and a token.
+
+``Credentials.from_env()`` reads ``BLOBHA_CA``, ``BLOBHA_CERT``, ``BLOBHA_KEY`` and
+``BLOBHA_TOKEN_FILE``, so every tool built on :class:`blobha.client.Client` (the CLI, the node
+cache, the Spark integration) picks them up without code changes. With a CA or a certificate the
+connection uses TLS and verifies the master's certificate; otherwise it is plain text.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+
+from blobha.core.auth import AUTHORIZATION_METADATA_KEY, USER_METADATA_KEY, split_token
+from blobha.core.errors import InvalidArgument, Unauthenticated
+
+ENV_CA = "BLOBHA_CA"
+ENV_CERT = "BLOBHA_CERT"
+ENV_KEY = "BLOBHA_KEY"
+ENV_TOKEN_FILE = "BLOBHA_TOKEN_FILE"
+
+
+@dataclass(frozen=True)
+class Credentials:
+    """``ca``: CA file that signed the masters' certificates (turns TLS on); ``cert``/``key``:
+    a client certificate (TLS, for ``auth.mode = "mtls"``); ``token_file``: a file holding a
+    token from ``blobha token create`` (for ``auth.mode = "token"``)."""
+
+    ca: str | None = None
+    cert: str | None = None
+    key: str | None = None
+    token_file: str | None = None
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> Credentials:
+        env = os.environ if env is None else env
+        return cls(
+            ca=env.get(ENV_CA) or None, cert=env.get(ENV_CERT) or None,
+            key=env.get(ENV_KEY) or None, token_file=env.get(ENV_TOKEN_FILE) or None,
+        )
+
+    @property
+    def tls(self) -> bool:
+        return bool(self.ca or self.cert)
+
+    def check(self) -> Credentials:
+        """Raise InvalidArgument naming the problem if the files cannot be used."""
+        if bool(self.cert) != bool(self.key):
+            raise InvalidArgument("a client certificate needs both --cert and --key"
+                                  " (BLOBHA_CERT and BLOBHA_KEY)")
+        for what, path in (("CA", self.ca), ("certificate", self.cert), ("key", self.key),
+                           ("token file", self.token_file)):
+            if path and not os.access(path, os.R_OK):
+                raise InvalidArgument(f"cannot read the {what} {path!r}")
+        if self.token_file:
+            self.token()
+        return self
+
+    def token(self) -> str | None:
+        if not self.token_file:
+            return None
+        try:
+            text = Path(self.token_file).read_text().strip()
+        except OSError as e:
+            raise InvalidArgument(f"cannot read the token file {self.token_file!r}: {e.strerror}"
+                                  ) from None
+        try:
+            split_token(text)
+        except Unauthenticated:
+            raise InvalidArgument(
+                f"{self.token_file!r} holds no token; it must contain the USER:SECRET line that"
+                " 'blobha token create' printed"
+            ) from None
+        return text
+
+    def token_user(self) -> str | None:
+        token = self.token()
+        return split_token(token)[0] if token else None
+
+    def metadata(self, user: str) -> tuple[tuple[str, str], ...]:
+        out: list[tuple[str, str]] = [(USER_METADATA_KEY, user)]
+        token = self.token()
+        if token:
+            out.append((AUTHORIZATION_METADATA_KEY, f"Bearer {token}"))
+        return tuple(out)
+
+    def channel(self, address: str, options: Sequence[tuple[str, object]]) -> grpc.Channel:
+        if not self.tls:
+            return grpc.insecure_channel(address, options=list(options))
+        # Only here: blobha.wire.tls loads cryptography (tens of milliseconds), which a client of a
+        # plain-text cluster (a Spark task checking a blob's version, say) has no use for.
+        from blobha.wire.tls import channel_credentials
+
+        try:
+            creds = channel_credentials(self.ca, self.cert, self.key)
+        except ValueError as e:
+            raise InvalidArgument(str(e)) from None
+        return grpc.secure_channel(address, creds, options=list(options))
+
+    def stamp(self) -> tuple[float, ...]:
+        """Modification times of the files, to notice a renewed certificate."""
+        out = []
+        for path in (self.ca, self.cert, self.key):
+            try:
+                out.append(os.stat(path).st_mtime if path else 0.0)
+            except OSError:
+                out.append(-1.0)
+        return tuple(out)

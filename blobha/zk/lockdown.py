@@ -1,0 +1,130 @@
+"""ZooKeeper lock-down: blobha's znodes carry a digest ACL that only the masters' credentials
+satisfy, so nobody else who reaches ZooKeeper can read the cluster secret, forge replica nodes,
+bump versions or delete keys.
+
+With ``zookeeper.auth.scheme = "digest"`` every master session authenticates with the
+credentials in ``zookeeper.auth.file`` and every znode it creates (the chroot included) gets
+``digest:<user>:<hash>:cdrwa`` and nothing else. An existing open tree is migrated at start:
+:func:`lock_down` sets the ACL on every node, the chroot last, so an interrupted migration is
+resumed by the next start.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kazoo.client import KazooClient
+from kazoo.exceptions import NoAuthError, NoNodeError
+from kazoo.security import ACL, make_digest_acl
+
+log = logging.getLogger("blobha.zkauth")
+
+
+class ZooKeeperAuthError(Exception):
+    """ZooKeeper refused the masters' credentials or the tree is locked by other ones."""
+
+
+@dataclass(frozen=True)
+class ZkCredentials:
+    """Digest credentials of the masters (``user:password``)."""
+
+    user: str
+    password: str
+
+    @classmethod
+    def from_file(cls, path: str | os.PathLike[str]) -> ZkCredentials:
+        p = Path(path)
+        try:
+            text = p.read_text().strip()
+            mode = p.stat().st_mode
+        except OSError as e:
+            raise ZooKeeperAuthError(
+                f"cannot read zookeeper.auth.file {os.fspath(path)!r}: {e.strerror}"
+            ) from None
+        user, sep, password = text.partition(":")
+        if not sep or not user or not password or "\n" in text:
+            raise ZooKeeperAuthError(
+                f"zookeeper.auth.file {os.fspath(path)!r} must hold one 'user:password' line"
+            )
+        if mode & (stat.S_IRWXG | stat.S_IRWXO):
+            log.warning("zookeeper.auth.file %s is readable by others than its owner; chmod 600"
+                        " it", path)
+        return cls(user, password)
+
+    @property
+    def acl(self) -> list[ACL]:
+        return [make_digest_acl(self.user, self.password, all=True)]
+
+    def kazoo_args(self) -> dict[str, Any]:
+        """Keyword arguments for KazooClient: authenticate, and lock every created node."""
+        return {"auth_data": [("digest", f"{self.user}:{self.password}")],
+                "default_acl": self.acl}
+
+
+def is_locked(acls: list[ACL], wanted: list[ACL]) -> bool:
+    return sorted(map(str, acls)) == sorted(map(str, wanted))
+
+
+def lock_down(zk: KazooClient, path: str, wanted: list[ACL]) -> int:
+    """Give ``path`` and everything below it the ACL ``wanted`` (children first, so the top
+    node, once locked, proves the whole tree is). Returns how many nodes changed."""
+    changed = 0
+    try:
+        children = zk.get_children(path)
+    except NoNodeError:
+        return 0
+    except NoAuthError:
+        raise ZooKeeperAuthError(
+            f"ZooKeeper refused to list {path}: it is locked by other credentials; check"
+            " zookeeper.auth.file"
+        ) from None
+    for child in children:
+        changed += lock_down(zk, f"{path.rstrip('/')}/{child}", wanted)
+    try:
+        acls, _ = zk.get_acls(path)
+        if not is_locked(acls, wanted):
+            zk.set_acls(path, wanted)
+            changed += 1
+    except NoNodeError:
+        pass  # an ephemeral node went away meanwhile
+    except NoAuthError:
+        raise ZooKeeperAuthError(
+            f"ZooKeeper refused to change the ACL of {path}: it is locked by other credentials;"
+            " check zookeeper.auth.file"
+        ) from None
+    return changed
+
+
+def ensure_locked_chroot(servers: str, chroot: str, creds: ZkCredentials | None,
+                         timeout: float) -> None:
+    """Create the chroot if missing; with credentials, lock the tree below it (migrating an
+    open tree once). Without credentials, fail clearly if the tree is already locked."""
+    kwargs = creds.kazoo_args() if creds else {}
+    root = KazooClient(hosts=servers, timeout=timeout, **kwargs)
+    root.start(timeout=timeout)
+    try:
+        try:
+            root.ensure_path(chroot)
+            acls, _ = root.get_acls(chroot)
+            if creds is None:
+                # A locked tree refuses to be listed without the masters' credentials.
+                root.get_children(chroot)
+                return
+        except NoAuthError:
+            raise ZooKeeperAuthError(
+                f"ZooKeeper refused access to {chroot}: blobha's znodes there are locked down;"
+                " set zookeeper.auth.scheme = 'digest' and zookeeper.auth.file to the masters'"
+                " credentials"
+            ) from None
+        if not is_locked(acls, creds.acl):
+            changed = lock_down(root, chroot, creds.acl)
+            log.warning("ZooKeeper lock-down: set the masters-only ACL on %d znodes under %s",
+                        changed, chroot)
+    finally:
+        root.stop()
+        root.close()
