@@ -868,7 +868,8 @@ def _cmd_health(args: argparse.Namespace) -> int:
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
-    serve_main: Callable[[str], int] = _load("blobha.master.facade", "serve_main", "start a master")
+    serve_main: Callable[[str], int] = _load("blobha.master.process", "serve_main",
+                                             "start a master")
     return int(serve_main(args.config))
 
 

@@ -69,3 +69,12 @@ def _split_host_port(text: str) -> tuple[str, int]:
     if not port_text.isdigit() or not 0 < int(port_text) < 65536:
         raise InvalidArgument(f"bad port in master address {text!r}: expected 1-65535")
     return host, int(port_text)
+
+
+def status_url(config_listen: str, advertise: str) -> str:
+    """The page's URL as others should use it: the advertised host with the metrics port."""
+    host = advertise.rsplit(":", 1)[0]
+    listen_host, port = config_listen.rsplit(":", 1)
+    if listen_host not in ("", "0.0.0.0", "::", "[::]"):
+        host = listen_host
+    return f"http://{host}:{port}/"

@@ -24,7 +24,6 @@ import json
 import logging
 import math
 import os
-import signal
 import socket
 import threading
 import time
@@ -33,10 +32,8 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from collections.abc import Set as AbstractSet
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
-import grpc
 from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import (
     BadVersionError,
@@ -52,9 +49,8 @@ from kazoo.protocol.states import WatchedEvent
 from kazoo.retry import KazooRetry
 
 from blobha.core import acl as acls
-from blobha.core import logs
 from blobha.core.acl import AccessControl
-from blobha.core.addresses import host_of
+from blobha.core.addresses import status_url
 from blobha.core.auth import ServerAuthentication, make_authenticator, new_cluster_secret
 from blobha.core.digest import PUT_MAX_BYTES, is_digest
 from blobha.core.errors import (
@@ -72,14 +68,11 @@ from blobha.core.errors import (
 from blobha.core.keys import validate_key
 from blobha.core.version import __version__
 from blobha.leader import Deposed, LeaderElection, LeaderHistory, is_failure
-from blobha.master.config import Config, ConfigError, format_cpu_list, load_config, parse_cpu_list
-from blobha.master.edge.health import MasterHealth
-from blobha.master.edge.metrics import MasterMetrics
-from blobha.master.edge.statuspage import StatusServer, status_url
+from blobha.master.config import Config, ConfigError
 from blobha.master.groupcommit import GroupCommitter, Later
 from blobha.master.scrub import Scrubber
 from blobha.master.uploads import Upload, UploadManager
-from blobha.store.local import LocalStore, VersionInfo, libc_function
+from blobha.store.local import LocalStore, VersionInfo
 from blobha.sync import (
     IdentityInUse,
     KeyView,
@@ -90,7 +83,7 @@ from blobha.sync import (
 )
 from blobha.sync.peers import Peers
 from blobha.wire.credentials import Credentials
-from blobha.wire.dataplane import MIN_BYTES, DataOffer, DataPlane
+from blobha.wire.dataplane import MIN_BYTES, DataOffer
 from blobha.wire.status import MasterSummary, ReplicationStatus
 from blobha.wire.tls import ReloadingServerCredentials
 from blobha.zk import layout as zkstate
@@ -154,6 +147,17 @@ class _Put:
     data: bytes
     digest: str
     write_tag: str = ""
+
+
+class TransferOffers(Protocol):
+    """The data channel as the master sees it: tickets for a range of a version, or for the
+    rest of an upload session (``None`` when it takes no more)."""
+
+    port: int
+
+    def offer(self, info: VersionInfo, offset: int, end: int) -> bytes: ...
+
+    def offer_upload(self, user: str, upload_id: str, offset: int) -> bytes | None: ...
 
 
 def keys_after(keys: list[str], prefix: str, after: str) -> Iterator[str]:
@@ -248,11 +252,9 @@ class Master:
         )
         on_session_timeout(self.zk, self._session_granted)
         self.history = LeaderHistory()
-        self.health = MasterHealth(self.zk)
-        self.metrics = MasterMetrics(self)
-        self._status_server: StatusServer | None = None
-        #: The data channel (blobha.wire.dataplane), started with the gRPC server unless turned off.
-        self.dataplane: DataPlane | None = None
+        #: The data channel's offers, set by whoever serves this master (blobha.master.assembly)
+        #: unless the channel is off.
+        self.dataplane: TransferOffers | None = None
         info: dict[str, object] = {"address": self.identity, "version": __version__,
                                    "pid": os.getpid(), "host": socket.gethostname()}
         if config.metrics_listen:
@@ -292,8 +294,8 @@ class Master:
         self._cluster_id = ""
         self._identity_alarm = False
         self._key_list: tuple[int, list[str]] | None = None  # (cversion, sorted keys)
-        self._server: grpc.Server | None = None
         self._stopped = threading.Event()
+        self._closed = False
         self._summary_pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="summary")
         # The replication waits in progress, per key path, woken by one watch callback
         # (_wake_waiters) for all of them. kazoo keeps a one-shot callback until its node
@@ -304,18 +306,14 @@ class Master:
 
     # ---- lifecycle -----------------------------------------------------------------------
 
-    def start(self, serve: bool = True) -> None:
-        from blobha.master.edge.gatekeeper import Gatekeeper
-        from blobha.master.edge.service import add_to_server, new_server
+    def start(self) -> None:
+        """Connect and join the cluster without serving calls; a process serves a master
+        through :mod:`blobha.master.assembly`, which starts its edge between the two."""
+        self.connect()
+        self.join()
 
-        if serve and self.config.metrics_listen:
-            # First, so a taken port fails the start before anything registers in ZooKeeper.
-            try:
-                self._status_server = StatusServer(self, self.config.metrics_listen)
-            except OSError as e:
-                raise ConfigError(
-                    f"cannot listen on metrics.listen {self.config.metrics_listen}: {e}"
-                ) from None
+    def connect(self) -> None:
+        """Reach ZooKeeper and check that it holds this store's cluster."""
         try:
             self._ensure_chroot()
             self.zk.start(timeout=max(15.0, self.session_timeout))
@@ -334,71 +332,19 @@ class Master:
             log.warning("ZooKeeper is not locked down (zookeeper.auth.scheme = 'none'): whoever"
                         " reaches ZooKeeper can read the cluster secret and forge blobha state")
         self.history.watch(self.zk)
-        self.health.start()
         self.uploads.start()
-        if serve:
-            threads = self.config["master.rpc.threads"]
-            self.gatekeeper = Gatekeeper(self.authentication,
-                                         self.config["master.max.calls.per.client"], threads)
-            self._server = new_server(
-                [self.gatekeeper],
-                [("grpc.max_concurrent_streams",
-                  self.config["master.max.streams.per.connection"])],
-                metrics=self.metrics.rpc,
-                threads=threads,
-            )
-            add_to_server(self, self._server)
-            listen = self.config["master.listen"]
-            try:
-                if self.server_tls is not None:
-                    port = self._server.add_secure_port(listen, self.server_tls.credentials)
-                else:
-                    port = self._server.add_insecure_port(listen)
-            except RuntimeError:  # grpcio's "Failed to bind", the reason only in its log
-                port = 0
-            if port == 0:
-                raise ConfigError(f"cannot listen on master.listen {listen}: the address is in"
-                                  " use (another master?) or not this host's")
-            self._server.start()
-            self._start_dataplane(listen)
+
+    def join(self) -> None:
+        """Register as a replica holder, then sync, stand for election and scrub."""
         try:
             self.membership.register(wait=True)
         except IdentityInUse as e:
-            if self._server is not None:
-                self._server.stop(0)
             raise ConfigError(str(e)) from None
         self.sync.start()
         self.election.start()
         self.scrubber.start()
-        if self._status_server is not None:
-            self._status_server.start()
-            log.info("status page and metrics on %s",
-                     status_url(self.config.metrics_listen, self.identity))
         log.info("master %s serving (blobha %s, data in %s)", self.identity, __version__,
                  self.store.root)
-
-    def _start_dataplane(self, listen: str) -> None:
-        port = int(self.config["blobstore.data.port"])
-        if port < 0:
-            return
-        if self.server_tls is not None:
-            log.info("no data channel: with TLS, transfers stay in the encrypted gRPC stream")
-            return
-        from blobha.master.edge.service import translate_error
-
-        host = host_of(listen)
-        dataplane = DataPlane(
-            self.store, host, port, append=self.append,
-            translate=lambda e: translate_error(self.identity, "an upload on the data channel", e))
-        try:
-            dataplane.start()
-        except OSError as e:
-            if self._server is not None:
-                self._server.stop(0)
-            raise ConfigError(f"cannot listen on blobstore.data.port {port} on {host}: {e}"
-                              " (set another port, 0 for any free one, or -1 for none)") from None
-        self.dataplane = dataplane
-        log.info("data channel on port %d", dataplane.port)
 
     def _end_session(self, session: int, password: bytes) -> bool:
         """Reconnect to a dead predecessor's session and close it (see SessionRecord); False
@@ -434,27 +380,28 @@ class Master:
         self._cluster_secret = self.zk.get(MASTER_SECRET)[0].decode()
         self.peers.set_cluster_secret(self._cluster_secret)
 
-    def stop(self) -> None:
-        """Graceful stop: resign leadership at once, abort uploads, drain, disconnect."""
+    def resign(self) -> None:
+        """The first half of a graceful stop: hand leadership over at once and abort uploads.
+        Whoever serves this master stops serving after this, then calls :meth:`stop`."""
         if self._stopped.is_set():
             return
         self._stopped.set()
         log.info("stopping master %s", self.identity)
-        self.health.stop()
         was_leader = self.election.is_leader
         self.election.stop(resign=True)
         if was_leader:
             log.info("leadership handed over")
         self.uploads.stop()
         self.scrubber.stop()
-        if self._server is not None:
-            self._server.stop(grace=2.0).wait(3.0)
-        if self.dataplane is not None:
-            self.dataplane.stop()
+
+    def stop(self) -> None:
+        """Graceful stop: resign leadership at once, abort uploads, drain, disconnect."""
+        self.resign()
+        if self._closed:
+            return
+        self._closed = True
         self.puts.close(timeout=5.0)
         self.sync.stop()
-        if self._status_server is not None:
-            self._status_server.stop()
         self.peers.close()
         self._summary_pool.shutdown(wait=False, cancel_futures=True)
         try:
@@ -1886,101 +1833,3 @@ def _commit_error(key: str, error: Exception, metadata: bool) -> BlobError:
         return VersionConflict(f"{key!r} changed during the commit; retry")
     return Unavailable(f"the commit of {key!r} failed ({type(error).__name__}); nothing was"
                        " committed, retry")
-
-
-def _limit_malloc_arenas(arenas: int = 2) -> None:
-    """Cap glibc's malloc arenas (before any thread starts). By default every thread that
-    allocates may get an arena of its own, up to eight per core; a master runs dozens of
-    threads (gRPC workers, sync fetchers, kazoo), and the memory freed by one thread's blob
-    buffers stays fragmented in its arena, which showed as resident memory growing with the
-    number of keys. A no-op off glibc."""
-    if os.environ.get("MALLOC_ARENA_MAX"):
-        return  # the operator chose
-    mallopt = libc_function("mallopt")
-    if mallopt is not None:
-        m_arena_max = -8
-        mallopt(m_arena_max, arenas)
-
-
-def confine_to_cpus(text: str) -> frozenset[int]:
-    """Run every thread of this process, and each it starts later, on the CPUs of the list
-    ``text`` (``master.cpus``). Raises :class:`ConfigError` if the system offers no such
-    control or the list names a CPU this process may not use."""
-    wanted = parse_cpu_list(text)
-    if not wanted:
-        raise ConfigError("master.cpus names no CPU; leave it empty to run anywhere")
-    if not hasattr(os, "sched_setaffinity"):
-        raise ConfigError("master.cpus needs CPU affinity, which this system does not offer;"
-                          " leave it empty")
-    allowed = os.sched_getaffinity(0)
-    if not wanted <= allowed:
-        raise ConfigError(
-            f"master.cpus {text!r} names CPU {format_cpu_list(wanted - allowed)}, which this"
-            f" master may not use (it may use {format_cpu_list(allowed)}); pick from those"
-            " or leave it empty")
-    # Each thread has its own mask: set it on all that exist (a library may have started
-    # one already); those started later inherit it from their starter.
-    tasks = Path("/proc/self/task")
-    tids = [int(t.name) for t in tasks.iterdir()] if tasks.is_dir() else [0]
-    for tid in tids:
-        with contextlib.suppress(ProcessLookupError):  # a thread that ended meanwhile
-            os.sched_setaffinity(tid, wanted)
-    return wanted
-
-
-def serve_main(config_path: str | None) -> int:
-    """``blobha serve --config FILE``: run one master until SIGTERM or SIGINT."""
-    _limit_malloc_arenas()
-    try:
-        config = load_config(config_path)
-    except ConfigError as e:
-        print(f"blobha: configuration error: {e}", flush=True)
-        return 2
-    logs.configure(config["log.level"], config["log.format"], config.advertise)
-    if config["audit.file"]:
-        try:
-            handler = logging.FileHandler(config["audit.file"])
-        except OSError as e:
-            log.error("cannot open audit.file %s: %s", config["audit.file"], e.strerror)
-            return 1
-        handler.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
-        logging.getLogger("blobha.audit").addHandler(handler)
-    if config["master.cpus"]:
-        try:
-            cpus = confine_to_cpus(config["master.cpus"])
-        except ConfigError as e:
-            log.error("cannot start: %s", e)
-            return 1
-        log.info("running on CPU %s (master.cpus)", format_cpu_list(cpus))
-    try:
-        master = Master(config)
-        master.start()
-    except (ConfigError, BlobError, OSError) as e:
-        log.error("cannot start: %s", e)
-        return 1
-    stop = threading.Event()
-
-    def on_signal(signum: int, frame: object) -> None:
-        stop.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-    parent = os.environ.get("BLOBHA_EXIT_WITH_PARENT")
-    if parent and parent.isdigit():
-        threading.Thread(target=_exit_with_parent, args=(int(parent), stop), daemon=True).start()
-    stop.wait()
-    master.stop()
-    return 0
-
-
-def _exit_with_parent(pid: int, stop: threading.Event) -> None:
-    """Stop when the process that started us is gone (a local cluster whose runner was
-    killed must not leave masters behind)."""
-    while not stop.wait(1.0):
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            log.warning("parent process %d is gone; stopping", pid)
-            stop.set()
-        except PermissionError:
-            pass

@@ -449,11 +449,11 @@ def test_serve_and_local_cluster_are_loaded_lazily(
         calls.append(("local", *args, *sorted(kw.items())))
         return 3
 
-    master = types.ModuleType("blobha.master.facade")
+    master = types.ModuleType("blobha.master.process")
     master.serve_main = serve_main  # type: ignore[attr-defined]
     local = types.ModuleType("blobha.ops.localcluster")
     local.main = local_main  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "blobha.master.facade", master)
+    monkeypatch.setitem(sys.modules, "blobha.master.process", master)
     monkeypatch.setitem(sys.modules, "blobha.ops.localcluster", local)
     assert cli.main(["serve", "--config", "m.toml"]) == 0
     assert cli.main(["local-cluster", "--nodes", "5", "--data-dir", "d"]) == 3

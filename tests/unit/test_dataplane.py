@@ -25,12 +25,13 @@ from blobha.core.errors import (
     upload_not_found,
 )
 from blobha.core.keys import key_dirname
+from blobha.master.edge.dataplane import DataPlane
 from blobha.master.edge.service import translate_error
 from blobha.store.local import BlobBuffer, LocalStore
 from blobha.v1 import blobha_pb2 as pb
 from blobha.wire import dataplane
 from blobha.wire.chunks import Chunk
-from blobha.wire.dataplane import DataChannels, DataChannelUnusable, DataPlane, receive, send_upload
+from blobha.wire.dataplane import DataChannels, DataChannelUnusable, receive, send_upload
 
 DATA = os.urandom(3 * CHUNK_SIZE + 12345)
 
@@ -212,14 +213,17 @@ def test_unreachable_masters_are_skipped_for_the_hold_time(clock: Clock) -> None
     assert u.usable("m1:6627")
 
 
-def test_outstanding_tickets_are_bounded(plane: DataPlane, monkeypatch: pytest.MonkeyPatch
-                                         ) -> None:
-    monkeypatch.setattr(dataplane, "MAX_TICKETS", 3)
-    tickets = [grant(plane, 0, 10) for _ in range(5)]
-    assert plane.outstanding() == 3
-    with pytest.raises(Unavailable, match="unknown or expired"):
-        fetch(plane, tickets[0], 10)  # the oldest went first
-    assert fetch(plane, tickets[-1], 10)[0] == DATA[:10]
+def test_outstanding_tickets_are_bounded(store: LocalStore, clock: Clock) -> None:
+    plane = DataPlane(store, "127.0.0.1", 0, max_connections=2, clock=clock, max_tickets=3)
+    plane.start()
+    try:
+        tickets = [grant(plane, 0, 10) for _ in range(5)]
+        assert plane.outstanding() == 3
+        with pytest.raises(Unavailable, match="unknown or expired"):
+            fetch(plane, tickets[0], 10)  # the oldest went first
+        assert fetch(plane, tickets[-1], 10)[0] == DATA[:10]
+    finally:
+        plane.stop()
 
 
 class _OfferingStub:

@@ -9,8 +9,8 @@ from typing import Any
 from blobha.leader import LeaderHistory
 from prometheus_client.parser import text_string_to_metric_families
 
+from blobha.core.addresses import status_url
 from blobha.master.edge.metrics import MasterMetrics
-from blobha.master.edge.statuspage import status_url
 
 
 def fake_master(**overrides: Any) -> SimpleNamespace:

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-import blobha
 from blobha.master.config import OPTIONS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -40,35 +39,6 @@ def test_every_configuration_key_is_documented() -> None:
     readme = (ROOT / "README.md").read_text()
     missing = [o.key for o in OPTIONS if f"`{o.key}`" not in readme]
     assert not missing, f"README lacks {missing}"
-
-
-def test_public_api_surface() -> None:
-    assert set(blobha.__all__) == {
-        "AccessControl",
-        "BlobCache",
-        "BlobError",
-        "ChecksumMismatch",
-        "Client",
-        "Credentials",
-        "DeadlineExceeded",
-        "InternalError",
-        "InvalidArgument",
-        "KeyAlreadyExists",
-        "KeyNotFound",
-        "NotAuthorized",
-        "NotLeader",
-        "ResourceExhausted",
-        "TlsMismatch",
-        "Unauthenticated",
-        "Unavailable",
-        "UploadNotFound",
-        "VersionConflict",
-        "__version__",
-        "format_acl",
-        "parse_acl",
-    }
-    for name in blobha.__all__:
-        assert getattr(blobha, name) is not None
 
 
 def test_a_spark_worker_loads_no_client_with_blobha_spark(tmp_path: Path) -> None:

@@ -20,7 +20,7 @@ from blobha.core.digest import CHUNK_SIZE
 from blobha.core.errors import BlobError, InvalidArgument, ResourceExhausted, Unavailable, to_status
 from blobha.master.edge.audit import audited
 from blobha.master.edge.gatekeeper import authenticated_user
-from blobha.master.edge.health import BLOBSTORE_SERVICE
+from blobha.master.edge.health import BLOBSTORE_SERVICE, MasterHealth
 from blobha.master.edge.interceptor import ObservingInterceptor
 from blobha.master.edge.metrics import RpcMetrics
 from blobha.sync.peers import CHANNEL_OPTIONS
@@ -97,7 +97,7 @@ class _HandlerCapture:
         self.handlers = dict(handlers)
 
 
-def add_to_server(master: Master, server: grpc.Server) -> None:
+def add_to_server(master: Master, server: grpc.Server, checks: MasterHealth) -> None:
     servicer = BlobStoreServicer(master)
     capture = _HandlerCapture()
     pb_grpc.add_BlobStoreServicer_to_server(servicer, capture)  # type: ignore[no-untyped-call]
@@ -122,7 +122,7 @@ def add_to_server(master: Master, server: grpc.Server) -> None:
         BLOBSTORE_SERVICE, capture.handlers
     )
     # The standard services, so grpcurl and health probes work without the .proto file.
-    master.health.add_to_server(server)
+    checks.add_to_server(server)
     reflection.enable_server_reflection(
         (BLOBSTORE_SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME), server
     )

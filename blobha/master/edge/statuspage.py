@@ -35,6 +35,7 @@ from blobha.core.version import __version__
 from blobha.zk.layout import MASTERS
 
 if TYPE_CHECKING:
+    from blobha.master.edge.metrics import MasterMetrics
     from blobha.master.facade import Master
 
 log = logging.getLogger("blobha.statuspage")
@@ -48,15 +49,6 @@ _STATIC = {
     "/status.js": ("status.js", "text/javascript; charset=utf-8"),
     "/status.css": ("status.css", "text/css; charset=utf-8"),
 }
-
-
-def status_url(config_listen: str, advertise: str) -> str:
-    """The page's URL as others should use it: the advertised host with the metrics port."""
-    host = advertise.rsplit(":", 1)[0]
-    listen_host, port = config_listen.rsplit(":", 1)
-    if listen_host not in ("", "0.0.0.0", "::", "[::]"):
-        host = listen_host
-    return f"http://{host}:{port}/"
 
 
 def status_document(master: Master, blob_limit: int = DEFAULT_BLOB_LIMIT) -> dict[str, Any]:
@@ -204,18 +196,19 @@ class StatusServer(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
 
-    def __init__(self, master: Master, listen: str) -> None:
+    def __init__(self, master: Master, listen: str, metrics: MasterMetrics) -> None:
         host, port = listen.rsplit(":", 1)
         host = host.strip("[]")
         if ":" in host:
             self.address_family = socket.AF_INET6
         self.master = master
+        self.metrics = metrics
         super().__init__((host, int(port)), _Handler)
         self._thread = threading.Thread(target=self.serve_forever, name="status-http",
                                         daemon=True)
 
     def render_metrics(self) -> bytes:
-        return self.master.metrics.render()
+        return self.metrics.render()
 
     def start(self) -> None:
         self._thread.start()

@@ -1,0 +1,126 @@
+"""The composition root: one master with the ways it is reached (the gRPC server, its health
+service, metrics, the status page and the data channel), started and stopped in order."""
+
+from __future__ import annotations
+
+import logging
+
+import grpc
+
+from blobha.core.addresses import host_of, status_url
+from blobha.core.errors import BlobError
+from blobha.core.version import __version__
+from blobha.master.config import Config, ConfigError
+from blobha.master.edge.dataplane import DataPlane
+from blobha.master.edge.gatekeeper import Gatekeeper
+from blobha.master.edge.health import MasterHealth
+from blobha.master.edge.metrics import MasterMetrics
+from blobha.master.edge.service import add_to_server, new_server, translate_error
+from blobha.master.edge.statuspage import StatusServer
+from blobha.master.facade import Master
+
+log = logging.getLogger("blobha.master")
+
+
+class MasterServer:
+    """A master as a process serves it. :meth:`start` brings the parts up in the order that
+    lets a bad setting fail before anything registers in ZooKeeper; :meth:`stop` hands
+    leadership over before it stops serving."""
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.master = Master(config)
+        self.health = MasterHealth(self.master.zk)
+        self.metrics = MasterMetrics(self.master)
+        self.status_server: StatusServer | None = None
+        self.server: grpc.Server | None = None
+        self.dataplane: DataPlane | None = None
+        self.gatekeeper: Gatekeeper | None = None
+
+    def start(self) -> None:
+        listen = self.config.metrics_listen
+        if listen:
+            # First, so a taken port fails the start before anything registers in ZooKeeper.
+            try:
+                self.status_server = StatusServer(self.master, listen, self.metrics)
+            except OSError as e:
+                raise ConfigError(f"cannot listen on metrics.listen {listen}: {e}") from None
+        try:
+            self.master.connect()
+            self.health.start()
+            self._serve()
+            self.master.join()
+        except (ConfigError, BlobError, OSError):
+            self._stop_serving(grace=0)
+            raise
+        if self.status_server is not None:
+            self.status_server.start()
+            log.info("status page and metrics on %s", status_url(listen, self.master.identity))
+        log.info("master %s reachable (blobha %s)", self.master.identity, __version__)
+
+    def _serve(self) -> None:
+        threads = self.config["master.rpc.threads"]
+        self.gatekeeper = Gatekeeper(self.master.authentication,
+                                     self.config["master.max.calls.per.client"], threads)
+        server = new_server(
+            [self.gatekeeper],
+            [("grpc.max_concurrent_streams", self.config["master.max.streams.per.connection"])],
+            metrics=self.metrics.rpc,
+            threads=threads,
+        )
+        add_to_server(self.master, server, self.health)
+        listen = self.config["master.listen"]
+        tls = self.master.server_tls
+        try:
+            if tls is not None:
+                port = server.add_secure_port(listen, tls.credentials)
+            else:
+                port = server.add_insecure_port(listen)
+        except RuntimeError:  # grpcio's "Failed to bind", the reason only in its log
+            port = 0
+        if port == 0:
+            raise ConfigError(f"cannot listen on master.listen {listen}: the address is in"
+                              " use (another master?) or not this host's")
+        server.start()
+        self.server = server
+        self._start_dataplane(host_of(listen))
+
+    def _start_dataplane(self, host: str) -> None:
+        port = int(self.config["blobstore.data.port"])
+        if port < 0:
+            return
+        if self.master.server_tls is not None:
+            log.info("no data channel: with TLS, transfers stay in the encrypted gRPC stream")
+            return
+        master = self.master
+        dataplane = DataPlane(
+            master.store, host, port, append=master.append,
+            translate=lambda e: translate_error(master.identity, "an upload on the data channel",
+                                                e))
+        try:
+            dataplane.start()
+        except OSError as e:
+            raise ConfigError(f"cannot listen on blobstore.data.port {port} on {host}: {e}"
+                              " (set another port, 0 for any free one, or -1 for none)") from None
+        self.dataplane = dataplane
+        master.dataplane = dataplane
+        log.info("data channel on port %d", dataplane.port)
+
+    def _stop_serving(self, grace: float) -> None:
+        if self.server is not None:
+            self.server.stop(grace).wait(grace + 1.0)
+        if self.dataplane is not None:
+            self.dataplane.stop()
+
+    def stop(self) -> None:
+        """Graceful stop: report NOT_SERVING, resign leadership at once, drain the calls in
+        flight, then disconnect."""
+        self.health.stop()
+        self.master.resign()
+        self._stop_serving(grace=2.0)
+        self.master.stop()
+        if self.status_server is not None:
+            self.status_server.stop()
+
+    def wait_stopped(self, timeout: float | None = None) -> bool:
+        return self.master.wait_stopped(timeout)
