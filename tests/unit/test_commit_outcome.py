@@ -14,13 +14,14 @@ from blobha.sync import KeyView
 from kazoo.client import KazooState
 from kazoo.exceptions import ConnectionLoss, NoNodeError, SessionMovedError
 from kazoo.handlers.threading import KazooTimeoutError
+from masterparts import Node
 
 from blobha.core.acl import READ, AccessControl
 from blobha.core.digest import digest_bytes
 from blobha.core.errors import Unavailable
-from blobha.master.facade import ROLLBACK_MIN_RATE, CommitOutcomeUnknown, Master, _Put
 from blobha.master.groupcommit import GroupCommitter
-from blobha.store.local import LocalStore
+from blobha.master.repairs import ROLLBACK_MIN_RATE
+from blobha.master.rules import CommitOutcomeUnknown, PutRequest
 from blobha.zk.layout import MAX_STATE_BYTES, BlobState, PastVersion, write_tag
 
 
@@ -77,32 +78,16 @@ class _Ensemble:
         return SimpleNamespace(get=answer)
 
 
-def _master(tmp_path: Path, zk: _Ensemble) -> Any:
-    m: Any = Master.__new__(Master)
-    m.identity = "m1:6627"
-    m.store = LocalStore(tmp_path / "store")
-    m.election = SimpleNamespace(is_leader=True, epoch=3, fenced_results=zk.fenced_results)
-    m.zk = zk
-    m.session_timeout = 0.3
-    m._stopped = threading.Event()
-    m.config = {"blobstore.versions.retained": 2}
-    m.membership = SimpleNamespace(known=lambda: {m.identity})
-    m.sync = SimpleNamespace(view=lambda key: None, session_id=lambda: 7,
-                             registered=lambda *args: None, creating=lambda keys: None,
-                             created=lambda keys: None)
-    return m
-
-
-def _put(data: bytes) -> _Put:
-    return _Put("alice", "k", True, (), 1, 1, 0, data, digest_bytes(data))
+def _put(data: bytes) -> PutRequest:
+    return PutRequest("alice", "k", True, (), 1, 1, 0, data, digest_bytes(data))
 
 
 def test_an_applied_commit_whose_outcome_stays_unknown_keeps_the_only_copy(
     tmp_path: Path,
 ) -> None:
     zk = _Ensemble(applied=True, reachable=False)
-    m = _master(tmp_path, zk)
-    [result] = m._commit_puts([_put(b"precious")])
+    m = Node(tmp_path, zk)
+    [result] = m.committer.commit_puts([_put(b"precious")])
     assert isinstance(result, CommitOutcomeUnknown) and "outcome is unknown" in str(result)
     assert isinstance(result, Unavailable)  # the client's status: UNAVAILABLE, then re-read
     committed = BlobState.decode(zk.data["/blobstore/k"])
@@ -116,8 +101,8 @@ def test_a_commit_read_back_after_a_sync_is_known_to_have_applied(tmp_path: Path
     # The session moved to a server that had not seen the transaction: read without a sync
     # first, it looked as if the commit did not apply, and the only copy was deleted.
     zk = _Ensemble(applied=True, reachable=True, lagging=True)
-    m = _master(tmp_path, zk)
-    [result] = m._commit_puts([_put(b"precious")])
+    m = Node(tmp_path, zk)
+    [result] = m.committer.commit_puts([_put(b"precious")])
     assert isinstance(result, BlobState) and result.seq == 1, result
     assert zk.synced
     assert m.store.versions("k") == [1]
@@ -129,8 +114,8 @@ def test_an_applied_commit_superseded_before_the_read_back_keeps_its_copy(
     # v1 was taken for "did not apply" and its copy deleted, though ZooKeeper keeps it (as
     # acknowledged, W=1) in the key's history for roll-back.
     zk = _Ensemble(applied=True, reachable=True, superseded=True)
-    m = _master(tmp_path, zk)
-    [result] = m._commit_puts([_put(b"precious")])
+    m = Node(tmp_path, zk)
+    [result] = m.committer.commit_puts([_put(b"precious")])
     assert isinstance(result, BlobState) and result.seq == 1, result
     assert BlobState.decode(zk.data["/blobstore/k"]).history[0].seq == 1
     assert m.store.versions("k") == [1]
@@ -138,8 +123,8 @@ def test_an_applied_commit_superseded_before_the_read_back_keeps_its_copy(
 
 def test_a_commit_known_not_to_have_applied_leaves_nothing_behind(tmp_path: Path) -> None:
     zk = _Ensemble(applied=False, reachable=True)
-    m = _master(tmp_path, zk)
-    [result] = m._commit_puts([_put(b"never committed")])
+    m = Node(tmp_path, zk)
+    [result] = m.committer.commit_puts([_put(b"never committed")])
     assert isinstance(result, Unavailable) and not isinstance(result, CommitOutcomeUnknown)
     assert "did not apply" in str(result)
     assert m.store.versions("k") == []
@@ -151,16 +136,16 @@ def test_the_streamed_upload_commit_decides_the_same_way(
     tmp_path: Path, applied: bool, reachable: bool, kept: bool,
 ) -> None:
     zk = _Ensemble(applied=applied, reachable=reachable)
-    m = _master(tmp_path, zk)
     data = b"streamed"
-    temp = m.store.new_temp("up")
-    temp.write_at(0, data)
-    upload = SimpleNamespace(key="k", lock=threading.Lock(), create=True, acl=(),
-                             replication_factor=1, write_quorum=1, expected_version=0, temp=temp,
-                             write_tag="")
-    m.uploads = SimpleNamespace(take=lambda upload_id, user: upload, generation=0)
+    upload: Any = SimpleNamespace(key="k", lock=threading.Lock(), create=True, acl=(),
+                                  replication_factor=1, write_quorum=1, expected_version=0,
+                                  write_tag="")
+    m = Node(tmp_path, zk, uploads=SimpleNamespace(take=lambda upload_id, user: upload,
+                                                    generation=0))
+    upload.temp = m.store.new_temp("up")
+    upload.temp.write_at(0, data)
     with pytest.raises(Unavailable) as e:
-        m.commit("alice", "u1", len(data), digest_bytes(data))
+        m.writes.commit("alice", "u1", len(data), digest_bytes(data))
     assert isinstance(e.value, CommitOutcomeUnknown) == kept
     assert m.store.versions("k") == ([1] if kept else [])
 
@@ -169,12 +154,11 @@ def test_a_roll_back_drops_the_tags_of_every_version_it_skipped(tmp_path: Path) 
     # v5 acknowledged; alice's v6 (W=2) was superseded by bob's v7 before any follower copied
     # it; their leader died. The next leader rolls back to v5, skipping v6 and v7: a retry of
     # either write must then write it again, not be told "made" from the history's tag.
-    m = _master(tmp_path, _Ensemble(applied=True, reachable=True))
-    m.membership = SimpleNamespace(live=lambda: {m.identity})
-    m.peers = SimpleNamespace(rank=list)
-    m.sync = SimpleNamespace(schedule=lambda key: None)
+    m = Node(tmp_path, _Ensemble(applied=True, reachable=True),
+              membership=SimpleNamespace(live=lambda: {"m1:6627"}),
+              peers=SimpleNamespace(rank=list))
     written: dict[str, BlobState] = {}
-    m._fenced_set = lambda key, new, version: written.__setitem__(key, new)
+    m.meta.fenced_set = lambda key, new, version: written.__setitem__(key, new)  # type: ignore[method-assign]
     v5 = b"five"
     m.store.install_many([("k", 5, v5, len(v5), digest_bytes(v5))])
     alice, bob = write_tag("alice", b"a"), write_tag("bob", b"b")
@@ -184,17 +168,16 @@ def test_a_roll_back_drops_the_tags_of_every_version_it_skipped(tmp_path: Path) 
     state = state.with_new_version(6, 3, "6" * 32, 1.0, 1, 2, 3, alice)
     state = state.with_new_version(7, 3, "7" * 32, 2.0, 1, 2, 3, bob)
     assert state.written_by(alice) is not None  # before the roll-back: v6 is in the history
-    assert m._roll_back("k", state)
+    assert m.repairs._roll_back("k", state)
     restored = written["k"]
     assert (restored.seq, restored.digest, restored.acked) == (8, digest_bytes(v5), True)
     assert restored.written_by(alice) is None and restored.written_by(bob) is None
 
 
-def _rollback_master(tmp_path: Path, fetch: Any) -> Any:
-    m = _master(tmp_path, _Ensemble(applied=True, reachable=True))
-    m.membership = SimpleNamespace(live=lambda: {m.identity, "m2:6627", "m3:6627"})
-    m.peers = SimpleNamespace(rank=sorted, fetch=fetch)
-    return m
+def _rollback_master(tmp_path: Path, fetch: Any) -> Node:
+    return Node(tmp_path, _Ensemble(applied=True, reachable=True),
+                 membership=SimpleNamespace(live=lambda: {"m1:6627", "m2:6627", "m3:6627"}),
+                 peers=SimpleNamespace(rank=sorted, fetch=fetch))
 
 
 def test_a_roll_back_fetch_resumes_on_the_next_peer_and_leaves_no_temporary_file(
@@ -211,13 +194,13 @@ def test_a_roll_back_fetch_resumes_on_the_next_peer_and_leaves_no_temporary_file
         dest.write_at(dest.size, data[dest.size:])
 
     m = _rollback_master(tmp_path, fetch)
-    info = m._obtain("k", past)
+    info = m.repairs._obtain("k", past)
     assert info is not None and b"".join(m.store.read("k", 4)) == data
     assert [(a, size) for a, size, _ in calls] == [("m2:6627", 0), ("m3:6627", 4000)]
     assert list(m.store.tmp_dir.iterdir()) == []
     # A large version gets time in proportion to its size, beyond the fixed minute.
     big = PastVersion(5, 10 * 1024**3, "0" * 32)
-    m.store.reserve = lambda nbytes: None  # no 10 GiB on the test's disk: not fetched
+    m.store.reserve = lambda nbytes: None  # type: ignore[method-assign]  # no 10 GiB on the test's disk: not fetched
 
     def unreachable(address: str, key: str, seq: int, digest: str, dest: Any,
                     timeout: float) -> None:
@@ -225,7 +208,7 @@ def test_a_roll_back_fetch_resumes_on_the_next_peer_and_leaves_no_temporary_file
         raise Unavailable("gone")
 
     m.peers.fetch = unreachable
-    assert m._obtain("k", big) is None
+    assert m.repairs._obtain("k", big) is None
     assert calls[-1][2] >= 10 * 1024**3 / ROLLBACK_MIN_RATE
 
 
@@ -237,20 +220,19 @@ def test_a_roll_back_fetch_that_fails_unexpectedly_leaves_no_temporary_file(
 
     m = _rollback_master(tmp_path, fetch)
     with pytest.raises(RuntimeError):
-        m._obtain("k", PastVersion(4, 100, "0" * 32))
+        m.repairs._obtain("k", PastVersion(4, 100, "0" * 32))
     assert list(m.store.tmp_dir.iterdir()) == []
 
 
 def test_a_put_to_a_key_busy_elsewhere_does_not_hold_up_the_others(tmp_path: Path) -> None:
     # The committing thread waited for every key's lock in turn: one key held by a roll-back's
     # fetch or a large upload's commit held up the writes of every other key as long.
-    m = _master(tmp_path, _Ensemble(applied=True, reachable=True))
-    m.config["blobstore.write.timeout.secs"] = 30
+    m = Node(tmp_path, _Ensemble(applied=True, reachable=True), write_timeout_secs=30)
 
-    def put(key: str) -> _Put:
-        return _Put("alice", key, True, (), 1, 1, 0, key.encode(), digest_bytes(key.encode()))
+    def put(key: str) -> PutRequest:
+        return PutRequest("alice", key, True, (), 1, 1, 0, key.encode(), digest_bytes(key.encode()))
 
-    committer = GroupCommitter(m._commit_puts, key=lambda p: p.key)
+    committer = GroupCommitter(m.committer.commit_puts, key=lambda p: p.key)
     busy = m.store.key_lock("busy")
     busy.acquire()
     try:
@@ -271,17 +253,17 @@ def test_a_read_while_zookeeper_is_out_of_reach_serves_the_last_committed_state(
         tmp_path: Path, failure: Exception) -> None:
     # A request given up unanswered (KazooTimeoutError) is ZooKeeper out of reach as much as a
     # lost connection: it failed the read instead of serving the state this master last saw.
-    m = _master(tmp_path, _Ensemble(applied=True, reachable=True))
     state = BlobState(seq=2, size=1, digest="2" * 32, acl=(), replication_factor=3,
                       creator="alice", created_at=0.0, updated_at=0.0, epoch=1, acked=True)
     view = KeyView(state, ("m1:6627", "m2:6627"))
-    m.sync = SimpleNamespace(view=lambda key: view)
+    m = Node(tmp_path, _Ensemble(applied=True, reachable=True),
+              sync=SimpleNamespace(view=lambda key: view))
 
     def unreachable(key: str) -> BlobState:
         raise failure
 
-    m._state_or_404 = unreachable
-    assert m._state_for_read("k") == (state, view)
+    m.meta.state_or_404 = unreachable  # type: ignore[method-assign]
+    assert m.reads.state_for_read("k") == (state, view)
 
 
 @pytest.mark.parametrize(("failure", "kept"), [
@@ -291,16 +273,16 @@ def test_a_roll_back_whose_commit_went_unanswered_keeps_the_restored_copy(
     # Before: any failure of the roll-back's commit deleted the restored copy. Unanswered, the
     # commit may have applied, and ZooKeeper then calls the restored version acknowledged with
     # this copy as its only one.
-    m = _master(tmp_path, _Ensemble(applied=True, reachable=True))
-    m.membership = SimpleNamespace(live=lambda: {m.identity})
-    m.peers = SimpleNamespace(rank=list)
+    m = Node(tmp_path, _Ensemble(applied=True, reachable=True),
+              membership=SimpleNamespace(live=lambda: {"m1:6627"}),
+              peers=SimpleNamespace(rank=list))
     written: dict[str, BlobState] = {}
 
     def fenced_set(key: str, new: BlobState, version: int) -> None:
         written[key] = new  # applied, or not: the caller cannot tell either way
         raise failure
 
-    m._fenced_set = fenced_set
+    m.meta.fenced_set = fenced_set  # type: ignore[method-assign]
     v5 = b"five"
     m.store.install_many([("k", 5, v5, len(v5), digest_bytes(v5))])
     state = BlobState(seq=5, size=len(v5), digest=digest_bytes(v5), acl=(), replication_factor=3,
@@ -308,7 +290,7 @@ def test_a_roll_back_whose_commit_went_unanswered_keeps_the_restored_copy(
                       write_quorum=1)
     state = state.with_new_version(6, 3, "6" * 32, 1.0, 1, 1, 3, write_tag("alice", b"a"))
     with pytest.raises(type(failure)):
-        m._roll_back("k", state)
+        m.repairs._roll_back("k", state)
     assert written["k"].seq == 7
     assert m.store.versions("k") == ([5, 7] if kept else [5])
 
@@ -331,12 +313,12 @@ def test_a_group_commit_too_large_for_one_zookeeper_request_is_split(tmp_path: P
     # Before: the batch's records all went in one transaction. Three keys with large ACLs took
     # 1.4 MB, over ZooKeeper's 1 MB request limit: it dropped the connection at each retry.
     zk = _Recorder()
-    m = _master(tmp_path, zk)  # type: ignore[arg-type]
+    m = Node(tmp_path, zk)
     acl = tuple(AccessControl("u", f"{i:04d}" + "日" * 252, READ) for i in range(600))
     writes = [(f"k{n}", True, BlobState(
         seq=1, size=1, digest="0" * 32, acl=acl, replication_factor=3, creator="alice",
         created_at=1.0, updated_at=1.0, epoch=3, acked=True)) for n in range(3)]
-    results = m._commit_together(writes, set())
+    results = m.committer.commit_together(writes, set())
     assert [r.seq for r in results if isinstance(r, BlobState)] == [1, 1, 1], results
     assert len(zk.sizes) == 2 and all(size <= MAX_STATE_BYTES for size in zk.sizes), zk.sizes
     assert sum(zk.sizes) == sum(len(new.encode()) for _, _, new in writes)

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import threading
 from types import SimpleNamespace
 from typing import Any
 
-from blobha.master.facade import Master, keys_after
+from blobha.master.metadata import Metadata
+from blobha.master.reads import keys_after
 
 
 def _pages(keys: list[str], prefix: str, size: int) -> list[list[str]]:
@@ -56,12 +58,11 @@ def _answered(value: Any) -> Any:
 
 def test_sorted_keys_are_read_again_only_when_the_key_list_changed() -> None:
     zk = _FakeZk(["b", "a"])
-    master: Any = SimpleNamespace(zk=zk, _key_list=None,
-                                  _answer=lambda pending: pending.get(timeout=1))
-    assert Master._sorted_keys(master) == ["a", "b"]
-    assert Master._sorted_keys(master) == ["a", "b"]
+    meta = Metadata(zk, SimpleNamespace(), "m1:6627", 1.0, threading.Event())  # type: ignore[arg-type]
+    assert meta.sorted_keys() == ["a", "b"]
+    assert meta.sorted_keys() == ["a", "b"]
     assert zk.children_reads == 1
     zk.names.append("c")
     zk.cversion += 1  # ZooKeeper bumps it on every create or delete of a child
-    assert Master._sorted_keys(master) == ["a", "b", "c"]
+    assert meta.sorted_keys() == ["a", "b", "c"]
     assert zk.children_reads == 2

@@ -115,7 +115,7 @@ def test_a_version_removed_before_its_stream_starts_is_not_held_here(store: Loca
     # The master found the version, then dropped its copy (held by all the chosen masters)
     # before the stream's first read: the client must hear "not held here" and read from
     # another replica, not be told the blob is gone.
-    from blobha.master.facade import _read_held
+    from blobha.master.reads import _read_held
 
     _put(store, "k", 1, b"committed")
     stream = _read_held(store, "m1:6627", "k", 1, 0, 0)

@@ -4,7 +4,6 @@ was begun in."""
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
@@ -13,10 +12,10 @@ from typing import Any
 import pytest
 from kazoo.client import KazooState
 from kazoo.exceptions import ConnectionLoss, NoNodeError
+from masterparts import Node
 
 from blobha.core.digest import digest_bytes
 from blobha.core.errors import NotAuthorized, ResourceExhausted, Unavailable, UploadNotFound
-from blobha.master.facade import Master
 from blobha.master.uploads import UploadManager
 from blobha.store.local import LocalStore
 from blobha.zk.layout import BlobState
@@ -24,21 +23,15 @@ from blobha.zk.layout import BlobState
 MiB = 1024 * 1024
 
 
-def _master(tmp_path: Path, zk: Any) -> Any:
-    m: Any = Master.__new__(Master)
-    m.identity = "m1:6627"
-    m.admins = frozenset()
-    m.principal = "blobha-master"
-    m.store = LocalStore(tmp_path / "store")
-    m.election = SimpleNamespace(is_leader=True, epoch=3, leader_address="m1:6627")
-    m.zk = zk
-    m.session_timeout = 0.3
-    m._stopped = threading.Event()
-    m.config = {"blobstore.versions.retained": 2, "blobstore.replication.factor": 1,
-                "blobstore.write.quorum": 1}
-    m.membership = SimpleNamespace(known=lambda: {m.identity})
-    m.sync = SimpleNamespace(view=lambda key: None, stepped_down=lambda: None)
-    m.uploads = UploadManager(m.store, 600)
+def _master(tmp_path: Path, zk: Any) -> Node:
+    election = SimpleNamespace(is_leader=True, epoch=3, leader_address="m1:6627",
+                               fenced_results=None)
+    zk.fenced_results = None
+    m = Node(tmp_path, zk, uploads=None, replication_factor=1, write_quorum=1,
+             sync=SimpleNamespace(view=lambda key: None, stepped_down=lambda: None))
+    m.election.__dict__.update(election.__dict__)
+    uploads = UploadManager(m.store, 600)
+    m.uploads = m.committer.uploads = m.writes.uploads = uploads
     return m
 
 
@@ -64,19 +57,19 @@ def test_a_commit_that_cannot_read_zookeeper_keeps_the_upload_for_its_retry(
     m = _master(tmp_path, zk)
     data = b"x" * (3 * MiB)
     up = m.uploads.begin("alice", "k", False, [], 1, 0, 1)
-    m.append("alice", up.upload_id, 0, data)
+    m.writes.append("alice", up.upload_id, 0, data)
     with pytest.raises(ConnectionLoss):
-        m.commit("alice", up.upload_id, len(data), digest_bytes(data))
-    assert m.upload_status("alice", up.upload_id) == len(data)
+        m.writes.commit("alice", up.upload_id, len(data), digest_bytes(data))
+    assert m.writes.upload_status("alice", up.upload_id) == len(data)
     assert m.store.versions("k") == []
     # A refusal that retrying cannot change still ends the session and its data.
     state = BlobState(seq=1, size=1, digest="0" * 32, acl=(), replication_factor=1,
                       creator="bob", created_at=1.0, updated_at=1.0, epoch=3, acked=True)
     zk.get_async = _answering(lambda path: (state.encode(), SimpleNamespace(version=0)))
     with pytest.raises(NotAuthorized):
-        m.commit("alice", up.upload_id, len(data), digest_bytes(data))
+        m.writes.commit("alice", up.upload_id, len(data), digest_bytes(data))
     with pytest.raises(UploadNotFound):
-        m.upload_status("alice", up.upload_id)
+        m.writes.upload_status("alice", up.upload_id)
     assert _temp_files(tmp_path) == []
 
 
@@ -87,14 +80,15 @@ def test_a_session_begun_while_leadership_is_lost_does_not_outlive_it(tmp_path: 
     m: Any = None
 
     def deposed_during_the_read(path: str) -> Any:
+        # What the master does when deposed (Master._on_deposed).
         m.election.is_leader = False
-        m._on_deposed()
+        m.uploads.abort_all("this master is no longer the leader")
         raise NoNodeError()
 
     m = _master(tmp_path, SimpleNamespace(state=KazooState.CONNECTED,
                                           get_async=_answering(deposed_during_the_read)))
     with pytest.raises(Unavailable, match="stopped leading"):
-        m.begin_upload("alice", "k", True, [], 0, 0, -1, 0)
+        m.writes.begin_upload("alice", "k", True, [], 0, 0, -1, 0)
     assert m.uploads.count() == 0
     assert _temp_files(tmp_path) == []
 

@@ -1,0 +1,147 @@
+"""Cluster identity (ha-rule 10): which ZooKeeper state this store belongs to, whether local
+deletes are allowed, the chroot and the cluster secret."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import uuid
+from typing import Any
+
+from kazoo.client import KazooClient
+from kazoo.exceptions import (
+    NodeExistsError,
+    NoNodeError,
+)
+from kazoo.retry import KazooRetry
+
+from blobha.core.auth import new_cluster_secret
+from blobha.store.local import LocalStore
+from blobha.sync.peers import Peers
+from blobha.zk.layout import (
+    BLOBSTORE,
+    MASTER_SECRET,
+)
+from blobha.zk.lockdown import ZkCredentials, ensure_locked_chroot
+
+log = logging.getLogger("blobha.master")
+
+
+class ClusterIdentity:
+    """What ties this master's store to one cluster in ZooKeeper."""
+
+    def __init__(self, zk: KazooClient, store: LocalStore, peers: Peers, servers: str,
+                 chroot: str, credentials: ZkCredentials | None, session_timeout: float) -> None:
+        self.zk = zk
+        self.store = store
+        self.peers = peers
+        self._servers = servers
+        self._chroot = chroot
+        self.zk_credentials = credentials
+        self.session_timeout = session_timeout
+        self._zk_hosts = servers + chroot
+        self._cluster_secret = ""
+        self._cluster_id_ok = False
+        self._cluster_id = ""
+        self._identity_alarm = False
+
+    @property
+    def secret(self) -> str:
+        return self._cluster_secret
+
+    def _answer(self, pending: Any) -> Any:
+        return pending.get(timeout=self.session_timeout)
+
+    def check(self) -> None:
+        """Remember which ZooKeeper state this store belongs to. A wiped or foreign ZooKeeper
+        must not make this master delete its blobs."""
+        local_file = self.store.root / "cluster.json"
+        with contextlib.suppress(NodeExistsError):
+            self.zk.create(BLOBSTORE + "-id", uuid.uuid4().hex.encode())
+        zk_id = self.zk.get(BLOBSTORE + "-id")[0].decode()
+        local_id = ""
+        if local_file.exists():
+            local_id = json.loads(local_file.read_text())["cluster_id"]
+        if not local_id:
+            local_file.write_text(json.dumps({"cluster_id": zk_id}))
+            local_id = zk_id
+        self._cluster_id = local_id
+        self._cluster_id_ok = local_id == zk_id
+        if not self._cluster_id_ok:
+            log.error(
+                "ALERT: this store belongs to cluster %s but ZooKeeper holds cluster %s (wiped or"
+                " foreign ZooKeeper?). Refusing to delete any local blob. Fix zookeeper.servers /"
+                " zookeeper.chroot, or move %s aside to join this cluster.",
+                local_id, zk_id, local_file,
+            )
+
+    def deletions_allowed(self) -> bool:
+        """Whether ZooKeeper still holds this store's cluster, asked again before every local
+        delete: a chroot wiped while the masters run (or a connection string pointed at another
+        ensemble) reads as "every key was deleted", and the check at start-up cannot see it."""
+        if not self._cluster_id_ok:
+            return False
+        # Both asked at once: one round trip, not two, per delete.
+        id_read = self.zk.get_async(BLOBSTORE + "-id")
+        root_read = self.zk.exists_async(BLOBSTORE)
+        root = self._answer(root_read)
+        try:
+            data, id_stat = self._answer(id_read)
+            zk_id, id_made = data.decode(), id_stat.czxid
+        except NoNodeError:
+            zk_id, id_made = "", 0
+        # The key root is made before the cluster id. One made after it is not the cluster's:
+        # its keys were removed with the old one (by hand, or a restore from an old snapshot
+        # without them), and a master starting since made it again, empty. Every key would
+        # read as deleted.
+        root_ours = root is not None and root.czxid <= id_made
+        if zk_id == self._cluster_id and root_ours:
+            self._identity_alarm = False
+            return True
+        if not self._identity_alarm:
+            self._identity_alarm = True
+            state = ("missing" if root is None else "present" if root_ours
+                     else "made again after the cluster id, so its keys were removed")
+            log.error(
+                "ALERT: ZooKeeper no longer holds this store's cluster %s (it holds %s, and %s is"
+                " %s): was it wiped or swapped? Refusing to delete any local blob. Restore"
+                " ZooKeeper, or fix zookeeper.servers / zookeeper.chroot. If the keys were"
+                " removed on purpose, stop every master and move their data directories aside.",
+                self._cluster_id, zk_id or "no cluster id", BLOBSTORE, state,
+            )
+        return False
+
+    def load_secret(self) -> None:
+        """The secret masters prove themselves to each other with (see blobha.core.auth). The first
+        master creates it; under lock-down only masters can read it."""
+        with contextlib.suppress(NodeExistsError):
+            self.zk.create(MASTER_SECRET, new_cluster_secret().encode())
+        self._cluster_secret = self.zk.get(MASTER_SECRET)[0].decode()
+        self.peers.set_cluster_secret(self._cluster_secret)
+
+    def ensure_chroot(self) -> None:
+        # A chrooted client cannot create its own root; do it once without the chroot, and
+        # lock the tree down there (migrating an open one) when ZooKeeper auth is on.
+        ensure_locked_chroot(self._servers, self._chroot,
+                             self.zk_credentials, max(15.0, self.session_timeout))
+
+    def end_session(self, session: int, password: bytes) -> bool:
+        """Reconnect to a dead predecessor's session and close it (see SessionRecord); False
+        if it had expired (kazoo then got a new session, closed here instead)."""
+        zk = KazooClient(
+            hosts=self._zk_hosts,
+            timeout=self.session_timeout,
+            client_id=(session, password),
+            connection_retry=KazooRetry(max_tries=2, max_delay=1.0),
+            **(self.zk_credentials.kazoo_args() if self.zk_credentials else {}),
+        )
+        try:
+            # Short: ZooKeeper was reached a moment ago, and this comes out of the wait for
+            # the session to expire by itself.
+            zk.start(timeout=5.0)
+            resumed = bool(zk.client_id) and zk.client_id[0] == session
+        finally:
+            zk.stop()  # closes the session: ZooKeeper deletes its ephemeral nodes
+            zk.close()
+        return resumed

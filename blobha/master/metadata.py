@@ -1,0 +1,188 @@
+"""The master's ZooKeeper data access: committed key states, fenced writes and deletes, and
+what to do when a commit's outcome is unknown."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Sequence
+from collections.abc import Set as AbstractSet
+from typing import Any
+
+from kazoo.client import KazooClient, KazooState
+from kazoo.exceptions import (
+    KazooException,
+    NoNodeError,
+)
+from kazoo.handlers.threading import KazooTimeoutError
+
+from blobha.core.errors import (
+    NotLeader,
+    Unavailable,
+)
+from blobha.leader import LeaderElection
+from blobha.master.rules import (
+    CommitOutcomeUnknown,
+    PutRequest,
+    no_such_key,
+    replication_status,
+)
+from blobha.wire.status import ReplicationStatus
+from blobha.zk import layout as zkstate
+from blobha.zk.layout import (
+    BLOBSTORE,
+    BlobState,
+    key_path,
+)
+
+log = logging.getLogger("blobha.master")
+
+
+class Metadata:
+    """Reads and fenced writes of the committed state in ZooKeeper, for one master."""
+
+    def __init__(self, zk: KazooClient, election: LeaderElection, identity: str,
+                 session_timeout: float, stopped: threading.Event) -> None:
+        self.zk = zk
+        self.election = election
+        self.identity = identity
+        self.session_timeout = session_timeout
+        self._stopped = stopped
+        self._key_list: tuple[int, list[str]] | None = None  # (cversion, sorted keys)
+
+    def require_leader(self) -> None:
+        if self.election.is_leader:
+            return
+        if self.zk.state != KazooState.CONNECTED:
+            raise Unavailable(
+                f"master {self.identity} has lost its ZooKeeper connection; retry shortly or use"
+                " another master"
+            )
+        leader = self.election.leader_address
+        if leader and leader != self.identity:
+            raise NotLeader(f"{self.identity} is not the leader; send this to {leader}", leader)
+        raise Unavailable("no leader is ready yet (election in progress); retry in a moment")
+
+    def require_zk(self) -> None:
+        if self.zk.state != KazooState.CONNECTED:
+            raise Unavailable(
+                f"ZooKeeper is unreachable from master {self.identity}; retry shortly or ask"
+                " another master"
+            )
+
+    def answer(self, pending: Any) -> Any:
+        """The answer to a ZooKeeper call made for a request, waited for at most the session
+        timeout (then KazooTimeoutError: unreachable). The connection check before it and the
+        call are not atomic: a call made just after the connection dropped is held by kazoo
+        until a connection is back, for ever if ZooKeeper stays away, with the request's
+        thread."""
+        return pending.get(timeout=self.session_timeout)
+
+    def read_state(self, key: str) -> BlobState | None:
+        self.require_zk()
+        try:
+            data, stat = self.answer(self.zk.get_async(key_path(key)))
+        except NoNodeError:
+            return None
+        return BlobState.decode(data, stat.version)
+
+    def state_or_404(self, key: str) -> BlobState:
+        state = self.read_state(key)
+        if state is None:
+            raise no_such_key(key)
+        return state
+
+    def states_for_commit(self, batch: Sequence[PutRequest], fresh: AbstractSet[str]
+                           ) -> list[BlobState | BaseException | None]:
+        """Each write's current key state (the caller holds the keys' locks), read in one
+        pipelined round trip; none is read for a create of a ``fresh`` key (one this master
+        knows nothing of, :meth:`_nothing_here`)."""
+        pending = [None if p.create and p.key in fresh
+                   else self.zk.get_async(key_path(p.key)) for p in batch]
+        out: list[BlobState | BaseException | None] = []
+        for result in pending:
+            if result is None:
+                out.append(None)
+                continue
+            try:
+                data, stat = self.answer(result)
+                out.append(BlobState.decode(data, stat.version))
+            except NoNodeError:
+                out.append(None)
+            except Exception as e:
+                out.append(e)
+        return out
+
+    def fenced_set(self, key: str, new: BlobState, expected_meta_version: int) -> None:
+        def build(txn: Any) -> None:
+            txn.set_data(key_path(key), new.encode(), version=expected_meta_version)
+
+        self.election.fenced(build)
+
+    def fenced_delete(self, key: str, expected_meta_version: int) -> None:
+        path = key_path(key)
+        names = self.answer(self.zk.get_children_async(path))
+
+        def build(txn: Any) -> None:
+            # Replica nodes belong to other sessions; deleting them with the key in one
+            # transaction keeps replicas from ever seeing a half-deleted key.
+            for n in names:
+                txn.delete(f"{path}/{n}")
+            txn.delete(path, version=expected_meta_version)
+
+        self.election.fenced(build)
+
+    def resolve_unknown_commit(self, key: str, new: BlobState) -> BlobState:
+        deadline = time.monotonic() + self.session_timeout
+        while time.monotonic() < deadline:
+            try:
+                # Connected first: while kazoo reconnects it queues requests rather than failing
+                # them, so a sync sent now could wait out the whole outage.
+                self.require_zk()
+                # The session may now be on a server that has not yet seen the transaction
+                # (its zxid never reached this client): sync first, or a stale read would say
+                # "did not apply" of a commit that did, and its only copy would be deleted.
+                self.zk.sync_async(key_path(key)).get(
+                    timeout=max(deadline - time.monotonic(), 0.01))
+                after = self.read_state(key)
+            except (Unavailable, KazooException, KazooTimeoutError):
+                self._stopped.wait(0.2)
+                continue
+            if (after is not None and after.seq == new.seq and after.digest == new.digest
+                    and after.epoch == new.epoch):
+                return after
+            if after is not None and after.seq > new.seq and any(
+                    past.seq == new.seq and past.digest == new.digest
+                    and past.write_tag == new.write_tag for past in after.history):
+                # Applied, then superseded (by a next leader) before this read: the version
+                # stays in the key's history, and this master's copy may be its only one.
+                return new
+            raise Unavailable(f"the commit of {key!r} did not apply (ZooKeeper hiccup); retry")
+        raise CommitOutcomeUnknown(
+            f"ZooKeeper became unreachable during the commit of {key!r}; its outcome is unknown:"
+            " re-read the key's metadata before retrying"
+        )
+
+    def replication(self, key: str, state: BlobState) -> ReplicationStatus:
+        try:
+            names = self.answer(self.zk.get_children_async(key_path(key)))
+        except NoNodeError:
+            names = []
+        return replication_status(key, state, zkstate.holders(names, state.seq))
+
+    def sorted_keys(self) -> list[str]:
+        """Every key, sorted; re-read only when the key list changed (ZooKeeper bumps the
+        parent's cversion on every create and delete of a child), so the pages of one listing
+        cost one small stat each instead of fetching and sorting 100,000s of names."""
+        stat = self.answer(self.zk.exists_async(BLOBSTORE))
+        cached = self._key_list
+        if cached is not None and stat is not None and cached[0] == stat.cversion:
+            return cached[1]
+        try:
+            names, stat = self.answer(self.zk.get_children_async(BLOBSTORE, include_data=True))
+        except NoNodeError:
+            return []
+        keys = sorted(names)
+        self._key_list = (stat.cversion, keys)
+        return keys

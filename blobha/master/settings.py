@@ -1,0 +1,87 @@
+"""A master's settings, read once from its configuration into typed fields."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from blobha.master.config import Config
+
+
+@dataclass(frozen=True)
+class MasterSettings:
+    """What the master's parts read of the configuration (see docs/configuration.md)."""
+
+    identity: str
+    principal: str
+    admins: frozenset[str]
+    data_dir: Path
+    metrics_listen: str
+    session_timeout: float
+    zk_servers: str
+    zk_chroot: str
+    zk_auth_scheme: str
+    zk_auth_file: str
+    auth_mode: str
+    auth_token_file: str
+    auth_mtls_rules: tuple[str, ...]
+    tls_cert: str
+    tls_key: str
+    tls_ca: str
+    disk_reserved_bytes: int
+    replication_factor: int
+    write_quorum: int
+    write_timeout_secs: float
+    versions_retained: int
+    list_visibility: str
+    upload_expiration_secs: float
+    upload_max_per_user: int
+    replica_grace_secs: float
+    delete_grace_secs: float
+    sync_period_secs: float
+    sync_threads: int
+    sync_periodic_keys_per_sec: float
+    sync_recursive_watch: bool
+    sync_linger_secs: float
+    sync_stall_secs: float
+    scrub_interval_secs: float
+    scrub_rate_bytes_per_sec: int
+
+    @classmethod
+    def from_config(cls, config: Config) -> MasterSettings:
+        return cls(
+            identity=config.advertise,
+            principal=str(config["master.principal"]),
+            admins=config.admins,
+            data_dir=config.data_dir,
+            metrics_listen=config.metrics_listen,
+            session_timeout=config["zookeeper.session.timeout.ms"] / 1000.0,
+            zk_servers=config["zookeeper.servers"],
+            zk_chroot=config["zookeeper.chroot"],
+            zk_auth_scheme=config["zookeeper.auth.scheme"],
+            zk_auth_file=config["zookeeper.auth.file"],
+            auth_mode=config["auth.mode"],
+            auth_token_file=config["auth.token.file"],
+            auth_mtls_rules=tuple(config["auth.mtls.rules"]),
+            tls_cert=config["tls.cert"],
+            tls_key=config["tls.key"],
+            tls_ca=config["tls.ca"],
+            disk_reserved_bytes=config["blobstore.disk.reserved.bytes"],
+            replication_factor=config["blobstore.replication.factor"],
+            write_quorum=config["blobstore.write.quorum"],
+            write_timeout_secs=config["blobstore.write.timeout.secs"],
+            versions_retained=config["blobstore.versions.retained"],
+            list_visibility=config["blobstore.list.visibility"],
+            upload_expiration_secs=config["blobstore.upload.expiration.secs"],
+            upload_max_per_user=config["blobstore.upload.max.per.user"],
+            replica_grace_secs=config["blobstore.replica.grace.secs"],
+            delete_grace_secs=config["blobstore.delete.grace.secs"],
+            sync_period_secs=config["blobstore.sync.period.secs"],
+            sync_threads=config["blobstore.sync.threads"],
+            sync_periodic_keys_per_sec=config["blobstore.sync.periodic.keys.per.sec"],
+            sync_recursive_watch=config["blobstore.sync.recursive.watch"],
+            sync_linger_secs=config["blobstore.sync.linger.secs"],
+            sync_stall_secs=config["blobstore.sync.stall.secs"],
+            scrub_interval_secs=config["blobstore.scrub.interval.secs"],
+            scrub_rate_bytes_per_sec=config["blobstore.scrub.rate.bytes.per.sec"],
+        )
