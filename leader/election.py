@@ -64,6 +64,7 @@ class LeaderElection:
         self.zk = zk
         self.identity = identity
         self.session_timeout = session_timeout
+        self.configured_timeout = session_timeout
         self._on_elected = on_elected
         self._on_deposed = on_deposed
         self._wake = threading.Event()
@@ -92,6 +93,20 @@ class LeaderElection:
         """True only for a ready leader whose connection is not suspended."""
         return (self._leading and self._ready and self._suspended_since is None
                 and not self._session_lost)
+
+    def session_granted(self, granted: float) -> None:
+        """kazoo's connection thread, at each connection: the watchdog that steps a leader
+        down when its connection stays suspended must use the timeout ZooKeeper granted,
+        which its bounds may make shorter (or longer) than the one configured."""
+        previous = self.session_timeout
+        self.session_timeout = granted
+        if abs(granted - self.configured_timeout) > 0.001 and abs(granted - previous) > 0.001:
+            log.warning(
+                "ZooKeeper granted a session timeout of %gs, not the %gs of"
+                " zookeeper.session.timeout.ms (its minSessionTimeout and maxSessionTimeout"
+                " bound it); a leader cut off from ZooKeeper now steps down %gs after kazoo"
+                " reports the connection suspended",
+                granted, self.configured_timeout, self.suspension_limit)
 
     @property
     def suspension_limit(self) -> float:

@@ -24,9 +24,6 @@ import socket
 import threading
 from collections.abc import Iterator, Sequence
 
-from kazoo.client import KazooClient
-from kazoo.retry import KazooRetry
-
 from blobha.core.acl import AccessControl
 from blobha.core.addresses import status_url
 from blobha.core.auth import ServerAuthentication, make_authenticator
@@ -65,7 +62,7 @@ from blobha.wire.dataplane import DataOffer
 from blobha.wire.status import MasterSummary, ReplicationStatus
 from blobha.wire.tls import ReloadingServerCredentials
 from blobha.zk import layout as zkstate
-from blobha.zk.connection import PollHandler, on_session_timeout
+from blobha.zk.connection import master_client, on_session_timeout
 from blobha.zk.layout import BlobState
 from blobha.zk.lockdown import ZkCredentials, ZooKeeperAuthError
 
@@ -103,16 +100,8 @@ class Master:
             )
         except (ValueError, ZooKeeperAuthError) as e:
             raise ConfigError(str(e)) from None
-        self.zk = KazooClient(
-            hosts=s.zk_servers + s.zk_chroot,
-            timeout=self.session_timeout,
-            # Reconnect forever, but never let kazoo retry our *operations* across sessions:
-            # a leader write must not land on a fresh session after leadership was lost.
-            connection_retry=KazooRetry(max_tries=-1, max_delay=2.0),
-            command_retry=KazooRetry(max_tries=0, ignore_expire=False),
-            handler=PollHandler(),
-            **(self.zk_credentials.kazoo_args() if self.zk_credentials else {}),
-        )
+        self.zk = master_client(s.zk_servers + s.zk_chroot, self.session_timeout,
+                                self.zk_credentials)
         # Masters reach each other with this master's own certificate as client certificate.
         self.peers = Peers(self.principal, Credentials(
             ca=s.tls_ca or None, cert=s.tls_cert or None, key=s.tls_key or None,
@@ -123,7 +112,7 @@ class Master:
         self.election = LeaderElection(
             self.zk, self.identity, self.session_timeout, self._on_elected, self._on_deposed
         )
-        on_session_timeout(self.zk, self._session_granted)
+        on_session_timeout(self.zk, self.election.session_granted)
         self.history = LeaderHistory()
         self.channel = Channel()
         info: dict[str, object] = {"address": self.identity, "version": __version__,
@@ -295,23 +284,6 @@ class Master:
         # fetched from the remaining holders, or judged without it (rolled back by a leader).
         self.peers.abandon(address, f"master {address} left the cluster (its ZooKeeper session"
                                     " ended)")
-
-    # ---- ZooKeeper session ----------------------------------------------------------------
-
-    def _session_granted(self, granted: float) -> None:
-        """kazoo's connection thread, at each connection: the watchdog that steps a leader
-        down when its connection stays suspended must use the timeout ZooKeeper granted,
-        which its bounds may make shorter (or longer) than the one configured."""
-        previous = self.election.session_timeout
-        self.election.session_timeout = granted
-        if abs(granted - self.session_timeout) > 0.001 and abs(granted - previous) > 0.001:
-            log.warning(
-                "ZooKeeper granted a session timeout of %gs, not the %gs of"
-                " zookeeper.session.timeout.ms (its minSessionTimeout and maxSessionTimeout"
-                " bound it); a leader cut off from ZooKeeper now steps down %gs after kazoo"
-                " reports the connection suspended",
-                granted, self.session_timeout, self.election.suspension_limit)
-
 
     # ---- operations, each handed to its part ---------------------------------------------
 

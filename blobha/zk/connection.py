@@ -44,6 +44,9 @@ from kazoo.protocol.serialization import (
     write_string,
 )
 from kazoo.protocol.states import EVENT_TYPE_MAP, Callback, WatchedEvent, ZnodeStat
+from kazoo.retry import KazooRetry
+
+from blobha.zk.lockdown import ZkCredentials
 
 log = logging.getLogger("blobha.zkclient")
 
@@ -318,3 +321,17 @@ def add_recursive_watch(zk: KazooClient, path: str, callback: Callable[[WatchedE
 
 __all__ = ["UNREACHABLE", "PollHandler", "ReadResult", "add_recursive_watch", "poll_select",
            "read_many_async"]
+
+
+def master_client(hosts: str, timeout: float, credentials: ZkCredentials | None) -> KazooClient:
+    """A master's ZooKeeper client. It reconnects forever, but never lets kazoo retry an
+    *operation* across sessions: a leader write must not land on a fresh session after
+    leadership was lost (ha-rule 3)."""
+    return KazooClient(
+        hosts=hosts,
+        timeout=timeout,
+        connection_retry=KazooRetry(max_tries=-1, max_delay=2.0),
+        command_retry=KazooRetry(max_tries=0, ignore_expire=False),
+        handler=PollHandler(),
+        **(credentials.kazoo_args() if credentials else {}),
+    )
