@@ -53,8 +53,8 @@ from blobha.store.records import VersionInfo, footprint, info_json, remove_versi
 from blobha.store.segments import SegmentLog
 from blobha.store.temp import FLUSH_BYTES, BlobBuffer, TempBlob
 
-# Imported from here by the rest of blobha; each is defined, and patched in tests, where its
-# module says.
+# The rest of blobha imports these from here. Each is defined in the module named above: a
+# test patches it there, since a patch of this module's copy reaches none of its callers.
 __all__ = [
     "FLUSH_BYTES",
     "BlobBuffer",

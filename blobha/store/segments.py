@@ -4,7 +4,7 @@ A master installs every small version (:meth:`blobha.store.local.LocalStore.inst
 commits on the leader, batched copies on the followers) as a record appended to the current
 segment, ``segments/<n>.seg``; a batch is one write and one ``fdatasync``. A file per version
 cost each master a file create, a directory per new key, a rename and two file-system syncs
-per batch: 137 microseconds of CPU per 4 KiB version against 10 here, and on ext4 without a
+per batch: many times the CPU of an append here for a small version, and on ext4 without a
 journal much more, as every new inode passes over each one freed in the minutes before.
 
 A record is::
