@@ -11,6 +11,7 @@ from waiting import wait_until
 
 from blobha.core.digest import chunk_digest, digest_bytes
 from blobha.core.errors import ChecksumMismatch
+from blobha.store import files as files_module
 from blobha.store import segments as segments_module
 from blobha.store.local import LocalStore, VersionInfo
 from blobha.store.segments import HEADER_SIZE, MAGIC, scan, segment_path
@@ -135,7 +136,7 @@ def test_sparse_segments_are_compacted_and_removed(
     for key in kept:
         assert _read(store, key, 1) == _data(4096, seed=int(key[1:]))
     # The reader's record names a removed segment: it is sent to where the bytes went.
-    f, moved = store._open_version(held)
+    f, moved = store.reads.open_version(held)
     with f:
         f.seek(moved.offset)
         assert f.read(moved.size) == _data(4096)
@@ -199,16 +200,16 @@ def test_a_segment_that_cannot_be_made_fails_its_batch_only(
     monkeypatch.setattr(segments_module, "SEGMENT_BYTES", 5_000)
     store = LocalStore(root)
     _install(store, ("a", 1, _data(6000)))  # fills the first segment: the next batch rolls
-    real = segments_module.fsync_dir
+    real = files_module.fsync_dir
 
     def full(path: Path) -> None:
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(segments_module, "fsync_dir", full)
+    monkeypatch.setattr(files_module, "fsync_dir", full)
     with pytest.raises(OSError, match="No space"):
         store.install_many([("b", 1, b"bee", 3, digest_bytes(b"bee"))])
     assert len(_segments(store)) == 1  # the half-made one is gone
-    monkeypatch.setattr(segments_module, "fsync_dir", real)
+    monkeypatch.setattr(files_module, "fsync_dir", real)
     _install(store, ("b", 1, b"bee"))  # space again: the roll is tried once more
     assert len(_segments(store)) == 2
     assert _read(store, "a", 1) == _data(6000) and _read(store, "b", 1) == b"bee"

@@ -16,7 +16,7 @@ from threads import run_in_threads
 from blobha.core.digest import CHUNK_SIZE, EMPTY_DIGEST, chunk_digest, digest_bytes
 from blobha.core.errors import ChecksumMismatch, InvalidArgument, KeyNotFound, ResourceExhausted
 from blobha.core.keys import key_dirname
-from blobha.store import local as store_module
+from blobha.store import files as files_module
 from blobha.store import segments as segments_module
 from blobha.store.local import DataDirInUse, LocalStore, TempBlob, VersionInfo
 from blobha.store.segments import segment_path
@@ -169,9 +169,7 @@ def test_chunk_digests_do_not_depend_on_how_the_bytes_arrive(tmp_path: Path) -> 
 
 @pytest.fixture
 def counted_flushes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Background flushes every 8 KiB (so small files run them), each one counted."""
-    monkeypatch.setattr(store_module, "FLUSH_BYTES", 8192)
-    monkeypatch.setattr(store_module, "WRITEBACK_BYTES", 4096)
+    """Every background flush counted (see _flushing_temp)."""
     flushes: list[int] = []
     real = os.fdatasync
 
@@ -181,6 +179,11 @@ def counted_flushes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
     monkeypatch.setattr(os, "fdatasync", counting)
     return flushes
+
+
+def _flushing_temp(path: Path) -> TempBlob:
+    """A temp file flushed in the background every 8 KiB, so small files run flushes."""
+    return TempBlob(path, flush_bytes=8192, writeback_bytes=4096)
 
 
 def _write_in_odd_pieces(temp: TempBlob, data: bytes) -> None:
@@ -198,7 +201,7 @@ def _write_in_odd_pieces(temp: TempBlob, data: bytes) -> None:
 def test_temp_file_flushed_in_the_background_holds_exactly_the_bytes(
         tmp_path: Path, counted_flushes: list[int], size: int) -> None:
     data = os.urandom(size)
-    temp = TempBlob(tmp_path / "t.part")
+    temp = _flushing_temp(tmp_path / "t.part")
     _write_in_odd_pieces(temp, data)
     assert temp.size == size
     expected = [chunk_digest(data[i:i + CHUNK_SIZE]) for i in range(0, size, CHUNK_SIZE)]
@@ -218,7 +221,7 @@ def test_a_failed_background_flush_fails_the_temp_file(
         raise OSError(errno.EIO, "Input/output error")
 
     monkeypatch.setattr(os, "fdatasync", failing)
-    temp = TempBlob(tmp_path / "t.part")
+    temp = _flushing_temp(tmp_path / "t.part")
     data = os.urandom(64 * 1024)
     # It surfaces in a later write or in the finish: never a file that installs as if whole.
     with pytest.raises(OSError, match="Input/output error"):
@@ -235,7 +238,7 @@ def test_discard_from_another_thread_while_a_stream_writes(
         tmp_path: Path, counted_flushes: list[int]) -> None:
     """An expired upload is discarded by the reaper while its stream may still write: the
     stream gets ValueError (the upload is gone), and the file and its flusher go away."""
-    temp = TempBlob(tmp_path / "t.part")
+    temp = _flushing_temp(tmp_path / "t.part")
     block = os.urandom(1000)
     errors: list[BaseException] = []
     flushing = threading.Event()
@@ -675,10 +678,8 @@ def test_a_corrupt_version_is_forgotten_with_its_file(store: LocalStore) -> None
     assert store.recent("k", 1) is None and store.versions("k") == []
 
 
-def test_remembered_versions_are_bounded_oldest_first(
-        store: LocalStore, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(store_module, "RECENT_BYTES", 1000)
-    monkeypatch.setattr(store_module, "RECENT_VERSIONS", 3)
+def test_remembered_versions_are_bounded_oldest_first(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path / "store", recent_bytes=1000, recent_versions=3)
     _install_small(store, *[(f"k{i}", 1, _data(100, seed=i)) for i in range(5)])
     assert [k for k in ("k0", "k1", "k2", "k3", "k4") if store.recent(k, 1)] == ["k2", "k3", "k4"]
     _install_small(store, ("big", 1, _data(801)))  # 801 + only the newest 100 fit in 1,000
@@ -686,6 +687,7 @@ def test_remembered_versions_are_bounded_oldest_first(
     _install_small(store, ("huge", 1, _data(1001)))  # more than the bound: nothing stays
     assert [k for k in ("k4", "big", "huge") if store.recent(k, 1)] == []
     assert _read(store, "huge", 1) == _data(1001)  # installed all the same
+    store.close()
 
 
 def test_install_many_keeps_out_a_copy_that_does_not_match(store: LocalStore) -> None:
@@ -897,10 +899,10 @@ def test_a_chunk_resumed_after_a_write_that_failed_part_way_lands_where_it_belon
             return real_pwrite(fd, memoryview(buf)[:1000], offset)  # part of it, then
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(store_module.os, "pwrite", full_disk)
+    monkeypatch.setattr(files_module.os, "pwrite", full_disk)
     with pytest.raises(OSError):
         temp.write_at(4096, data[4096:])
-    monkeypatch.setattr(store_module.os, "pwrite", real_pwrite)
+    monkeypatch.setattr(files_module.os, "pwrite", real_pwrite)
     assert temp.size == 4096  # what GetUploadStatus reports
     temp.write_at(temp.size, data[temp.size:])
     info = store.install("k", 1, temp, len(data), digest_bytes(data))
@@ -922,7 +924,7 @@ def test_an_install_whose_record_cannot_be_written_leaves_no_blob_file(
     def no_space(*args: object, **kwargs: object) -> None:
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(store_module, "write_json_atomic", no_space)
+    monkeypatch.setattr(files_module, "write_json_atomic", no_space)
     data = _data(5000)
     temp = store.new_temp("up")
     temp.write_at(0, data)
