@@ -1,5 +1,7 @@
-"""The caller's arguments: defaults (some from the environment), and the checks that fail a bad
-one with its reason before any call is made."""
+"""The caller's arguments: their defaults and the checks made before any call.
+
+Some defaults come from the environment; a bad argument fails here, with its reason, rather than
+as a refusal from every master."""
 
 from __future__ import annotations
 

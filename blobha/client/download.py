@@ -1,5 +1,7 @@
-"""One download: segments from a chosen replica (over the data channel where one is offered),
-failing over and resuming at the byte where the previous replica stopped, verified whole."""
+"""One download: segments from the replicas, failing over and resuming, verified whole.
+
+Each segment comes from one replica (over its data channel where one is offered); when that
+replica fails, the next resumes at the byte where it stopped, pinned to the version first seen."""
 
 from __future__ import annotations
 

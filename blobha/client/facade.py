@@ -1,5 +1,7 @@
-"""The :class:`Client`: the public calls, each checking its arguments and handing the work to
-the router (blobha.client.routing) or a transfer (blobha.client.upload, .download)."""
+"""The :class:`Client`: the public calls, each checking its arguments and delegating.
+
+The work goes to the router (blobha.client.routing) or a transfer (blobha.client.upload,
+blobha.client.download)."""
 
 from __future__ import annotations
 
@@ -127,12 +129,13 @@ class Client:
         if not stall_timeout >= MIN_STALL_TIMEOUT:
             raise InvalidArgument(f"stall_timeout must be at least {MIN_STALL_TIMEOUT:g} s, not"
                                   f" {stall_timeout!r}")
+        chunk_size = check_chunk_size(chunk_size)
         if address_map is None:
             address_map = default_address_map()
         self._transport: Transport = transport or GrpcTransport(self._user, credentials,
                                                                 address_map)
         self._router = Router(self._addresses, self._transport, self._timeout,
-                              float(stall_timeout), check_chunk_size(chunk_size))
+                              float(stall_timeout), chunk_size)
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -288,8 +291,8 @@ class Client:
         the condition existed."""
         try:
             meta = self._router.leader_call(f"read the metadata of {key!r}", "GetMeta",
-                                     pb.GetMetaRequest(key=key, any_access=True),
-                                     deadline=deadline)
+                                            pb.GetMetaRequest(key=key, any_access=True),
+                                            deadline=deadline)
         except NotAuthorized:
             return None
         return float(meta.created_at)
@@ -380,6 +383,7 @@ class Client:
         validate_key(key)
         for name, value in (("version", version), ("offset", offset), ("length", length)):
             check_count(name, value)
+
         def into(sink: Sink) -> BlobInfo:
             return self._download(key, sink, version, offset, length, progress)
 

@@ -1,5 +1,4 @@
-"""Retrying until a deadline: full-jitter backoff, the restartable deadline, and what a call
-that gives up says."""
+"""Retrying until a deadline: backoff, the restartable deadline, and what giving up says."""
 
 from __future__ import annotations
 

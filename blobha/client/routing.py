@@ -1,6 +1,8 @@
-"""How the client's calls reach the cluster: the masters it knows, the leader, the master its
-reads stick to, redirects, and retries until a deadline. It also carries what the client's
-transfers share (the transport, data channels, timeouts, chunk size)."""
+"""Routing of the client's calls: known masters, the leader, redirects, retries.
+
+It keeps the masters the client knows, the leader, and the master its reads stick to; and it
+carries what the client's transfers share (the transport, data channels, timeouts, chunk
+size)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""Where an upload's bytes come from (bytes, a file, a stream) and where a download's go (a
-buffer, a file object, a path replaced only once the download is complete)."""
+"""Upload sources (bytes, a file, a stream) and download sinks (a buffer, a file, a path).
+
+A path is replaced only once its download is complete and verified."""
 
 from __future__ import annotations
 

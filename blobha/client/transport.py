@@ -1,5 +1,6 @@
-"""How the client reaches one master: the :class:`Transport` protocol, its gRPC implementation,
-and the translation of gRPC failures (a TLS disagreement among them) into BlobErrors."""
+"""How the client reaches one master: the :class:`Transport` protocol and its gRPC form.
+
+Also the translation of gRPC failures into BlobErrors, a TLS disagreement among them."""
 
 from __future__ import annotations
 

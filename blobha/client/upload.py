@@ -1,6 +1,8 @@
-"""One create or update: a small blob in one Put, a larger one begun, appended in segments
-(over the data channel where the leader offers one) and committed; resumed or restarted when
-the leader fails, and a commit whose answer was lost recognised."""
+"""One create or update: put whole, or begun, appended in segments and committed.
+
+A small blob goes in one Put; a larger one in segments (over the data channel where the leader
+offers one). Resumed or restarted when the leader fails; a commit whose answer was lost is
+recognised."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""What the client takes and returns: plain frozen values (defined with the protocol, in
-blobha.wire.status), the argument types of its transfers, and the read-permission check."""
+"""What the client takes and returns: plain values, transfer argument types, require_read.
+
+The values are defined with the protocol (blobha.wire.status) and re-exported here."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""Protobuf <-> plain values (blobha.wire.status, blobha.core.acl): the one place that turns
-messages into values and back."""
+"""Protobuf <-> plain values: the one place that turns messages into values and back.
+
+The values are those of blobha.wire.status and blobha.core.acl."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
-"""Plain values the protocol carries, as the client returns them and the masters build them:
-blob metadata, what a download delivered, replication and cluster status (no protobuf here:
-their one conversion to and from the wire is blobha.wire.convert)."""
+"""Plain values the protocol carries: blob metadata, download info, replication and cluster status.
+
+The client returns them and the masters build them. No protobuf here: their one conversion to
+and from the wire is blobha.wire.convert."""
 
 from __future__ import annotations
 
