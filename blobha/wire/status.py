@@ -1,11 +1,24 @@
-"""Plain views of replication and master status, shared by the client and the masters, with
-their one conversion to and from the wire."""
+"""Plain values the protocol carries: blob metadata, download info, replication and cluster status.
+
+The client returns them and the masters build them. No protobuf here: their one conversion to
+and from the wire is blobha.wire.convert."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from blobha.v1 import blobha_pb2 as pb
+from blobha.core.acl import ALL, READ, AccessControl
+
+if TYPE_CHECKING:
+    # Their old home, still served (lazily, see __getattr__) to importers of this module.
+    from blobha.wire.convert import master_from_pb as master_from_pb
+    from blobha.wire.convert import master_to_pb as master_to_pb
+    from blobha.wire.convert import replication_from_pb as replication_from_pb
+    from blobha.wire.convert import replication_to_pb as replication_to_pb
+
+_CONVERTERS = frozenset({"master_from_pb", "master_to_pb", "replication_from_pb",
+                         "replication_to_pb"})
 
 
 @dataclass(frozen=True)
@@ -36,26 +49,69 @@ class MasterSummary:
     zookeeper_unreachable: bool = False
 
 
-def replication_from_pb(r: pb.ReplicationStatus) -> ReplicationStatus:
-    return ReplicationStatus(r.key, r.version, r.replication, r.replication_factor,
-                             tuple(r.holders))
+@dataclass(frozen=True)
+class BlobMeta:
+    """Metadata of a blob's committed version."""
+
+    key: str
+    version: int
+    size: int
+    digest: str
+    acl: tuple[AccessControl, ...]
+    replication_factor: int
+    meta_version: int
+    created_at: float
+    updated_at: float
+    creator: str
+    #: Live replicas holding this version when the answer was made (set on commit; else 0).
+    replication: int
+    #: The version reached its write quorum (its commit was acknowledged). False only for a
+    #: version whose leader failed before the quorum: it may still be rolled back.
+    acknowledged: bool = True
+    #: What the caller may do with the key: bits READ (1), WRITE (2) and ADMIN (4). The
+    #: metadata is shown to a user holding any of them (as in Storm), without the digest and
+    #: the live replicas where it lacks READ; reading the blob takes READ (see
+    #: :meth:`readable`). 0: a master older than the field, which answered readers alone.
+    access: int = ALL
+
+    @property
+    def readable(self) -> bool:
+        """Whether the caller may read the blob itself, not only its metadata."""
+        return not self.access or bool(self.access & READ)
 
 
-def replication_to_pb(r: ReplicationStatus) -> pb.ReplicationStatus:
-    return pb.ReplicationStatus(key=r.key, version=r.version, replication=r.replication,
-                                replication_factor=r.replication_factor, holders=r.holders)
+@dataclass(frozen=True)
+class BlobInfo:
+    """What a download delivered: the version, and the size and digest of the whole version."""
+
+    version: int
+    size: int
+    digest: str
 
 
-def master_from_pb(m: pb.MasterSummary) -> MasterSummary:
-    return MasterSummary(m.address, m.is_leader, m.uptime_secs, m.version, m.blob_count,
-                         m.bytes_stored, m.disk_free, m.lag_blobs, m.reachable, m.epoch,
-                         m.zookeeper_unreachable)
+@dataclass(frozen=True)
+class WaitResult:
+    reached: bool
+    statuses: tuple[ReplicationStatus, ...]
+    waited_secs: float
 
 
-def master_to_pb(s: MasterSummary) -> pb.MasterSummary:
-    return pb.MasterSummary(
-        address=s.address, is_leader=s.is_leader, uptime_secs=s.uptime_secs, version=s.version,
-        blob_count=s.blob_count, bytes_stored=s.bytes_stored, disk_free=s.disk_free,
-        lag_blobs=s.lag_blobs, reachable=s.reachable, epoch=s.epoch,
-        zookeeper_unreachable=s.zookeeper_unreachable,
-    )
+@dataclass(frozen=True)
+class ClusterSummary:
+    masters: tuple[MasterSummary, ...]
+    leader: str
+    epoch: int
+    blob_count: int
+    under_replicated: int
+    #: The master that answered has no ZooKeeper connection: the masters are those it last
+    #: saw, and ``blob_count`` is unknown (0).
+    zookeeper_unreachable: bool = False
+
+
+def __getattr__(name: str) -> object:
+    # Imported on first use: blobha.wire.convert imports this module's values.
+    if name in _CONVERTERS:
+        from blobha.wire import convert
+
+        return getattr(convert, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

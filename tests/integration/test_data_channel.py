@@ -14,8 +14,8 @@ import grpc
 import pytest
 from conftest import client_for, make_cluster, md, scrape, stub, value, wait_until
 
-from blobha import client as client_module
 from blobha.client import Client
+from blobha.client import upload as client_upload
 from blobha.core.digest import digest_bytes
 from blobha.core.errors import Unavailable
 from blobha.ops.localcluster import LocalCluster
@@ -71,7 +71,7 @@ def test_a_client_that_cannot_reach_it_streams(cluster: LocalCluster, unique_key
         assert sent(cluster) == before
         assert "use the gRPC stream for the next" in caplog.text
         unreachable = [m.address for m in cluster.masters
-                       if not c._data_channels.usable(m.address)]
+                       if not c._router.data_channels.usable(m.address)]
         assert len(unreachable) == 1  # only the master it tried; no second attempt there
         assert c.read(unique_key) == data
         assert sent(cluster) == before
@@ -108,7 +108,7 @@ def test_the_offer_is_authorised_and_bound_to_its_range(cluster: LocalCluster, a
 def test_uploads_take_the_data_channel_a_segment_at_a_time(
         cluster: LocalCluster, alice: Client, unique_key: str, tmp_path: Path,
         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(client_module, "_CHANNEL_SEGMENT_BYTES", 2 * MiB)
+    monkeypatch.setattr(client_upload, "_CHANNEL_SEGMENT_BYTES", 2 * MiB)
     leader = cluster.leader()
     before = scrape(leader)
     data = os.urandom(5 * MiB + 3)
@@ -135,7 +135,7 @@ def test_an_upload_from_a_pipe_takes_it_in_segments_it_keeps_in_memory(
         monkeypatch: pytest.MonkeyPatch) -> None:
     # A pipe cannot be read again, so the client keeps each segment until the leader
     # acknowledges it: those segments stay at the stream's size, not the channel's.
-    monkeypatch.setattr(client_module, "_UPLOAD_SEGMENT_BYTES", MiB + MiB // 2)
+    monkeypatch.setattr(client_upload, "_UPLOAD_SEGMENT_BYTES", MiB + MiB // 2)
     leader = cluster.leader()
     before = scrape(leader)
     data = os.urandom(4 * MiB + 7)

@@ -221,7 +221,7 @@ def test_users_calls_cannot_take_every_thread_of_a_master(tmp_path: Path) -> Non
                 assert master.NodeStatus(pb.NodeStatusRequest(), timeout=5,
                                          metadata=md("alice")).address == leader.address
                 pauses: list[float] = []
-                sleep = c._sleep
+                sleep = c._router.sleep
 
                 def pause_then_let_go(secs: float) -> None:
                     # The client was refused and backs off: the waiters go away meanwhile.
@@ -230,7 +230,7 @@ def test_users_calls_cannot_take_every_thread_of_a_master(tmp_path: Path) -> Non
                         w.cancel()
                     sleep(secs)
 
-                c._sleep = pause_then_let_go
+                c._router.sleep = pause_then_let_go
                 # Their slots come back within about a second (no reply to wait for), and the
                 # retried call is served.
                 assert c.wait_for_replication(["held"], 1, timeout=30).reached

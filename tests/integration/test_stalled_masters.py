@@ -61,7 +61,7 @@ def test_a_read_moves_on_from_a_paused_replica(fresh_cluster: LocalCluster) -> N
         assert c.wait_for_replication(["quiet"], 3, timeout=30).reached
         paused = followers(fresh_cluster)[0]
         c.cluster_summary()  # knows every master, so it can guess at any of them
-        c._rng = _Steer(paused.address)
+        c._router.rng = _Steer(paused.address)
         paused.signal(signal.SIGSTOP)
         try:
             started = time.monotonic()
@@ -83,7 +83,7 @@ def test_a_download_paused_midway_resumes_from_another_replica(
         assert c.wait_for_replication(["midway"], 3, timeout=60).reached
         paused = followers(fresh_cluster)[0]
         c.cluster_summary()
-        c._rng = _Steer(paused.address)
+        c._router.rng = _Steer(paused.address)
         stopped = threading.Event()
         first_stop_at: list[int] = []
 
@@ -167,7 +167,7 @@ def test_a_replication_wait_moves_on_from_a_paused_master(fresh_cluster: LocalCl
         c.create("needed", b"side file", replication_factor=3)
         assert c.wait_for_replication(["needed"], 3, timeout=30).reached
         paused = followers(fresh_cluster)[0]
-        c._preferred = paused.address  # the master this client happens to ask
+        c._router._preferred = paused.address  # the master this client happens to ask
         paused.signal(signal.SIGSTOP)
         try:
             started = time.monotonic()

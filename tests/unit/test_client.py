@@ -29,6 +29,14 @@ from blobha.client import (
     backoff_delay,
     parse_cluster,
 )
+from blobha.client import arguments as arguments_mod
+from blobha.client import download as download_mod
+from blobha.client import facade as facade_mod
+from blobha.client import retry as retry_mod
+from blobha.client import routing as routing_mod
+from blobha.client import sources as sources_mod
+from blobha.client import transport as transport_mod
+from blobha.client import upload as upload_mod
 from blobha.core.acl import AccessControl
 from blobha.core.digest import digest_bytes
 from blobha.core.errors import (
@@ -50,7 +58,8 @@ from blobha.core.errors import (
     upload_not_found,
 )
 from blobha.v1 import blobha_pb2 as pb
-from blobha.wire.status import replication_from_pb
+from blobha.wire import convert
+from blobha.wire.convert import replication_from_pb
 
 KiB = 1024
 
@@ -98,7 +107,7 @@ class TestBackoff:
 class TestDeadline:
     def test_remaining_expiry_and_restart(self) -> None:
         now = [100.0]
-        d = client_mod._Deadline(10.0, clock=lambda: now[0])
+        d = retry_mod.Deadline(10.0, clock=lambda: now[0])
         assert d.remaining() == 10.0
         now[0] = 108.0
         assert d.remaining() == pytest.approx(2.0)
@@ -127,7 +136,7 @@ class TestUserAndOptions:
     def test_bad_user(self, user: str, monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.setenv("BLOBHA_USER", "x")
         with pytest.raises(InvalidArgument):
-            client_mod._check_user(user)
+            arguments_mod.check_user(user)
 
     @pytest.mark.parametrize(
         ("user", "problem"),
@@ -155,13 +164,13 @@ class TestUserAndOptions:
 
     def test_acl_forms(self) -> None:
         entries = [AccessControl("u", "a", 7)]
-        assert client_mod._normalize_acl(None) == []
-        assert client_mod._normalize_acl("u:a:rwa") == entries
-        assert client_mod._normalize_acl(entries) == entries
+        assert arguments_mod.normalize_acl(None) == []
+        assert arguments_mod.normalize_acl("u:a:rwa") == entries
+        assert arguments_mod.normalize_acl(entries) == entries
         with pytest.raises(InvalidArgument):
-            client_mod._normalize_acl("u:a:rwa,u:a:r")
+            arguments_mod.normalize_acl("u:a:rwa,u:a:r")
         with pytest.raises(InvalidArgument):
-            client_mod._normalize_acl(["u:a:rwa"])  # type: ignore[list-item]
+            arguments_mod.normalize_acl(["u:a:rwa"])  # type: ignore[list-item]
 
     @pytest.mark.parametrize(
         ("entry", "problem"),
@@ -181,7 +190,7 @@ class TestUserAndOptions:
         # Entries built in code skip the parser; they are refused locally all the same, before
         # any call (a ',' or ':' in a stored name would make the key's ACL unreadable).
         with pytest.raises(InvalidArgument, match=re.escape(problem)):
-            client_mod._normalize_acl([entry])
+            arguments_mod.normalize_acl([entry])
         c = Client("h:1", user="alice", transport=cluster)
         with pytest.raises(InvalidArgument, match=re.escape(problem)):
             c.create("k", b"x", acl=[entry])
@@ -222,7 +231,7 @@ class TestConversions:
             acknowledged=True,
             access=3,
         )
-        meta = client_mod._meta_from_pb(m)
+        meta = convert.meta_from_pb(m)
         assert meta == BlobMeta(
             key="k",
             version=3,
@@ -241,15 +250,15 @@ class TestConversions:
         with pytest.raises(AttributeError):
             meta.version = 4  # type: ignore[misc]
         # Without READ, the metadata only; a master that does not say answered readers alone.
-        assert not client_mod._meta_from_pb(pb.BlobMeta(key="k", access=6)).readable
-        assert client_mod._meta_from_pb(pb.BlobMeta(key="k")).readable
+        assert not convert.meta_from_pb(pb.BlobMeta(key="k", access=6)).readable
+        assert convert.meta_from_pb(pb.BlobMeta(key="k")).readable
 
     def test_acl_round_trip(self) -> None:
         acl = [AccessControl("u", "bob", 3), AccessControl("o", "", 1)]
-        assert list(client_mod._acl_from_pb(client_mod._acl_to_pb(acl))) == acl
+        assert list(convert.acl_from_pb(convert.acl_to_pb(acl))) == acl
 
     def test_info_replication_wait(self) -> None:
-        assert client_mod._info_from_pb(pb.BlobInfo(version=2, size=5, digest="x")) == BlobInfo(
+        assert convert.info_from_pb(pb.BlobInfo(version=2, size=5, digest="x")) == BlobInfo(
             2, 5, "x"
         )
         status = pb.ReplicationStatus(
@@ -258,7 +267,7 @@ class TestConversions:
         expected = ReplicationStatus("k", 2, 1, 3, ("a:1",))
         assert replication_from_pb(status) == expected
         wait = pb.WaitForReplicationResponse(reached=True, status=[status], waited_secs=1.25)
-        assert client_mod._wait_result_from_pb(wait) == WaitResult(True, (expected,), 1.25)
+        assert convert.wait_result_from_pb(wait) == WaitResult(True, (expected,), 1.25)
 
     def test_cluster_summary(self) -> None:
         s = pb.ClusterSummaryResponse(
@@ -281,7 +290,7 @@ class TestConversions:
             blob_count=4,
             under_replicated=1,
         )
-        assert client_mod._summary_from_pb(s) == ClusterSummary(
+        assert convert.summary_from_pb(s) == ClusterSummary(
             masters=(MasterSummary("a:1", True, 9.0, "0.1", 4, 100, 1000, 1, True, 7),),
             leader="a:1",
             epoch=7,
@@ -292,7 +301,7 @@ class TestConversions:
 
 class TestSources:
     def test_stream_source_replays_until_acknowledged(self) -> None:
-        src = client_mod._StreamSource(io.BufferedReader(io.BytesIO(b"abcdefghij")))
+        src = sources_mod.StreamSource(io.BufferedReader(io.BytesIO(b"abcdefghij")))
         assert src.read_at(0, 4) == b"abcd"
         assert src.read_at(4, 4) == b"efgh"
         assert src.read_at(2, 4) == b"cdef"  # a resend after a broken stream
@@ -309,14 +318,14 @@ class TestSources:
         path.write_bytes(b"0123456789")
         with path.open("rb") as f:
             f.seek(3)
-            src = client_mod._open_source(f)
+            src = sources_mod.open_source(f)
             assert src.size == 7
             assert src.read_at(0, 3) == b"345"
             assert src.can_restart()
 
     def test_rejects_other_types(self) -> None:
         with pytest.raises(InvalidArgument):
-            client_mod._open_source(12)  # type: ignore[arg-type]
+            sources_mod.open_source(12)  # type: ignore[arg-type]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -570,13 +579,13 @@ class FakeClock:
 @pytest.fixture
 def resumable_only(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every upload takes the resumable path (begin, append, commit), however small."""
-    monkeypatch.setattr(client_mod, "_PUT_MAX_BYTES", -1)
+    monkeypatch.setattr(upload_mod, "_PUT_MAX_BYTES", -1)
 
 
 @pytest.fixture
 def clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
     fake = FakeClock()
-    monkeypatch.setattr(client_mod, "_monotonic", fake)
+    monkeypatch.setattr(retry_mod, "_monotonic", fake)
     return fake
 
 
@@ -588,7 +597,7 @@ def cluster() -> FakeCluster:
 @pytest.fixture
 def client(cluster: FakeCluster, clock: FakeClock) -> Iterator[Client]:
     c = Client([M1, M2, M3], user="alice", timeout=30.0, chunk_size=256 * KiB, transport=cluster)
-    c._sleep = clock.sleep
+    c._router.sleep = clock.sleep
     with c:
         yield c
     assert cluster.closed
@@ -741,7 +750,7 @@ class _Pipe(io.RawIOBase):
 def test_leader_change_with_consumed_stream_fails_clearly(
     client: Client, cluster: FakeCluster, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(client_mod, "_UPLOAD_SEGMENT_BYTES", 256 * KiB)
+    monkeypatch.setattr(upload_mod, "_UPLOAD_SEGMENT_BYTES", 256 * KiB)
     original = cluster._append
 
     def fail_over_after_first_segment(address: str, chunks: Iterator[Any]) -> Any:
@@ -841,14 +850,15 @@ def test_a_write_refused_by_every_master_fails_at_once(
     # caller, not the cluster, so it is reported as it is instead of retried until the
     # deadline and reported as "unavailable".
     if path == "resumable":
-        monkeypatch.setattr(client_mod, "_PUT_MAX_BYTES", -1)
+        monkeypatch.setattr(upload_mod, "_PUT_MAX_BYTES", -1)
     _refusing(cluster, error, [M1, M2, M3])
     with pytest.raises(type(error)) as info:
         client.create("k", b"x")
     assert info.value is error
     if isinstance(error, Unauthenticated):
         # A token added just now may not be loaded yet: asked again for a few seconds only.
-        assert client_mod._REFUSAL_PATIENCE <= clock.now - 1000.0 < 2 * client_mod._REFUSAL_PATIENCE
+        patience = routing_mod._REFUSAL_PATIENCE
+        assert patience <= clock.now - 1000.0 < 2 * patience
         assert clock.sleeps and cluster.count("ClusterSummary") > 3
     else:
         assert clock.now == 1000.0 and clock.sleeps == []
@@ -875,7 +885,7 @@ def test_a_token_refused_at_first_is_accepted_once_the_masters_load_it(
     assert cluster.blobs["k"] == (1, b"x")
     # Refused, asked again after a pause, accepted well within the patience.
     assert clock.sleeps and cluster.count("ClusterSummary") > 3
-    assert clock.now - 1000.0 < client_mod._REFUSAL_PATIENCE
+    assert clock.now - 1000.0 < routing_mod._REFUSAL_PATIENCE
 
 
 def test_a_refusal_is_reported_before_other_masters_unavailability(
@@ -885,7 +895,7 @@ def test_a_refusal_is_reported_before_other_masters_unavailability(
     _refusing(cluster, Unauthenticated("the token was refused"), [M2])
     with pytest.raises(Unauthenticated, match="token was refused"):
         client.delete("k")
-    assert clock.now - 1000.0 < 2 * client_mod._REFUSAL_PATIENCE
+    assert clock.now - 1000.0 < 2 * routing_mod._REFUSAL_PATIENCE
 
 
 _OTHER_CA = ("failed to connect to all addresses; last error: UNKNOWN: ipv4:127.0.0.1:1:"
@@ -906,8 +916,8 @@ _CLOSED = ("failed to connect to all addresses; last error: UNAVAILABLE: ipv4:12
      " failed.", "its certificate does not name the address dialled"),
 ])
 def test_a_failed_tls_handshake_says_which_setting_to_change(details: str, advice: str) -> None:
-    failure = client_mod._handshake_failure("m1:1", details, True)
-    assert isinstance(failure, client_mod._HandshakeFailed)
+    failure = transport_mod.handshake_failure("m1:1", details, True)
+    assert isinstance(failure, transport_mod.HandshakeFailed)
     assert failure.addresses == {"m1:1"}
     assert advice in str(failure) and "m1:1" in str(failure) and details in str(failure)
 
@@ -919,9 +929,9 @@ def test_a_failed_tls_handshake_says_which_setting_to_change(details: str, advic
 def test_a_connection_closed_at_once_only_hints_at_tls(tls: bool, hint: str) -> None:
     # What a TLS master does to a plain-text client, but also a proxy with no master behind
     # it: retried as unavailability, with the likely fix in the message.
-    failure = client_mod._handshake_failure("m1:1", _CLOSED, tls)
+    failure = transport_mod.handshake_failure("m1:1", _CLOSED, tls)
     assert isinstance(failure, Unavailable)
-    assert not isinstance(failure, client_mod._HandshakeFailed)
+    assert not isinstance(failure, transport_mod.HandshakeFailed)
     assert hint in str(failure)
 
 
@@ -935,8 +945,8 @@ def test_a_connection_closed_at_once_only_hints_at_tls(tls: bool, hint: str) -> 
 ])
 def test_other_unavailability_is_not_taken_for_a_tls_mismatch(details: str) -> None:
     for tls in (False, True):
-        failure = client_mod._handshake_failure("m1:1", details, tls)
-        assert not isinstance(failure, client_mod._HandshakeFailed)
+        failure = transport_mod.handshake_failure("m1:1", details, tls)
+        assert not isinstance(failure, transport_mod.HandshakeFailed)
         if "Handshake read failed" in details:
             assert failure is None  # no hint either: nothing points at the client's settings
 
@@ -953,7 +963,7 @@ def _without_tls_agreement(cluster: FakeCluster, who: Sequence[str],
                   and clock.now - 1000.0 >= agreed_after)
         if address in who and not agreed:
             cluster.calls.append((address, method))
-            raise client_mod._handshake_failure(address, _OTHER_CA, True) or AssertionError
+            raise transport_mod.handshake_failure(address, _OTHER_CA, True) or AssertionError
         real(address, method)
 
     cluster._enter = enter  # type: ignore[method-assign]
@@ -970,7 +980,7 @@ def test_a_tls_mismatch_with_every_master_fails_soon_as_such(
     cluster.blobs["k"] = (1, b"x")
     cluster.holders["k"] = [M1, M2, M3]
     if operation == "resumable":
-        monkeypatch.setattr(client_mod, "_PUT_MAX_BYTES", -1)
+        monkeypatch.setattr(upload_mod, "_PUT_MAX_BYTES", -1)
     _without_tls_agreement(cluster, [M1, M2, M3])
     calls: dict[str, Callable[[], object]] = {
         "put": lambda: client.create("new", b"y"),
@@ -984,7 +994,7 @@ def test_a_tls_mismatch_with_every_master_fails_soon_as_such(
     # Not a NotAuthorized: that says what the user may read, and callers act on it.
     assert not isinstance(info.value, NotAuthorized)
     waited = clock.now - 1000.0
-    assert client_mod._REFUSAL_PATIENCE <= waited < 2 * client_mod._REFUSAL_PATIENCE
+    assert routing_mod._REFUSAL_PATIENCE <= waited < 2 * routing_mod._REFUSAL_PATIENCE
     assert "new" not in cluster.blobs
 
 
@@ -994,7 +1004,7 @@ def test_a_certificate_replaced_within_the_patience_is_accepted(
     _without_tls_agreement(cluster, [M1, M2, M3], agreed_after=1.0, clock=clock)
     client.create("k", b"x")
     assert cluster.blobs["k"] == (1, b"x")
-    assert clock.now - 1000.0 < client_mod._REFUSAL_PATIENCE
+    assert clock.now - 1000.0 < routing_mod._REFUSAL_PATIENCE
 
 
 def test_a_tls_mismatch_is_final_only_once_every_master_has_shown_it(
@@ -1002,11 +1012,11 @@ def test_a_tls_mismatch_is_final_only_once_every_master_has_shown_it(
 ) -> None:
     # Even with no patience at all, two masters of three failing the handshake is no proof:
     # the third is asked, and serves.
-    monkeypatch.setattr(client_mod, "_REFUSAL_PATIENCE", 0.0)
+    monkeypatch.setattr(routing_mod, "_REFUSAL_PATIENCE", 0.0)
     cluster.blobs["k"] = (1, b"x")
     cluster.holders["k"] = [M1, M2, M3]
     _without_tls_agreement(cluster, [M1, M2])
-    client._preferred = M1
+    client._router._preferred = M1
     assert client.get_meta("k").version == 1
     assert [a for a, m in cluster.calls if m == "GetMeta"] == [M1, M2, M3]
 
@@ -1028,7 +1038,7 @@ def test_the_patience_runs_from_the_first_tls_mismatch_not_from_the_call(
     cluster._enter = enter  # type: ignore[method-assign]
     with pytest.raises(TlsMismatch):
         client.get_meta("k")
-    assert clock.now - 1000.0 >= 5.0 + client_mod._REFUSAL_PATIENCE
+    assert clock.now - 1000.0 >= 5.0 + routing_mod._REFUSAL_PATIENCE
 
 
 def test_a_tls_mismatch_with_some_masters_only_is_retried_to_the_deadline(
@@ -1209,7 +1219,7 @@ def test_an_upload_never_reads_its_source_twice_at_once(client: Client) -> None:
     release = threading.Event()
     overlaps = []
 
-    class Slow(client_mod._Source):
+    class Slow(sources_mod.Source):
         size = -1
         busy = False
 
@@ -1227,8 +1237,8 @@ def test_an_upload_never_reads_its_source_twice_at_once(client: Client) -> None:
         def can_restart(self) -> bool:
             return True
 
-    job = client_mod._UploadJob(client, pb.BeginUploadRequest(key="k", create=True), Slow(), 0,
-                                None)
+    job = upload_mod.UploadJob(client._router, pb.BeginUploadRequest(key="k", create=True),
+                               Slow(), 0, None)
     first = threading.Thread(target=job._read, args=(0,))
     first.start()
     assert inside.wait(5)
@@ -1293,7 +1303,7 @@ def test_a_read_whose_deadline_ends_in_a_replica_lookup_says_why_it_was_retrying
     start = clock.now
 
     def into_the_end(address: str, r: pb.GetReplicationRequest) -> pb.ReplicationStatus:
-        if 30.0 - (clock.now - start) <= client_mod._CONTROL_TIMEOUT:
+        if 30.0 - (clock.now - start) <= routing_mod._CONTROL_TIMEOUT:
             clock.now = start + 30.0  # the call takes what is left of the read's deadline
             raise DeadlineExceeded(f"master {address} did not answer in time")
         return original(address, r)
@@ -1380,7 +1390,7 @@ def test_a_wait_on_unreachable_masters_gives_up_at_its_own_timeout(
     cluster.down = {M1, M2, M3}
     with pytest.raises(Unavailable, match="unavailable"):
         client.wait_for_replication(["k"], 1, secs)
-    assert clock.now - 1000.0 <= secs + client_mod._WAIT_GRACE
+    assert clock.now - 1000.0 <= secs + facade_mod._WAIT_GRACE
     assert cluster.count("WaitForReplication") > 1  # other masters were tried
 
 
@@ -1401,10 +1411,10 @@ def test_a_wait_on_a_silent_master_ends_within_its_grace(
     cluster.unary = unary  # type: ignore[method-assign]
     with pytest.raises(DeadlineExceeded):
         client.wait_for_replication(["k"], 1, 5)
-    assert clock.now - 1000.0 <= 5 + client_mod._WAIT_GRACE
+    assert clock.now - 1000.0 <= 5 + facade_mod._WAIT_GRACE
     # The call outlives the server-side wait by more than the half second the server keeps
     # for its answer, so a live master still reports its counts.
-    assert calls[0] == (5.0, 5.0 + client_mod._WAIT_GRACE) and client_mod._WAIT_GRACE > 0.5
+    assert calls[0] == (5.0, 5.0 + facade_mod._WAIT_GRACE) and facade_mod._WAIT_GRACE > 0.5
 
 
 def test_wait_forever_loops_bounded_calls(
@@ -1436,7 +1446,7 @@ def test_invalid_key_fails_before_any_call(client: Client, cluster: FakeCluster)
 def test_download_in_segments_resumes_at_the_byte(
     client: Client, cluster: FakeCluster, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(client_mod, "_DOWNLOAD_SEGMENT_BYTES", 512 * KiB)
+    monkeypatch.setattr(download_mod, "_DOWNLOAD_SEGMENT_BYTES", 512 * KiB)
     data = payload(1000 * KiB)
     client.create("k", data)
     cluster.holders["k"] = [M1, M2, M3]
@@ -1461,7 +1471,7 @@ def test_download_in_segments_resumes_at_the_byte(
 def test_download_restarts_when_its_version_is_replaced(
     client: Client, cluster: FakeCluster, monkeypatch: pytest.MonkeyPatch, refusal: str
 ) -> None:
-    monkeypatch.setattr(client_mod, "_DOWNLOAD_SEGMENT_BYTES", 256 * KiB)
+    monkeypatch.setattr(download_mod, "_DOWNLOAD_SEGMENT_BYTES", 256 * KiB)
     client.create("k", payload(600 * KiB))
     original = cluster._download
     update: list[bytes] = [payload(700 * KiB)[::-1]]
@@ -1592,8 +1602,8 @@ def test_a_leader_search_cut_short_by_the_deadline_reports_why_it_was_retrying(
     # ZooKeeper has lost its quorum: every master says so, until the deadline cuts the
     # client's last look for a leader short. That last look must not hide the reason.
     if path == "resumable":
-        monkeypatch.setattr(client_mod, "_PUT_MAX_BYTES", -1)
-    monkeypatch.setattr(client._rng, "random", lambda: 0.0)  # no back-off: many rounds
+        monkeypatch.setattr(upload_mod, "_PUT_MAX_BYTES", -1)
+    monkeypatch.setattr(client._router.rng, "random", lambda: 0.0)  # no back-off: many rounds
     timeouts = _zookeeper_down(cluster, clock)
     with pytest.raises(Unavailable, match=r"within 30 s: .*ZooKeeper is unreachable"):
         client.create("k", b"never acknowledged")
@@ -1615,7 +1625,7 @@ def test_a_masters_reason_is_reported_before_another_ones_silence(
     cluster.unary = unary  # type: ignore[method-assign]
     with pytest.raises(Unavailable, match=r"no master at .* named a leader \(master m2:2"
                                           r" unavailable: ZooKeeper is unreachable\)"):
-        client._discover_leader(client_mod._Deadline(30.0))
+        client._router.discover_leader(retry_mod.Deadline(30.0))
 
 
 def test_a_deadline_with_nothing_retried_before_is_reported_as_it_is(
@@ -1654,11 +1664,11 @@ class _Status(grpc.RpcError, grpc.Call):  # type: ignore[misc]
 
 
 def test_a_deadline_the_master_reported_is_not_called_a_master_that_did_not_answer() -> None:
-    from blobha.client import _error_from_rpc
+    from blobha.client.transport import error_from_rpc
 
-    own = _error_from_rpc(M1, _Status(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded"))
+    own = error_from_rpc(M1, _Status(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded"))
     assert isinstance(own, DeadlineExceeded) and "did not answer in time" in str(own)
-    told = _error_from_rpc(M1, _Status(
+    told = error_from_rpc(M1, _Status(
         grpc.StatusCode.DEADLINE_EXCEEDED, "'k' v2 is committed but only 1 of the 2 required"))
     assert isinstance(told, DeadlineExceeded)
     assert "did not answer" not in str(told) and "only 1 of the 2" in str(told)
@@ -1667,13 +1677,14 @@ def test_a_deadline_the_master_reported_is_not_called_a_master_that_did_not_answ
 def test_a_master_with_no_free_call_thread_is_busy_not_out_of_resources() -> None:
     # grpcio's own refusal when every call thread is taken: retried like any busy master, and
     # known not to have run (a retry that finds the key gone is not the first try's doing).
-    from blobha.client import _error_from_rpc, _may_have_run
+    from blobha.client.retry import may_have_run
+    from blobha.client.transport import error_from_rpc
 
-    full = _error_from_rpc(M1, _Status(grpc.StatusCode.RESOURCE_EXHAUSTED,
+    full = error_from_rpc(M1, _Status(grpc.StatusCode.RESOURCE_EXHAUSTED,
                                        "Concurrent RPC limit exceeded!"))
     assert isinstance(full, Unavailable) and "master.rpc.threads" in str(full)
-    assert not _may_have_run(full)
-    disk = _error_from_rpc(M1, _Status(grpc.StatusCode.RESOURCE_EXHAUSTED,
+    assert not may_have_run(full)
+    disk = error_from_rpc(M1, _Status(grpc.StatusCode.RESOURCE_EXHAUSTED,
                                        "not enough disk space on m1:1"))
     assert isinstance(disk, ResourceExhausted)
 
@@ -1825,9 +1836,9 @@ def test_a_call_to_a_master_that_answers_nothing_is_given_up() -> None:
 def test_a_download_no_master_holds_gives_up_unavailable_not_key_not_found() -> None:
     # Every master answered "not held here" for a key whose replica list was read: the key
     # exists, so the read gives up with UNAVAILABLE (exit 11), never "key not found" (exit 3).
-    from blobha.client import _DownloadJob
+    from blobha.client.download import DownloadJob
 
-    job: Any = _DownloadJob.__new__(_DownloadJob)
+    job: Any = DownloadJob.__new__(DownloadJob)
     job.key, job.version, job.info = "k", 0, None
     not_held = KeyNotFound("not held here: m3:6627 does not hold v1 of 'k'")
     why = job._why(not_held, None)
@@ -1881,8 +1892,8 @@ def test_a_call_retrying_for_a_while_is_told_once_and_a_short_blip_not_at_all(
     assert len(told) == 1, told
     what, why, left = told[0]
     assert what == "create 'b'" and "no leader is elected yet" in why
-    assert 0 < left <= 30.0 - client_mod._RETRY_NOTICE_AFTER
-    assert clock.now - started > 30.0 - left >= client_mod._RETRY_NOTICE_AFTER
+    assert 0 < left <= 30.0 - routing_mod._RETRY_NOTICE_AFTER
+    assert clock.now - started > 30.0 - left >= routing_mod._RETRY_NOTICE_AFTER
 
 
 def test_a_master_that_does_not_answer_a_control_call_is_passed_over_late_in_the_deadline(

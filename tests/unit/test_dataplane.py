@@ -13,7 +13,7 @@ import pytest
 from blobha.sync.peers import Peers
 from waiting import wait_until
 
-from blobha.client import _BufferSink
+from blobha.client.sources import BufferSink
 from blobha.core.digest import CHUNK_SIZE, digest_bytes
 from blobha.core.errors import (
     BlobError,
@@ -103,7 +103,7 @@ def test_a_ticket_brings_exactly_its_range(plane: DataPlane, offset: int, end: i
 def test_a_sink_that_keeps_the_pieces_keeps_copies(plane: DataPlane) -> None:
     # The pieces are views of one reused buffer: kept as they are, they would all end up
     # holding the last MiB (the digest, taken on the fly, would not notice).
-    kept = _BufferSink()
+    kept = BufferSink()
     receive("127.0.0.1", plane.port, grant(plane, 0, len(DATA)), len(DATA), 10.0, kept.write)
     assert len(kept.parts) > 1 and b"".join(kept.parts) == DATA
 

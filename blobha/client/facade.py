@@ -1,0 +1,447 @@
+"""The :class:`Client`: the public calls, each checking its arguments and delegating.
+
+The work goes to the router (blobha.client.routing) or a transfer (blobha.client.upload,
+blobha.client.download)."""
+
+from __future__ import annotations
+
+import builtins
+import os
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from types import TracebackType
+from typing import Any, BinaryIO
+
+from blobha.client.arguments import (
+    DEFAULT_CHUNK_SIZE,
+    MIN_STALL_TIMEOUT,
+    STALL_TIMEOUT,
+    UINT32_MAX,
+    check_chunk_size,
+    check_count,
+    check_user,
+    default_address_map,
+    default_user,
+    normalize_acl,
+)
+from blobha.client.download import DownloadJob
+from blobha.client.retry import Deadline, now
+from blobha.client.routing import PROBE_TIMEOUT, Router
+from blobha.client.sources import BufferSink, Sink, download_into
+from blobha.client.transport import GrpcTransport, Transport
+from blobha.client.upload import upload
+from blobha.client.values import (
+    BlobInfo,
+    BlobMeta,
+    ClusterSummary,
+    MasterSummary,
+    ProgressCallback,
+    ReplicationStatus,
+    UploadData,
+    WaitResult,
+)
+from blobha.core.acl import AccessControl, normalize_for_set
+from blobha.core.addresses import parse_cluster
+from blobha.core.errors import (
+    BlobError,
+    DeadlineExceeded,
+    InvalidArgument,
+    NotAuthorized,
+    Unavailable,
+    VersionConflict,
+)
+from blobha.core.keys import validate_key
+from blobha.v1 import blobha_pb2 as pb
+from blobha.wire.convert import (
+    acl_from_pb,
+    acl_to_pb,
+    master_from_pb,
+    meta_from_pb,
+    replication_from_pb,
+    summary_from_pb,
+    wait_result_from_pb,
+)
+from blobha.wire.credentials import Credentials
+
+#: Keys per List call: the most a master serves (blobha.master.facade.MAX_PAGE).
+LIST_PAGE = 1000
+#: A server-side replication wait answers at its deadline (or half a second before the call's
+#: own, whichever is first); the call, and a wait with all its retries, may outlive the wait's
+#: timeout by this much, for that answer to arrive.
+_WAIT_GRACE = 2.0
+# "Wait forever" is a loop of bounded server calls so a dead master is noticed.
+_FOREVER_SLICE = 60.0
+
+
+class Client:
+    """A connection to a blobha cluster.
+
+    ``cluster`` lists some masters (``"m1:6627,m2:6627"`` or a list); the others and the leader
+    are discovered. ``user`` defaults to the token's user, then ``$BLOBHA_USER``, then the
+    operating-system user. ``credentials`` (TLS trust, client certificate, token file) default
+    to ``$BLOBHA_CA``, ``$BLOBHA_CERT``/``$BLOBHA_KEY`` and ``$BLOBHA_TOKEN_FILE``.
+    ``address_map`` (default ``$BLOBHA_ADDRESS_MAP``) maps advertised master addresses to the
+    addresses this client dials, for clients outside the masters' network.
+    ``timeout`` bounds how long one operation waits for the cluster, retries included (a
+    transfer may run longer as long as every segment, 16 MiB up and 64 MiB down, moves within
+    it, and a download as long as its bytes keep coming). ``stall_timeout`` is how long a
+    master may stay silent (see :data:`STALL_TIMEOUT`) before the client moves on to another.
+
+    Example::
+
+        from blobha.client import Client
+
+        with Client("m1:6627,m2:6627,m3:6627", user="alice") as c:
+            meta = c.create("model.bin", "/tmp/model.bin", acl="u:alice:rwa,o::r")
+            c.wait_for_replication(["model.bin"], min_replication=2, timeout=60)
+            data = c.read("model.bin")
+            for key in c.list(prefix="model"):
+                print(key, c.get_meta(key).version)
+
+    A client may be shared between threads.
+    """
+
+    def __init__(
+        self,
+        cluster: str | Sequence[str],
+        user: str | None = None,
+        timeout: float = 60.0,
+        chunk_size: int = DEFAULT_CHUNK_SIZE,
+        *,
+        address_map: Mapping[str, str] | None = None,
+        credentials: Credentials | None = None,
+        transport: Transport | None = None,
+        stall_timeout: float = STALL_TIMEOUT,
+    ) -> None:
+        self._addresses = parse_cluster(cluster)
+        if transport is None:
+            credentials = (credentials or Credentials.from_env()).check()
+            token_user = credentials.token_user()
+            if token_user and user and user != token_user:
+                raise InvalidArgument(
+                    f"the token belongs to {token_user!r}, not {user!r}; drop --user or use"
+                    f" {user!r}'s token"
+                )
+            user = user or token_user
+        self._user = check_user(user if user else default_user())
+        if not timeout > 0:
+            raise InvalidArgument(f"timeout must be positive seconds, not {timeout!r}")
+        self._timeout = float(timeout)
+        if not stall_timeout >= MIN_STALL_TIMEOUT:
+            raise InvalidArgument(f"stall_timeout must be at least {MIN_STALL_TIMEOUT:g} s, not"
+                                  f" {stall_timeout!r}")
+        chunk_size = check_chunk_size(chunk_size)
+        if address_map is None:
+            address_map = default_address_map()
+        self._transport: Transport = transport or GrpcTransport(self._user, credentials,
+                                                                address_map)
+        self._router = Router(self._addresses, self._transport, self._timeout,
+                              float(stall_timeout), chunk_size)
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    @property
+    def user(self) -> str:
+        return self._user
+
+    @property
+    def timeout(self) -> float:
+        return self._timeout
+
+    @property
+    def on_retry(self) -> Callable[[str, BlobError, float], None] | None:
+        """Told, once per call, when it has retried for a while: (what, why, seconds left
+        before it gives up). The command line says it on a terminal, so a long wait (a
+        ZooKeeper outage, say, retried for the whole timeout) is not a silent one."""
+        return self._router.on_retry
+
+    @on_retry.setter
+    def on_retry(self, hook: Callable[[str, BlobError, float], None] | None) -> None:
+        self._router.on_retry = hook
+
+    def close(self) -> None:
+        """Close every channel. The client cannot be used afterwards."""
+        self._transport.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Client({','.join(self._addresses)!r}, user={self._user!r})"
+
+    # -- writes ----------------------------------------------------------------------------
+
+    def create(
+        self,
+        key: str,
+        data: UploadData,
+        acl: str | Sequence[AccessControl] | None = None,
+        replication_factor: int = 0,
+        write_quorum: int = 0,
+        progress: ProgressCallback | None = None,
+    ) -> BlobMeta:
+        """Create ``key`` with ``data``: bytes, a file path (``str`` or path-like) or a binary
+        file object. ``acl`` is Storm's grammar (``"u:alice:rwa,o::r"``) or entries; the
+        creator always keeps full access. ``replication_factor``/``write_quorum`` 0 = the
+        cluster default. ``progress(done, total)`` is called as bytes go out (total -1 when
+        unknown). Raises :class:`KeyAlreadyExists` if the key exists."""
+        validate_key(key)
+        check_count("replication_factor", replication_factor, UINT32_MAX)
+        check_count("write_quorum", write_quorum, UINT32_MAX)
+        request = pb.BeginUploadRequest(
+            key=key,
+            create=True,
+            acl=acl_to_pb(normalize_acl(acl)),
+            replication_factor=replication_factor,
+            write_quorum=write_quorum,
+        )
+        return upload(self._router, request, data, progress)
+
+    def update(
+        self,
+        key: str,
+        data: UploadData,
+        expected_version: int = 0,
+        write_quorum: int = 0,
+        progress: ProgressCallback | None = None,
+    ) -> BlobMeta:
+        """Write a new version of ``key``. With ``expected_version`` the update fails with
+        :class:`~blobha.core.errors.VersionConflict` unless that is the committed version."""
+        validate_key(key)
+        check_count("expected_version", expected_version)
+        check_count("write_quorum", write_quorum, UINT32_MAX)
+        request = pb.BeginUploadRequest(
+            key=key, create=False, expected_version=expected_version, write_quorum=write_quorum
+        )
+        return upload(self._router, request, data, progress)
+
+    def set_acl(self, key: str, acl: str | Sequence[AccessControl],
+                expected_meta_version: int | None = None) -> BlobMeta:
+        """Replace the ACL of ``key`` (needs ADMIN); the caller keeps ADMIN. With
+        ``expected_meta_version`` (a :class:`BlobMeta`'s ``meta_version``; 0 is a version, that
+        of a new key) the change is made only if the metadata is still that version, else
+        :class:`VersionConflict`."""
+        validate_key(key)
+        entries = normalize_acl(acl)
+        if expected_meta_version is not None:
+            check_count("expected_meta_version", expected_meta_version)
+        request = pb.SetMetaRequest(key=key, set_acl=True, acl=acl_to_pb(entries),
+                                    expected_meta_version=expected_meta_version)
+
+        def made_already(deadline: Deadline) -> Any:
+            # A conflict after an attempt whose answer was lost may be that attempt's own
+            # change: the metadata one version on, with this ACL (the setter keeps ADMIN).
+            meta = self._router.read_meta(key, deadline)
+            acl = list(acl_from_pb(meta.acl))
+            ours = (meta.meta_version == (expected_meta_version or 0) + 1
+                    and acl == normalize_for_set(entries, self._user))
+            return meta if ours else None
+
+        return meta_from_pb(self._router.leader_call(
+            f"set the ACL of {key!r}", "SetMeta", request,
+            conflict_on_retry=made_already if expected_meta_version is not None else None))
+
+    def set_replication_factor(self, key: str, replication_factor: int) -> BlobMeta:
+        """Change how many masters should hold ``key``."""
+        validate_key(key)
+        check_count("replication_factor", replication_factor, UINT32_MAX, minimum=1)
+        request = pb.SetMetaRequest(key=key, replication_factor=replication_factor)
+        return meta_from_pb(
+            self._router.leader_call(f"set the replication factor of {key!r}", "SetMeta", request)
+        )
+
+    def delete(self, key: str) -> None:
+        """Delete ``key`` and all its versions. Raises :class:`KeyNotFound` if absent."""
+        validate_key(key)
+        what = f"delete {key!r}"
+        deadline = Deadline(self._timeout)
+        while True:
+            # The delete names the key it read (by its creation time): a retry after a lost
+            # answer must not delete a key created again meanwhile by someone else.
+            request = pb.DeleteRequest(key=key)
+            created_at = self._created_at(key, deadline)
+            if created_at is not None:
+                request.expected_created_at = created_at
+            try:
+                self._router.leader_call(
+                    what, "Delete", request, missing_ok_on_retry=True,
+                    # The key read is gone, and a newer one of the same name is not ours to
+                    # delete: an attempt whose answer was lost deleted it (or someone did).
+                    conflict_on_retry=lambda _: pb.DeleteResponse(), deadline=deadline,
+                )
+                return
+            except VersionConflict:
+                # Deleted and created again between the read and the delete, by others: the
+                # key asked to be deleted is the one there now.
+                if deadline.expired():
+                    raise
+                continue
+
+    def _created_at(self, key: str, deadline: Deadline) -> float | None:
+        """The creation time of ``key`` as the leader sees it (a follower may not know of a
+        key just created), or None when the leader will not show this user the metadata (a
+        master older than showing it to writers): the delete is then unconditional, as before
+        the condition existed."""
+        try:
+            meta = self._router.leader_call(f"read the metadata of {key!r}", "GetMeta",
+                                            pb.GetMetaRequest(key=key, any_access=True),
+                                            deadline=deadline)
+        except NotAuthorized:
+            return None
+        return float(meta.created_at)
+
+    # -- reads -----------------------------------------------------------------------------
+
+    def get_meta(self, key: str) -> BlobMeta:
+        """The metadata of ``key``'s committed version, for a user holding any permission on
+        it; ``access`` says which (:func:`require_read` before serving the blob elsewhere)."""
+        validate_key(key)
+        return meta_from_pb(self._router.read_meta(key, None))
+
+    def get_replication(self, key: str) -> ReplicationStatus:
+        validate_key(key)
+        request = pb.GetReplicationRequest(key=key)
+        status = self._router.read_call(f"read the replication of {key!r}", "GetReplication",
+                                        request)
+        self._router.learn(status.holders)
+        return replication_from_pb(status)
+
+    def node_status(self, address: str) -> MasterSummary:
+        """The status of one master, asked directly (no leader discovery, no retries): what a
+        health check wants to know about the node it runs on."""
+        target = parse_cluster(address)[0]
+        reply = self._transport.unary(target, "NodeStatus", pb.NodeStatusRequest(),
+                                      min(self._timeout, PROBE_TIMEOUT))
+        return master_from_pb(reply)
+
+    def cluster_summary(self) -> ClusterSummary:
+        summary = self._router.read_call(
+            "read the cluster summary", "ClusterSummary", pb.ClusterSummaryRequest()
+        )
+        self._router.learn(m.address for m in summary.masters)
+        return summary_from_pb(summary)
+
+    def wait_for_replication(
+        self, keys: str | Iterable[str], min_replication: int, timeout: float
+    ) -> WaitResult:
+        """Wait (on the server, from ZooKeeper watches) until every key has at least
+        ``min_replication`` live replicas of its committed version, or ``timeout`` seconds
+        pass (``reached`` is then False).
+
+        The whole call, retries on unreachable masters included, ends within ``timeout`` plus
+        a grace of :data:`_WAIT_GRACE` (2 s) for the master's last answer to arrive; if no
+        master answered by then it raises (:class:`~blobha.core.errors.Unavailable`). A negative
+        timeout waits forever, in bounded server calls; each of those may retry unreachable
+        masters for the client's own timeout before the wait gives up."""
+        names = [keys] if isinstance(keys, str) else builtins.list(keys)
+        if not names:
+            raise InvalidArgument("give at least one key to wait for")
+        for name in names:
+            validate_key(name)
+        check_count("min_replication", min_replication, UINT32_MAX)
+        started = now()
+        if timeout >= 0:
+            return self._wait_once(names, min_replication, float(timeout), _WAIT_GRACE)
+        while True:
+            # No end to keep to: a failover gets the client's usual time, as any call would.
+            result = self._wait_once(names, min_replication, _FOREVER_SLICE, self._timeout)
+            if result.reached:
+                return WaitResult(True, result.statuses, now() - started)
+
+    def read(self, key: str, version: int = 0) -> bytes:
+        """The content of ``key`` (``version`` 0 = the committed one), verified."""
+        validate_key(key)
+        check_count("version", version)
+        sink = BufferSink()
+        self._download(key, sink, version, 0, 0, None)
+        return b"".join(sink.parts)
+
+    def download(
+        self,
+        key: str,
+        dest: str | os.PathLike[str] | BinaryIO,
+        version: int = 0,
+        offset: int = 0,
+        length: int = 0,
+        progress: ProgressCallback | None = None,
+    ) -> BlobInfo:
+        """Download ``key`` into a file path or a binary file object.
+
+        A path is written through a temporary file next to it and renamed into place only once
+        complete and verified, so a failure never leaves a partial file; through a symbolic
+        link, the file it points to is replaced. A path that is not a regular file (a device,
+        a named pipe, ``/dev/fd/N``) is written into directly. ``offset``/``length``
+        (0 = to the end) select a range; only a whole download is checked against the digest
+        (ranged reads are still verified chunk by chunk by the server)."""
+        validate_key(key)
+        for name, value in (("version", version), ("offset", offset), ("length", length)):
+            check_count(name, value)
+
+        def into(sink: Sink) -> BlobInfo:
+            return self._download(key, sink, version, offset, length, progress)
+
+        return download_into(dest, into)
+
+    def list(self, prefix: str = "", page_size: int = LIST_PAGE) -> Iterator[str]:
+        """Every key starting with ``prefix``, in server order, following pages as needed.
+        ``page_size``: keys asked for per call, at most the default, the largest page a master
+        serves (a listing of 100,000 keys is 100 calls); fewer where only the first few keys
+        are wanted."""
+        if not 1 <= page_size <= LIST_PAGE:
+            raise InvalidArgument(f"page_size must be 1 to {LIST_PAGE}, not {page_size}")
+        token = ""
+        while True:
+            request = pb.ListRequest(prefix=prefix, page_token=token, page_size=page_size)
+            page = self._router.read_call("list keys", "List", request)
+            yield from page.keys
+            token = page.next_page_token
+            if not token:
+                return
+
+    # -- internals -------------------------------------------------------------------------
+
+    def _wait_once(self, keys: builtins.list[str], minimum: int, secs: float, overrun: float
+                   ) -> WaitResult:
+        """One server-side wait of ``secs``, retried on other masters; the call and its
+        retries end within ``secs + overrun``."""
+        started = now()
+        end = started + secs
+        deadline = Deadline(secs + overrun)
+
+        def attempt() -> Any:
+            left = max(0.0, end - now())
+            limit = min(left + _WAIT_GRACE, deadline.remaining())
+            if limit <= 0:
+                raise DeadlineExceeded("the replication wait ran out of time between retries")
+            request = pb.WaitForReplicationRequest(
+                keys=keys, min_replication=minimum, timeout_secs=left
+            )
+            address = self._router.preferred()
+            try:
+                return self._transport.unary(address, "WaitForReplication", request, limit,
+                                             stall=self._router.stall_timeout)
+            except Unavailable:
+                self._router.forget_leader(address)
+                raise
+
+        response = self._router.retry("wait for replication", deadline, attempt)
+        result = wait_result_from_pb(response)
+        return WaitResult(result.reached, result.statuses, now() - started)
+
+    def _download(
+        self,
+        key: str,
+        sink: Sink,
+        version: int,
+        offset: int,
+        length: int,
+        progress: ProgressCallback | None,
+    ) -> BlobInfo:
+        return DownloadJob(self._router, key, sink, version, offset, length, progress).run()

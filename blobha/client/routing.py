@@ -1,0 +1,313 @@
+"""Routing of the client's calls: known masters, the leader, redirects, retries.
+
+It keeps the masters the client knows, the leader, and the master its reads stick to; and it
+carries what the client's transfers share (the transport, data channels, timeouts, chunk
+size)."""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, TypeVar
+
+from blobha.client.retry import (
+    Deadline,
+    Mismatches,
+    backoff_delay,
+    cut_short,
+    gave_up,
+    may_have_run,
+    now,
+)
+from blobha.client.transport import HandshakeFailed, Transport
+from blobha.core.errors import (
+    BlobError,
+    DeadlineExceeded,
+    InvalidArgument,
+    KeyNotFound,
+    NotAuthorized,
+    NotLeader,
+    TlsMismatch,
+    Unauthenticated,
+    Unavailable,
+    VersionConflict,
+)
+from blobha.v1 import blobha_pb2 as pb
+from blobha.wire.dataplane import DataChannels
+
+# One round of leader discovery; ClusterSummary itself asks every master, so allow it time.
+PROBE_TIMEOUT = 10.0
+#: Longest wait for a cheap control call (begin an upload, ask how much arrived). A leader that
+#: takes longer is treated as gone (paused, partitioned, half-dead) and another is looked for;
+#: retrying these calls is harmless, an unanswered upload simply expires on the server.
+_CONTROL_TIMEOUT = 8.0
+#: What a master answers about the caller, not about itself: no credential, a wrong one, no
+#: permission, a bad request. Every master would say the same, so it is reported at once
+#: instead of being retried until the deadline as if the cluster were unavailable.
+_REFUSALS: tuple[type[BlobError], ...] = (NotAuthorized, InvalidArgument)
+#: How long a credential refused by every master is asked about again before the refusal is
+#: final: a master reads its token file again at most once a second, so a token added just
+#: now may be refused for that long (twice that, and some, for a busy master).
+_REFUSAL_PATIENCE = 3.0
+#: How long a call retries quietly before Client.on_retry hears of it: a failover's redirect
+#: or a master's restart is usually over by then, and needs no word to the user.
+_RETRY_NOTICE_AFTER = 2.0
+
+T = TypeVar("T")
+
+
+class Router:
+    """Routes and retries the calls of one client; shared by its threads."""
+
+    def __init__(self, addresses: Sequence[str], transport: Transport, timeout: float,
+                 stall_timeout: float, chunk_size: int) -> None:
+        self.transport = transport
+        self.timeout = timeout
+        self.stall_timeout = stall_timeout
+        self.chunk_size = chunk_size
+        self.data_channels = DataChannels()
+        self.rng = random.Random()
+        #: Replaceable so tests do not wait for real backoff.
+        self.sleep: Callable[[float], None] = time.sleep
+        #: Told, once per call, when it has retried for a while: (what, why, seconds left before
+        #: it gives up). The command line says it on a terminal, so a long wait (a ZooKeeper
+        #: outage, say, retried for the whole timeout) is not a silent one.
+        self.on_retry: Callable[[str, BlobError, float], None] | None = None
+        self._lock = threading.Lock()
+        self._known: list[str] = list(addresses)
+        self._leader: str | None = None
+        # Metadata reads stick to one master (the leader after a write, for read-your-writes)
+        # and move on when it fails; the first pick is random to spread clients out.
+        self._preferred = self.rng.choice(addresses)
+
+    def learn(self, addresses: Iterable[str]) -> None:
+        with self._lock:
+            for address in addresses:
+                if address and address not in self._known:
+                    self._known.append(address)
+
+    def known_addresses(self) -> list[str]:
+        with self._lock:
+            return list(self._known)
+
+    def redirect(self, tried: str, leader: str) -> None:
+        with self._lock:
+            # A follower naming itself, or naming nobody, knows no better than we do:
+            # forget and discover again after the backoff.
+            self._leader = leader if leader and leader != tried else None
+        if leader:
+            self.learn([leader])
+
+    def forget_leader(self, address: str) -> None:
+        with self._lock:
+            if self._leader == address:
+                self._leader = None
+            if self._preferred == address:
+                self._preferred = self._next_known(address)
+
+    def _next_known(self, address: str) -> str:
+        # Lock held by the caller.
+        if address not in self._known:
+            return self._known[0]
+        return self._known[(self._known.index(address) + 1) % len(self._known)]
+
+    def preferred(self) -> str:
+        """The master reads go to."""
+        with self._lock:
+            return self._preferred
+
+    def after_write(self, leader: str) -> None:
+        with self._lock:
+            self._preferred = leader
+
+    def discover_leader(self, deadline: Deadline) -> str:
+        with self._lock:
+            if self._leader:
+                return self._leader
+        addresses = self.known_addresses()
+        timeout = min(deadline.remaining(), PROBE_TIMEOUT)
+        if timeout <= 0:
+            raise DeadlineExceeded("no leader found before the deadline")
+        first_error: BlobError | None = None
+        refusal: BlobError | None = None
+        cut_off: BlobError | None = None
+        answered = False
+        no_handshake: set[str] = set()
+        with contextlib.closing(
+            self.transport.probe(addresses, "ClusterSummary", pb.ClusterSummaryRequest(), timeout)
+        ) as results:
+            for source, result in results:
+                if isinstance(result, _REFUSALS):
+                    # About the caller, not the cluster: a retry would only be refused again.
+                    refusal = refusal or result
+                    continue
+                if isinstance(result, BlobError):
+                    if isinstance(result, HandshakeFailed):
+                        no_handshake.update(result.addresses)
+                    # A master's own reason ("ZooKeeper is unreachable") says more than
+                    # another one's silence, whichever came first.
+                    if first_error is None or isinstance(first_error, DeadlineExceeded):
+                        first_error = result
+                    continue
+                self.learn(m.address for m in result.masters)
+                if result.leader:
+                    self.learn([result.leader])
+                    with self._lock:
+                        self._leader = result.leader
+                    return str(result.leader)
+                if result.zookeeper_unreachable:
+                    # It answered from what it last saw: its reason says more than silence.
+                    cut_off = cut_off or Unavailable(
+                        f"ZooKeeper is unreachable from master {source}, and no master it"
+                        " knows of leads; retry when ZooKeeper is back")
+                    continue
+                answered = True
+        if answered:
+            # Some master accepted us (one that refused may not have reloaded its tokens yet).
+            raise Unavailable("no leader is elected yet (a failover may be in progress)")
+        if cut_off is not None:
+            raise cut_off
+        if refusal is not None:
+            waited = deadline.seconds - deadline.remaining()
+            if isinstance(refusal, Unauthenticated) and waited < _REFUSAL_PATIENCE:
+                raise Unavailable(f"{refusal} (asking again for a moment: a token added just now"
+                                  " may not be loaded yet)")
+            raise refusal
+        if isinstance(first_error, HandshakeFailed) and no_handshake.issuperset(addresses):
+            raise HandshakeFailed(str(first_error), frozenset(no_handshake))
+        if isinstance(first_error, DeadlineExceeded) and deadline.expired():
+            # Every probe ran into the end of the caller's deadline: the caller reports why it
+            # was retrying (see _retry), not that its last look for a leader was cut short.
+            raise DeadlineExceeded(f"no master answered at {', '.join(addresses)} before the"
+                                   f" deadline ({first_error})")
+        # Not "no master answered": each may have answered, with its reason ("ZooKeeper is
+        # unreachable"), and the first such reason is given.
+        raise Unavailable(
+            f"no master at {', '.join(addresses)} named a leader"
+            + (f" ({first_error})" if first_error else "")
+        )
+
+    def pause(self, attempt: int, deadline: Deadline, last: BlobError, what: str) -> None:
+        """Sleep before retry ``attempt``, or raise ``last`` if the deadline would pass."""
+        delay = backoff_delay(attempt, rand=self.rng.random)
+        left = deadline.remaining()
+        if delay >= left:
+            raise gave_up(last, what, deadline.seconds)
+        if (self.on_retry is not None and not deadline.noticed
+                and deadline.seconds - left >= _RETRY_NOTICE_AFTER):
+            deadline.noticed = True
+            self.on_retry(what, last, left)
+        self.sleep(delay)
+
+    def retry(self, what: str, deadline: Deadline, attempt_fn: Callable[[], T]) -> T:
+        attempt = 0
+        last: BlobError | None = None
+        mismatches = Mismatches()
+        while True:
+            try:
+                return attempt_fn()
+            except (NotLeader, Unavailable) as exc:
+                last = exc
+                self.give_up_on_tls(exc, mismatches)
+                self.pause(attempt, deadline, exc, what)
+            except DeadlineExceeded as exc:
+                cut_short(exc, last, what, deadline)
+            attempt += 1
+
+    def give_up_on_tls(self, exc: BlobError, run: Mismatches) -> None:
+        """Raise :class:`TlsMismatch` once every known master has failed the TLS handshake, in
+        failures one after the other for at least :data:`_REFUSAL_PATIENCE` (``run``: this
+        call's current run of them): the client's TLS settings are wrong, and waiting out the
+        whole timeout would not change them. Any other failure ends the run."""
+        if not isinstance(exc, HandshakeFailed):
+            run.clear()
+            return
+        at = now()
+        if run.since is None:
+            run.since = at
+        run.addresses.update(exc.addresses)
+        if (at - run.since >= _REFUSAL_PATIENCE
+                and run.addresses.issuperset(self.known_addresses())):
+            raise TlsMismatch(str(exc)) from None
+
+    def leader_call(
+        self, what: str, method: str, request: Any, missing_ok_on_retry: bool = False,
+        conflict_on_retry: Callable[[Deadline], Any] | None = None,
+        deadline: Deadline | None = None,
+    ) -> Any:
+        """Call the leader, retried until the deadline. ``conflict_on_retry``: for a
+        conditional change, given a conflict after an attempt whose answer was lost, the
+        response that attempt made (None: not ours, the conflict stands)."""
+        deadline = deadline or Deadline(self.timeout)
+        uncertain = False
+
+        def attempt() -> Any:
+            nonlocal uncertain
+            leader = self.discover_leader(deadline)
+            try:
+                response = self.transport.unary(leader, method, request, deadline.remaining(),
+                                                 stall=self.stall_timeout)
+            except NotLeader as exc:
+                self.redirect(leader, exc.leader)
+                raise
+            except Unavailable as exc:
+                uncertain = uncertain or may_have_run(exc)
+                self.forget_leader(leader)
+                raise
+            except KeyNotFound:
+                # An earlier attempt may have deleted the key before its answer was lost.
+                if missing_ok_on_retry and uncertain:
+                    return None
+                raise
+            except VersionConflict:
+                if conflict_on_retry is not None and uncertain:
+                    made = conflict_on_retry(deadline)
+                    if made is not None:
+                        return made
+                raise
+            self.after_write(leader)
+            return response
+
+        return self.retry(what, deadline, attempt)
+
+    def control_call(self, address: str, method: str, request: Any, deadline: Deadline
+                     ) -> Any:
+        """A cheap call, given at most :data:`_CONTROL_TIMEOUT` of ``deadline``: a master that
+        neither answers nor refuses in that time (paused, cut off) raises :class:`Unavailable`,
+        so the caller moves on to another master; only the deadline's own end raises
+        :class:`DeadlineExceeded`."""
+        remaining = deadline.remaining()
+        limit = min(remaining, _CONTROL_TIMEOUT)
+        try:
+            return self.transport.unary(address, method, request, limit)
+        except DeadlineExceeded:
+            # Whether the deadline's end was the limit, as it stood when the call began:
+            # compared after the call, a limit that merely took what it was given (8 of the
+            # 14 s left) read as the deadline's end, and the caller tried no other master.
+            if limit >= remaining:
+                raise
+            raise Unavailable(f"master {address} did not answer {method} within"
+                              f" {_CONTROL_TIMEOUT:.0f}s; trying another") from None
+
+    def read_call(
+        self, what: str, method: str, request: Any, deadline: Deadline | None = None
+    ) -> Any:
+        deadline = deadline or Deadline(self.timeout)
+
+        def attempt() -> Any:
+            address = self.preferred()
+            try:
+                return self.control_call(address, method, request, deadline)
+            except Unavailable:
+                self.forget_leader(address)
+                raise
+
+        return self.retry(what, deadline, attempt)
+
+    def read_meta(self, key: str, deadline: Deadline | None) -> Any:
+        """GetMeta's answer, within ``deadline`` (None: the client's timeout)."""
+        return self.read_call(f"read the metadata of {key!r}", "GetMeta",
+                              pb.GetMetaRequest(key=key, any_access=True), deadline)

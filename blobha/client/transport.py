@@ -1,0 +1,329 @@
+"""How the client reaches one master: the :class:`Transport` protocol and its gRPC form.
+
+Also the translation of gRPC failures into BlobErrors, a TLS disagreement among them."""
+
+from __future__ import annotations
+
+import functools
+import queue
+import threading
+from collections.abc import Generator, Iterator, Mapping, Sequence
+from typing import Any, Protocol
+
+import grpc
+
+from blobha.client.arguments import MiB
+from blobha.core import errors
+from blobha.core.addresses import host_of
+from blobha.core.errors import BlobError, Busy, DeadlineExceeded, InvalidArgument, Unavailable
+from blobha.v1 import blobha_pb2 as pb
+from blobha.wire import chunks as chunkwire
+from blobha.wire.credentials import Credentials
+from blobha.wire.stallwatch import CallWatch, Pending, Stalled, StallWatch
+
+#: Bounded on both ends so one message can never exhaust memory; a chunk is at most 1 MiB.
+MAX_MESSAGE_BYTES = 8 * MiB
+
+_CHANNEL_OPTIONS: tuple[tuple[str, int], ...] = (
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    # Masters are reached directly; an http_proxy variable meant for web traffic must not
+    # silently reroute (or break) cluster traffic.
+    ("grpc.enable_http_proxy", 0),
+    # A paused or partitioned master still has a kernel that accepts TCP, so a call to it
+    # would hang until its deadline. HTTP/2 pings need the process itself: an unanswered ping
+    # closes the connection and fails the call with UNAVAILABLE, and the client moves on.
+    ("grpc.keepalive_time_ms", 4000),
+    ("grpc.keepalive_timeout_ms", 4000),
+    # Likewise a reconnection to such a master gives up after this long instead of 20 s.
+    ("grpc.min_reconnect_backoff_ms", 3000),
+    ("grpc.http2.max_pings_without_data", 0),
+    chunkwire.CALLER_THREAD_STREAMS,
+)
+
+
+class Transport(Protocol):
+    """How the client reaches one master. Implementations raise only :class:`BlobError`."""
+
+    def unary(self, address: str, method: str, request: Any, timeout: float | None,
+              stall: float | None = None) -> Any:
+        """The call's answer; ``stall``: after this many seconds without one, the master is
+        asked whether it is there at all, and a master that does not answer that either
+        fails the call with :class:`Unavailable` (the call itself may still have run)."""
+        ...
+
+    def client_stream(
+        self, address: str, method: str, requests: Iterator[Any], timeout: float | None,
+        stall: float | None = None,
+    ) -> Any:
+        """The call's answer; ``stall`` as for :meth:`unary`."""
+        ...
+
+    def server_stream(
+        self, address: str, method: str, request: Any, timeout: float | None,
+        stall: float | None = None,
+    ) -> Iterator[Any]:
+        """The call's messages; ``stall``: seconds the master may send nothing before the
+        call is abandoned with :class:`Unavailable` (time the consumer spends on a message
+        does not count)."""
+        ...
+
+    def probe(
+        self, addresses: Sequence[str], method: str, request: Any, timeout: float
+    ) -> Generator[tuple[str, Any], None, None]:
+        """Call every address at once; yield ``(address, response or BlobError)`` as they end."""
+        ...
+
+    def data_host(self, address: str) -> str | None:
+        """The host to dial for the data channel of ``address`` (blobha.wire.dataplane), or None
+        when downloads must stay in gRPC (over TLS, whose protection the channel lacks)."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class HandshakeFailed(Unavailable):
+    """The TLS handshake with ``addresses`` failed in a way only a TLS peer that disagrees
+    can cause: its certificate did not verify against the client's CA, or it answered in plain
+    text. Transient at most while certificates are being replaced (masters reload theirs), so
+    the client gives up early once every master says so (see
+    :meth:`blobha.client.routing.Router.give_up_on_tls`)."""
+
+    def __init__(self, message: str, addresses: frozenset[str] = frozenset()) -> None:
+        super().__init__(message)
+        self.addresses = addresses
+
+
+def handshake_failure(address: str, details: str, tls: bool) -> Unavailable | None:
+    """What to say of a connection that failed, perhaps for want of TLS agreement, with what
+    to change; None for any other unavailability. Only a :class:`HandshakeFailed` is proof of
+    a mismatch: a connection closed at once is also what a proxy or load balancer with no
+    master behind it does, so that is only a hint."""
+    lowered = details.lower()
+    if "hostname verification check failed" in lowered:
+        return HandshakeFailed(
+            f"no TLS connection to master {address}: its certificate does not name the address"
+            " dialled; reach the masters by an address their certificates name (see"
+            f" BLOBHA_ADDRESS_MAP), or give them certificates that name it ({details})",
+            frozenset({address}))
+    if "handshake failed" in lowered:
+        if "wrong_version_number" in lowered:
+            advice = ("it does not use TLS; drop --ca / BLOBHA_CA and any client certificate, or"
+                      " enable TLS on the masters")
+        else:
+            advice = ("its certificate did not verify against the CA given in --ca / BLOBHA_CA;"
+                      " pass the CA that signed the masters' certificates")
+        return HandshakeFailed(f"no TLS connection to master {address}: {advice} ({details})",
+                                frozenset({address}))
+    if ("failed to connect" in lowered and "socket closed" in lowered
+            and "handshake read failed" not in lowered):
+        # Closed before any HTTP/2 frame: what a TLS master does to a plain-text client, and
+        # (TLS 1.3 ends the handshake before the server judges the client) a master that wants
+        # a client certificate to one with none or a foreign one; but also a proxy whose
+        # master is down. So it is retried like any unavailability, with the likely fix. (A
+        # TLS client that a proxy cuts off sees its handshake's read fail: no hint there.)
+        if tls:
+            hint = ("if the masters ask for client certificates, pass --cert/--key"
+                    " (BLOBHA_CERT/BLOBHA_KEY) with one that their CA signed")
+        else:
+            hint = ("if the masters use TLS, pass --ca / BLOBHA_CA with the CA that signed their"
+                    " certificates")
+        return Unavailable(f"master {address} unavailable: {details} ({hint})")
+    return None
+
+
+def error_from_rpc(address: str, exc: grpc.RpcError, tls: bool = False) -> BlobError:
+    if not isinstance(exc, grpc.Call):
+        return Unavailable(f"master {address}: {exc}")
+    code = exc.code()
+    details = exc.details() or ""
+    trailers = tuple((str(k), v) for k, v in (exc.trailing_metadata() or ()))
+    if code == grpc.StatusCode.CANCELLED:
+        # Our own cancellations never get here; a cancel from the far side means the master
+        # is going away, which is worth a retry elsewhere.
+        return Unavailable(f"master {address} cancelled the call: {details or 'no reason'}")
+    error = errors.from_status(code, details, trailers)
+    if isinstance(error, Busy):
+        # Transient: back off and retry.
+        return Busy(f"master {address} is busy: {error}")
+    if isinstance(error, Unavailable):
+        return (handshake_failure(address, details, tls)
+                or Unavailable(f"master {address} unavailable: {error}"))
+    if isinstance(error, DeadlineExceeded):
+        if details.strip().lower() != "deadline exceeded":
+            # The master's own answer (a write quorum not reached in its time), not gRPC's:
+            # it did answer, and its message says what happened.
+            return DeadlineExceeded(f"master {address}: {details}")
+        return DeadlineExceeded(f"master {address} did not answer in time ({error})")
+    return error
+
+
+class GrpcTransport:
+    """The gRPC transport: one cached channel per address, over TLS when ``credentials`` name
+    a CA or a client certificate, with the token (if any) on every call.
+
+    ``address_map`` translates a master's advertised address to the one this client dials
+    (see :func:`parse_address_map`); unlisted addresses are dialled as they are."""
+
+    def __init__(self, user: str, credentials: Credentials | None = None,
+                 address_map: Mapping[str, str] | None = None) -> None:
+        self._credentials = credentials or Credentials()
+        self._metadata: tuple[tuple[str, str], ...] = self._credentials.metadata(user)
+        self._address_map = dict(address_map or {})
+        self._lock = threading.Lock()
+        self._channels: dict[str, grpc.Channel] = {}
+        self._stubs: dict[str, Any] = {}
+        self._stalls = StallWatch()
+        self._calls = CallWatch(self._answers, self._cut)
+        self._closed = False
+
+    def _stub(self, address: str) -> Any:
+        with self._lock:
+            if self._closed:
+                raise InvalidArgument("this Client is closed; create a new one")
+            stub = self._stubs.get(address)
+            if stub is None:
+                target = self._address_map.get(address, address)
+                options: list[tuple[str, object]] = list(_CHANNEL_OPTIONS)
+                if target != address:
+                    # TLS still checks the certificate against the advertised name.
+                    options.append(("grpc.ssl_target_name_override", host_of(address)))
+                channel = self._credentials.channel(target, options)
+                self._channels[address] = channel
+                stub = self._stubs[address] = chunkwire.stub(channel)
+            return stub
+
+    def unary(self, address: str, method: str, request: Any, timeout: float | None,
+              stall: float | None = None) -> Any:
+        return self._call(address, method, request, timeout, stall)
+
+    def _call(self, address: str, method: str, request: Any, timeout: float | None,
+              stall: float | None) -> Any:
+        # With a stall limit shorter than the timeout: half the limit waiting for the answer,
+        # half for the status check, so a paused master is left after about ``stall`` seconds
+        # (see CallWatch).
+        pending: Pending | None = None
+        if stall is not None and (timeout is None or timeout > stall):
+            pending = self._calls.begin(address, stall / 2)
+        stub: Any = None
+        try:
+            stub = self._stub(address)
+            return getattr(stub, method)(request, timeout=timeout, metadata=self._metadata)
+        except (grpc.RpcError, ValueError) as exc:
+            # ValueError: the channel was closed as this call began (cut for another call).
+            if pending is not None and (pending.fired or self._was_cut(address, stub)):
+                raise Unavailable(
+                    f"master {address} stopped answering: {method} got no answer for"
+                    f" {stall:g} s and neither did a status check (paused or cut off); trying"
+                    " another master"
+                ) from None
+            if isinstance(exc, grpc.RpcError):
+                raise error_from_rpc(address, exc, self._credentials.tls) from None
+            raise
+        finally:
+            if pending is not None:
+                self._calls.end(pending)
+
+    def _was_cut(self, address: str, stub: Any) -> bool:
+        """Whether ``stub``'s channel was closed because its master stopped answering."""
+        with self._lock:
+            return stub is not None and not self._closed and self._stubs.get(address) is not stub
+
+    def _cut(self, address: str) -> None:
+        """End every call to ``address`` (it answered no status check): its channel is closed,
+        and the next call opens a new one."""
+        with self._lock:
+            channel = self._channels.pop(address, None)
+            self._stubs.pop(address, None)
+        self._stalls.cancel(f"master {address}",
+                            f"master {address} stopped answering (it failed a status check)")
+        if channel is not None:
+            channel.close()
+
+    def _answers(self, address: str, limit: float) -> bool:
+        """Whether ``address`` answers a status check within ``limit`` seconds."""
+        try:
+            self._stub(address).NodeStatus(pb.NodeStatusRequest(), timeout=limit,
+                                           metadata=self._metadata)
+        except grpc.RpcError as exc:
+            # Any status is an answer, a refusal too; only silence or no connection is not.
+            code = exc.code() if isinstance(exc, grpc.Call) else None
+            return code not in (None, grpc.StatusCode.DEADLINE_EXCEEDED,
+                                grpc.StatusCode.UNAVAILABLE)
+        return True
+
+    def client_stream(
+        self, address: str, method: str, requests: Iterator[Any], timeout: float | None,
+        stall: float | None = None,
+    ) -> Any:
+        return self._call(address, method, requests, timeout, stall)
+
+    def data_host(self, address: str) -> str | None:
+        if self._credentials.tls:
+            return None
+        return host_of(self._address_map.get(address, address))
+
+    def server_stream(
+        self, address: str, method: str, request: Any, timeout: float | None,
+        stall: float | None = None,
+    ) -> Iterator[Any]:
+        multi = getattr(self._stub(address), method)
+        call: Any = multi(request, timeout=timeout, metadata=self._metadata)
+        try:
+            if stall is None:
+                try:
+                    yield from call
+                finally:
+                    # Frees the stream at once when the consumer stops early (messages() does
+                    # the same for a watched one); a no-op once finished.
+                    call.cancel()
+            else:
+                yield from self._stalls.messages(call, stall, f"master {address}")
+        except Stalled as e:
+            raise Unavailable(f"{e}; moving on to another replica") from None
+        except grpc.RpcError as exc:
+            raise error_from_rpc(address, exc, self._credentials.tls) from None
+
+    def probe(
+        self, addresses: Sequence[str], method: str, request: Any, timeout: float
+    ) -> Generator[tuple[str, Any], None, None]:
+        results: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
+        futures: list[Any] = []
+        try:
+            for address in addresses:
+                future = getattr(self._stub(address), method).future(
+                    request, timeout=timeout, metadata=self._metadata
+                )
+                futures.append(future)
+                future.add_done_callback(functools.partial(
+                    _probe_done, results, address, self._credentials.tls))
+            for _ in addresses:
+                try:
+                    # gRPC ends every call by its deadline; the margin only guards that promise.
+                    yield results.get(timeout=timeout + 5.0)
+                except queue.Empty:
+                    return
+        finally:
+            for future in futures:
+                future.cancel()
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            self._stalls.close()
+            self._calls.close()
+            channels = list(self._channels.values())
+            self._channels.clear()
+            self._stubs.clear()
+        for channel in channels:
+            channel.close()
+
+
+def _probe_done(results: queue.SimpleQueue[tuple[str, Any]], address: str, tls: bool,
+                future: Any) -> None:
+    try:
+        results.put((address, future.result()))
+    except grpc.RpcError as exc:
+        results.put((address, error_from_rpc(address, exc, tls)))
+    except grpc.FutureCancelledError:
+        results.put((address, Unavailable(f"master {address}: probe cancelled")))

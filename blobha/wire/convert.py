@@ -1,0 +1,92 @@
+"""Protobuf <-> plain values: the one place that turns messages into values and back.
+
+The values are those of blobha.wire.status and blobha.core.acl."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from blobha.core.acl import AccessControl
+from blobha.v1 import blobha_pb2 as pb
+from blobha.wire.status import (
+    BlobInfo,
+    BlobMeta,
+    ClusterSummary,
+    MasterSummary,
+    ReplicationStatus,
+    WaitResult,
+)
+
+
+def acl_from_pb(entries: Iterable[pb.AccessControl]) -> tuple[AccessControl, ...]:
+    return tuple(AccessControl(e.type, e.name, e.access) for e in entries)
+
+
+def acl_to_pb(acl: Iterable[AccessControl]) -> list[pb.AccessControl]:
+    return [pb.AccessControl(type=e.type, name=e.name, access=e.access) for e in acl]
+
+
+def meta_from_pb(m: pb.BlobMeta) -> BlobMeta:
+    return BlobMeta(
+        key=m.key,
+        version=m.version,
+        size=m.size,
+        digest=m.digest,
+        acl=acl_from_pb(m.acl),
+        replication_factor=m.replication_factor,
+        meta_version=m.meta_version,
+        created_at=m.created_at,
+        updated_at=m.updated_at,
+        creator=m.creator,
+        replication=m.replication,
+        acknowledged=m.acknowledged,
+        access=m.access,
+    )
+
+
+def info_from_pb(i: pb.BlobInfo) -> BlobInfo:
+    return BlobInfo(version=i.version, size=i.size, digest=i.digest)
+
+
+def wait_result_from_pb(r: pb.WaitForReplicationResponse) -> WaitResult:
+    return WaitResult(
+        reached=r.reached,
+        statuses=tuple(replication_from_pb(s) for s in r.status),
+        waited_secs=r.waited_secs,
+    )
+
+
+def summary_from_pb(s: pb.ClusterSummaryResponse) -> ClusterSummary:
+    return ClusterSummary(
+        masters=tuple(master_from_pb(m) for m in s.masters),
+        leader=s.leader,
+        epoch=s.epoch,
+        blob_count=s.blob_count,
+        under_replicated=s.under_replicated,
+        zookeeper_unreachable=s.zookeeper_unreachable,
+    )
+
+
+def replication_from_pb(r: pb.ReplicationStatus) -> ReplicationStatus:
+    return ReplicationStatus(r.key, r.version, r.replication, r.replication_factor,
+                             tuple(r.holders))
+
+
+def replication_to_pb(r: ReplicationStatus) -> pb.ReplicationStatus:
+    return pb.ReplicationStatus(key=r.key, version=r.version, replication=r.replication,
+                                replication_factor=r.replication_factor, holders=r.holders)
+
+
+def master_from_pb(m: pb.MasterSummary) -> MasterSummary:
+    return MasterSummary(m.address, m.is_leader, m.uptime_secs, m.version, m.blob_count,
+                         m.bytes_stored, m.disk_free, m.lag_blobs, m.reachable, m.epoch,
+                         m.zookeeper_unreachable)
+
+
+def master_to_pb(s: MasterSummary) -> pb.MasterSummary:
+    return pb.MasterSummary(
+        address=s.address, is_leader=s.is_leader, uptime_secs=s.uptime_secs, version=s.version,
+        blob_count=s.blob_count, bytes_stored=s.bytes_stored, disk_free=s.disk_free,
+        lag_blobs=s.lag_blobs, reachable=s.reachable, epoch=s.epoch,
+        zookeeper_unreachable=s.zookeeper_unreachable,
+    )
