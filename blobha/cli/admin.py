@@ -1,5 +1,4 @@
-"""The commands that administer a blob or the cluster's users: set-acl, replication and
-token."""
+"""The administration commands: set-acl, replication and token."""
 
 from __future__ import annotations
 

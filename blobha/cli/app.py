@@ -1,5 +1,4 @@
-"""Running one command: gRPC's log level, credentials, signals, and each error turned into its
-one-line message and exit status."""
+"""Running one command: gRPC's log level, credentials, signals, errors to exit statuses."""
 
 from __future__ import annotations
 

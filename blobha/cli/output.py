@@ -1,5 +1,4 @@
-"""How the command line speaks: sizes and times for people, the progress line, notes, the
-one-line error and the exit codes."""
+"""How the command line speaks: sizes, progress line, notes, one-line errors, exit codes."""
 
 from __future__ import annotations
 

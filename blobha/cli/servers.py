@@ -1,6 +1,8 @@
-"""The commands that run something bigger than a client: serve, local-cluster, spark-submit and
-bench. Their work lives in the master, in blobha.spark and in blobha.ops, found by name when a
-command runs."""
+"""The commands that run more than a client: serve, local-cluster, spark-submit and bench.
+
+Their work lives in the master, in blobha.spark and in blobha.ops, found by name when a command
+runs (:data:`IMPLEMENTATIONS`).
+"""
 
 from __future__ import annotations
 
