@@ -25,6 +25,7 @@ from waiting import wait_until
 from blobha import cache as cache_mod
 from blobha import cli
 from blobha.cache import BlobCache, CachedBlob, CleanupReport
+from blobha.cli import connect
 from blobha.client import BlobInfo, BlobMeta
 from blobha.core.digest import digest_bytes
 from blobha.core.errors import (
@@ -1301,7 +1302,7 @@ def test_default_cache_dir(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> N
 @pytest.fixture
 def fetch(fake: FakeCluster, monkeypatch: pytest.MonkeyPatch,
           capsys: pytest.CaptureFixture[str]) -> Callable[..., tuple[int, str, str]]:
-    monkeypatch.setattr(cli, "client_factory",
+    monkeypatch.setattr(connect, "client_factory",
                         lambda cluster, user: fake.client(user or "alice"))
 
     def run(*argv: str) -> tuple[int, str, str]:

@@ -22,6 +22,7 @@ import grpc
 import pytest
 
 from blobha import cli
+from blobha.cli import connect
 from blobha.client import (
     DEFAULT_CHUNK_SIZE,
     BlobInfo,
@@ -184,7 +185,7 @@ class FakeStore:
 def store(monkeypatch: pytest.MonkeyPatch) -> FakeStore:
     fake = FakeStore()
     monkeypatch.setattr(
-        cli, "client_factory", lambda cluster, user: FakeClient(fake, cluster, user)
+        connect, "client_factory", lambda cluster, user: FakeClient(fake, cluster, user)
     )
     monkeypatch.delenv("BLOBHA_CLUSTER", raising=False)
     monkeypatch.delenv("BLOBHA_USER", raising=False)
@@ -688,6 +689,7 @@ def test_spark_submit_goes_to_the_launcher(capsys: pytest.CaptureFixture[str]) -
 _GRPC_PROBE = """
 import os, sys
 from blobha import cli
+from blobha.cli import app, connect
 
 def probe(cluster, user):
     import grpc
@@ -699,9 +701,9 @@ def probe(cluster, user):
     print("GRPC_VERBOSITY=%s" % os.environ.get("GRPC_VERBOSITY"))
     raise SystemExit(0)
 
-cli.client_factory = probe
+connect.client_factory = probe
 if sys.argv[1] == "--as-master":
-    cli._quiet_grpc("serve")
+    app.quiet_grpc("serve")
     probe("", None)
 sys.exit(cli.main(sys.argv[1:]))
 """
@@ -738,14 +740,14 @@ def test_importing_the_command_line_does_not_load_grpc(tmp_path: Path) -> None:
 def test_a_long_retry_is_said_on_a_terminal(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    c = cli._make_client("127.0.0.1:1", "alice")
+    c = connect.make_client("127.0.0.1:1", "alice")
     with c:
-        assert c.on_retry is cli._say_retrying
+        assert c.on_retry is connect.say_retrying
     why = Unavailable("ZooKeeper is unreachable from master m1:6627; retry shortly")
-    cli._say_retrying("create 'k'", why, 57.4)
+    connect.say_retrying("create 'k'", why, 57.4)
     assert capsys.readouterr().err == ""  # not a terminal: scripts get the outcome only
     monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
-    cli._say_retrying("create 'k'", why, 57.4)
+    connect.say_retrying("create 'k'", why, 57.4)
     assert capsys.readouterr().err == (
         "blobha: still trying to create 'k' (ZooKeeper is unreachable from master m1:6627;"
         " retry shortly); giving up in 57 s\n")

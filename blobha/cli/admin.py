@@ -1,0 +1,72 @@
+"""The administration commands: set-acl, replication and token."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from blobha.cli.connect import client_for
+from blobha.cli.output import note
+from blobha.core.acl import format_acl, parse_acl
+from blobha.core.errors import InvalidArgument
+
+
+def cmd_set_acl(args: argparse.Namespace) -> int:
+    acl = None if args.acl is None else parse_acl(args.acl)
+    with client_for(args) as c:
+        if acl is None:
+            # Storm's set-acl without -s sets the current ACL again (ADMIN still needed); only
+            # if it is still the one read, so a change made meanwhile is never undone.
+            current = c.get_meta(args.key)
+            meta = c.set_acl(args.key, current.acl, expected_meta_version=current.meta_version)
+        else:
+            meta = c.set_acl(args.key, acl)
+    note(f"ACL of {meta.key} is now {format_acl(meta.acl)}")
+    return 0
+
+
+def cmd_replication(args: argparse.Namespace) -> int:
+    with client_for(args) as c:
+        if args.read:
+            print(c.get_replication(args.key).replication)
+        else:
+            meta = c.set_replication_factor(args.key, args.replication_factor)
+            note(f"replication factor of {meta.key} is now {meta.replication_factor}")
+    return 0
+
+
+def cmd_token(args: argparse.Namespace) -> int:
+    from blobha.core.auth import hash_token, new_token
+    from blobha.core.errors import Unauthenticated
+
+    try:
+        if args.action == "create":
+            token = new_token(args.token_user)
+        else:
+            token = sys.stdin.readline().strip()
+        line = hash_token(token)
+    except Unauthenticated as exc:
+        raise InvalidArgument(str(exc)) from None
+    if args.action == "create" and args.out:
+        # The token first: a hash appended for a token that could not be kept would be a
+        # credential nobody holds.
+        fd = os.open(args.out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            # The mode given to open applies only to a new file; one that existed keeps its
+            # own (often 0644) unless changed, before the token is in it.
+            os.fchmod(f.fileno(), 0o600)
+            f.write(token + "\n")
+    if args.append:
+        with open(args.append, "a") as f:
+            f.write(line + "\n")
+        note(f"added a line for {line.split(':', 1)[0]!r} to {args.append}")
+    else:
+        print(line)
+    if args.action == "create":
+        if args.out:
+            note(f"token written to {args.out}; pass it with --token-file")
+        else:
+            note("the token (shown once; the masters keep only its hash):")
+            print(token)
+    return 0

@@ -1,0 +1,125 @@
+"""Running one command: gRPC's log level, credentials, signals, errors to exit statuses."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import signal
+import sys
+import threading
+import traceback
+from collections.abc import Iterator
+
+from blobha.cli import servers
+from blobha.cli.output import (
+    EXIT_BROKEN_PIPE,
+    EXIT_INTERRUPTED,
+    EXIT_TERMINATED,
+    EXIT_USAGE,
+    describe_os_error,
+    fail,
+    silence_stdout,
+)
+from blobha.cli.parser import build_parser, check_args
+from blobha.core.errors import BlobError, InternalError
+
+#: Commands that run masters. Their gRPC log lines (a client's failed TLS handshake, say) are
+#: how an operator sees the clients that cannot connect; local-cluster's masters inherit them.
+_MASTER_COMMANDS = frozenset({"serve", "local-cluster"})
+
+
+def quiet_grpc(command: str) -> None:
+    """Keep gRPC's own log lines off a client command's stderr: a failed TLS handshake would
+    otherwise print lines of its own beside the command's one-line error. gRPC's C core reads
+    GRPC_VERBOSITY once, as it is loaded, so the setting is made for that moment only: the
+    masters a command starts (bench --local), and a process calling main() (tests), keep the
+    environment they had. A GRPC_VERBOSITY the user set still wins."""
+    if command in _MASTER_COMMANDS or "GRPC_VERBOSITY" in os.environ or "grpc" in sys.modules:
+        return
+    os.environ["GRPC_VERBOSITY"] = "ERROR"
+    try:
+        import grpc  # noqa: F401  (loaded now, to read the setting)
+    finally:
+        del os.environ["GRPC_VERBOSITY"]
+
+
+def _export_credentials(args: argparse.Namespace) -> None:
+    # Through the environment, so every client this command builds (the node cache's too)
+    # uses them, exactly as if the BLOBHA_* variables had been set.
+    for option, env in (("tls_ca", "BLOBHA_CA"), ("tls_cert", "BLOBHA_CERT"),
+                        ("tls_key", "BLOBHA_KEY"),
+                        ("token_file", "BLOBHA_TOKEN_FILE")):
+        value = getattr(args, option, None)
+        if value:
+            os.environ[env] = value
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the command is, as Ctrl-C raises KeyboardInterrupt."""
+
+
+@contextlib.contextmanager
+def _sigterm_interrupts() -> Iterator[None]:
+    """SIGTERM (``timeout``, a service manager, CI) unwinds the command like Ctrl-C, so its
+    clean-up runs: a download's partial file is removed, a benchmark's local cluster stopped
+    (dying outright would orphan its ZooKeeper JVM). Commands that handle the signal
+    themselves (``serve``, ``local-cluster``) put their own handler in place of this one."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def terminate(signum: int, frame: object) -> None:
+        raise Terminated(f"signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the command line; returns the exit status (the table in blobha.cli's docstring)."""
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["spark-submit"]:
+        quiet_grpc("spark-submit")
+        try:
+            return servers.run_spark_submit(argv[1:])
+        except BlobError as exc:
+            fail(str(exc) or type(exc).__name__)
+            return exc.exit_code
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+        check_args(args)
+    except SystemExit as exc:  # argparse: --help, --version, usage errors
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else EXIT_USAGE)
+    quiet_grpc(args.command)
+    _export_credentials(args)
+    try:
+        with _sigterm_interrupts():
+            return int(args.func(args))
+    except BlobError as exc:
+        fail(str(exc) or type(exc).__name__)
+        return exc.exit_code
+    except BrokenPipeError:
+        silence_stdout()
+        return EXIT_BROKEN_PIPE
+    except OSError as exc:
+        fail(describe_os_error(exc))
+        return 1
+    except Terminated:
+        fail("terminated")
+        return EXIT_TERMINATED
+    except KeyboardInterrupt:
+        fail("interrupted")
+        return EXIT_INTERRUPTED
+    except Exception as exc:
+        if os.environ.get("BLOBHA_DEBUG"):
+            traceback.print_exc()
+        fail(
+            f"internal error: {type(exc).__name__}: {exc} (set BLOBHA_DEBUG=1 for a traceback"
+            " and please report it)"
+        )
+        return InternalError.exit_code

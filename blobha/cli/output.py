@@ -1,0 +1,160 @@
+"""How the command line speaks: sizes, progress line, notes, one-line errors, exit codes."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, TextIO
+
+if TYPE_CHECKING:
+    from blobha.client import ProgressCallback, ReplicationStatus
+
+PROG = "blobha"
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+EXIT_BROKEN_PIPE = 141
+EXIT_TERMINATED = 143
+
+EXIT_CODES_EPILOG = """\
+exit codes:
+  0 success            1 other error / local file    2 usage error
+  3 key not found      4 key already exists          5 not authorized
+  6 invalid argument   7 not leader                  8 version conflict
+  9 checksum mismatch  10 resource exhausted         11 unavailable
+  12 deadline exceeded (and wait-replication not reached)
+  13 upload lost       14 internal error             15 not authenticated
+  16 TLS settings that the masters' certificates prove wrong (--ca)
+  17 busy: the masters kept refusing the call, every call thread taken; retry later
+  130 interrupted      141 broken pipe      143 terminated (SIGTERM)
+
+environment: BLOBHA_CLUSTER (default for --cluster), BLOBHA_USER (default for --user),
+  BLOBHA_ADDRESS_MAP (ADVERTISED=DIAL,... to reach masters through NAT or published ports)
+  BLOBHA_CA, BLOBHA_CERT, BLOBHA_KEY, BLOBHA_TOKEN_FILE (defaults for --ca, --cert, --key,
+  --token-file)
+"""
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"  # unreachable; keeps the return type total
+
+
+def human_duration(secs: float) -> str:
+    s = int(secs)
+    days, s = divmod(s, 86400)
+    hours, s = divmod(s, 3600)
+    minutes, s = divmod(s, 60)
+    if days:
+        return f"{days}d{hours}h"
+    if hours:
+        return f"{hours}h{minutes:02d}m"
+    if minutes:
+        return f"{minutes}m{s:02d}s"
+    return f"{s}s"
+
+
+def iso(ts: float) -> str:
+    if ts <= 0:
+        return "-"
+    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="seconds")
+
+
+class ProgressBar:
+    """A one-line progress display on a terminal: bytes/total, percent, rate."""
+
+    _INTERVAL = 0.1
+
+    def __init__(self, label: str, stream: TextIO, clock: Callable[[], float] = time.monotonic):
+        self._label = label
+        self._stream = stream
+        self._clock = clock
+        self._started = clock()
+        self._last_draw = 0.0
+        self._width = 0
+        self._done = 0
+        self._total = -1
+
+    def __call__(self, done: int, total: int) -> None:
+        self._done, self._total = done, total
+        now = self._clock()
+        # Redrawing on every chunk would cost more than the transfer on a fast link.
+        if now - self._last_draw >= self._INTERVAL:
+            self._last_draw = now
+            self._draw(now)
+
+    def render(self, now: float) -> str:
+        elapsed = max(now - self._started, 1e-6)
+        rate = self._done / elapsed / 1e6
+        if self._total >= 0:
+            pct = 100.0 * self._done / self._total if self._total else 100.0
+            return (
+                f"{self._label}: {human_bytes(self._done)} / {human_bytes(self._total)}"
+                f" {pct:5.1f}% {rate:7.1f} MB/s"
+            )
+        return f"{self._label}: {human_bytes(self._done)} {rate:7.1f} MB/s"
+
+    def _draw(self, now: float) -> None:
+        line = self.render(now)
+        pad = max(0, self._width - len(line))
+        self._width = len(line)
+        self._stream.write("\r" + line + " " * pad)
+        self._stream.flush()
+
+    def close(self) -> None:
+        if self._width:
+            self._draw(self._clock())
+            self._stream.write("\n")
+            self._stream.flush()
+
+
+@contextlib.contextmanager
+def progress_bar(label: str) -> Iterator[ProgressCallback | None]:
+    if not sys.stderr.isatty():
+        yield None
+        return
+    bar = ProgressBar(label, sys.stderr)
+    try:
+        yield bar
+    finally:
+        bar.close()
+
+
+def note(message: str) -> None:
+    """Chatter for people at a terminal; scripts read stdout and the exit status."""
+    if sys.stderr.isatty():
+        print(message, file=sys.stderr)
+
+
+def fail(message: str) -> None:
+    # One line, whatever the message holds: scripts grep it and logs keep it whole.
+    text = " ".join(message.split()) or "unknown error"
+    print(f"{PROG}: error: {text}", file=sys.stderr)
+
+
+def describe_os_error(exc: OSError) -> str:
+    reason = exc.strerror or str(exc)
+    if exc.filename is not None:
+        return f"{exc.filename}: {reason}"
+    return reason
+
+
+def silence_stdout() -> None:
+    # After EPIPE, the interpreter's final flush of stdout would fail again and print a
+    # traceback; point stdout at /dev/null so shutdown stays quiet.
+    with contextlib.suppress(OSError, ValueError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+
+
+def describe_statuses(statuses: Sequence[ReplicationStatus]) -> str:
+    return ", ".join(
+        f"{s.key} has {s.replication} (version {s.version}, factor {s.replication_factor})"
+        for s in statuses
+    )

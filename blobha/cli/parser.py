@@ -1,0 +1,317 @@
+"""The command line's grammar: every command, its options and their checks."""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Callable
+
+from blobha.cli import admin, blobs, cluster, servers
+from blobha.cli.connect import DEFAULT_CLUSTER
+from blobha.cli.output import EXIT_CODES_EPILOG, PROG
+from blobha.core.addresses import parse_cluster
+from blobha.core.errors import InvalidArgument
+
+DEFAULT_BASE_PORT = 6627
+_UINT32_MAX = 2**32 - 1
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if not 1 <= value <= _UINT32_MAX:
+        # The wire carries these as 32-bit counts: a larger one would fail deep in protobuf.
+        raise argparse.ArgumentTypeError(f"expected 1 to {_UINT32_MAX}, got {value}")
+    return value
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(
+            f"expected a number of seconds, got {text!r} (a negative number waits forever)")
+    return value
+
+
+def _port(text: str) -> int:
+    """A port, or 0 for "pick free ports"."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number, got {text!r}") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a port 0-65535 (0 = any free), got {value}")
+    return value
+
+
+def _add_global_options(parser: argparse.ArgumentParser, *, suppress: bool) -> None:
+    # On subcommands the default is SUPPRESS, so an option given only before the command is not
+    # overwritten by the subcommand's default.
+    default = argparse.SUPPRESS if suppress else None
+    group = parser.add_argument_group("global options")
+    group.add_argument(
+        "--cluster",
+        metavar="HOST:PORT[,HOST:PORT...]",
+        default=default,
+        help=f"masters to contact (default: $BLOBHA_CLUSTER, else {DEFAULT_CLUSTER})",
+    )
+    group.add_argument(
+        "--user",
+        metavar="NAME",
+        default=default,
+        help="who you are (default: the token's user, else $BLOBHA_USER, else the"
+        " operating-system user)",
+    )
+    # dest names stay clear of the commands' own KEY argument.
+    group.add_argument("--ca", metavar="FILE", default=default, dest="tls_ca",
+                       help="CA certificate of the masters; turns TLS on (default: $BLOBHA_CA)")
+    group.add_argument("--cert", metavar="FILE", default=default, dest="tls_cert",
+                       help="client certificate for TLS (default: $BLOBHA_CERT)")
+    group.add_argument("--key", metavar="FILE", default=default, dest="tls_key",
+                       help="private key of --cert (default: $BLOBHA_KEY)")
+    group.add_argument("--token-file", metavar="FILE", default=default,
+                       help="file holding your token (default: $BLOBHA_TOKEN_FILE)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description="Command line of blobha, a highly available replicated blob store.",
+        epilog=EXIT_CODES_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    _add_global_options(parser, suppress=False)
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    def command(
+        name: str, help_text: str, func: Callable[[argparse.Namespace], int]
+    ) -> argparse.ArgumentParser:
+        sub = commands.add_parser(
+            name,
+            help=help_text,
+            description=help_text,
+            epilog=EXIT_CODES_EPILOG,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        _add_global_options(sub, suppress=True)
+        sub.set_defaults(func=func, parser=sub)
+        return sub
+
+    p = command("create", "create a blob from a file or stdin", blobs.cmd_create)
+    p.add_argument("key", metavar="KEY")
+    p.add_argument("-f", "--file", metavar="FILE", help="read the content from FILE (- = stdin)")
+    p.add_argument(
+        "-a",
+        "--acl",
+        metavar="ACL[,ACL...]",
+        default="",
+        help="access list, e.g. u:alice:rwa,o::r (you always keep full access)",
+    )
+    p.add_argument(
+        "-r",
+        "--replication-factor",
+        type=_positive_int,
+        default=0,
+        metavar="N",
+        help="masters that should hold the blob (default: the cluster's)",
+    )
+    p.add_argument(
+        "--wait-replication",
+        type=_positive_int,
+        default=0,
+        metavar="N",
+        help="after creating, wait until N masters hold the blob",
+    )
+    p.add_argument(
+        "--timeout",
+        type=_seconds,
+        default=60.0,
+        metavar="SECONDS",
+        help="how long --wait-replication waits (default 60, negative = forever)",
+    )
+    p.add_argument(
+        "--write-quorum",
+        type=_positive_int,
+        default=0,
+        metavar="W",
+        help="masters that must hold the data before the create returns (default: cluster's)",
+    )
+
+    p = command("update", "write a new version of a blob from a file or stdin",
+                blobs.cmd_update)
+    p.add_argument("key", metavar="KEY")
+    p.add_argument("-f", "--file", metavar="FILE", help="read the content from FILE (- = stdin)")
+
+    p = command("cat", "write a blob to stdout or a file", blobs.cmd_cat)
+    p.add_argument("key", metavar="KEY")
+    p.add_argument(
+        "-f", "--file", metavar="FILE", help="write to FILE (replaced only when complete)"
+    )
+
+    p = command(
+        "fetch", "put blobs in this node's cache (once per node) and print their paths (each"
+        " one tried; the status is the first failure's)", blobs.cmd_fetch
+    )
+    p.add_argument("keys", metavar="KEY", nargs="+")
+    p.add_argument(
+        "--cache-dir",
+        metavar="DIR",
+        help="the node's cache (default: $BLOBHA_CACHE_DIR, else ~/.cache/blobha)",
+    )
+    p.add_argument(
+        "--uncompress",
+        action="store_true",
+        help="unpack .tar/.tgz/.tar.gz/.zip/.jar archives; the path is then a directory",
+    )
+    p.add_argument("--json", action="store_true", help="print a JSON array")
+
+    p = command("delete", "delete blobs (each one tried; the status is the first failure's)",
+                blobs.cmd_delete)
+    p.add_argument("keys", metavar="KEY", nargs="+")
+
+    p = command("list", "list keys (only the given ones that exist, if any)", blobs.cmd_list)
+    p.add_argument("keys", metavar="KEY", nargs="*")
+    p.add_argument("--prefix", default="", metavar="P", help="only keys starting with P")
+    p.add_argument("--json", action="store_true", help="print a JSON array")
+
+    p = command("meta", "show a blob's metadata", blobs.cmd_meta)
+    p.add_argument("key", metavar="KEY")
+    p.add_argument("--json", action="store_true", help="print JSON")
+
+    p = command("set-acl", "replace a blob's access list", admin.cmd_set_acl)
+    p.add_argument("key", metavar="KEY")
+    p.add_argument(
+        "-s", "--set", dest="acl", metavar="ACL[,ACL...]",
+        help="the new ACL (without it, the current one is set again, as in Storm)",
+    )
+
+    p = command("replication", "read or change a blob's replication", admin.cmd_replication)
+    p.add_argument("key", metavar="KEY")
+    mode = p.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--read", action="store_true", help="print the current replica count")
+    mode.add_argument("--update", action="store_true", help="change the replication factor")
+    p.add_argument("-r", "--replication-factor", type=_positive_int, metavar="N")
+
+    p = command(
+        "wait-replication", "wait until blobs have at least N replicas",
+        cluster.cmd_wait_replication,
+    )
+    p.add_argument("keys", metavar="KEY", nargs="+")
+    p.add_argument("--min", type=_positive_int, required=True, metavar="N", dest="minimum")
+    p.add_argument(
+        "--timeout",
+        type=_seconds,
+        default=60.0,
+        metavar="SECONDS",
+        help="give up after this long (default 60, negative = forever)",
+    )
+
+    p = command("cluster", "show the masters and the leader", cluster.cmd_cluster)
+    p.add_argument("--json", action="store_true", help="print JSON")
+
+    p = command("health", "check that one master answers (for health checks)",
+                cluster.cmd_health)
+    p.add_argument("address", nargs="?", default="127.0.0.1:6627", metavar="HOST:PORT",
+                   help="the master to ask (default 127.0.0.1:6627)")
+    p.add_argument("--json", action="store_true", help="print JSON")
+
+    p = command("serve", "run a master", servers.cmd_serve)
+    p.add_argument("--config", required=True, metavar="FILE", help="the master's TOML file")
+
+    p = command("local-cluster", "run ZooKeeper and N masters on this machine",
+                servers.cmd_local_cluster)
+    p.add_argument("--nodes", type=_positive_int, default=3, metavar="N")
+    p.add_argument("--data-dir", metavar="DIR",
+                   help="where to keep data; kept across runs (default: ./blobha-local)")
+    p.add_argument("--base-port", type=_port, default=DEFAULT_BASE_PORT, metavar="PORT",
+                   help="first master's port; the others follow (0 = any free ports)")
+    p.add_argument("--zookeeper-home", metavar="DIR", help="a ZooKeeper installation to use")
+    p.add_argument("--tls", action="store_true",
+                   help="secure set-up: a throwaway CA, TLS everywhere, token authentication"
+                   " (unless --auth says otherwise) and ZooKeeper locked down to the masters")
+    p.add_argument("--auth", choices=("simple", "token", "mtls"), default=None,
+                   help="authentication (default: token with --tls, else simple; mtls needs"
+                   " --tls)")
+
+    p = command("token", "make tokens for auth.mode = 'token'", admin.cmd_token)
+    p.add_argument("action", choices=("create", "hash"),
+                   help="create: a new token for USER and its token-file line; hash: the"
+                   " token-file line for a token read from stdin")
+    p.add_argument("token_user", nargs="?", metavar="USER", help="whose token to create")
+    p.add_argument("--append", metavar="TOKEN_FILE",
+                   help="append the line to this token file (the masters' auth.token.file)")
+    p.add_argument("--out", metavar="FILE",
+                   help="write the new token to FILE (mode 600) instead of stdout")
+
+    # Listed for --help; main() hands the arguments to blobha.spark.submit_main directly.
+    p = command("spark-submit", "wait for blobs' replication, then run spark-submit"
+                " (blobha spark-submit --help)", servers.cmd_spark_submit)
+    p.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+
+    p = command("bench", "measure this cluster against same-run baselines", servers.cmd_bench)
+    p.add_argument("--local", action="store_true",
+                   help="start a throw-away local cluster (needed for failover and scale)")
+    p.add_argument("--json", action="store_true", help="one JSON object per metric")
+    p.add_argument("--size-mb", type=_positive_int, default=1024, metavar="MIB",
+                   help="size of the upload/download/replication blob (default 1024)")
+    p.add_argument("--count", type=_positive_int, default=100, metavar="N",
+                   help="1 MiB creates for the replication latency (default 100)")
+    p.add_argument("--small-ops-seconds", type=_seconds, default=10.0, metavar="SECONDS",
+                   help="duration of each small-operation run (default 10)")
+    p.add_argument("--scale-keys", type=_positive_int, default=100_000, metavar="N",
+                   help="keys in the cluster for the scale metrics (default 100000)")
+    p.add_argument("--repeat", type=_positive_int, default=3, metavar="N",
+                   help="rounds of the big-blob metrics; medians are reported (default 3)")
+    p.add_argument("--metrics", metavar="NAME[,NAME...]",
+                   help="run only these: upload_mbps, replication_1g_s, download_mbps,"
+                        " replication_latency_ms, small_ops_per_s, spark, failover_term_s,"
+                        " failover_kill_s, failover_kill_restart_s, scale (default: all)")
+    p.add_argument("--spark-size-mb", type=_positive_int, default=256, metavar="MIB",
+                   help="size of the blob every Spark executor gets (default 256)")
+    p.add_argument("--zookeeper", metavar="HOST:PORT",
+                   help="a remote cluster's ZooKeeper, for the ZooKeeper baselines")
+    p.add_argument("--baseline-dir", metavar="DIR",
+                   help="where the disk baselines write for a remote cluster (default: a"
+                        " temporary directory)")
+    return parser
+
+
+def check_args(args: argparse.Namespace) -> None:
+    """Constraints argparse cannot express; reported as usage errors (exit 2)."""
+    if args.command == "token":
+        if args.action == "create" and not args.token_user:
+            args.parser.error("'token create' needs the USER the token is for")
+        if args.action == "hash" and (args.token_user or args.out):
+            args.parser.error("'token hash' reads the token from stdin; it takes no USER or --out")
+    if args.command == "local-cluster" and args.auth == "mtls" and not args.tls:
+        args.parser.error("--auth mtls needs --tls")
+    if getattr(args, "cluster", None):
+        # A typo in an option is a usage error like any other (exit 2), found before the
+        # command starts; the BLOBHA_CLUSTER variable is checked when the client is built.
+        try:
+            parse_cluster(args.cluster)
+        except InvalidArgument as exc:
+            args.parser.error(f"--cluster: {exc}")
+    if getattr(args, "file", None) == "":
+        # Otherwise the empty name reaches the file system as the current directory.
+        args.parser.error("-f/--file needs a file name (or - for standard input/output)")
+    if args.command == "replication":
+        if args.update and args.replication_factor is None:
+            args.parser.error("--update needs --replication-factor N")
+        if args.read and args.replication_factor is not None:
+            args.parser.error("--replication-factor goes with --update, not --read")
+
+
+def _version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("blobha")
+    except Exception:  # not installed: running from a source tree
+        return "unknown"

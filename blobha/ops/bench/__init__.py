@@ -1,0 +1,139 @@
+"""``blobha bench``: how fast is this cluster, next to a baseline measured in the same run.
+
+Like ``rados bench`` or MinIO's ``warp``, against any cluster (``--cluster``) or a throw-away
+local one (``--local``). Every figure comes with a baseline measured on the same machine in the
+same run, and the ratio ``value / baseline``, so a result reads "0.9x the disk" rather than a
+bare number that means nothing on other hardware.
+
+Metric groups (``--metrics`` picks a subset; every metric name starts with its group's name):
+
+``upload_mbps``
+    Durable upload of one ``--size-mb`` blob (default 1 GiB) with W=1, timed from the call to
+    the acknowledgement. The big-blob groups run ``--repeat`` rounds (default 3), each next to
+    its own baselines, and report medians: on a shared machine one slow round must not decide.
+    Baseline: a dd-style sequential write of the same size with fdatasync, in 1 MiB buffers, on
+    the masters' data file system (``--baseline-dir`` for a remote cluster).
+``download_mbps``
+    Download of that blob once it is in the page cache, digest verified, into nowhere. Baseline:
+    a raw gRPC stream of as many bytes in the same chunk size (1 MiB) from a server process with
+    no disk and no hashing (generic handlers, no protobuf).
+``replication_latency_ms``
+    p50 and p99 over ``--count`` creates of 1 MiB blobs, from the create being acknowledged to 3
+    replicas, as a client sees it. Baseline: the median synchronous ZooKeeper create.
+``replication_1g_s``
+    From the big blob's acknowledgement to 3 replicas. Baseline: writing twice its size with
+    fdatasync (the two followers write one copy each to the same disk).
+``spark`` (needs pyspark)
+    The Spark comparison of :mod:`blobha.ops.bench_spark`: from job start until every executor
+    (two separate executor processes) holds a ``--spark-size-mb`` blob (default 256 MiB),
+    blobha's node cache against ``sc.addFile``, for a first and a second application.
+    Baseline: ``addFile``'s time in the same run.
+``failover_term_s`` / ``failover_kill_s`` (``--local``)
+    From SIGTERM or SIGKILL of the leader to the first successful write through the client.
+    Baseline: the configured ZooKeeper session timeout.
+``failover_kill_restart_s`` (``--local``)
+    From SIGKILL of the leader, restarted at once on its data directory (as systemd's
+    ``Restart=`` or a container's restart policy would), to the first successful write. The
+    restarted process ends its predecessor's session rather than waiting for it to expire.
+    Baseline: the configured ZooKeeper session timeout.
+``small_ops_per_s``
+    4 KiB creates per second (acknowledged) with 1 and with 8 concurrent clients, and 4 KiB reads
+    per second likewise, each client a thread with its own :class:`Client`. Baselines: raw
+    synchronous ZooKeeper creates (for creates) and gets (for reads) per second, with as many
+    kazoo clients, on the same ensemble. ``small_ops_per_s_create_c1_floor`` is the most one
+    client's creates could reach on this design: each waits for a fenced ZooKeeper
+    transaction, a durable install and a gRPC round trip, each measured alone (medians; needs
+    ZooKeeper); baseline as for the creates.
+``scale`` (``--local``)
+    With ``--scale-keys`` keys in the cluster (created concurrently; the rate is reported with
+    raw ZooKeeper creates as the baseline): full listing through the client (baseline: one raw
+    ``get_children``), leader and follower RSS (baseline: the same process before the keys were
+    added) and RSS per added key (baseline: ZooKeeper's own data bytes per znode), ZooKeeper
+    watches (baseline: znodes) and znodes (baseline: keys), and the time a follower whose disk
+    was wiped takes, from its restart, to hold every key and report no lag (baseline: as many
+    synchronous ZooKeeper creates, the replica registrations it cannot avoid). Measured at rest:
+    before the memory figures, every master must hold every key. ``scale_keys`` reports the
+    count actually measured.
+
+A remote cluster (``--cluster``) gets the metrics that need no master process of our own; its
+ZooKeeper baselines need ``--zookeeper HOST:PORT`` (otherwise they are reported as 0, ratio
+null), and its disk baselines are taken on this machine, which is only the masters' disk if
+they run here.
+
+Output is a table, or with ``--json`` one object per metric with ``name``, ``value``, ``unit``,
+``baseline_name``, ``baseline_value`` and ``ratio`` (null when there is no baseline). Progress
+and notes go to stderr, so ``--json`` output stays machine-readable.
+
+The parts: :mod:`~blobha.ops.bench.options` (groups, options, sizes),
+:mod:`~blobha.ops.bench.report` (results and their formatting), :mod:`~blobha.ops.bench.driver`
+(load generation), :mod:`~blobha.ops.bench.baselines` (what is measured on this machine),
+:mod:`~blobha.ops.bench.context` (one run's shared state), one module per metric group
+(``bigblob``, ``smallops``, ``spark``, ``failover``, ``scale``) and
+:mod:`~blobha.ops.bench.runner` (the run and the entry point).
+"""
+
+from __future__ import annotations
+
+from blobha.ops.bench.baselines import (
+    disk_write_secs,
+    node_status,
+    parse_mntr,
+    parse_vmrss_kib,
+    parse_wchs,
+    pattern,
+    raw_grpc_download_secs,
+    raw_grpc_server_main,
+    rss_kib,
+    unjournaled_ext4,
+)
+from blobha.ops.bench.driver import (
+    Driver,
+    DriveResult,
+)
+from blobha.ops.bench.options import (
+    LOCAL_ONLY,
+    METRIC_GROUPS,
+    BenchOptions,
+    parse_metrics,
+)
+from blobha.ops.bench.report import (
+    Log,
+    Metric,
+    format_json,
+    format_number,
+    format_table,
+    mb_per_s,
+    percentile,
+)
+from blobha.ops.bench.runner import (
+    main,
+    run,
+)
+
+__all__ = [
+    "LOCAL_ONLY",
+    "METRIC_GROUPS",
+    "BenchOptions",
+    "DriveResult",
+    "Driver",
+    "Log",
+    "Metric",
+    "disk_write_secs",
+    "format_json",
+    "format_number",
+    "format_table",
+    "main",
+    "mb_per_s",
+    "node_status",
+    "parse_metrics",
+    "parse_mntr",
+    "parse_vmrss_kib",
+    "parse_wchs",
+    "pattern",
+    "percentile",
+    "raw_grpc_download_secs",
+    "raw_grpc_server_main",
+    "rss_kib",
+    "run",
+    "unjournaled_ext4",
+]

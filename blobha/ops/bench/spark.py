@@ -1,0 +1,27 @@
+"""The spark group: blobha's node cache against ``sc.addFile`` (blobha.ops.bench_spark)."""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import cast
+
+from blobha.ops.bench.context import Bench
+from blobha.ops.bench.driver import bench_user
+from blobha.ops.bench.options import SPARK_EXECUTORS, MiB
+
+
+def spark(bench: Bench) -> None:
+    """The Spark comparison (blobha.ops.bench_spark): time until every executor holds a
+    ``--spark-size-mb`` blob, blobha against ``sc.addFile``, first and second application."""
+    if importlib.util.find_spec("pyspark") is None:
+        bench.log.note("spark skipped: pyspark is not installed (deploy/setup.sh spark)")
+        return
+    from blobha.ops.bench_spark import run_spark_bench
+
+    size = bench.opts.spark_size_mb * MiB
+    bench.log.say(f"Spark: every executor gets a {bench.opts.spark_size_mb} MiB blob, blobha"
+                  " against sc.addFile, first and second application")
+    for m in run_spark_bench(bench.cluster, size, executors=SPARK_EXECUTORS,
+                             user=bench_user()):
+        bench.add(str(m["name"]), float(cast(float, m["value"])), str(m["unit"]),
+                  str(m["baseline_name"]), float(cast(float, m["baseline_value"])))
