@@ -32,7 +32,6 @@ MOVED: dict[str, str] = {
     "credentials": "wire.credentials",
     "tls": "wire.tls",
     "dataplane": "wire.dataplane",
-    "store": "store.local",
     "segments": "store.segments",
     "zkstate": "zk.layout",
     "zkclient": "zk.connection",

@@ -29,7 +29,8 @@ class Option:
     doc: str
 
 
-#: Every configuration key, its default and what it means. The README table is made from this.
+#: Every configuration key, its default and what it means. docs/configuration.md is made from
+#: this (python -m blobha.ops.configdoc).
 OPTIONS: tuple[Option, ...] = (
     Option("blobstore.dir", "blobha-data", "Directory where this master keeps blobs."),
     Option(

@@ -72,7 +72,7 @@ def test_the_package_loads_its_public_names_on_first_use() -> None:
 @pytest.mark.parametrize(("old", "new"), [
     ("blobha.errors", "blobha.core.errors"),
     ("blobha.zkstate", "blobha.zk.layout"),
-    ("blobha.store", "blobha.store"),
+    ("blobha.segments", "blobha.store.segments"),
     ("blobha.localcluster", "blobha.ops.localcluster"),
 ])
 def test_old_module_paths_still_import_for_one_release(old: str, new: str) -> None:

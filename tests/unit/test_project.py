@@ -9,8 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from blobha.master.config import OPTIONS
-
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -33,12 +31,6 @@ def test_generated_protobuf_code_is_fresh(tmp_path: Path) -> None:
         assert filecmp.cmp(
             tmp_path / "blobha/v1" / name, ROOT / "blobha/v1" / name, shallow=False
         ), f"blobha/v1/{name} is stale: run proto/generate.sh"
-
-
-def test_every_configuration_key_is_documented() -> None:
-    readme = (ROOT / "README.md").read_text()
-    missing = [o.key for o in OPTIONS if f"`{o.key}`" not in readme]
-    assert not missing, f"README lacks {missing}"
 
 
 def test_a_spark_worker_loads_no_client_with_blobha_spark(tmp_path: Path) -> None:
