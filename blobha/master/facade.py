@@ -278,10 +278,7 @@ class Master:
                 recursive_watch=config["blobstore.sync.recursive.watch"],
                 linger_secs=config["blobstore.sync.linger.secs"],
             ),
-            is_leader=lambda: self.election.is_leader,
-            leader_duty=self._leader_duty,
-            deletions_allowed=self._deletions_allowed,
-            key_lock=self.store.key_lock,
+            duties=self, guard=self,
         )
         self.store.on_corrupt = self.sync.corrupted
         self.scrubber = Scrubber(
@@ -1656,6 +1653,20 @@ class Master:
             txn.delete(path, version=expected_meta_version)
 
         self.election.fenced(build)
+
+    # ---- what the synchroniser asks of this master (blobha.sync.protocols) -----------------
+
+    def is_leader(self) -> bool:
+        return self.election.is_leader
+
+    def deletions_allowed(self) -> bool:
+        return self._deletions_allowed()
+
+    def key_lock(self, key: str) -> threading.RLock:
+        return self.store.key_lock(key)
+
+    def leader_duty(self, key: str, view: KeyView) -> bool:
+        return self._leader_duty(key, view)
 
     # ---- leader duties --------------------------------------------------------------------
 
