@@ -17,117 +17,29 @@ from blobha.sync.feed import Wake
 from blobha.sync.loop import SyncLoop
 from blobha.sync.membership import Membership
 from blobha.sync.settings import UNREACHABLE_REPORT_SECS
-from blobha.sync.synchronizer import SyncDeferred, Synchronizer, SyncSettings
-from blobha.sync.view import Entry, KeyView, ReplicaView, holders_of
+from blobha.sync.synchronizer import SyncDeferred, Synchronizer
+from blobha.sync.view import Entry, ReplicaView, holders_of
 from blobha.sync.workqueue import WorkQueue
 from kazoo.exceptions import ConnectionLoss, NodeExistsError, NoNodeError, SessionExpiredError
 from kazoo.protocol.states import EventType, KazooState, WatchedEvent
+from sync_fakes import (
+    ME,
+    PATH,
+    SESSION,
+    A,
+    Answer,
+    B,
+    FakeZk,
+    Guard,
+    NoDuties,
+    settings,
+)
 
 from blobha.core import placement
 from blobha.core.digest import digest_bytes
 from blobha.core.errors import BlobError
 from blobha.store.local import LocalStore
-from blobha.zk.layout import JOURNAL, BlobState, JournalRecord, replica_path
-
-ME, A, B = "m1:6627", "m2:6627", "m3:6627"
-SESSION = 77
-PATH = "/blobstore/k"
-
-
-class Answer:
-    """A kazoo async result that has already arrived (a value, or an error to raise)."""
-
-    def __init__(self, names: Any) -> None:
-        self.names = names
-
-    def get_nowait(self) -> Any:
-        if isinstance(self.names, Exception):
-            raise self.names
-        return self.names
-
-    def get(self, timeout: float | None = None) -> Any:
-        return self.get_nowait()
-
-    def rawlink(self, callback: Any) -> None:
-        callback(self)
-
-    def wait(self, timeout: float | None = None) -> bool:
-        return True
-
-
-class FakeZk:
-    client_id = (SESSION, b"")
-
-    def __init__(self) -> None:
-        self.watched_reads: list[tuple[str, Any]] = []
-        self.next_names: list[str] = []
-        self.listed: dict[str, list[str]] = {}  # per path, where given
-        self.deleted: list[str] = []
-        self.data_reads: list[tuple[str, Any]] = []
-        self.data: dict[str, Any] = {}  # get_async's answer per path (default: no node)
-
-    def add_listener(self, fn: Any) -> None:
-        pass
-
-    def delete(self, path: str) -> None:
-        self.deleted.append(path)
-
-    def get_children_async(self, path: str, watch: Any = None) -> Answer:
-        self.watched_reads.append((path, watch))
-        return Answer(self.listed.get(path, self.next_names))
-
-    def get_async(self, path: str, watch: Any = None) -> Answer:
-        self.data_reads.append((path, watch))
-        return Answer(self.data.get(path, NoNodeError()))
-
-    # What blobha.zk.connection.read_many_async asks of kazoo: a multiRead request's reads, each
-    # answered as the reads above are (and recorded the same way).
-    chroot = ""
-
-    @property
-    def handler(self) -> Any:
-        return SimpleNamespace(async_result=lambda: SimpleNamespace())
-
-    def _call(self, request: Any, result: Any) -> None:
-        answers = []
-        for op, path in request.ops:
-            answer = self.get_children_async(path) if op == 8 else self.get_async(path)
-            try:
-                answers.append(answer.get())
-            except Exception as e:
-                answers.append(e)
-        result.get = Answer(answers).get
-
-
-class Guard:
-    """The cluster guard (blobha.sync.protocols.ClusterGuard) as a test sets it."""
-
-    def __init__(self, leading: list[bool], ours: Any = True, lock: Any = None) -> None:
-        self.leading = leading
-        self.ours = ours
-        self.lock = lock
-
-    def is_leader(self) -> bool:
-        return self.leading[0]
-
-    def deletions_allowed(self) -> bool:
-        return bool(self.ours() if callable(self.ours) else self.ours)
-
-    def key_lock(self, key: str) -> Any:
-        return self.lock(key) if self.lock is not None else threading.RLock()
-
-
-class NoDuties:
-    """The leader's duties (blobha.sync.protocols.LeaderDuties), never changing a key."""
-
-    def leader_duty(self, key: str, view: KeyView) -> bool:
-        return False
-
-
-def settings(recursive: bool = False, **changes: Any) -> SyncSettings:
-    return SyncSettings(**{**dict(  # type: ignore[arg-type]
-        replica_grace_secs=1, delete_grace_secs=1, period_secs=60, versions_retained=2,
-        threads=1, periodic_keys_per_sec=200, recursive_watch=recursive), **changes})
+from blobha.zk.layout import BlobState, replica_path
 
 
 def synchroniser(leader: bool | list[bool] = False, store: Any = None, recursive: bool = False,
@@ -584,32 +496,6 @@ def test_a_key_deleted_before_its_reconcile_leaves_nothing_behind() -> None:
     assert flight.arm_on_read == {} and flight.arming == {} and "new" not in s.replicas.entries
 
 
-def test_a_leader_leaves_the_journal_unwatched_and_follows_it_again_once_deposed() -> None:
-    leading = [True]
-    s, zk = synchroniser(leader=leading)
-    zk.data[JOURNAL] = (JournalRecord(7, ("a", "b")).encode(), SimpleNamespace(mzxid=70))
-    journal_event = WatchedEvent(EventType.CHANGED, KazooState.CONNECTED, JOURNAL)
-    # The leader's own commit changed the journal: nothing is read, no watch re-armed.
-    s.feed.on_journal(journal_event)
-    assert zk.data_reads == []
-    leading[0] = False
-    s.stepped_down()
-    # One read, re-arming the watch; its record is taken as any follower takes it.
-    assert zk.data_reads == [(JOURNAL, s.feed.on_journal)]
-    assert s.feed.journal_seen == 7
-    s.stepped_down()  # already followed: nothing more
-    assert len(zk.data_reads) == 1
-    # As a follower, every change of the journal is read at once.
-    s.feed.on_journal(journal_event)
-    assert zk.data_reads == [(JOURNAL, s.feed.on_journal)] * 2
-
-
-def test_a_step_down_with_the_journal_watch_armed_reads_nothing() -> None:
-    s, zk = synchroniser(leader=[False])
-    s.stepped_down()
-    assert zk.data_reads == []
-
-
 def test_an_unreachable_zookeeper_is_reported_now_and_then_not_per_key(
         caplog: pytest.LogCaptureFixture) -> None:
     # A ZooKeeper outage fails every key of every batch, retry after retry: one warning per
@@ -635,62 +521,11 @@ def test_an_unreachable_zookeeper_is_reported_now_and_then_not_per_key(
     assert len(third) == 1 and "'other'" in third[0] and "disk full" in third[0]
 
 
-# ---- the recursive watch on /blobstore ------------------------------------------------------
+# ---- the recursive watch on /blobstore (the change feed alone: test_sync_feed.py) -----------
 
 
 def tree_event(kind: str, path: str) -> WatchedEvent:
     return WatchedEvent(kind, KazooState.CONNECTED, path)
-
-
-def test_with_the_recursive_watch_a_key_node_event_queues_the_key() -> None:
-    s, zk = synchroniser(recursive=True)
-    for kind in (EventType.CREATED, EventType.CHANGED, EventType.DELETED):
-        s.feed.on_tree(tree_event(kind, "/blobstore/k"))
-        assert s.queue.get_batch(10) == ["k"]
-        s.queue.done_many(["k"])
-    # Nothing read: the worker's reconcile reads the key.
-    assert zk.watched_reads == [] and zk.data_reads == []
-
-
-def test_the_leader_passes_over_the_creation_of_its_own_keys() -> None:
-    # Its commit queues the key itself; a second reconcile would cost two more reads.
-    s, _ = synchroniser(leader=True, recursive=True)
-    s.feed.on_tree(tree_event(EventType.CREATED, "/blobstore/k"))
-    assert s.queue.depth() == 0
-    s.feed.on_tree(tree_event(EventType.CHANGED, "/blobstore/k"))  # others still count
-    assert s.queue.depth() == 1
-
-
-def test_a_replica_event_changes_the_holders_without_a_read() -> None:
-    s, zk = synchroniser(recursive=True)
-    s.replicas.entries["k"] = entry([ME])
-    s.feed.on_tree(tree_event(EventType.CREATED, f"/blobstore/k/{A}-5"))
-    assert s.replicas.entries["k"].holders == (ME, A)
-    s.feed.on_tree(tree_event(EventType.CREATED, f"/blobstore/k/{B}-5"))
-    assert s.replicas.entries["k"].holders == (ME, A, B)
-    s.feed.on_tree(tree_event(EventType.DELETED, f"/blobstore/k/{A}-5"))
-    assert s.replicas.entries["k"].holders == (ME, B)
-    # Another version's nodes, deeper paths and changes of a node's data are not holders.
-    s.feed.on_tree(tree_event(EventType.CREATED, f"/blobstore/k/{A}-4"))
-    s.feed.on_tree(tree_event(EventType.CHANGED, f"/blobstore/k/{A}-5"))
-    s.feed.on_tree(tree_event(EventType.CREATED, f"/blobstore/k/{A}-5/x"))
-    assert s.replicas.entries["k"].holders == (ME, B)
-    assert zk.watched_reads == [] and zk.data_reads == [] and s.queue.depth() == 0
-
-
-@pytest.mark.parametrize("case", [
-    "leader, unacknowledged",
-    "our copy lost",
-])
-def test_a_replica_event_that_leaves_this_master_work_queues_the_key(case: str) -> None:
-    s, zk = synchroniser(leader=case.startswith("leader"), recursive=True)
-    if case == "our copy lost":
-        s.replicas.entries["k"] = entry([ME, A])
-        s.feed.on_tree(tree_event(EventType.DELETED, f"/blobstore/k/{ME}-5"))
-    else:
-        s.replicas.entries["k"] = entry([ME], acked=False)
-        s.feed.on_tree(tree_event(EventType.CREATED, f"/blobstore/k/{A}-5"))
-    assert s.queue.depth() == 1 and zk.watched_reads == []
 
 
 def test_events_that_come_while_the_key_is_read_are_replayed_onto_what_the_read_found(
@@ -773,14 +608,6 @@ def test_with_the_recursive_watch_departures_read_no_list() -> None:
     s_old, _ = synchroniser()
     s_old.replicas.entries["k"] = entry([ME, A, B])
     assert s_old.loop.follow_membership(frozenset({ME, A, B}), frozenset({ME, A, B}), {B}) == ["k"]
-
-
-def test_a_leader_stepping_down_lists_the_keys_once() -> None:
-    # Events of keys the next leader created may have come while this master still led.
-    s, zk = synchroniser(leader=[False], recursive=True)
-    s.stepped_down()
-    assert s.queue.get_batch(10) == [""]  # the listing
-    assert zk.data_reads == []  # the journal plays no part
 
 
 def test_the_recursive_watch_falls_back_to_the_journal_when_zookeeper_refuses_it(
