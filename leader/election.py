@@ -37,7 +37,7 @@ from kazoo.protocol.states import WatchedEvent
 
 from blobha.zk.layout import ELECTION, EPOCH, JOURNAL, EpochRecord
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("blobha.leader.election")
 
 _PREFIX = "n_"
 #: Seconds a resigning master waits for ZooKeeper to delete its candidacy.

@@ -23,7 +23,8 @@ from blobha.core.locks import boot_id
 from blobha.store.local import write_json_atomic
 from blobha.zk.layout import MASTERS
 
-log = logging.getLogger(__name__)
+# Named, not __name__: operators route it by this name wherever the module sits.
+log = logging.getLogger("blobha.sync.membership")
 
 
 class IdentityInUse(Exception):

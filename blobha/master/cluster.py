@@ -7,6 +7,7 @@ import contextlib
 import json
 import logging
 import uuid
+from contextlib import AbstractContextManager
 from typing import Any
 
 from kazoo.client import KazooClient
@@ -17,6 +18,7 @@ from kazoo.exceptions import (
 from kazoo.retry import KazooRetry
 
 from blobha.core.auth import new_cluster_secret
+from blobha.leader import LeaderElection
 from blobha.store.local import LocalStore
 from blobha.sync.peers import Peers
 from blobha.zk.layout import (
@@ -145,3 +147,22 @@ class ClusterIdentity:
             zk.stop()  # closes the session: ZooKeeper deletes its ephemeral nodes
             zk.close()
         return resumed
+
+
+class Guard:
+    """What the synchroniser asks before it acts (:class:`blobha.sync.ClusterGuard`)."""
+
+    def __init__(self, election: LeaderElection, cluster: ClusterIdentity, store: LocalStore
+                 ) -> None:
+        self._election = election
+        self._cluster = cluster
+        self._store = store
+
+    def is_leader(self) -> bool:
+        return self._election.is_leader
+
+    def deletions_allowed(self) -> bool:
+        return self._cluster.deletions_allowed()
+
+    def key_lock(self, key: str) -> AbstractContextManager[object]:
+        return self._store.key_lock(key)

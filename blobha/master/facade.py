@@ -33,7 +33,7 @@ from blobha.leader import LeaderElection, LeaderHistory
 from blobha.master.acks import Acknowledger
 from blobha.master.admin import Admin
 from blobha.master.channel import Channel, TransferOffers
-from blobha.master.cluster import ClusterIdentity
+from blobha.master.cluster import ClusterIdentity, Guard
 from blobha.master.committer import Committer
 from blobha.master.config import Config, ConfigError
 from blobha.master.groupcommit import GroupCommitter
@@ -140,10 +140,7 @@ class Master:
                 recursive_watch=s.sync_recursive_watch,
                 linger_secs=s.sync_linger_secs,
             ),
-            is_leader=lambda: self.election.is_leader,
-            leader_duty=lambda key, view: self.repairs.leader_duty(key, view),
-            deletions_allowed=lambda: self.cluster.deletions_allowed(),
-            key_lock=self.store.key_lock,
+            duties=self, guard=Guard(self.election, self.cluster, self.store),
         )
         self.store.on_corrupt = self.sync.corrupted
         self.scrubber = Scrubber(self.store, s.scrub_interval_secs, s.scrub_rate_bytes_per_sec)
@@ -369,6 +366,10 @@ class Master:
 
     def cluster_summary(self) -> ClusterView:
         return self.summary.cluster_summary()
+
+    def leader_duty(self, key: str, view: KeyView) -> bool:
+        """The synchroniser's call for a key it reconciles while leading (LeaderDuties)."""
+        return self.repairs.leader_duty(key, view)
 
     def view(self, key: str) -> KeyView | None:
         """The synchroniser's view of ``key`` (the status page)."""

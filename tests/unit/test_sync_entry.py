@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from blobha.sync.synchronizer import _Entry, _pack, _unpack
+from blobha.sync.view import Entry, pack, unpack
 
 from blobha.core.acl import parse_acl
 from blobha.zk.layout import BlobState, PastVersion
@@ -23,8 +23,8 @@ def _state(**changes: object) -> BlobState:
 
 def test_a_typical_record_packs_to_well_under_half_and_back() -> None:
     raw = _state().encode()
-    packed = _pack(raw)
-    assert _unpack(packed) == raw
+    packed = pack(raw)
+    assert unpack(packed) == raw
     assert len(packed) < len(raw) * 0.45, (len(packed), len(raw))
 
 
@@ -36,13 +36,13 @@ def test_records_unlike_the_dictionary_round_trip_exactly() -> None:
         os.urandom(3000),
         b"",
     ):
-        assert _unpack(_pack(raw)) == raw
+        assert unpack(pack(raw)) == raw
 
 
 def test_an_entry_gives_back_the_state_it_was_made_from() -> None:
     state = _state(acked=False)
     raw = state.encode()
-    entry = _Entry(_pack(raw), 7, state.seq, state.replication_factor, state.acked,
+    entry = Entry(pack(raw), 7, state.seq, state.replication_factor, state.acked,
                    ("a:1", "b:2"), 0)
     view = entry.view()
     assert view.state == BlobState.decode(raw, 7)

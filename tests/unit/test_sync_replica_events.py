@@ -13,115 +13,55 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from blobha.sync.feed import Wake
+from blobha.sync.loop import SyncLoop
 from blobha.sync.membership import Membership
-from blobha.sync.synchronizer import (
-    UNREACHABLE_REPORT_SECS,
-    SyncDeferred,
-    Synchronizer,
-    SyncSettings,
-    _Entry,
-    _holders,
-)
+from blobha.sync.settings import UNREACHABLE_REPORT_SECS
+from blobha.sync.synchronizer import SyncDeferred, Synchronizer
+from blobha.sync.view import Entry, ReplicaView, holders_of
+from blobha.sync.workqueue import WorkQueue
 from kazoo.exceptions import ConnectionLoss, NodeExistsError, NoNodeError, SessionExpiredError
 from kazoo.protocol.states import EventType, KazooState, WatchedEvent
+from sync_fakes import (
+    ME,
+    PATH,
+    SESSION,
+    A,
+    Answer,
+    B,
+    FakeZk,
+    Guard,
+    NoDuties,
+    settings,
+)
 
 from blobha.core import placement
 from blobha.core.digest import digest_bytes
 from blobha.core.errors import BlobError
 from blobha.store.local import LocalStore
-from blobha.zk.layout import JOURNAL, BlobState, JournalRecord, replica_path
-
-ME, A, B = "m1:6627", "m2:6627", "m3:6627"
-SESSION = 77
-PATH = "/blobstore/k"
-
-
-class Answer:
-    """A kazoo async result that has already arrived (a value, or an error to raise)."""
-
-    def __init__(self, names: Any) -> None:
-        self.names = names
-
-    def get_nowait(self) -> Any:
-        if isinstance(self.names, Exception):
-            raise self.names
-        return self.names
-
-    def get(self, timeout: float | None = None) -> Any:
-        return self.get_nowait()
-
-    def rawlink(self, callback: Any) -> None:
-        callback(self)
-
-    def wait(self, timeout: float | None = None) -> bool:
-        return True
-
-
-class FakeZk:
-    client_id = (SESSION, b"")
-
-    def __init__(self) -> None:
-        self.watched_reads: list[tuple[str, Any]] = []
-        self.next_names: list[str] = []
-        self.listed: dict[str, list[str]] = {}  # per path, where given
-        self.deleted: list[str] = []
-        self.data_reads: list[tuple[str, Any]] = []
-        self.data: dict[str, Any] = {}  # get_async's answer per path (default: no node)
-
-    def add_listener(self, fn: Any) -> None:
-        pass
-
-    def delete(self, path: str) -> None:
-        self.deleted.append(path)
-
-    def get_children_async(self, path: str, watch: Any = None) -> Answer:
-        self.watched_reads.append((path, watch))
-        return Answer(self.listed.get(path, self.next_names))
-
-    def get_async(self, path: str, watch: Any = None) -> Answer:
-        self.data_reads.append((path, watch))
-        return Answer(self.data.get(path, NoNodeError()))
-
-    # What blobha.zk.connection.read_many_async asks of kazoo: a multiRead request's reads, each
-    # answered as the reads above are (and recorded the same way).
-    chroot = ""
-
-    @property
-    def handler(self) -> Any:
-        return SimpleNamespace(async_result=lambda: SimpleNamespace())
-
-    def _call(self, request: Any, result: Any) -> None:
-        answers = []
-        for op, path in request.ops:
-            answer = self.get_children_async(path) if op == 8 else self.get_async(path)
-            try:
-                answers.append(answer.get())
-            except Exception as e:
-                answers.append(e)
-        result.get = Answer(answers).get
+from blobha.zk.layout import BlobState, replica_path
 
 
 def synchroniser(leader: bool | list[bool] = False, store: Any = None, recursive: bool = False,
-                 ours: bool = True) -> tuple[Synchronizer, FakeZk]:
+                 ours: Any = True, key_lock: Any = None, membership: Any = None,
+                 **changes: Any) -> tuple[Synchronizer, FakeZk]:
     """``leader`` as a one-element list can be changed while the synchroniser runs;
     ``recursive``: following /blobstore with the recursive watch; ``ours``: ZooKeeper holds
-    this store's cluster (deletions allowed)."""
+    this store's cluster (deletions allowed), or a function that tells; ``key_lock``: the
+    store's per-key lock; ``changes``: other settings."""
     zk = FakeZk()
     leading = leader if isinstance(leader, list) else [leader]
     s = Synchronizer(
         zk, store=store or SimpleNamespace(), identity=ME, peers=SimpleNamespace(),  # type: ignore[arg-type]
-        membership=SimpleNamespace(known=lambda: {ME, A, B}),  # type: ignore[arg-type]
-        settings=SyncSettings(replica_grace_secs=1, delete_grace_secs=1, period_secs=60,
-                              versions_retained=2, threads=1, periodic_keys_per_sec=200,
-                              recursive_watch=recursive),
-        is_leader=lambda: leading[0], leader_duty=lambda key, view: False,
-        deletions_allowed=lambda: ours, key_lock=lambda key: threading.RLock(),  # type: ignore[arg-type]
+        membership=membership or SimpleNamespace(known=lambda: {ME, A, B}),
+        settings=settings(recursive, **changes),
+        duties=NoDuties(), guard=Guard(leading, ours, key_lock),
     )
     return s, zk
 
 
-def entry(holders: list[str], registered: int = SESSION, acked: bool = True) -> _Entry:
-    return _Entry(b"", 0, 5, 3, acked, _holders([f"{h}-5" for h in holders], 5), registered)
+def entry(holders: list[str], registered: int = SESSION, acked: bool = True) -> Entry:
+    return Entry(b"", 0, 5, 3, acked, holders_of([f"{h}-5" for h in holders], 5), registered)
 
 
 def names(*holders: str) -> list[str]:
@@ -130,26 +70,26 @@ def names(*holders: str) -> list[str]:
 
 def test_a_holder_with_nothing_to_do_only_re_arms_the_watch() -> None:
     s, zk = synchroniser()
-    s._view["k"] = entry([ME])
+    s.replicas.entries["k"] = entry([ME])
     zk.next_names = names(ME, A)
-    s._replicas_read("k", PATH, Answer(names(ME, A)))
+    s.feed.replicas_read("k", PATH, Answer(names(ME, A)))
     assert s.queue.depth() == 0
-    assert zk.watched_reads == [(PATH, s._watcher)]
-    assert s._view["k"].holders == (ME, A)
+    assert zk.watched_reads == [(PATH, s.feed.watcher)]
+    assert s.replicas.entries["k"].holders == (ME, A)
 
 
 def test_a_change_between_the_two_reads_brings_a_reconcile() -> None:
     s, zk = synchroniser()
-    s._view["k"] = entry([ME])
+    s.replicas.entries["k"] = entry([ME])
     zk.next_names = names(ME, A, B)  # the re-arming read already sees the third copy
-    s._replicas_read("k", PATH, Answer(names(ME, A)))
+    s.feed.replicas_read("k", PATH, Answer(names(ME, A)))
     assert s.queue.depth() == 1
 
 
 def test_a_fully_replicated_key_is_left_alone() -> None:
     s, zk = synchroniser()
-    s._view["k"] = entry([ME, A])
-    s._replicas_read("k", PATH, Answer(names(ME, A, B)))
+    s.replicas.entries["k"] = entry([ME, A])
+    s.feed.replicas_read("k", PATH, Answer(names(ME, A, B)))
     assert s.queue.depth() == 0 and zk.watched_reads == []
 
 
@@ -163,20 +103,20 @@ def test_a_fully_replicated_key_is_left_alone() -> None:
 def test_where_this_master_has_work_the_key_is_reconciled(case: str) -> None:
     s, zk = synchroniser(leader=case.startswith("leader"))
     if case == "leader, unacknowledged":
-        s._view["k"] = entry([ME], acked=False)
+        s.replicas.entries["k"] = entry([ME], acked=False)
         listed = names(ME, A)
     elif case == "copy not registered in this session":
-        s._view["k"] = entry([ME], registered=SESSION - 1)
+        s.replicas.entries["k"] = entry([ME], registered=SESSION - 1)
         listed = names(ME, A)
     elif case == "chosen holder lacking the version":
-        s._view["k"] = entry([A], registered=0)
+        s.replicas.entries["k"] = entry([A], registered=0)
         listed = names(A, B)
     elif case == "our copy lost":
-        s._view["k"] = entry([ME, A])
+        s.replicas.entries["k"] = entry([ME, A])
         listed = names(A)
     else:
         listed = names(A)
-    s._replicas_read("k", PATH, Answer(listed))
+    s.feed.replicas_read("k", PATH, Answer(listed))
     assert s.queue.depth() == 1
     assert zk.watched_reads == []
 
@@ -185,7 +125,7 @@ def test_where_this_master_has_work_the_key_is_reconciled(case: str) -> None:
 def test_a_registration_that_finds_another_sessions_node_ends_with_its_own(
         in_the_way: str) -> None:
     s, zk = synchroniser()
-    s._view["k"] = entry([A], registered=0)
+    s.replicas.entries["k"] = entry([A], registered=0)
     path = replica_path("k", ME, 5)
     created: list[str] = []
     owners = [None if in_the_way == "gone by itself" else SimpleNamespace(ephemeralOwner=5)]
@@ -201,12 +141,12 @@ def test_a_registration_that_finds_another_sessions_node_ends_with_its_own(
     s.register_replica("k", 5)
     assert created == [path, path]
     assert zk.deleted == ([] if in_the_way == "gone by itself" else [path])
-    assert s._view["k"].registered == SESSION and ME in s._view["k"].holders
+    assert s.replicas.entries["k"].registered == SESSION and ME in s.replicas.entries["k"].holders
 
 
 def test_a_registration_that_keeps_losing_the_race_is_not_marked_done() -> None:
     s, zk = synchroniser()
-    s._view["k"] = entry([A], registered=0)
+    s.replicas.entries["k"] = entry([A], registered=0)
 
     def create(path: str, value: bytes = b"", ephemeral: bool = False) -> str:
         raise NodeExistsError()
@@ -215,28 +155,28 @@ def test_a_registration_that_keeps_losing_the_race_is_not_marked_done() -> None:
     zk.exists = lambda path: None  # type: ignore[attr-defined]
     with pytest.raises(NodeExistsError):
         s.register_replica("k", 5)
-    assert s._view["k"].registered == 0 and ME not in s._view["k"].holders
+    assert s.replicas.entries["k"].registered == 0 and ME not in s.replicas.entries["k"].holders
 
 
 def test_a_departure_re_reads_each_list_once_with_its_watch() -> None:
     s, zk = synchroniser()
-    s._view["k"] = entry([ME, A, B])
-    s._view["steady"] = entry([ME, A])
-    assert s._held_by({B}) == ["k"]
+    s.replicas.entries["k"] = entry([ME, A, B])
+    s.replicas.entries["steady"] = entry([ME, A])
+    assert s.replicas.held_by({B}) == ["k"]
     zk.listed[PATH] = names(ME, A)  # B's replica node went with its session
-    s._recheck_replicas(["k"])
+    s.feed.recheck_replicas(["k"])
     # One read, which armed the watch: no second read to re-arm it, no reconcile.
-    assert zk.watched_reads == [(PATH, s._watcher)]
-    assert s._view["k"].holders == (ME, A)
+    assert zk.watched_reads == [(PATH, s.feed.watcher)]
+    assert s.replicas.entries["k"].holders == (ME, A)
     assert s.queue.depth() == 0
     assert s.figures()[1] == 2  # both keys now show as under-replicated
 
 
 def test_a_departure_that_leaves_this_master_work_queues_the_key() -> None:
     s, zk = synchroniser(leader=True)
-    s._view["k"] = entry([A, B], acked=False)
+    s.replicas.entries["k"] = entry([A, B], acked=False)
     zk.listed[PATH] = names(A)
-    s._recheck_replicas(["k"])
+    s.feed.recheck_replicas(["k"])
     assert s.queue.depth() == 1
 
 
@@ -244,9 +184,9 @@ def test_only_keys_whose_placement_moves_are_reconciled_when_masters_change() ->
     s, _ = synchroniser()
     before, after = frozenset({ME, A, B}), frozenset({ME, A})
     for i in range(200):
-        s._view[f"three-{i}"] = _Entry(b"", 0, 1, 3, True, (ME, A, B), SESSION)
-        s._view[f"one-{i}"] = _Entry(b"", 0, 1, 1, True, (B,), SESSION)
-    moved = set(s._placement_moved(before, after))
+        s.replicas.entries[f"three-{i}"] = Entry(b"", 0, 1, 3, True, (ME, A, B), SESSION)
+        s.replicas.entries[f"one-{i}"] = Entry(b"", 0, 1, 1, True, (B,), SESSION)
+    moved = set(s.replicas.placement_moved(before, after))
     # With three copies wanted, both remaining masters hold every key either way.
     assert not any(key.startswith("three-") for key in moved)
     # With one, the keys B held move to whichever of ME and A the placement now picks.
@@ -298,7 +238,7 @@ def test_dropping_a_copy_beyond_the_placement_keeps_a_version_committed_meanwhil
     state = BlobState(seq=1, size=len(v1), digest=digest_bytes(v1), acl=(), replication_factor=2,
                       creator="alice", created_at=0.0, updated_at=0.0, epoch=1, acked=True)
     listed = [f"{h}-1" for h in (ME, A, B)]
-    assert s._decide(key, state.encode(), SimpleNamespace(version=0), listed) is None
+    assert s.executor.settle(key, state.encode(), SimpleNamespace(version=0), listed) is None
     assert store.versions(key) == [2]
     assert b"".join(store.read(key, 2)) == v2
     assert zk.deleted == [f"/blobstore/{key}/{ME}-1"]
@@ -312,13 +252,13 @@ def test_a_read_older_than_the_leaders_own_commit_deletes_nothing(tmp_path: Path
     store = LocalStore(tmp_path / "store")
     old, new = b"AAAA", b"BBBB"
     s, zk = synchroniser(leader=True, store=store)
-    read_mark = s._commits  # the batch sends its reads
+    read_mark = s.replicas.commits  # the batch sends its reads
     store.install_many([("k", 1, new, len(new), digest_bytes(new))])
     s.registered("k", 1, SESSION, 1)  # the re-create's commit, under the key's lock
     stale = BlobState(seq=1, size=len(old), digest=digest_bytes(old), acl=(),
                       replication_factor=1, creator="alice", created_at=0.0, updated_at=0.0,
                       epoch=1, acked=True)
-    assert s._decide("k", stale.encode(), SimpleNamespace(version=3), [f"{ME}-1"],
+    assert s.executor.settle("k", stale.encode(), SimpleNamespace(version=3), [f"{ME}-1"],
                      read_mark=read_mark) is None
     assert b"".join(store.read("k", 1)) == new and zk.deleted == []
     assert s.queue.get_batch(10) == ["k"]  # looked at again, with a newer read
@@ -327,9 +267,9 @@ def test_a_read_older_than_the_leaders_own_commit_deletes_nothing(tmp_path: Path
     current = BlobState(seq=1, size=len(new), digest=digest_bytes(new), acl=(),
                         replication_factor=1, creator="alice", created_at=0.0, updated_at=0.0,
                         epoch=1, acked=True)
-    assert s._decide("k", current.encode(), SimpleNamespace(version=0), [f"{ME}-1"],
-                     read_mark=s._commits) is None
-    assert b"".join(store.read("k", 1)) == new and zk.deleted == [] and not s._commit_marks
+    assert s.executor.settle("k", current.encode(), SimpleNamespace(version=0), [f"{ME}-1"],
+                     read_mark=s.replicas.commits) is None
+    assert b"".join(store.read("k", 1)) == new and zk.deleted == [] and not s.replicas.commit_marks
 
 
 @pytest.mark.parametrize("ours", [True, False])
@@ -342,7 +282,7 @@ def test_a_copy_that_differs_from_zookeepers_record_goes_only_if_zookeeper_is_ou
     state = BlobState(seq=1, size=len(recorded), digest=digest_bytes(recorded), acl=(),
                       replication_factor=3, creator="alice", created_at=0.0, updated_at=0.0,
                       epoch=1, acked=True)
-    outcome = s._decide("k", state.encode(), SimpleNamespace(version=0), [f"{A}-1"])
+    outcome = s.executor.settle("k", state.encode(), SimpleNamespace(version=0), [f"{A}-1"])
     if ours:  # an earlier incarnation's copy: replaced by a fetch of the recorded one
         assert store.versions("k") == [] and outcome == (state, [A])
     else:  # a wiped or foreign ZooKeeper's record: our copy stays, and nothing is fetched
@@ -357,58 +297,58 @@ def test_a_fetch_is_not_installed_over_a_commit_made_while_it_ran(tmp_path: Path
     store = LocalStore(tmp_path / "store")
     old, new = b"AAAA", b"BBBB"
     s, _ = synchroniser(leader=True, store=store)
-    read_mark = s._commits
+    read_mark = s.replicas.commits
     stale = BlobState(seq=1, size=len(old), digest=digest_bytes(old), acl=(),
                       replication_factor=3, creator="alice", created_at=0.0, updated_at=0.0,
                       epoch=1, acked=True)
     store.install_many([("k", 1, new, len(new), digest_bytes(new))])
     s.registered("k", 1, SESSION, 1)
     other = replace(stale, seq=4)
-    failures = s._install_fetched([("k", stale, old), ("j", other, old)], read_mark)
+    failures = s.fetcher.install_fetched([("k", stale, old), ("j", other, old)], read_mark)
     assert list(failures) == ["k"] and isinstance(failures["k"], SyncDeferred)
     assert b"".join(store.read("k", 1)) == new
     assert b"".join(store.read("j", 4)) == old  # the rest of the batch is installed
 
 
-def periodic_synchroniser(period_secs: float, recursive: bool = False) -> Synchronizer:
-    """A synchroniser whose periodic thread can run: connected, alone, registered already."""
-    s = Synchronizer(
-        SimpleNamespace(state=KazooState.CONNECTED, add_listener=lambda f: None),  # type: ignore[arg-type]
-        store=SimpleNamespace(),  # type: ignore[arg-type]
-        identity=ME, peers=SimpleNamespace(),  # type: ignore[arg-type]
-        membership=SimpleNamespace(  # type: ignore[arg-type]
-            next_grace_expiry=lambda: None, refresh=lambda: None, known=lambda: {ME},
-            take_departed=set),
-        settings=SyncSettings(replica_grace_secs=1, delete_grace_secs=1, period_secs=period_secs,
-                              versions_retained=2, threads=1, periodic_keys_per_sec=200,
-                              recursive_watch=recursive),
-        is_leader=lambda: False, leader_duty=lambda key, view: False,
-        deletions_allowed=lambda: True, key_lock=lambda key: threading.RLock(),  # type: ignore[arg-type]
-    )
-    s.session_id = lambda: SESSION  # type: ignore[method-assign]
-    s._session = SESSION  # registered already: no re-registration to fake
-    return s
+class Intake:
+    """The change feed as the periodic thread sees it (blobha.sync.loop.Intake)."""
+
+    def __init__(self, all_keys: Any, recursive: bool = False, watch_tree: Any = None) -> None:
+        self.all_keys = all_keys
+        self.recursive = recursive
+        self.watch_tree = watch_tree or (lambda: None)
+
+    def recheck_replicas(self, keys: list[str]) -> None:
+        pass
+
+
+def periodic_loop(period_secs: float, feed: Intake, zk: Any = None,
+                  wake: Wake | None = None) -> SyncLoop:
+    """A loop whose periodic thread can run: connected, alone, registered already."""
+    membership = SimpleNamespace(next_grace_expiry=lambda: None, refresh=lambda: None,
+                                 known=lambda: {ME}, take_departed=set)
+    return SyncLoop(
+        zk or SimpleNamespace(state=KazooState.CONNECTED, client_id=(SESSION, b"")),
+        membership, settings(period_secs=period_secs), WorkQueue(),  # type: ignore[arg-type]
+        ReplicaView(ME, membership), feed, SimpleNamespace(handle=lambda keys: {}),  # type: ignore[arg-type]
+        wake or Wake(), session=SESSION)
 
 
 def test_the_periodic_pass_keeps_running_when_there_are_no_keys() -> None:
     # With no key anywhere the pass hands out nothing; its next start used to be left at
     # infinity, and the periodic thread died on its next wait (Event.wait overflows).
-    import threading
-
     from waiting import wait_until
 
-    s = periodic_synchroniser(period_secs=0.01)
     passes: list[float] = []
-    s._all_keys = lambda: passes.append(0.0) or []  # type: ignore[method-assign]
-    thread = threading.Thread(target=s._periodic, daemon=True)
+    loop = periodic_loop(0.01, Intake(lambda: passes.append(0.0) or []))
+    thread = threading.Thread(target=loop.periodic, daemon=True)
     thread.start()
     try:
         wait_until(lambda: len(passes) >= 5 or not thread.is_alive(), timeout=10,
                    what="periodic passes")
         assert thread.is_alive() and len(passes) >= 5
     finally:
-        s._stop.set()
-        s._kick.set()
+        loop.stop()
         thread.join(5)
 
 
@@ -419,26 +359,26 @@ def child_event(path: str = PATH) -> WatchedEvent:
 def test_a_registration_event_arms_the_watch_with_its_one_read_while_copies_are_still_due(
         ) -> None:
     s, zk = synchroniser()
-    s._view["k"] = entry([ME])  # one copy of three
+    s.replicas.entries["k"] = entry([ME])  # one copy of three
     zk.next_names = names(ME, A)
-    s._on_event(child_event())
+    s.feed.on_event(child_event())
     # One more copy still leaves the key short: the read that follows the change arms the
     # watch itself, and nothing reads the list a second time to re-arm it.
-    assert zk.watched_reads == [(PATH, s._watcher)]
-    assert s._view["k"].holders == (ME, A) and s.queue.depth() == 0
+    assert zk.watched_reads == [(PATH, s.feed.watcher)]
+    assert s.replicas.entries["k"].holders == (ME, A) and s.queue.depth() == 0
     # The last copy due: a plain read, which finds the key complete and leaves it alone.
     zk.next_names = names(ME, A, B)
-    s._on_event(child_event())
-    assert zk.watched_reads == [(PATH, s._watcher), (PATH, None)]
-    assert s._view["k"].holders == (ME, A, B) and s.queue.depth() == 0
+    s.feed.on_event(child_event())
+    assert zk.watched_reads == [(PATH, s.feed.watcher), (PATH, None)]
+    assert s.replicas.entries["k"].holders == (ME, A, B) and s.queue.depth() == 0
 
 
 def test_a_last_copy_that_does_not_complete_the_key_still_re_arms_its_watch() -> None:
     s, zk = synchroniser()
-    s._view["k"] = entry([ME, A])
+    s.replicas.entries["k"] = entry([ME, A])
     zk.next_names = names(ME, A)  # a change that was not a new copy (one went and came)
-    s._on_event(child_event())
-    assert zk.watched_reads == [(PATH, None), (PATH, s._watcher)]
+    s.feed.on_event(child_event())
+    assert zk.watched_reads == [(PATH, None), (PATH, s.feed.watcher)]
     assert s.queue.depth() == 0
 
 
@@ -447,12 +387,12 @@ def test_a_copy_registered_during_the_batch_costs_no_second_reconcile() -> None:
     # too. The read that arms the watch sees it: the figures follow, and with nothing left to
     # do here the key is not reconciled again.
     s, zk = synchroniser()
-    s._view["k"] = entry([ME])
+    s.replicas.entries["k"] = entry([ME])
     zk.next_names = names(ME, A)
     failures: dict[str, Exception] = {}
-    s._watch_replicas(["k"], failures)
-    assert zk.watched_reads == [(PATH, s._watcher)]
-    assert s._view["k"].holders == (ME, A)
+    s.feed.watch_replicas(["k"], failures)
+    assert zk.watched_reads == [(PATH, s.feed.watcher)]
+    assert s.replicas.entries["k"].holders == (ME, A)
     assert s.queue.depth() == 0 and not failures
 
 
@@ -461,15 +401,15 @@ def test_a_copy_registered_during_the_batch_costs_no_second_reconcile() -> None:
 def test_a_change_during_the_batch_that_leaves_work_here_queues_the_key(case: str) -> None:
     s, zk = synchroniser(leader=case.startswith("leader"))
     if case == "our copy lost":
-        s._view["k"] = entry([ME], registered=SESSION)
+        s.replicas.entries["k"] = entry([ME], registered=SESSION)
         zk.next_names = names(A)  # our copy's node is gone
     elif case == "chosen holder lacking the version":
-        s._view["k"] = entry([A], registered=0)  # a fetch deferred: no source yet
+        s.replicas.entries["k"] = entry([A], registered=0)  # a fetch deferred: no source yet
         zk.next_names = names(A, B)
     else:
-        s._view["k"] = entry([ME], acked=False)
+        s.replicas.entries["k"] = entry([ME], acked=False)
         zk.next_names = names(ME, A)  # enough copies, maybe, to acknowledge the write
-    s._watch_replicas(["k"], {})
+    s.feed.watch_replicas(["k"], {})
     assert s.queue.depth() == 1
 
 
@@ -498,15 +438,15 @@ def committed(key: str = "new", rf: int = 3, recursive: bool = False
 
 def test_the_reconcile_after_a_commit_arms_the_replica_watch_with_its_first_read() -> None:
     s, zk, _ = committed()
-    assert s._handle(["new"]) == {}
+    assert s.executor.handle(["new"]) == {}
     # One read of the list, which armed its watch; no second read to arm it.
-    assert zk.watched_reads == [("/blobstore/new", s._watcher)]
-    assert s._view["new"].holders == (ME,) and s._arming == {}
+    assert zk.watched_reads == [("/blobstore/new", s.feed.watcher)]
+    assert s.replicas.entries["new"].holders == (ME,) and s.replicas.flight.arming == {}
     # Only the reconcile right after the commit: a later one reads the list plainly (and,
     # the key being under-replicated, arms the watch with a second read, as before).
     zk.watched_reads.clear()
-    s._handle(["new"])
-    assert zk.watched_reads == [("/blobstore/new", None), ("/blobstore/new", s._watcher)]
+    s.executor.handle(["new"])
+    assert zk.watched_reads == [("/blobstore/new", None), ("/blobstore/new", s.feed.watcher)]
 
 
 def test_a_copy_registered_between_the_armed_read_and_its_reconcile_is_read_again() -> None:
@@ -521,64 +461,39 @@ def test_a_copy_registered_between_the_armed_read_and_its_reconcile_is_read_agai
         answer = read_list(p, watch)
         if len(zk.watched_reads) == 1:  # the armed read: A registers right after it
             zk.listed[p] = [f"{ME}-1", f"{A}-1"]
-            s._on_event(child_event(p))
+            s.feed.on_event(child_event(p))
         return answer
 
     zk.get_children_async = get_children_async  # type: ignore[method-assign]
-    assert s._handle(["new"]) == {}
-    assert s._view["new"].holders == (ME, A)
+    assert s.executor.handle(["new"]) == {}
+    assert s.replicas.entries["new"].holders == (ME, A)
     # The armed read; the event's (plain: the key had no entry yet, so the event also queued
     # it for another reconcile); the re-read after this reconcile, which re-arms the watch.
-    assert zk.watched_reads == [(path, s._watcher), (path, None), (path, s._watcher)]
+    assert zk.watched_reads == [(path, s.feed.watcher), (path, None), (path, s.feed.watcher)]
 
 
 def test_a_reconcile_long_after_the_commit_reads_the_list_plainly() -> None:
     # A backlog: by now every copy is likely in place, and a watch armed on a complete key
     # would stay there. The old path runs: a plain read, and no watch once complete.
     s, zk, _ = committed()
-    s._arm_on_read["new"] -= 10.0
+    s.replicas.flight.arm_on_read["new"] -= 10.0
     zk.listed["/blobstore/new"] = [f"{h}-1" for h in (ME, A, B)]
-    assert s._handle(["new"]) == {}
+    assert s.executor.handle(["new"]) == {}
     assert zk.watched_reads == [("/blobstore/new", None)]
 
 
 def test_a_commit_of_a_single_copy_arms_no_watch() -> None:
     s, zk, _ = committed(ONE_HERE, rf=1)
-    assert s._handle([ONE_HERE]) == {}
+    assert s.executor.handle([ONE_HERE]) == {}
     assert zk.watched_reads == [(f"/blobstore/{ONE_HERE}", None)]
 
 
 def test_a_key_deleted_before_its_reconcile_leaves_nothing_behind() -> None:
     s, zk, _ = committed()
     del zk.data["/blobstore/new"]  # deleted right after the commit
-    assert s._handle(["new"]) == {}
-    assert s._arm_on_read == {} and s._arming == {} and "new" not in s._view
-
-
-def test_a_leader_leaves_the_journal_unwatched_and_follows_it_again_once_deposed() -> None:
-    leading = [True]
-    s, zk = synchroniser(leader=leading)
-    zk.data[JOURNAL] = (JournalRecord(7, ("a", "b")).encode(), SimpleNamespace(mzxid=70))
-    journal_event = WatchedEvent(EventType.CHANGED, KazooState.CONNECTED, JOURNAL)
-    # The leader's own commit changed the journal: nothing is read, no watch re-armed.
-    s._on_journal(journal_event)
-    assert zk.data_reads == []
-    leading[0] = False
-    s.stepped_down()
-    # One read, re-arming the watch; its record is taken as any follower takes it.
-    assert zk.data_reads == [(JOURNAL, s._on_journal)]
-    assert s._journal_seen == 7
-    s.stepped_down()  # already followed: nothing more
-    assert len(zk.data_reads) == 1
-    # As a follower, every change of the journal is read at once.
-    s._on_journal(journal_event)
-    assert zk.data_reads == [(JOURNAL, s._on_journal)] * 2
-
-
-def test_a_step_down_with_the_journal_watch_armed_reads_nothing() -> None:
-    s, zk = synchroniser(leader=[False])
-    s.stepped_down()
-    assert zk.data_reads == []
+    assert s.executor.handle(["new"]) == {}
+    flight = s.replicas.flight
+    assert flight.arm_on_read == {} and flight.arming == {} and "new" not in s.replicas.entries
 
 
 def test_an_unreachable_zookeeper_is_reported_now_and_then_not_per_key(
@@ -588,79 +503,29 @@ def test_an_unreachable_zookeeper_is_reported_now_and_then_not_per_key(
     s, _ = synchroniser()
     keys = [f"k{i}" for i in range(500)]
     with caplog.at_level(logging.WARNING, logger="blobha.sync.synchronizer"):
-        s._after_batch(keys, dict.fromkeys(keys, ConnectionLoss()))
-        s._after_batch(keys[:10], dict.fromkeys(keys[:10], SessionExpiredError()))
+        s.loop.after_batch(keys, dict.fromkeys(keys, ConnectionLoss()))
+        s.loop.after_batch(keys[:10], dict.fromkeys(keys[:10], SessionExpiredError()))
         first = [r.getMessage() for r in caplog.records]
-        s._unreachable_reported -= UNREACHABLE_REPORT_SECS  # the interval has passed
-        s._after_batch(["k0"], {"k0": ConnectionLoss()})
+        s.loop.unreachable_reported -= UNREACHABLE_REPORT_SECS  # the interval has passed
+        s.loop.after_batch(["k0"], {"k0": ConnectionLoss()})
         second = [r.getMessage() for r in caplog.records][len(first):]
-        s._after_batch(["other"], {"other": BlobError("disk full")})
+        s.loop.after_batch(["other"], {"other": BlobError("disk full")})
         third = [r.getMessage() for r in caplog.records][len(first) + len(second):]
     assert len(first) == 1 and "500 key(s)" in first[0] and "(ConnectionLoss)" in first[0]
     # The ten failures within the interval come with the next report.
     assert len(second) == 1 and "11 key(s)" in second[0]
     # Every key is retried all the same, with its backoff counting each failure.
-    assert s._failures["k0"] == 3 and s._failures["k9"] == 2 and s._failures["k499"] == 1
+    failures = s.loop.failures
+    assert failures["k0"] == 3 and failures["k9"] == 2 and failures["k499"] == 1
     # Other errors are still reported per key, with what went wrong.
     assert len(third) == 1 and "'other'" in third[0] and "disk full" in third[0]
 
 
-# ---- the recursive watch on /blobstore ------------------------------------------------------
+# ---- the recursive watch on /blobstore (the change feed alone: test_sync_feed.py) -----------
 
 
 def tree_event(kind: str, path: str) -> WatchedEvent:
     return WatchedEvent(kind, KazooState.CONNECTED, path)
-
-
-def test_with_the_recursive_watch_a_key_node_event_queues_the_key() -> None:
-    s, zk = synchroniser(recursive=True)
-    for kind in (EventType.CREATED, EventType.CHANGED, EventType.DELETED):
-        s._on_tree(tree_event(kind, "/blobstore/k"))
-        assert s.queue.get_batch(10) == ["k"]
-        s.queue.done_many(["k"])
-    # Nothing read: the worker's reconcile reads the key.
-    assert zk.watched_reads == [] and zk.data_reads == []
-
-
-def test_the_leader_passes_over_the_creation_of_its_own_keys() -> None:
-    # Its commit queues the key itself; a second reconcile would cost two more reads.
-    s, _ = synchroniser(leader=True, recursive=True)
-    s._on_tree(tree_event(EventType.CREATED, "/blobstore/k"))
-    assert s.queue.depth() == 0
-    s._on_tree(tree_event(EventType.CHANGED, "/blobstore/k"))  # others still count
-    assert s.queue.depth() == 1
-
-
-def test_a_replica_event_changes_the_holders_without_a_read() -> None:
-    s, zk = synchroniser(recursive=True)
-    s._view["k"] = entry([ME])
-    s._on_tree(tree_event(EventType.CREATED, f"/blobstore/k/{A}-5"))
-    assert s._view["k"].holders == (ME, A)
-    s._on_tree(tree_event(EventType.CREATED, f"/blobstore/k/{B}-5"))
-    assert s._view["k"].holders == (ME, A, B)
-    s._on_tree(tree_event(EventType.DELETED, f"/blobstore/k/{A}-5"))
-    assert s._view["k"].holders == (ME, B)
-    # Another version's nodes, deeper paths and changes of a node's data are not holders.
-    s._on_tree(tree_event(EventType.CREATED, f"/blobstore/k/{A}-4"))
-    s._on_tree(tree_event(EventType.CHANGED, f"/blobstore/k/{A}-5"))
-    s._on_tree(tree_event(EventType.CREATED, f"/blobstore/k/{A}-5/x"))
-    assert s._view["k"].holders == (ME, B)
-    assert zk.watched_reads == [] and zk.data_reads == [] and s.queue.depth() == 0
-
-
-@pytest.mark.parametrize("case", [
-    "leader, unacknowledged",
-    "our copy lost",
-])
-def test_a_replica_event_that_leaves_this_master_work_queues_the_key(case: str) -> None:
-    s, zk = synchroniser(leader=case.startswith("leader"), recursive=True)
-    if case == "our copy lost":
-        s._view["k"] = entry([ME, A])
-        s._on_tree(tree_event(EventType.DELETED, f"/blobstore/k/{ME}-5"))
-    else:
-        s._view["k"] = entry([ME], acked=False)
-        s._on_tree(tree_event(EventType.CREATED, f"/blobstore/k/{A}-5"))
-    assert s.queue.depth() == 1 and zk.watched_reads == []
 
 
 def test_events_that_come_while_the_key_is_read_are_replayed_onto_what_the_read_found(
@@ -675,13 +540,13 @@ def test_events_that_come_while_the_key_is_read_are_replayed_onto_what_the_read_
         answer = read_list(p, watch)
         for kind, holder in ((EventType.CREATED, A), (EventType.CREATED, B),
                              (EventType.DELETED, A)):
-            s._on_tree(tree_event(kind, f"{p}/{holder}-1"))
+            s.feed.on_tree(tree_event(kind, f"{p}/{holder}-1"))
         return answer
 
     zk.get_children_async = get_children_async  # type: ignore[method-assign]
-    assert s._handle(["new"]) == {}
-    assert s._view["new"].holders == (ME, B)
-    assert s._reading == {}
+    assert s.executor.handle(["new"]) == {}
+    assert s.replicas.entries["new"].holders == (ME, B)
+    assert s.replicas.flight.reading == {}
     # Reads without watches: the recursive watch needs none.
     assert zk.watched_reads == [("/blobstore/new", None)]
     assert zk.data_reads == [("/blobstore/new", None)]
@@ -697,12 +562,12 @@ def test_a_change_replayed_after_the_read_that_leaves_work_queues_the_key() -> N
 
     def get_children_async(p: str, watch: Any = None) -> Answer:
         answer = read_list(p, watch)
-        s._on_tree(tree_event(EventType.CREATED, f"{p}/{A}-1"))
+        s.feed.on_tree(tree_event(EventType.CREATED, f"{p}/{A}-1"))
         return answer
 
     zk.get_children_async = get_children_async  # type: ignore[method-assign]
-    assert s._handle(["new"]) == {}
-    assert s._view["new"].holders == (ME, A)
+    assert s.executor.handle(["new"]) == {}
+    assert s.replicas.entries["new"].holders == (ME, A)
     assert s.queue.get_batch(10) == ["new"]
 
 
@@ -710,9 +575,10 @@ def test_a_multi_read_answered_short_fails_only_its_keys() -> None:
     s, zk, _ = committed(recursive=True)
     zk._call = lambda request, result: setattr(  # type: ignore[method-assign]
         result, "get", Answer([]).get)
-    failures = s._handle(["new"])
+    failures = s.executor.handle(["new"])
     assert list(failures) == ["new"] and "came back with 0 answers" in str(failures["new"])
-    assert s._multi_read  # a bad answer is not a refusal: the next batch asks the same way
+    # A bad answer is not a refusal: the next batch asks the same way.
+    assert s.executor.reader.multi_read
 
 
 def test_a_server_that_refuses_multi_read_gets_one_read_per_request() -> None:
@@ -721,15 +587,15 @@ def test_a_server_that_refuses_multi_read_gets_one_read_per_request() -> None:
     s, zk, _ = committed(recursive=True)
     zk._call = lambda request, result: setattr(  # type: ignore[method-assign]
         result, "get", Answer(UnimplementedError()).get)
-    assert s._handle(["new"]) == {}
-    assert not s._multi_read
+    assert s.executor.handle(["new"]) == {}
+    assert not s.executor.reader.multi_read
     assert zk.data_reads == [("/blobstore/new", None)]  # read again, on its own
 
 
 def test_with_the_recursive_watch_a_commit_arms_nothing() -> None:
     s, zk, _ = committed(recursive=True)
-    assert s._arm_on_read == {}
-    assert s._handle(["new"]) == {}
+    assert s.replicas.flight.arm_on_read == {}
+    assert s.executor.handle(["new"]) == {}
     assert zk.watched_reads == [("/blobstore/new", None)]
 
 
@@ -737,24 +603,16 @@ def test_with_the_recursive_watch_departures_read_no_list() -> None:
     # Each of the departed master's replica nodes is deleted with its session, and each
     # deletion comes as an event.
     s, _ = synchroniser(recursive=True)
-    s._view["k"] = entry([ME, A, B])
-    assert s._follow_membership(frozenset({ME, A, B}), frozenset({ME, A, B}), {B}) == []
+    s.replicas.entries["k"] = entry([ME, A, B])
+    assert s.loop.follow_membership(frozenset({ME, A, B}), frozenset({ME, A, B}), {B}) == []
     s_old, _ = synchroniser()
-    s_old._view["k"] = entry([ME, A, B])
-    assert s_old._follow_membership(frozenset({ME, A, B}), frozenset({ME, A, B}), {B}) == ["k"]
-
-
-def test_a_leader_stepping_down_lists_the_keys_once() -> None:
-    # Events of keys the next leader created may have come while this master still led.
-    s, zk = synchroniser(leader=[False], recursive=True)
-    s.stepped_down()
-    assert s.queue.get_batch(10) == [""]  # the listing
-    assert zk.data_reads == []  # the journal plays no part
+    s_old.replicas.entries["k"] = entry([ME, A, B])
+    assert s_old.loop.follow_membership(frozenset({ME, A, B}), frozenset({ME, A, B}), {B}) == ["k"]
 
 
 def test_the_recursive_watch_falls_back_to_the_journal_when_zookeeper_refuses_it(
         monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
-    from blobha.sync import synchronizer as sync_module
+    from blobha.sync import feed as feed_module
     from kazoo.exceptions import NoAuthError, UnimplementedError
 
     answers: list[Exception] = [ConnectionLoss(), NoAuthError(), UnimplementedError()]
@@ -762,21 +620,21 @@ def test_the_recursive_watch_falls_back_to_the_journal_when_zookeeper_refuses_it
     def refuse(*args: Any, **kwargs: Any) -> None:
         raise answers.pop(0)
 
-    monkeypatch.setattr(sync_module, "add_recursive_watch", refuse)
+    monkeypatch.setattr(feed_module, "add_recursive_watch", refuse)
     s, zk = synchroniser(recursive=True)
     with pytest.raises(ConnectionLoss):  # not the server's answer: tried again
-        s._watch_tree()
+        s.feed.watch_tree()
     with pytest.raises(NoAuthError):  # nor any answer but "unimplemented"
-        s._watch_tree()
-    assert s._recursive
+        s.feed.watch_tree()
+    assert s.feed.recursive
     with caplog.at_level(logging.WARNING):
-        s._watch_tree()
-    assert not s._recursive
+        s.feed.watch_tree()
+    assert not s.feed.recursive
     assert "ZooKeeper 3.6 or later" in caplog.text
     # From now on reads arm the one-shot watches, and a full reconcile reads the journal.
     zk.data[PATH] = NoNodeError()
-    s._read_many(["k"], set())
-    assert zk.data_reads == [(PATH, s._watcher)]
+    s.executor.reader.read_many(["k"], set())
+    assert zk.data_reads == [(PATH, s.feed.watcher)]
 
 
 def test_a_copy_registered_while_this_master_fetches_the_key_sends_it_round_no_more() -> None:
@@ -785,39 +643,37 @@ def test_a_copy_registered_while_this_master_fetches_the_key_sends_it_round_no_m
     # marks it, and the batch's end decides: here the follower registered its own copy by
     # then, and nothing is left to do.
     s, zk = synchroniser(recursive=True)
-    s._view["k"] = entry([A], registered=0)
-    s._on_tree(tree_event(EventType.CREATED, f"/blobstore/k/{B}-5"))
+    s.replicas.entries["k"] = entry([A], registered=0)
+    s.feed.on_tree(tree_event(EventType.CREATED, f"/blobstore/k/{B}-5"))
     assert s.queue.get_batch(10) == ["k"]
     s.queue.done_many(["k"])
-    s._view["k"] = entry([A], registered=0)
-    s._batch_moved["k"] = False  # a worker's batch has the key
-    s._on_tree(tree_event(EventType.CREATED, f"/blobstore/k/{B}-5"))
-    assert s.queue.depth() == 0 and s._batch_moved["k"]
-    s._registered("k", 5, SESSION)  # the batch installed and registered its copy
-    s._act_on_moved(["k"])
+    s.replicas.entries["k"] = entry([A], registered=0)
+    s.replicas.flight.batch_moved["k"] = False  # a worker's batch has the key
+    s.feed.on_tree(tree_event(EventType.CREATED, f"/blobstore/k/{B}-5"))
+    assert s.queue.depth() == 0 and s.replicas.flight.batch_moved["k"]
+    s.replicas.registered("k", 5, SESSION)  # the batch installed and registered its copy
+    s.executor.act_on_moved(["k"])
     assert s.queue.depth() == 0
-    assert s._view["k"].holders == (ME, A, B) and zk.watched_reads == []
+    assert s.replicas.entries["k"].holders == (ME, A, B) and zk.watched_reads == []
 
 
 def test_a_reconnect_while_the_watch_is_added_brings_another_full_pass() -> None:
     # The watch went to a connection that dropped right after: the reconnect's request for a
     # full pass must survive the pass under way, so that the next one adds the watch again.
-    import threading
-
     from waiting import wait_until
 
-    s = periodic_synchroniser(period_secs=3600, recursive=True)
+    s, _ = synchroniser(recursive=True)  # its change feed tells the reconnect
     steps: list[str] = []
 
     def watch_tree() -> None:
         steps.append("watch")
         if len(steps) == 1:
-            s._on_state(KazooState.CONNECTED)  # the connection dropped and came back
+            s.feed.on_state(KazooState.CONNECTED)  # the connection dropped and came back
 
-    s._watch_tree = watch_tree  # type: ignore[method-assign]
-    s._all_keys = lambda: steps.append("list") or []  # type: ignore[method-assign]
-    s._full_requested = True
-    thread = threading.Thread(target=s._periodic, daemon=True)
+    loop = periodic_loop(3600, Intake(lambda: steps.append("list") or [], recursive=True,
+                                      watch_tree=watch_tree), wake=s.wake)
+    s.wake.full_requested = True
+    thread = threading.Thread(target=loop.periodic, daemon=True)
     thread.start()
     try:
         wait_until(lambda: len(steps) >= 4 or not thread.is_alive(), timeout=10,
@@ -825,8 +681,7 @@ def test_a_reconnect_while_the_watch_is_added_brings_another_full_pass() -> None
         # Each pass adds the watch before it lists anything.
         assert steps[:4] == ["watch", "list", "watch", "list"]
     finally:
-        s._stop.set()
-        s._kick.set()
+        loop.stop()
         thread.join(5)
 
 
@@ -840,13 +695,14 @@ def test_replayed_events_the_read_already_saw_change_nothing() -> None:
     def get_children_async(p: str, watch: Any = None) -> Answer:
         for kind, holder in ((EventType.CREATED, A), (EventType.DELETED, B),
                              (EventType.CREATED, B)):
-            s._on_tree(tree_event(kind, f"{p}/{holder}-1"))
+            s.feed.on_tree(tree_event(kind, f"{p}/{holder}-1"))
         return read_list(p, watch)
 
     zk.get_children_async = get_children_async  # type: ignore[method-assign]
-    assert s._handle(["new"]) == {}
-    assert s._view["new"].holders == (ME, A, B)
-    assert s.queue.depth() == 0 and s._batch_moved == {} and s._reading == {}
+    assert s.executor.handle(["new"]) == {}
+    assert s.replicas.entries["new"].holders == (ME, A, B)
+    flight = s.replicas.flight
+    assert s.queue.depth() == 0 and flight.batch_moved == {} and flight.reading == {}
 
 
 def test_a_version_above_the_committed_one_is_judged_again_under_the_key_lock(
@@ -857,8 +713,7 @@ def test_a_version_above_the_committed_one_is_judged_again_under_the_key_lock(
     # on the v5 read, v6 looked like debris and was deleted, though committed.
     store = LocalStore(tmp_path / "s")
     store.install_many([("k", 6, b"new", 3, digest_bytes(b"new"))])
-    s, zk = synchroniser(leader=False, store=store)
-    s._key_lock = store.key_lock
+    s, zk = synchroniser(leader=False, store=store, key_lock=store.key_lock)
 
     def committed(seq: int) -> Any:
         state = BlobState(seq=seq, size=3, digest=digest_bytes(b"new"), acl=(),
@@ -867,11 +722,11 @@ def test_a_version_above_the_committed_one_is_judged_again_under_the_key_lock(
         return lambda path: (state.encode(), SimpleNamespace(version=1))
 
     zk.get = committed(6)  # type: ignore[attr-defined]
-    s._prune("k", 5)
+    s.executor.prune("k", 5)
     assert store.versions("k") == [6]
     # Still above the committed version once the lock is held: debris, removed.
     zk.get = committed(5)  # type: ignore[attr-defined]
-    s._prune("k", 5)
+    s.executor.prune("k", 5)
     assert store.versions("k") == []
 
 
@@ -884,16 +739,17 @@ def test_a_delete_refused_for_the_cluster_identity_waits_a_full_grace_afterwards
 
     store = LocalStore(tmp_path / "s")
     store.install_many([("k", 1, b"x", 1, digest_bytes(b"x"))])
-    s, zk = synchroniser(store=store)
-    s._key_lock = store.key_lock
-    zk.exists = lambda path: None  # type: ignore[attr-defined]
     identity_back = [False]
-    s._deletions_allowed = lambda: identity_back[0]
-    s._deleted_since["k"] = time.monotonic() - 3600  # gone since the wipe, long ago
-    s._key_gone("k")
+    s, zk = synchroniser(store=store, key_lock=store.key_lock, ours=lambda: identity_back[0],
+                         delete_grace_secs=0.2)
+    zk.exists = lambda path: None  # type: ignore[attr-defined]
+    s.executor.key_gone("k")  # found gone (the wipe): its grace starts
+    assert store.versions("k") == [1] and s.queue.depth() == 1
+    time.sleep(0.25)  # the grace passes while ZooKeeper holds no cluster identity
+    s.executor.key_gone("k")
     assert store.versions("k") == [1]
     identity_back[0] = True
-    s._key_gone("k")
+    s.executor.key_gone("k")
     assert store.versions("k") == [1]  # its grace starts now
 
 
@@ -906,21 +762,21 @@ def test_a_copy_fetched_across_a_delete_is_not_registered() -> None:
     old = BlobState(seq=1, size=4, digest=digest_bytes(b"OLD!"), acl=(), replication_factor=3,
                     creator="alice", created_at=1.0, updated_at=1.0, epoch=1, acked=True)
     registered: list[tuple[str, int]] = []
-    s._read_many = lambda keys, armed, listless: {"k": (old, (A,)), "j": (old, (A,))}  # type: ignore[method-assign,assignment,return-value]
-    s._decide = lambda key, state, holders, read_mark, from_events: (state, list(holders))  # type: ignore[method-assign,assignment,misc]
+    s.executor.reader.read_many = lambda keys, armed, listless: {"k": (old, (A,)), "j": (old, (A,))}  # type: ignore[method-assign,assignment,return-value]
+    s.executor.settle = lambda key, state, holders, read_mark, from_events: (state, list(holders))  # type: ignore[method-assign,assignment,misc]
 
     def fetch_all(to_fetch: Any, failures: Any, read_mark: int) -> Any:
-        s._on_tree(tree_event(EventType.DELETED, "/blobstore/k"))  # during the fetch
+        s.feed.on_tree(tree_event(EventType.DELETED, "/blobstore/k"))  # during the fetch
         return [], [("k", 1), ("j", 1)], set()
 
-    s._fetch_all = fetch_all  # type: ignore[method-assign]
-    s._register_many = lambda items: registered.extend(items) or {}  # type: ignore[method-assign,func-returns-value]
-    s._prune = lambda key, seq: None  # type: ignore[method-assign]
-    failures = s._reconcile(["k", "j"], set(), {})
+    s.fetcher.fetch_all = fetch_all  # type: ignore[method-assign]
+    s.registry.register_many = lambda items: registered.extend(items) or {}  # type: ignore[method-assign,func-returns-value]
+    s.executor.prune = lambda key, seq: None  # type: ignore[method-assign]
+    failures = s.executor.reconcile(["k", "j"], set(), {})
     assert registered == [("j", 1)]
     assert isinstance(failures["k"], SyncDeferred) and "j" not in failures
     assert s.queue.get_batch(10) == ["k"]  # the deletion's event sends it round again
-    assert not s._deleted_in_batch  # nothing kept past the batch
+    assert not s.replicas.flight.deleted_in_batch  # nothing kept past the batch
 
 
 def test_a_deletion_seen_only_once_the_copy_was_registered_takes_the_registration_back() -> None:
@@ -929,17 +785,17 @@ def test_a_deletion_seen_only_once_the_copy_was_registered_takes_the_registratio
     s, zk = synchroniser(recursive=True)
     old = BlobState(seq=1, size=4, digest=digest_bytes(b"OLD!"), acl=(), replication_factor=3,
                     creator="alice", created_at=1.0, updated_at=1.0, epoch=1, acked=True)
-    s._read_many = lambda keys, armed, listless: {"k": (old, (A,)), "j": (old, (A,))}  # type: ignore[method-assign,assignment,return-value]
-    s._decide = lambda key, state, holders, read_mark, from_events: (state, list(holders))  # type: ignore[method-assign,assignment,misc]
-    s._fetch_all = lambda to_fetch, failures, read_mark: ([], [("k", 1), ("j", 1)], set())  # type: ignore[method-assign,assignment,return-value]
+    s.executor.reader.read_many = lambda keys, armed, listless: {"k": (old, (A,)), "j": (old, (A,))}  # type: ignore[method-assign,assignment,return-value]
+    s.executor.settle = lambda key, state, holders, read_mark, from_events: (state, list(holders))  # type: ignore[method-assign,assignment,misc]
+    s.fetcher.fetch_all = lambda to_fetch, failures, read_mark: ([], [("k", 1), ("j", 1)], set())  # type: ignore[method-assign,assignment,return-value]
 
     def register_many(items: list[tuple[str, int]]) -> dict[str, Exception]:
-        s._on_tree(tree_event(EventType.DELETED, "/blobstore/k"))  # before the answers
+        s.feed.on_tree(tree_event(EventType.DELETED, "/blobstore/k"))  # before the answers
         return {}
 
-    s._register_many = register_many  # type: ignore[method-assign]
-    s._prune = lambda key, seq: None  # type: ignore[method-assign]
-    failures = s._reconcile(["k", "j"], set(), {})
+    s.registry.register_many = register_many  # type: ignore[method-assign]
+    s.executor.prune = lambda key, seq: None  # type: ignore[method-assign]
+    failures = s.executor.reconcile(["k", "j"], set(), {})
     assert zk.deleted == [f"/blobstore/k/{ME}-1"]
     assert isinstance(failures["k"], SyncDeferred) and "j" not in failures
 
@@ -968,12 +824,9 @@ def test_a_full_pass_that_fails_during_a_paced_pass_neither_ends_the_thread_nor_
                 self.looks_while_down += 1
             return KazooState.CONNECTED if self.up else KazooState.SUSPENDED
 
-        def add_listener(self, f: Any) -> None:
-            pass
+        client_id = (SESSION, b"")
 
-    s = periodic_synchroniser(period_secs=0.01)
     zk = Connection()
-    s.zk = zk  # type: ignore[assignment]
     listings: list[str] = []
 
     def all_keys() -> list[str]:
@@ -984,13 +837,13 @@ def test_a_full_pass_that_fails_during_a_paced_pass_neither_ends_the_thread_nor_
         listings.append("listed")
         return [f"k{i}" for i in range(10_000)]  # paced out over about 50 s
 
-    s._all_keys = all_keys  # type: ignore[method-assign]
-    s._full_requested = False
-    thread = threading.Thread(target=s._periodic, daemon=True)
+    wake = Wake()
+    loop = periodic_loop(0.01, Intake(all_keys), zk=zk, wake=wake)
+    thread = threading.Thread(target=loop.periodic, daemon=True)
     thread.start()
     try:
         wait_until(lambda: listings == ["listed"], timeout=10, what="the paced pass begun")
-        s.request_full_reconcile()
+        wake.ask_full()  # what Synchronizer.request_full_reconcile asks
         wait_until(lambda: len(listings) == 2, timeout=10, what="the full pass tried")
         # Past the 1 s pause after the failure, the connection still down: the thread looks
         # again and again (every period), where it used to die at its second look.
@@ -1003,8 +856,7 @@ def test_a_full_pass_that_fails_during_a_paced_pass_neither_ends_the_thread_nor_
                    what="the full pass made again")
         assert thread.is_alive() and listings[:3] == ["listed", "failed", "listed"]
     finally:
-        s._stop.set()
-        s._kick.set()
+        loop.stop()
         thread.join(5)
 
 
@@ -1017,12 +869,12 @@ def test_concurrent_status_checks_share_one_pass_over_the_keys(
     from waiting import wait_until
 
     s, _ = synchroniser()
-    s._view["k"] = entry([A, B])
-    s._view["k2"] = entry([A])
+    s.replicas.entries["k"] = entry([A, B])
+    s.replicas.entries["k2"] = entry([A])
     passes: list[int] = []
     first_inside = threading.Event()
     release = threading.Event()
-    real_count = s._count
+    real_count = s.replicas.count
 
     def count(entries: list[tuple[str, Any]], known: frozenset[str]) -> tuple[int, int]:
         passes.append(len(passes))
@@ -1031,7 +883,7 @@ def test_concurrent_status_checks_share_one_pass_over_the_keys(
             assert release.wait(30)
         return real_count(entries, known)
 
-    monkeypatch.setattr(s, "_count", count)
+    monkeypatch.setattr(s.replicas, "count", count)
 
     class CountingLock:
         def __init__(self) -> None:
@@ -1047,7 +899,7 @@ def test_concurrent_status_checks_share_one_pass_over_the_keys(
             self.lock.release()
 
     gate = CountingLock()
-    s._figures_lock = gate  # type: ignore[assignment]
+    s.replicas.figures_lock = gate  # type: ignore[assignment]
     results: dict[str, tuple[int, int, int]] = {}
 
     def ask(name: str) -> None:
@@ -1056,9 +908,9 @@ def test_concurrent_status_checks_share_one_pass_over_the_keys(
     first = threading.Thread(target=ask, args=("first",))
     first.start()
     assert first_inside.wait(30)
-    with s._view_lock:  # a write lands while the first pass runs
-        s._view["k3"] = entry([A, B])
-        s._generation += 1
+    with s.replicas.lock:  # a write lands while the first pass runs
+        s.replicas.entries["k3"] = entry([A, B])
+        s.replicas.generation += 1
     later = [threading.Thread(target=ask, args=(f"later-{i}",)) for i in range(3)]
     for t in later:
         t.start()
@@ -1077,29 +929,28 @@ def test_a_status_pass_hashes_only_the_keys_whose_placement_it_has_not_decided(
     # Where there are more masters than copies, a key this master lacks needs the placement's
     # hash to tell whether it should hold it; under writes every status check is a new pass,
     # and each hashed every such key again (0.2 s at 100,000 keys on five masters).
-    from blobha.sync import synchronizer as sync_mod
+    from blobha.sync import view as view_mod
 
-    s, _ = synchroniser()
     c, d = "10.0.0.4:6627", "10.0.0.5:6627"
     known = {ME, A, B, c, d}
-    s.membership = SimpleNamespace(known=lambda: known)  # type: ignore[assignment]
-    real_chosen = sync_mod._chosen
+    s, _ = synchroniser(membership=SimpleNamespace(known=lambda: known))
+    real_chosen = view_mod.chosen
     hashed: list[str] = []
 
     def chosen(me: str, key: str, rf: int, masters: Any) -> bool:
         hashed.append(key)
         return real_chosen(me, key, rf, masters)
 
-    monkeypatch.setattr(sync_mod, "_chosen", chosen)
+    monkeypatch.setattr(view_mod, "chosen", chosen)
 
     def put(key: str, holders: list[str], rf: int = 3) -> None:
-        with s._view_lock:
-            s._view[key] = _Entry(b"", 0, 5, rf, True, _holders([f"{h}-5" for h in holders], 5),
-                                  SESSION)
-            s._generation += 1
+        with s.replicas.lock:
+            s.replicas.entries[key] = Entry(b"", 0, 5, rf, True,
+                                            holders_of([f"{h}-5" for h in holders], 5), SESSION)
+            s.replicas.generation += 1
 
     def expected() -> tuple[int, int, int]:
-        view = list(s._view.items())
+        view = list(s.replicas.entries.items())
         return (len(view), sum(len(e.holders) < e.rf for _, e in view),
                 sum(ME not in e.holders and ME in placement.choose(k, known, e.rf)
                     for k, e in view))
@@ -1117,13 +968,13 @@ def test_a_status_pass_hashes_only_the_keys_whose_placement_it_has_not_decided(
     assert s.figures() == expected() and hashed == ["k1"]
     hashed.clear()
     known = {ME, A, B, c}  # the membership changed: every key lacking here is decided again
-    s._generation += 1
+    s.replicas.generation += 1
     assert s.figures() == expected() and len(hashed) == 61
     hashed.clear()
-    with s._view_lock:  # a deleted key's decision goes with it
-        del s._view["new"]
-        s._generation += 1
-    assert s.figures() == expected() and hashed == [] and "new" not in s._placed
+    with s.replicas.lock:  # a deleted key's decision goes with it
+        del s.replicas.entries["new"]
+        s.replicas.generation += 1
+    assert s.figures() == expected() and hashed == [] and "new" not in s.replicas.placed()
 
 
 # ---- a key the leader's commit creates ------------------------------------------------------
@@ -1143,19 +994,19 @@ def test_a_key_created_by_the_leaders_commit_gets_its_entry_from_the_commit() ->
     state = _new_key()
     s.creating(["new"])
     for kind, holder in ((EventType.CREATED, ME), (EventType.CREATED, A)):
-        s._on_tree(tree_event(kind, f"/blobstore/new/{holder}-1"))
+        s.feed.on_tree(tree_event(kind, f"/blobstore/new/{holder}-1"))
     s.registered("new", 1, SESSION, 3, state, state.encode())
     s.created(["new"])
     s.follow("new", 1)
     view = s.view("new")
     assert view is not None and view.state.seq == 1 and view.state.digest == state.digest
-    assert view.holders == (ME, A) and s._view["new"].registered == SESSION
-    assert s.queue.depth() == 0 and s._born == {} and s._made_here == {}
-    assert s._commit_marks == {}  # no batch was reading it: nothing left to guard
+    assert view.holders == (ME, A) and s.replicas.entries["new"].registered == SESSION
+    assert s.queue.depth() == 0 and s.replicas.flight.born == {} and s.replicas.made_here == {}
+    assert s.replicas.commit_marks == {}  # no batch was reading it: nothing left to guard
     assert zk.data_reads == [] and zk.watched_reads == []
     # Later registrations reach the entry as for any key.
-    s._on_tree(tree_event(EventType.CREATED, f"/blobstore/new/{B}-1"))
-    assert s._view["new"].holders == (ME, A, B)
+    s.feed.on_tree(tree_event(EventType.CREATED, f"/blobstore/new/{B}-1"))
+    assert s.replicas.entries["new"].holders == (ME, A, B)
 
 
 @pytest.mark.parametrize("case", ["update", "not announced", "known already", "one-shot",
@@ -1164,25 +1015,25 @@ def test_any_other_commit_is_followed_by_a_reconcile(case: str) -> None:
     s, _ = synchroniser(leader=True, recursive=case != "one-shot")
     state = _new_key()
     if case == "known already":
-        s._view["new"] = entry([ME])
+        s.replicas.entries["new"] = entry([ME])
     if case != "not announced":
         s.creating(["new"])
     if case == "reconnected meanwhile":
-        s._on_state(KazooState.SUSPENDED)  # events of the commit's time may be lost
+        s.feed.on_state(KazooState.SUSPENDED)  # events of the commit's time may be lost
     made = None if case == "update" else state
     s.registered("new", 1, SESSION, 3, made, state.encode())
     s.created(["new"])
     s.follow("new", 1)
     assert s.queue.get_batch(10) == ["new"]
-    assert s._born == {} and s._made_here == {}
+    assert s.replicas.flight.born == {} and s.replicas.made_here == {}
 
 
 def test_a_commit_that_fails_leaves_nothing_held() -> None:
     s, _ = synchroniser(leader=True, recursive=True)
     s.creating(["new"])
-    s._on_tree(tree_event(EventType.CREATED, f"/blobstore/new/{A}-1"))
+    s.feed.on_tree(tree_event(EventType.CREATED, f"/blobstore/new/{A}-1"))
     s.created(["new"])  # never registered: the commit failed
-    assert s._born == {} and "new" not in s._view
+    assert s.replicas.flight.born == {} and "new" not in s.replicas.entries
 
 
 # ---- a key whose creation a follower saw ----------------------------------------------------
@@ -1202,12 +1053,12 @@ def _follower_seeing_a_creation() -> tuple[Synchronizer, FakeZk, list[Any]]:
         fetched.extend((key, tuple(holders)) for key, _, holders in to_fetch)
         return [], [], set()
 
-    s._fetch_all = fetch_all  # type: ignore[method-assign]
-    s._register_many = lambda items: {}  # type: ignore[method-assign]
-    s._prune = lambda key, seq: None  # type: ignore[method-assign]
-    s._on_tree(tree_event(EventType.CREATED, "/blobstore/new"))
-    s._on_tree(tree_event(EventType.CREATED, f"/blobstore/new/{A}-1"))
-    s._on_tree(tree_event(EventType.CREATED, f"/blobstore/new/{B}-1"))
+    s.fetcher.fetch_all = fetch_all  # type: ignore[method-assign]
+    s.registry.register_many = lambda items: {}  # type: ignore[method-assign]
+    s.executor.prune = lambda key, seq: None  # type: ignore[method-assign]
+    s.feed.on_tree(tree_event(EventType.CREATED, "/blobstore/new"))
+    s.feed.on_tree(tree_event(EventType.CREATED, f"/blobstore/new/{A}-1"))
+    s.feed.on_tree(tree_event(EventType.CREATED, f"/blobstore/new/{B}-1"))
     return s, zk, fetched
 
 
@@ -1215,12 +1066,12 @@ def test_a_follower_that_saw_a_key_created_reads_its_node_but_not_its_list() -> 
     # The events since the creation are the whole list: one read per key instead of two.
     s, zk, fetched = _follower_seeing_a_creation()
     assert s.queue.get_batch(10) == ["new"]
-    assert s._handle(["new"]) == {}
+    assert s.executor.handle(["new"]) == {}
     assert zk.data_reads == [("/blobstore/new", None)] and zk.watched_reads == []
-    assert s._view["new"].holders == (A, B) and fetched == [("new", (A, B))]
-    assert s._born == {} and s._reading == {}
+    assert s.replicas.entries["new"].holders == (A, B) and fetched == [("new", (A, B))]
+    assert s.replicas.flight.born == {} and s.replicas.flight.reading == {}
     # The next reconcile of the key reads its list as any other.
-    s._handle(["new"])
+    s.executor.handle(["new"])
     assert zk.watched_reads == [("/blobstore/new", None)]
 
 
@@ -1228,11 +1079,11 @@ def test_a_follower_that_saw_a_key_created_reads_its_node_but_not_its_list() -> 
 def test_creation_events_are_trusted_only_while_nothing_could_be_missed(case: str) -> None:
     s, zk, _ = _follower_seeing_a_creation()
     if case == "reconnected":
-        s._on_state(KazooState.SUSPENDED)  # events may be lost until the next full pass
+        s.feed.on_state(KazooState.SUSPENDED)  # events may be lost until the next full pass
     else:
-        s._on_tree(tree_event(EventType.DELETED, "/blobstore/new"))
-    assert s._born == {}
+        s.feed.on_tree(tree_event(EventType.DELETED, "/blobstore/new"))
+    assert s.replicas.flight.born == {}
     zk.listed["/blobstore/new"] = [f"{A}-1"]
-    s._handle(["new"])
+    s.executor.handle(["new"])
     assert zk.watched_reads == [("/blobstore/new", None)]  # the list is read
-    assert s._view["new"].holders == (A,)
+    assert s.replicas.entries["new"].holders == (A,)
