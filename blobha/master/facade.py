@@ -43,7 +43,7 @@ from blobha.master.repairs import Repairs
 from blobha.master.rules import Authority, CommitOutcomeUnknown, PutRequest
 from blobha.master.scrub import Scrubber
 from blobha.master.settings import MasterSettings
-from blobha.master.summary import ClusterView, StatusSummary
+from blobha.master.summary import StatusSummary
 from blobha.master.uploads import UploadManager
 from blobha.master.waits import ReplicationWaits
 from blobha.master.writes import Writes
@@ -59,14 +59,14 @@ from blobha.sync import (
 from blobha.sync.peers import Peers
 from blobha.wire.credentials import Credentials
 from blobha.wire.dataplane import DataOffer
-from blobha.wire.status import MasterSummary, ReplicationStatus
+from blobha.wire.status import ClusterSummary, MasterSummary, ReplicationStatus
 from blobha.wire.tls import ReloadingServerCredentials
 from blobha.zk import layout as zkstate
 from blobha.zk.connection import master_client, on_session_timeout
 from blobha.zk.layout import BlobState
 from blobha.zk.lockdown import ZkCredentials, ZooKeeperAuthError
 
-__all__ = ["ClusterView", "CommitOutcomeUnknown", "Master"]
+__all__ = ["CommitOutcomeUnknown", "Master"]
 
 log = logging.getLogger("blobha.master")
 
@@ -364,7 +364,7 @@ class Master:
     def node_status(self) -> MasterSummary:
         return self.summary.node_status()
 
-    def cluster_summary(self) -> ClusterView:
+    def cluster_summary(self) -> ClusterSummary:
         return self.summary.cluster_summary()
 
     def leader_duty(self, key: str, view: KeyView) -> bool:

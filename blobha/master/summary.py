@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any
 
 from kazoo.client import KazooClient, KazooState
@@ -24,7 +23,7 @@ from blobha.leader import LeaderElection
 from blobha.store.local import LocalStore
 from blobha.sync import Membership, Synchronizer
 from blobha.sync.peers import Peers
-from blobha.wire.status import MasterSummary
+from blobha.wire.status import ClusterSummary, MasterSummary
 from blobha.zk.layout import (
     BLOBSTORE,
     EPOCH,
@@ -36,17 +35,6 @@ log = logging.getLogger("blobha.master")
 
 #: How long a cluster summary waits for its ZooKeeper reads.
 SUMMARY_ZK_TIMEOUT = 2.0
-
-
-@dataclass(frozen=True)
-class ClusterView:
-    masters: tuple[MasterSummary, ...]
-    leader: str
-    epoch: int
-    blob_count: int
-    under_replicated: int
-    #: Answered without ZooKeeper: the masters last seen, and the blob count unknown (0).
-    zookeeper_unreachable: bool = False
 
 
 class StatusSummary:
@@ -82,7 +70,7 @@ class StatusSummary:
             zookeeper_unreachable=self.zk.state != KazooState.CONNECTED,
         )
 
-    def cluster_summary(self) -> ClusterView:
+    def cluster_summary(self) -> ClusterSummary:
         """The masters as this one sees them, with the leader among them.
 
         Without a ZooKeeper connection this still answers, from the masters it last saw:
@@ -111,10 +99,10 @@ class StatusSummary:
         leader = next((s.address for s in statuses if s.is_leader), "")
         counted = _epoch_and_count(*reads) if reads is not None else None
         if counted is not None:
-            return ClusterView(statuses, leader, *counted, under)
+            return ClusterSummary(statuses, leader, *counted, under)
         # The leader's own status carries the epoch it leads.
         epoch_led = next((s.epoch for s in statuses if s.is_leader), 0)
-        return ClusterView(statuses, leader, epoch_led, 0, under, zookeeper_unreachable=True)
+        return ClusterSummary(statuses, leader, epoch_led, 0, under, zookeeper_unreachable=True)
 
 
 def _epoch_and_count(epoch_read: Any, count_read: Any) -> tuple[int, int] | None:
