@@ -216,7 +216,7 @@ def _already_replicated(
 ) -> Sequence[ReplicationStatus] | None:
     """The usual launch: every blob is readable and replicated already. One call says so (the
     server answers only a user who may read every key): no per-key metadata and no cluster
-    summary, a third of the time before the job starts. None for any other answer, which goes
+    summary to wait for before the job starts. None for any other answer, which goes
     the whole way (_check_and_wait); none of its warnings could apply here, since each key
     has its minimum, hence as many masters and at least that replication factor."""
     if minimum == 0:
