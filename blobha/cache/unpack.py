@@ -22,7 +22,7 @@ import zlib
 from pathlib import Path
 from typing import IO
 
-from blobha.cache import ARCHIVE_SUFFIXES
+from blobha.cache.archives import ARCHIVE_SUFFIXES
 from blobha.core.digest import CHUNK_SIZE
 from blobha.core.errors import BlobError, InternalError, InvalidArgument, ResourceExhausted
 

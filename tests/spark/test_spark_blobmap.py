@@ -9,6 +9,8 @@ import pytest
 from blobha import spark as blobspark
 from blobha.core.errors import InvalidArgument
 from blobha.spark import BlobSpec, SparkBlobSettings, parse_blob_arg, parse_blob_map
+from blobha.spark import driver as spark_driver
+from blobha.spark import submit as spark_submit
 
 pytestmark = pytest.mark.spark  # no Spark needed: runs wherever blobha is installed
 
@@ -124,7 +126,7 @@ def test_unmapped_local_name(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_launcher_leaves_application_arguments_alone() -> None:
-    conf, rest, python_set = blobspark._split_confs(
+    conf, rest, python_set = spark_submit._split_confs(
         [
             "--master", "yarn", "--conf", "spark.blobha.min.replication=2",
             "--conf=spark.pyspark.python=/opt/py", "-c", "spark.blobha.user=carol",
@@ -177,9 +179,9 @@ def test_a_wait_no_master_answers_is_a_timeout_the_policy_decides_on(policy: str
     client: object = _UnreachableDuringTheWait()
     if policy == blobspark.ON_TIMEOUT_FAIL:
         with pytest.raises(blobspark.ReplicationTimeout):
-            blobspark._wait(client, ["a", "b"], 2, 5.0, policy)  # type: ignore[arg-type]
+            spark_driver._wait(client, ["a", "b"], 2, 5.0, policy)  # type: ignore[arg-type]
         return
-    report = blobspark._wait(client, ["a", "b"], 2, 5.0, policy)  # type: ignore[arg-type]
+    report = spark_driver._wait(client, ["a", "b"], 2, 5.0, policy)  # type: ignore[arg-type]
     assert not report.reached
     assert [(s.key, s.version, s.replication) for s in report.statuses] == [("a", 2, 1),
                                                                            ("b", 2, 1)]

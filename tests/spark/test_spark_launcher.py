@@ -25,6 +25,7 @@ from blobha_spark_helpers import running_cluster
 from blobha import spark as blobspark
 from blobha.client import BlobMeta, Client, ClusterSummary, WaitResult
 from blobha.ops.localcluster import LocalCluster
+from blobha.spark import driver as spark_driver
 
 pytestmark = pytest.mark.spark
 
@@ -288,13 +289,13 @@ def test_the_driver_side_prepare_names_the_user_the_same_way(
 
     monkeypatch.delenv("BLOBHA_USER", raising=False)
     monkeypatch.delenv("BLOBHA_TOKEN_FILE", raising=False)
-    assert blobspark._job_user(lambda: "spark-user") == "spark-user"
+    assert spark_driver.job_user(lambda: "spark-user") == "spark-user"
     token_file = tmp_path / "alice.token"
     token_file.write_text(new_token("alice") + "\n")
     monkeypatch.setenv("BLOBHA_TOKEN_FILE", str(token_file))
-    assert blobspark._job_user(lambda: "spark-user") == "alice"
+    assert spark_driver.job_user(lambda: "spark-user") == "alice"
     monkeypatch.setenv("BLOBHA_USER", "bob")
-    assert blobspark._job_user(lambda: "spark-user") == "bob"
+    assert spark_driver.job_user(lambda: "spark-user") == "bob"
 
 
 @pytest.mark.parametrize(

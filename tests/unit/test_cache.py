@@ -22,9 +22,12 @@ from typing import Any, TypeVar
 import pytest
 from waiting import wait_until
 
-from blobha import cache as cache_mod
 from blobha import cli
-from blobha.cache import BlobCache, CachedBlob, CleanupReport
+from blobha.cache import BlobCache, CachedBlob, CleanupReport, default_cache_dir
+from blobha.cache import checks as checks_mod
+from blobha.cache import install as install_mod
+from blobha.cache import refs as refs_mod
+from blobha.cache import verify as verify_mod
 from blobha.cli import connect
 from blobha.client import BlobInfo, BlobMeta
 from blobha.core.digest import digest_bytes
@@ -235,13 +238,13 @@ def settle(path: Path) -> None:
 def hashed(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
     """The files the caches hash from now on."""
     seen: list[Path] = []
-    real_hash = cache_mod._hash_file
+    real_hash = verify_mod._hash_file
 
     def counting(path: Path) -> tuple[str, int, os.stat_result]:
         seen.append(path)
         return real_hash(path)
 
-    monkeypatch.setattr(cache_mod, "_hash_file", counting)
+    monkeypatch.setattr(verify_mod, "_hash_file", counting)
     return seen
 
 
@@ -249,14 +252,14 @@ def hashed(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
 def lock_waits(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The threads that went to wait for a check lock (``blobs/<key dir>/asking/<user>``)."""
     waits: list[str] = []
-    real_lock_file = cache_mod.lock_file
+    real_lock_file = checks_mod.lock_file
 
     def recording(path: Path, blocking: bool) -> int | None:
         if blocking and path.parent.name == "asking":
             waits.append(threading.current_thread().name)
         return real_lock_file(path, blocking)
 
-    monkeypatch.setattr(cache_mod, "lock_file", recording)
+    monkeypatch.setattr(checks_mod, "lock_file", recording)
     return waits
 
 
@@ -345,13 +348,13 @@ def test_a_failed_download_leaves_nothing_in_view(fake: FakeCluster, make: Any,
 def test_stale_temporaries_of_dead_processes_are_removed_at_start(fake: FakeCluster, make: Any,
                                                                   cache_dir: Path) -> None:
     live = make()
-    me = cache_mod._Process.me()
+    me = refs_mod.Process.me()
     dead = cache_dir / "tmp" / f"{me.boot[:8]}-{me.pid}-{me.start + 1}-dead"
     (dead / "d-x" / "file").mkdir(parents=True)
     (dead / "d-x" / "file" / ".k.part").write_bytes(b"half")
     junk = cache_dir / "tmp" / "not-a-process"
     junk.write_bytes(b"?")
-    live_tmp = live._tmp
+    live_tmp = live._layout.tmp
     (live_tmp / "d-live").mkdir()
     make()
     assert not dead.exists() and not junk.exists()
@@ -447,7 +450,7 @@ def test_the_first_use_after_the_node_restarts_verifies_again(
     make().get("k")
     assert hashed == []
     # Another boot: the records of the previous one prove nothing about the disk now.
-    monkeypatch.setattr(cache_mod, "_BOOT_ID", "0123abcd-0000-4000-8000-000000000000")
+    monkeypatch.setattr(verify_mod, "_BOOT_ID", "0123abcd-0000-4000-8000-000000000000")
     assert make().get("k").path == path
     assert hashed == [path]
     settle(path)
@@ -559,7 +562,7 @@ def test_processes_finding_the_record_aged_together_ask_the_cluster_once(
     fake.put("k", b"v2")
     clock.advance(31)
     downloads_when_b_went_on: list[int] = []
-    waiting_lock_file = cache_mod.lock_file
+    waiting_lock_file = checks_mod.lock_file
 
     def watching(path: Path, blocking: bool) -> int | None:
         fd = waiting_lock_file(path, blocking)
@@ -567,7 +570,7 @@ def test_processes_finding_the_record_aged_together_ask_the_cluster_once(
             downloads_when_b_went_on.append(fake.downloads)
         return fd
 
-    monkeypatch.setattr(cache_mod, "lock_file", watching)
+    monkeypatch.setattr(checks_mod, "lock_file", watching)
     a, a_connected = lazy(fake, make, "alice", update_interval_secs=30)
     b, b_connected = lazy(fake, make, "alice", update_interval_secs=30)
     fake.meta_gates = {"a": threading.Event()}
@@ -942,8 +945,9 @@ def test_get_runs_cleanup_at_most_every_interval(fake: FakeCluster, make: Any, c
     fake.put("k", b"data")
     cache = make(retention_secs=600)
     passes: list[float] = []
-    real = cache._cleanup_pass
-    monkeypatch.setattr(cache, "_cleanup_pass", lambda *a: passes.append(clock()) or real(*a))
+    real = cache._janitor._cleanup_pass
+    monkeypatch.setattr(cache._janitor, "_cleanup_pass",
+                        lambda *a: passes.append(clock()) or real(*a))
     for _ in range(3):
         cache.get("k")
         clock.advance(10)
@@ -953,8 +957,9 @@ def test_get_runs_cleanup_at_most_every_interval(fake: FakeCluster, make: Any, c
     # Another instance on the node (a new Spark Python worker, say) finds that pass recorded
     # in the cache directory: none of its own until its own interval (5 s) has gone by.
     short = make(retention_secs=5)
-    real_short = short._cleanup_pass
-    monkeypatch.setattr(short, "_cleanup_pass", lambda *a: passes.append(clock()) or real_short(*a))
+    real_short = short._janitor._cleanup_pass
+    monkeypatch.setattr(short._janitor, "_cleanup_pass",
+                        lambda *a: passes.append(clock()) or real_short(*a))
     short.get("k")
     assert len(passes) == 2, "the node made a pass at this very time"
     clock.advance(5)
@@ -962,9 +967,10 @@ def test_get_runs_cleanup_at_most_every_interval(fake: FakeCluster, make: Any, c
     assert len(passes) == 3
     # A record from the future (the clock was set back) is not believed.
     later = make(retention_secs=600)
-    real_later = later._cleanup_pass
-    monkeypatch.setattr(later, "_cleanup_pass", lambda *a: passes.append(clock()) or real_later(*a))
-    os.utime(later._root / "cleanup.lock", (clock() + 3600, clock() + 3600))
+    real_later = later._janitor._cleanup_pass
+    monkeypatch.setattr(later._janitor, "_cleanup_pass",
+                        lambda *a: passes.append(clock()) or real_later(*a))
+    os.utime(later.directory / "cleanup.lock", (clock() + 3600, clock() + 3600))
     later.get("k")
     assert len(passes) == 4
 
@@ -974,21 +980,22 @@ def test_a_failed_cleanup_pass_leaves_the_next_process_to_clean(
     fake.put("k", b"data")
     first = make(retention_secs=600)
     first.get("k")  # a pass, recorded at this time
-    lock = first._root / "cleanup.lock"
+    lock = first.directory / "cleanup.lock"
     recorded = lock.stat().st_mtime
     clock.advance(30)
 
     def broken(urgent: bool = False) -> CleanupReport:
         raise OSError("disk error")
 
-    monkeypatch.setattr(first, "_cleanup_pass", broken)
+    monkeypatch.setattr(first._janitor, "_cleanup_pass", broken)
     with pytest.raises(OSError):
         first.cleanup()
     assert lock.stat().st_mtime == recorded, "the failed pass is not recorded as made"
     second = make(retention_secs=600)
     passes: list[float] = []
-    real = second._cleanup_pass
-    monkeypatch.setattr(second, "_cleanup_pass", lambda *a: passes.append(clock()) or real(*a))
+    real = second._janitor._cleanup_pass
+    monkeypatch.setattr(second._janitor, "_cleanup_pass",
+                        lambda *a: passes.append(clock()) or real(*a))
     second.get("k")
     assert passes == [clock()]
 
@@ -1288,10 +1295,10 @@ def test_an_injected_client_is_left_open(fake: FakeCluster,
 
 def test_default_cache_dir(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("BLOBHA_CACHE_DIR", str(tmp_path / "c"))
-    assert cache_mod.default_cache_dir() == tmp_path / "c"
+    assert default_cache_dir() == tmp_path / "c"
     monkeypatch.delenv("BLOBHA_CACHE_DIR")
     monkeypatch.setenv("HOME", str(tmp_path))
-    assert cache_mod.default_cache_dir() == tmp_path / ".cache" / "blobha"
+    assert default_cache_dir() == tmp_path / ".cache" / "blobha"
 
 
 # --------------------------------------------------------------------------------------------
@@ -1357,12 +1364,10 @@ def test_an_archive_that_expands_past_the_room_on_disk_is_refused_while_unpackin
 ) -> None:
     # 64 MiB of zeros in about 64 KiB: with 8 MiB of room, unpacking stops at 8 MiB instead of
     # filling the disk (a 1 MiB archive unpacked to 1 GiB before).
-    import blobha.cache as cache_mod
-
     bomb = _tar({"zeros.bin": bytes(64 * 1024 * 1024)}, "w:gz")
     assert len(bomb) < 1024 * 1024
     fake.put("bomb.tgz", bomb)
-    monkeypatch.setattr(cache_mod, "_room_to_unpack", lambda path: 8 * 1024 * 1024)
+    monkeypatch.setattr(install_mod, "_room_to_unpack", lambda path: 8 * 1024 * 1024)
     cache = make()
     with pytest.raises(ResourceExhausted, match="expands to more than the 8,388,608 bytes"):
         cache.get("bomb.tgz", uncompress=True)
@@ -1372,13 +1377,11 @@ def test_an_archive_that_expands_past_the_room_on_disk_is_refused_while_unpackin
 
 
 def test_the_room_to_unpack_leaves_a_margin_of_the_disk_free(tmp_path: Path) -> None:
-    import blobha.cache as cache_mod
-
     st = os.statvfs(tmp_path)
     free, total = st.f_bavail * st.f_frsize, st.f_blocks * st.f_frsize
-    margin = min(cache_mod.UNPACK_MARGIN_BYTES, total // 20)
+    margin = min(install_mod.UNPACK_MARGIN_BYTES, total // 20)
     # Other writers may move the free space between the two looks.
-    assert abs(cache_mod._room_to_unpack(tmp_path) - max(0, free - margin)) < 64 * 1024 * 1024
+    assert abs(install_mod._room_to_unpack(tmp_path) - max(0, free - margin)) < 64 * 1024 * 1024
 
 
 @pytest.mark.parametrize("name, build", [("many.tar", _tar), ("many.zip", _zip)])
@@ -1469,15 +1472,15 @@ def test_a_member_name_too_long_for_the_file_system_is_a_clear_error(tmp_path: P
 
 
 class _FullDisk:
-    """``_write_atomic`` failing with ENOSPC while ``full``; the first removal of a cached
-    version (``_discard``) makes room."""
+    """The cache directory's ``write_atomic`` failing with ENOSPC while ``full``; the first
+    removal of a cached version (its ``discard``) makes room."""
 
     def __init__(self, cache: Any, monkeypatch: pytest.MonkeyPatch) -> None:
         import errno
 
         self.full = True
         self.refused = 0
-        write, discard = cache._write_atomic, cache._discard
+        write, discard = cache._layout.write_atomic, cache._layout.discard
 
         def write_atomic(path: Path, data: bytes) -> None:
             if self.full:
@@ -1490,8 +1493,8 @@ class _FullDisk:
             if re.fullmatch(r"v\d+", path.name):  # a version's directory, with its bytes
                 self.full = False
 
-        monkeypatch.setattr(cache, "_write_atomic", write_atomic)
-        monkeypatch.setattr(cache, "_discard", discard_and_free)
+        monkeypatch.setattr(cache._layout, "write_atomic", write_atomic)
+        monkeypatch.setattr(cache._layout, "discard", discard_and_free)
 
 
 def test_a_full_disk_is_made_room_on_by_evicting_what_nobody_uses(
@@ -1548,8 +1551,6 @@ def test_an_archive_refused_for_want_of_room_gets_room_made_first(
 ) -> None:
     # The disk is nearly full of blobs nobody used for longer than the retention, under the
     # soft limit: the unpack that has no room makes some, instead of failing every time.
-    import blobha.cache as cache_mod
-
     fake.put("old", b"o" * 100)
     fake.put("lib.tgz", _tar(TREE, "w:gz"))
     cache = make(retention_secs=100, soft_limit_bytes=10**9)
@@ -1557,14 +1558,14 @@ def test_an_archive_refused_for_want_of_room_gets_room_made_first(
     cache.release("job")
     clock.advance(200)
     room = [0]
-    monkeypatch.setattr(cache_mod, "_room_to_unpack", lambda path: room[0])
-    discard = cache._discard
+    monkeypatch.setattr(install_mod, "_room_to_unpack", lambda path: room[0])
+    discard = cache._layout.discard
 
     def discard_and_free(path: Path) -> None:
         discard(path)
         room[0] = 10**6
 
-    monkeypatch.setattr(cache, "_discard", discard_and_free)
+    monkeypatch.setattr(cache._layout, "discard", discard_and_free)
     assert _read_tree(cache.get("lib.tgz", uncompress=True).path) == TREE
     assert cache.version("old") is None
 
@@ -1577,7 +1578,7 @@ def test_probing_a_key_this_user_may_no_longer_read_drops_the_nodes_record(
     cache.get("k")
     fake.blobs["k"].readers = set()
     clock.advance(5)
-    cache._probe_deleted([cache._scan_key(key_dirname("k"), "k")])
+    cache._janitor._probe_deleted([cache._layout.scan_key(key_dirname("k"), "k")])
     # An outage now must not let a new process of alice's read it on the old record.
     fake.meta_error = Unavailable("no master answered")
     with pytest.raises(Unavailable):

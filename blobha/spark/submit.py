@@ -1,0 +1,323 @@
+"""The launcher, ``blobha spark-submit``: wait for the job's blobs, then run spark-submit."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import logging
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from types import FrameType
+from typing import TYPE_CHECKING, Any
+
+from blobha.core.errors import BlobError, InvalidArgument
+from blobha.spark.blobmap import BlobSpec, blob_map_json, parse_blob_arg, parse_blob_map
+from blobha.spark.conf import (
+    CONF_CACHE_DIR,
+    CONF_CLUSTER,
+    CONF_MAP,
+    CONF_MAX_WAIT,
+    CONF_MIN_REPLICATION,
+    CONF_ON_TIMEOUT,
+    CONF_PREFIX,
+    CONF_UPDATE_INTERVAL,
+    CONF_USER,
+    DEFAULT_MAX_WAIT_SECS,
+    DEFAULT_MIN_REPLICATION,
+    ENV_CONF,
+    POLICIES,
+)
+from blobha.spark.driver import check_access, job_user, wait_for_replication
+from blobha.spark.settings import NotConfigured, SparkBlobSettings
+
+if TYPE_CHECKING:
+    import argparse
+
+__all__ = ["build_submit_command", "pyspark_submit_path", "submit_main"]
+
+log = logging.getLogger("blobha.spark")
+
+_SUBMIT_USAGE = (
+    "blobha spark-submit [--blob KEY[:LOCALNAME][:uncompress]]... [--blob-map JSON]"
+    " [--min-replication N] [--max-wait SECS] [--on-timeout {proceed,fail}]"
+    " [--cluster HOST:PORT[,...]] [--user USER] [--cache-dir DIR] [--update-interval SECS]"
+    " [--spark-submit PATH] [--dry-run] -- SPARK_SUBMIT_ARGS..."
+)
+
+
+def _submit_parser() -> argparse.ArgumentParser:
+    import argparse  # the launcher's only: not loaded in the workers
+
+    p = argparse.ArgumentParser(
+        prog="blobha spark-submit",
+        usage=_SUBMIT_USAGE,
+        description=(
+            "Wait until the job's blobs are readable and replicated, then run spark-submit with"
+            " the blob map and cluster in its configuration; the job reads blobs with"
+            " blobha.spark.blob_path(LOCALNAME)."
+        ),
+        epilog=(
+            "Settings already given as --conf spark.blobha.*=... in SPARK_SUBMIT_ARGS are read"
+            " too; the options here win. Exit status: that of spark-submit, or 3 (a blob is"
+            " missing), 5 (a blob is not readable), 12 (replication not reached, policy"
+            " fail), 6 (an invalid setting), 2 (bad command line)."
+        ),
+    )
+    p.add_argument(
+        "--blob", action="append", default=[], metavar="KEY[:LOCALNAME][:uncompress]",
+        help="a blob the job needs; repeat for more",
+    )
+    p.add_argument("--blob-map", metavar="JSON", help=f"a whole blob map, as {CONF_MAP}")
+    p.add_argument("--min-replication", type=int, metavar="N",
+                   help=f"replicas required before launch (default {DEFAULT_MIN_REPLICATION})")
+    p.add_argument("--max-wait", type=float, metavar="SECS",
+                   help=f"longest wait, -1 = forever (default {DEFAULT_MAX_WAIT_SECS:g})")
+    p.add_argument("--on-timeout", choices=POLICIES,
+                   help="after the wait: launch anyway (default) or fail")
+    p.add_argument("--cluster", metavar="HOST:PORT[,...]",
+                   help="masters (default: $BLOBHA_CLUSTER)")
+    p.add_argument("--user", help="the job's identity, on the driver and every executor"
+                   " (default: $BLOBHA_USER, $SPARK_USER, then the OS user)")
+    p.add_argument("--cache-dir", metavar="DIR",
+                   help="node-local cache directory on every node (default: $BLOBHA_CACHE_DIR"
+                   " there, else ~/.cache/blobha)")
+    p.add_argument("--update-interval", type=float, metavar="SECS",
+                   help="how soon running jobs see new versions")
+    p.add_argument("--spark-submit", dest="spark_submit", metavar="PATH",
+                   help="spark-submit to run (default: the pyspark package's)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="check the blobs and print the command, without waiting or running it")
+    return p
+
+
+_CONF_FLAGS = ("--conf", "-c")
+
+
+def _split_confs(args: Sequence[str]) -> tuple[dict[str, str], list[str], bool]:
+    """Take ``spark.blobha.*`` settings out of spark-submit arguments.
+
+    Returns (those settings, the other arguments, whether ``spark.pyspark.python`` is set).
+    Only options before the application file are spark-submit's; what follows belongs to the
+    application and is left alone.
+    """
+    blobha: dict[str, str] = {}
+    rest: list[str] = []
+    python_set = False
+    i = 0
+    takes_value = {
+        "--master", "--deploy-mode", "--class", "--name", "--jars", "--packages",
+        "--exclude-packages", "--repositories", "--py-files", "--files", "--archives",
+        "--properties-file", "--driver-memory", "--driver-java-options",
+        "--driver-library-path", "--driver-class-path", "--executor-memory", "--proxy-user",
+        "--driver-cores", "--total-executor-cores", "--executor-cores", "--num-executors",
+        "--queue", "--principal", "--keytab", "--kill", "--status", "--remote",
+    }
+    while i < len(args):
+        arg = args[i]
+        value: str | None = None
+        if arg in _CONF_FLAGS and i + 1 < len(args):
+            value, step = args[i + 1], 2
+        elif arg.startswith("--conf="):
+            value, step = arg[len("--conf="):], 1
+        if value is not None:
+            key, _, v = value.partition("=")
+            if key.startswith(CONF_PREFIX):
+                blobha[key] = v
+            else:
+                python_set = python_set or key == "spark.pyspark.python"
+                rest.extend(args[i : i + step])
+            i += step
+            continue
+        if not arg.startswith("-"):
+            rest.extend(args[i:])  # the application and its own arguments
+            break
+        rest.append(arg)
+        if arg in takes_value and i + 1 < len(args):
+            rest.append(args[i + 1])
+            i += 1
+        i += 1
+    return blobha, rest, python_set
+
+
+def pyspark_submit_path() -> str:
+    """The ``spark-submit`` script shipped in the installed pyspark package."""
+    spec = importlib.util.find_spec("pyspark")
+    if spec is None or not spec.submodule_search_locations:
+        raise NotConfigured(
+            "pyspark is not installed: pip install 'blobha[spark]', or pass --spark-submit PATH"
+        )
+    home = Path(next(iter(spec.submodule_search_locations)))
+    script = home / "bin" / "spark-submit"
+    if not script.exists():
+        raise NotConfigured(f"no spark-submit in {home}/bin; pass --spark-submit PATH")
+    return str(script)
+
+
+def build_submit_command(
+    settings: SparkBlobSettings, spark_submit: str, spark_args: Sequence[str]
+) -> list[str]:
+    """``spark-submit`` with the blob configuration in front of the user's arguments: every
+    ``spark.blobha.*`` key for the driver, and the same as one JSON environment variable for
+    every executor (``spark.executorEnv.BLOBHA_SPARK_CONF``)."""
+    confs: list[str] = []
+    for key, value in settings.to_conf().items():
+        confs += ["--conf", f"{key}={value}"]
+    confs += ["--conf", f"spark.executorEnv.{ENV_CONF}={settings.to_json()}"]
+    return [spark_submit, *confs, *spark_args]
+
+
+def _settings_from_args(
+    args: argparse.Namespace, conf: Mapping[str, str]
+) -> SparkBlobSettings:
+    merged = dict(conf)
+    blobs = list(parse_blob_map(merged.get(CONF_MAP)))
+    if args.blob_map:
+        blobs += parse_blob_map(args.blob_map)
+    blobs += [parse_blob_arg(b) for b in args.blob]
+    by_key: dict[str, BlobSpec] = {}
+    for spec in blobs:
+        by_key[spec.key] = spec  # later mentions of a key win: the command line over --conf
+    merged[CONF_MAP] = blob_map_json(by_key.values())
+    for key, value in (
+        (CONF_MIN_REPLICATION, args.min_replication),
+        (CONF_MAX_WAIT, args.max_wait),
+        (CONF_ON_TIMEOUT, args.on_timeout),
+        (CONF_CLUSTER, args.cluster),
+        (CONF_USER, args.user),
+        (CONF_CACHE_DIR, args.cache_dir),
+        (CONF_UPDATE_INTERVAL, args.update_interval),
+    ):
+        if value is not None:
+            merged[key] = str(value)
+    settings = SparkBlobSettings.from_conf(merged)  # re-validates localname clashes too
+    if not settings.blobs:
+        raise InvalidArgument("no blobs given: use --blob KEY[:LOCALNAME][:uncompress]")
+    from blobha.client import default_user
+
+    # The job runs as spark-submit's user (or its --proxy-user, which Spark checks); the blob
+    # store must see the same identity on the driver and on every executor, whatever OS user
+    # the executors run as.
+    user = settings.user or job_user(
+        lambda: os.environ.get("SPARK_USER", "").strip() or default_user())
+    return settings.replace(user=user, cluster=settings.resolved_cluster())
+
+
+
+def _configure_logging() -> None:
+    if not log.handlers and not logging.getLogger().handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("blobha spark-submit: %(levelname)s: %(message)s"))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
+        log.propagate = False
+
+
+def _run(command: list[str], env: dict[str, str]) -> int:
+    proc = subprocess.Popen(command, env=env)
+    previous: Any = None
+    forwarding = threading.current_thread() is threading.main_thread()
+    if forwarding:
+        # A scheduler stopping the launcher (SIGTERM) must stop the Spark application too;
+        # Ctrl-C already reaches the child through the terminal's process group.
+        def forward(signum: int, frame: FrameType | None) -> None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(signum)
+
+        previous = signal.signal(signal.SIGTERM, forward)
+    try:
+        while True:
+            try:
+                return proc.wait()
+            except KeyboardInterrupt:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.send_signal(signal.SIGINT)
+                try:
+                    proc.wait(30)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+                return 130
+    finally:
+        if forwarding:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def submit_main(argv: list[str]) -> int:
+    """``blobha spark-submit``: wait for the blobs, then run spark-submit; returns the exit
+    status (spark-submit's own once it ran).
+
+    Usage::
+
+        blobha spark-submit --blob KEY[:LOCALNAME][:uncompress] ... [--blob-map JSON]
+            [--min-replication N] [--max-wait SECS] [--on-timeout proceed|fail]
+            [--cluster HOST:PORT,...] [--user USER] [--cache-dir DIR]
+            [--update-interval SECS] [--spark-submit PATH] [--dry-run]
+            -- SPARK_SUBMIT_ARGS...
+
+    Example::
+
+        blobha spark-submit --blob geo-table:geo.bin --blob model.tgz:model:uncompress \\
+            --min-replication 2 --max-wait 120 -- --master yarn enrich.py --day 2024-05-01
+
+    ``PYSPARK_PYTHON`` defaults to this interpreter (which has blobha installed) unless the
+    environment or ``--conf spark.pyspark.python`` says otherwise.
+    """
+    parser = _submit_parser()
+    if "--" in argv:
+        cut = argv.index("--")
+        ours, spark_args = list(argv[:cut]), list(argv[cut + 1 :])
+    else:
+        ours, spark_args = list(argv), []
+    try:
+        args = parser.parse_args(ours)
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
+    _configure_logging()
+    try:
+        conf, rest, python_set = _split_confs(spark_args)
+        if not rest:
+            raise InvalidArgument(
+                "nothing to submit: put the spark-submit arguments after '--', e.g."
+                " -- --master local[2] job.py"
+            )
+        settings = _settings_from_args(args, conf)
+        spark_submit = args.spark_submit or pyspark_submit_path()
+        command = build_submit_command(settings, spark_submit, rest)
+        if args.dry_run:
+            from blobha.client import Client
+
+            with Client(settings.resolved_cluster(), user=settings.user,
+                        timeout=settings.client_timeout_secs) as c:
+                check_access(c, settings.keys)
+            print(shlex.join(command))
+            return 0
+        wait_for_replication(
+            settings.keys,
+            settings.min_replication,
+            settings.max_wait_secs,
+            cluster=settings.cluster,
+            user=settings.user,
+            on_timeout=settings.on_timeout,
+            timeout=settings.client_timeout_secs,
+        )
+    except BlobError as exc:
+        log.error("%s", " ".join(str(exc).split()))
+        return exc.exit_code
+    except KeyboardInterrupt:
+        log.error("interrupted")
+        return 130
+    env = dict(os.environ)
+    if not python_set and "PYSPARK_PYTHON" not in env:
+        env["PYSPARK_PYTHON"] = sys.executable
+    log.info("running %s", shlex.join([*command[:1], "(blobha --conf ...)", *rest]))
+    try:
+        return _run(command, env)
+    except OSError as exc:
+        log.error("cannot run %s: %s", spark_submit, exc.strerror or exc)
+        return 1
