@@ -20,10 +20,11 @@ from blobha.store.local import BlobBuffer, TempBlob
 from blobha.v1 import blobha_pb2 as pb
 from blobha.v1 import blobha_pb2_grpc as pb_grpc
 from blobha.wire import chunks as chunkwire
+from blobha.wire.convert import master_from_pb
 from blobha.wire.credentials import Credentials
 from blobha.wire.dataplane import DataChannels, DataOffer
 from blobha.wire.stallwatch import Stalled, StallWatch
-from blobha.wire.status import MasterSummary, master_from_pb
+from blobha.wire.status import MasterSummary
 
 __all__ = ["CHANNEL_OPTIONS", "MAX_MESSAGE", "STALL_SECS", "USER_METADATA_KEY", "Peers"]
 

@@ -88,7 +88,7 @@ class SparkOption(NamedTuple):
     doc: str
 
 
-#: Every ``spark.blobha.*`` key, its default and meaning (the README table is made from this).
+#: Every ``spark.blobha.*`` key, its default and meaning (docs/configuration.md is made from this).
 OPTIONS: tuple[SparkOption, ...] = (
     SparkOption(
         CONF_MAP,

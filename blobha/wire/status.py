@@ -6,19 +6,8 @@ and from the wire is blobha.wire.convert."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from blobha.core.acl import ALL, READ, AccessControl
-
-if TYPE_CHECKING:
-    # Their old home, still served (lazily, see __getattr__) to importers of this module.
-    from blobha.wire.convert import master_from_pb as master_from_pb
-    from blobha.wire.convert import master_to_pb as master_to_pb
-    from blobha.wire.convert import replication_from_pb as replication_from_pb
-    from blobha.wire.convert import replication_to_pb as replication_to_pb
-
-_CONVERTERS = frozenset({"master_from_pb", "master_to_pb", "replication_from_pb",
-                         "replication_to_pb"})
 
 
 @dataclass(frozen=True)
@@ -106,12 +95,3 @@ class ClusterSummary:
     #: The master that answered has no ZooKeeper connection: the masters are those it last
     #: saw, and ``blob_count`` is unknown (0).
     zookeeper_unreachable: bool = False
-
-
-def __getattr__(name: str) -> object:
-    # Imported on first use: blobha.wire.convert imports this module's values.
-    if name in _CONVERTERS:
-        from blobha.wire import convert
-
-        return getattr(convert, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -315,7 +315,7 @@ def test_a_write_without_a_valid_token_fails_at_once(secure: LocalCluster,
                 c.create("fast-refusal", b"never written")
             assert time.monotonic() - started < timeout / 2
         REFUSED["secure: write without a valid token"] += 1
-    # The CLI (whose client waits 60 s) says so with its own exit status, as the README says.
+    # The CLI (whose client waits 60 s) says so with its own exit status, as docs/cli.md says.
     data = tmp_path / "f"
     data.write_bytes(b"never written")
     for token_file, reason in (("", b"no token given"), (str(wrong), b"token was refused")):

@@ -32,8 +32,8 @@ from blobha.wire.chunks import (
     encode_chunk,
     serialize_response,
 )
+from blobha.wire.convert import master_to_pb, replication_to_pb
 from blobha.wire.dataplane import DataOffer
-from blobha.wire.status import master_to_pb, replication_to_pb
 from blobha.zk.connection import UNREACHABLE
 from blobha.zk.layout import BlobState
 
