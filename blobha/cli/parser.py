@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import math
 from collections.abc import Callable
 
 from blobha.cli import admin, blobs, cluster, servers
 from blobha.cli.connect import DEFAULT_CLUSTER
 from blobha.cli.output import EXIT_CODES_EPILOG, PROG
+from blobha.core import settings
 from blobha.core.addresses import parse_cluster
 from blobha.core.errors import InvalidArgument
 
@@ -18,8 +18,8 @@ _UINT32_MAX = 2**32 - 1
 
 def _positive_int(text: str) -> int:
     try:
-        value = int(text)
-    except ValueError:
+        value = settings.whole(text)
+    except settings.SettingError:
         raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
     if not 1 <= value <= _UINT32_MAX:
         # The wire carries these as 32-bit counts: a larger one would fail deep in protobuf.
@@ -29,13 +29,11 @@ def _positive_int(text: str) -> int:
 
 def _seconds(text: str) -> float:
     try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
-    if not math.isfinite(value):
+        return settings.real(text)
+    except settings.SettingError:
         raise argparse.ArgumentTypeError(
-            f"expected a number of seconds, got {text!r} (a negative number waits forever)")
-    return value
+            f"expected a number of seconds, got {text!r} (a negative number waits forever)"
+        ) from None
 
 
 def _port(text: str) -> int:

@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from blobha.core import settings
+
 
 class ConfigError(ValueError):
     """Invalid configuration; the message names the key and the fix."""
@@ -342,33 +344,24 @@ def _from_env(option: Option, text: str) -> Any:
     return text  # converted and checked by _validate
 
 
-#: How a true/false setting may be written in an environment variable.
-_FLAGS = {"true": True, "1": True, "yes": True, "on": True,
-          "false": False, "0": False, "no": False, "off": False}
-
-
 def _validate(v: dict[str, Any]) -> dict[str, Any]:
     def number(key: str, kind: type, minimum: float) -> None:
         value = v[key]
         try:
-            converted = kind(value)
-            if kind is int and isinstance(value, float) and value != int(value):
-                raise ValueError
-        except (TypeError, ValueError):
+            converted = settings.whole(value) if kind is int else settings.real(value)
+        except settings.SettingError:
             raise ConfigError(
                 f"{key} must be a {'whole ' if kind is int else ''}number, got {value!r}"
             ) from None
-        if isinstance(value, bool) or converted < minimum:
+        if converted < minimum:
             raise ConfigError(f"{key} must be at least {minimum}, got {value!r}")
         v[key] = converted
 
     def flag(key: str) -> None:
-        value = v[key]
-        if isinstance(value, str) and value.strip().lower() in _FLAGS:
-            value = _FLAGS[value.strip().lower()]
-        if not isinstance(value, bool):
-            raise ConfigError(f"{key} must be true or false, got {value!r}")
-        v[key] = value
+        try:
+            v[key] = settings.flag(v[key])
+        except settings.SettingError:
+            raise ConfigError(f"{key} must be true or false, got {v[key]!r}") from None
 
     number("blobstore.replication.factor", int, 1)
     number("blobstore.write.quorum", int, 1)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, NamedTuple
 
+from blobha.core import settings
 from blobha.core.errors import InvalidArgument
 
 if TYPE_CHECKING:
@@ -153,9 +154,9 @@ def conf_int(conf: Mapping[str, str], key: str, default: int, minimum: int) -> i
     if text is None or str(text).strip() == "":
         return default
     try:
-        value = int(str(text).strip())
-    except ValueError:
-        raise InvalidArgument(f"{key}={text!r}: expected a whole number") from None
+        value = settings.whole(str(text))
+    except settings.SettingError as e:
+        raise InvalidArgument(f"{key}={text!r}: {e}") from None
     if value < minimum:
         raise InvalidArgument(f"{key}={text!r}: must be at least {minimum}")
     return value
@@ -168,16 +169,10 @@ def conf_float(
     if text is None or str(text).strip() == "":
         return default
     try:
-        value = float(str(text).strip())
-    except ValueError:
-        raise InvalidArgument(f"{key}={text!r}: expected a number of seconds") from None
-    if allow_forever and value < 0:
-        if value != -1:
-            raise InvalidArgument(f"{key}={text!r}: use -1 to wait forever")
-        return -1.0
-    if value != value or value < 0 or value == float("inf"):  # NaN and infinities too
-        raise InvalidArgument(f"{key}={text!r}: expected a non-negative number of seconds")
-    return value
+        value = settings.seconds(str(text), forever=allow_forever)
+    except settings.SettingError as e:
+        raise InvalidArgument(f"{key}={text!r}: {e}") from None
+    return -1.0 if value < 0 else value
 
 
 def check_policy(policy: str) -> str:
