@@ -29,7 +29,7 @@ from blobha.client import Client
 from blobha.core import placement
 from blobha.core.digest import PUT_MAX_BYTES
 from blobha.core.errors import InvalidArgument, KeyNotFound
-from blobha.master.facade import FETCH_MAX_VERSIONS, FETCH_WHOLE_MAX_BYTES
+from blobha.master.reads import FETCH_MAX_VERSIONS, FETCH_WHOLE_MAX_BYTES
 from blobha.ops.bench import node_status
 from blobha.ops.localcluster import LocalCluster, MasterProcess
 from blobha.store.local import FLUSH_BYTES

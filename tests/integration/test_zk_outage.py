@@ -9,6 +9,7 @@ the session timeout, so the request gets its answer (the last committed state, o
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -19,9 +20,15 @@ from blobha.sync import KeyView
 from kazoo.handlers.threading import KazooTimeoutError
 from outage import Outage, into_outage
 
+from blobha.master.channel import Channel
+from blobha.master.config import Config
 from blobha.master.edge.statuspage import _status_urls
-from blobha.master.facade import Master
+from blobha.master.metadata import Metadata
+from blobha.master.reads import Reads
+from blobha.master.rules import Authority
+from blobha.master.settings import MasterSettings
 from blobha.ops.zkserver import EmbeddedZooKeeper
+from blobha.store.local import LocalStore
 from blobha.zk.layout import BLOBSTORE, MASTERS, BlobState, key_path
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
@@ -65,13 +72,17 @@ def master(tmp_path: Path) -> Iterator[tuple[Any, _OutageBeforeNextRead]]:
             for address, url in URLS.items():
                 zk.create(f"{MASTERS}/{address}", json.dumps({"status_url": url}).encode(),
                           makepath=True)
-            m: Any = Master.__new__(Master)
-            m.identity = "m1:6627"
-            m.zk = zk
-            m.session_timeout = SESSION_SECS
-            m._key_list = None
+            # The master's read parts, built through their constructors, on the real session.
             view = KeyView(STATE, ("m1:6627", "m2:6627"))
-            m.sync = SimpleNamespace(view=lambda key: view if key == "k" else None)
+            sync: Any = SimpleNamespace(view=lambda key: view if key == "k" else None)
+            election: Any = SimpleNamespace(is_leader=False, leader_address="m2:6627")
+            meta = Metadata(zk, election, "m1:6627", SESSION_SECS, threading.Event())
+            settings = MasterSettings.from_config(
+                Config.of({"blobstore.dir": str(tmp_path / "data")}))
+            reads = Reads(settings, "m1:6627", "blobha-master", LocalStore(tmp_path / "store"),
+                          zk, meta, Authority(frozenset(), "blobha-master"), sync, Channel())
+            m = SimpleNamespace(identity="m1:6627", zk=zk, session_timeout=SESSION_SECS,
+                                sync=sync, meta=meta, reads=reads)
             yield m, zk
         finally:
             zk.stop()
@@ -85,7 +96,7 @@ def _during_outage(zk: Outage, request: Callable[[], object]) -> tuple[object, f
 def test_a_read_that_meets_the_outage_serves_the_last_committed_state(
         master: tuple[Any, Outage]) -> None:
     m, zk = master
-    result, took = _during_outage(zk, lambda: m._state_for_read("k"))
+    result, took = _during_outage(zk, lambda: m.reads.state_for_read("k"))
     assert result == (STATE, m.sync.view("k")), result
     assert took >= SESSION_SECS - 0.5  # the read was waited for, then given up
 
@@ -93,7 +104,7 @@ def test_a_read_that_meets_the_outage_serves_the_last_committed_state(
 def test_a_listing_that_meets_the_outage_is_told_zookeeper_is_unreachable(
         master: tuple[Any, Outage]) -> None:
     m, zk = master
-    result, _ = _during_outage(zk, m._sorted_keys)
+    result, _ = _during_outage(zk, m.meta.sorted_keys)
     # One of the errors the service answers as UNAVAILABLE, "ZooKeeper is unreachable".
     assert isinstance(result, KazooTimeoutError), result
 
