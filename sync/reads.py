@@ -74,9 +74,8 @@ class KeyReader:
     def _read_together(self, keys: list[str], listless: frozenset[str] | set[str]
                        ) -> dict[str, Read]:
         """:meth:`read_many` (no watches) in ``multiRead`` requests of ``multi_reads`` reads
-        each, sent all at once: a follower reads every new key, and with a request per read
-        ZooKeeper spent about 40 % more CPU per create (scratch counts under eight writers:
-        0.37-0.39 ms against 0.24-0.29), and each follower about a fifth more."""
+        each, sent all at once: a follower reads every new key, and a request per read cost
+        ZooKeeper, and each follower, noticeably more CPU per create."""
         step = self.settings.multi_reads
         reads: list[tuple[str, bool]] = []
         for key in keys:

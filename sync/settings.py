@@ -38,8 +38,8 @@ HURRY_SECS = 2.0
 #: keys are read with their lists as before.
 BORN_MAX = 10_000
 #: While ZooKeeper is out of reach, the keys whose sync failed for it are reported in one
-#: warning per this many seconds, not one per key and retry (a master syncing 100,000 keys
-#: wrote 580,000 such lines in one minute-long outage).
+#: warning per this many seconds, not one per key and retry (a master syncing many keys
+#: flooded its log with such lines in a short outage).
 UNREACHABLE_REPORT_SECS = 10.0
 #: A reconcile this soon after the leader's commit arms the replica list's watch with its
 #: first read (see Synchronizer.registered): the other holders are most likely still fetching
@@ -55,9 +55,9 @@ class SyncSettings:
     period_secs: float
     versions_retained: int
     threads: int
-    #: Pace of the periodic safety-net pass. At 2,000 keys a second per master the passes
-    #: made two to seven times the ZooKeeper traffic of the creates themselves at 20,000 keys
-    #: and halved the create rate; watches, not this pass, keep replicas current.
+    #: Pace of the periodic safety-net pass. Kept slow: a fast pass made more ZooKeeper
+    #: traffic than the creates themselves and slowed them; watches, not this pass, keep
+    #: replicas current.
     periodic_keys_per_sec: float
     #: Follow ``/blobstore`` with one persistent recursive watch (ZooKeeper 3.6 and later)
     #: instead of the change journal and a one-shot watch per key (the masters set it from

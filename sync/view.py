@@ -160,9 +160,8 @@ class ReplicaView:
         self.figures_lock = threading.Lock()
         # For the keys this master lacks, whether the placement chooses it, with the factor it
         # was decided for; valid for the masters in _placed_for. The hashing was most of a
-        # pass's cost (0.2 s at 100,000 keys on five masters), and a pass runs at every status
-        # check under writes; now only a new key, or a new membership, costs a hash. Guarded
-        # by figures_lock.
+        # pass's cost, and a pass runs at every status check under writes; only a new key,
+        # or a new membership, costs a hash. Guarded by figures_lock.
         self._placed: dict[str, tuple[int, bool]] = {}
         self._placed_for: frozenset[str] = frozenset()
 
@@ -186,11 +185,10 @@ class ReplicaView:
         """(keys, keys with fewer holders than their replication factor, keys this master
         should hold but lacks), as of a moment during the call.
 
-        A pass over every key (with the placement hash of each key this master lacks: a second
-        and more at 100,000 keys on five masters) whenever the view has moved, which under
-        writes is at every call. So one pass runs at a time, and callers that waited for it
-        take its answer when it began after they asked: concurrent status checks cost one
-        pass, not one each."""
+        A pass over every key (with the placement hash of each key this master lacks: costly at
+        100,000s of keys) whenever the view has moved, which under writes is at every call. So
+        one pass runs at a time, and callers that waited for it take its answer when it began
+        after they asked: concurrent status checks cost one pass, not one each."""
         asked = time.monotonic()
         with self.figures_lock:
             return self._figures_since(asked)

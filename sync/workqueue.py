@@ -20,12 +20,11 @@ client that waits for each write's replication before the next) goes at once, so
 replicates as soon as before.
 
 A writer whose write quorum is above 1 waits for a follower's copy, so in a stream each of its
-writes would wait out the linger as well (eight such writers made a sixth of their rate with a
-0.3 s linger). The synchroniser learns the quorum only from the state it reads after the hold;
-when a batch shows a writer waiting, it calls :meth:`WorkQueue.hurry`, and for a while no
-batch is held longer than :data:`HURRIED_LINGER`: short enough for such writers, long enough
-for their keys to share batches (without any hold, eight of them made 124 writes a second
-against 158 with it).
+writes would wait out the linger as well, which cut such writers' rate several times over.
+The synchroniser learns the quorum only from the state it reads after the hold; when a batch
+shows a writer waiting, it calls :meth:`WorkQueue.hurry`, and for a while no batch is held
+longer than :data:`HURRIED_LINGER`: short enough for such writers, long enough for their keys
+to share batches (with no hold at all, they wrote more slowly).
 """
 
 from __future__ import annotations
@@ -76,8 +75,8 @@ class WorkQueue:
             self._arrive(key, time.monotonic())
             # A worker holding a batch takes this key with it when the hold ends; waking it
             # changes nothing unless the batch is now full. In a stream of creates every key
-            # woke the worker (a context switch and a pass over the queue each, 18 a batch):
-            # its Condition.notify was a fifth of a follower's GIL-holding samples (py-spy).
+            # woke the worker (a context switch and a pass over the queue each, many a batch),
+            # which cost a follower much time holding the GIL.
             if not self._holding or len(self._ready) >= self._hold_limit:
                 self._cond.notify()
 

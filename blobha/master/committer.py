@@ -228,8 +228,8 @@ class Committer:
                 results = [True] * (2 * len(batch))
             failed = next((n for n, r in enumerate(results) if is_failure(r)), None)
             if failed is None:
-                # One line per transaction, not per write: under eight writers a line per
-                # write was 4% of the leader's CPU, and the audit log names each write anyway.
+                # One line per transaction, not per write: under many writers a line per write
+                # cost measurable leader CPU, and the audit log names each write anyway.
                 log.info("committed %s in epoch %d", ", ".join(
                     f"{key!r} v{new.seq} ({new.size} bytes)" for key, _, new, _ in batch),
                     batch[0][2].epoch)

@@ -78,9 +78,9 @@ def fitting(key: str, state: BlobState) -> BlobState:
 
 def record_bytes(state: BlobState) -> int:
     """At least the bytes ``state``'s record takes: for a small one its bound, an over-estimate
-    (1.4 us, so a sum of them still keeps a transaction under ZooKeeper's limit) that spares
-    encoding nearly every write once more to measure it (70 us); for a large one, the exact
-    size."""
+    (cheap, and a sum of them still keeps a transaction under ZooKeeper's limit) that spares
+    encoding nearly every write once more to measure it, which costs far more; for a large one,
+    the exact size."""
     bound = state.size_bound()
     return bound if bound <= zkstate.MAX_STATE_BYTES // 64 else len(state.encode())
 

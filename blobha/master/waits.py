@@ -146,8 +146,8 @@ class ReplicationWaits:
             changed.clear()
             self.meta.require_zk()
             # Every key's state and replica list, both watched, one round trip per batch of
-            # keys: a job's pre-launch check of a map of 20 blobs was 60 round trips, one
-            # after the other. Batches bound what one call puts on the master's session.
+            # keys, not several per key one after the other (a job's pre-launch check names
+            # many blobs). Batches bound what one call puts on the master's session.
             infos = []
             for start in range(0, len(keys), _WAIT_READ_BATCH):
                 pending = [(key, self.zk.get_async(key_path(key), watch=watch),

@@ -105,7 +105,7 @@ def _environment(values: dict[str, str]) -> Iterator[None]:
 # travels by reference, and unpickling it imports its module. The warm-up ones then never make
 # a worker import blobha.spark as a side effect (whether it is loaded before the clock starts
 # is the benchmark's explicit choice), and the timed ones import blobha.spark as a job's task
-# would, without this module (argparse, statistics...: 9 ms per worker that no job pays).
+# would, without this module (argparse, statistics...: an import cost that no job pays).
 
 
 def _warm_up_task(load_blobha: bool) -> Any:

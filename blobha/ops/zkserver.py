@@ -316,10 +316,9 @@ class EmbeddedZooKeeper:
             # Bounded: the JVM default (a quarter of RAM) adds up when a test run or a local
             # cluster starts several servers, and a test ZooKeeper never needs more.
             "-Xmx512m",
-            # The JIT's first tier only. During one client's small creates on a 2-core machine
-            # the JIT's compiler threads had 28% of all CPU samples (perf), taken from the
-            # masters beside the server; with the first tier only those creates ran 13%
-            # faster (blobha bench, three runs each, alternated), ZooKeeper's own 8% slower.
+            # The JIT's first tier only: on a small shared machine the JIT's compiler threads
+            # take much CPU from the masters beside the server, and small creates ran faster
+            # overall with the first tier only, though ZooKeeper's own work got slower.
             "-XX:+IgnoreUnrecognizedVMOptions", "-XX:TieredStopAtLevel=1",
             # Keeps the log free of log4j-1 JMX warnings that hide the real error.
             "-Dzookeeper.jmx.log4j.disable=true",

@@ -28,9 +28,8 @@ _UPLOAD_DATA_TAG = 0x1A  # UploadChunk field 3, length-delimited
 #: A channel option: a server stream (a download, a master's fetch) is read on the caller's
 #: own thread. By default gRPC reads it on the channel's thread, which it starts again for a
 #: call made while no other is running and which then wakes the caller for each message: a
-#: 4 KiB read cost the client 0.53-0.58 ms of CPU that way and 0.31-0.33 ms this way (1,207
-#: against 1,677 reads a second with 8 clients). Cancelling from another thread (the stall
-#: watch) works as before.
+#: small read costs the client much more CPU that way than this way. Cancelling from another
+#: thread (the stall watch) works as before.
 CALLER_THREAD_STREAMS: tuple[str, int] = (
     grpc.experimental.ChannelOptions.SingleThreadedUnaryStream, 1)
 

@@ -175,8 +175,8 @@ def receive(host: str, port: int, ticket: bytes, size: int, timeout: float,
     with _open(host, port, ticket, timeout) as conn:
         buf = bytearray(min(RECEIVE_BYTES, size))
         view = memoryview(buf)
-        # Woken once this much is queued, not for every segment: on loopback this halved the
-        # CPU of both ends. Lowered for a last piece smaller than it, which would otherwise
+        # Woken once this much is queued, not for every segment: a wake-up per segment cost
+        # both ends much CPU. Lowered for a last piece smaller than it, which would otherwise
         # wait for bytes that never come.
         wake = min(WAKE_BYTES, size)
         got = 0

@@ -191,9 +191,9 @@ class CallWatch(_Watcher):
     """Watches blocking calls, which cost nothing extra while they end in time.
 
     A call made with a future gets its answer through the channel's own thread, which then wakes
-    the caller: one more thread wake-up per call, which made a 4 KiB create cost the bench's
-    client 0.44-0.60 ms of CPU against 0.28 ms for a blocking call (the caller waits in gRPC's
-    core itself). A blocking call has no handle to cancel, though. So calls are only noted
+    the caller: one more thread wake-up per call, which made a small create cost the client
+    much more CPU than a blocking call (the caller waits in gRPC's core itself). A blocking
+    call has no handle to cancel, though. So calls are only noted
     (:meth:`begin`, :meth:`end`): one thread looks at them every quarter of the shortest half
     limit while any are made, and sleeps otherwise. For a call that has waited half its limit it
     runs ``check(address, half)`` on a thread of its own (a status call; True if the master

@@ -3,10 +3,10 @@
 kazoo's connection thread waits on its socket through ``handler.select`` several times per
 request and reply (the loop's wait, then one per read or write of a frame). The stock handler
 builds, registers and closes a new epoll object on each call: four system calls and a few
-Python objects, about 26 microseconds here. At the thousands of ZooKeeper requests a second a
-master makes while a follower catches up, that was a sixth of each master's CPU (py-spy). One
-``poll(2)`` does the same wait in about 4 microseconds, and unlike ``select(2)`` it has no limit
-on descriptor numbers (a busy master has more than 1,024 open files).
+Python objects. At the thousands of ZooKeeper requests a second a master makes while a
+follower catches up, that was a large share of each master's CPU. One ``poll(2)`` does the
+same wait far more cheaply, and unlike ``select(2)`` it has no limit on descriptor numbers (a
+busy master has more than 1,024 open files).
 
 It also adds what kazoo lacks, both from server 3.6 on: persistent recursive watches
 (``addWatch``, see :func:`add_recursive_watch`) and reads of many nodes in one request

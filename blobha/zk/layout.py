@@ -123,8 +123,8 @@ class BlobState:
     meta_version: int = 0
 
     def encode(self) -> bytes:
-        # Field by field, not dataclasses.asdict (its deep copy was 2 % of a busy leader's
-        # Python time); a test checks that every field but meta_version is stored.
+        # Field by field, not dataclasses.asdict (its deep copy showed in a busy leader's
+        # profile); a test checks that every field but meta_version is stored.
         d: dict[str, Any] = {
             "seq": self.seq, "size": self.size, "digest": self.digest,
             "acl": format_acl(self.acl), "replication_factor": self.replication_factor,
@@ -143,7 +143,7 @@ class BlobState:
         return json.dumps(d, separators=(",", ":"), ensure_ascii=False).encode()
 
     def size_bound(self) -> int:
-        """An upper bound on ``len(self.encode())``, without encoding (a tenth of the cost):
+        """An upper bound on ``len(self.encode())``, without encoding (much cheaper):
         what a write's record is checked against first, so that only a large one is encoded
         to be measured. Every text counts 6 bytes a character (a ``\\uXXXX`` escape, the
         most any takes), every number 24, and the field names a fixed 400."""
