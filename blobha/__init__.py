@@ -8,10 +8,10 @@
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from blobha import _moved
+from blobha.core.lazy import lazy_attributes
 
 if TYPE_CHECKING:
     from blobha.cache import BlobCache
@@ -67,21 +67,11 @@ _EXPORTS = {
 }
 
 
-# Old module paths (blobha.errors, blobha.store, ...) keep working for one release.
+# Old module paths (blobha.errors, blobha.zkstate, ...) keep working for one release.
 _moved.install()
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'blobha' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # later lookups do not come back here
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_EXPORTS))
+__getattr__, __dir__ = lazy_attributes("blobha", _EXPORTS, globals())
 
 
 __all__ = [

@@ -59,8 +59,9 @@ follows the cache's LRU and retention rules.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from blobha.core.lazy import lazy_attributes
 
 # What a task needs, loaded with the package: the conf, the blob map, the settings, blob_path.
 # Names imported "as" themselves are not in __all__ but importable from here, as before.
@@ -161,17 +162,7 @@ _EXPORTS = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'blobha.spark' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # later lookups do not come back here
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_EXPORTS))
+__getattr__, __dir__ = lazy_attributes("blobha.spark", _EXPORTS, globals())
 
 
 __all__ = [

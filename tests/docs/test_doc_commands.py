@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from clusters import running_cluster
 
 from blobha.ops.localcluster import LocalCluster
 
@@ -31,16 +32,6 @@ NEEDS = {"spark"}
 #: How long one block may run (the Spark ones start a JVM and run a job).
 BLOCK_TIMEOUT = 600.0
 
-#: As tests/integration/conftest.py: failures show up fast enough for tests.
-FAST: dict[str, Any] = {
-    "zookeeper.session.timeout.ms": 4000,
-    "blobstore.upload.expiration.secs": 3,
-    "blobstore.delete.grace.secs": 0.5,
-    "blobstore.replica.grace.secs": 2.0,
-    "blobstore.sync.period.secs": 5.0,
-    "blobstore.disk.reserved.bytes": 0,
-    "admins": ["admin"],
-}
 
 _FENCE = re.compile(r"^(\s*)(`{3,})(.*)$")
 _COMMENT = re.compile(r"^\s*<!--(.*?)-->\s*$")
@@ -303,19 +294,7 @@ def test_the_commands_of(path: Path, tmp_path: Path) -> None:
     tls = _DOC_TEST_TLS in path.read_text()
     # A secure cluster keeps its set-up where the docs' commands look: ./blobha-local/secure.
     data = work / "blobha-local" if tls else tmp_path / "cluster"
-    cluster = LocalCluster(data, nodes=3, base_port=0, overrides=FAST, tls=tls)
-    try:
-        cluster.start()
+    with running_cluster(data, tls=tls, log_lines=20) as cluster:
         env = base_env(tmp_path)
         env["BLOBHA_CLUSTER"] = cluster.cluster
         run_blocks(blocks, work, env, cluster)
-    except BaseException:
-        for m in cluster.masters:
-            try:
-                tail = m.log_path.read_text(errors="replace").splitlines()[-20:]
-            except OSError:
-                continue
-            print(f"\n----- {m.address} -----\n" + "\n".join(tail))
-        raise
-    finally:
-        cluster.stop()

@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 import grpc
 import pytest
 from blobha.sync.peers import CHANNEL_OPTIONS, USER_METADATA_KEY
+from clusters import FAST, SESSION_TIMEOUT_MS
 from failures import failed
 from prometheus_client.parser import text_string_to_metric_families
 from waiting import wait_until
@@ -28,21 +29,10 @@ from blobha.ops.localcluster import LocalCluster, MasterProcess
 from blobha.store.segments import scan
 from blobha.v1 import blobha_pb2_grpc as pb_grpc
 
-__all__ = ["wait_until"]
+__all__ = ["FAST", "SESSION_TIMEOUT_MS", "wait_until"]
 
 T = TypeVar("T")
 
-SESSION_TIMEOUT_MS = 4000
-#: Settings that make failures show up fast enough for tests (real defaults are slower).
-FAST: dict[str, Any] = {
-    "zookeeper.session.timeout.ms": SESSION_TIMEOUT_MS,
-    "blobstore.upload.expiration.secs": 3,
-    "blobstore.delete.grace.secs": 0.5,
-    "blobstore.replica.grace.secs": 2.0,
-    "blobstore.sync.period.secs": 5.0,
-    "blobstore.disk.reserved.bytes": 0,
-    "admins": ["admin"],
-}
 
 
 def make_cluster(root: Path, nodes: int = 3, **overrides: Any) -> LocalCluster:

@@ -8,27 +8,12 @@ import hashlib
 import os
 import shutil
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
 
-from blobha.ops.localcluster import LocalCluster
-
 T = TypeVar("T")
-
-#: As tests/integration/conftest.py: failures show up fast enough for tests.
-FAST: dict[str, Any] = {
-    "zookeeper.session.timeout.ms": 4000,
-    "blobstore.upload.expiration.secs": 3,
-    "blobstore.delete.grace.secs": 0.5,
-    "blobstore.replica.grace.secs": 2.0,
-    "blobstore.sync.period.secs": 5.0,
-    "blobstore.disk.reserved.bytes": 0,
-    "admins": ["admin"],
-}
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "deploy" / "examples"
 
@@ -38,24 +23,6 @@ def require_spark() -> None:
     pytest.importorskip("pyspark")
     if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
         pytest.skip("no Java runtime for Spark")
-
-
-@contextmanager
-def running_cluster(root: Path, nodes: int = 3, **overrides: Any) -> Iterator[LocalCluster]:
-    cluster = LocalCluster(root, nodes=nodes, base_port=0, overrides={**FAST, **overrides})
-    try:
-        cluster.start()
-        yield cluster
-    except BaseException:
-        for m in cluster.masters:
-            try:
-                tail = m.log_path.read_text(errors="replace").splitlines()[-30:]
-            except OSError:
-                continue
-            print(f"\n----- {m.address} -----\n" + "\n".join(tail))
-        raise
-    finally:
-        cluster.stop()
 
 
 def spark_env(work: Path) -> dict[str, str]:

@@ -20,7 +20,8 @@ from types import ModuleType
 from typing import Any
 
 import pytest
-from blobha_spark_helpers import EXAMPLES, require_spark, running_cluster, spark_env
+from blobha_spark_helpers import EXAMPLES, require_spark, spark_env
+from clusters import running_cluster
 
 from blobha import spark as blobspark
 from blobha.cache import BlobCache

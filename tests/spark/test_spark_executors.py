@@ -23,11 +23,11 @@ from blobha_spark_helpers import (
     file_sha256,
     new_session,
     require_spark,
-    running_cluster,
     sha256,
     spark_env,
     stop_session,
 )
+from clusters import running_cluster
 from waiting import wait_until
 
 from blobha import spark as blobspark
