@@ -1,4 +1,5 @@
-"""A blob master: its operations, upload sessions, group commit, scrubber and configuration.
+"""A blob master: the :class:`Master` facade over its named parts (see docs/architecture.md),
+its upload sessions, group commit, scrubber and configuration, and how a process serves it.
 
 Nothing is imported with the package, so loading one part does not load the rest.
 """

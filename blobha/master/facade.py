@@ -15,7 +15,6 @@ may replace it, a delete may remove it, but no failure rolls it back: roll-back 
 to a version that was never acknowledged and that no live master holds.
 """
 
-
 from __future__ import annotations
 
 import logging
