@@ -31,7 +31,7 @@ class MasterServer:
         self.config = config
         self.master = Master(config)
         self.health = MasterHealth(self.master.zk)
-        self.metrics = MasterMetrics(self.master)
+        self.metrics = MasterMetrics(self.master.status)
         self.status_server: StatusServer | None = None
         self.server: grpc.Server | None = None
         self.dataplane: DataPlane | None = None
@@ -42,7 +42,7 @@ class MasterServer:
         if listen:
             # First, so a taken port fails the start before anything registers in ZooKeeper.
             try:
-                self.status_server = StatusServer(self.master, listen, self.metrics)
+                self.status_server = StatusServer(self.master.status, listen, self.metrics)
             except OSError as e:
                 raise ConfigError(f"cannot listen on metrics.listen {listen}: {e}") from None
         try:

@@ -42,6 +42,7 @@ from blobha.master.repairs import Repairs
 from blobha.master.rules import Authority, CommitOutcomeUnknown, PutRequest
 from blobha.master.scrub import Scrubber
 from blobha.master.settings import MasterSettings
+from blobha.master.status import MasterStatus
 from blobha.master.summary import StatusSummary
 from blobha.master.uploads import UploadManager
 from blobha.master.waits import ReplicationWaits
@@ -168,6 +169,10 @@ class Master:
         self.summary = StatusSummary(self.identity, self.store, self.zk, self.election,
                                      self.sync, self.membership, self.peers)
         self.started = self.summary.started
+        self.status = MasterStatus(
+            self.identity, s.zk_servers, self.session_timeout, self.zk, self.election,
+            self.history, self.store, self.uploads, self.sync, self.puts, self.scrubber,
+            self.membership, self.channel, self.summary, self.waits)
 
     @property
     def dataplane(self) -> TransferOffers | None:
@@ -348,9 +353,6 @@ class Master:
                              ) -> tuple[bool, list[ReplicationStatus], float]:
         return self.waits.wait_for_replication(user, keys, minimum, timeout, abandoned)
 
-    def replication_waits(self) -> int:
-        return self.waits.replication_waits()
-
     def set_meta(
         self, user: str, key: str, acl: list[AccessControl] | None, replication_factor: int,
         expected_meta_version: int | None,
@@ -370,6 +372,3 @@ class Master:
         """The synchroniser's call for a key it reconciles while leading (LeaderDuties)."""
         return self.repairs.leader_duty(key, view)
 
-    def view(self, key: str) -> KeyView | None:
-        """The synchroniser's view of ``key`` (the status page)."""
-        return self.sync.view(key)

@@ -22,11 +22,11 @@ from outage import Outage, into_outage
 
 from blobha.master.channel import Channel
 from blobha.master.config import Config
-from blobha.master.edge.statuspage import _status_urls
 from blobha.master.metadata import Metadata
 from blobha.master.reads import Reads
 from blobha.master.rules import Authority
 from blobha.master.settings import MasterSettings
+from blobha.master.status import MasterStatus
 from blobha.ops.zkserver import EmbeddedZooKeeper
 from blobha.store.local import LocalStore
 from blobha.zk.layout import BLOBSTORE, MASTERS, BlobState, key_path
@@ -81,8 +81,12 @@ def master(tmp_path: Path) -> Iterator[tuple[Any, _OutageBeforeNextRead]]:
                 Config.of({"blobstore.dir": str(tmp_path / "data")}))
             reads = Reads(settings, "m1:6627", "blobha-master", LocalStore(tmp_path / "store"),
                           zk, meta, Authority(frozenset(), "blobha-master"), sync, Channel())
+            unused: Any = None  # parts the status page's links do not read
+            status = MasterStatus("m1:6627", server.connect_string, SESSION_SECS, zk, election,
+                                  unused, unused, unused, sync, unused, None, unused,
+                                  Channel(), SimpleNamespace(started=0.0), unused)  # type: ignore[arg-type]
             m = SimpleNamespace(identity="m1:6627", zk=zk, session_timeout=SESSION_SECS,
-                                sync=sync, meta=meta, reads=reads)
+                                sync=sync, meta=meta, reads=reads, status=status)
             yield m, zk
         finally:
             zk.stop()
@@ -112,9 +116,9 @@ def test_a_listing_that_meets_the_outage_is_told_zookeeper_is_unreachable(
 def test_the_status_page_meets_the_outage_with_no_links_and_in_one_timeout(
         master: tuple[Any, _OutageBeforeNextRead]) -> None:
     m, zk = master
-    assert _status_urls(m, list(URLS)) == URLS  # before the outage: each master's link
+    assert m.status.status_urls(list(URLS)) == URLS  # before the outage: each master's link
     zk.prefix = MASTERS
-    result, took = _during_outage(zk, lambda: _status_urls(m, list(URLS)))
+    result, took = _during_outage(zk, lambda: m.status.status_urls(list(URLS)))
     assert result == {}  # the rows still show, without links
     # The reads share one deadline: a page does not wait a session timeout per master.
     assert took < 2 * SESSION_SECS, took

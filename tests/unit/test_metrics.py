@@ -1,4 +1,5 @@
-"""The metrics registry of a master, read from a stand-in master (no ZooKeeper needed)."""
+"""The metrics registry of a master, read through its status source over stand-ins (no
+ZooKeeper needed)."""
 
 from __future__ import annotations
 
@@ -10,26 +11,34 @@ from blobha.leader import LeaderHistory
 from prometheus_client.parser import text_string_to_metric_families
 
 from blobha.core.addresses import status_url
+from blobha.master.channel import Channel
 from blobha.master.edge.metrics import MasterMetrics
+from blobha.master.status import MasterStatus
 
 
-def fake_master(**overrides: Any) -> SimpleNamespace:
+def fake_master(**overrides: Any) -> MasterStatus:
+    """A master's status source over stand-ins for its collaborators."""
     history = LeaderHistory()
     history.observe(3, "m1:6627")
     history.observe(4, "m2:6627")
-    m = SimpleNamespace(
-        identity="m2:6627", started=time.monotonic() - 5,
-        election=SimpleNamespace(is_leader=True, epoch=4), history=history,
-        zk=SimpleNamespace(state="CONNECTED"),
+    parts: dict[str, Any] = dict(
+        election=SimpleNamespace(is_leader=True, epoch=4, leader_address="m2:6627"),
+        zk=SimpleNamespace(state="CONNECTED", _data_watchers={}, _child_watchers={}),
         store=SimpleNamespace(counted_usage=lambda: (7, 7000), disk_free=lambda: 123456,
                               segments=SimpleNamespace(stats=lambda: (2, 9000, 6500))),
         uploads=SimpleNamespace(count=lambda: 2),
-        sync=SimpleNamespace(figures=lambda: (9, 1, 3), queue=SimpleNamespace(depth=lambda: 5)),
+        sync=SimpleNamespace(figures=lambda: (9, 1, 3), queue=SimpleNamespace(
+            depth=lambda: 5, batches=0, batched_keys=0)),
         puts=SimpleNamespace(batches=4, writes=11, largest=6),
+        scrubber=None,
     )
-    for k, v in overrides.items():
-        setattr(m, k, v)
-    return m
+    parts.update(overrides)
+    return MasterStatus(
+        "m2:6627", "127.0.0.1:2181", 4.0, parts["zk"], parts["election"], history,
+        parts["store"], parts["uploads"], parts["sync"], parts["puts"], parts["scrubber"],
+        SimpleNamespace(known=set), Channel(),  # type: ignore[arg-type]
+        SimpleNamespace(started=time.monotonic() - 5),  # type: ignore[arg-type]
+        SimpleNamespace(replication_waits=lambda: 0))  # type: ignore[arg-type]
 
 
 def samples(metrics: MasterMetrics) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -67,8 +76,9 @@ def test_state_is_read_at_scrape_time() -> None:
 
 
 def test_a_follower_reports_the_term_it_last_saw() -> None:
-    m = fake_master(election=SimpleNamespace(is_leader=False, epoch=0),
-                    zk=SimpleNamespace(state="SUSPENDED"))
+    m = fake_master(election=SimpleNamespace(is_leader=False, epoch=0, leader_address=""),
+                    zk=SimpleNamespace(state="SUSPENDED", _data_watchers={},
+                                       _child_watchers={}))
     s = samples(MasterMetrics(m))  # type: ignore[arg-type]
     assert s[("blobha_is_leader", ())] == 0
     assert s[("blobha_leader_epoch", ())] == 4

@@ -30,7 +30,7 @@ from prometheus_client.registry import Collector
 from blobha.core.version import __version__
 
 if TYPE_CHECKING:
-    from blobha.master.facade import Master
+    from blobha.master.status import StatusSource
 
 log = logging.getLogger("blobha.metrics")
 
@@ -40,7 +40,7 @@ LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0
 
 ZK_STATES = ("CONNECTED", "SUSPENDED", "LOST")
 
-#: Attributes of the background scrubber (``master.scrubber``) exported as counters.
+#: The background scrubber's figures (``StatusSource.scrub``) exported as counters.
 SCRUB_COUNTERS = (
     ("files_verified", "blobha_scrub_files_verified",
      "Stored blob files whose digest the scrubber verified."),
@@ -48,6 +48,19 @@ SCRUB_COUNTERS = (
     ("corrupt_found", "blobha_scrub_corrupt_found",
      "Stored blob files the scrubber found corrupt."),
     ("passes", "blobha_scrub_passes", "Complete scrub passes over the local store."),
+)
+
+
+#: The data channel's figures (``StatusSource.data_channel``) exported as counters.
+DATA_CHANNEL_COUNTERS = (
+    ("transfers", "blobha_data_channel_transfers", "Downloads served over the data channel."),
+    ("bytes_sent", "blobha_data_channel_bytes", "Bytes sent over the data channel."),
+    ("uploads", "blobha_data_channel_uploads",
+     "Upload segments received over the data channel."),
+    ("bytes_received", "blobha_data_channel_received_bytes",
+     "Upload bytes received over the data channel."),
+    ("refused", "blobha_data_channel_refused",
+     "Data channel connections with an unknown or expired ticket."),
 )
 
 
@@ -81,8 +94,8 @@ class MasterCollector(Collector):
     """Reads a master's state when scraped. Each part is read on its own: a part that fails
     (ZooKeeper down, say) is logged and left out; the scrape still answers."""
 
-    def __init__(self, master: Master) -> None:
-        self.master = master
+    def __init__(self, source: StatusSource) -> None:
+        self.source = source
 
     def describe(self) -> Iterable[Metric]:
         return []  # unchecked collector: the families depend on the state (e.g. a scrubber)
@@ -97,32 +110,30 @@ class MasterCollector(Collector):
                 log.debug("metrics: %s failed", part.__name__, exc_info=True)
 
     def _identity(self) -> Iterator[Metric]:
-        m = self.master
+        s = self.source
         info = GaugeMetricFamily("blobha_build_info", "The master's address and blobha version.",
                                  labels=["address", "version"])
-        info.add_metric([m.identity, __version__], 1.0)
+        info.add_metric([s.identity, __version__], 1.0)
         yield info
         yield GaugeMetricFamily("blobha_uptime_seconds", "Seconds since this master started.",
-                                value=time.monotonic() - m.started)
+                                value=time.monotonic() - s.started)
 
     def _leadership(self) -> Iterator[Metric]:
-        m = self.master
+        s = self.source
         yield GaugeMetricFamily("blobha_is_leader", "1 if this master is the ready leader.",
-                                value=1.0 if m.election.is_leader else 0.0)
-        current = m.history.current
-        epoch = m.election.epoch if m.election.is_leader else (current.epoch if current else 0)
+                                value=1.0 if s.is_leader() else 0.0)
         yield GaugeMetricFamily(
             "blobha_leader_epoch",
             "The leadership term (fencing epoch) this master last saw: its own while it leads.",
-            value=float(epoch),
+            value=float(s.seen_epoch()),
         )
         yield CounterMetricFamily(
             "blobha_leader_changes", "Leader changes this master has seen since it started.",
-            value=float(m.history.changes),
+            value=float(s.leader_changes()),
         )
 
     def _zookeeper(self) -> Iterator[Metric]:
-        state = str(self.master.zk.state)
+        state = self.source.zk_state()
         family = GaugeMetricFamily(
             "blobha_zookeeper_session_state",
             "1 for the current state of this master's ZooKeeper session (kazoo's view).",
@@ -133,125 +144,107 @@ class MasterCollector(Collector):
         yield family
 
     def _watches(self) -> Iterator[Metric]:
-        zk = self.master.zk
-        # kazoo's own tables (no public count), which its connection thread changes: copied
-        # in one step each, a count taken mid-change is retried by the next scrape at worst.
-        held = sum(len(s) for s in list(zk._data_watchers.values()))
-        held += sum(len(s) for s in list(zk._child_watchers.values()))
         yield GaugeMetricFamily(
             "blobha_zookeeper_watch_callbacks",
             "One-shot watch callbacks this master's ZooKeeper client holds. Steady in a healthy"
             " master: it grows only while watched nodes wait to change.",
-            value=float(held),
+            value=float(self.source.watch_callbacks()),
         )
         yield GaugeMetricFamily("blobha_replication_waits",
                                 "Replication waits (WaitForReplication, write quorums) in"
                                 " progress on this master.",
-                                value=float(self.master.replication_waits()))
+                                value=float(self.source.replication_waits()))
 
     def _store(self) -> Iterator[Metric]:
-        m = self.master
-        count, stored = m.store.counted_usage()
+        f = self.source.store()
         yield GaugeMetricFamily("blobha_blobs_stored",
-                                "Blobs with a version on this master's disk.", value=float(count))
+                                "Blobs with a version on this master's disk.",
+                                value=float(f.blobs))
         yield GaugeMetricFamily(
             "blobha_stored_bytes",
             "Bytes of every retained blob version on this master's disk (a small version's"
             " segment record counts its header and record of a few hundred bytes too).",
-            value=float(stored),
+            value=float(f.stored_bytes),
         )
-        files, size, live = m.store.segments.stats()
         yield GaugeMetricFamily("blobha_segment_files",
                                 "Segment files holding this master's small versions.",
-                                value=float(files))
+                                value=float(f.segment_files))
         yield GaugeMetricFamily(
             "blobha_segment_bytes",
             "Bytes of those segment files, live records and dead ones (deleted or replaced"
             " versions, until compaction copies the live ones out of a sparse segment).",
-            value=float(size))
+            value=float(f.segment_bytes))
         yield GaugeMetricFamily("blobha_segment_live_bytes",
                                 "Bytes of the live records in those segment files.",
-                                value=float(live))
+                                value=float(f.segment_live_bytes))
         yield GaugeMetricFamily("blobha_disk_free_bytes", "Free bytes on the store's file system.",
-                                value=float(m.store.disk_free()))
+                                value=float(f.disk_free))
         yield GaugeMetricFamily("blobha_uploads_in_progress", "Uploads begun, not yet committed.",
-                                value=float(m.uploads.count()))
+                                value=float(f.uploads_in_progress))
 
     def _replication(self) -> Iterator[Metric]:
-        sync = self.master.sync
-        keys, under, lag = sync.figures()
+        f = self.source.sync()
         yield GaugeMetricFamily("blobha_cluster_blobs", "Keys in the cluster, as this master sees.",
-                                value=float(keys))
+                                value=float(f.keys))
         yield GaugeMetricFamily(
             "blobha_under_replicated_blobs",
             "Keys whose committed version has fewer live holders than their replication factor.",
-            value=float(under),
+            value=float(f.under_replicated),
         )
         yield GaugeMetricFamily(
             "blobha_sync_lag_blobs",
             "Committed versions this master is meant to hold but does not hold yet.",
-            value=float(lag),
+            value=float(f.lag),
         )
         yield GaugeMetricFamily(
             "blobha_sync_queue_depth", "Keys queued or in progress in this master's synchroniser.",
-            value=float(sync.queue.depth()),
+            value=float(f.queue_depth),
         )
         yield CounterMetricFamily(
             "blobha_sync_batches", "Batches of keys this master's synchroniser has reconciled.",
-            value=float(sync.queue.batches),
+            value=float(f.batches),
         )
         yield CounterMetricFamily("blobha_sync_batch_keys", "Keys those batches carried.",
-                                  value=float(sync.queue.batched_keys))
+                                  value=float(f.batched_keys))
 
     def _group_commit(self) -> Iterator[Metric]:
-        puts = self.master.puts
+        f = self.source.group_commit()
         yield CounterMetricFamily(
             "blobha_group_commits", "Group commits of whole small blobs (Put) this master made.",
-            value=float(puts.batches),
+            value=float(f.batches),
         )
         yield CounterMetricFamily("blobha_group_commit_writes",
-                                  "Writes those group commits carried.", value=float(puts.writes))
+                                  "Writes those group commits carried.", value=float(f.writes))
         yield GaugeMetricFamily("blobha_group_commit_largest",
                                 "The most writes one group commit has carried.",
-                                value=float(puts.largest))
+                                value=float(f.largest))
 
     def _scrub(self) -> Iterator[Metric]:
-        scrubber = getattr(self.master, "scrubber", None)
-        if scrubber is None:
+        figures = self.source.scrub()
+        if figures is None:
             return
         for attr, name, doc in SCRUB_COUNTERS:
-            value = getattr(scrubber, attr, None)
-            if isinstance(value, int | float):
-                yield CounterMetricFamily(name, doc, value=float(value))
+            if attr in figures:
+                yield CounterMetricFamily(name, doc, value=float(figures[attr]))
 
     def _data_channel(self) -> Iterator[Metric]:
-        plane = getattr(self.master, "dataplane", None)
-        if plane is None:
+        figures = self.source.data_channel()
+        if figures is None:
             return
-        for name, doc, value in (
-            ("blobha_data_channel_transfers", "Downloads served over the data channel.",
-             plane.transfers),
-            ("blobha_data_channel_bytes", "Bytes sent over the data channel.", plane.bytes_sent),
-            ("blobha_data_channel_uploads", "Upload segments received over the data channel.",
-             plane.uploads),
-            ("blobha_data_channel_received_bytes",
-             "Upload bytes received over the data channel.", plane.bytes_received),
-            ("blobha_data_channel_refused",
-             "Data channel connections with an unknown or expired ticket.", plane.refused),
-        ):
-            yield CounterMetricFamily(name, doc, value=float(value))
+        for attr, name, doc in DATA_CHANNEL_COUNTERS:
+            yield CounterMetricFamily(name, doc, value=float(figures[attr]))
 
 
 class MasterMetrics:
     """The registry of one master: RPC figures plus its state collector."""
 
-    def __init__(self, master: Master | None = None) -> None:
+    def __init__(self, source: StatusSource | None = None) -> None:
         # The *_created series double the output and no dashboard reads them.
         disable_created_metrics()  # type: ignore[no-untyped-call]
         self.registry = CollectorRegistry(auto_describe=False)
         self.rpc = RpcMetrics(self.registry)
-        if master is not None:
-            self.registry.register(MasterCollector(master))
+        if source is not None:
+            self.registry.register(MasterCollector(source))
 
     def render(self) -> bytes:
         """The text exposition format, for ``GET /metrics``."""

@@ -27,16 +27,14 @@ from importlib import resources
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, urlsplit
 
-from kazoo.client import KazooState
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from blobha.core.errors import BlobError
 from blobha.core.version import __version__
-from blobha.zk.layout import MASTERS
 
 if TYPE_CHECKING:
     from blobha.master.edge.metrics import MasterMetrics
-    from blobha.master.facade import Master
+    from blobha.master.status import StatusSource
 
 log = logging.getLogger("blobha.statuspage")
 
@@ -51,16 +49,17 @@ _STATIC = {
 }
 
 
-def status_document(master: Master, blob_limit: int = DEFAULT_BLOB_LIMIT) -> dict[str, Any]:
+def status_document(source: StatusSource, blob_limit: int = DEFAULT_BLOB_LIMIT
+                    ) -> dict[str, Any]:
     """What ``/status.json`` answers. Never fails as a whole: a part that cannot be read (the
     other masters while ZooKeeper is unreachable, say) is reported in ``errors``."""
     errors: list[str] = []
-    node = master.node_status()
+    node = source.node_status()
     masters = [node]
-    leader = master.election.leader_address
-    epoch = master.election.epoch
+    leader = source.leader_address()
+    epoch = source.epoch()
     try:
-        view = master.cluster_summary()
+        view = source.cluster_summary()
         masters, leader, epoch = list(view.masters), view.leader, view.epoch
         if view.zookeeper_unreachable:
             errors.append("cluster summary: ZooKeeper is unreachable from this master; the"
@@ -70,12 +69,12 @@ def status_document(master: Master, blob_limit: int = DEFAULT_BLOB_LIMIT) -> dic
     except Exception as e:  # the page must still show this master
         log.debug("status: cluster summary failed", exc_info=True)
         errors.append(f"cluster summary: {type(e).__name__}")
-    urls = _status_urls(master, [m.address for m in masters])
+    urls = source.status_urls([m.address for m in masters])
 
-    known = max(len(master.membership.known()), 1)
+    known = max(source.known_masters(), 1)
     blobs = []
     under = 0
-    for key, v in master.sync.views().items():
+    for key, v in source.views().items():
         holders = v.holders
         rf = v.state.replication_factor
         is_under = len(holders) < rf
@@ -89,18 +88,11 @@ def status_document(master: Master, blob_limit: int = DEFAULT_BLOB_LIMIT) -> dic
             "acknowledged": v.state.acked,
         })
     blobs.sort(key=lambda b: (not b["under_replicated"], b["key"]))
-
-    scrubber = getattr(master, "scrubber", None)
-    scrub = None
-    if scrubber is not None:
-        scrub = {name: getattr(scrubber, name, None)
-                 for name in ("files_verified", "bytes_verified", "corrupt_found", "passes")}
     return {
         "generated_at": time.time(),
-        "this_master": master.identity,
+        "this_master": source.identity,
         "version": __version__,
-        "zookeeper": {"servers": master.config["zookeeper.servers"],
-                      "state": str(master.zk.state)},
+        "zookeeper": {"servers": source.zk_servers, "state": source.zk_state()},
         "leader": leader,
         "epoch": epoch,
         "masters": [{**asdict(m), "status_url": urls.get(m.address, "")} for m in masters],
@@ -108,31 +100,11 @@ def status_document(master: Master, blob_limit: int = DEFAULT_BLOB_LIMIT) -> dic
         "under_replicated": under,
         "blobs": blobs[:blob_limit],
         "blobs_truncated": len(blobs) > blob_limit,
-        "leader_changes": master.history.changes,
-        "failovers": [asdict(t) for t in master.history.terms()],
-        "scrub": scrub,
+        "leader_changes": source.leader_changes(),
+        "failovers": [asdict(t) for t in source.terms()],
+        "scrub": source.scrub(),
         "errors": errors,
     }
-
-
-def _status_urls(master: Master, addresses: list[str]) -> dict[str, str]:
-    """Each master's status page, as registered in its membership node."""
-    urls: dict[str, str] = {}
-    if master.zk.state != KazooState.CONNECTED:
-        return urls  # kazoo would queue the reads until it reconnects
-    # Pipelined, and waited for at most the session timeout in all: a read made just as the
-    # connection dropped is held by kazoo until ZooKeeper is back, and the page with it.
-    reads = [(address, master.zk.get_async(f"{MASTERS}/{address}")) for address in addresses]
-    deadline = time.monotonic() + master.session_timeout
-    for address, read in reads:
-        try:
-            data, _ = read.get(timeout=max(deadline - time.monotonic(), 0.0))
-            url = json.loads(data).get("status_url", "")
-        except Exception:
-            continue  # gone, or ZooKeeper unreachable: no link, the row still shows
-        if isinstance(url, str) and url.startswith("http://"):
-            urls[address] = url
-    return urls
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -151,7 +123,7 @@ class _Handler(BaseHTTPRequestHandler):
                                f"limit must be a whole number from 1 to {MAX_BLOB_LIMIT}\n"
                                .encode())
                     return
-                body = json.dumps(status_document(self.server.master, limit)).encode()
+                body = json.dumps(status_document(self.server.source, limit)).encode()
                 self._send(HTTPStatus.OK, "application/json", body)
             elif url.path in _STATIC:
                 name, ctype = _STATIC[url.path]
@@ -196,12 +168,12 @@ class StatusServer(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
 
-    def __init__(self, master: Master, listen: str, metrics: MasterMetrics) -> None:
+    def __init__(self, source: StatusSource, listen: str, metrics: MasterMetrics) -> None:
         host, port = listen.rsplit(":", 1)
         host = host.strip("[]")
         if ":" in host:
             self.address_family = socket.AF_INET6
-        self.master = master
+        self.source = source
         self.metrics = metrics
         super().__init__((host, int(port)), _Handler)
         self._thread = threading.Thread(target=self.serve_forever, name="status-http",
