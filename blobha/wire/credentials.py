@@ -68,7 +68,7 @@ class Credentials:
                            ("token file", self.token_file)):
             if path and not os.access(path, os.R_OK):
                 raise InvalidArgument(f"cannot read the {what} {path!r}")
-        if self.token_file:
+        if self.token_file or self.bearer is not None:
             self.token()
         return self
 
