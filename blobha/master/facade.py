@@ -1,5 +1,6 @@
 """A blob master: the operations of the blob store as one facade over its parts (metadata,
-writes, committer, acknowledgements, waits, reads, admin, repairs, cluster identity, status),
+writes, committer, acknowledgements, waits, reads, admin, repairs, job tokens, cluster
+identity, status),
 which it wires to ZooKeeper, the local store, the election and the synchroniser. The gRPC
 servicer (:mod:`blobha.master.edge.service`) is a thin edge over it.
 

@@ -63,6 +63,9 @@ CACHE_SECS = 5.0
 #: A job token's lifetime when the caller asks for none (a day's job, as Hadoop's default).
 DEFAULT_LIFETIME_SECS = 24 * 3600
 _CACHE_SIZE = 4096
+#: ZooKeeper look-ups of tokens not remembered, at once: whoever sends made-up tokens costs
+#: ZooKeeper reads, and this bounds how many (user tokens bound their scrypt checks alike).
+_LOOKUP_SLOTS = threading.BoundedSemaphore(4)
 #: Records a leader looks at for expiry after each issue: more than one, so the expired ones
 #: are removed faster than new ones come, and a bounded cost per call.
 _SWEEP = 32
@@ -123,12 +126,14 @@ class JobTokens:
                 return hit[1]
         try:
             self.meta.require_zk()
-            data = self._read(token_id)
-            if data is None:
-                # Issued just now through the leader's session, perhaps not yet seen by this
-                # master's ZooKeeper server: catch up once before saying it does not exist.
-                self.meta.answer(self.zk.sync_async(job_token_path(token_id)))
+            with _LOOKUP_SLOTS:
                 data = self._read(token_id)
+                if data is None:
+                    # Issued just now through the leader's session, perhaps not yet seen by
+                    # this master's ZooKeeper server: catch up once before saying it does not
+                    # exist.
+                    self.meta.answer(self.zk.sync_async(job_token_path(token_id)))
+                    data = self._read(token_id)
         except UNREACHABLE:
             raise Unavailable("cannot check the job token: ZooKeeper is unreachable from this"
                               " master; retry shortly or use another master") from None
