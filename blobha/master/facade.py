@@ -208,7 +208,6 @@ class Master:
             self.zk.ensure_path(root)
         self.cluster.check()
         self.cluster.load_secret()
-        self.jobtokens.start()
         if self.zk_credentials is None and self.settings.auth_mode != "simple":
             log.warning("ZooKeeper is not locked down (zookeeper.auth.scheme = 'none'): whoever"
                         " reaches ZooKeeper can read the cluster secret and forge blobha state")

@@ -3,11 +3,11 @@ issues and revokes them in fenced ZooKeeper transactions; every master verifies 
 their hashed records in ``/job-tokens``.
 
 Verification is cheap per call: a record read from ZooKeeper is remembered for at most
-:data:`CACHE_SECS`, and a watch on ``/job-tokens`` forgets it as soon as it is deleted (revoked),
-so a revoked token stops working on every master at once while its session is connected, and
-within :data:`CACHE_SECS` in any case (a master that cannot re-read a record refuses the token
-with UNAVAILABLE rather than trust what it remembers longer). The hash is compared and the
-expiry checked on every call, cached or not.
+:data:`CACHE_SECS`, and the watch set by that read forgets it as soon as it is deleted
+(revoked), so a revoked token stops working on every master at once while its session is
+connected, and within :data:`CACHE_SECS` in any case (a master that cannot re-read a record
+refuses the token with UNAVAILABLE rather than trust what it remembers longer). The hash is
+compared and the expiry checked on every call, cached or not.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from typing import Any
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
+from kazoo.protocol.states import WatchedEvent
 
 from blobha.core import acl as acls
 from blobha.core.auth import (
@@ -95,16 +96,12 @@ class JobTokens:
         # id -> (time.monotonic() when read, record)
         self._cache: OrderedDict[str, tuple[float, JobTokenRecord]] = OrderedDict()
 
-    def start(self) -> None:
-        """Watch ``/job-tokens`` (after ZooKeeper is reached and the path exists)."""
-        self.zk.ChildrenWatch(JOB_TOKENS, self._children_changed)
-
-    def _children_changed(self, children: list[str]) -> bool:
-        present = set(children)
-        with self._lock:
-            for gone in [i for i in self._cache if i not in present]:
-                del self._cache[gone]
-        return True  # keep watching
+    def _record_changed(self, event: WatchedEvent) -> None:
+        # A watch on one record (set by the read that cached it), not on /job-tokens: a
+        # change of the children would make every master fetch every token's id.
+        if event.path:
+            with self._lock:
+                self._cache.pop(event.path.rsplit("/", 1)[-1], None)
 
     # ---- every master ------------------------------------------------------------------------
 
@@ -153,7 +150,8 @@ class JobTokens:
 
     def _read(self, token_id: str) -> bytes | None:
         try:
-            data, _ = self.meta.answer(self.zk.get_async(job_token_path(token_id)))
+            data, _ = self.meta.answer(self.zk.get_async(job_token_path(token_id),
+                                                         watch=self._record_changed))
         except NoNodeError:
             return None
         return bytes(data)

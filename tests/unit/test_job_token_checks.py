@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kazoo.protocol.states import EventType, KeeperState, WatchedEvent
 
 from blobha.core import acl as acls
 from blobha.core.auth import (
@@ -131,9 +132,9 @@ class _Zk:
         self.nodes: dict[str, tuple[bytes, int]] = {}
         self.reads = 0
         self.unreachable = False
-        self.watch: Any = None
+        self.watches: dict[str, list[Any]] = {}
 
-    def get_async(self, path: str) -> _Done:
+    def get_async(self, path: str, watch: Any = None) -> _Done:
         from kazoo.exceptions import ConnectionLoss, NoNodeError
 
         self.reads += 1
@@ -141,6 +142,8 @@ class _Zk:
             return _Done(error=ConnectionLoss())
         if path not in self.nodes:
             return _Done(error=NoNodeError())
+        if watch is not None:
+            self.watches.setdefault(path, []).append(watch)
         data, version = self.nodes[path]
         return _Done((data, _Stat(version)))
 
@@ -151,11 +154,11 @@ class _Zk:
         prefix = path + "/"
         return _Done([p[len(prefix):] for p in self.nodes if p.startswith(prefix)])
 
-    def ChildrenWatch(self, path: str, func: Any) -> None:
-        self.watch = func
-
-    def fire(self) -> None:
-        self.watch(self.get_children_async(JOB_TOKENS).get())
+    def delete_elsewhere(self, path: str) -> None:
+        """A deletion by another session: its data watches fire, once."""
+        del self.nodes[path]
+        for watch in self.watches.pop(path, []):
+            watch(WatchedEvent(EventType.DELETED, KeeperState.CONNECTED, path))
 
 
 class _Txn:
@@ -226,7 +229,6 @@ def _part(mode: str = "token", max_lifetime: int = 7 * 24 * 3600
     fake: Any = (zk, _Election(zk), _Meta(zk))
     part = JobTokens(*fake, Authority(frozenset({"root"}), "blobha-master"), mode, max_lifetime,
                      clock=clock)
-    part.start()
     return part, zk, clock
 
 
@@ -300,8 +302,7 @@ def test_records_are_cached_briefly_and_a_deletion_is_seen_at_once(
         part.verify(*parts)
     assert zk.reads == reads  # cached
     # Revoked by another master's leader: the watch forgets it at once.
-    del zk.nodes[job_token_path(issued.token_id)]
-    zk.fire()
+    zk.delete_elsewhere(job_token_path(issued.token_id))
     with pytest.raises(Unauthenticated, match="refused"):
         part.verify(*parts)
     # Without the watch, the cache bound: then ZooKeeper must answer, or the token is refused.
