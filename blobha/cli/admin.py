@@ -1,10 +1,13 @@
-"""The administration commands: set-acl, replication and token."""
+"""The administration commands: set-acl, replication and token (user tokens made here, job
+tokens issued and revoked by the leader)."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
+from datetime import UTC, datetime
 
 from blobha.cli.connect import client_for
 from blobha.cli.output import note
@@ -37,6 +40,13 @@ def cmd_replication(args: argparse.Namespace) -> int:
 
 
 def cmd_token(args: argparse.Namespace) -> int:
+    if args.action == "job":
+        return _job_token(args)
+    if args.action == "revoke":
+        with client_for(args) as c:
+            token_id = c.revoke_job_token(args.names[0])
+        note(f"job token {token_id} revoked; every master refuses it within seconds")
+        return 0
     from blobha.core.auth import hash_token, new_token
     from blobha.core.errors import Unauthenticated
 
@@ -69,4 +79,19 @@ def cmd_token(args: argparse.Namespace) -> int:
         else:
             note("the token (shown once; the masters keep only its hash):")
             print(token)
+    return 0
+
+
+def _job_token(args: argparse.Namespace) -> int:
+    with client_for(args) as c:
+        issued = c.issue_job_token(args.names, args.lifetime)
+    expires = datetime.fromtimestamp(issued.expires_at, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    if args.json:
+        print(json.dumps({"token": issued.token, "token_id": issued.token_id,
+                          "expires_at": issued.expires_at, "expires": expires,
+                          "keys": list(issued.keys), "user": issued.user}, indent=2))
+        return 0
+    note(f"job token {issued.token_id} for {issued.user!r}: READ on {len(issued.keys)} keys"
+         f" until {expires} (shown once; revoke with 'blobha token revoke {issued.token_id}')")
+    print(issued.token)
     return 0

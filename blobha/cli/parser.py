@@ -237,15 +237,24 @@ def build_parser() -> argparse.ArgumentParser:
                    help="authentication (default: token with --tls, else simple; mtls needs"
                    " --tls)")
 
-    p = command("token", "make tokens for auth.mode = 'token'", admin.cmd_token)
-    p.add_argument("action", choices=("create", "hash"),
+    p = command("token", "make tokens for auth.mode = 'token'; issue and revoke job tokens",
+                admin.cmd_token)
+    p.add_argument("action", choices=("create", "hash", "job", "revoke"),
                    help="create: a new token for USER and its token-file line; hash: the"
-                   " token-file line for a token read from stdin")
-    p.add_argument("token_user", nargs="?", metavar="USER", help="whose token to create")
+                   " token-file line for a token read from stdin; job: a job token reading"
+                   " only KEY... (from the leader); revoke: revoke a job token")
+    p.add_argument("names", nargs="*", metavar="USER|KEY|TOKEN_OR_ID",
+                   help="create: whose token; job: the keys it may read; revoke: the job token"
+                   " or its id")
     p.add_argument("--append", metavar="TOKEN_FILE",
                    help="append the line to this token file (the masters' auth.token.file)")
     p.add_argument("--out", metavar="FILE",
                    help="write the new token to FILE (mode 600) instead of stdout")
+    p.add_argument("--lifetime", type=_positive_int, default=0, metavar="SECONDS",
+                   help="job: how long the token works (default 24 hours; the cluster caps it"
+                   " at auth.job.token.max.lifetime.secs)")
+    p.add_argument("--json", action="store_true",
+                   help="job: print token, id, expiry, keys and user as JSON")
 
     # Listed for --help; main() hands the arguments to blobha.spark.submit_main directly.
     p = command("spark-submit", "wait for blobs' replication, then run spark-submit"
@@ -283,10 +292,7 @@ def build_parser() -> argparse.ArgumentParser:
 def check_args(args: argparse.Namespace) -> None:
     """Constraints argparse cannot express; reported as usage errors (exit 2)."""
     if args.command == "token":
-        if args.action == "create" and not args.token_user:
-            args.parser.error("'token create' needs the USER the token is for")
-        if args.action == "hash" and (args.token_user or args.out):
-            args.parser.error("'token hash' reads the token from stdin; it takes no USER or --out")
+        _check_token_args(args)
     if args.command == "local-cluster" and args.auth == "mtls" and not args.tls:
         args.parser.error("--auth mtls needs --tls")
     if getattr(args, "cluster", None):
@@ -304,6 +310,24 @@ def check_args(args: argparse.Namespace) -> None:
             args.parser.error("--update needs --replication-factor N")
         if args.read and args.replication_factor is not None:
             args.parser.error("--replication-factor goes with --update, not --read")
+
+
+def _check_token_args(args: argparse.Namespace) -> None:
+    action, names = args.action, args.names
+    args.token_user = names[0] if action == "create" and names else None
+    if action == "create" and len(names) != 1:
+        args.parser.error("'token create' needs the USER the token is for (one)")
+    if action == "hash" and (names or args.out):
+        args.parser.error("'token hash' reads the token from stdin; it takes no USER or --out")
+    if action == "job" and not names:
+        args.parser.error("'token job' needs the KEY... the job token may read")
+    if action == "revoke" and len(names) != 1:
+        args.parser.error("'token revoke' needs one TOKEN_OR_ID")
+    if action in ("job", "revoke") and (args.out or args.append):
+        args.parser.error(f"'token {action}' takes no --out or --append (job tokens live in"
+                          " ZooKeeper, not in token files)")
+    if action != "job" and (args.lifetime or args.json):
+        args.parser.error("--lifetime and --json go with 'token job'")
 
 
 def _version() -> str:

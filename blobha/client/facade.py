@@ -33,6 +33,7 @@ from blobha.client.values import (
     BlobInfo,
     BlobMeta,
     ClusterSummary,
+    JobToken,
     MasterSummary,
     ProgressCallback,
     ReplicationStatus,
@@ -41,6 +42,7 @@ from blobha.client.values import (
 )
 from blobha.core.acl import AccessControl, normalize_for_set
 from blobha.core.addresses import parse_cluster
+from blobha.core.auth import job_token_id
 from blobha.core.errors import (
     BlobError,
     DeadlineExceeded,
@@ -54,6 +56,7 @@ from blobha.v1 import blobha_pb2 as pb
 from blobha.wire.convert import (
     acl_from_pb,
     acl_to_pb,
+    job_token_from_pb,
     master_from_pb,
     meta_from_pb,
     replication_from_pb,
@@ -256,6 +259,38 @@ class Client:
         return meta_from_pb(
             self._router.leader_call(f"set the replication factor of {key!r}", "SetMeta", request)
         )
+
+    def issue_job_token(self, keys: Iterable[str], lifetime_secs: int = 0) -> JobToken:
+        """A job token (docs/security.md, Job tokens): READ on exactly ``keys``, as this user
+        (who must be able to read each now), for ``lifetime_secs`` (0: 24 hours; the cluster
+        cuts a longer one to ``auth.job.token.max.lifetime.secs``). Its ``token`` is shown
+        only here; hand it to the job's executors as their credential
+        (``Credentials(bearer=...)``); ``expires_at`` says when it stops working."""
+        wanted = builtins.list(keys)
+        for key in wanted:
+            validate_key(key)
+        if not wanted:
+            raise InvalidArgument("a job token needs at least one key")
+        if lifetime_secs < 0:
+            raise InvalidArgument(f"lifetime_secs must be positive, not {lifetime_secs!r}")
+        request = pb.IssueJobTokenRequest(keys=wanted, lifetime_secs=int(lifetime_secs))
+        # A retry after a lost answer issues a second token; the first, never handed out,
+        # only waits for its expiry.
+        return job_token_from_pb(self._router.leader_call(
+            f"issue a job token for {len(wanted)} keys", "IssueJobToken", request))
+
+    def revoke_job_token(self, token_or_id: str) -> str:
+        """Revoke a job token, given whole or by its id (yours, or any as an admin); every
+        master refuses it within seconds (docs/security.md). Returns its id."""
+        try:
+            token_id = job_token_id(token_or_id)
+        except ValueError as e:
+            raise InvalidArgument(str(e)) from None
+        request = pb.RevokeJobTokenRequest(token_or_id=token_id)  # the id: no secret on the wire
+        # Missing on a retry: the attempt whose answer was lost revoked it.
+        self._router.leader_call("revoke a job token", "RevokeJobToken", request,
+                                 missing_ok_on_retry=True)
+        return token_id
 
     def delete(self, key: str) -> None:
         """Delete ``key`` and all its versions. Raises :class:`KeyNotFound` if absent."""

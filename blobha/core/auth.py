@@ -6,6 +6,11 @@
 * ``mtls``: the user comes from the client certificate (common name or subject alternative
   names), mapped by ``auth.mtls.rules``.
 
+In ``token`` and ``mtls`` modes a bearer **job token** (``bjt1.<id>.<secret>``, see
+:func:`new_job_token`) is accepted too: it acts as the user who obtained it, limited to READ on
+its keys (its scope, enforced by the master's gatekeeper) until it expires or is revoked. Its
+record lives in ZooKeeper, so the check is the master's (:class:`JobTokenVerifier`).
+
 Whatever the mode, the masters' own principal (``master.principal``) is never taken on anyone's
 word: a master proves it by sending the cluster secret, which only masters can read (it lives in
 ZooKeeper, behind the lock-down ACLs). Without that proof, a call naming the principal is refused,
@@ -229,6 +234,79 @@ class TokenAuthenticator:
         return user
 
 
+# ---- job tokens --------------------------------------------------------------------------------
+
+#: What every job token starts with: told from a user token (``USER:SECRET``; a user token
+#: always has a colon, a job token never) at a glance, by people and by code. "1" is the format.
+JOB_TOKEN_PREFIX = "bjt1."
+_JOB_ID_BYTES = 8  # 16 hex digits: public, names the record; only needs to be unique
+_JOB_ID = re.compile(r"[0-9a-f]{16}")
+_JOB_SECRET = re.compile(r"[A-Za-z0-9_-]{43}")  # token_urlsafe(32): 256 random bits
+_MALFORMED_JOB_TOKEN = ("malformed job token; a job token looks like bjt1.ID.SECRET, as printed by"
+                        " 'blobha token job'")
+
+
+def is_job_token(text: str) -> bool:
+    return text.strip().startswith(JOB_TOKEN_PREFIX)
+
+
+def new_job_token() -> tuple[str, str]:
+    """A fresh job token and its id: ``bjt1.<16 hex id>.<43 url-safe characters>``."""
+    token_id = secrets.token_hex(_JOB_ID_BYTES)
+    return f"{JOB_TOKEN_PREFIX}{token_id}.{secrets.token_urlsafe(32)}", token_id
+
+
+def split_job_token(token: str) -> tuple[str, str]:
+    """``bjt1.<id>.<secret>`` -> (id, secret); raises Unauthenticated if malformed."""
+    text = token.strip()
+    if not text.startswith(JOB_TOKEN_PREFIX):
+        raise Unauthenticated(_MALFORMED_JOB_TOKEN)
+    token_id, sep, secret = text[len(JOB_TOKEN_PREFIX):].partition(".")
+    if not sep or not _JOB_ID.fullmatch(token_id) or not _JOB_SECRET.fullmatch(secret):
+        raise Unauthenticated(_MALFORMED_JOB_TOKEN)
+    return token_id, secret
+
+
+def job_token_id(token_or_id: str) -> str:
+    """The id of a job token given whole or by its id; ValueError if it is neither."""
+    text = token_or_id.strip()
+    if is_job_token(text):
+        try:
+            return split_job_token(text)[0]
+        except Unauthenticated as e:
+            raise ValueError(str(e)) from None
+    if not _JOB_ID.fullmatch(text):
+        raise ValueError(f"{token_or_id!r} is neither a job token (bjt1.ID.SECRET) nor a job token"
+                         " id (16 hex digits)")
+    return text
+
+
+def job_token_hash(token_id: str, secret: str) -> str:
+    """What the masters store of a job token: SHA-256 of the id and secret, hex. A fast hash
+    is enough here, unlike scrypt for user tokens (which a person may have chosen): the secret
+    is 256 random bits, so there is nothing to guess offline, and the check stays cheap on
+    every call. The id is hashed in so that a record moved to another id matches nothing."""
+    return hashlib.sha256(f"{JOB_TOKEN_PREFIX}{token_id}.{secret}".encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who a call comes from: the user, and for a job token the keys it may read."""
+
+    user: str
+    #: The only keys the call may touch, and only to read them; None: the user's own rights.
+    scope: frozenset[str] | None = None
+    #: The job token's id, for logs and the audit trail ("" for a user credential).
+    token_id: str = ""
+
+
+class JobTokenVerifier(Protocol):
+    """Checks a job token against its stored record (the master's, in ZooKeeper): the caller it
+    acts for, or :class:`Unauthenticated` (unknown, revoked, expired or tampered)."""
+
+    def verify(self, token_id: str, secret: str) -> Caller: ...
+
+
 # ---- client certificates -----------------------------------------------------------------------
 
 
@@ -295,29 +373,50 @@ class MtlsAuthenticator:
 
 
 class ServerAuthentication:
-    """The authenticator of ``auth.mode`` plus the masters' proof of identity."""
+    """The authenticator of ``auth.mode`` plus the masters' proof of identity, and job tokens
+    when ``job_tokens`` is given (not in simple mode, where nobody holds a secret)."""
 
     def __init__(self, authenticator: Authenticator, principal: str,
-                 cluster_secret: Callable[[], str]) -> None:
+                 cluster_secret: Callable[[], str],
+                 job_tokens: JobTokenVerifier | None = None) -> None:
         self.authenticator = authenticator
         self.principal = principal
         self._cluster_secret = cluster_secret
+        self.job_tokens = job_tokens
 
     def authenticate(self, metadata: Mapping[str, str], peer: Mapping[str, Sequence[str]]
                      ) -> str:
+        """The caller's user, for a credential of the user's own: a job token is refused here,
+        as its scope would be lost (fail closed); :meth:`identify` accepts it."""
+        caller = self.identify(metadata, peer)
+        if caller.scope is not None:
+            raise Unauthenticated("a job token is not accepted here; use your own credential")
+        return caller.user
+
+    def identify(self, metadata: Mapping[str, str], peer: Mapping[str, Sequence[str]]
+                 ) -> Caller:
         presented = metadata.get(MASTER_SECRET_METADATA_KEY)
         if presented is not None:
             secret = self._cluster_secret()
             if secret and hmac.compare_digest(presented.encode(), secret.encode()):
-                return self.principal
+                return Caller(self.principal)
             raise Unauthenticated("the cluster secret is wrong; only masters may send one")
+        header = metadata.get(AUTHORIZATION_METADATA_KEY, "")
+        scheme, _, token = header.partition(" ")
+        if self.job_tokens is not None and scheme.lower() == "bearer" and is_job_token(token):
+            # Before the mode's authenticator: in mtls mode a job token comes with the
+            # certificate of whatever runs the job, and it is the token that says who acts.
+            caller = self.job_tokens.verify(*split_job_token(token))
+            if caller.user == self.principal:
+                raise Unauthenticated("a job token cannot act as the masters' principal")
+            return caller
         user = self.authenticator.authenticate(metadata, peer)
         if user == self.principal:
             raise Unauthenticated(
                 f"user {user!r} is reserved for the masters, which prove it with the cluster"
                 " secret; use your own user name"
             )
-        return user
+        return Caller(user)
 
 
 def make_authenticator(mode: str, token_file: str, mtls_rules: Sequence[str]) -> Authenticator:

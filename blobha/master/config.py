@@ -180,6 +180,12 @@ OPTIONS: tuple[Option, ...] = (
         " re-read when it changes.",
     ),
     Option(
+        "auth.job.token.max.lifetime.secs",
+        7 * 24 * 3600,
+        "Longest lifetime of a job token ('blobha token job'; docs/security.md, Job tokens): a"
+        " longer one asked for is cut to this. Job tokens are not issued in auth.mode 'simple'.",
+    ),
+    Option(
         "auth.mtls.rules",
         ["cn ^(.+)$ \\1"],
         "mtls mode: rules 'cn|san REGEX REPLACEMENT' mapping a client certificate's common name"
@@ -382,6 +388,7 @@ def _validate(v: dict[str, Any]) -> dict[str, Any]:
     number("blobstore.scrub.interval.secs", float, 0)
     number("blobstore.scrub.rate.bytes.per.sec", int, 0)
     number("zookeeper.session.timeout.ms", int, 1000)
+    number("auth.job.token.max.lifetime.secs", int, 1)
     flag("blobstore.sync.recursive.watch")
     number("blobstore.data.port", int, -1)
     if v["blobstore.data.port"] > 65535:

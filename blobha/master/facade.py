@@ -1,5 +1,6 @@
 """A blob master: the operations of the blob store as one facade over its parts (metadata,
-writes, committer, acknowledgements, waits, reads, admin, repairs, cluster identity, status),
+writes, committer, acknowledgements, waits, reads, admin, repairs, job tokens, cluster
+identity, status),
 which it wires to ZooKeeper, the local store, the election and the synchroniser. The gRPC
 servicer (:mod:`blobha.master.edge.service`) is a thin edge over it.
 
@@ -36,6 +37,7 @@ from blobha.master.cluster import ClusterIdentity, Guard
 from blobha.master.committer import Committer
 from blobha.master.config import Config, ConfigError
 from blobha.master.groupcommit import GroupCommitter
+from blobha.master.jobtokens import JobTokens
 from blobha.master.metadata import Metadata
 from blobha.master.reads import Reads
 from blobha.master.repairs import Repairs
@@ -59,7 +61,7 @@ from blobha.sync import (
 from blobha.sync.peers import Peers
 from blobha.wire.credentials import Credentials
 from blobha.wire.dataplane import DataOffer
-from blobha.wire.status import ClusterSummary, MasterSummary, ReplicationStatus
+from blobha.wire.status import ClusterSummary, JobToken, MasterSummary, ReplicationStatus
 from blobha.wire.tls import ReloadingServerCredentials
 from blobha.zk import layout as zkstate
 from blobha.zk.connection import master_client, on_session_timeout
@@ -164,6 +166,10 @@ class Master:
         self.reads = Reads(s, self.identity, self.principal, self.store, self.zk, self.meta,
                            self.authority, self.sync, self.channel)
         self.admin = Admin(self.store, self.meta, self.authority, self.sync)
+        self.jobtokens = JobTokens(self.zk, self.election, self.meta, self.authority,
+                                   s.auth_mode, s.job_token_max_lifetime_secs)
+        if s.auth_mode != "simple":  # simple mode has no secrets, so no job tokens either
+            self.authentication.job_tokens = self.jobtokens
         self.repairs = Repairs(s, self.identity, self.store, self.election, self.meta,
                                self.acks, self.membership, self.peers, self.sync)
         self.summary = StatusSummary(self.identity, self.store, self.zk, self.election,
@@ -361,6 +367,12 @@ class Master:
 
     def delete(self, user: str, key: str, expected_created_at: float | None = None) -> None:
         self.admin.delete(user, key, expected_created_at)
+
+    def issue_job_token(self, user: str, keys: Sequence[str], lifetime_secs: int) -> JobToken:
+        return self.jobtokens.issue(user, keys, lifetime_secs)
+
+    def revoke_job_token(self, user: str, token_or_id: str) -> str:
+        return self.jobtokens.revoke(user, token_or_id)
 
     def node_status(self) -> MasterSummary:
         return self.summary.node_status()

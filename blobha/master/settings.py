@@ -25,6 +25,7 @@ class MasterSettings:
     auth_mode: str
     auth_token_file: str
     auth_mtls_rules: tuple[str, ...]
+    job_token_max_lifetime_secs: int
     tls_cert: str
     tls_key: str
     tls_ca: str
@@ -63,6 +64,7 @@ class MasterSettings:
             auth_mode=config["auth.mode"],
             auth_token_file=config["auth.token.file"],
             auth_mtls_rules=tuple(config["auth.mtls.rules"]),
+            job_token_max_lifetime_secs=config["auth.job.token.max.lifetime.secs"],
             tls_cert=config["tls.cert"],
             tls_key=config["tls.key"],
             tls_ca=config["tls.ca"],

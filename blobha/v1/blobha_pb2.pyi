@@ -349,3 +349,37 @@ class ClusterSummaryResponse(_message.Message):
 class NodeStatusRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
+
+class IssueJobTokenRequest(_message.Message):
+    __slots__ = ("keys", "lifetime_secs")
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    LIFETIME_SECS_FIELD_NUMBER: _ClassVar[int]
+    keys: _containers.RepeatedScalarFieldContainer[str]
+    lifetime_secs: int
+    def __init__(self, keys: _Optional[_Iterable[str]] = ..., lifetime_secs: _Optional[int] = ...) -> None: ...
+
+class JobToken(_message.Message):
+    __slots__ = ("token", "token_id", "expires_at", "keys", "user")
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
+    EXPIRES_AT_FIELD_NUMBER: _ClassVar[int]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    USER_FIELD_NUMBER: _ClassVar[int]
+    token: str
+    token_id: str
+    expires_at: float
+    keys: _containers.RepeatedScalarFieldContainer[str]
+    user: str
+    def __init__(self, token: _Optional[str] = ..., token_id: _Optional[str] = ..., expires_at: _Optional[float] = ..., keys: _Optional[_Iterable[str]] = ..., user: _Optional[str] = ...) -> None: ...
+
+class RevokeJobTokenRequest(_message.Message):
+    __slots__ = ("token_or_id",)
+    TOKEN_OR_ID_FIELD_NUMBER: _ClassVar[int]
+    token_or_id: str
+    def __init__(self, token_or_id: _Optional[str] = ...) -> None: ...
+
+class RevokeJobTokenResponse(_message.Message):
+    __slots__ = ("token_id",)
+    TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
+    token_id: str
+    def __init__(self, token_id: _Optional[str] = ...) -> None: ...

@@ -114,6 +114,16 @@ class BlobStoreStub:
                 request_serializer=blobha_dot_v1_dot_blobha__pb2.NodeStatusRequest.SerializeToString,
                 response_deserializer=blobha_dot_v1_dot_blobha__pb2.MasterSummary.FromString,
                 _registered_method=True)
+        self.IssueJobToken = channel.unary_unary(
+                '/blobha.v1.BlobStore/IssueJobToken',
+                request_serializer=blobha_dot_v1_dot_blobha__pb2.IssueJobTokenRequest.SerializeToString,
+                response_deserializer=blobha_dot_v1_dot_blobha__pb2.JobToken.FromString,
+                _registered_method=True)
+        self.RevokeJobToken = channel.unary_unary(
+                '/blobha.v1.BlobStore/RevokeJobToken',
+                request_serializer=blobha_dot_v1_dot_blobha__pb2.RevokeJobTokenRequest.SerializeToString,
+                response_deserializer=blobha_dot_v1_dot_blobha__pb2.RevokeJobTokenResponse.FromString,
+                _registered_method=True)
 
 
 class BlobStoreServicer:
@@ -230,6 +240,23 @@ class BlobStoreServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def IssueJobToken(self, request, context):
+        """Leader only. A job token: READ on exactly the given keys, for a bounded lifetime, bound
+        to the caller (who must hold READ on each key now). Refused with INVALID_ARGUMENT in
+        auth.mode "simple", which has no secrets to protect. A call made with a job token can
+        neither issue nor revoke one.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RevokeJobToken(self, request, context):
+        """Leader only. Revokes a job token (by the token itself or its id); its user or an admin.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_BlobStoreServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -312,6 +339,16 @@ def add_BlobStoreServicer_to_server(servicer, server):
                     servicer.NodeStatus,
                     request_deserializer=blobha_dot_v1_dot_blobha__pb2.NodeStatusRequest.FromString,
                     response_serializer=blobha_dot_v1_dot_blobha__pb2.MasterSummary.SerializeToString,
+            ),
+            'IssueJobToken': grpc.unary_unary_rpc_method_handler(
+                    servicer.IssueJobToken,
+                    request_deserializer=blobha_dot_v1_dot_blobha__pb2.IssueJobTokenRequest.FromString,
+                    response_serializer=blobha_dot_v1_dot_blobha__pb2.JobToken.SerializeToString,
+            ),
+            'RevokeJobToken': grpc.unary_unary_rpc_method_handler(
+                    servicer.RevokeJobToken,
+                    request_deserializer=blobha_dot_v1_dot_blobha__pb2.RevokeJobTokenRequest.FromString,
+                    response_serializer=blobha_dot_v1_dot_blobha__pb2.RevokeJobTokenResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -746,6 +783,60 @@ class BlobStore:
             '/blobha.v1.BlobStore/NodeStatus',
             blobha_dot_v1_dot_blobha__pb2.NodeStatusRequest.SerializeToString,
             blobha_dot_v1_dot_blobha__pb2.MasterSummary.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def IssueJobToken(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/blobha.v1.BlobStore/IssueJobToken',
+            blobha_dot_v1_dot_blobha__pb2.IssueJobTokenRequest.SerializeToString,
+            blobha_dot_v1_dot_blobha__pb2.JobToken.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RevokeJobToken(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/blobha.v1.BlobStore/RevokeJobToken',
+            blobha_dot_v1_dot_blobha__pb2.RevokeJobTokenRequest.SerializeToString,
+            blobha_dot_v1_dot_blobha__pb2.RevokeJobTokenResponse.FromString,
             options,
             channel_credentials,
             insecure,

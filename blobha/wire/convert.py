@@ -12,6 +12,7 @@ from blobha.wire.status import (
     BlobInfo,
     BlobMeta,
     ClusterSummary,
+    JobToken,
     MasterSummary,
     ReplicationStatus,
     WaitResult,
@@ -90,3 +91,13 @@ def master_to_pb(s: MasterSummary) -> pb.MasterSummary:
         lag_blobs=s.lag_blobs, reachable=s.reachable, epoch=s.epoch,
         zookeeper_unreachable=s.zookeeper_unreachable,
     )
+
+
+def job_token_to_pb(t: JobToken) -> pb.JobToken:
+    return pb.JobToken(token=t.token, token_id=t.token_id, expires_at=t.expires_at,
+                       keys=list(t.keys), user=t.user)
+
+
+def job_token_from_pb(m: pb.JobToken) -> JobToken:
+    return JobToken(token=m.token, token_id=m.token_id, expires_at=m.expires_at,
+                    keys=tuple(m.keys), user=m.user)

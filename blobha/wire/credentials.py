@@ -4,18 +4,27 @@
 ``BLOBHA_TOKEN_FILE``, so every tool built on :class:`blobha.client.Client` (the CLI, the node
 cache, the Spark integration) picks them up without code changes. With a CA or a certificate the
 connection uses TLS and verifies the master's certificate; otherwise it is plain text.
+
+The token, from the file or given directly (``bearer``), is a user token (``USER:SECRET``) or a
+job token (``bjt1.ID.SECRET``, docs/security.md); either goes as ``authorization: Bearer ...``.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
 
-from blobha.core.auth import AUTHORIZATION_METADATA_KEY, USER_METADATA_KEY, split_token
+from blobha.core.auth import (
+    AUTHORIZATION_METADATA_KEY,
+    USER_METADATA_KEY,
+    is_job_token,
+    split_job_token,
+    split_token,
+)
 from blobha.core.errors import InvalidArgument, Unauthenticated
 
 ENV_CA = "BLOBHA_CA"
@@ -28,12 +37,15 @@ ENV_TOKEN_FILE = "BLOBHA_TOKEN_FILE"
 class Credentials:
     """``ca``: CA file that signed the masters' certificates (turns TLS on); ``cert``/``key``:
     a client certificate (TLS, for ``auth.mode = "mtls"``); ``token_file``: a file holding a
-    token from ``blobha token create`` (for ``auth.mode = "token"``)."""
+    token from ``blobha token create`` or ``blobha token job`` (for ``auth.mode = "token"``);
+    ``bearer``: such a token given directly instead (a job token an executor got from its
+    Spark configuration), never shown by ``repr``."""
 
     ca: str | None = None
     cert: str | None = None
     key: str | None = None
     token_file: str | None = None
+    bearer: str | None = field(default=None, repr=False)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Credentials:
@@ -56,30 +68,40 @@ class Credentials:
                            ("token file", self.token_file)):
             if path and not os.access(path, os.R_OK):
                 raise InvalidArgument(f"cannot read the {what} {path!r}")
-        if self.token_file:
+        if self.token_file or self.bearer is not None:
             self.token()
         return self
 
     def token(self) -> str | None:
-        if not self.token_file:
+        if self.bearer is not None:
+            text, where = self.bearer.strip(), "the token given"
+        elif self.token_file:
+            try:
+                text = Path(self.token_file).read_text().strip()
+            except OSError as e:
+                raise InvalidArgument(
+                    f"cannot read the token file {self.token_file!r}: {e.strerror}") from None
+            where = repr(self.token_file)
+        else:
             return None
         try:
-            text = Path(self.token_file).read_text().strip()
-        except OSError as e:
-            raise InvalidArgument(f"cannot read the token file {self.token_file!r}: {e.strerror}"
-                                  ) from None
-        try:
-            split_token(text)
+            if is_job_token(text):
+                split_job_token(text)
+            else:
+                split_token(text)
         except Unauthenticated:
             raise InvalidArgument(
-                f"{self.token_file!r} holds no token; it must contain the USER:SECRET line that"
-                " 'blobha token create' printed"
+                f"{where} holds no token; it must be the USER:SECRET line that 'blobha token"
+                " create' printed, or the bjt1.ID.SECRET job token 'blobha token job' printed"
             ) from None
         return text
 
     def token_user(self) -> str | None:
+        """The user a user token names; None for a job token (the masters know whose it is)."""
         token = self.token()
-        return split_token(token)[0] if token else None
+        if not token or is_job_token(token):
+            return None
+        return split_token(token)[0]
 
     def metadata(self, user: str) -> tuple[tuple[str, str], ...]:
         out: list[tuple[str, str]] = [(USER_METADATA_KEY, user)]

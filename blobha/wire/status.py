@@ -95,3 +95,21 @@ class ClusterSummary:
     #: The master that answered has no ZooKeeper connection: the masters are those it last
     #: saw, and ``blob_count`` is unknown (0).
     zookeeper_unreachable: bool = False
+
+
+@dataclass(frozen=True)
+class JobToken:
+    """A job token as issued (``blobha token job``): the token itself (shown once: the masters
+    keep only its hash), its public id, when it expires (wall-clock seconds since the epoch),
+    the keys it may read and the user it acts as."""
+
+    token: str
+    token_id: str
+    expires_at: float
+    keys: tuple[str, ...]
+    user: str
+
+    def __repr__(self) -> str:
+        # The token is a secret: never in a log line or a traceback's locals.
+        return (f"JobToken(token_id={self.token_id!r}, expires_at={self.expires_at!r},"
+                f" keys={self.keys!r}, user={self.user!r})")

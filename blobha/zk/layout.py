@@ -10,6 +10,7 @@
     /master-secret                    the cluster secret masters prove themselves with
     /blobstore-id                     the cluster id (a wiped ZooKeeper is not this cluster)
     /journal                          the last keys the leader created (JSON, see JournalRecord)
+    /job-tokens/<id>                  a job token's hashed record (JSON, see JobTokenRecord)
 
 The metadata znode's own ZooKeeper version is the key's ``meta_version``: every change (new
 version, ACL, replication factor) is a version-conditional ``set_data``, so concurrent writers
@@ -32,12 +33,17 @@ EPOCH = "/epoch"
 MASTERS = "/masters"
 MASTER_SECRET = "/master-secret"
 JOURNAL = "/journal"
-ALL_ROOTS = (BLOBSTORE, ELECTION, MASTERS, JOURNAL)
+JOB_TOKENS = "/job-tokens"
+ALL_ROOTS = (BLOBSTORE, ELECTION, MASTERS, JOURNAL, JOB_TOKENS)
 #: Most bytes a key's record may take. ZooKeeper refuses a request larger than its
 #: jute.maxbuffer (1 MB by default) by dropping the connection, again at each retry; a
 #: commit's transaction carries the record with its replica node, fences and the change
 #: journal's record (8 KiB at most), and a group commit's transactions stay under this too.
 MAX_STATE_BYTES = 1_000_000
+
+
+def job_token_path(token_id: str) -> str:
+    return f"{JOB_TOKENS}/{token_id}"
 
 
 def key_path(key: str) -> str:
@@ -260,3 +266,35 @@ class JournalRecord:
         if self.last < seen or self.first > seen + 1:
             return None
         return self.keys[len(self.keys) - (self.last - seen):] if self.last > seen else ()
+
+
+@dataclass(frozen=True)
+class JobTokenRecord:
+    """A job token as stored in ``/job-tokens/<id>``: never the token, only its hash
+    (:func:`blobha.core.auth.job_token_hash`), and what it grants: READ on ``keys``, as
+    ``user``, until ``expires_at`` (wall-clock seconds since the epoch)."""
+
+    user: str
+    keys: tuple[str, ...]
+    issued_at: float
+    expires_at: float
+    digest: str
+
+    def encode(self) -> bytes:
+        return json.dumps({"user": self.user, "keys": list(self.keys),
+                           "issued_at": self.issued_at, "expires_at": self.expires_at,
+                           "digest": self.digest},
+                          separators=(",", ":"), ensure_ascii=False).encode()
+
+    @classmethod
+    def decode(cls, data: bytes) -> JobTokenRecord:
+        """The record; ValueError if it is not one (a reader then refuses the token)."""
+        try:
+            d = json.loads(data)
+            keys = d["keys"]
+            if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys):
+                raise ValueError("keys")
+            return cls(str(d["user"]), tuple(keys), float(d["issued_at"]),
+                       float(d["expires_at"]), str(d["digest"]))
+        except (KeyError, TypeError, AttributeError, json.JSONDecodeError) as e:
+            raise ValueError(f"not a job token record: {e}") from None

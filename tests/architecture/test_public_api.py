@@ -23,7 +23,8 @@ PUBLIC = {
     },
     "blobha.client": {
         "DEFAULT_CHUNK_SIZE", "DEFAULT_PORT", "BlobInfo", "BlobMeta", "Client",
-        "ClusterSummary", "MasterSummary", "ReplicationStatus", "Transport", "WaitResult",
+        "ClusterSummary", "JobToken", "MasterSummary", "ReplicationStatus", "Transport",
+        "WaitResult",
         "backoff_delay", "default_user", "parse_cluster",
     },
     "blobha.cache": {

@@ -31,7 +31,14 @@ from kazoo.security import make_digest_acl
 
 from blobha.client import Client
 from blobha.core.auth import MASTER_SECRET_METADATA_KEY, new_token
-from blobha.core.errors import KeyNotFound, NotAuthorized, TlsMismatch, Unauthenticated, Unavailable
+from blobha.core.errors import (
+    InvalidArgument,
+    KeyNotFound,
+    NotAuthorized,
+    TlsMismatch,
+    Unauthenticated,
+    Unavailable,
+)
 from blobha.ops import certgen
 from blobha.ops.localcluster import LocalCluster
 from blobha.v1 import blobha_pb2 as pb
@@ -125,6 +132,15 @@ def test_a_call_without_a_user_is_unauthenticated_and_reveals_nothing(
     assert _code(lambda: s.ClusterSummary(pb.ClusterSummaryRequest(), timeout=5)
                  ) is grpc.StatusCode.UNAUTHENTICATED
     REFUSED["simple: no user"] += 1
+
+
+def test_job_tokens_are_not_issued_in_simple_mode(simple: LocalCluster) -> None:
+    # Simple mode has no secrets: a token would protect nothing a user name does not.
+    with _client(simple, "alice") as alice:
+        alice.create("simple-job-key", b"x", acl="u:alice:rwa", replication_factor=1)
+        with pytest.raises(InvalidArgument, match=r"not issued in auth\.mode 'simple'"):
+            alice.issue_job_token(["simple-job-key"])
+    REFUSED["simple: job token"] += 1
 
 
 def test_another_users_private_blob_is_refused_on_every_master(simple: LocalCluster) -> None:

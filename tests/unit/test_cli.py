@@ -249,6 +249,16 @@ class TestParsing:
             ["list", "--cluster", "[::1"],
             ["cat", "k", "-f", ""],
             ["create", "k", "--file", ""],
+            ["token", "create"],
+            ["token", "create", "a", "b"],
+            ["token", "hash", "alice"],
+            ["token", "job"],
+            ["token", "job", "k", "--lifetime", "0"],
+            ["token", "job", "k", "--out", "f"],
+            ["token", "revoke"],
+            ["token", "revoke", "a", "b"],
+            ["token", "create", "alice", "--lifetime", "60"],
+            ["token", "create", "alice", "--json"],
         ],
     )
     def test_usage_errors_exit_2(self, argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:

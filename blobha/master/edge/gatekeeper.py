@@ -1,6 +1,6 @@
-"""The gRPC server interceptor in front of every blob-store call: authenticates the caller, and
-caps how many calls one user, and all users together, may have running at once, before any
-handler runs.
+"""The gRPC server interceptor in front of every blob-store call: authenticates the caller, keeps
+a job token to its scope (:func:`scope_refusal`), and caps how many calls one user, and all users
+together, may have running at once, before any handler runs.
 
 Handlers learn the authenticated user from :func:`authenticated_user`; they never read the user
 from metadata themselves, so no call can skip authentication.
@@ -15,7 +15,7 @@ from typing import Any
 import grpc
 
 from blobha.core.auth import ServerAuthentication
-from blobha.core.errors import BUSY_METADATA_KEY, Unauthenticated
+from blobha.core.errors import BUSY_METADATA_KEY, BlobError, Unauthenticated, to_status
 from blobha.master.edge import audit
 
 #: Calls of this service are authenticated; others (health checks, reflection) are not ours.
@@ -49,6 +49,34 @@ def _peer_names(context: grpc.ServicerContext) -> Mapping[str, Sequence[str]]:
         out[k] = [v.decode(errors="replace") if isinstance(v, bytes) else str(v)
                   for v in values]
     return out
+
+
+#: What a job token may call: reads of keys in its scope (the request's ``key``, or all its
+#: ``keys``), and the cluster's status, which names no key. Anything else (every write, List,
+#: the masters' FetchVersions, issuing or revoking tokens) is refused.
+_SCOPED_KEY_READS = frozenset({"GetMeta", "Download", "GetReplication"})
+_SCOPED_MANY_KEY_READS = frozenset({"WaitForReplication"})
+_SCOPED_STATUS = frozenset({"ClusterSummary", "NodeStatus"})
+
+
+def scope_refusal(method: str, request: Any, scope: frozenset[str]) -> str:
+    """Why a call made with a job token of ``scope`` is refused; "" if it may go on."""
+    if method in _SCOPED_STATUS:
+        return ""
+    if method in _SCOPED_KEY_READS:
+        keys = [str(request.key)]
+    elif method in _SCOPED_MANY_KEY_READS:
+        keys = [str(k) for k in request.keys]
+    elif method == "List":
+        # A listing would name keys outside the scope; the job knows its keys already.
+        return "a job token cannot list keys; it reads only the keys it was issued for"
+    else:
+        return f"a job token only reads the keys it was issued for; {method} is refused"
+    outside = [k for k in keys if k not in scope]
+    if outside:
+        return (f"this job token does not grant access to {outside[0]!r}; it reads only the"
+                f" {len(scope)} keys it was issued for")
+    return ""
 
 
 #: Calls admitted past the cap on all users' calls, up to a small cap of their own: a status
@@ -85,17 +113,29 @@ class Gatekeeper(grpc.ServerInterceptor):  # type: ignore[type-arg]
 
     # ---- admission ---------------------------------------------------------------------------
 
-    def _admit(self, method: str, context: grpc.ServicerContext) -> str:
+    def _admit(self, method: str, context: grpc.ServicerContext, request: Any = None) -> str:
+        """The caller's user, once authenticated, within its job token's scope if it used one,
+        and admitted; ``request``: the call's request (None for a stream of them)."""
         metadata = {
             str(k).lower(): v for k, v in (context.invocation_metadata() or ())
             if isinstance(v, str)
         }
         try:
-            user = self.auth.authenticate(metadata, _peer_names(context))
-        except Unauthenticated as e:
-            audit.refused(method, context.peer(), str(e))
-            context.abort(grpc.StatusCode.UNAUTHENTICATED, str(e))
+            caller = self.auth.identify(metadata, _peer_names(context))
+        except BlobError as e:  # Unauthenticated; Unavailable if a job token cannot be checked
+            if isinstance(e, Unauthenticated):
+                audit.refused(method, context.peer(), str(e))
+            code, details, _ = to_status(e)
+            context.abort(code, details)
             raise AssertionError("unreachable") from None  # abort raises
+        user = caller.user
+        if caller.scope is not None:
+            why = scope_refusal(method, request, caller.scope)
+            if why:
+                audit.record(audit.AuditRecord(
+                    user, method, "", result="PERMISSION_DENIED",
+                    detail=f"job token {caller.token_id}: {why}"[:200]))
+                context.abort(grpc.StatusCode.PERMISSION_DENIED, why)
         if user == self.auth.principal:
             # Masters are trusted and their sync fans out over many keys at once.
             return user
@@ -136,7 +176,7 @@ class Gatekeeper(grpc.ServerInterceptor):  # type: ignore[type-arg]
 
     def _unary_response(self, method: str, behavior: Callable[..., Any]) -> Callable[..., Any]:
         def wrapped(request: Any, context: grpc.ServicerContext) -> Any:
-            user = self._admit(method, context)
+            user = self._admit(method, context, request)
             try:
                 return behavior(request, AuthenticatedContext(context, user))
             finally:
@@ -148,7 +188,7 @@ class Gatekeeper(grpc.ServerInterceptor):  # type: ignore[type-arg]
         def wrapped(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
             # Admission runs on the first next(), so the slot is released by this finally
             # whether the stream ends, fails or is dropped by a cancelled client.
-            user = self._admit(method, context)
+            user = self._admit(method, context, request)
             try:
                 yield from behavior(request, AuthenticatedContext(context, user))
             finally:

@@ -32,7 +32,7 @@ from blobha.wire.chunks import (
     encode_chunk,
     serialize_response,
 )
-from blobha.wire.convert import master_to_pb, replication_to_pb
+from blobha.wire.convert import job_token_to_pb, master_to_pb, replication_to_pb
 from blobha.wire.dataplane import DataOffer
 from blobha.zk.connection import UNREACHABLE
 from blobha.zk.layout import BlobState
@@ -384,6 +384,24 @@ class BlobStoreServicer(pb_grpc.BlobStoreServicer):
         return pb.WaitForReplicationResponse(
             reached=reached, status=[replication_to_pb(i) for i in infos], waited_secs=waited
         )
+
+    @unary
+    def IssueJobToken(self, request: pb.IssueJobTokenRequest, context: grpc.ServicerContext
+                      ) -> pb.JobToken:
+        user = user_of(context)
+        with audited(user, "issue-job-token", ",".join(request.keys)[:200]) as rec:
+            issued = self.master.issue_job_token(user, list(request.keys), request.lifetime_secs)
+            rec.detail = f"job token {issued.token_id}"
+        return job_token_to_pb(issued)
+
+    @unary
+    def RevokeJobToken(self, request: pb.RevokeJobTokenRequest, context: grpc.ServicerContext
+                       ) -> pb.RevokeJobTokenResponse:
+        user = user_of(context)
+        with audited(user, "revoke-job-token", "") as rec:
+            token_id = self.master.revoke_job_token(user, request.token_or_id)
+            rec.detail = f"job token {token_id}"
+        return pb.RevokeJobTokenResponse(token_id=token_id)
 
     @unary
     def ClusterSummary(self, request: pb.ClusterSummaryRequest, context: grpc.ServicerContext

@@ -1,0 +1,274 @@
+"""Job tokens (docs/security.md, "Job tokens"), modelled on Hadoop delegation tokens: the leader
+issues and revokes them in fenced ZooKeeper transactions; every master verifies them against
+their hashed records in ``/job-tokens``.
+
+Verification is cheap per call: a record read from ZooKeeper is remembered for at most
+:data:`CACHE_SECS`, and the watch set by that read forgets it as soon as it is deleted
+(revoked), so a revoked token stops working on every master at once while its session is
+connected, and within :data:`CACHE_SECS` in any case (a master that cannot re-read a record
+refuses the token with UNAVAILABLE rather than trust what it remembers longer). The hash is
+compared and the expiry checked on every call, cached or not.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import random
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from kazoo.client import KazooClient
+from kazoo.exceptions import NoNodeError
+from kazoo.protocol.states import WatchedEvent
+
+from blobha.core import acl as acls
+from blobha.core.auth import (
+    Caller,
+    job_token_hash,
+    job_token_id,
+    new_job_token,
+    split_job_token,
+)
+from blobha.core.errors import (
+    InvalidArgument,
+    KeyNotFound,
+    NotAuthorized,
+    Unauthenticated,
+    Unavailable,
+)
+from blobha.core.keys import validate_key
+from blobha.leader import Deposed, LeaderElection
+from blobha.master.metadata import Metadata
+from blobha.master.rules import Authority, no_such_key
+from blobha.wire.status import JobToken
+from blobha.zk.connection import UNREACHABLE
+from blobha.zk.layout import (
+    JOB_TOKENS,
+    MAX_STATE_BYTES,
+    BlobState,
+    JobTokenRecord,
+    job_token_path,
+    key_path,
+)
+
+log = logging.getLogger("blobha.master")
+
+#: How long a master trusts a record it read without reading it again: the bound on how long
+#: a revoked token may still work on a master whose watch did not fire (a lost connection).
+CACHE_SECS = 5.0
+#: A job token's lifetime when the caller asks for none (a day's job, as Hadoop's default).
+DEFAULT_LIFETIME_SECS = 24 * 3600
+_CACHE_SIZE = 4096
+#: ZooKeeper look-ups of tokens not remembered, at once: whoever sends made-up tokens costs
+#: ZooKeeper reads, and this bounds how many (user tokens bound their scrypt checks alike).
+_LOOKUP_SLOTS = threading.BoundedSemaphore(4)
+#: Records a leader looks at for expiry after each issue: more than one, so the expired ones
+#: are removed faster than new ones come, and a bounded cost per call.
+_SWEEP = 32
+_REFUSED = ("the job token was refused (unknown, revoked or altered); ask the job's submitter"
+            " for a valid one")
+
+
+def _when(epoch_secs: float) -> str:
+    return datetime.fromtimestamp(epoch_secs, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class JobTokens:
+    """Issue and revoke (the leader), verify (every master: a
+    :class:`blobha.core.auth.JobTokenVerifier`)."""
+
+    def __init__(self, zk: KazooClient, election: LeaderElection, meta: Metadata,
+                 authority: Authority, auth_mode: str, max_lifetime_secs: int,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.zk = zk
+        self.election = election
+        self.meta = meta
+        self.authority = authority
+        self.auth_mode = auth_mode
+        self.max_lifetime_secs = max_lifetime_secs
+        self.clock = clock
+        self._lock = threading.Lock()
+        # id -> (time.monotonic() when read, record)
+        self._cache: OrderedDict[str, tuple[float, JobTokenRecord]] = OrderedDict()
+
+    def _record_changed(self, event: WatchedEvent) -> None:
+        # A watch on one record (set by the read that cached it), not on /job-tokens: a
+        # change of the children would make every master fetch every token's id.
+        if event.path:
+            with self._lock:
+                self._cache.pop(event.path.rsplit("/", 1)[-1], None)
+
+    # ---- every master ------------------------------------------------------------------------
+
+    def verify(self, token_id: str, secret: str) -> Caller:
+        record = self._record(token_id)
+        if record is None or not hmac.compare_digest(record.digest,
+                                                     job_token_hash(token_id, secret)):
+            raise Unauthenticated(_REFUSED)
+        if self.clock() >= record.expires_at:
+            raise Unauthenticated(f"the job token {token_id} expired at"
+                                  f" {_when(record.expires_at)}; ask for a new one")
+        return Caller(record.user, frozenset(record.keys), token_id)
+
+    def _record(self, token_id: str) -> JobTokenRecord | None:
+        now = time.monotonic()
+        with self._lock:
+            hit = self._cache.get(token_id)
+            if hit is not None and now - hit[0] < CACHE_SECS:
+                return hit[1]
+        try:
+            self.meta.require_zk()
+            with _LOOKUP_SLOTS:
+                data = self._read(token_id)
+                if data is None:
+                    # Issued just now through the leader's session, perhaps not yet seen by
+                    # this master's ZooKeeper server: catch up once before saying it does not
+                    # exist.
+                    self.meta.answer(self.zk.sync_async(job_token_path(token_id)))
+                    data = self._read(token_id)
+        except UNREACHABLE:
+            raise Unavailable("cannot check the job token: ZooKeeper is unreachable from this"
+                              " master; retry shortly or use another master") from None
+        if data is None:
+            return None
+        try:
+            record = JobTokenRecord.decode(data)
+        except ValueError as e:
+            log.error("job token record %s unreadable (%s); refusing the token", token_id, e)
+            return None
+        with self._lock:
+            self._cache[token_id] = (now, record)
+            self._cache.move_to_end(token_id)
+            while len(self._cache) > _CACHE_SIZE:
+                self._cache.popitem(last=False)
+        return record
+
+    def _read(self, token_id: str) -> bytes | None:
+        try:
+            data, _ = self.meta.answer(self.zk.get_async(job_token_path(token_id),
+                                                         watch=self._record_changed))
+        except NoNodeError:
+            return None
+        return bytes(data)
+
+    # ---- the leader --------------------------------------------------------------------------
+
+    def issue(self, user: str, keys: Sequence[str], lifetime_secs: int) -> JobToken:
+        """A new job token for ``user``: READ on ``keys`` (each of which ``user`` must be able
+        to read now) for ``lifetime_secs`` (0: the default), cut to the cluster's cap."""
+        if self.auth_mode == "simple":
+            raise InvalidArgument(
+                "job tokens are not issued in auth.mode 'simple', where a client names its user"
+                " and holds no secret; use auth.mode 'token' or 'mtls'")
+        if lifetime_secs < 0:
+            raise InvalidArgument(f"a lifetime must be positive seconds, got {lifetime_secs}")
+        wanted = list(dict.fromkeys(keys))  # once each, in the order given
+        if not wanted:
+            raise InvalidArgument("a job token needs at least one key")
+        for key in wanted:
+            validate_key(key)
+        self.meta.require_leader()
+        for key, state in zip(wanted, self._states(wanted), strict=True):
+            if state is None:
+                raise no_such_key(key)
+            self.authority.require(user, state.acl, acls.READ, key)
+        lifetime = min(lifetime_secs or DEFAULT_LIFETIME_SECS, self.max_lifetime_secs)
+        token, token_id = new_job_token()
+        now = self.clock()
+        _, secret = split_job_token(token)
+        record = JobTokenRecord(user, tuple(wanted), now, now + lifetime,
+                                job_token_hash(token_id, secret))
+        data = record.encode()
+        if len(data) > MAX_STATE_BYTES:
+            raise InvalidArgument(f"{len(wanted)} keys are too many for one job token (its"
+                                  f" record would take {len(data)} bytes of"
+                                  f" {MAX_STATE_BYTES}); split the job's blobs")
+
+        def build(txn: Any) -> None:
+            txn.create(job_token_path(token_id), data)
+
+        try:
+            self.election.fenced(build)
+        except Deposed:
+            raise Unavailable("leadership was lost; no token was issued, retry") from None
+        log.info("job token %s issued to %r for %d keys until %s", token_id, user, len(wanted),
+                 _when(record.expires_at))
+        self._sweep()
+        return JobToken(token, token_id, record.expires_at, tuple(wanted), user)
+
+    def revoke(self, user: str, token_or_id: str) -> str:
+        """Revoke a job token: its user or an admin. Returns its id."""
+        try:
+            token_id = job_token_id(token_or_id)
+        except ValueError as e:
+            raise InvalidArgument(str(e)) from None
+        self.meta.require_leader()
+        path = job_token_path(token_id)
+        try:
+            data, stat = self.meta.answer(self.zk.get_async(path))
+        except NoNodeError:
+            raise KeyNotFound(f"no job token {token_id} (never issued, revoked already, or"
+                              " expired and removed)") from None
+        try:
+            owner = JobTokenRecord.decode(data).user
+        except ValueError:
+            owner = ""  # unreadable: only an admin may remove it
+        if owner != user and not self.authority.privileged(user):
+            raise NotAuthorized(f"job token {token_id} is not yours; its user or an admin may"
+                                " revoke it")
+
+        def build(txn: Any) -> None:
+            txn.delete(path, version=stat.version)
+
+        try:
+            self.election.fenced(build)
+        except NoNodeError:
+            pass  # revoked meanwhile: the outcome asked for
+        except Deposed:
+            raise Unavailable("leadership was lost; the token was not revoked, retry") from None
+        with self._lock:
+            self._cache.pop(token_id, None)
+        log.info("job token %s revoked by %r", token_id, user)
+        return token_id
+
+    def _states(self, keys: Sequence[str]) -> list[BlobState | None]:
+        # Pipelined: one round trip for all of a job's keys, not one each.
+        pending = [self.zk.get_async(key_path(k)) for k in keys]
+        out: list[BlobState | None] = []
+        for result in pending:
+            try:
+                data, stat = self.meta.answer(result)
+            except NoNodeError:
+                out.append(None)
+                continue
+            out.append(BlobState.decode(data, stat.version))
+        return out
+
+    def _sweep(self) -> None:
+        """Remove some expired records (best effort: a failure only leaves them longer)."""
+        try:
+            names = self.meta.answer(self.zk.get_children_async(JOB_TOKENS))
+            sample = random.sample(names, min(_SWEEP, len(names)))
+            pending = [(n, self.zk.get_async(job_token_path(n))) for n in sample]
+            now = self.clock()
+            expired = []
+            for name, result in pending:
+                data, stat = self.meta.answer(result)
+                if JobTokenRecord.decode(data).expires_at <= now:
+                    expired.append((name, stat.version))
+            if not expired:
+                return
+
+            def build(txn: Any) -> None:
+                for name, version in expired:
+                    txn.delete(job_token_path(name), version=version)
+
+            self.election.fenced(build)
+            log.info("removed %d expired job tokens", len(expired))
+        except Exception as e:
+            log.debug("expired job tokens not removed now (%s)", e)
