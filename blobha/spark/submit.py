@@ -16,6 +16,7 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
+from blobha.core import settings as settings_reader
 from blobha.core.errors import BlobError, InvalidArgument
 from blobha.spark.blobmap import BlobSpec, blob_map_json, parse_blob_arg, parse_blob_map
 from blobha.spark.conf import (
@@ -51,6 +52,15 @@ _SUBMIT_USAGE = (
 )
 
 
+def _duration_arg(text: str) -> float:
+    import argparse
+
+    try:
+        return settings_reader.duration(text)
+    except settings_reader.SettingError as exc:
+        raise argparse.ArgumentTypeError(f"{text!r}: {exc}") from None
+
+
 def _submit_parser() -> argparse.ArgumentParser:
     import argparse  # the launcher's only: not loaded in the workers
 
@@ -76,8 +86,9 @@ def _submit_parser() -> argparse.ArgumentParser:
     p.add_argument("--blob-map", metavar="JSON", help=f"a whole blob map, as {CONF_MAP}")
     p.add_argument("--min-replication", type=int, metavar="N",
                    help=f"replicas required before launch (default {DEFAULT_MIN_REPLICATION})")
-    p.add_argument("--max-wait", type=float, metavar="SECS",
-                   help=f"longest wait, -1 = forever (default {DEFAULT_MAX_WAIT_SECS:g})")
+    p.add_argument("--max-wait", type=_duration_arg, metavar="SECS",
+                   help="longest wait: seconds or a Spark time string (5min), -1 = forever"
+                   f" (default {DEFAULT_MAX_WAIT_SECS:g})")
     p.add_argument("--on-timeout", choices=POLICIES,
                    help="after the wait: launch anyway (default) or fail")
     p.add_argument("--cluster", metavar="HOST:PORT[,...]",
@@ -87,8 +98,8 @@ def _submit_parser() -> argparse.ArgumentParser:
     p.add_argument("--cache-dir", metavar="DIR",
                    help="node-local cache directory on every node (default: $BLOBHA_CACHE_DIR"
                    " there, else ~/.cache/blobha)")
-    p.add_argument("--update-interval", type=float, metavar="SECS",
-                   help="how soon running jobs see new versions")
+    p.add_argument("--update-interval", type=_duration_arg, metavar="SECS",
+                   help="how soon running jobs see new versions (seconds, or 30s, 2min)")
     p.add_argument("--spark-submit", dest="spark_submit", metavar="PATH",
                    help="spark-submit to run (default: the pyspark package's)")
     p.add_argument("--dry-run", action="store_true",
