@@ -273,6 +273,8 @@ def submit_main(argv: list[str]) -> int:
         log.error("interrupted")
         return 130
     env = dict(os.environ)
+    # Our interpreter only where the executors run on this machine (see interpreter_env):
+    # PYSPARK_PYTHON travels to every executor, and other nodes lack this path.
     env.update(interpreter_env(submit, conf, env, sys.executable))
     log.info("running %s", shlex.join([*command[:1], "(blobha --conf ...)", *rest]))
     try:
