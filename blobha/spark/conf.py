@@ -44,6 +44,7 @@ __all__ = [
     "conf_float",
     "conf_int",
     "conf_of",
+    "conf_size",
     "fmt_secs",
 ]
 
@@ -162,14 +163,30 @@ def conf_int(conf: Mapping[str, str], key: str, default: int, minimum: int) -> i
     return value
 
 
-def conf_float(
-    conf: Mapping[str, str], key: str, default: float, *, allow_forever: bool = False
-) -> float:
+def conf_size(conf: Mapping[str, str], key: str, default: int) -> int:
+    """A non-negative size: bytes, or Spark's size strings (``512m``, ``10g``)."""
     text = conf.get(key)
     if text is None or str(text).strip() == "":
         return default
     try:
-        value = settings.seconds(str(text), forever=allow_forever)
+        value = settings.size(str(text))
+    except settings.SettingError as e:
+        raise InvalidArgument(f"{key}={text!r}: {e}") from None
+    if value < 0:
+        raise InvalidArgument(f"{key}={text!r}: must be at least 0")
+    return value
+
+
+def conf_float(
+    conf: Mapping[str, str], key: str, default: float, *, allow_forever: bool = False
+) -> float:
+    """A duration in seconds: a number of seconds, or Spark's time strings (``500ms``,
+    ``5min``, ``2h``); with ``allow_forever``, -1 means no limit."""
+    text = conf.get(key)
+    if text is None or str(text).strip() == "":
+        return default
+    try:
+        value = settings.seconds(settings.duration(str(text)), forever=allow_forever)
     except settings.SettingError as e:
         raise InvalidArgument(f"{key}={text!r}: {e}") from None
     return -1.0 if value < 0 else value

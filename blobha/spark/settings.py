@@ -38,6 +38,7 @@ from blobha.spark.conf import (
     check_policy,
     conf_float,
     conf_int,
+    conf_size,
     fmt_secs,
 )
 
@@ -115,8 +116,8 @@ class SparkBlobSettings(NamedTuple):
             ),
             on_timeout=check_policy(text(CONF_ON_TIMEOUT) or ON_TIMEOUT_PROCEED),
             cache_dir=text(CONF_CACHE_DIR),
-            cache_soft_limit_bytes=conf_int(
-                conf, CONF_CACHE_SOFT_LIMIT, DEFAULT_SOFT_LIMIT_BYTES, 0
+            cache_soft_limit_bytes=conf_size(
+                conf, CONF_CACHE_SOFT_LIMIT, DEFAULT_SOFT_LIMIT_BYTES
             ),
             cache_retention_secs=conf_float(conf, CONF_CACHE_RETENTION, DEFAULT_RETENTION_SECS),
             update_interval_secs=conf_float(

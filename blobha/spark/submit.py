@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import logging
 import os
 import shlex
@@ -12,10 +11,10 @@ import subprocess
 import sys
 import threading
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
+from blobha.core import settings as settings_reader
 from blobha.core.errors import BlobError, InvalidArgument
 from blobha.spark.blobmap import BlobSpec, blob_map_json, parse_blob_arg, parse_blob_map
 from blobha.spark.conf import (
@@ -34,7 +33,14 @@ from blobha.spark.conf import (
     POLICIES,
 )
 from blobha.spark.driver import check_access, job_user, wait_for_replication
-from blobha.spark.settings import NotConfigured, SparkBlobSettings
+from blobha.spark.settings import SparkBlobSettings
+from blobha.spark.submitconf import (
+    effective_conf,
+    find_spark_submit,
+    interpreter_env,
+    pyspark_submit_path,
+    scan_submit_args,
+)
 
 if TYPE_CHECKING:
     import argparse
@@ -51,6 +57,15 @@ _SUBMIT_USAGE = (
 )
 
 
+def _duration_arg(text: str) -> float:
+    import argparse
+
+    try:
+        return settings_reader.duration(text)
+    except settings_reader.SettingError as exc:
+        raise argparse.ArgumentTypeError(f"{text!r}: {exc}") from None
+
+
 def _submit_parser() -> argparse.ArgumentParser:
     import argparse  # the launcher's only: not loaded in the workers
 
@@ -63,8 +78,9 @@ def _submit_parser() -> argparse.ArgumentParser:
             " blobha.spark.blob_path(LOCALNAME)."
         ),
         epilog=(
-            "Settings already given as --conf spark.blobha.*=... in SPARK_SUBMIT_ARGS are read"
-            " too; the options here win. Exit status: that of spark-submit, or 3 (a blob is"
+            "spark.blobha.* settings are read as spark-submit reads them (--conf in"
+            " SPARK_SUBMIT_ARGS over --properties-file over spark-defaults.conf); the options"
+            " here win. Exit status: that of spark-submit, or 3 (a blob is"
             " missing), 5 (a blob is not readable), 12 (replication not reached, policy"
             " fail), 6 (an invalid setting), 2 (bad command line)."
         ),
@@ -76,8 +92,9 @@ def _submit_parser() -> argparse.ArgumentParser:
     p.add_argument("--blob-map", metavar="JSON", help=f"a whole blob map, as {CONF_MAP}")
     p.add_argument("--min-replication", type=int, metavar="N",
                    help=f"replicas required before launch (default {DEFAULT_MIN_REPLICATION})")
-    p.add_argument("--max-wait", type=float, metavar="SECS",
-                   help=f"longest wait, -1 = forever (default {DEFAULT_MAX_WAIT_SECS:g})")
+    p.add_argument("--max-wait", type=_duration_arg, metavar="SECS",
+                   help="longest wait: seconds or a Spark time string (5min), -1 = forever"
+                   f" (default {DEFAULT_MAX_WAIT_SECS:g})")
     p.add_argument("--on-timeout", choices=POLICIES,
                    help="after the wait: launch anyway (default) or fail")
     p.add_argument("--cluster", metavar="HOST:PORT[,...]",
@@ -87,76 +104,14 @@ def _submit_parser() -> argparse.ArgumentParser:
     p.add_argument("--cache-dir", metavar="DIR",
                    help="node-local cache directory on every node (default: $BLOBHA_CACHE_DIR"
                    " there, else ~/.cache/blobha)")
-    p.add_argument("--update-interval", type=float, metavar="SECS",
-                   help="how soon running jobs see new versions")
+    p.add_argument("--update-interval", type=_duration_arg, metavar="SECS",
+                   help="how soon running jobs see new versions (seconds, or 30s, 2min)")
     p.add_argument("--spark-submit", dest="spark_submit", metavar="PATH",
-                   help="spark-submit to run (default: the pyspark package's)")
+                   help="spark-submit to run (default: $SPARK_HOME/bin/spark-submit, else"
+                   " spark-submit on PATH, else the pyspark package's)")
     p.add_argument("--dry-run", action="store_true",
                    help="check the blobs and print the command, without waiting or running it")
     return p
-
-
-_CONF_FLAGS = ("--conf", "-c")
-
-
-def _split_confs(args: Sequence[str]) -> tuple[dict[str, str], list[str], bool]:
-    """Take ``spark.blobha.*`` settings out of spark-submit arguments.
-
-    Returns (those settings, the other arguments, whether ``spark.pyspark.python`` is set).
-    Only options before the application file are spark-submit's; what follows belongs to the
-    application and is left alone.
-    """
-    blobha: dict[str, str] = {}
-    rest: list[str] = []
-    python_set = False
-    i = 0
-    takes_value = {
-        "--master", "--deploy-mode", "--class", "--name", "--jars", "--packages",
-        "--exclude-packages", "--repositories", "--py-files", "--files", "--archives",
-        "--properties-file", "--driver-memory", "--driver-java-options",
-        "--driver-library-path", "--driver-class-path", "--executor-memory", "--proxy-user",
-        "--driver-cores", "--total-executor-cores", "--executor-cores", "--num-executors",
-        "--queue", "--principal", "--keytab", "--kill", "--status", "--remote",
-    }
-    while i < len(args):
-        arg = args[i]
-        value: str | None = None
-        if arg in _CONF_FLAGS and i + 1 < len(args):
-            value, step = args[i + 1], 2
-        elif arg.startswith("--conf="):
-            value, step = arg[len("--conf="):], 1
-        if value is not None:
-            key, _, v = value.partition("=")
-            if key.startswith(CONF_PREFIX):
-                blobha[key] = v
-            else:
-                python_set = python_set or key == "spark.pyspark.python"
-                rest.extend(args[i : i + step])
-            i += step
-            continue
-        if not arg.startswith("-"):
-            rest.extend(args[i:])  # the application and its own arguments
-            break
-        rest.append(arg)
-        if arg in takes_value and i + 1 < len(args):
-            rest.append(args[i + 1])
-            i += 1
-        i += 1
-    return blobha, rest, python_set
-
-
-def pyspark_submit_path() -> str:
-    """The ``spark-submit`` script shipped in the installed pyspark package."""
-    spec = importlib.util.find_spec("pyspark")
-    if spec is None or not spec.submodule_search_locations:
-        raise NotConfigured(
-            "pyspark is not installed: pip install 'blobha[spark]', or pass --spark-submit PATH"
-        )
-    home = Path(next(iter(spec.submodule_search_locations)))
-    script = home / "bin" / "spark-submit"
-    if not script.exists():
-        raise NotConfigured(f"no spark-submit in {home}/bin; pass --spark-submit PATH")
-    return str(script)
 
 
 def build_submit_command(
@@ -175,7 +130,8 @@ def build_submit_command(
 def _settings_from_args(
     args: argparse.Namespace, conf: Mapping[str, str]
 ) -> SparkBlobSettings:
-    merged = dict(conf)
+    # Only our keys: the rest of the conf is spark-submit's business.
+    merged = {k: v for k, v in conf.items() if k.startswith(CONF_PREFIX)}
     blobs = list(parse_blob_map(merged.get(CONF_MAP)))
     if args.blob_map:
         blobs += parse_blob_map(args.blob_map)
@@ -265,8 +221,10 @@ def submit_main(argv: list[str]) -> int:
         blobha spark-submit --blob geo-table:geo.bin --blob model.tgz:model:uncompress \\
             --min-replication 2 --max-wait 120 -- --master yarn enrich.py --day 2024-05-01
 
-    ``PYSPARK_PYTHON`` defaults to this interpreter (which has blobha installed) unless the
-    environment or ``--conf spark.pyspark.python`` says otherwise.
+    ``PYSPARK_PYTHON`` is set to this interpreter (which has blobha installed) only for a
+    ``local``/``local-cluster`` master, where the executors run on this machine, and only
+    when neither the environment nor ``spark.pyspark.python`` names one (see
+    :func:`~blobha.spark.submitconf.interpreter_env`).
     """
     parser = _submit_parser()
     if "--" in argv:
@@ -280,14 +238,16 @@ def submit_main(argv: list[str]) -> int:
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
     _configure_logging()
     try:
-        conf, rest, python_set = _split_confs(spark_args)
+        submit = scan_submit_args(spark_args)
+        rest = list(submit.rest)
         if not rest:
             raise InvalidArgument(
                 "nothing to submit: put the spark-submit arguments after '--', e.g."
                 " -- --master local[2] job.py"
             )
+        spark_submit = find_spark_submit(args.spark_submit, os.environ)
+        conf = effective_conf(submit, os.environ, spark_submit)
         settings = _settings_from_args(args, conf)
-        spark_submit = args.spark_submit or pyspark_submit_path()
         command = build_submit_command(settings, spark_submit, rest)
         if args.dry_run:
             from blobha.client import Client
@@ -313,8 +273,9 @@ def submit_main(argv: list[str]) -> int:
         log.error("interrupted")
         return 130
     env = dict(os.environ)
-    if not python_set and "PYSPARK_PYTHON" not in env:
-        env["PYSPARK_PYTHON"] = sys.executable
+    # Our interpreter only where the executors run on this machine (see interpreter_env):
+    # PYSPARK_PYTHON travels to every executor, and other nodes lack this path.
+    env.update(interpreter_env(submit, conf, env, sys.executable))
     log.info("running %s", shlex.join([*command[:1], "(blobha --conf ...)", *rest]))
     try:
         return _run(command, env)

@@ -10,7 +10,7 @@ from blobha import spark as blobspark
 from blobha.core.errors import InvalidArgument
 from blobha.spark import BlobSpec, SparkBlobSettings, parse_blob_arg, parse_blob_map
 from blobha.spark import driver as spark_driver
-from blobha.spark import submit as spark_submit
+from blobha.spark.submitconf import scan_submit_args
 
 pytestmark = pytest.mark.spark  # no Spark needed: runs wherever blobha is installed
 
@@ -126,19 +126,20 @@ def test_unmapped_local_name(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_launcher_leaves_application_arguments_alone() -> None:
-    conf, rest, python_set = spark_submit._split_confs(
+    submit = scan_submit_args(
         [
             "--master", "yarn", "--conf", "spark.blobha.min.replication=2",
             "--conf=spark.pyspark.python=/opt/py", "-c", "spark.blobha.user=carol",
             "--py-files", "deps.zip", "job.py", "--conf", "spark.blobha.user=not-ours",
         ]
     )
-    assert conf == {"spark.blobha.min.replication": "2", "spark.blobha.user": "carol"}
-    assert rest == [
+    assert submit.blobha_confs == {
+        "spark.blobha.min.replication": "2", "spark.blobha.user": "carol"}
+    assert list(submit.rest) == [
         "--master", "yarn", "--conf=spark.pyspark.python=/opt/py", "--py-files", "deps.zip",
         "job.py", "--conf", "spark.blobha.user=not-ours",
     ]
-    assert python_set
+    assert dict(submit.confs)["spark.pyspark.python"] == "/opt/py"
 
 
 def test_every_option_is_documented() -> None:
