@@ -1,0 +1,122 @@
+"""``blobha spark-submit`` on a real standalone Spark cluster of two worker nodes (a master and
+two workers from the installed pyspark, each worker with its own work directory, HOME and node
+cache, and no BLOBHA_* setting), the driver in client mode: executors on both nodes read the
+job's blob through their node's cache, each node downloads it once, and a second application
+downloads nothing."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from blobha_spark_helpers import require_spark
+from clusters import running_cluster
+from prometheus_client.parser import text_string_to_metric_families
+from standalone import StandaloneSpark
+
+from blobha.client import Client
+from blobha.ops.localcluster import LocalCluster
+
+require_spark()
+
+pytestmark = pytest.mark.spark
+
+KEY = "standalone-lookup"
+DATA = hashlib.sha256(b"seed").digest() * (3 * 1024 * 1024 // 32)  # 3 MiB, on the data channel
+
+JOB = '''
+import hashlib, json, os, sys
+from pyspark.sql import SparkSession
+from blobha.spark import blob_path
+
+spark = SparkSession.builder.getOrCreate()
+
+def probe(i):
+    path = blob_path("lookup.bin")
+    with open(path, "rb") as f:
+        digest = hashlib.sha256(f.read()).hexdigest()
+    return [os.environ.get("HOME", ""), path, digest]
+
+rows = spark.sparkContext.parallelize(range(16), 16).map(probe).collect()
+with open(sys.argv[1], "w") as out:
+    json.dump(rows, out)
+spark.stop()
+'''
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    with running_cluster(tmp_path_factory.mktemp("cluster")) as c:
+        with Client(c.cluster, user="alice", timeout=60) as alice:
+            alice.create(KEY, DATA, acl="u:alice:rwa", replication_factor=3)
+            alice.wait_for_replication([KEY], 3, 30)
+        yield c
+
+
+@pytest.fixture(scope="module")
+def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StandaloneSpark]:
+    with StandaloneSpark(tmp_path_factory.mktemp("spark"), workers=2) as s:
+        yield s
+
+
+def _downloads(cluster: LocalCluster) -> int:
+    """Download calls the masters answered, all told (a node cache's fetch is one)."""
+    total = 0.0
+    for m in cluster.masters:
+        with urllib.request.urlopen(m.status_url + "metrics", timeout=10) as r:
+            text = r.read().decode()
+        for family in text_string_to_metric_families(text):
+            for s in family.samples:
+                if (s.name == "grpc_server_handled_total"
+                        and s.labels.get("grpc_method") == "Download"):
+                    total += s.value
+    return int(total)
+
+
+def _submit(cluster: LocalCluster, spark: StandaloneSpark, work: Path) -> list[list[str]]:
+    work.mkdir(parents=True, exist_ok=True)
+    job = work / "job.py"
+    job.write_text(JOB)
+    out = work / "rows.json"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYSPARK_", "SPARK_"))}
+    env.update(BLOBHA_CLUSTER=cluster.cluster, BLOBHA_USER="alice",
+               BLOBHA_CACHE_DIR=str(work / "driver-cache"))
+    cmd = [sys.executable, "-m", "blobha", "spark-submit", "--blob", f"{KEY}:lookup.bin",
+           "--min-replication", "2", "--max-wait", "60s", "--",
+           "--master", spark.url, "--deploy-mode", "client",
+           # Every node of this cluster has blobha in this interpreter (one machine): say so,
+           # as a real cluster's jobs name their nodes' interpreter.
+           "--conf", f"spark.pyspark.python={sys.executable}",
+           "--conf", "spark.executor.memory=512m", "--conf", "spark.driver.memory=512m",
+           "--conf", "spark.cores.max=2", "--conf", "spark.ui.enabled=false",
+           str(job), str(out)]
+    done = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+    return list(json.loads(out.read_text()))
+
+
+def test_both_nodes_read_the_blob_through_their_own_cache_once(
+        cluster: LocalCluster, spark: StandaloneSpark, tmp_path: Path) -> None:
+    before = _downloads(cluster)
+    rows = _submit(cluster, spark, tmp_path / "first")
+    want = hashlib.sha256(DATA).hexdigest()
+    assert {digest for _, _, digest in rows} == {want}
+    # Both workers ran tasks, each from its own node cache (under its own HOME).
+    homes = {home for home, _, _ in rows}
+    assert homes == {str(h) for h in spark.homes}, homes
+    for home, path, _ in rows:
+        assert path.startswith(home + "/"), (home, path)
+    assert _downloads(cluster) - before == 2  # one per node
+
+    # A second application: both nodes' caches serve it, nothing is downloaded again.
+    before = _downloads(cluster)
+    rows = _submit(cluster, spark, tmp_path / "second")
+    assert {digest for _, _, digest in rows} == {want}
+    assert _downloads(cluster) - before == 0
