@@ -13,6 +13,7 @@ from kazoo.exceptions import (
 
 from blobha.core.errors import (
     DeadlineExceeded,
+    KeyNotFound,
     Unavailable,
 )
 from blobha.leader import Deposed
@@ -50,6 +51,12 @@ class Acknowledger:
                 return key, committed, 1
             try:
                 reached, info = self._await_holders(key, committed, committed.write_quorum)
+            except KeyNotFound:
+                # A new leader's roll-back of an unacknowledged create removes the key (or a
+                # delete did): the write was never acknowledged, so its retry writes it again.
+                raise Unavailable(
+                    f"{key!r} v{committed.seq} was removed before its write quorum (rolled back"
+                    " or deleted); retry to write it again") from None
             except Superseded as e:
                 # A newer version, acknowledged, replaced this one before its quorum: no
                 # roll-back can reach below an acknowledged version, so this write stands in

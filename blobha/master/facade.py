@@ -237,6 +237,7 @@ class Master:
         if self._stopped.is_set():
             return
         self._stopped.set()
+        self.waits.stop_waits()
         log.info("stopping master %s", self.identity)
         was_leader = self.election.is_leader
         self.election.stop(resign=True)

@@ -43,6 +43,10 @@ log = logging.getLogger("blobha.master")
 
 #: Keys whose reads a replication wait has in flight at once (two reads per key).
 _WAIT_READ_BATCH = 256
+#: What a write waiting for its quorum is told when its leader stops: the version stays
+#: committed, and the next leader acknowledges it (or rolls it back, and the retry writes it).
+STEPPING_DOWN = ("the leader is stepping down (its master is stopping) before the write quorum;"
+                 " retry with the next leader")
 
 
 class ReplicationWaits:
@@ -127,6 +131,13 @@ class ReplicationWaits:
         for changed in woken:
             changed.set()
 
+    def stop_waits(self) -> None:
+        """Wake every wait, to see the stop at once: a leader stopping has 2 s to answer."""
+        with self._waiters_lock:
+            woken = [e for waiting in self._waiters.values() for e in waiting]
+        for changed in woken:
+            changed.set()
+
     def replication_waits(self) -> int:
         """Replication waits in progress (for the metrics)."""
         with self._waiters_lock:
@@ -179,11 +190,17 @@ class ReplicationWaits:
             first = False
             if all(i.replication >= minimum for i in infos):
                 return True, infos
-            remaining = deadline - time.monotonic()
-            if (remaining <= 0 or self._stopped.is_set()
-                    or (abandoned is not None and abandoned.is_set())):
-                return False, infos
+            # Before the deadline: a wait cut short by a stop or a lost leadership did not
+            # time out, and "not reached" would read as a final answer (issue 44).
+            if self._stopped.is_set():
+                raise Unavailable(STEPPING_DOWN if require_leader else
+                                  "this master is stopping; retry with another master")
             if require_leader and not self.election.is_leader:
-                raise Unavailable("leadership was lost while waiting for the write quorum; retry")
-            # Watches wake us; the cap only bounds how stale the leadership check can be.
+                raise Unavailable("leadership was lost while waiting for the write quorum; retry"
+                                  " with the next leader")
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or (abandoned is not None and abandoned.is_set()):
+                return False, infos
+            # Watches wake us (and stop_waits); the cap bounds how stale the leadership
+            # check can be.
             changed.wait(min(remaining, 1.0))

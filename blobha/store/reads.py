@@ -45,23 +45,35 @@ class VersionReader:
             found = self.slot_info(key, seq, slot)
             if found is not None:
                 return found
+        try:
+            return self._file_record(key, seq)
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+        # Again under the key's lock, which every install and removal of a version holds: a
+        # record replaced or removed meanwhile reads whole or not at all then. Only one that
+        # is still unreadable is damaged.
+        with self.dirs.changing(key):
+            try:
+                return self._file_record(key, seq)
+            except (OSError, ValueError, KeyError, TypeError) as e:
+                log.error("unreadable version record of %r v%d (%s); removing the version",
+                          key, seq, e)
+                self._delete_version(key, seq)
+                return None
+
+    def _file_record(self, key: str, seq: int) -> VersionInfo | None:
+        """The record of a version in files of its own; None if it has none."""
         d = self.dirs.files_dir(key)
         if d is None:
             return None
-        path = d / f"v{seq}.ver"
         try:
-            try:
-                return read_packed(path, key)
-            except FileNotFoundError:
-                pass
-            path = d / f"v{seq}.json"
-            with open(path, encoding="utf-8") as f:
+            return read_packed(d / f"v{seq}.ver", key)
+        except FileNotFoundError:
+            pass
+        try:
+            with open(d / f"v{seq}.json", encoding="utf-8") as f:
                 return info_from(json.load(f), key)
         except FileNotFoundError:
-            return None
-        except (OSError, ValueError, KeyError, TypeError):
-            log.error("unreadable version record %s; removing the version", path)
-            self._delete_version(key, seq)
             return None
 
     def slot_info(self, key: str, seq: int, slot: Slot) -> VersionInfo | None:
@@ -73,6 +85,28 @@ class VersionReader:
     def slot_record(self, key: str, seq: int, slot: Slot
                     ) -> tuple[dict[str, Any], VersionInfo] | None:
         """:meth:`slot_info`, with the record as stored (compaction copies it as it is)."""
+        found = self._read_slot(key, slot)
+        if found is not None:
+            return found
+        # A removal (a prune, a delete, a replacing install, compaction's move) takes the
+        # record out of the index before it marks it dead, under the key's lock: a record
+        # found dead or gone once it left the index is simply not held there (any more), a
+        # reader's routine race with pruning. Only one still indexed there is damaged.
+        with self.dirs.changing(key):
+            if self.segments.slot(key, seq) != slot:
+                log.debug("record of %r v%d in segment %d at %d was removed or moved while"
+                          " read", key, seq, slot.segment, slot.offset)
+                return None
+            found = self._read_slot(key, slot)
+            if found is not None:
+                return found
+            log.error("unreadable record of %r v%d in segment %d at %d; removing the version",
+                      key, seq, slot.segment, slot.offset)
+            self.segments.kill(key, seq)
+        return None
+
+    def _read_slot(self, key: str, slot: Slot) -> tuple[dict[str, Any], VersionInfo] | None:
+        """The live record in ``slot`` (None: gone, dead or unreadable)."""
         try:
             fd = os.open(segment_path(self.segments.dir, slot.segment),
                          os.O_RDONLY | os.O_CLOEXEC)
@@ -82,20 +116,15 @@ class VersionReader:
             found = read_record(fd, slot.offset, slot.offset + slot.length)
         finally:
             os.close(fd)
-        try:
-            if found is None or not found[3]:
-                raise ValueError("no live record")
-            record, rlen, _, _ = found
-            info = info_from(record, key, packed=True)
-            return record, dataclasses.replace(info, segment=slot.segment,
-                                               offset=slot.offset + HEADER_SIZE + rlen)
-        except (ValueError, KeyError, TypeError):
-            log.error("unreadable record of %r v%d in segment %d at %d; removing the version",
-                      key, seq, slot.segment, slot.offset)
-            with self.dirs.changing(key):
-                if self.segments.slot(key, seq) == slot:
-                    self.segments.kill(key, seq)
+        if found is None or not found[3]:
             return None
+        record, rlen, _, _ = found
+        try:
+            info = info_from(record, key, packed=True)
+        except (ValueError, KeyError, TypeError):
+            return None
+        return record, dataclasses.replace(info, segment=slot.segment,
+                                           offset=slot.offset + HEADER_SIZE + rlen)
 
     def has_version(self, key: str, seq: int) -> bool:
         """Whether version ``seq`` is installed (its record exists); no parsing."""
