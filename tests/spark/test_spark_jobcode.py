@@ -168,3 +168,100 @@ def test_code_reaches_executors_from_the_cache_and_is_stored_once(
         for k, meta in metas.items():
             again = c.get_meta(k)
             assert (again.version, again.updated_at) == (meta.version, meta.updated_at)
+
+
+TOKEN_JOB = '''
+import json, os, sys
+from pyspark.sql import SparkSession
+
+def task(i):
+    import jobhelper
+    from blobha.client import Client
+    from blobha.core.errors import NotAuthorized
+    from blobha.spark import blob_path, current_settings
+    from blobha.spark.executor import job_credentials
+    with open(blob_path("side.txt")) as f:
+        side = int(f.read())
+    settings = current_settings()
+    creds = job_credentials(settings.resolved_cache_dir())
+    try:  # what the executors hold only reads the job's keys
+        with Client(settings.cluster, credentials=creds, timeout=10) as c:
+            c.create("jobcode-token-write", b"x")
+        refused = False
+    except NotAuthorized:
+        refused = True
+    return {"value": jobhelper.triple(i) + side, "refused": refused,
+            "own_token": os.environ.get("BLOBHA_TOKEN_FILE", ""),
+            "own_ca": os.environ.get("BLOBHA_CA", ""),
+            "module": os.path.realpath(jobhelper.__file__.split(".zip")[0] + ".zip")}
+
+spark = SparkSession.builder.getOrCreate()
+sc = spark.sparkContext
+rows = sc.parallelize(range(4), 4).map(task).collect()
+json.dump({"app": sc.applicationId, "rows": rows}, open(sys.argv[1], "w"))
+spark.stop()
+'''
+
+
+@pytest.fixture(scope="module")
+def secure(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    with running_cluster(tmp_path_factory.mktemp("secure"), tls=True) as c:
+        with Client(c.cluster, user="alice", timeout=60, credentials=c.credentials("alice")) as a:
+            a.create(SIDE_KEY, b"100", acl="u:alice:rwa")
+        yield c
+
+
+def test_executors_read_with_a_redacted_job_token_and_the_ca_from_the_conf(
+    secure: LocalCluster, tmp_path: Path, capfd: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level("INFO", logger="blobha.spark")
+    files = _job_files(tmp_path / "job")
+    files["job"].write_text(textwrap.dedent(TOKEN_JOB))
+    creds = secure.credentials("alice")
+    events = tmp_path / "events"
+    events.mkdir()
+    out = tmp_path / "out.json"
+    with pytest.MonkeyPatch.context() as mp:
+        for k, v in spark_env(tmp_path / "w").items():
+            mp.setenv(k, v)
+        mp.setenv("BLOBHA_CA", str(creds.ca))
+        mp.setenv("BLOBHA_TOKEN_FILE", str(creds.token_file))
+        status = blobspark.submit_main([
+            "--blob", f"{SIDE_KEY}:side.txt", "--token-lifetime", "2h",
+            "--cluster", secure.cluster, "--user", "alice",
+            "--cache-dir", str(tmp_path / "node-cache"),
+            "--",
+            "--master", MASTER, "--verbose",
+            "--conf", "spark.ui.enabled=false",
+            "--conf", "spark.ui.showConsoleProgress=false",
+            "--conf", "spark.executor.memory=512m",
+            "--conf", "spark.eventLog.enabled=true",
+            "--conf", "spark.eventLog.compress=false",
+            "--conf", f"spark.eventLog.dir=file://{events}",
+            # Executors of a real cluster hold none of the user's credentials: here they would
+            # inherit the launcher's environment, so take them away.
+            "--conf", "spark.executorEnv.BLOBHA_TOKEN_FILE=",
+            "--conf", "spark.executorEnv.BLOBHA_CA=",
+            "--driver-memory", "512m",
+            "--py-files", str(files["lib"]),
+            str(files["job"]), str(out),
+        ])
+    printed = capfd.readouterr()
+    assert status == 0, printed.err[-5000:]
+    result = _read(out)
+    assert sorted(r["value"] for r in result["rows"]) == [3 * i + 100 for i in range(4)]
+    for row in result["rows"]:
+        assert row["refused"] and row["own_token"] == "" and row["own_ca"] == "", row
+        assert row["module"].startswith(str((tmp_path / "node-cache").resolve()))
+    assert "job token " in caplog.text
+
+    # The token never shows: not in spark-submit --verbose, not in the event log (what the
+    # UI and the history server show), where its confs are listed as redacted.
+    log_files = [p for p in events.rglob("*") if p.is_file()]
+    assert log_files
+    event_log = "".join(p.read_text() for p in log_files)
+    assert "bjt1." not in event_log and "bjt1." not in printed.out + printed.err
+    assert '"spark.blobha.job.token":"*********(redacted)"' in event_log
+    assert '"spark.executorEnv.BLOBHA_JOB_TOKEN":"*********(redacted)"' in event_log
+    assert "spark.blobha.job.token" in printed.out + printed.err  # --verbose lists it, redacted
