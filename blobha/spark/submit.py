@@ -234,7 +234,8 @@ def submit_main(argv: list[str]) -> int:
         blobha spark-submit --blob KEY[:LOCALNAME][:uncompress] ... [--blob-map JSON]
             [--min-replication N] [--max-wait SECS] [--on-timeout proceed|fail]
             [--cluster HOST:PORT,...] [--user USER] [--cache-dir DIR]
-            [--update-interval SECS] [--spark-submit PATH] [--dry-run]
+            [--update-interval SECS] [--token-lifetime DURATION] [--spark-submit PATH]
+            [--dry-run]
             -- SPARK_SUBMIT_ARGS...
 
     Example::
