@@ -240,28 +240,34 @@ def check_archive(path: str, name: str) -> None:
             raise InvalidArgument(f"{path}: {exc}") from None
 
 
-def upload_code(client: Client, user: str, files: Sequence[CodeFile]) -> list[CodeSpec]:
+def upload_code(client: Client, user: str, files: Sequence[CodeFile],
+                digests: Mapping[str, str] | None = None) -> list[CodeSpec]:
     """Store every file as a content-addressed blob owned by ``user`` (readable by that user
-    only), uploading only content the store does not hold yet; the code map entries."""
+    only), uploading only content the store does not hold yet; the code map entries.
+
+    ``digests`` (path to digest) spares reading a file again. An archive is checked against
+    the node cache's unpacking rules before it is uploaded: content already stored passed
+    that check when it was, so a large environment is neither read nor unpacked again."""
     specs: list[CodeSpec] = []
-    done: dict[str, str] = {}
+    done: set[str] = set()
     for f in files:
-        digest = digest_path(f.path)
-        if f.kind == KIND_ARCHIVE:
-            check_archive(f.path, f.name)
+        digest = (digests or {}).get(f.path) or digest_path(f.path)
         key = code_key(user, digest, os.path.basename(f.path))
         if key not in done:
-            _ensure(client, key, f.path, digest, user)
-            done[key] = digest
+            _ensure(client, f, key, digest, user)
+            done.add(key)
         specs.append(CodeSpec(key, f.kind, f.name))
     return specs
 
 
-def _ensure(client: Client, key: str, path: str, digest: str, user: str) -> None:
+def _ensure(client: Client, f: CodeFile, key: str, digest: str, user: str) -> None:
+    path = f.path
     try:
         meta = client.get_meta(key)
         log.info("%s already stored as %s", path, key)
     except KeyNotFound:
+        if f.kind == KIND_ARCHIVE:
+            check_archive(path, f.name)
         try:
             meta = client.create(key, path, acl=f"u:{user}:rwa")
             log.info("uploaded %s as %s (%d bytes)", path, key, meta.size)

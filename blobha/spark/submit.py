@@ -270,6 +270,7 @@ def submit_main(argv: list[str]) -> int:
         spark_submit = find_spark_submit(args.spark_submit, os.environ)
         conf = effective_conf(submit, os.environ, spark_submit)
         taken: TakenCode | None = None
+        digests: dict[str, str] = {}
         if deploy_mode_of(submit, conf, os.environ) == "client":
             taken = take_code(rest, conf)
             if not taken.files:
@@ -278,11 +279,12 @@ def submit_main(argv: list[str]) -> int:
             log.info("cluster deploy mode: the job's code travels as spark-submit ships it")
         settings = _settings_from_args(args, conf, has_code=taken is not None)
         if taken is not None:
-            for f in taken.files:  # every bad file fails here, before anything is uploaded
-                digest_path(f.path)
+            # A missing or unreadable file fails here, before anything is uploaded.
+            digests = {f.path: digest_path(f.path) for f in taken.files}
+        if args.dry_run:
+            for f in taken.files if taken is not None else ():
                 if f.kind == KIND_ARCHIVE:
                     check_archive(f.path, f.name)
-        if args.dry_run:
             from blobha.client import Client
 
             with Client(settings.resolved_cluster(), user=settings.user,
@@ -292,7 +294,8 @@ def submit_main(argv: list[str]) -> int:
             return 0
         secrets_conf: list[str] = []
         if taken is not None or settings.keys:
-            settings, secrets_conf = _store_code_and_token(settings, taken, args.token_lifetime)
+            settings, secrets_conf = _store_code_and_token(
+                settings, taken, digests, args.token_lifetime)
         wait_for_replication(
             settings.all_keys,
             settings.min_replication,
@@ -332,7 +335,8 @@ def submit_main(argv: list[str]) -> int:
 
 
 def _store_code_and_token(
-    settings: SparkBlobSettings, taken: TakenCode | None, lifetime: float
+    settings: SparkBlobSettings, taken: TakenCode | None, digests: Mapping[str, str],
+    lifetime: float,
 ) -> tuple[SparkBlobSettings, list[str]]:
     """Upload the code that is not stored yet; with a user token, obtain the executors' job
     token for exactly the job's keys. The settings with the code map, and the secret confs."""
@@ -344,7 +348,7 @@ def _store_code_and_token(
     with Client(settings.resolved_cluster(), user=settings.user,
                 timeout=settings.client_timeout_secs, credentials=creds) as c:
         if taken is not None:
-            specs = upload_code(c, c.user, taken.files)
+            specs = upload_code(c, c.user, taken.files, digests)
             settings = settings.replace(code=tuple(specs))
         confs: list[str] = []
         token = creds.token()

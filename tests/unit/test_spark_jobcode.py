@@ -248,3 +248,30 @@ def test_zip_modules_are_importable_from_a_linked_zip(tmp_path: Path) -> None:
                          env={**os.environ, "PYTHONPATH": str(tmp_path / "lib.zip")},
                          capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "7"
+
+
+def test_a_missing_file_stops_the_launcher_before_launch(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from blobha.spark.submit import submit_main
+
+    fake = tmp_path / "spark-submit"  # never run
+    status = submit_main([
+        "--cluster", "127.0.0.1:1", "--user", "bob", "--spark-submit", str(fake), "--",
+        "--master", "local[1]", "--py-files", str(tmp_path / "gone.zip"), "job.py",
+    ])
+    assert status == 6
+    errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert errors == [f"{tmp_path}/gone.zip: no such file"]
+
+
+def test_an_unsafe_archive_is_refused_before_it_is_uploaded(tmp_path: Path) -> None:
+    evil = tmp_path / "env.tgz"
+    with tarfile.open(evil, "w:gz") as t:
+        info = tarfile.TarInfo("/etc/passwd-not-really")
+        info.size = 1
+        t.addfile(info, io.BytesIO(b"x"))
+    client = _FakeClient()
+    with pytest.raises(InvalidArgument, match=f"^{evil}: "):
+        upload_code(client, "bob", [CodeFile(str(evil), "archive", "env")])  # type: ignore[arg-type]
+    assert client.created == []
