@@ -265,3 +265,78 @@ def test_executors_read_with_a_redacted_job_token_and_the_ca_from_the_conf(
     assert '"spark.blobha.job.token":"*********(redacted)"' in event_log
     assert '"spark.executorEnv.BLOBHA_JOB_TOKEN":"*********(redacted)"' in event_log
     assert "spark.blobha.job.token" in printed.out + printed.err  # --verbose lists it, redacted
+
+
+ENV_JOB = '''
+import json, os, sys
+from pyspark.sql import SparkSession
+
+def task(i):
+    import envonly  # in the environment archive only
+    return {"value": envonly.VALUE + i, "executable": sys.executable,
+            "prefix": os.path.realpath(sys.prefix), "env": os.path.realpath("./env")}
+
+spark = SparkSession.builder.getOrCreate()
+sc = spark.sparkContext
+rows = sc.parallelize(range(4), 4).map(task).collect()
+json.dump({"app": sc.applicationId, "rows": rows}, open(sys.argv[1], "w"))
+spark.stop()
+'''
+
+
+def _env_archive(root: Path) -> Path:
+    """A virtual environment packed as Spark users pack one (venv-pack, conda-pack): a copied
+    interpreter, and a module found nowhere else. PySpark and blobha come from this test's
+    environment through a .pth file (a real one would install them)."""
+    import site
+    import subprocess
+    import sys
+
+    env = root / "envsrc"
+    subprocess.run([sys.executable, "-m", "venv", "--copies", "--without-pip", str(env)],
+                   check=True)
+    purelib = next(env.glob("lib/python*/site-packages"))
+    (purelib / "envonly.py").write_text("VALUE = 1000\n")
+    ours = [p for p in site.getsitepackages() if p.startswith(sys.prefix)]
+    (purelib / "outer.pth").write_text(
+        "".join(f"import site; site.addsitedir({p!r})\n" for p in ours))
+    archive = root / "env.tgz"
+    with tarfile.open(archive, "w:gz") as t:
+        for path in sorted(env.rglob("*")):
+            if "__pycache__" not in path.parts:
+                t.add(path, arcname=str(path.relative_to(env)), recursive=False)
+    return archive
+
+
+def test_spark_pyspark_python_runs_the_interpreter_of_the_environment_archive(
+    cluster: LocalCluster, tmp_path: Path, capfd: pytest.CaptureFixture[str],
+) -> None:
+    root = tmp_path / "job"
+    root.mkdir()
+    archive = _env_archive(root)
+    job = root / "job.py"
+    job.write_text(textwrap.dedent(ENV_JOB))
+    out = tmp_path / "out.json"
+    cache_dir = tmp_path / "node-cache"
+    with pytest.MonkeyPatch.context() as mp:
+        for k, v in spark_env(tmp_path / "w").items():
+            mp.setenv(k, v)
+        status = blobspark.submit_main([
+            "--cluster", cluster.cluster, "--user", "bob", "--cache-dir", str(cache_dir),
+            "--",
+            "--master", MASTER,
+            "--conf", "spark.ui.enabled=false",
+            "--conf", "spark.ui.showConsoleProgress=false",
+            "--conf", "spark.executor.memory=512m",
+            "--driver-memory", "512m",
+            "--archives", f"{archive}#env",
+            "--conf", "spark.pyspark.python=./env/bin/python",
+            str(job), str(out),
+        ])
+    assert status == 0, capfd.readouterr().err[-5000:]
+    result = _read(out)
+    assert sorted(r["value"] for r in result["rows"]) == [1000 + i for i in range(4)]
+    cache = str(cache_dir.resolve())
+    for row in result["rows"]:
+        assert row["executable"].endswith("/env/bin/python"), row
+        assert row["prefix"] == row["env"] and row["env"].startswith(cache + os.sep), row
