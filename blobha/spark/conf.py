@@ -18,6 +18,8 @@ __all__ = [
     "CONF_CACHE_SOFT_LIMIT",
     "CONF_CLIENT_TIMEOUT",
     "CONF_CLUSTER",
+    "CONF_CODE_MAP",
+    "CONF_JOB_TOKEN",
     "CONF_MAP",
     "CONF_MAX_WAIT",
     "CONF_MIN_REPLICATION",
@@ -31,7 +33,10 @@ __all__ = [
     "DEFAULT_RETENTION_SECS",
     "DEFAULT_SOFT_LIMIT_BYTES",
     "DEFAULT_UPDATE_INTERVAL_SECS",
+    "ENV_CA_PEM",
     "ENV_CONF",
+    "ENV_JOB_TOKEN",
+    "ENV_PYTHON",
     "KNOWN_KEYS",
     "LOCAL_PROPERTY",
     "ON_TIMEOUT_FAIL",
@@ -63,6 +68,19 @@ CONF_CACHE_RETENTION = "spark.blobha.cache.retention.secs"
 CONF_UPDATE_INTERVAL = "spark.blobha.update.interval.secs"
 CONF_CLIENT_TIMEOUT = "spark.blobha.client.timeout.secs"
 CONF_APP_ID = "spark.app.id"
+CONF_CODE_MAP = "spark.blobha.code.map"
+#: The job token, for the driver: Spark redacts a conf whose name matches
+#: ``(?i)secret|password|token`` from its UI, logs and event log.
+CONF_JOB_TOKEN = "spark.blobha.job.token"
+
+#: Environment variables set on executors (``spark.executorEnv.*``), apart from the JSON
+#: carrier because the token must never be in it (it would show in the Spark UI): the job
+#: token (its name matches Spark's redaction pattern), the cluster's CA certificate (PEM
+#: content; the worker hook writes it to a file on the node) and the interpreter the job asked
+#: for, which the hook runs.
+ENV_JOB_TOKEN = "BLOBHA_JOB_TOKEN"
+ENV_CA_PEM = "BLOBHA_CA_PEM"
+ENV_PYTHON = "BLOBHA_PYSPARK_PYTHON"
 
 #: Environment variable carrying the configuration to executors (a JSON object of conf keys).
 ENV_CONF = "BLOBHA_SPARK_CONF"
@@ -99,6 +117,12 @@ OPTIONS: tuple[SparkOption, ...] = (
         " localname defaults to the key, uncompress to false.",
     ),
     SparkOption(CONF_CLUSTER, "$BLOBHA_CLUSTER", "Masters, HOST:PORT[,HOST:PORT...]."),
+    SparkOption(
+        CONF_CODE_MAP,
+        "(set by blobha spark-submit)",
+        "JSON list of [key, kind, name]: the job's --py-files, --files and --archives as"
+        " blobs, laid out in each executor's working directory by the blobha-python hook.",
+    ),
     SparkOption(
         CONF_USER,
         "$BLOBHA_USER, else the Spark user",
@@ -147,7 +171,8 @@ OPTIONS: tuple[SparkOption, ...] = (
         "Seconds one blob store operation may retry before it fails.",
     ),
 )
-KNOWN_KEYS = frozenset(o.key for o in OPTIONS)
+#: The job token is no option: the launcher sets it (and Spark redacts it).
+KNOWN_KEYS = frozenset(o.key for o in OPTIONS) | {CONF_JOB_TOKEN}
 
 
 def conf_int(conf: Mapping[str, str], key: str, default: int, minimum: int) -> int:

@@ -15,13 +15,14 @@ from typing import TYPE_CHECKING, Any
 
 from blobha.cache import BlobCache, CachedBlob
 from blobha.core.errors import NO_ANSWER, BlobError
-from blobha.spark.conf import ENV_CONF, LOCAL_PROPERTY, conf_of
+from blobha.spark.conf import ENV_CA_PEM, ENV_CONF, ENV_JOB_TOKEN, LOCAL_PROPERTY, conf_of
 from blobha.spark.settings import NotConfigured, SparkBlobSettings
 
 if TYPE_CHECKING:
     from pyspark import SparkContext
 
     from blobha.client import Client
+    from blobha.wire.credentials import Credentials
 
 __all__ = [
     "adopt_prepared",
@@ -30,6 +31,8 @@ __all__ = [
     "blob_path",
     "blob_version",
     "current_settings",
+    "job_credentials",
+    "open_cache",
 ]
 
 log = logging.getLogger("blobha.spark")
@@ -194,6 +197,62 @@ class _Held:
         self.checked = checked
 
 
+def _ca_file(pem: str, cache_dir: str) -> str:
+    # The CA's content travels in the Spark conf; the TLS layer reads a file. One per content,
+    # written once per node, beside the cache.
+    import xxhash
+
+    folder = Path(cache_dir) / "tls"
+    path = folder / f"ca-{xxhash.xxh3_128_hexdigest(pem.encode())}.pem"
+    if not path.exists():
+        folder.mkdir(parents=True, exist_ok=True)
+        tmp = folder / f".{path.name}.{os.getpid()}"
+        tmp.write_text(pem)
+        os.replace(tmp, path)
+    return str(path)
+
+
+def job_credentials(cache_dir: str) -> Credentials | None:
+    """The credentials ``blobha spark-submit`` gave this executor (``spark.executorEnv.*``):
+    the job token and the cluster's CA (its content, written to a file under ``cache_dir``);
+    None when it gave none (the node's own then: ``$BLOBHA_CA``, ``$BLOBHA_TOKEN_FILE``...)."""
+    token = os.environ.get(ENV_JOB_TOKEN, "").strip()
+    pem = os.environ.get(ENV_CA_PEM, "")
+    if not token and not pem.strip():
+        return None
+    from blobha.wire.credentials import Credentials
+
+    own = Credentials.from_env()
+    ca = _ca_file(pem, cache_dir) if pem.strip() else own.ca
+    if token:
+        return Credentials(ca=ca, bearer=token)
+    return Credentials(ca=ca, cert=own.cert, key=own.key, token_file=own.token_file)
+
+
+def open_cache(settings: SparkBlobSettings) -> BlobCache:
+    """The node cache these settings name, connecting to the cluster only when it must."""
+    cluster = settings.resolved_cluster()
+    cache_dir = settings.resolved_cache_dir()
+
+    def connect() -> Client:
+        # Made (and grpc loaded) only when the cache must ask the cluster or download: a
+        # task served by the node's records, as every task of a second application within
+        # the update interval is, never needs it.
+        from blobha.client import Client
+
+        return Client(cluster, user=settings.user, timeout=settings.client_timeout_secs,
+                      credentials=job_credentials(cache_dir))
+
+    return BlobCache(
+        cache_dir,
+        user=settings.user,
+        soft_limit_bytes=settings.cache_soft_limit_bytes,
+        retention_secs=settings.cache_retention_secs,
+        update_interval_secs=settings.update_interval_secs,
+        connect=connect,
+    )
+
+
 class _Localizer:
     """Per-process state behind :func:`blob_path`: one :class:`BlobCache` per configuration,
     and what each local name resolved to last.
@@ -250,23 +309,7 @@ class _Localizer:
             found = self._caches.get(ident)
             if found is not None:
                 return found
-
-            def connect() -> Client:
-                # Made (and grpc loaded) only when the cache must ask the cluster or download:
-                # a task served by the node's records, as every task of a second application
-                # within the update interval is, never needs it.
-                from blobha.client import Client
-
-                return Client(cluster, user=settings.user, timeout=settings.client_timeout_secs)
-
-            cache = BlobCache(
-                ident[0],
-                user=settings.user,
-                soft_limit_bytes=settings.cache_soft_limit_bytes,
-                retention_secs=settings.cache_retention_secs,
-                update_interval_secs=settings.update_interval_secs,
-                connect=connect,
-            )
+            cache = open_cache(settings)
             self._caches[ident] = cache
             return cache
 

@@ -12,6 +12,7 @@ from blobha.cache import default_cache_dir as _cache_default_dir
 from blobha.core.addresses import parse_cluster
 from blobha.core.errors import InvalidArgument
 from blobha.spark.blobmap import BlobSpec, blob_map_json, parse_blob_map
+from blobha.spark.codemap import CodeSpec, code_map_json, parse_code_map
 from blobha.spark.conf import (
     CONF_APP_ID,
     CONF_CACHE_DIR,
@@ -19,6 +20,7 @@ from blobha.spark.conf import (
     CONF_CACHE_SOFT_LIMIT,
     CONF_CLIENT_TIMEOUT,
     CONF_CLUSTER,
+    CONF_CODE_MAP,
     CONF_MAP,
     CONF_MAX_WAIT,
     CONF_MIN_REPLICATION,
@@ -87,6 +89,9 @@ class SparkBlobSettings(NamedTuple):
     update_interval_secs: float = DEFAULT_UPDATE_INTERVAL_SECS
     client_timeout_secs: float = DEFAULT_CLIENT_TIMEOUT_SECS
     app_id: str | None = None
+    #: The job's own code as blobs (``blobha spark-submit`` fills it; see
+    #: :mod:`blobha.spark.codemap`).
+    code: tuple[CodeSpec, ...] = ()
 
     @classmethod
     def from_conf(cls, conf: Mapping[str, str]) -> SparkBlobSettings:
@@ -125,6 +130,7 @@ class SparkBlobSettings(NamedTuple):
             ),
             client_timeout_secs=timeout,
             app_id=text(CONF_APP_ID),
+            code=parse_code_map(text(CONF_CODE_MAP)),
         )
 
     def to_conf(self) -> dict[str, str]:
@@ -147,6 +153,8 @@ class SparkBlobSettings(NamedTuple):
         ):
             if value is not None:
                 out[key] = value
+        if self.code:
+            out[CONF_CODE_MAP] = code_map_json(self.code)
         return out
 
     def to_json(self) -> str:
@@ -190,4 +198,10 @@ class SparkBlobSettings(NamedTuple):
 
     @property
     def keys(self) -> tuple[str, ...]:
+        """The side files' keys (the blob map)."""
         return tuple(s.key for s in self.blobs)
+
+    @property
+    def all_keys(self) -> tuple[str, ...]:
+        """Every key the job reads: the side files', then its code's (each once)."""
+        return tuple(dict.fromkeys([*self.keys, *(c.key for c in self.code)]))

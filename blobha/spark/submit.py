@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from blobha.core import settings as settings_reader
 from blobha.core.errors import BlobError, InvalidArgument
 from blobha.spark.blobmap import BlobSpec, blob_map_json, parse_blob_arg, parse_blob_map
+from blobha.spark.codemap import KIND_ARCHIVE
 from blobha.spark.conf import (
     CONF_CACHE_DIR,
     CONF_CLUSTER,
@@ -33,6 +34,20 @@ from blobha.spark.conf import (
     POLICIES,
 )
 from blobha.spark.driver import check_access, job_user, wait_for_replication
+from blobha.spark.jobcode import (
+    TakenCode,
+    check_archive,
+    code_confs,
+    deploy_mode_of,
+    digest_path,
+    driver_pythonpath,
+    hook_path,
+    insert_options,
+    redacted,
+    secret_confs,
+    take_code,
+    upload_code,
+)
 from blobha.spark.settings import SparkBlobSettings
 from blobha.spark.submitconf import (
     effective_conf,
@@ -53,7 +68,7 @@ _SUBMIT_USAGE = (
     "blobha spark-submit [--blob KEY[:LOCALNAME][:uncompress]]... [--blob-map JSON]"
     " [--min-replication N] [--max-wait SECS] [--on-timeout {proceed,fail}]"
     " [--cluster HOST:PORT[,...]] [--user USER] [--cache-dir DIR] [--update-interval SECS]"
-    " [--spark-submit PATH] [--dry-run] -- SPARK_SUBMIT_ARGS..."
+    " [--token-lifetime DURATION] [--spark-submit PATH] [--dry-run] -- SPARK_SUBMIT_ARGS..."
 )
 
 
@@ -106,6 +121,9 @@ def _submit_parser() -> argparse.ArgumentParser:
                    " there, else ~/.cache/blobha)")
     p.add_argument("--update-interval", type=_duration_arg, metavar="SECS",
                    help="how soon running jobs see new versions (seconds, or 30s, 2min)")
+    p.add_argument("--token-lifetime", type=_duration_arg, default=86400.0, metavar="DURATION",
+                   help="lifetime of the job token the executors get when this launcher holds"
+                   " a user token (seconds, or 12h, 2d; default 24h)")
     p.add_argument("--spark-submit", dest="spark_submit", metavar="PATH",
                    help="spark-submit to run (default: $SPARK_HOME/bin/spark-submit, else"
                    " spark-submit on PATH, else the pyspark package's)")
@@ -128,7 +146,7 @@ def build_submit_command(
 
 
 def _settings_from_args(
-    args: argparse.Namespace, conf: Mapping[str, str]
+    args: argparse.Namespace, conf: Mapping[str, str], has_code: bool = False
 ) -> SparkBlobSettings:
     # Only our keys: the rest of the conf is spark-submit's business.
     merged = {k: v for k, v in conf.items() if k.startswith(CONF_PREFIX)}
@@ -152,8 +170,11 @@ def _settings_from_args(
         if value is not None:
             merged[key] = str(value)
     settings = SparkBlobSettings.from_conf(merged)  # re-validates localname clashes too
-    if not settings.blobs:
-        raise InvalidArgument("no blobs given: use --blob KEY[:LOCALNAME][:uncompress]")
+    if not settings.blobs and not has_code:
+        raise InvalidArgument(
+            "no blobs given: use --blob KEY[:LOCALNAME][:uncompress], or --py-files, --files"
+            " or --archives among the spark-submit arguments"
+        )
     from blobha.client import default_user
 
     # The job runs as spark-submit's user (or its --proxy-user, which Spark checks); the blob
@@ -213,7 +234,8 @@ def submit_main(argv: list[str]) -> int:
         blobha spark-submit --blob KEY[:LOCALNAME][:uncompress] ... [--blob-map JSON]
             [--min-replication N] [--max-wait SECS] [--on-timeout proceed|fail]
             [--cluster HOST:PORT,...] [--user USER] [--cache-dir DIR]
-            [--update-interval SECS] [--spark-submit PATH] [--dry-run]
+            [--update-interval SECS] [--token-lifetime DURATION] [--spark-submit PATH]
+            [--dry-run]
             -- SPARK_SUBMIT_ARGS...
 
     Example::
@@ -247,18 +269,35 @@ def submit_main(argv: list[str]) -> int:
             )
         spark_submit = find_spark_submit(args.spark_submit, os.environ)
         conf = effective_conf(submit, os.environ, spark_submit)
-        settings = _settings_from_args(args, conf)
-        command = build_submit_command(settings, spark_submit, rest)
+        taken: TakenCode | None = None
+        digests: dict[str, str] = {}
+        if deploy_mode_of(submit, conf, os.environ) == "client":
+            taken = take_code(rest, conf)
+            if not taken.files:
+                taken = None
+        else:
+            log.info("cluster deploy mode: the job's code travels as spark-submit ships it")
+        settings = _settings_from_args(args, conf, has_code=taken is not None)
+        if taken is not None:
+            # A missing or unreadable file fails here, before anything is uploaded.
+            digests = {f.path: digest_path(f.path) for f in taken.files}
         if args.dry_run:
+            for f in taken.files if taken is not None else ():
+                if f.kind == KIND_ARCHIVE:
+                    check_archive(f.path, f.name)
             from blobha.client import Client
 
             with Client(settings.resolved_cluster(), user=settings.user,
                         timeout=settings.client_timeout_secs) as c:
                 check_access(c, settings.keys)
-            print(shlex.join(command))
+            print(shlex.join(redacted(build_submit_command(settings, spark_submit, rest))))
             return 0
+        secrets_conf: list[str] = []
+        if taken is not None or settings.keys:
+            settings, secrets_conf = _store_code_and_token(
+                settings, taken, digests, args.token_lifetime)
         wait_for_replication(
-            settings.keys,
+            settings.all_keys,
             settings.min_replication,
             settings.max_wait_secs,
             cluster=settings.cluster,
@@ -276,9 +315,45 @@ def submit_main(argv: list[str]) -> int:
     # Our interpreter only where the executors run on this machine (see interpreter_env):
     # PYSPARK_PYTHON travels to every executor, and other nodes lack this path.
     env.update(interpreter_env(submit, conf, env, sys.executable))
+    extra = list(secrets_conf)
+    if taken is not None:
+        rest = list(taken.args)
+        extra += code_confs(submit, conf, env, hook_path(submit, conf, env))
+        driver_path = driver_pythonpath(taken.files)
+        if driver_path:
+            # The client-mode driver imports the py-files from where they are, as spark-submit
+            # would have let it; they are not served to anyone.
+            env["PYTHONPATH"] = os.pathsep.join(
+                [driver_path, *([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])])
+    command = build_submit_command(settings, spark_submit, insert_options(rest, extra))
     log.info("running %s", shlex.join([*command[:1], "(blobha --conf ...)", *rest]))
     try:
         return _run(command, env)
     except OSError as exc:
         log.error("cannot run %s: %s", spark_submit, exc.strerror or exc)
         return 1
+
+
+def _store_code_and_token(
+    settings: SparkBlobSettings, taken: TakenCode | None, digests: Mapping[str, str],
+    lifetime: float,
+) -> tuple[SparkBlobSettings, list[str]]:
+    """Upload the code that is not stored yet; with a user token, obtain the executors' job
+    token for exactly the job's keys. The settings with the code map, and the secret confs."""
+    from blobha.client import Client
+    from blobha.core.auth import is_job_token, job_token_id
+    from blobha.wire.credentials import Credentials
+
+    creds = Credentials.from_env().check()
+    with Client(settings.resolved_cluster(), user=settings.user,
+                timeout=settings.client_timeout_secs, credentials=creds) as c:
+        if taken is not None:
+            specs = upload_code(c, c.user, taken.files, digests)
+            settings = settings.replace(code=tuple(specs))
+        confs: list[str] = []
+        token = creds.token()
+        if token and not is_job_token(token) and settings.all_keys:
+            job = c.issue_job_token(settings.all_keys, max(1, int(lifetime)))
+            log.info("job token %s for %d key(s)", job_token_id(job.token), len(settings.all_keys))
+            confs += secret_confs(job.token, creds.ca)
+    return settings, confs

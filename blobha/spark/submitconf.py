@@ -18,6 +18,7 @@ from blobha.spark.conf import CONF_PREFIX
 from blobha.spark.settings import NotConfigured
 
 __all__ = [
+    "TAKES_VALUE",
     "SubmitArgs",
     "default_properties_file",
     "effective_conf",
@@ -33,7 +34,7 @@ CONF_PYTHON = "spark.pyspark.python"
 CONF_DRIVER_PYTHON = "spark.pyspark.driver.python"
 
 #: spark-submit's options that take a value (SparkSubmitOptionParser, Spark 3.5 to 4.x).
-_TAKES_VALUE = frozenset({
+TAKES_VALUE = frozenset({
     "--master", "--remote", "--deploy-mode", "--class", "--name", "--jars", "--packages",
     "--exclude-packages", "--repositories", "--py-files", "--files", "--archives",
     "--properties-file", "--extra-properties-file", "--driver-memory",
@@ -84,7 +85,7 @@ def scan_submit_args(args: Sequence[str]) -> SubmitArgs:
         value: str | None
         if eq and name.startswith("--"):
             value, step = inline, 1
-        elif arg in _CONF_FLAGS or arg in _TAKES_VALUE:
+        elif arg in _CONF_FLAGS or arg in TAKES_VALUE:
             name = arg
             value, step = (args[i + 1], 2) if i + 1 < len(args) else (None, 1)
         else:

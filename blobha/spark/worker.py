@@ -1,0 +1,103 @@
+"""``blobha-python``: the executor-side hook Spark runs instead of the Python interpreter
+(``spark.pyspark.python``), before each Python worker (or the worker daemon) starts.
+
+It lays the job's code out in the executor's working directory, from the node-local cache,
+the way Spark would have: every ``--files`` and ``--py-files`` entry and every unpacked
+``--archives`` alias appears there under its name (a symbolic link into the cache, which keeps
+one verified copy and one read-only unpacked tree per node), which is also where
+``SparkFiles.get`` looks in a Python worker on an executor (its root directory is ``.``);
+``--py-files`` go first on ``PYTHONPATH``. Then it ``exec``\\ s the interpreter the job asked
+for (``$BLOBHA_PYSPARK_PYTHON``, relative to the working directory for ``./env/bin/python``,
+else this one): the worker keeps this process's id, and with it the cache references taken
+here, for as long as it runs.
+
+It imports little (no client unless something must be downloaded) because every Python worker
+start pays for it.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from collections.abc import MutableMapping
+from pathlib import Path
+
+from blobha.core.errors import BlobError
+from blobha.spark.codemap import KIND_ARCHIVE, KIND_PYFILE
+from blobha.spark.conf import ENV_CONF, ENV_PYTHON
+
+__all__ = ["lay_out", "main", "real_python"]
+
+
+def real_python(env: MutableMapping[str, str]) -> str:
+    """The interpreter the job asked for, else the one running this hook."""
+    chosen = env.get(ENV_PYTHON, "").strip()
+    if not chosen:
+        return sys.executable
+    if "/" in chosen:
+        return chosen  # ./env/bin/python: relative to the working directory, as Spark runs it
+    return shutil.which(chosen, path=env.get("PATH", os.defpath)) or chosen
+
+
+def _link(target: str, link: Path) -> None:
+    try:
+        if os.readlink(link) == target:
+            return  # another worker of this executor laid it out already
+    except FileNotFoundError:
+        pass
+    # A new link beside, renamed over the old one: a worker starting meanwhile sees either.
+    tmp = link.with_name(f".{link.name}.blobha-{os.getpid()}")
+    tmp.unlink(missing_ok=True)
+    os.symlink(target, tmp)
+    os.replace(tmp, link)
+
+
+def lay_out(env: MutableMapping[str, str], cwd: Path) -> None:
+    """Link the job's code into ``cwd`` and put the py-files on ``PYTHONPATH`` in ``env``."""
+    text = env.get(ENV_CONF)
+    if not text:
+        return
+    from blobha.spark.settings import SparkBlobSettings
+
+    settings = SparkBlobSettings.from_json(text)
+    if not settings.code:
+        return
+    from blobha.spark.executor import application_id, open_cache
+
+    cache = open_cache(settings)
+    owner = application_id(settings)
+    paths: list[str] = []
+    for spec in settings.code:
+        blob = cache.get(spec.key, uncompress=spec.kind == KIND_ARCHIVE, owner=owner)
+        link = cwd / spec.name
+        _link(str(blob.path), link)
+        if spec.kind == KIND_PYFILE:
+            entry = str(cwd) if spec.name.endswith(".py") else str(link)
+            if entry not in paths:
+                paths.append(entry)
+    if paths:
+        old = env.get("PYTHONPATH", "")
+        env["PYTHONPATH"] = os.pathsep.join([*paths, *([old] if old else [])])
+    # No close: the references taken must outlive this process image, in the worker.
+
+
+def main() -> None:
+    """Lay the code out, then become the real interpreter with the same arguments."""
+    env = os.environ
+    try:
+        lay_out(env, Path.cwd())
+    except (BlobError, OSError) as exc:
+        # Spark shows the worker's standard error with the failed task.
+        print(f"blobha-python: {' '.join(str(exc).split())}", file=sys.stderr)
+        sys.exit(1)
+    python = real_python(env)
+    try:
+        os.execve(python, [python, *sys.argv[1:]], env)
+    except OSError as exc:
+        print(f"blobha-python: cannot run {python}: {exc.strerror or exc}", file=sys.stderr)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

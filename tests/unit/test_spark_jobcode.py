@@ -1,0 +1,277 @@
+"""The job's code in ``blobha spark-submit``: key derivation, taking the local code out of
+spark-submit's arguments, the checks before launch, upload-if-absent against a fake client,
+and the worker hook's layout of the working directory."""
+
+from __future__ import annotations
+
+import io
+import os
+import tarfile
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from blobha.core.errors import InvalidArgument, KeyAlreadyExists, KeyNotFound
+from blobha.core.keys import validate_key
+from blobha.spark import worker
+from blobha.spark.codemap import CodeSpec, code_map_json, parse_code_map
+from blobha.spark.conf import ENV_CONF, ENV_PYTHON
+from blobha.spark.jobcode import (
+    CodeFile,
+    code_key,
+    digest_path,
+    driver_pythonpath,
+    insert_options,
+    redacted,
+    take_code,
+    upload_code,
+)
+from blobha.spark.settings import SparkBlobSettings
+
+DIGEST = "0123456789abcdef0123456789abcdef"
+
+
+def test_code_keys_are_valid_and_derived_from_user_digest_and_name() -> None:
+    assert code_key("alice", DIGEST, "lib.zip") == f"code.alice.{DIGEST}.lib.zip"
+    # Characters a key may not hold become '_', and the user's real name is hashed in, so
+    # 'a@b' and 'a_b' never share a key.
+    odd = code_key("a@b", DIGEST, "my lib:1.tar.gz")
+    assert validate_key(odd) == odd
+    assert odd.startswith("code.a_b-") and odd.endswith(".my_lib_1.tar.gz")
+    assert code_key("a_b", DIGEST, "x") != code_key("a@b", DIGEST, "x")
+    # A long name keeps its ending, which tells an archive's kind.
+    long = code_key("alice", DIGEST, "x" * 600 + ".tgz")
+    assert len(long.encode()) <= 512 and long.endswith(".tgz")
+
+
+def test_local_code_is_taken_out_and_the_rest_is_passed_on(tmp_path: Path) -> None:
+    args = [
+        "--master", "yarn", "--py-files", f"{tmp_path}/a.zip,hdfs://nn/b.zip,./c.py",
+        "--files=file:///etc/f.txt#alias.txt,s3a://bucket/g.txt",
+        "--archives", "env.tgz#env,local:/opt/on-every-node.tgz",
+        "--conf", "spark.files=ignored-because-the-option-wins.txt",
+        "--conf", "spark.executor.memory=1g", "-c", "spark.archives=x.tgz",
+        "job.py", "--files", "app-arg.txt",
+    ]
+    taken = take_code(args, {"spark.files": "ignored-because-the-option-wins.txt"})
+    cwd = os.getcwd()
+    assert taken.files == (
+        CodeFile(f"{tmp_path}/a.zip", "pyfile", "a.zip"),
+        CodeFile(f"{cwd}/c.py", "pyfile", "c.py"),
+        CodeFile("/etc/f.txt", "file", "alias.txt"),
+        CodeFile(f"{cwd}/env.tgz", "archive", "env"),
+    )
+    assert taken.args == (
+        "--conf", "spark.submit.pyFiles=hdfs://nn/b.zip",
+        "--conf", "spark.files=s3a://bucket/g.txt",
+        "--conf", "spark.archives=local:/opt/on-every-node.tgz",
+        "--master", "yarn", "--conf", "spark.executor.memory=1g",
+        "job.py", "--files", "app-arg.txt",  # the application's own arguments: untouched
+    )
+
+
+def test_code_named_only_in_the_conf_is_taken_too() -> None:
+    taken = take_code(["job.py"], {"spark.submit.pyFiles": "/x/lib.zip", "spark.files": ""})
+    assert taken.files == (CodeFile("/x/lib.zip", "pyfile", "lib.zip"),)
+    # Set to what is left, over what a properties file said.
+    assert taken.args == ("--conf", "spark.submit.pyFiles=", "--conf", "spark.files=",
+                          "job.py")
+
+
+def test_two_files_with_one_name_are_refused() -> None:
+    with pytest.raises(InvalidArgument, match=r"both appear on executors as 'f\.txt'"):
+        take_code(["--files", "/a/f.txt,/b/f.txt", "job.py"], {})
+
+
+def test_bad_files_fail_with_one_line_naming_them(tmp_path: Path) -> None:
+    with pytest.raises(InvalidArgument, match=f"^{tmp_path}/missing.zip: no such file$"):
+        digest_path(str(tmp_path / "missing.zip"))
+    with pytest.raises(InvalidArgument, match=f"^{tmp_path}: not a regular file"):
+        digest_path(str(tmp_path))
+    unreadable = tmp_path / "secret.txt"
+    unreadable.write_text("x")
+    unreadable.chmod(0)
+    if os.access(unreadable, os.R_OK):
+        pytest.skip("running as root: every file is readable")
+    with pytest.raises(InvalidArgument, match=f"^{unreadable}: cannot read it"):
+        digest_path(str(unreadable))
+
+
+def test_an_unsafe_archive_fails_before_launch(tmp_path: Path) -> None:
+    from blobha.spark.jobcode import check_archive
+
+    evil = tmp_path / "evil.tgz"
+    with tarfile.open(evil, "w:gz") as t:
+        info = tarfile.TarInfo("../escape.txt")
+        info.size = 1
+        t.addfile(info, io.BytesIO(b"x"))
+    with pytest.raises(InvalidArgument) as e:
+        check_archive(str(evil), "evil")
+    assert str(e.value).startswith(f"{evil}: ") and "\n" not in str(e.value)
+    assert not (tmp_path.parent / "escape.txt").exists()
+
+
+class _FakeClient:
+    def __init__(self, race: bool = False) -> None:
+        self.blobs: dict[str, str] = {}
+        self.created: list[str] = []
+        self.race = race
+
+    def get_meta(self, key: str) -> Any:
+        if key not in self.blobs:
+            raise KeyNotFound(key)
+        return type("M", (), {"digest": self.blobs[key], "size": 1})()
+
+    def create(self, key: str, path: str, acl: str) -> Any:
+        from blobha.spark.jobcode import digest_path
+
+        self.blobs[key] = digest_path(path)
+        if self.race:  # another launch created it between our check and our create
+            raise KeyAlreadyExists(key)
+        assert acl == "u:bob:rwa"
+        self.created.append(key)
+        return self.get_meta(key)
+
+
+def test_content_is_uploaded_once(tmp_path: Path) -> None:
+    lib = tmp_path / "lib.zip"
+    lib.write_bytes(b"zip bytes")
+    copy = tmp_path / "again"
+    copy.mkdir()
+    (copy / "lib.zip").write_bytes(b"zip bytes")
+    client = _FakeClient()
+    files = [CodeFile(str(lib), "pyfile", "lib.zip")]
+    first = upload_code(client, "bob", files)  # type: ignore[arg-type]
+    second = upload_code(client, "bob", [CodeFile(str(copy / "lib.zip"), "file", "x.zip")])  # type: ignore[arg-type]
+    assert len(client.created) == 1
+    assert first[0].key == second[0].key == code_key("bob", digest_path(str(lib)), "lib.zip")
+    # A concurrent creator of the same content is a success.
+    raced = upload_code(_FakeClient(race=True), "bob", files)  # type: ignore[arg-type]
+    assert raced == first
+
+
+def test_a_key_holding_other_content_is_refused(tmp_path: Path) -> None:
+    lib = tmp_path / "lib.zip"
+    lib.write_bytes(b"zip bytes")
+    client = _FakeClient()
+    client.blobs[code_key("bob", digest_path(str(lib)), "lib.zip")] = DIGEST
+    with pytest.raises(InvalidArgument, match="holds other content"):
+        upload_code(client, "bob", [CodeFile(str(lib), "pyfile", "lib.zip")])  # type: ignore[arg-type]
+
+
+def test_options_go_before_the_application_and_secrets_are_redacted() -> None:
+    args = ["--master", "yarn", "--conf", "a=b", "--verbose", "job.py", "--x"]
+    assert insert_options(args, ["--conf", "k=v"]) == [
+        "--master", "yarn", "--conf", "a=b", "--verbose", "--conf", "k=v", "job.py", "--x"]
+    assert redacted(["--conf", "spark.blobha.job.token=bjt1.a.b", "--conf", "x=1"]) == [
+        "--conf", "spark.blobha.job.token=*********(redacted)", "--conf", "x=1"]
+
+
+def test_the_driver_imports_the_py_files_from_their_local_paths() -> None:
+    files = [CodeFile("/a/lib.zip", "pyfile", "lib.zip"), CodeFile("/b/mod.py", "pyfile", "m"),
+             CodeFile("/c/f.txt", "file", "f.txt")]
+    assert driver_pythonpath(files) == os.pathsep.join(["/a/lib.zip", "/b"])
+
+
+def test_code_maps_round_trip_through_the_settings() -> None:
+    specs = (CodeSpec("code.bob.x.lib.zip", "pyfile", "lib.zip"),)
+    assert parse_code_map(code_map_json(specs)) == specs
+    settings = SparkBlobSettings(cluster="m:1", code=specs)
+    assert SparkBlobSettings.from_json(settings.to_json()).code == specs
+    with pytest.raises(InvalidArgument, match="named 'a'"):
+        parse_code_map('[["k1", "file", "a"], ["k2", "archive", "a"]]')
+    with pytest.raises(InvalidArgument, match="plain file name"):
+        parse_code_map('[["k1", "file", "../a"]]')
+
+
+class _FakeCache:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def get(self, key: str, *, uncompress: bool, owner: str) -> Any:
+        path = self.root / (key + (".d" if uncompress else ""))
+        if uncompress:
+            path.mkdir(exist_ok=True)
+        else:
+            path.write_text(key)
+        return type("B", (), {"path": path})()
+
+
+def test_the_hook_links_the_code_into_the_working_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from blobha.spark import executor
+
+    cache_root = tmp_path / "cache"
+    cache_root.mkdir()
+    monkeypatch.setattr(executor, "open_cache", lambda settings: _FakeCache(cache_root))
+    specs = (CodeSpec("k-lib.zip", "pyfile", "lib.zip"), CodeSpec("k-mod.py", "pyfile", "m.py"),
+             CodeSpec("k-f.txt", "file", "f.txt"), CodeSpec("k-env.tgz", "archive", "env"))
+    env = {ENV_CONF: SparkBlobSettings(cluster="m:1", code=specs, app_id="app-1").to_json(),
+           "PYTHONPATH": "/spark/python"}
+    cwd = tmp_path / "work"
+    cwd.mkdir()
+    (cwd / "f.txt").symlink_to("/stale/copy")  # an older application's link is replaced
+    for _ in range(2):  # a second worker of the executor finds it all in place
+        run_env = dict(env)
+        worker.lay_out(run_env, cwd)
+    assert os.readlink(cwd / "lib.zip") == str(cache_root / "k-lib.zip")
+    assert (cwd / "f.txt").read_text() == "k-f.txt"
+    assert (cwd / "env").resolve() == cache_root / "k-env.tgz.d"
+    assert run_env["PYTHONPATH"] == os.pathsep.join([str(cwd / "lib.zip"), str(cwd),
+                                                     "/spark/python"])
+    assert not [p for p in os.listdir(cwd) if p.startswith(".")], "no temporary link is left"
+
+
+def test_the_hook_runs_the_interpreter_the_job_chose(tmp_path: Path) -> None:
+    import sys
+
+    assert worker.real_python({}) == sys.executable
+    assert worker.real_python({ENV_PYTHON: "./env/bin/python"}) == "./env/bin/python"
+    (tmp_path / "py9").write_text("")
+    (tmp_path / "py9").chmod(0o755)
+    assert worker.real_python({ENV_PYTHON: "py9", "PATH": str(tmp_path)}) == str(tmp_path / "py9")
+
+
+def test_zip_modules_are_importable_from_a_linked_zip(tmp_path: Path) -> None:
+    # The hook puts a linked zip itself on the path: zipimport follows the link.
+    real = tmp_path / "real.zip"
+    with zipfile.ZipFile(real, "w") as z:
+        z.writestr("zmod_for_test.py", "VALUE = 7\n")
+    (tmp_path / "lib.zip").symlink_to(real)
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", "import zmod_for_test as m; print(m.VALUE)"],
+                         env={**os.environ, "PYTHONPATH": str(tmp_path / "lib.zip")},
+                         capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "7"
+
+
+def test_a_missing_file_stops_the_launcher_before_launch(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from blobha.spark.submit import submit_main
+
+    fake = tmp_path / "spark-submit"  # never run
+    status = submit_main([
+        "--cluster", "127.0.0.1:1", "--user", "bob", "--spark-submit", str(fake), "--",
+        "--master", "local[1]", "--py-files", str(tmp_path / "gone.zip"), "job.py",
+    ])
+    assert status == 6
+    errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert errors == [f"{tmp_path}/gone.zip: no such file"]
+
+
+def test_an_unsafe_archive_is_refused_before_it_is_uploaded(tmp_path: Path) -> None:
+    evil = tmp_path / "env.tgz"
+    with tarfile.open(evil, "w:gz") as t:
+        info = tarfile.TarInfo("/etc/passwd-not-really")
+        info.size = 1
+        t.addfile(info, io.BytesIO(b"x"))
+    client = _FakeClient()
+    with pytest.raises(InvalidArgument, match=f"^{evil}: "):
+        upload_code(client, "bob", [CodeFile(str(evil), "archive", "env")])  # type: ignore[arg-type]
+    assert client.created == []
