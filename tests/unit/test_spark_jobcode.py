@@ -4,6 +4,7 @@ and the worker hook's layout of the working directory."""
 
 from __future__ import annotations
 
+import errno
 import io
 import os
 import tarfile
@@ -15,7 +16,7 @@ import pytest
 
 from blobha.core.errors import InvalidArgument, KeyAlreadyExists, KeyNotFound
 from blobha.core.keys import validate_key
-from blobha.spark import worker
+from blobha.spark import jobcode, worker
 from blobha.spark.codemap import CodeSpec, code_map_json, parse_code_map
 from blobha.spark.conf import ENV_CONF, ENV_PYTHON
 from blobha.spark.jobcode import (
@@ -85,16 +86,24 @@ def test_two_files_with_one_name_are_refused() -> None:
         take_code(["--files", "/a/f.txt,/b/f.txt", "job.py"], {})
 
 
-def test_bad_files_fail_with_one_line_naming_them(tmp_path: Path) -> None:
+def test_bad_files_fail_with_one_line_naming_them(tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(InvalidArgument, match=f"^{tmp_path}/missing.zip: no such file$"):
         digest_path(str(tmp_path / "missing.zip"))
     with pytest.raises(InvalidArgument, match=f"^{tmp_path}: not a regular file"):
         digest_path(str(tmp_path))
+    # A file the launcher may not read (as root every file is readable, so the refusal the
+    # kernel would give is given here).
     unreadable = tmp_path / "secret.txt"
     unreadable.write_text("x")
-    unreadable.chmod(0)
-    if os.access(unreadable, os.R_OK):
-        pytest.skip("running as root: every file is readable")
+    real_open = open
+
+    def refusing_open(path: Any, *args: Any, **kwargs: Any) -> Any:
+        if str(path) == str(unreadable):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(jobcode, "open", refusing_open, raising=False)
     with pytest.raises(InvalidArgument, match=f"^{unreadable}: cannot read it"):
         digest_path(str(unreadable))
 
