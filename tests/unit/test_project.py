@@ -46,3 +46,12 @@ def test_a_spark_worker_loads_no_client_with_blobha_spark(tmp_path: Path) -> Non
         [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, check=True
     )
     assert out.stdout.strip() == "[]", f"importing blobha.spark loaded {out.stdout.strip()}"
+
+
+def test_test_files_have_unique_names() -> None:
+    # pytest imports test files by their basename (rootdir import mode): two files of one
+    # name in different tiers stop the whole collection.
+    names: dict[str, list[str]] = {}
+    for path in (ROOT / "tests").rglob("test_*.py"):
+        names.setdefault(path.name, []).append(str(path.relative_to(ROOT)))
+    assert not {n: p for n, p in names.items() if len(p) > 1}
