@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from blobha.sync.decide import Action, Facts, Local, Plan, decide, has_work
@@ -66,6 +67,8 @@ class Executor:
         self.guard = guard
         # When each key still held here was first found gone from ZooKeeper (the delete grace).
         self._deleted_since: dict[str, float] = {}
+        #: The clock of the delete grace (tests move it instead of waiting).
+        self.clock: Callable[[], float] = time.monotonic
 
     # ---- a batch -------------------------------------------------------------------------
 
@@ -356,7 +359,7 @@ class Executor:
         if not self.store.versions(key):
             self._deleted_since.pop(key, None)
             return
-        now = time.monotonic()
+        now = self.clock()
         since = self._deleted_since.setdefault(key, now)
         remaining = self.settings.delete_grace_secs - (now - since)
         if remaining > 0:

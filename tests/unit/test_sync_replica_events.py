@@ -735,17 +735,17 @@ def test_a_delete_refused_for_the_cluster_identity_waits_a_full_grace_afterwards
 ) -> None:
     # ZooKeeper wiped, then restored in stages (the cluster's identity first, the keys after):
     # a key not back yet was deleted at once, on a grace counted from the wipe.
-    import time
-
     store = LocalStore(tmp_path / "s")
     store.install_many([("k", 1, b"x", 1, digest_bytes(b"x"))])
     identity_back = [False]
     s, zk = synchroniser(store=store, key_lock=store.key_lock, ours=lambda: identity_back[0],
                          delete_grace_secs=0.2)
     zk.exists = lambda path: None  # type: ignore[attr-defined]
+    now = [100.0]
+    s.executor.clock = lambda: now[0]
     s.executor.key_gone("k")  # found gone (the wipe): its grace starts
     assert store.versions("k") == [1] and s.queue.depth() == 1
-    time.sleep(0.25)  # the grace passes while ZooKeeper holds no cluster identity
+    now[0] += 0.25  # the grace passes while ZooKeeper holds no cluster identity
     s.executor.key_gone("k")
     assert store.versions("k") == [1]
     identity_back[0] = True
