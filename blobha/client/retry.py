@@ -7,7 +7,14 @@ import time
 from collections.abc import Callable
 from typing import NoReturn
 
-from blobha.core.errors import BlobError, Busy, DeadlineExceeded, NotLeader, Unavailable
+from blobha.core.errors import (
+    BlobError,
+    Busy,
+    DeadlineExceeded,
+    NotLeader,
+    Refused,
+    Unavailable,
+)
 
 BACKOFF_BASE = 0.05
 # Low on purpose: during a failover every retry is a cheap probe, and a long sleep would leave
@@ -73,8 +80,9 @@ class Mismatches:
 
 def may_have_run(exc: Unavailable) -> bool:
     """Whether a call that failed with ``exc`` may have run on the master (its answer lost),
-    as opposed to refused unsent: no connection, or the master too busy to take it."""
-    return not isinstance(exc, Busy) and not any(
+    as opposed to refused unsent (no connection) or refused unrun (the master too busy, not
+    the leader yet, or without ZooKeeper)."""
+    return not isinstance(exc, Busy | Refused) and not any(
         s in str(exc) for s in ("failed to connect", "Connection refused"))
 
 

@@ -15,7 +15,14 @@ import grpc
 from blobha.client.arguments import MiB
 from blobha.core import errors
 from blobha.core.addresses import host_of
-from blobha.core.errors import BlobError, Busy, DeadlineExceeded, InvalidArgument, Unavailable
+from blobha.core.errors import (
+    BlobError,
+    Busy,
+    DeadlineExceeded,
+    InvalidArgument,
+    Refused,
+    Unavailable,
+)
 from blobha.v1 import blobha_pb2 as pb
 from blobha.wire import chunks as chunkwire
 from blobha.wire.credentials import Credentials
@@ -146,6 +153,8 @@ def error_from_rpc(address: str, exc: grpc.RpcError, tls: bool = False) -> BlobE
     if isinstance(error, Busy):
         # Transient: back off and retry.
         return Busy(f"master {address} is busy: {error}")
+    if isinstance(error, Refused):
+        return Refused(f"master {address} unavailable: {error}")
     if isinstance(error, Unavailable):
         return (handshake_failure(address, details, tls)
                 or Unavailable(f"master {address} unavailable: {error}"))

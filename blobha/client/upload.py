@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from blobha.client.arguments import MiB
-from blobha.client.retry import Deadline, Mismatches, cut_short
+from blobha.client.retry import Deadline, Mismatches, cut_short, may_have_run
 from blobha.client.routing import Router
 from blobha.client.sources import Source, open_source
 from blobha.client.values import BlobMeta, ProgressCallback, UploadData
@@ -362,9 +362,10 @@ class UploadJob:
             response = self.router.transport.unary(self.leader, method, request,
                                                    deadline.remaining(),
                                                    stall=self.router.stall_timeout)
-        except Unavailable:
-            # The commit may have happened and only its answer been lost.
-            self.commit_unknown = True
+        except Unavailable as exc:
+            # The commit may have happened and only its answer been lost; not when the call
+            # was refused before it ran (then asking would only wait on a busy cluster).
+            self.commit_unknown = self.commit_unknown or may_have_run(exc)
             raise
         except DeadlineExceeded:
             if deadline.remaining() > 1.0:

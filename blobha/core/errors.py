@@ -18,6 +18,9 @@ LEADER_METADATA_KEY = "x-blobha-leader"
 #: Trailing-metadata key marking a RESOURCE_EXHAUSTED that is only "too many calls at once":
 #: clients back off and retry it, unlike a full disk.
 BUSY_METADATA_KEY = "x-blobha-busy"
+#: Trailing-metadata key marking an UNAVAILABLE given before the call ran (no leader yet, no
+#: ZooKeeper connection): a client need not ask whether a write it carried was made.
+REFUSED_METADATA_KEY = "x-blobha-refused"
 #: What grpcio's server says, with RESOURCE_EXHAUSTED, to a call that finds every one of its
 #: threads taken (``maximum_concurrent_rpcs``, see
 #: :func:`blobha.master.edge.service.new_server`): busy too.
@@ -122,6 +125,13 @@ class Unavailable(BlobError):
     exit_code = 11
 
 
+class Refused(Unavailable):
+    """A master refused the call before running it: it does not lead (an election is under
+    way), or it lost its ZooKeeper connection. Retried like any Unavailable; known not to have
+    run, so a write it carried was not made. On the wire: UNAVAILABLE with the refused
+    trailer."""
+
+
 class Busy(Unavailable):
     """A master refused the call before running it: the threads it gives such calls were all
     taken (master.rpc.threads, master.max.calls.per.client). An Unavailable, so retried after
@@ -190,6 +200,8 @@ def to_status(error: BlobError) -> tuple[grpc.StatusCode, str, tuple[tuple[str, 
         trailers = ((LEADER_METADATA_KEY, error.leader),)
     elif isinstance(error, Busy):
         trailers = ((BUSY_METADATA_KEY, "1"),)
+    elif isinstance(error, Refused):
+        trailers = ((REFUSED_METADATA_KEY, "1"),)
     return error.code, str(error), trailers
 
 
@@ -215,6 +227,8 @@ def from_status(
             if k == LEADER_METADATA_KEY:
                 leader = v.decode() if isinstance(v, bytes) else v
         return NotLeader(details, leader)
+    if code == grpc.StatusCode.UNAVAILABLE and any(k == REFUSED_METADATA_KEY for k, _ in trailers):
+        return Refused(details)
     if code == grpc.StatusCode.UNAVAILABLE and not details:
         details = "no master answered; check --cluster / BLOBHA_CLUSTER and that masters run"
     return cls(details or code.name)

@@ -19,6 +19,7 @@ from kazoo.handlers.threading import KazooTimeoutError
 
 from blobha.core.errors import (
     NotLeader,
+    Refused,
     Unavailable,
 )
 from blobha.leader import LeaderElection
@@ -55,18 +56,18 @@ class Metadata:
         if self.election.is_leader:
             return
         if self.zk.state != KazooState.CONNECTED:
-            raise Unavailable(
+            raise Refused(
                 f"master {self.identity} has lost its ZooKeeper connection; retry shortly or use"
                 " another master"
             )
         leader = self.election.leader_address
         if leader and leader != self.identity:
             raise NotLeader(f"{self.identity} is not the leader; send this to {leader}", leader)
-        raise Unavailable("no leader is ready yet (election in progress); retry in a moment")
+        raise Refused("no leader is ready yet (election in progress); retry in a moment")
 
     def require_zk(self) -> None:
         if self.zk.state != KazooState.CONNECTED:
-            raise Unavailable(
+            raise Refused(
                 f"ZooKeeper is unreachable from master {self.identity}; retry shortly or ask"
                 " another master"
             )

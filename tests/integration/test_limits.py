@@ -17,6 +17,7 @@ from conftest import client_for, make_cluster, md, store_dir, stub, wait_until
 from blobha import InvalidArgument, KeyNotFound, NotAuthorized, ResourceExhausted
 from blobha.client import Client
 from blobha.core.digest import digest_bytes
+from blobha.core.errors import REFUSED_METADATA_KEY
 from blobha.ops.localcluster import LocalCluster
 from blobha.v1 import blobha_pb2 as pb
 
@@ -292,6 +293,16 @@ def test_zookeeper_unreachable_gives_a_clear_error_and_loses_nothing(tmp_path: P
             assert all(m["reachable"] and m["zookeeper_unreachable"] for m in doc["masters"])
             with pytest.raises(Unavailable, match="ZooKeeper"):
                 c.create("during", b"x")
+            # Refused before it ran, and marked so on the wire: a client that carried a write
+            # need not ask (of a cluster in trouble) whether it was made.
+            data = b"x"
+            with pytest.raises(grpc.RpcError) as err:
+                stub(addresses[0]).Put(pb.PutRequest(
+                    begin=pb.BeginUploadRequest(key="during", create=True), data=data,
+                    digest=digest_bytes(data)), metadata=md("alice"), timeout=30)
+            assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+            assert "lost its ZooKeeper connection" in (err.value.details() or "")
+            assert (REFUSED_METADATA_KEY, "1") in tuple(err.value.trailing_metadata() or ())
             # A caller hears of a long retry once, with the reason, before it gives up (the
             # command line says it on a terminal).
             told: list[str] = []

@@ -50,6 +50,7 @@ from blobha.core.errors import (
     KeyNotFound,
     NotAuthorized,
     NotLeader,
+    Refused,
     ResourceExhausted,
     TlsMismatch,
     Unauthenticated,
@@ -1650,8 +1651,9 @@ def test_a_deadline_with_nothing_retried_before_is_reported_as_it_is(
 class _Status(grpc.RpcError, grpc.Call):  # type: ignore[misc]
     """What gRPC raises for a call that ended with a status."""
 
-    def __init__(self, code: grpc.StatusCode, details: str) -> None:
-        self._code, self._details = code, details
+    def __init__(self, code: grpc.StatusCode, details: str,
+                 trailers: tuple[tuple[str, str], ...] = ()) -> None:
+        self._code, self._details, self._trailers = code, details, trailers
 
     def code(self) -> grpc.StatusCode:
         return self._code
@@ -1660,7 +1662,7 @@ class _Status(grpc.RpcError, grpc.Call):  # type: ignore[misc]
         return self._details
 
     def trailing_metadata(self) -> tuple[tuple[str, str], ...]:
-        return ()
+        return self._trailers
 
 
 def test_a_deadline_the_master_reported_is_not_called_a_master_that_did_not_answer() -> None:
@@ -1704,6 +1706,45 @@ def test_giving_up_after_a_lost_commit_answer_says_the_write_may_be_made(
         client.create("k", b"data")
     assert clock.now - started <= 30.0 + 2.0 + 1.0  # its timeout, and the outcome check's
     assert "k" in cluster.blobs
+
+
+@pytest.mark.parametrize("refusal", [
+    Refused("master m1:1 unavailable: no leader is ready yet (election in progress)"),
+    Unavailable("master m1:1 unavailable: failed to connect to all addresses"),
+])
+def test_a_commit_refused_before_it_ran_is_retried_without_asking_whether_it_was_made(
+        client: Client, cluster: FakeCluster, refusal: Unavailable) -> None:
+    # During a failover every extra call waits on a busy cluster: a Put the old leader refused
+    # unrun (or never received) cannot have been made, so no metadata read settles it.
+    client.create("k", b"v1")
+    cluster.faults.append((M1, "Put", refusal))
+    before = cluster.count("GetMeta")
+    assert client.update("k", b"v2").version == 2
+    assert cluster.count("GetMeta") - before == 1  # the update's own read of the version
+    assert cluster.blobs["k"][1] == b"v2"
+
+
+def test_a_commit_whose_answer_may_be_lost_is_still_settled_by_a_metadata_read(
+        client: Client, cluster: FakeCluster) -> None:
+    client.create("k", b"v1")
+    cluster.faults.append((M1, "Put", Unavailable("master m1:1 unavailable: connection reset")))
+    before = cluster.count("GetMeta")
+    assert client.update("k", b"v2").version == 2
+    assert cluster.count("GetMeta") - before == 2  # and one more to learn what became of it
+
+
+def test_a_refusal_keeps_its_class_across_the_wire() -> None:
+    from blobha.client.retry import may_have_run
+    from blobha.client.transport import error_from_rpc
+    from blobha.core.errors import REFUSED_METADATA_KEY, to_status
+
+    code, details, trailers = to_status(Refused("no leader is ready yet; retry in a moment"))
+    assert code == grpc.StatusCode.UNAVAILABLE and trailers == ((REFUSED_METADATA_KEY, "1"),)
+    back = error_from_rpc(M1, _Status(code, details, trailers))
+    assert isinstance(back, Refused) and "no leader is ready yet" in str(back)
+    assert not may_have_run(back)
+    plain = error_from_rpc(M1, _Status(code, details))  # a master older than the trailer
+    assert type(plain) is Unavailable and may_have_run(plain)
 
 
 class _StallingCall:

@@ -40,7 +40,7 @@ def test_every_class_is_covered() -> None:
         "KeyNotFound", "KeyAlreadyExists", "NotAuthorized", "InvalidArgument", "NotLeader",
         "VersionConflict", "ChecksumMismatch", "ResourceExhausted", "Unavailable",
         "DeadlineExceeded", "UploadNotFound", "InternalError", "Unauthenticated",
-        "TlsMismatch", "Busy",
+        "TlsMismatch", "Busy", "Refused",
     }
 
 
@@ -73,8 +73,13 @@ def test_codes_and_exit_codes(cls: type[BlobError]) -> None:
 
 
 def test_exit_codes_are_distinct() -> None:
-    exit_codes = [c.exit_code for c in ALL_CLASSES]
+    # A refusal is an Unavailable to a script (same status, same exit code); the client alone
+    # tells them apart, by the trailer.
+    own = [c for c in ALL_CLASSES if c is not errors.Refused]
+    exit_codes = [c.exit_code for c in own]
     assert len(set(exit_codes)) == len(exit_codes)
+    assert errors.Refused.exit_code == Unavailable.exit_code
+    assert errors.Refused.code == Unavailable.code
 
 
 def test_not_leader_carries_the_leader_in_trailing_metadata() -> None:
