@@ -237,6 +237,16 @@ OPTIONS: tuple[Option, ...] = (
         " retry), not queued out of sight.",
     ),
     Option(
+        "master.stop.linger.secs",
+        1.0,
+        "After a leader stops (SIGTERM) and has handed leadership over, how long it keeps its"
+        " ZooKeeper session before ending it. The session's end deletes every replica node the"
+        " master registered, one watch event per key at every other master, and their"
+        " ZooKeeper answers wait behind that burst (about half a second at 6,000 keys on two"
+        " cores): kept open a moment, the successor takes its first writes before it instead"
+        " of behind it. A follower's stop does not linger. 0 ends the session at once.",
+    ),
+    Option(
         "master.cpus",
         "",
         "CPUs this master's threads run on, written as Linux does (\"0\", \"0,2\", \"1-3\");"
@@ -419,6 +429,7 @@ def _validate(v: dict[str, Any]) -> dict[str, Any]:
     number("master.max.calls.per.client", int, 1)
     number("master.max.streams.per.connection", int, 1)
     number("master.rpc.threads", int, 4)
+    number("master.stop.linger.secs", float, 0)
     if not isinstance(v["master.cpus"], str):
         raise ConfigError(f"master.cpus must be a CPU list like \"0\" or \"0,2-3\", got"
                           f" {v['master.cpus']!r}")

@@ -148,6 +148,7 @@ class Master:
         self.scrubber = Scrubber(self.store, s.scrub_interval_secs, s.scrub_rate_bytes_per_sec)
         self._stopped = threading.Event()
         self._closed = False
+        self._handed_over = False  # this master led when it resigned
         # The parts, each given what it works with.
         self.authority = Authority(s.admins, self.principal)
         self.meta = Metadata(self.zk, self.election, self.identity, self.session_timeout,
@@ -243,6 +244,7 @@ class Master:
         self.election.stop(resign=True)
         if was_leader:
             log.info("leadership handed over")
+            self._handed_over = True
         self.uploads.stop()
         self.scrubber.stop()
 
@@ -256,6 +258,13 @@ class Master:
         self.sync.stop()
         self.peers.close()
         self.summary.close()
+        if self._handed_over and self.settings.stop_linger_secs > 0:
+            # The session's end deletes every replica node registered here: one watch event
+            # per key at every other master, and their ZooKeeper answers wait behind the burst.
+            # A former leader keeps it a moment, so the successor's first writes go first.
+            log.info("keeping the ZooKeeper session %.1f s (master.stop.linger.secs)",
+                     self.settings.stop_linger_secs)
+            threading.Event().wait(self.settings.stop_linger_secs)
         try:
             self.zk.stop()
             self.zk.close()

@@ -44,6 +44,7 @@ class MasterSettings:
     sync_periodic_keys_per_sec: float
     sync_recursive_watch: bool
     sync_linger_secs: float
+    stop_linger_secs: float
     sync_stall_secs: float
     scrub_interval_secs: float
     scrub_rate_bytes_per_sec: int
@@ -83,6 +84,7 @@ class MasterSettings:
             sync_periodic_keys_per_sec=config["blobstore.sync.periodic.keys.per.sec"],
             sync_recursive_watch=config["blobstore.sync.recursive.watch"],
             sync_linger_secs=config["blobstore.sync.linger.secs"],
+            stop_linger_secs=config["master.stop.linger.secs"],
             sync_stall_secs=config["blobstore.sync.stall.secs"],
             scrub_interval_secs=config["blobstore.scrub.interval.secs"],
             scrub_rate_bytes_per_sec=config["blobstore.scrub.rate.bytes.per.sec"],

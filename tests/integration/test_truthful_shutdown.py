@@ -148,3 +148,42 @@ def test_the_client_settles_a_write_its_stopping_leader_left(quorum_cluster: Loc
     ours = [v for v in (state, *state.history)
             if v.digest == meta.digest and v.write_tag]
     assert len(ours) == 1, (state.seq, [(h.seq, h.write_tag) for h in state.history])
+
+
+def test_a_stopping_leader_ends_its_session_after_its_successor_took_a_write(
+        tmp_path: Path) -> None:
+    """The end of a master's session deletes every replica node it registered, and the other
+    masters' ZooKeeper answers wait behind that burst of events. A leader's SIGTERM keeps the
+    session (``master.stop.linger.secs``) while its successor takes office and the first
+    writes; a follower's stop does not linger."""
+    cluster = make_cluster(tmp_path / "c", **{"master.stop.linger.secs": 5})
+    cluster.start()
+    zk = KazooClient(hosts=cluster.zk.connect_string + "/blobha")
+    zk.start()
+    try:
+        with client_for(cluster) as c:
+            c.create(KEY, b"v1", replication_factor=3)
+            assert c.wait_for_replication([KEY], 3, timeout=20).reached
+            leader = cluster.leader()
+            [mine] = [n for n in zk.get_children(key_path(KEY))
+                      if n.startswith(leader.address + "-")]
+            leader.signal(signal.SIGTERM)
+            assert c.update(KEY, b"v2").version == 2  # taken by the successor
+            assert cluster.leader().address != leader.address
+            assert zk.exists(f"{key_path(KEY)}/{mine}"), "the session ended before the write"
+            wait_until(lambda: not zk.exists(f"{key_path(KEY)}/{mine}"), 30,
+                       "the former leader's replica node to go with its session")
+            assert leader.wait(30) and leader.proc is not None and leader.proc.returncode == 0
+            assert "keeping the ZooKeeper session 5.0 s" in leader.log_path.read_text()
+
+            cluster.start_master(leader)
+            cluster.wait_ready(60, expect=3)
+            follower = next(m for m in cluster.masters if m.address != cluster.leader().address)
+            follower.signal(signal.SIGTERM)
+            assert follower.wait(30) and follower.proc is not None
+            assert "keeping the ZooKeeper session" not in follower.log_path.read_text(
+                errors="replace")[follower.log_offset:]
+    finally:
+        zk.stop()
+        zk.close()
+        cluster.stop()

@@ -1,0 +1,214 @@
+"""The job's own code and a job token on a real standalone Spark cluster of two worker nodes,
+the blob store in ``auth.mode=token`` with TLS, the driver in client mode.
+
+The nodes hold no blobha credentials (no token file, no CA, no ``BLOBHA_*`` setting): what the
+executors read with comes through the Spark conf. The job is plain PySpark: it imports a
+module from ``--py-files``, reads a ``--files`` entry through ``SparkFiles.get``, an
+``--archives data.tgz#data`` tree through ``./data/...`` and a ``--blob`` side file through
+``blob_path``. Every one of those reaches each node once, from the masters into the node's
+cache; the driver serves none of them; a second application downloads nothing. Refusals of a
+job token past its lifetime, revoked or tampered are tested against real masters in
+``tests/integration/test_job_tokens.py``; here, what the executors hold may not write or read
+another key.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+import tarfile
+import textwrap
+import urllib.request
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from blobha_spark_helpers import require_spark
+from clusters import running_cluster
+from prometheus_client.parser import text_string_to_metric_families
+from standalone import StandaloneSpark
+
+from blobha.client import Client
+from blobha.ops.localcluster import LocalCluster
+
+require_spark()
+
+pytestmark = pytest.mark.spark
+
+SIDE_KEY = "standalone-side"
+OTHER_KEY = "standalone-other"  # alice's too, but not the job's
+
+JOB = '''
+import json, os, sys
+from pyspark import SparkFiles
+from pyspark.sql import SparkSession
+
+import jobhelper  # client mode: the driver imports the py-files as plain spark-submit allows
+
+def task(i):
+    import jobhelper
+    from blobha.client import Client
+    from blobha.core.errors import BlobError
+    from blobha.spark import blob_path, current_settings
+    from blobha.spark.executor import job_credentials
+    with open(SparkFiles.get("factor.txt")) as f:
+        factor = int(f.read())
+    with open("./data/table/values.txt") as f:
+        values = [int(v) for v in f.read().split()]
+    with open(blob_path("side.txt")) as f:
+        side = int(f.read())
+    settings = current_settings()
+    refusals = {}
+    with Client(settings.cluster, credentials=job_credentials(settings.resolved_cache_dir()),
+                timeout=20) as c:
+        for what, op in (("write", lambda: c.create("standalone-token-write", b"x")),
+                         ("other key", lambda: c.read("%(other)s"))):
+            try:
+                op()
+                refusals[what] = ""
+            except BlobError as e:
+                refusals[what] = type(e).__name__
+    return {
+        "value": jobhelper.triple(i) * factor + sum(values) + side,
+        "home": os.environ.get("HOME", ""),
+        "module": os.path.realpath(jobhelper.__file__.split(".zip")[0] + ".zip"),
+        "factor": os.path.realpath(SparkFiles.get("factor.txt")),
+        "data": os.path.realpath("./data"),
+        "refusals": refusals,
+        "env": sorted(k for k in os.environ if k.startswith("BLOBHA_") and os.environ[k]
+                      and k not in ("BLOBHA_JOB_TOKEN", "BLOBHA_CA_PEM")),
+    }
+
+spark = SparkSession.builder.getOrCreate()
+sc = spark.sparkContext
+rows = sc.parallelize(range(8), 8).map(task).collect()
+conf = sc.getConf()
+json.dump({"app": sc.applicationId, "driver_triple": jobhelper.triple(1), "rows": rows,
+           "shipped": [conf.get(k, "") for k in
+                       ("spark.files", "spark.submit.pyFiles", "spark.archives")]},
+          open(sys.argv[1], "w"))
+spark.stop()
+''' % {"other": OTHER_KEY}
+
+
+@pytest.fixture(scope="module")
+def secure(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    with running_cluster(tmp_path_factory.mktemp("secure"), tls=True) as c:
+        with Client(c.cluster, user="alice", timeout=60, credentials=c.credentials("alice")) as a:
+            a.create(SIDE_KEY, b"100", acl="u:alice:rwa", replication_factor=3)
+            a.create(OTHER_KEY, b"secret", acl="u:alice:rwa", replication_factor=3)
+            assert a.wait_for_replication([SIDE_KEY, OTHER_KEY], 3, 30).reached
+        yield c
+
+
+@pytest.fixture(scope="module")
+def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StandaloneSpark]:
+    with StandaloneSpark(tmp_path_factory.mktemp("spark"), workers=2) as s:
+        yield s
+
+
+def _downloads(cluster: LocalCluster) -> int:
+    """Download calls the masters answered, all told (a node cache's fetch of a blob is one)."""
+    total = 0.0
+    for m in cluster.masters:
+        with urllib.request.urlopen(m.status_url + "metrics", timeout=10) as r:
+            text = r.read().decode()
+        for family in text_string_to_metric_families(text):
+            for s in family.samples:
+                if (s.name == "grpc_server_handled_total"
+                        and s.labels.get("grpc_method") == "Download"):
+                    total += s.value
+    return int(total)
+
+
+def _job_files(root: Path) -> dict[str, Path]:
+    root.mkdir(parents=True)
+    lib = root / "libs.zip"
+    with zipfile.ZipFile(lib, "w") as z:
+        z.writestr("jobhelper.py", "def triple(x):\n    return 3 * x\n")
+    factor = root / "factor.txt"
+    factor.write_text("10")
+    data = root / "data.tgz"
+    with tarfile.open(data, "w:gz") as t:
+        payload = b"1 2 3"
+        info = tarfile.TarInfo("table/values.txt")
+        info.size = len(payload)
+        t.addfile(info, io.BytesIO(payload))
+    job = root / "job.py"
+    job.write_text(textwrap.dedent(JOB))
+    return {"lib": lib, "factor": factor, "data": data, "job": job}
+
+
+def _submit(cluster: LocalCluster, spark: StandaloneSpark, files: dict[str, Path],
+            work: Path) -> tuple[dict[str, Any], str]:
+    work.mkdir(parents=True, exist_ok=True)
+    out = work / "out.json"
+    creds = cluster.credentials("alice")
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("PYSPARK_", "SPARK_", "BLOBHA_"))}
+    # The submitting user's own credentials, on the submitting machine only.
+    env.update(BLOBHA_CLUSTER=cluster.cluster, BLOBHA_USER="alice", BLOBHA_CA=str(creds.ca),
+               BLOBHA_TOKEN_FILE=str(creds.token_file),
+               BLOBHA_CACHE_DIR=str(work / "driver-cache"))
+    cmd = [sys.executable, "-m", "blobha", "spark-submit", "--blob", f"{SIDE_KEY}:side.txt",
+           "--min-replication", "2", "--max-wait", "60s", "--token-lifetime", "1h", "--",
+           "--master", spark.url, "--deploy-mode", "client",
+           "--conf", f"spark.pyspark.python={sys.executable}",
+           "--conf", "spark.executor.memory=512m", "--conf", "spark.driver.memory=512m",
+           "--conf", "spark.cores.max=2", "--conf", "spark.ui.enabled=false",
+           "--py-files", str(files["lib"]),
+           "--files", str(files["factor"]),
+           "--archives", f"{files['data']}#data",
+           str(files["job"]), str(out)]
+    done = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+    return dict(json.loads(out.read_text())), done.stdout + done.stderr
+
+
+def _executor_logs(spark: StandaloneSpark, app: str) -> str:
+    logs = []
+    for home in spark.homes:
+        for p in sorted((home.parent / "work" / app).rglob("std*")):
+            logs.append(p.read_text(errors="replace"))
+    assert logs, f"no executor logs of {app}"
+    return "\n".join(logs)
+
+
+def test_job_code_and_side_file_reach_each_node_once_with_a_job_token(
+        secure: LocalCluster, spark: StandaloneSpark, tmp_path: Path) -> None:
+    files = _job_files(tmp_path / "job")
+    before = _downloads(secure)
+    first, printed = _submit(secure, spark, files, tmp_path / "first")
+
+    # 3*i*10 + (1+2+3) + 100: from the zip, the file, the archive and the side blob.
+    assert sorted(r["value"] for r in first["rows"]) == [30 * i + 106 for i in range(8)]
+    assert first["driver_triple"] == 3
+    # Both nodes ran tasks, each laid out from its own node cache.
+    assert {r["home"] for r in first["rows"]} == {str(h) for h in spark.homes}
+    for row in first["rows"]:
+        for what in ("module", "factor", "data"):
+            assert row[what].startswith(row["home"] + "/"), (what, row)
+        # The executors read with the job token alone: nothing of their own, and it neither
+        # writes nor reads a key outside the job.
+        assert row["env"] == [], row
+        assert row["refusals"] == {"write": "NotAuthorized", "other key": "NotAuthorized"}, row
+    assert "job token " in printed and "bjt1." not in printed
+    # Four blobs (three of code, one side file), each downloaded once per node.
+    assert _downloads(secure) - before == 4 * 2
+    # Spark ships none of them: the driver's file server serves nothing, and no executor
+    # fetched anything from it.
+    assert first["shipped"] == ["", "", ""]
+    logs = _executor_logs(spark, first["app"])
+    assert "Fetching spark://" not in logs and "Fetching file:" not in logs
+
+    # A second application: both nodes' caches serve it; nothing is uploaded or downloaded.
+    before = _downloads(secure)
+    second, printed = _submit(secure, spark, files, tmp_path / "second")
+    assert sorted(r["value"] for r in second["rows"]) == [30 * i + 106 for i in range(8)]
+    assert "uploaded " not in printed
+    assert _downloads(secure) - before == 0
