@@ -9,6 +9,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -45,6 +46,10 @@ def node_env(home: Path) -> dict[str, str]:
     home.mkdir(parents=True, exist_ok=True)
     env.update(HOME=str(home), SPARK_HOME=str(spark_home()), SPARK_DAEMON_MEMORY="256m",
                SPARK_LOG_DIR=str(home / "logs"), SPARK_NO_DAEMONIZE="1")
+    # blobha is installed on every node, its commands (blobha-python) on the PATH.
+    scripts = str(Path(sys.executable).parent)
+    env["PATH"] = os.pathsep.join([scripts, *(p for p in env.get("PATH", "").split(os.pathsep)
+                                              if p and p != scripts)])
     return env
 
 

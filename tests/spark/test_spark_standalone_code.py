@@ -67,7 +67,7 @@ def task(i):
     with Client(settings.cluster, credentials=job_credentials(settings.resolved_cache_dir()),
                 timeout=20) as c:
         for what, op in (("write", lambda: c.create("standalone-token-write", b"x")),
-                         ("other key", lambda: c.read("%(other)s"))):
+                         ("other key", lambda: c.read("@OTHER@"))):
             try:
                 op()
                 refusals[what] = ""
@@ -80,8 +80,8 @@ def task(i):
         "factor": os.path.realpath(SparkFiles.get("factor.txt")),
         "data": os.path.realpath("./data"),
         "refusals": refusals,
-        "env": sorted(k for k in os.environ if k.startswith("BLOBHA_") and os.environ[k]
-                      and k not in ("BLOBHA_JOB_TOKEN", "BLOBHA_CA_PEM")),
+        "own": sorted(k for k in ("BLOBHA_CA", "BLOBHA_CERT", "BLOBHA_KEY",
+                                  "BLOBHA_TOKEN_FILE") if os.environ.get(k)),
     }
 
 spark = SparkSession.builder.getOrCreate()
@@ -93,7 +93,7 @@ json.dump({"app": sc.applicationId, "driver_triple": jobhelper.triple(1), "rows"
                        ("spark.files", "spark.submit.pyFiles", "spark.archives")]},
           open(sys.argv[1], "w"))
 spark.stop()
-''' % {"other": OTHER_KEY}
+'''.replace("@OTHER@", OTHER_KEY)
 
 
 @pytest.fixture(scope="module")
@@ -113,7 +113,8 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StandaloneSpark]
 
 
 def _downloads(cluster: LocalCluster) -> int:
-    """Download calls the masters answered, all told (a node cache's fetch of a blob is one)."""
+    """Downloads the masters served, all told (a node cache's fetch of a blob is one; so is a
+    master's copy of a blob it syncs)."""
     total = 0.0
     for m in cluster.masters:
         with urllib.request.urlopen(m.status_url + "metrics", timeout=10) as r:
@@ -121,9 +122,16 @@ def _downloads(cluster: LocalCluster) -> int:
         for family in text_string_to_metric_families(text):
             for s in family.samples:
                 if (s.name == "grpc_server_handled_total"
-                        and s.labels.get("grpc_method") == "Download"):
+                        and s.labels.get("grpc_method") == "Download"
+                        and s.labels.get("grpc_code") == "OK"):  # not the refused reads
                     total += s.value
     return int(total)
+
+
+def _node_downloads(spark: StandaloneSpark) -> list[int]:
+    """Each node's cache's download count (its default directory, under the node's HOME)."""
+    return [int(json.loads((home / ".cache" / "blobha" / "stats.json").read_text())["downloads"])
+            for home in spark.homes]
 
 
 def _job_files(root: Path) -> dict[str, Path]:
@@ -195,20 +203,28 @@ def test_job_code_and_side_file_reach_each_node_once_with_a_job_token(
             assert row[what].startswith(row["home"] + "/"), (what, row)
         # The executors read with the job token alone: nothing of their own, and it neither
         # writes nor reads a key outside the job.
-        assert row["env"] == [], row
+        assert row["own"] == [], row
         assert row["refusals"] == {"write": "NotAuthorized", "other key": "NotAuthorized"}, row
     assert "job token " in printed and "bjt1." not in printed
     # Four blobs (three of code, one side file), each downloaded once per node.
-    assert _downloads(secure) - before == 4 * 2
+    # Four blobs (three of code, one side file), each downloaded once per node: the counters
+    # each node's cache keeps on disk for every process on the node.
+    assert _node_downloads(spark) == [4, 4]
     # Spark ships none of them: the driver's file server serves nothing, and no executor
     # fetched anything from it.
     assert first["shipped"] == ["", "", ""]
     logs = _executor_logs(spark, first["app"])
     assert "Fetching spark://" not in logs and "Fetching file:" not in logs
 
-    # A second application: both nodes' caches serve it; nothing is uploaded or downloaded.
+    # A second application: both nodes' caches serve it; nothing is uploaded or downloaded
+    # (counted on the masters, once they hold every copy and sync nothing more).
+    with Client(secure.cluster, user="alice", credentials=secure.credentials("alice")) as c:
+        keys = [*c.list(prefix="code.alice."), SIDE_KEY]
+        assert len(keys) == 4
+        assert c.wait_for_replication(keys, 3, timeout=60).reached
     before = _downloads(secure)
     second, printed = _submit(secure, spark, files, tmp_path / "second")
     assert sorted(r["value"] for r in second["rows"]) == [30 * i + 106 for i in range(8)]
     assert "uploaded " not in printed
+    assert _node_downloads(spark) == [4, 4]
     assert _downloads(secure) - before == 0
