@@ -7,7 +7,10 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import site
+import subprocess
 import sys
+import tarfile
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -100,3 +103,23 @@ def file_sha256(path: str | os.PathLike[str]) -> str:
         while chunk := f.read(1 << 20):
             h.update(chunk)
     return h.hexdigest()
+
+
+def env_archive(root: Path) -> Path:
+    """A virtual environment packed as Spark users pack one (venv-pack, conda-pack): a copied
+    interpreter, and a module found nowhere else. PySpark and blobha come from this test's
+    environment through a .pth file (a real one would install them)."""
+    env = root / "envsrc"
+    subprocess.run([sys.executable, "-m", "venv", "--copies", "--without-pip", str(env)],
+                   check=True)
+    purelib = next(env.glob("lib/python*/site-packages"))
+    (purelib / "envonly.py").write_text("VALUE = 1000\n")
+    ours = [p for p in site.getsitepackages() if p.startswith(sys.prefix)]
+    (purelib / "outer.pth").write_text(
+        "".join(f"import site; site.addsitedir({p!r})\n" for p in ours))
+    archive = root / "env.tgz"
+    with tarfile.open(archive, "w:gz") as t:
+        for path in sorted(env.rglob("*")):
+            if "__pycache__" not in path.parts:
+                t.add(path, arcname=str(path.relative_to(env)), recursive=False)
+    return archive

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from blobha_spark_helpers import require_spark, spark_env, spark_home
+from blobha_spark_helpers import env_archive, require_spark, spark_env, spark_home
 from clusters import running_cluster
 
 from blobha import spark as blobspark
@@ -284,36 +284,12 @@ spark.stop()
 '''
 
 
-def _env_archive(root: Path) -> Path:
-    """A virtual environment packed as Spark users pack one (venv-pack, conda-pack): a copied
-    interpreter, and a module found nowhere else. PySpark and blobha come from this test's
-    environment through a .pth file (a real one would install them)."""
-    import site
-    import subprocess
-    import sys
-
-    env = root / "envsrc"
-    subprocess.run([sys.executable, "-m", "venv", "--copies", "--without-pip", str(env)],
-                   check=True)
-    purelib = next(env.glob("lib/python*/site-packages"))
-    (purelib / "envonly.py").write_text("VALUE = 1000\n")
-    ours = [p for p in site.getsitepackages() if p.startswith(sys.prefix)]
-    (purelib / "outer.pth").write_text(
-        "".join(f"import site; site.addsitedir({p!r})\n" for p in ours))
-    archive = root / "env.tgz"
-    with tarfile.open(archive, "w:gz") as t:
-        for path in sorted(env.rglob("*")):
-            if "__pycache__" not in path.parts:
-                t.add(path, arcname=str(path.relative_to(env)), recursive=False)
-    return archive
-
-
 def test_spark_pyspark_python_runs_the_interpreter_of_the_environment_archive(
     cluster: LocalCluster, tmp_path: Path, capfd: pytest.CaptureFixture[str],
 ) -> None:
     root = tmp_path / "job"
     root.mkdir()
-    archive = _env_archive(root)
+    archive = env_archive(root)
     job = root / "job.py"
     job.write_text(textwrap.dedent(ENV_JOB))
     out = tmp_path / "out.json"

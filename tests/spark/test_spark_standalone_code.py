@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from blobha_spark_helpers import require_spark
+from blobha_spark_helpers import env_archive, require_spark
 from clusters import running_cluster
 from prometheus_client.parser import text_string_to_metric_families
 from standalone import StandaloneSpark
@@ -130,8 +130,11 @@ def _downloads(cluster: LocalCluster) -> int:
 
 def _node_downloads(spark: StandaloneSpark) -> list[int]:
     """Each node's cache's download count (its default directory, under the node's HOME)."""
-    return [int(json.loads((home / ".cache" / "blobha" / "stats.json").read_text())["downloads"])
-            for home in spark.homes]
+    counts = []
+    for home in spark.homes:
+        stats = home / ".cache" / "blobha" / "stats.json"
+        counts.append(int(json.loads(stats.read_text())["downloads"]) if stats.exists() else 0)
+    return counts
 
 
 def _job_files(root: Path) -> dict[str, Path]:
@@ -152,8 +155,17 @@ def _job_files(root: Path) -> dict[str, Path]:
     return {"lib": lib, "factor": factor, "data": data, "job": job}
 
 
-def _submit(cluster: LocalCluster, spark: StandaloneSpark, files: dict[str, Path],
+def _code_args(files: dict[str, Path]) -> list[str]:
+    return ["--conf", f"spark.pyspark.python={sys.executable}",
+            "--py-files", str(files["lib"]),
+            "--files", str(files["factor"]),
+            "--archives", f"{files['data']}#data"]
+
+
+def _submit(cluster: LocalCluster, spark: StandaloneSpark, job: Path, args: list[str],
             work: Path) -> tuple[dict[str, Any], str]:
+    """``blobha spark-submit`` of ``job`` with the Spark arguments ``args``, as alice; the
+    job's output, and what the launcher printed."""
     work.mkdir(parents=True, exist_ok=True)
     out = work / "out.json"
     creds = cluster.credentials("alice")
@@ -166,13 +178,9 @@ def _submit(cluster: LocalCluster, spark: StandaloneSpark, files: dict[str, Path
     cmd = [sys.executable, "-m", "blobha", "spark-submit", "--blob", f"{SIDE_KEY}:side.txt",
            "--min-replication", "2", "--max-wait", "60s", "--token-lifetime", "1h", "--",
            "--master", spark.url, "--deploy-mode", "client",
-           "--conf", f"spark.pyspark.python={sys.executable}",
            "--conf", "spark.executor.memory=512m", "--conf", "spark.driver.memory=512m",
            "--conf", "spark.cores.max=2", "--conf", "spark.ui.enabled=false",
-           "--py-files", str(files["lib"]),
-           "--files", str(files["factor"]),
-           "--archives", f"{files['data']}#data",
-           str(files["job"]), str(out)]
+           *args, str(job), str(out)]
     done = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
     return dict(json.loads(out.read_text())), done.stdout + done.stderr
@@ -191,7 +199,8 @@ def test_job_code_and_side_file_reach_each_node_once_with_a_job_token(
         secure: LocalCluster, spark: StandaloneSpark, tmp_path: Path) -> None:
     files = _job_files(tmp_path / "job")
     before = _downloads(secure)
-    first, printed = _submit(secure, spark, files, tmp_path / "first")
+    first, printed = _submit(secure, spark, files["job"], _code_args(files),
+                             tmp_path / "first")
 
     # 3*i*10 + (1+2+3) + 100: from the zip, the file, the archive and the side blob.
     assert sorted(r["value"] for r in first["rows"]) == [30 * i + 106 for i in range(8)]
@@ -223,8 +232,50 @@ def test_job_code_and_side_file_reach_each_node_once_with_a_job_token(
         assert len(keys) == 4
         assert c.wait_for_replication(keys, 3, timeout=60).reached
     before = _downloads(secure)
-    second, printed = _submit(secure, spark, files, tmp_path / "second")
+    second, printed = _submit(secure, spark, files["job"], _code_args(files),
+                              tmp_path / "second")
     assert sorted(r["value"] for r in second["rows"]) == [30 * i + 106 for i in range(8)]
     assert "uploaded " not in printed
     assert _node_downloads(spark) == [4, 4]
     assert _downloads(secure) - before == 0
+
+
+ENV_JOB = '''
+import json, os, sys
+from pyspark.sql import SparkSession
+
+def task(i):
+    import envonly  # in the environment archive only
+    return {"value": envonly.VALUE + i, "executable": sys.executable,
+            "home": os.environ.get("HOME", ""), "prefix": os.path.realpath(sys.prefix),
+            "env": os.path.realpath("./env")}
+
+spark = SparkSession.builder.getOrCreate()
+sc = spark.sparkContext
+rows = sc.parallelize(range(8), 8).map(task).collect()
+json.dump({"app": sc.applicationId, "rows": rows}, open(sys.argv[1], "w"))
+spark.stop()
+'''
+
+
+def test_a_packed_environment_is_the_executors_python_on_both_nodes(
+        secure: LocalCluster, spark: StandaloneSpark, tmp_path: Path) -> None:
+    root = tmp_path / "job"
+    root.mkdir()
+    archive = env_archive(root)
+    job = root / "job.py"
+    job.write_text(textwrap.dedent(ENV_JOB))
+    before = _node_downloads(spark)
+    result, _ = _submit(secure, spark, job, [
+        "--archives", f"{archive}#env", "--conf", "spark.pyspark.python=./env/bin/python",
+    ], tmp_path / "w")
+    assert sorted(r["value"] for r in result["rows"]) == [1000 + i for i in range(8)]
+    assert {r["home"] for r in result["rows"]} == {str(h) for h in spark.homes}
+    for row in result["rows"]:
+        # The interpreter of the archive, unpacked once in the node's own cache.
+        assert row["executable"].endswith("/env/bin/python"), row
+        assert row["prefix"] == row["env"] and row["env"].startswith(row["home"] + "/"), row
+    # The archive once per node, and the side file where the node's cache lacked it (this
+    # test alone: nothing cached yet).
+    want = [1 + (b == 0) for b in before]
+    assert [a - b for a, b in zip(_node_downloads(spark), before, strict=True)] == want
