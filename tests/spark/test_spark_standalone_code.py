@@ -268,6 +268,9 @@ def test_a_packed_environment_is_the_executors_python_on_both_nodes(
     before = _node_downloads(spark)
     result, _ = _submit(secure, spark, job, [
         "--archives", f"{archive}#env", "--conf", "spark.pyspark.python=./env/bin/python",
+        # Client mode: the driver runs here, where ./env does not exist (as Spark's own docs
+        # have it, the driver's interpreter is named apart).
+        "--conf", f"spark.pyspark.driver.python={sys.executable}",
     ], tmp_path / "w")
     assert sorted(r["value"] for r in result["rows"]) == [1000 + i for i in range(8)]
     assert {r["home"] for r in result["rows"]} == {str(h) for h in spark.homes}
