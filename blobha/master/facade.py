@@ -22,6 +22,7 @@ import logging
 import os
 import socket
 import threading
+import time
 from collections.abc import Iterator, Sequence
 
 from blobha.core.acl import AccessControl
@@ -264,7 +265,7 @@ class Master:
             # A former leader keeps it a moment, so the successor's first writes go first.
             log.info("keeping the ZooKeeper session %.1f s (master.stop.linger.secs)",
                      self.settings.stop_linger_secs)
-            threading.Event().wait(self.settings.stop_linger_secs)
+            time.sleep(self.settings.stop_linger_secs)
         try:
             self.zk.stop()
             self.zk.close()

@@ -10,7 +10,7 @@ from blobha.core.errors import InvalidArgument
 from blobha.core.keys import validate_key
 from blobha.spark.conf import CONF_MAP
 
-__all__ = ["BlobSpec", "blob_map_json", "parse_blob_arg", "parse_blob_map"]
+__all__ = ["BlobSpec", "blob_map_json", "check_local_name", "parse_blob_arg", "parse_blob_map"]
 
 _SPEC_FIELDS = ("localname", "uncompress")
 
@@ -30,14 +30,15 @@ class BlobSpec(NamedTuple):
         return {"localname": self.localname, "uncompress": self.uncompress}
 
 
-def _check_localname(name: str, key: str) -> str:
-    # The local name becomes a file name the job opens; nothing in it may point elsewhere.
+def check_local_name(name: str, of: str, label: str = "localname") -> str:
+    """``name``, which becomes an entry of the job's working directory (a side file's
+    ``localname``, a code file's name on executors), if nothing in it may point elsewhere;
+    otherwise an :class:`InvalidArgument` naming it as the ``label`` of ``of``."""
     if not name or name in (".", "..") or "/" in name or "\\" in name or "\0" in name:
         raise InvalidArgument(
-            f"invalid localname {name!r} for key {key!r}: use a plain file name without '/'"
-        )
+            f"invalid {label} {name!r} for {of}: use a plain file name without '/'")
     if len(name.encode("utf-8")) > 255:
-        raise InvalidArgument(f"localname of key {key!r} is longer than 255 bytes")
+        raise InvalidArgument(f"{label} of {of} is longer than 255 bytes")
     return name
 
 
@@ -90,7 +91,7 @@ BlobSpec(key='model.tgz', localname='model.tgz', uncompress=True))
         uncompress = options.get("uncompress", False)
         if not isinstance(uncompress, bool):
             raise InvalidArgument(f"uncompress of {key!r} must be true or false")
-        _check_localname(localname, key)
+        check_local_name(localname, f"key {key!r}")
         if localname in by_local:
             raise InvalidArgument(
                 f"keys {by_local[localname]!r} and {key!r} both map to localname {localname!r}"
@@ -128,4 +129,4 @@ def parse_blob_arg(text: str) -> BlobSpec:
         )
     key = validate_key(parts[0])
     localname = parts[1] if len(parts) == 2 and parts[1] else key
-    return BlobSpec(key, _check_localname(localname, key), uncompress)
+    return BlobSpec(key, check_local_name(localname, f"key {key!r}"), uncompress)

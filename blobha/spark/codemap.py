@@ -12,6 +12,7 @@ from typing import Any, NamedTuple
 
 from blobha.core.errors import InvalidArgument
 from blobha.core.keys import validate_key
+from blobha.spark.blobmap import check_local_name
 
 __all__ = [
     "KINDS",
@@ -41,13 +42,6 @@ class CodeSpec(NamedTuple):
         return [self.key, self.kind, self.name]
 
 
-def _check_name(name: str, key: str) -> str:
-    # The name becomes an entry of the working directory; nothing in it may point elsewhere.
-    if not name or name in (".", "..") or "/" in name or "\\" in name or "\0" in name:
-        raise InvalidArgument(f"invalid name {name!r} for {key!r}: use a plain file name")
-    return name
-
-
 def parse_code_map(value: str | None) -> tuple[CodeSpec, ...]:
     """Validate a code map: a JSON list of ``[key, kind, name]``; two entries may not share a
     name (Spark refuses that too).
@@ -73,7 +67,7 @@ def parse_code_map(value: str | None) -> tuple[CodeSpec, ...]:
         validate_key(key)
         if kind not in KINDS:
             raise InvalidArgument(f"code map entry {entry!r}: kind must be one of {KINDS}")
-        _check_name(name, key)
+        check_local_name(name, repr(key), "name")
         if name in names:
             raise InvalidArgument(f"two entries of the code map are named {name!r}")
         names.add(name)

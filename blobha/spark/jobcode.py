@@ -26,6 +26,7 @@ import xxhash
 from blobha.core.digest import Digester
 from blobha.core.errors import InvalidArgument, KeyAlreadyExists, KeyNotFound
 from blobha.core.keys import MAX_KEY_BYTES, validate_key
+from blobha.spark.blobmap import check_local_name
 from blobha.spark.codemap import KIND_ARCHIVE, KIND_FILE, KIND_PYFILE, CodeSpec
 from blobha.spark.conf import CONF_JOB_TOKEN, ENV_CA_PEM, ENV_JOB_TOKEN, ENV_PYTHON
 from blobha.spark.submitconf import (
@@ -133,6 +134,8 @@ def _entry(option: str, entry: str) -> tuple[CodeFile | None, str]:
         return None, entry
     kind = CODE_OPTIONS[option]
     name = alias or os.path.basename(local.rstrip("/"))
+    # Before anything is stored: executors would refuse the name at every worker start.
+    check_local_name(name, f"{option} {entry!r}", "name")
     return CodeFile(os.path.abspath(local), kind, name), entry
 
 

@@ -5,12 +5,15 @@ are copied rather than imported)."""
 from __future__ import annotations
 
 import hashlib
+import io
 import os
 import shutil
 import site
 import subprocess
 import sys
 import tarfile
+import textwrap
+import zipfile
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -123,3 +126,24 @@ def env_archive(root: Path) -> Path:
             if "__pycache__" not in path.parts:
                 t.add(path, arcname=str(path.relative_to(env)), recursive=False)
     return archive
+
+
+def job_files(root: Path, job: str) -> dict[str, Path]:
+    """The inputs of the job-code tests under ``root``: a zip holding ``jobhelper`` (for
+    ``--py-files``), ``factor.txt`` (``--files``), ``data.tgz`` holding
+    ``table/values.txt`` (``--archives``) and the job script ``job``."""
+    root.mkdir(parents=True)
+    lib = root / "libs.zip"
+    with zipfile.ZipFile(lib, "w") as z:
+        z.writestr("jobhelper.py", "def triple(x):\n    return 3 * x\n")
+    factor = root / "factor.txt"
+    factor.write_text("10")
+    data = root / "data.tgz"
+    with tarfile.open(data, "w:gz") as t:
+        payload = b"1 2 3"
+        info = tarfile.TarInfo("table/values.txt")
+        info.size = len(payload)
+        t.addfile(info, io.BytesIO(payload))
+    script = root / "job.py"
+    script.write_text(textwrap.dedent(job))
+    return {"lib": lib, "factor": factor, "data": data, "job": script}

@@ -16,7 +16,10 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from prometheus_client.parser import text_string_to_metric_families
 from waiting import wait_until
+
+from blobha.ops.localcluster import LocalCluster
 
 
 def spark_home() -> Path:
@@ -109,6 +112,15 @@ class StandaloneSpark:
                 os.killpg(p.pid, signal.SIGKILL)
                 p.wait()
 
+    def node_downloads(self) -> list[int]:
+        """Each node's cache's download count: the counters its default cache directory (under
+        the node's HOME) keeps on disk for every process on the node."""
+        counts = []
+        for home in self.homes:
+            stats = home / ".cache" / "blobha" / "stats.json"
+            counts.append(int(json.loads(stats.read_text())["downloads"]) if stats.exists() else 0)
+        return counts
+
     def logs(self) -> str:
         return "\n".join(f"----- {p.name} -----\n" + p.read_text(errors="replace")[-4000:]
                          for p in sorted(self.root.glob("*.log")))
@@ -127,3 +139,19 @@ class StandaloneSpark:
         if exc is not None:
             print(self.logs())
         self.stop()
+
+
+def master_downloads(cluster: LocalCluster) -> int:
+    """Downloads the masters served, all told, from their metrics: a node cache's fetch of a
+    blob is one, and so is a master's copy of a blob it syncs; a refused read is none."""
+    total = 0.0
+    for m in cluster.masters:
+        with urllib.request.urlopen(m.status_url + "metrics", timeout=10) as r:
+            text = r.read().decode()
+        for family in text_string_to_metric_families(text):
+            for s in family.samples:
+                if (s.name == "grpc_server_handled_total"
+                        and s.labels.get("grpc_method") == "Download"
+                        and s.labels.get("grpc_code") == "OK"):
+                    total += s.value
+    return int(total)

@@ -8,19 +8,16 @@ plain PySpark: it imports the zipped module, reads ``SparkFiles.get`` and ``./da
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import shutil
-import tarfile
 import textwrap
-import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from blobha_spark_helpers import env_archive, require_spark, spark_env, spark_home
+from blobha_spark_helpers import env_archive, job_files, require_spark, spark_env, spark_home
 from clusters import running_cluster
 
 from blobha import spark as blobspark
@@ -78,24 +75,6 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
         yield c
 
 
-def _job_files(root: Path) -> dict[str, Path]:
-    root.mkdir()
-    lib = root / "libs.zip"
-    with zipfile.ZipFile(lib, "w") as z:
-        z.writestr("jobhelper.py", "def triple(x):\n    return 3 * x\n")
-    factor = root / "factor.txt"
-    factor.write_text("10")
-    data = root / "data.tgz"
-    with tarfile.open(data, "w:gz") as t:
-        payload = b"1 2 3"
-        info = tarfile.TarInfo("table/values.txt")
-        info.size = len(payload)
-        t.addfile(info, io.BytesIO(payload))
-    job = root / "job.py"
-    job.write_text(textwrap.dedent(JOB))
-    return {"lib": lib, "factor": factor, "data": data, "job": job}
-
-
 def _submit(cluster: LocalCluster, files: dict[str, Path], cache_dir: Path, out: Path,
             work: Path) -> int:
     with pytest.MonkeyPatch.context() as mp:
@@ -128,7 +107,7 @@ def test_code_reaches_executors_from_the_cache_and_is_stored_once(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     caplog.set_level("INFO", logger="blobha.spark")
-    files = _job_files(tmp_path / "job")
+    files = job_files(tmp_path / "job", JOB)
     cache_dir = tmp_path / "node-cache"
     out1 = tmp_path / "out1.json"
     status = _submit(cluster, files, cache_dir, out1, tmp_path / "w1")
@@ -216,7 +195,7 @@ def test_executors_read_with_a_redacted_job_token_and_the_ca_from_the_conf(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     caplog.set_level("INFO", logger="blobha.spark")
-    files = _job_files(tmp_path / "job")
+    files = job_files(tmp_path / "job", JOB)
     files["job"].write_text(textwrap.dedent(TOKEN_JOB))
     creds = secure.credentials("alice")
     events = tmp_path / "events"

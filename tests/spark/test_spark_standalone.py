@@ -11,15 +11,13 @@ import json
 import os
 import subprocess
 import sys
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from blobha_spark_helpers import require_spark
 from clusters import running_cluster
-from prometheus_client.parser import text_string_to_metric_families
-from standalone import StandaloneSpark
+from standalone import StandaloneSpark, master_downloads
 
 from blobha.client import Client
 from blobha.ops.localcluster import LocalCluster
@@ -66,20 +64,6 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StandaloneSpark]
         yield s
 
 
-def _downloads(cluster: LocalCluster) -> int:
-    """Download calls the masters answered, all told (a node cache's fetch is one)."""
-    total = 0.0
-    for m in cluster.masters:
-        with urllib.request.urlopen(m.status_url + "metrics", timeout=10) as r:
-            text = r.read().decode()
-        for family in text_string_to_metric_families(text):
-            for s in family.samples:
-                if (s.name == "grpc_server_handled_total"
-                        and s.labels.get("grpc_method") == "Download"):
-                    total += s.value
-    return int(total)
-
-
 def _submit(cluster: LocalCluster, spark: StandaloneSpark, work: Path) -> list[list[str]]:
     work.mkdir(parents=True, exist_ok=True)
     job = work / "job.py"
@@ -104,7 +88,7 @@ def _submit(cluster: LocalCluster, spark: StandaloneSpark, work: Path) -> list[l
 
 def test_both_nodes_read_the_blob_through_their_own_cache_once(
         cluster: LocalCluster, spark: StandaloneSpark, tmp_path: Path) -> None:
-    before = _downloads(cluster)
+    before = master_downloads(cluster)
     rows = _submit(cluster, spark, tmp_path / "first")
     want = hashlib.sha256(DATA).hexdigest()
     assert {digest for _, _, digest in rows} == {want}
@@ -113,10 +97,10 @@ def test_both_nodes_read_the_blob_through_their_own_cache_once(
     assert homes == {str(h) for h in spark.homes}, homes
     for home, path, _ in rows:
         assert path.startswith(home + "/"), (home, path)
-    assert _downloads(cluster) - before == 2  # one per node
+    assert master_downloads(cluster) - before == 2  # one per node
 
     # A second application: both nodes' caches serve it, nothing is downloaded again.
-    before = _downloads(cluster)
+    before = master_downloads(cluster)
     rows = _submit(cluster, spark, tmp_path / "second")
     assert {digest for _, _, digest in rows} == {want}
-    assert _downloads(cluster) - before == 0
+    assert master_downloads(cluster) - before == 0

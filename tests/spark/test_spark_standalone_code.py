@@ -14,24 +14,19 @@ another key.
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import subprocess
 import sys
-import tarfile
 import textwrap
-import urllib.request
-import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from blobha_spark_helpers import env_archive, require_spark
+from blobha_spark_helpers import env_archive, job_files, require_spark
 from clusters import running_cluster
-from prometheus_client.parser import text_string_to_metric_families
-from standalone import StandaloneSpark
+from standalone import StandaloneSpark, master_downloads
 
 from blobha.client import Client
 from blobha.ops.localcluster import LocalCluster
@@ -112,49 +107,6 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StandaloneSpark]
         yield s
 
 
-def _downloads(cluster: LocalCluster) -> int:
-    """Downloads the masters served, all told (a node cache's fetch of a blob is one; so is a
-    master's copy of a blob it syncs)."""
-    total = 0.0
-    for m in cluster.masters:
-        with urllib.request.urlopen(m.status_url + "metrics", timeout=10) as r:
-            text = r.read().decode()
-        for family in text_string_to_metric_families(text):
-            for s in family.samples:
-                if (s.name == "grpc_server_handled_total"
-                        and s.labels.get("grpc_method") == "Download"
-                        and s.labels.get("grpc_code") == "OK"):  # not the refused reads
-                    total += s.value
-    return int(total)
-
-
-def _node_downloads(spark: StandaloneSpark) -> list[int]:
-    """Each node's cache's download count (its default directory, under the node's HOME)."""
-    counts = []
-    for home in spark.homes:
-        stats = home / ".cache" / "blobha" / "stats.json"
-        counts.append(int(json.loads(stats.read_text())["downloads"]) if stats.exists() else 0)
-    return counts
-
-
-def _job_files(root: Path) -> dict[str, Path]:
-    root.mkdir(parents=True)
-    lib = root / "libs.zip"
-    with zipfile.ZipFile(lib, "w") as z:
-        z.writestr("jobhelper.py", "def triple(x):\n    return 3 * x\n")
-    factor = root / "factor.txt"
-    factor.write_text("10")
-    data = root / "data.tgz"
-    with tarfile.open(data, "w:gz") as t:
-        payload = b"1 2 3"
-        info = tarfile.TarInfo("table/values.txt")
-        info.size = len(payload)
-        t.addfile(info, io.BytesIO(payload))
-    job = root / "job.py"
-    job.write_text(textwrap.dedent(JOB))
-    return {"lib": lib, "factor": factor, "data": data, "job": job}
-
-
 def _code_args(files: dict[str, Path]) -> list[str]:
     return ["--conf", f"spark.pyspark.python={sys.executable}",
             "--py-files", str(files["lib"]),
@@ -197,8 +149,8 @@ def _executor_logs(spark: StandaloneSpark, app: str) -> str:
 
 def test_job_code_and_side_file_reach_each_node_once_with_a_job_token(
         secure: LocalCluster, spark: StandaloneSpark, tmp_path: Path) -> None:
-    files = _job_files(tmp_path / "job")
-    before = _downloads(secure)
+    files = job_files(tmp_path / "job", JOB)
+    before = master_downloads(secure)
     first, printed = _submit(secure, spark, files["job"], _code_args(files),
                              tmp_path / "first")
 
@@ -218,7 +170,7 @@ def test_job_code_and_side_file_reach_each_node_once_with_a_job_token(
     # Four blobs (three of code, one side file), each downloaded once per node.
     # Four blobs (three of code, one side file), each downloaded once per node: the counters
     # each node's cache keeps on disk for every process on the node.
-    assert _node_downloads(spark) == [4, 4]
+    assert spark.node_downloads() == [4, 4]
     # Spark ships none of them: the driver's file server serves nothing, and no executor
     # fetched anything from it.
     assert first["shipped"] == ["", "", ""]
@@ -231,13 +183,13 @@ def test_job_code_and_side_file_reach_each_node_once_with_a_job_token(
         keys = [*c.list(prefix="code.alice."), SIDE_KEY]
         assert len(keys) == 4
         assert c.wait_for_replication(keys, 3, timeout=60).reached
-    before = _downloads(secure)
+    before = master_downloads(secure)
     second, printed = _submit(secure, spark, files["job"], _code_args(files),
                               tmp_path / "second")
     assert sorted(r["value"] for r in second["rows"]) == [30 * i + 106 for i in range(8)]
     assert "uploaded " not in printed
-    assert _node_downloads(spark) == [4, 4]
-    assert _downloads(secure) - before == 0
+    assert spark.node_downloads() == [4, 4]
+    assert master_downloads(secure) - before == 0
 
 
 ENV_JOB = '''
@@ -265,7 +217,7 @@ def test_a_packed_environment_is_the_executors_python_on_both_nodes(
     archive = env_archive(root)
     job = root / "job.py"
     job.write_text(textwrap.dedent(ENV_JOB))
-    before = _node_downloads(spark)
+    before = spark.node_downloads()
     result, _ = _submit(secure, spark, job, [
         "--archives", f"{archive}#env", "--conf", "spark.pyspark.python=./env/bin/python",
         # Client mode: the driver runs here, where ./env does not exist (as Spark's own docs
@@ -281,4 +233,4 @@ def test_a_packed_environment_is_the_executors_python_on_both_nodes(
     # The archive once per node, and the side file where the node's cache lacked it (this
     # test alone: nothing cached yet).
     want = [1 + (b == 0) for b in before]
-    assert [a - b for a, b in zip(_node_downloads(spark), before, strict=True)] == want
+    assert [a - b for a, b in zip(spark.node_downloads(), before, strict=True)] == want

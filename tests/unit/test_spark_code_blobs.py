@@ -86,6 +86,15 @@ def test_two_files_with_one_name_are_refused() -> None:
         take_code(["--files", "/a/f.txt,/b/f.txt", "job.py"], {})
 
 
+@pytest.mark.parametrize("entry", ["/a/f.txt#sub/f.txt", "/a/f.txt#..", "/a/f.txt#a\\\\b"])
+def test_an_alias_that_is_no_plain_name_is_refused_before_anything_is_stored(
+        entry: str) -> None:
+    # Executors lay the name out in their working directory and would refuse it at every
+    # worker start; the launcher refuses it first, naming the entry.
+    with pytest.raises(InvalidArgument, match=r"invalid name .* for --files '/a/f.txt#"):
+        take_code(["--files", entry, "job.py"], {})
+
+
 def test_bad_files_fail_with_one_line_naming_them(tmp_path: Path,
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(InvalidArgument, match=f"^{tmp_path}/missing.zip: no such file$"):
