@@ -54,21 +54,21 @@ def status_document(source: StatusSource, blob_limit: int = DEFAULT_BLOB_LIMIT
     """What ``/status.json`` answers. Never fails as a whole: a part that cannot be read (the
     other masters while ZooKeeper is unreachable, say) is reported in ``errors``."""
     errors: list[str] = []
-    node = source.node_status()
-    masters = [node]
-    leader = source.leader_address()
-    epoch = source.epoch()
     try:
+        # It holds this master's own status: asked alone only when it fails (each is a pass
+        # over every key).
         view = source.cluster_summary()
         masters, leader, epoch = list(view.masters), view.leader, view.epoch
         if view.zookeeper_unreachable:
             errors.append("cluster summary: ZooKeeper is unreachable from this master; the"
                           " masters shown are those it last saw")
-    except BlobError as e:
-        errors.append(f"cluster summary: {e}")
     except Exception as e:  # the page must still show this master
-        log.debug("status: cluster summary failed", exc_info=True)
-        errors.append(f"cluster summary: {type(e).__name__}")
+        if isinstance(e, BlobError):
+            errors.append(f"cluster summary: {e}")
+        else:
+            log.debug("status: cluster summary failed", exc_info=True)
+            errors.append(f"cluster summary: {type(e).__name__}")
+        masters, leader, epoch = [source.node_status()], source.leader_address(), source.epoch()
     urls = source.status_urls([m.address for m in masters])
 
     known = max(source.known_masters(), 1)
