@@ -95,7 +95,7 @@ class Acknowledger:
         finally:
             # Whatever the outcome, the leader's synchroniser follows the key from here: a
             # version that timed out stays committed and is acknowledged once enough masters
-            # hold it (_leader_duty). Nothing else would bring a new key to it before the
+            # hold it (Repairs.leader_duty). Nothing else would bring a new key to it before the
             # periodic pass: the leader has no watch on a key it has not reconciled yet, and
             # does not read its own journal. A create acknowledged in its commit needs none
             # (see Synchronizer.follow).

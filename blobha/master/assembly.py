@@ -103,7 +103,7 @@ class MasterServer:
             raise ConfigError(f"cannot listen on blobstore.data.port {port} on {host}: {e}"
                               " (set another port, 0 for any free one, or -1 for none)") from None
         self.dataplane = dataplane
-        master.dataplane = dataplane
+        master.channel.offers = dataplane
         log.info("data channel on port %d", dataplane.port)
 
     def _stop_serving(self, grace: float) -> None:
@@ -121,6 +121,3 @@ class MasterServer:
         self.master.stop()
         if self.status_server is not None:
             self.status_server.stop()
-
-    def wait_stopped(self, timeout: float | None = None) -> bool:
-        return self.master.wait_stopped(timeout)

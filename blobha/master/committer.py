@@ -98,7 +98,7 @@ class Committer:
         return wait
 
     def _commit_locked(self, batch: Sequence[PutRequest]) -> list[BlobState | BaseException]:
-        """:meth:`_commit_puts` of the writes whose keys' locks are held."""
+        """:meth:`commit_puts` of the writes whose keys' locks are held."""
         out: list[BlobState | BaseException] = [
             Unavailable("not committed; retry")] * len(batch)
         try:
@@ -150,7 +150,7 @@ class Committer:
         ZooKeeper's request limit (one, unless their records take more than
         :data:`zkstate.MAX_STATE_BYTES` together: a request over it is refused by dropping
         the connection). One result per write: its state, or its error. ``fresh``: the
-        created keys this master held nothing of before their install (:meth:`_nothing_here`).
+        created keys this master held nothing of before their install (:meth:`nothing_here`).
         """
         out: list[BlobState | BaseException] = []
         chunk: list[tuple[str, bool, BlobState]] = []
@@ -237,7 +237,7 @@ class Committer:
                     key, create, new = writes[i]
                     self.sync.registered(key, new.seq, session, new.replication_factor,
                                          new if create else None, records[i])
-                    # meta_version is stale here; _mark_acked re-reads before its write.
+                    # meta_version is stale here; Acknowledger.mark_acked re-reads before its write.
                     out[i] = new
                 break
             i = live.pop(failed // 2)
@@ -271,7 +271,7 @@ class Committer:
                      ) -> BlobState:
         """``commit()``'s new version; or, where the write tagged ``tag`` committed already (a
         retry after a lost answer), that version, not written again. The caller answers
-        either through :meth:`_acknowledge`, as the first attempt would have."""
+        either through :meth:`Acknowledger.acknowledge`, as the first attempt would have."""
         try:
             return commit()
         except AlreadyWritten as e:

@@ -33,7 +33,7 @@ from blobha.core.version import __version__
 from blobha.leader import LeaderElection, LeaderHistory
 from blobha.master.acks import Acknowledger
 from blobha.master.admin import Admin
-from blobha.master.channel import Channel, TransferOffers
+from blobha.master.channel import Channel
 from blobha.master.cluster import ClusterIdentity, Guard
 from blobha.master.committer import Committer
 from blobha.master.config import Config, ConfigError
@@ -176,28 +176,12 @@ class Master:
                                self.acks, self.membership, self.peers, self.sync)
         self.summary = StatusSummary(self.identity, self.store, self.zk, self.election,
                                      self.sync, self.membership, self.peers)
-        self.started = self.summary.started
         self.status = MasterStatus(
             self.identity, s.zk_servers, self.session_timeout, self.zk, self.election,
             self.history, self.store, self.uploads, self.sync, self.puts, self.scrubber,
             self.membership, self.channel, self.summary, self.waits)
 
-    @property
-    def dataplane(self) -> TransferOffers | None:
-        """The data channel's offers; set by whoever serves this master."""
-        return self.channel.offers
-
-    @dataplane.setter
-    def dataplane(self, offers: TransferOffers | None) -> None:
-        self.channel.offers = offers
-
     # ---- lifecycle -----------------------------------------------------------------------
-
-    def start(self) -> None:
-        """Connect and join the cluster without serving calls; a process serves a master
-        through :mod:`blobha.master.assembly`, which starts its edge between the two."""
-        self.connect()
-        self.join()
 
     def connect(self) -> None:
         """Reach ZooKeeper and check that it holds this store's cluster."""
@@ -272,9 +256,6 @@ class Master:
         except Exception:
             log.debug("ZooKeeper close failed", exc_info=True)
         self.store.close()
-
-    def wait_stopped(self, timeout: float | None = None) -> bool:
-        return self._stopped.wait(timeout)
 
     # ---- election and membership callbacks -------------------------------------------------
 

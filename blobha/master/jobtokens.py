@@ -66,7 +66,7 @@ DEFAULT_LIFETIME_SECS = 24 * 3600
 _CACHE_SIZE = 4096
 #: ZooKeeper look-ups of tokens not remembered, at once: whoever sends made-up tokens costs
 #: ZooKeeper reads, and this bounds how many (user tokens bound their scrypt checks alike).
-_LOOKUP_SLOTS = threading.BoundedSemaphore(4)
+LOOKUP_SLOTS = 4
 #: Records a leader looks at for expiry after each issue: more than one, so the expired ones
 #: are removed faster than new ones come, and a bounded cost per call.
 _SWEEP = 32
@@ -93,6 +93,7 @@ class JobTokens:
         self.max_lifetime_secs = max_lifetime_secs
         self.clock = clock
         self._lock = threading.Lock()
+        self._lookup_slots = threading.BoundedSemaphore(LOOKUP_SLOTS)
         # id -> (time.monotonic() when read, record)
         self._cache: OrderedDict[str, tuple[float, JobTokenRecord]] = OrderedDict()
 
@@ -123,7 +124,7 @@ class JobTokens:
                 return hit[1]
         try:
             self.meta.require_zk()
-            with _LOOKUP_SLOTS:
+            with self._lookup_slots:
                 data = self._read(token_id)
                 if data is None:
                     # Issued just now through the leader's session, perhaps not yet seen by

@@ -98,7 +98,7 @@ class Metadata:
                            ) -> list[BlobState | BaseException | None]:
         """Each write's current key state (the caller holds the keys' locks), read in one
         pipelined round trip; none is read for a create of a ``fresh`` key (one this master
-        knows nothing of, :meth:`_nothing_here`)."""
+        knows nothing of, :meth:`Committer.nothing_here`)."""
         pending = [None if p.create and p.key in fresh
                    else self.zk.get_async(key_path(p.key)) for p in batch]
         out: list[BlobState | BaseException | None] = []

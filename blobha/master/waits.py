@@ -122,17 +122,18 @@ class ReplicationWaits:
 
     def _wake_waiters(self, event: WatchedEvent) -> None:
         """The one watch callback of every replication wait (kazoo's thread: no blocking)."""
+        if event.path is None:
+            # A session event: kazoo dropped every watch, so every wait must read again.
+            self.stop_waits()
+            return
         with self._waiters_lock:
-            if event.path is None:
-                # A session event: kazoo dropped every watch, so every wait must read again.
-                woken = [e for waiting in self._waiters.values() for e in waiting]
-            else:
-                woken = list(self._waiters.get(event.path, ()))
+            woken = list(self._waiters.get(event.path, ()))
         for changed in woken:
             changed.set()
 
     def stop_waits(self) -> None:
-        """Wake every wait, to see the stop at once: a leader stopping has 2 s to answer."""
+        """Wake every wait, to read again: a leader stopping (which has 2 s to answer), or a
+        session event."""
         with self._waiters_lock:
             woken = [e for waiting in self._waiters.values() for e in waiting]
         for changed in woken:

@@ -60,7 +60,7 @@ class Writes:
                         write_quorum: int, create: bool) -> tuple[int, int]:
         """Check a write's arguments; a create's replication factor and write quorum. An
         update keeps the key's own factor: its quorum comes back as asked (0 = the default),
-        for :meth:`_update_quorum` to check against that factor."""
+        for :func:`rules.quorum` to check against that factor."""
         self.meta.require_leader()
         validate_key(key)
         # Before anything is written: a user name with ':' or ',' would store an ACL that no
@@ -105,7 +105,7 @@ class Writes:
         if size_hint >= 0:
             self.store.reserve(size_hint)
         # An update's quorum is kept as asked: the commit checks it against the key's factor
-        # then (_next_state), which may have changed meanwhile.
+        # then (Committer.next_state), which may have changed meanwhile.
         up = self.uploads.begin(user, key, create, acl, rf, expected_version,
                                 w if create else write_quorum, tag, generation=generation)
         return up.upload_id, int(self.uploads.expiration_secs), None
