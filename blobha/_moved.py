@@ -8,12 +8,15 @@ for both. Installed by ``blobha/__init__.py``; it answers only for the names bel
 from __future__ import annotations
 
 import importlib
-import importlib.abc
 import importlib.machinery
 import sys
 import warnings
 from collections.abc import Sequence
 from types import ModuleType
+from typing import TYPE_CHECKING, cast
+
+if TYPE_CHECKING:
+    import importlib.abc
 
 MOVED: dict[str, str] = {
     "errors": "core.errors",
@@ -57,7 +60,10 @@ MOVED: dict[str, str] = {
 }
 
 
-class _Alias(importlib.abc.Loader):
+# Plain classes, not importlib.abc's: that module imports importlib.resources (10 ms at every
+# start of every blobha process, the executor hook's included); the import system asks only
+# for these methods.
+class _Alias:
     def __init__(self, target: str) -> None:
         self.target = target
 
@@ -69,7 +75,7 @@ class _Alias(importlib.abc.Loader):
         sys.modules[module.__name__] = importlib.import_module(self.target)
 
 
-class MovedFinder(importlib.abc.MetaPathFinder):
+class MovedFinder:
     """Finds ``blobha.<old>`` for a module listed in :data:`MOVED`, after every real finder."""
 
     def find_spec(
@@ -84,7 +90,8 @@ class MovedFinder(importlib.abc.MetaPathFinder):
             DeprecationWarning,
             stacklevel=2,
         )
-        return importlib.machinery.ModuleSpec(fullname, _Alias(f"blobha.{new}"))
+        loader = cast("importlib.abc.Loader", _Alias(f"blobha.{new}"))
+        return importlib.machinery.ModuleSpec(fullname, loader)
 
 
 def install() -> None:

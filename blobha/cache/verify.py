@@ -11,7 +11,7 @@ from pathlib import Path
 
 from blobha.cache.layout import Layout, Version
 from blobha.cache.stats import Counters
-from blobha.core.digest import CHUNK_SIZE, Digester
+from blobha.core.digest import CHUNK_SIZE, digest_stream
 from blobha.core.locks import boot_id
 
 __all__ = ["Verifier"]
@@ -72,12 +72,10 @@ def _verified_on_node(file: Path, record: Path, digest: str, size: int) -> bool:
 
 def _hash_file(path: Path) -> tuple[str, int, os.stat_result]:
     """(xxh3-128 digest, size, status when opened) of a file."""
-    digester = Digester()
     with open(path, "rb") as f:
         st = os.fstat(f.fileno())
-        while chunk := f.read(CHUNK_SIZE):
-            digester.update(chunk)
-    return digester.hexdigest(), digester.size, st
+        digest, size = digest_stream(f, CHUNK_SIZE)
+    return digest, size, st
 
 
 class Verifier:

@@ -82,5 +82,13 @@ def digest_file(f: BinaryIO, chunk_size: int = CHUNK_SIZE) -> tuple[str, list[st
     return whole.hexdigest(), chunks, whole.size
 
 
+def digest_stream(f: BinaryIO, chunk_size: int = CHUNK_SIZE) -> tuple[str, int]:
+    """Read ``f`` from its current position: (whole digest, size)."""
+    whole = Digester()
+    while data := f.read(chunk_size):
+        whole.update(data)
+    return whole.hexdigest(), whole.size
+
+
 def is_digest(text: str) -> bool:
     return len(text) == 32 and all(c in "0123456789abcdef" for c in text)

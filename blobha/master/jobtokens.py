@@ -50,10 +50,8 @@ from blobha.zk.connection import UNREACHABLE
 from blobha.zk.layout import (
     JOB_TOKENS,
     MAX_STATE_BYTES,
-    BlobState,
     JobTokenRecord,
     job_token_path,
-    key_path,
 )
 
 log = logging.getLogger("blobha.master")
@@ -174,7 +172,9 @@ class JobTokens:
         for key in wanted:
             validate_key(key)
         self.meta.require_leader()
-        for key, state in zip(wanted, self._states(wanted), strict=True):
+        for key, state in zip(wanted, self.meta.read_states(wanted), strict=True):
+            if isinstance(state, BaseException):
+                raise state
             if state is None:
                 raise no_such_key(key)
             self.authority.require(user, state.acl, acls.READ, key)
@@ -236,19 +236,6 @@ class JobTokens:
             self._cache.pop(token_id, None)
         log.info("job token %s revoked by %r", token_id, user)
         return token_id
-
-    def _states(self, keys: Sequence[str]) -> list[BlobState | None]:
-        # Pipelined: one round trip for all of a job's keys, not one each.
-        pending = [self.zk.get_async(key_path(k)) for k in keys]
-        out: list[BlobState | None] = []
-        for result in pending:
-            try:
-                data, stat = self.meta.answer(result)
-            except NoNodeError:
-                out.append(None)
-                continue
-            out.append(BlobState.decode(data, stat.version))
-        return out
 
     def _sweep(self) -> None:
         """Remove some expired records (best effort: a failure only leaves them longer)."""

@@ -99,13 +99,16 @@ class Metadata:
         """Each write's current key state (the caller holds the keys' locks), read in one
         pipelined round trip; none is read for a create of a ``fresh`` key (one this master
         knows nothing of, :meth:`Committer.nothing_here`)."""
-        pending = [None if p.create and p.key in fresh
-                   else self.zk.get_async(key_path(p.key)) for p in batch]
+        read = [p.key for p in batch if not (p.create and p.key in fresh)]
+        states = iter(self.read_states(read))
+        return [None if p.create and p.key in fresh else next(states) for p in batch]
+
+    def read_states(self, keys: Sequence[str]) -> list[BlobState | BaseException | None]:
+        """Each key's committed state (None: no such key, or the error reading it), read in one
+        pipelined round trip."""
+        pending = [self.zk.get_async(key_path(k)) for k in keys]
         out: list[BlobState | BaseException | None] = []
         for result in pending:
-            if result is None:
-                out.append(None)
-                continue
             try:
                 data, stat = self.answer(result)
                 out.append(BlobState.decode(data, stat.version))

@@ -200,15 +200,23 @@ class _Held:
 def _ca_file(pem: str, cache_dir: str) -> str:
     # The CA's content travels in the Spark conf; the TLS layer reads a file. One per content,
     # written once per node, beside the cache.
-    import xxhash
+    import tempfile
+
+    from blobha.core.digest import digest_bytes
 
     folder = Path(cache_dir) / "tls"
-    path = folder / f"ca-{xxhash.xxh3_128_hexdigest(pem.encode())}.pem"
+    path = folder / f"ca-{digest_bytes(pem.encode())}.pem"
     if not path.exists():
         folder.mkdir(parents=True, exist_ok=True)
-        tmp = folder / f".{path.name}.{os.getpid()}"
-        tmp.write_text(pem)
-        os.replace(tmp, path)
+        fd, tmp = tempfile.mkstemp(prefix=".ca-", dir=folder)
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write(pem)
+            os.chmod(tmp, 0o644)
+            os.replace(tmp, path)
+        except BaseException:
+            os.unlink(tmp)
+            raise
     return str(path)
 
 

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import xxhash
 
-from blobha.core.digest import Digester
+from blobha.core.digest import digest_stream
 from blobha.core.errors import InvalidArgument, KeyAlreadyExists, KeyNotFound
 from blobha.core.keys import MAX_KEY_BYTES, validate_key
 from blobha.spark.blobmap import check_local_name
@@ -216,10 +216,7 @@ def digest_path(path: str) -> str:
         with open(path, "rb") as f:
             if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
                 raise InvalidArgument(f"{path}: not a regular file (a directory? zip it first)")
-            d = Digester()
-            while chunk := f.read(1 << 20):
-                d.update(chunk)
-            return d.hexdigest()
+            return digest_stream(f)[0]
     except FileNotFoundError:
         raise InvalidArgument(f"{path}: no such file") from None
     except IsADirectoryError:

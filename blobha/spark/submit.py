@@ -292,19 +292,10 @@ def submit_main(argv: list[str]) -> int:
                 check_access(c, settings.keys)
             print(shlex.join(redacted(build_submit_command(settings, spark_submit, rest))))
             return 0
-        secrets_conf: list[str] = []
-        if taken is not None or settings.keys:
-            settings, secrets_conf = _store_code_and_token(
-                settings, taken, digests, args.token_lifetime)
-        wait_for_replication(
-            settings.all_keys,
-            settings.min_replication,
-            settings.max_wait_secs,
-            cluster=settings.cluster,
-            user=settings.user,
-            on_timeout=settings.on_timeout,
-            timeout=settings.client_timeout_secs,
-        )
+        # Settings have blobs or code (else _settings_from_args refused them): one client
+        # stores the code, obtains the job token and waits for replication.
+        settings, secrets_conf = _store_code_and_token(
+            settings, taken, digests, args.token_lifetime)
     except BlobError as exc:
         log.error("%s", " ".join(str(exc).split()))
         return exc.exit_code
@@ -339,7 +330,8 @@ def _store_code_and_token(
     lifetime: float,
 ) -> tuple[SparkBlobSettings, list[str]]:
     """Upload the code that is not stored yet; with a user token, obtain the executors' job
-    token for exactly the job's keys. The settings with the code map, and the secret confs."""
+    token for exactly the job's keys; wait for their replication. The settings with the code
+    map, and the secret confs."""
     from blobha.client import Client
     from blobha.core.auth import is_job_token, job_token_id
     from blobha.wire.credentials import Credentials
@@ -352,8 +344,10 @@ def _store_code_and_token(
             settings = settings.replace(code=tuple(specs))
         confs: list[str] = []
         token = creds.token()
-        if token and not is_job_token(token) and settings.all_keys:
+        if token and not is_job_token(token):
             job = c.issue_job_token(settings.all_keys, max(1, int(lifetime)))
             log.info("job token %s for %d key(s)", job_token_id(job.token), len(settings.all_keys))
             confs += secret_confs(job.token, creds.ca)
+        wait_for_replication(settings.all_keys, settings.min_replication,
+                             settings.max_wait_secs, on_timeout=settings.on_timeout, client=c)
     return settings, confs

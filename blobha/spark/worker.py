@@ -11,8 +11,8 @@ for (``$BLOBHA_PYSPARK_PYTHON``, relative to the working directory for ``./env/b
 else this one): the worker keeps this process's id, and with it the cache references taken
 here, for as long as it runs.
 
-It imports little (no client unless something must be downloaded) because every Python worker
-start pays for it.
+Every Python worker start pays for its imports: it loads the cache, and the client (grpc) only
+when something must be downloaded.
 """
 
 from __future__ import annotations
@@ -24,8 +24,10 @@ from collections.abc import MutableMapping
 from pathlib import Path
 
 from blobha.core.errors import BlobError
+from blobha.spark import executor
 from blobha.spark.codemap import KIND_ARCHIVE, KIND_PYFILE
 from blobha.spark.conf import ENV_CONF, ENV_PYTHON
+from blobha.spark.settings import SparkBlobSettings
 
 __all__ = ["lay_out", "main", "real_python"]
 
@@ -58,15 +60,11 @@ def lay_out(env: MutableMapping[str, str], cwd: Path) -> None:
     text = env.get(ENV_CONF)
     if not text:
         return
-    from blobha.spark.settings import SparkBlobSettings
-
     settings = SparkBlobSettings.from_json(text)
     if not settings.code:
         return
-    from blobha.spark.executor import application_id, open_cache
-
-    cache = open_cache(settings)
-    owner = application_id(settings)
+    cache = executor.open_cache(settings)
+    owner = executor.application_id(settings)
     paths: list[str] = []
     for spec in settings.code:
         blob = cache.get(spec.key, uncompress=spec.kind == KIND_ARCHIVE, owner=owner)

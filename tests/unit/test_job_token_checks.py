@@ -38,6 +38,7 @@ from blobha.master import jobtokens
 from blobha.master.config import Config, ConfigError
 from blobha.master.edge.gatekeeper import Gatekeeper, scope_refusal
 from blobha.master.jobtokens import JobTokens
+from blobha.master.metadata import Metadata
 from blobha.master.rules import Authority
 from blobha.v1 import blobha_pb2 as pb
 from blobha.wire.credentials import Credentials
@@ -205,6 +206,9 @@ class _Meta:
 
     def answer(self, pending: _Done) -> Any:
         return pending.get()
+
+    # The real pipelined read, over this fake's ZooKeeper and answer().
+    read_states = Metadata.read_states
 
 
 class _Clock:
