@@ -6,18 +6,20 @@ executors read with comes through the Spark conf. The job is plain PySpark: it i
 module from ``--py-files``, reads a ``--files`` entry through ``SparkFiles.get``, an
 ``--archives data.tgz#data`` tree through ``./data/...`` and a ``--blob`` side file through
 ``blob_path``. Every one of those reaches each node once, from the masters into the node's
-cache; the driver serves none of them; a second application downloads nothing. Refusals of a
-job token past its lifetime, revoked or tampered are tested against real masters in
-``tests/integration/test_job_tokens.py``; here, what the executors hold may not write or read
-another key.
+cache; the driver serves none of them; a second application downloads nothing. On the
+workers, the job token neither writes nor reads another key, and a job token past its lifetime,
+a revoked one and a tampered one are refused (``tests/integration/test_job_tokens.py`` covers
+the same refusals on each master).
 """
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import subprocess
 import sys
+import tarfile
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,9 +29,12 @@ import pytest
 from blobha_spark_helpers import env_archive, job_files, require_spark
 from clusters import running_cluster
 from standalone import StandaloneSpark, master_downloads
+from waiting import wait_until
 
 from blobha.client import Client
+from blobha.core.errors import Unauthenticated
 from blobha.ops.localcluster import LocalCluster
+from blobha.wire.credentials import Credentials
 
 require_spark()
 
@@ -45,6 +50,8 @@ from pyspark.sql import SparkSession
 
 import jobhelper  # client mode: the driver imports the py-files as plain spark-submit allows
 
+LEAKED = json.load(open(sys.argv[2]))  # read on the driver; the tasks get it in their closure
+
 def task(i):
     import jobhelper
     from blobha.client import Client
@@ -57,10 +64,11 @@ def task(i):
         values = [int(v) for v in f.read().split()]
     with open(blob_path("side.txt")) as f:
         side = int(f.read())
+    from blobha.wire.credentials import Credentials
     settings = current_settings()
+    creds = job_credentials(settings.resolved_cache_dir())
     refusals = {}
-    with Client(settings.cluster, credentials=job_credentials(settings.resolved_cache_dir()),
-                timeout=20) as c:
+    with Client(settings.cluster, credentials=creds, timeout=20) as c:
         for what, op in (("write", lambda: c.create("standalone-token-write", b"x")),
                          ("other key", lambda: c.read("@OTHER@"))):
             try:
@@ -68,6 +76,19 @@ def task(i):
                 refusals[what] = ""
             except BlobError as e:
                 refusals[what] = type(e).__name__
+    # Leaked tokens: one past its lifetime, one revoked (both given to the job by the test),
+    # and this job's own with its secret altered; each tries the job's side file.
+    prefix, secret = creds.bearer.rsplit(".", 1)
+    bad = {**LEAKED,
+           "tampered": prefix + "." + secret[:-1] + ("A" if secret[-1] != "A" else "B")}
+    for what, token in sorted(bad.items()):
+        with Client(settings.cluster, credentials=Credentials(ca=creds.ca, bearer=token),
+                    timeout=20) as leaked:
+            try:
+                leaked.read("@SIDE@")
+                refusals[what] = ""
+            except BlobError as e:
+                refusals[what] = type(e).__name__ + ": " + str(e)
     return {
         "value": jobhelper.triple(i) * factor + sum(values) + side,
         "home": os.environ.get("HOME", ""),
@@ -88,7 +109,7 @@ json.dump({"app": sc.applicationId, "driver_triple": jobhelper.triple(1), "rows"
                        ("spark.files", "spark.submit.pyFiles", "spark.archives")]},
           open(sys.argv[1], "w"))
 spark.stop()
-'''.replace("@OTHER@", OTHER_KEY)
+'''.replace("@OTHER@", OTHER_KEY).replace("@SIDE@", SIDE_KEY)
 
 
 @pytest.fixture(scope="module")
@@ -114,10 +135,11 @@ def _code_args(files: dict[str, Path]) -> list[str]:
             "--archives", f"{files['data']}#data"]
 
 
-def _submit(cluster: LocalCluster, spark: StandaloneSpark, job: Path, args: list[str],
-            work: Path) -> tuple[dict[str, Any], str]:
-    """``blobha spark-submit`` of ``job`` with the Spark arguments ``args``, as alice; the
-    job's output, and what the launcher printed."""
+def _launch(cluster: LocalCluster, spark: StandaloneSpark, job: Path, args: list[str],
+            work: Path, job_args: tuple[str, ...] = (),
+            wrapper: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:
+    """``blobha spark-submit`` of ``job`` with the Spark arguments ``args``, as alice (run
+    under ``wrapper``), writing the job's output to ``work/out.json``."""
     work.mkdir(parents=True, exist_ok=True)
     out = work / "out.json"
     creds = cluster.credentials("alice")
@@ -127,15 +149,22 @@ def _submit(cluster: LocalCluster, spark: StandaloneSpark, job: Path, args: list
     env.update(BLOBHA_CLUSTER=cluster.cluster, BLOBHA_USER="alice", BLOBHA_CA=str(creds.ca),
                BLOBHA_TOKEN_FILE=str(creds.token_file),
                BLOBHA_CACHE_DIR=str(work / "driver-cache"))
-    cmd = [sys.executable, "-m", "blobha", "spark-submit", "--blob", f"{SIDE_KEY}:side.txt",
-           "--min-replication", "2", "--max-wait", "60s", "--token-lifetime", "1h", "--",
+    cmd = [*wrapper, sys.executable, "-m", "blobha", "spark-submit",
+           "--blob", f"{SIDE_KEY}:side.txt", "--min-replication", "2", "--max-wait", "60s",
+           "--token-lifetime", "1h", "--",
            "--master", spark.url, "--deploy-mode", "client",
            "--conf", "spark.executor.memory=512m", "--conf", "spark.driver.memory=512m",
            "--conf", "spark.cores.max=2", "--conf", "spark.ui.enabled=false",
-           *args, str(job), str(out)]
-    done = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True, timeout=600)
+           *args, str(job), str(out), *job_args]
+    return subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True, timeout=600)
+
+
+def _submit(cluster: LocalCluster, spark: StandaloneSpark, job: Path, args: list[str],
+            work: Path, job_args: tuple[str, ...] = ()) -> tuple[dict[str, Any], str]:
+    """:func:`_launch`, which must succeed; the job's output, and what the launcher printed."""
+    done = _launch(cluster, spark, job, args, work, job_args)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
-    return dict(json.loads(out.read_text())), done.stdout + done.stderr
+    return dict(json.loads((work / "out.json").read_text())), done.stdout + done.stderr
 
 
 def _executor_logs(spark: StandaloneSpark, app: str) -> str:
@@ -147,12 +176,36 @@ def _executor_logs(spark: StandaloneSpark, app: str) -> str:
     return "\n".join(logs)
 
 
+def _expired_and_revoked_tokens(cluster: LocalCluster, path: Path) -> str:
+    """Two job tokens for the side file, in a JSON file for the job (``path``, returned): one
+    past its lifetime, one revoked; each refused, by the time this returns, when this process
+    asks."""
+    with Client(cluster.cluster, user="alice", credentials=cluster.credentials("alice")) as a:
+        expired = a.issue_job_token([SIDE_KEY], lifetime_secs=1)
+        revoked = a.issue_job_token([SIDE_KEY], lifetime_secs=3600)
+        a.revoke_job_token(revoked.token_id)
+    creds = cluster.credentials("alice")
+    for token in (expired.token, revoked.token):
+        def refused(token: str = token) -> bool:
+            with Client(cluster.cluster, timeout=10,
+                        credentials=Credentials(ca=creds.ca, bearer=token)) as job:
+                try:
+                    job.get_meta(SIDE_KEY)
+                except Unauthenticated:
+                    return True
+                return False
+
+        wait_until(refused, timeout=30, what="the job token to be refused")
+    path.write_text(json.dumps({"expired": expired.token, "revoked": revoked.token}))
+    return str(path)
+
+
 def test_job_code_and_side_file_reach_each_node_once_with_a_job_token(
         secure: LocalCluster, spark: StandaloneSpark, tmp_path: Path) -> None:
     files = job_files(tmp_path / "job", JOB)
-    before = master_downloads(secure)
+    leaked = _expired_and_revoked_tokens(secure, tmp_path / "leaked.json")
     first, printed = _submit(secure, spark, files["job"], _code_args(files),
-                             tmp_path / "first")
+                             tmp_path / "first", (leaked,))
 
     # 3*i*10 + (1+2+3) + 100: from the zip, the file, the archive and the side blob.
     assert sorted(r["value"] for r in first["rows"]) == [30 * i + 106 for i in range(8)]
@@ -165,7 +218,15 @@ def test_job_code_and_side_file_reach_each_node_once_with_a_job_token(
         # The executors read with the job token alone: nothing of their own, and it neither
         # writes nor reads a key outside the job.
         assert row["own"] == [], row
-        assert row["refusals"] == {"write": "NotAuthorized", "other key": "NotAuthorized"}, row
+        refusals = row["refusals"]
+        assert {refusals.pop("write"), refusals.pop("other key")} == {"NotAuthorized"}, row
+        # Past its lifetime: "expired at ...", or, once a leader swept its record away (the
+        # launcher's own token issue sweeps), refused as unknown.
+        assert refusals["expired"].startswith("Unauthenticated: the job token "), row
+        for what in ("expired", "revoked", "tampered"):
+            assert "\n" not in refusals[what], row
+        for what in ("revoked", "tampered"):
+            assert refusals[what].startswith("Unauthenticated: the job token was refused"), row
     assert "job token " in printed and "bjt1." not in printed
     # Four blobs (three of code, one side file), each downloaded once per node.
     # Four blobs (three of code, one side file), each downloaded once per node: the counters
@@ -185,7 +246,7 @@ def test_job_code_and_side_file_reach_each_node_once_with_a_job_token(
         assert c.wait_for_replication(keys, 3, timeout=60).reached
     before = master_downloads(secure)
     second, printed = _submit(secure, spark, files["job"], _code_args(files),
-                              tmp_path / "second")
+                              tmp_path / "second", (leaked,))
     assert sorted(r["value"] for r in second["rows"]) == [30 * i + 106 for i in range(8)]
     assert "uploaded " not in printed
     assert spark.node_downloads() == [4, 4]
@@ -234,3 +295,42 @@ def test_a_packed_environment_is_the_executors_python_on_both_nodes(
     # test alone: nothing cached yet).
     want = [1 + (b == 0) for b in before]
     assert [a - b for a, b in zip(spark.node_downloads(), before, strict=True)] == want
+
+
+def test_bad_job_files_fail_before_launch_with_one_line_naming_the_file(
+        secure: LocalCluster, spark: StandaloneSpark, tmp_path: Path) -> None:
+    files = job_files(tmp_path / "job", JOB)
+    unreadable = tmp_path / "job" / "secret.txt"
+    unreadable.write_text("7")
+    unreadable.chmod(0)
+    evil = tmp_path / "job" / "evil.tgz"
+    with tarfile.open(evil, "w:gz") as t:
+        info = tarfile.TarInfo("../escape.txt")
+        info.size = 1
+        t.addfile(info, io.BytesIO(b"x"))
+    # Root reads any file: without the capabilities that let it, root is refused as any user.
+    as_user = ("setpriv", "--bounding-set", "-dac_override,-dac_read_search") \
+        if os.geteuid() == 0 else ()
+    cases = {
+        "missing": (["--py-files", str(tmp_path / "job" / "gone.zip")],
+                    f"{tmp_path}/job/gone.zip: no such file"),
+        "unreadable": (["--files", str(unreadable)], f"{unreadable}: cannot read it"),
+        "unsafe archive": (["--archives", f"{evil}#data"], f"{evil}: "),
+    }
+    state = spark.state()
+    apps_before = len(state["activeapps"]) + len(state["completedapps"])
+    with Client(secure.cluster, user="alice", credentials=secure.credentials("alice")) as c:
+        code_before = set(c.list(prefix="code.alice."))
+    for what, (args, message) in cases.items():
+        done = _launch(secure, spark, files["job"], [*_code_args(files)[:2], *args],
+                       tmp_path / what.replace(" ", "-"), wrapper=as_user)
+        assert done.returncode != 0, (what, done.stdout[-2000:], done.stderr[-3000:])
+        lines = [line for line in (done.stdout + done.stderr).splitlines() if line.strip()]
+        assert len(lines) == 1 and message in lines[0], (what, lines)
+        assert "Traceback" not in lines[0]
+    # None reached Spark, and nothing was stored.
+    state = spark.state()
+    assert len(state["activeapps"]) + len(state["completedapps"]) == apps_before
+    with Client(secure.cluster, user="alice", credentials=secure.credentials("alice")) as c:
+        assert set(c.list(prefix="code.alice.")) == code_before
+    assert not (tmp_path / "escape.txt").exists()
