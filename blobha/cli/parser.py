@@ -277,10 +277,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="rounds of the big-blob metrics; medians are reported (default 3)")
     p.add_argument("--metrics", metavar="NAME[,NAME...]",
                    help="run only these: upload_mbps, replication_1g_s, download_mbps,"
-                        " replication_latency_ms, small_ops_per_s, spark, failover_term_s,"
-                        " failover_kill_s, failover_kill_restart_s, scale (default: all)")
+                        " replication_latency_ms, small_ops_per_s, spark, spark_env_start,"
+                        " failover_term_s, failover_kill_s, failover_kill_restart_s, scale"
+                        " (default: all)")
     p.add_argument("--spark-size-mb", type=_positive_int, default=256, metavar="MIB",
                    help="size of the blob every Spark executor gets (default 256)")
+    p.add_argument("--spark-env-size-mb", type=_positive_int, default=320, metavar="MIB",
+                   help="size of the packed Python environment of spark_env_start"
+                        " (default 320)")
     p.add_argument("--zookeeper", metavar="HOST:PORT",
                    help="a remote cluster's ZooKeeper, for the ZooKeeper baselines")
     p.add_argument("--baseline-dir", metavar="DIR",

@@ -29,6 +29,7 @@ EXPECTED = {
     "small_ops_per_s_read_c1", "small_ops_per_s_read_c8",
     "spark_first_app_blob_ready_s", "spark_second_app_blob_ready_s",
     "spark_second_app_blob_ready_client_loaded_s",
+    "spark_env_start_first_app_s", "spark_env_start_second_app_s", "spark_env_start_third_app_s",
     "failover_term_s", "failover_kill_s", "failover_kill_restart_s",
     "scale_create_per_s", "scale_keys", "scale_leader_rss_mib", "scale_leader_rss_per_key_b",
     "scale_follower_rss_mib", "scale_follower_rss_per_key_b", "scale_zk_watches",
@@ -44,8 +45,8 @@ def test_bench_local_json_reports_every_metric_with_baseline_and_ratio(tmp_path:
     proc = subprocess.run(
         [BLOBHA, "bench", "--local", "--json", "--size-mb", "4", "--count", "5",
          "--small-ops-seconds", "0.5", "--scale-keys", "150", "--repeat", "1",
-         "--spark-size-mb", "4"],
-        capture_output=True, text=True, timeout=600, cwd=tmp_path,
+         "--spark-size-mb", "4", "--spark-env-size-mb", "2"],
+        capture_output=True, text=True, timeout=900, cwd=tmp_path,
         env={**os.environ, "TMPDIR": str(tmp_path)},
     )
     assert proc.returncode == 0, proc.stderr[-4000:]

@@ -28,6 +28,12 @@ Metric groups (``--metrics`` picks a subset; every metric name starts with its g
     (two separate executor processes) holds a ``--spark-size-mb`` blob (default 256 MiB),
     blobha's node cache against ``sc.addFile``, for a first and a second application.
     Baseline: ``addFile``'s time in the same run.
+``spark_env_start`` (needs pyspark)
+    :mod:`blobha.ops.bench_spark_env`: on a standalone Spark cluster of two worker nodes
+    started for the run, from submit until the first task has run on both executors, whose
+    interpreter is a ``--spark-env-size-mb`` packed Python environment (default 320 MiB), for
+    three consecutive applications: ``blobha spark-submit`` against plain ``spark-submit
+    --archives`` in the same run.
 ``failover_term_s`` / ``failover_kill_s`` (``--local``)
     From SIGTERM or SIGKILL of the leader to the first successful write through the client.
     Baseline: the configured ZooKeeper session timeout.

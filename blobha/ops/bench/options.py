@@ -31,6 +31,7 @@ METRIC_GROUPS: tuple[str, ...] = (
     "replication_latency_ms",
     "small_ops_per_s",
     "spark",
+    "spark_env_start",
     "failover_term_s",
     "failover_kill_s",
     "failover_kill_restart_s",
@@ -66,6 +67,8 @@ class BenchOptions:
     repeat: int = 3
     #: Size of the blob every Spark executor gets in the ``spark`` group.
     spark_size_mb: int = 256
+    #: Size of the packed Python environment in the ``spark_env_start`` group.
+    spark_env_size_mb: int = 320
     metrics: tuple[str, ...] = METRIC_GROUPS
     #: A remote cluster's ZooKeeper ("host:port"), for the ZooKeeper baselines.
     zookeeper: str | None = None
@@ -74,9 +77,10 @@ class BenchOptions:
 
     def check(self, local: bool, explicit_metrics: bool) -> None:
         """Raise ValueError for a combination that cannot run."""
-        if min(self.size_mb, self.count, self.scale_keys, self.repeat, self.spark_size_mb) < 1:
-            raise ValueError("--size-mb, --count, --scale-keys, --repeat and --spark-size-mb must"
-                             " be at least 1")
+        if min(self.size_mb, self.count, self.scale_keys, self.repeat, self.spark_size_mb,
+               self.spark_env_size_mb) < 1:
+            raise ValueError("--size-mb, --count, --scale-keys, --repeat, --spark-size-mb and"
+                             " --spark-env-size-mb must be at least 1")
         if not self.small_ops_seconds > 0:
             raise ValueError("--small-ops-seconds must be positive")
         if not local and explicit_metrics:

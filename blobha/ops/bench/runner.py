@@ -31,6 +31,8 @@ def run_groups(bench: Bench) -> list[Metric]:
         smallops.small_ops(bench)
     if "spark" in groups:
         spark.spark(bench)
+    if "spark_env_start" in groups:
+        spark.spark_env_start(bench)
     for name, sig, restart in (("failover_term_s", signal.SIGTERM, False),
                                ("failover_kill_s", signal.SIGKILL, False),
                                ("failover_kill_restart_s", signal.SIGKILL, True)):
@@ -104,6 +106,7 @@ def main(
     zookeeper: str | None = None,
     baseline_dir: str | None = None,
     spark_size_mb: int = 256,
+    spark_env_size_mb: int = 320,
 ) -> int:
     """``blobha bench``; returns the exit status."""
     if not local and not cluster:
@@ -113,7 +116,7 @@ def main(
         opts = BenchOptions(
             size_mb=size_mb, count=count, small_ops_seconds=small_ops_seconds,
             scale_keys=scale_keys, repeat=repeat, metrics=parse_metrics(metrics),
-            spark_size_mb=spark_size_mb,
+            spark_size_mb=spark_size_mb, spark_env_size_mb=spark_env_size_mb,
             zookeeper=zookeeper,
             baseline_dir=baseline_dir,
         )
@@ -135,7 +138,8 @@ def main(
         where = "a local 3-master cluster" if local else cluster
         print(f"blobha bench against {where}: --size-mb {opts.size_mb} --count {opts.count}"
               f" --small-ops-seconds {opts.small_ops_seconds:g} --scale-keys {opts.scale_keys}"
-              f" --repeat {opts.repeat} --spark-size-mb {opts.spark_size_mb}")
+              f" --repeat {opts.repeat} --spark-size-mb {opts.spark_size_mb}"
+              f" --spark-env-size-mb {opts.spark_env_size_mb}")
         print(format_table(results))
         for n in log.notes:
             print(f"note: {n}")

@@ -1,4 +1,6 @@
-"""The spark group: blobha's node cache against ``sc.addFile`` (blobha.ops.bench_spark)."""
+"""The spark groups: blobha's node cache against ``sc.addFile`` (blobha.ops.bench_spark), and
+a packed Python environment through blobha against ``spark-submit --archives``
+(blobha.ops.bench_spark_env)."""
 
 from __future__ import annotations
 
@@ -23,5 +25,21 @@ def spark(bench: Bench) -> None:
                   " against sc.addFile, first and second application")
     for m in run_spark_bench(bench.cluster, size, executors=SPARK_EXECUTORS,
                              user=bench_user()):
+        bench.add(str(m["name"]), float(cast(float, m["value"])), str(m["unit"]),
+                  str(m["baseline_name"]), float(cast(float, m["baseline_value"])))
+
+
+def spark_env_start(bench: Bench) -> None:
+    """Three applications whose executors run a packed Python environment, from submit until
+    both executors ran a task: ``blobha spark-submit`` against ``spark-submit --archives``."""
+    if importlib.util.find_spec("pyspark") is None:
+        bench.log.note("spark_env_start skipped: pyspark is not installed (deploy/setup.sh spark)")
+        return
+    from blobha.ops.bench_spark_env import run_env_start_bench
+
+    bench.log.say(f"Spark: applications with a {bench.opts.spark_env_size_mb} MiB packed Python"
+                  " environment, blobha spark-submit against spark-submit --archives")
+    for m in run_env_start_bench(bench.cluster, bench.opts.spark_env_size_mb * MiB,
+                                 user=bench_user()):
         bench.add(str(m["name"]), float(cast(float, m["value"])), str(m["unit"]),
                   str(m["baseline_name"]), float(cast(float, m["baseline_value"])))
