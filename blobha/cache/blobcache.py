@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import os
 import secrets
 import threading
@@ -27,6 +26,7 @@ from blobha.core.errors import (
     ResourceExhausted,
 )
 from blobha.core.keys import key_dirname, validate_key
+from blobha.core.lazy import LazyLogger
 
 if TYPE_CHECKING:
     # Imported when a cache first talks to the cluster: a process served from a warm cache
@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 
 __all__ = ["DEFAULT_CLEANUP_INTERVAL_SECS", "BlobCache", "default_cache_dir"]
 
-log = logging.getLogger("blobha.cache")
+log = LazyLogger("blobha.cache")
 
 GiB = 1024**3
 #: The longest time between two cleanup passes started from :meth:`BlobCache.get`.

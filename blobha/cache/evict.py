@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import logging
 import os
 import threading
 from collections.abc import Callable
@@ -15,6 +14,7 @@ from blobha.cache.layout import KeyScan, Layout, Version, unlink
 from blobha.cache.refs import Ref, References, sweep_temps
 from blobha.cache.stats import CleanupReport, Counters
 from blobha.core.errors import NO_ANSWER, KeyNotFound, NotAuthorized
+from blobha.core.lazy import LazyLogger
 from blobha.core.locks import lock_file
 
 if TYPE_CHECKING:
@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
 __all__ = ["DISK_FULL", "Janitor", "Tidied"]
 
-log = logging.getLogger("blobha.cache")
+log = LazyLogger("blobha.cache")
 
 #: ``flock`` held by the process making a cleanup pass; its mtime is when the last one began.
 _CLEANUP_LOCK = "cleanup.lock"

@@ -4,17 +4,17 @@ from __future__ import annotations
 
 import contextlib
 import json
-import logging
 import os
 import threading
 from typing import NamedTuple
 
 from blobha.cache.layout import Layout
+from blobha.core.lazy import LazyLogger
 from blobha.core.locks import lock_file
 
 __all__ = ["CacheStats", "CleanupReport", "Counters"]
 
-log = logging.getLogger("blobha.cache")
+log = LazyLogger("blobha.cache")
 
 _STAT_FIELDS = (
     "downloads",

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import logging
 import os
 import threading
 from pathlib import Path
@@ -12,11 +11,12 @@ from pathlib import Path
 from blobha.cache.layout import Layout, Version
 from blobha.cache.stats import Counters
 from blobha.core.digest import CHUNK_SIZE, digest_stream
+from blobha.core.lazy import LazyLogger
 from blobha.core.locks import boot_id
 
 __all__ = ["Verifier"]
 
-log = logging.getLogger("blobha.cache")
+log = LazyLogger("blobha.cache")
 
 # Records are trusted only within the boot that wrote them (see below).
 _BOOT_ID = boot_id()
