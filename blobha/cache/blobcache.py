@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import secrets
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -14,7 +13,7 @@ from typing import TYPE_CHECKING
 from blobha.cache import install
 from blobha.cache.checks import Checks, Known, Remote
 from blobha.cache.evict import DISK_FULL, Janitor
-from blobha.cache.layout import Layout, Version, rmtree, touch, unlink
+from blobha.cache.layout import Layout, Version, random_hex, rmtree, touch, unlink
 from blobha.cache.refs import Process, References, RefSpec, sweep_temps
 from blobha.cache.stats import CacheStats, CleanupReport, Counters
 from blobha.cache.values import CachedBlob, CacheEntry
@@ -134,7 +133,7 @@ class BlobCache:
         try:
             root = Path(cache_dir).expanduser().absolute()
             self._me = Process.me()
-            instance = f"{self._me.tag}-{secrets.token_hex(4)}"
+            instance = f"{self._me.tag}-{random_hex(4)}"
             self._layout = Layout(root, instance)
             self._layout.open()
             sweep_temps(self._layout.tmp_root)

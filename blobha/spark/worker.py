@@ -18,7 +18,6 @@ when something must be downloaded.
 from __future__ import annotations
 
 import os
-import shutil
 import sys
 from collections.abc import MutableMapping
 from pathlib import Path
@@ -39,6 +38,8 @@ def real_python(env: MutableMapping[str, str]) -> str:
         return sys.executable
     if "/" in chosen:
         return chosen  # ./env/bin/python: relative to the working directory, as Spark runs it
+    import shutil  # only for a bare name: a module most worker starts need not load
+
     return shutil.which(chosen, path=env.get("PATH", os.defpath)) or chosen
 
 
