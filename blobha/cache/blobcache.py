@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -270,6 +271,13 @@ class BlobCache:
             f"the cached copy of {key!r} failed its digest check {_ATTEMPTS} times; check the"
             f" disk under {self._layout.root}"
         )
+
+    def batched_counters(self) -> contextlib.AbstractContextManager[None]:
+        """Gets made meanwhile update the node's counters (see :meth:`stats`) once, at the
+        end, not once each: for a process that makes a few gets and ends, such as the Spark
+        worker hook. Counts made meanwhile are lost if the process dies first (the counters
+        are best effort anyway)."""
+        return self._counters.batched()
 
     def release(self, owner: str) -> int:
         """Drop every reference ``owner`` holds (from any process); how many there were."""
