@@ -380,7 +380,8 @@ class BlobCache:
             layout.ensure_key_dir(key, kd)
             if check is not None:
                 self._checks.write(kd, check)
-            version = install.choose(layout.scan_key(kd), meta)
+            scan = layout.scan_key(kd)
+            version = install.choose(scan, meta)
             downloaded = version is None
             if version is None:
                 version = self._download(key, kd, meta)
@@ -389,7 +390,9 @@ class BlobCache:
             touch(version.dir / "used", now)
             unlink(version.dir / "staged")
             unlink(layout.blobs / kd / "deleted")
-            self._janitor.tidy(kd, keep=version.version)
+            # A hit passes the scan it chose from (nothing was installed or removed since); a
+            # download changed the directory, which tidy reads again.
+            self._janitor.tidy(kd, keep=version.version, scan=None if downloaded else scan)
         return version, downloaded
 
     def _download(self, key: str, kd: str, meta: Remote) -> Version:

@@ -69,11 +69,14 @@ class Janitor:
         self._probed: dict[str, float] = {}
         self._last_cleanup: float | None = None
 
-    def tidy(self, kd: str, keep: int | None) -> Tidied:
+    def tidy(self, kd: str, keep: int | None, scan: KeyScan | None = None) -> Tidied:
         """With the key's lock held: remove stale references, damaged version directories and
-        every version but ``keep`` (None: the current one) that no live process references."""
+        every version but ``keep`` (None: the current one) that no live process references.
+        ``scan``: the key's directory as read under this hold of its lock, if the caller has
+        it (versions installed or removed since would be missing from it)."""
         layout = self._layout
-        scan = layout.scan_key(kd)
+        if scan is None:
+            scan = layout.scan_key(kd)
         live, stale = self._refs.read(kd)
         stale_count = sum(unlink(path) for path in stale)
         for junk in scan.junk:
