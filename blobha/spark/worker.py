@@ -67,18 +67,26 @@ def lay_out(env: MutableMapping[str, str], cwd: Path) -> None:
     cache = executor.open_cache(settings)
     owner = executor.application_id(settings)
     paths: list[str] = []
-    for spec in settings.code:
-        blob = cache.get(spec.key, uncompress=spec.kind == KIND_ARCHIVE, owner=owner)
-        link = cwd / spec.name
-        _link(str(blob.path), link)
-        if spec.kind == KIND_PYFILE:
-            entry = str(cwd) if spec.name.endswith(".py") else str(link)
-            if entry not in paths:
-                paths.append(entry)
+    try:
+        # One write of the node's counters for the few gets below: this process ends here.
+        with cache.batched_counters():
+            for spec in settings.code:
+                blob = cache.get(spec.key, uncompress=spec.kind == KIND_ARCHIVE, owner=owner)
+                link = cwd / spec.name
+                _link(str(blob.path), link)
+                if spec.kind == KIND_PYFILE:
+                    entry = str(cwd) if spec.name.endswith(".py") else str(link)
+                    if entry not in paths:
+                        paths.append(entry)
+    finally:
+        # The application's references stay: they name this process, whose id the worker
+        # exec'd next keeps. Closing removes this instance's scratch space, which every cache
+        # opened on the node would otherwise find (and check) until the worker ends, and the
+        # client, if a download made one.
+        cache.close()
     if paths:
         old = env.get("PYTHONPATH", "")
         env["PYTHONPATH"] = os.pathsep.join([*paths, *([old] if old else [])])
-    # No close: the references taken must outlive this process image, in the worker.
 
 
 def main() -> None:
