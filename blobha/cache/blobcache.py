@@ -380,7 +380,7 @@ class BlobCache:
             layout.ensure_key_dir(key, kd)
             if check is not None:
                 self._checks.write(kd, check)
-            scan = layout.scan_key(kd)
+            scan = layout.scan_key(kd, key)
             version = install.choose(scan, meta)
             downloaded = version is None
             if version is None:

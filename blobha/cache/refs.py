@@ -221,7 +221,7 @@ class References:
             except (OSError, ValueError, TypeError, KeyError):
                 stale.append(path)  # unreadable: written by no version of this code
                 continue
-            if ref.process.alive():
+            if ref.process == self._me or ref.process.alive():  # ours: alive, no /proc read
                 live.setdefault(ref.version, []).append(ref)
             else:
                 stale.append(path)
