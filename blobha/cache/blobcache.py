@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import logging
+import contextlib
 import os
-import secrets
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -15,7 +14,7 @@ from typing import TYPE_CHECKING
 from blobha.cache import install
 from blobha.cache.checks import Checks, Known, Remote
 from blobha.cache.evict import DISK_FULL, Janitor
-from blobha.cache.layout import Layout, Version, rmtree, touch, unlink
+from blobha.cache.layout import Layout, Version, random_hex, rmtree, touch, unlink
 from blobha.cache.refs import Process, References, RefSpec, sweep_temps
 from blobha.cache.stats import CacheStats, CleanupReport, Counters
 from blobha.cache.values import CachedBlob, CacheEntry
@@ -27,6 +26,7 @@ from blobha.core.errors import (
     ResourceExhausted,
 )
 from blobha.core.keys import key_dirname, validate_key
+from blobha.core.lazy import LazyLogger
 
 if TYPE_CHECKING:
     # Imported when a cache first talks to the cluster: a process served from a warm cache
@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 
 __all__ = ["DEFAULT_CLEANUP_INTERVAL_SECS", "BlobCache", "default_cache_dir"]
 
-log = logging.getLogger("blobha.cache")
+log = LazyLogger("blobha.cache")
 
 GiB = 1024**3
 #: The longest time between two cleanup passes started from :meth:`BlobCache.get`.
@@ -134,7 +134,7 @@ class BlobCache:
         try:
             root = Path(cache_dir).expanduser().absolute()
             self._me = Process.me()
-            instance = f"{self._me.tag}-{secrets.token_hex(4)}"
+            instance = f"{self._me.tag}-{random_hex(4)}"
             self._layout = Layout(root, instance)
             self._layout.open()
             sweep_temps(self._layout.tmp_root)
@@ -272,6 +272,13 @@ class BlobCache:
             f" disk under {self._layout.root}"
         )
 
+    def batched_counters(self) -> contextlib.AbstractContextManager[None]:
+        """Gets made meanwhile update the node's counters (see :meth:`stats`) once, at the
+        end, not once each: for a process that makes a few gets and ends, such as the Spark
+        worker hook. Counts made meanwhile are lost if the process dies first (the counters
+        are best effort anyway)."""
+        return self._counters.batched()
+
     def release(self, owner: str) -> int:
         """Drop every reference ``owner`` holds (from any process); how many there were."""
         return self._refs.release(owner)
@@ -373,7 +380,8 @@ class BlobCache:
             layout.ensure_key_dir(key, kd)
             if check is not None:
                 self._checks.write(kd, check)
-            version = install.choose(layout.scan_key(kd), meta)
+            scan = layout.scan_key(kd, key)
+            version = install.choose(scan, meta)
             downloaded = version is None
             if version is None:
                 version = self._download(key, kd, meta)
@@ -382,7 +390,9 @@ class BlobCache:
             touch(version.dir / "used", now)
             unlink(version.dir / "staged")
             unlink(layout.blobs / kd / "deleted")
-            self._janitor.tidy(kd, keep=version.version)
+            # A hit passes the scan it chose from (nothing was installed or removed since); a
+            # download changed the directory, which tidy reads again.
+            self._janitor.tidy(kd, keep=version.version, scan=None if downloaded else scan)
         return version, downloaded
 
     def _download(self, key: str, kd: str, meta: Remote) -> Version:

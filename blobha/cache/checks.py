@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import logging
 import os
 import threading
 from collections.abc import Callable, Iterator
@@ -15,6 +14,7 @@ from blobha.cache.layout import Layout, unlink
 from blobha.cache.stats import Counters
 from blobha.core.errors import NO_ANSWER, KeyNotFound, NotAuthorized
 from blobha.core.keys import key_dirname
+from blobha.core.lazy import LazyLogger
 from blobha.core.locks import lock_file
 
 if TYPE_CHECKING:
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Checks", "Known", "Remote", "readable_meta"]
 
-log = logging.getLogger("blobha.cache")
+log = LazyLogger("blobha.cache")
 
 #: In a key's directory: ``<this>/<user>`` is held by the process asking the cluster about the
 #: key for that user (a directory of its own: no user's lock name can be another's record).

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import logging
 import os
 import threading
 from collections.abc import Callable
@@ -15,6 +14,7 @@ from blobha.cache.layout import KeyScan, Layout, Version, unlink
 from blobha.cache.refs import Ref, References, sweep_temps
 from blobha.cache.stats import CleanupReport, Counters
 from blobha.core.errors import NO_ANSWER, KeyNotFound, NotAuthorized
+from blobha.core.lazy import LazyLogger
 from blobha.core.locks import lock_file
 
 if TYPE_CHECKING:
@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
 __all__ = ["DISK_FULL", "Janitor", "Tidied"]
 
-log = logging.getLogger("blobha.cache")
+log = LazyLogger("blobha.cache")
 
 #: ``flock`` held by the process making a cleanup pass; its mtime is when the last one began.
 _CLEANUP_LOCK = "cleanup.lock"
@@ -69,11 +69,14 @@ class Janitor:
         self._probed: dict[str, float] = {}
         self._last_cleanup: float | None = None
 
-    def tidy(self, kd: str, keep: int | None) -> Tidied:
+    def tidy(self, kd: str, keep: int | None, scan: KeyScan | None = None) -> Tidied:
         """With the key's lock held: remove stale references, damaged version directories and
-        every version but ``keep`` (None: the current one) that no live process references."""
+        every version but ``keep`` (None: the current one) that no live process references.
+        ``scan``: the key's directory as read under this hold of its lock, if the caller has
+        it (versions installed or removed since would be missing from it)."""
         layout = self._layout
-        scan = layout.scan_key(kd)
+        if scan is None:
+            scan = layout.scan_key(kd)
         live, stale = self._refs.read(kd)
         stale_count = sum(unlink(path) for path in stale)
         for junk in scan.junk:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -53,6 +52,8 @@ def download(
 ) -> tuple[Path, str, BlobInfo]:
     """With the key's lock held: download ``key``'s current version and install it as
     ``blobs/<kd>/v<N>``; that directory, the blob's file name and what the client fetched."""
+    import tempfile  # here: a worker start served from the cache never downloads
+
     stage = Path(tempfile.mkdtemp(prefix="d-", dir=layout.scratch()))
     try:
         name = file_name(key)
@@ -103,6 +104,8 @@ def unpack_version(layout: Layout, key: str, kd: str, version: Version) -> Path 
         if target.is_dir():
             return target
         # Here, not at the top: most processes never unpack anything (see blobha.cache.unpack).
+        import tempfile
+
         from blobha.cache.unpack import unpack
 
         stage = Path(tempfile.mkdtemp(prefix="x-", dir=layout.scratch()))

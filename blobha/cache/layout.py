@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import re
-import secrets
-import shutil
 import stat
-import tempfile
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,6 +24,7 @@ __all__ = [
     "Version",
     "file_name",
     "fsync_dir",
+    "random_hex",
     "rmtree",
     "touch",
     "unlink",
@@ -43,8 +42,26 @@ _MAX_NAME_BYTES = 200
 # --------------------------------------------------------------------------------------------
 
 
+# Every Python worker of a Spark job opens the cache, so what a cache hit runs keeps to light
+# modules: no secrets (hashlib, hmac, random), tempfile or shutil (bz2, lzma).
+
+
+def random_hex(nbytes: int) -> str:
+    """Random hex for a unique name (what secrets.token_hex gives)."""
+    return os.urandom(nbytes).hex()
+
+
 def rmtree(path: Path) -> None:
     """Remove a tree, read-only directories (unpacked archives) included."""
+    try:
+        os.rmdir(path)  # the usual case: an instance's scratch space, empty
+        return
+    except FileNotFoundError:
+        return
+    except OSError:
+        pass
+    import shutil
+
     for sub, _dirs, _files in os.walk(path):
         with contextlib.suppress(OSError):
             os.chmod(sub, 0o755)
@@ -76,6 +93,19 @@ def unlink(path: Path) -> bool:
     except FileNotFoundError:
         return False
     return True
+
+
+def _new_file(folder: Path, prefix: str) -> tuple[int, Path]:
+    """A file made for us alone in ``folder``, open for writing: tempfile.mkstemp's exclusive
+    creation (mode 0600)."""
+    flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    for _ in range(100):
+        path = folder / f"{prefix}{random_hex(6)}"
+        try:
+            return os.open(path, flags, 0o600), path
+        except FileExistsError:
+            continue
+    raise FileExistsError(errno.EEXIST, "no unused file name", str(folder))
 
 
 def _tree_size(root: Path) -> int:
@@ -202,7 +232,7 @@ class Layout:
                     f"{self.root} is not empty and is not a blobha cache (no LAYOUT file);"
                     " give a new or empty directory"
                 ) from None
-            tmp = self.root / f".LAYOUT.{os.getpid()}.{secrets.token_hex(4)}"
+            tmp = self.root / f".LAYOUT.{os.getpid()}.{random_hex(4)}"
             tmp.write_text(LAYOUT + "\n")
             os.replace(tmp, layout)
         if found and found != LAYOUT:
@@ -220,19 +250,19 @@ class Layout:
 
     def write_atomic(self, path: Path, data: bytes) -> None:
         # Written in our scratch directory, which a crash leaves to the sweeper.
-        fd, tmp = tempfile.mkstemp(prefix="w-", dir=self.scratch())
+        fd, tmp = _new_file(self.scratch(), "w-")
         try:
             with os.fdopen(fd, "wb") as f:
                 f.write(data)
             os.chmod(tmp, 0o644)
             os.replace(tmp, path)
         except BaseException:
-            unlink(Path(tmp))
+            unlink(tmp)
             raise
 
     def discard(self, path: Path) -> None:
         """Take a directory out of view at once (one rename), then delete it."""
-        trash = self.scratch() / f"trash-{secrets.token_hex(6)}"
+        trash = self.scratch() / f"trash-{random_hex(6)}"
         try:
             os.rename(path, trash)
         except FileNotFoundError:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import logging
 import os
 import re
 import threading
@@ -14,11 +13,12 @@ from typing import NamedTuple
 from blobha.cache.layout import Layout, rmtree, unlink
 from blobha.core.errors import InvalidArgument
 from blobha.core.keys import key_dirname
+from blobha.core.lazy import LazyLogger
 from blobha.core.locks import boot_id
 
 __all__ = ["Process", "Ref", "RefSpec", "References", "sweep_temps", "tag_alive"]
 
-log = logging.getLogger("blobha.cache")
+log = LazyLogger("blobha.cache")
 
 # Pids and start times restart at every boot; the boot id tells a reference written before a
 # reboot (always stale) from one written since.
@@ -221,7 +221,7 @@ class References:
             except (OSError, ValueError, TypeError, KeyError):
                 stale.append(path)  # unreadable: written by no version of this code
                 continue
-            if ref.process.alive():
+            if ref.process == self._me or ref.process.alive():  # ours: alive, no /proc read
                 live.setdefault(ref.version, []).append(ref)
             else:
                 stale.append(path)

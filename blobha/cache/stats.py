@@ -4,17 +4,18 @@ from __future__ import annotations
 
 import contextlib
 import json
-import logging
 import os
 import threading
+from collections.abc import Iterator
 from typing import NamedTuple
 
 from blobha.cache.layout import Layout
+from blobha.core.lazy import LazyLogger
 from blobha.core.locks import lock_file
 
 __all__ = ["CacheStats", "CleanupReport", "Counters"]
 
-log = logging.getLogger("blobha.cache")
+log = LazyLogger("blobha.cache")
 
 _STAT_FIELDS = (
     "downloads",
@@ -80,6 +81,8 @@ class Counters:
     def __init__(self, layout: Layout) -> None:
         self._layout = layout
         self._lock = threading.Lock()
+        #: Deltas held back while batched (see batched), else None.
+        self._held: dict[str, int] | None = None
 
     def read(self) -> dict[str, int]:
         counters = dict.fromkeys(_STAT_FIELDS, 0)
@@ -99,17 +102,45 @@ class Counters:
     def bump(self, **deltas: int) -> None:
         """Add to the counters on disk; a read-modify-write under a lock every process takes.
         Best effort: counters lost on a full disk must not fail a read or a cleanup."""
-        root = self._layout.root
         with self._lock:
+            if self._held is not None:
+                for name, delta in deltas.items():
+                    self._held[name] = self._held.get(name, 0) + delta
+                return
+            self._add(deltas)
+
+    @contextlib.contextmanager
+    def batched(self) -> Iterator[None]:
+        """Bumps made meanwhile (by any thread) reach the disk together, at the end.
+
+        For a process that makes a few gets and ends (the Spark worker hook): each write
+        replaces ``stats.json``, a rename over a file that some file systems (ext4) make
+        flush the new file's data first, and one is enough."""
+        with self._lock:
+            if self._held is not None:
+                outer = False  # nested: the outer batch writes
+            else:
+                self._held, outer = {}, True
+        try:
+            yield
+        finally:
+            if outer:
+                with self._lock:
+                    held, self._held = self._held, None
+                    if held:
+                        self._add(held)
+
+    def _add(self, deltas: dict[str, int]) -> None:
+        root = self._layout.root
+        try:
+            fd = lock_file(root / "stats.lock", blocking=True)
+            assert fd is not None
             try:
-                fd = lock_file(root / "stats.lock", blocking=True)
-                assert fd is not None
-                try:
-                    counters = self.read()
-                    for name, delta in deltas.items():
-                        counters[name] += delta
-                    self._layout.write_atomic(root / "stats.json", json.dumps(counters).encode())
-                finally:
-                    os.close(fd)
-            except OSError as e:
-                log.debug("cache counters under %s not updated: %s", root, e)
+                counters = self.read()
+                for name, delta in deltas.items():
+                    counters[name] += delta
+                self._layout.write_atomic(root / "stats.json", json.dumps(counters).encode())
+            finally:
+                os.close(fd)
+        except OSError as e:
+            log.debug("cache counters under %s not updated: %s", root, e)

@@ -4,19 +4,18 @@ from __future__ import annotations
 
 import contextlib
 import json
-import logging
 import os
 import threading
 from pathlib import Path
 
 from blobha.cache.layout import Layout, Version
 from blobha.cache.stats import Counters
-from blobha.core.digest import CHUNK_SIZE, digest_stream
+from blobha.core.lazy import LazyLogger
 from blobha.core.locks import boot_id
 
 __all__ = ["Verifier"]
 
-log = logging.getLogger("blobha.cache")
+log = LazyLogger("blobha.cache")
 
 # Records are trusted only within the boot that wrote them (see below).
 _BOOT_ID = boot_id()
@@ -72,6 +71,9 @@ def _verified_on_node(file: Path, record: Path, digest: str, size: int) -> bool:
 
 def _hash_file(path: Path) -> tuple[str, int, os.stat_result]:
     """(xxh3-128 digest, size, status when opened) of a file."""
+    # Here: a worker start finds its files verified already (xxhash loads with the digests).
+    from blobha.core.digest import CHUNK_SIZE, digest_stream
+
     with open(path, "rb") as f:
         st = os.fstat(f.fileno())
         digest, size = digest_stream(f, CHUNK_SIZE)

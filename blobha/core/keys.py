@@ -15,8 +15,6 @@ from __future__ import annotations
 import re
 import urllib.parse
 
-import xxhash
-
 from blobha.core.errors import InvalidArgument
 
 MAX_KEY_BYTES = 512
@@ -91,6 +89,8 @@ def key_dirname(key: str) -> str:
     elif name.startswith("h-"):
         name = "%68" + name[1:]
     if len(name) > _MAX_DIRNAME:
+        import xxhash  # here: most keys are short, and the node cache's users need no hash
+
         name = "h-" + xxhash.xxh3_128_hexdigest(key.encode("utf-8"))
     return name
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import logging
 import os
 import re
 import sys
@@ -15,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from blobha.cache import BlobCache, CachedBlob
 from blobha.core.errors import NO_ANSWER, BlobError
+from blobha.core.lazy import LazyLogger
 from blobha.spark.conf import ENV_CA_PEM, ENV_CONF, ENV_JOB_TOKEN, LOCAL_PROPERTY, conf_of
 from blobha.spark.settings import NotConfigured, SparkBlobSettings
 
@@ -35,7 +35,7 @@ __all__ = [
     "open_cache",
 ]
 
-log = logging.getLogger("blobha.spark")
+log = LazyLogger("blobha.spark")
 
 _driver_lock = threading.Lock()
 #: What prepare() decided in this (driver) process, keyed by application id.

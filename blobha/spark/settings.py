@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import logging
 import os
 from collections.abc import Mapping
 from typing import Any, NamedTuple
@@ -11,6 +10,7 @@ from typing import Any, NamedTuple
 from blobha.cache import default_cache_dir as _cache_default_dir
 from blobha.core.addresses import parse_cluster
 from blobha.core.errors import InvalidArgument
+from blobha.core.lazy import LazyLogger
 from blobha.spark.blobmap import BlobSpec, blob_map_json, parse_blob_map
 from blobha.spark.codemap import CodeSpec, code_map_json, parse_code_map
 from blobha.spark.conf import (
@@ -46,7 +46,7 @@ from blobha.spark.conf import (
 
 __all__ = ["BlobNotMapped", "NotConfigured", "SparkBlobSettings", "default_cache_dir"]
 
-log = logging.getLogger("blobha.spark")
+log = LazyLogger("blobha.spark")
 
 
 class NotConfigured(InvalidArgument):

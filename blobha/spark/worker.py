@@ -18,7 +18,6 @@ when something must be downloaded.
 from __future__ import annotations
 
 import os
-import shutil
 import sys
 from collections.abc import MutableMapping
 from pathlib import Path
@@ -39,6 +38,8 @@ def real_python(env: MutableMapping[str, str]) -> str:
         return sys.executable
     if "/" in chosen:
         return chosen  # ./env/bin/python: relative to the working directory, as Spark runs it
+    import shutil  # only for a bare name: a module most worker starts need not load
+
     return shutil.which(chosen, path=env.get("PATH", os.defpath)) or chosen
 
 
@@ -66,18 +67,26 @@ def lay_out(env: MutableMapping[str, str], cwd: Path) -> None:
     cache = executor.open_cache(settings)
     owner = executor.application_id(settings)
     paths: list[str] = []
-    for spec in settings.code:
-        blob = cache.get(spec.key, uncompress=spec.kind == KIND_ARCHIVE, owner=owner)
-        link = cwd / spec.name
-        _link(str(blob.path), link)
-        if spec.kind == KIND_PYFILE:
-            entry = str(cwd) if spec.name.endswith(".py") else str(link)
-            if entry not in paths:
-                paths.append(entry)
+    try:
+        # One write of the node's counters for the few gets below: this process ends here.
+        with cache.batched_counters():
+            for spec in settings.code:
+                blob = cache.get(spec.key, uncompress=spec.kind == KIND_ARCHIVE, owner=owner)
+                link = cwd / spec.name
+                _link(str(blob.path), link)
+                if spec.kind == KIND_PYFILE:
+                    entry = str(cwd) if spec.name.endswith(".py") else str(link)
+                    if entry not in paths:
+                        paths.append(entry)
+    finally:
+        # The application's references stay: they name this process, whose id the worker
+        # exec'd next keeps. Closing removes this instance's scratch space, which every cache
+        # opened on the node would otherwise find (and check) until the worker ends, and the
+        # client, if a download made one.
+        cache.close()
     if paths:
         old = env.get("PYTHONPATH", "")
         env["PYTHONPATH"] = os.pathsep.join([*paths, *([old] if old else [])])
-    # No close: the references taken must outlive this process image, in the worker.
 
 
 def main() -> None:

@@ -96,7 +96,11 @@ def _logger_names() -> set[str]:
     for folder in ("blobha", "leader", "sync"):
         for path in (ROOT / folder).rglob("*.py"):
             for node in ast.walk(ast.parse(path.read_text())):
-                if (isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "getLogger"
+                # logging.getLogger("blobha..."), or a LazyLogger of that name
+                # (blobha.core.lazy).
+                if (isinstance(node, ast.Call)
+                        and (getattr(node.func, "attr", "") == "getLogger"
+                             or getattr(node.func, "id", "") == "LazyLogger")
                         and node.args and isinstance(node.args[0], ast.Constant)
                         and str(node.args[0].value).startswith("blobha")):
                     names.add(str(node.args[0].value))

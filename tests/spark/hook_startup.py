@@ -40,13 +40,29 @@ def _files(root: Path) -> list[CodeFile]:
             CodeFile(str(root / "data.tgz"), "archive", "data")]
 
 
-def _median_ms(command: list[str], env: dict[str, str], cwd: Path) -> float:
-    times = []
+def _medians_ms(commands: list[list[str]], env: dict[str, str], cwd: Path) -> list[float]:
+    # Taken in turn, so that a change in the machine's load weighs on each command alike.
+    times: list[list[float]] = [[] for _ in commands]
     for _ in range(RUNS):
-        started = time.perf_counter()
-        subprocess.run(command, env=env, cwd=cwd, check=True)
-        times.append(time.perf_counter() - started)
-    return statistics.median(times) * 1000
+        for command, taken in zip(commands, times, strict=True):
+            started = time.perf_counter()
+            subprocess.run(command, env=env, cwd=cwd, check=True)
+            taken.append(time.perf_counter() - started)
+    return [statistics.median(taken) * 1000 for taken in times]
+
+
+def _bytecode_note() -> str:
+    # Without bytecode (PYTHONDONTWRITEBYTECODE=1 over an editable install, say) every start
+    # compiles blobha's modules, which an installed wheel does not.
+    import importlib.util
+
+    import blobha.spark.worker as hook
+
+    source = Path(hook.__file__)
+    cached = Path(importlib.util.cache_from_source(str(source)))
+    if cached.exists() and cached.stat().st_mtime >= source.stat().st_mtime:
+        return "blobha's modules have bytecode"
+    return "blobha's modules have no bytecode: every start compiles them"
 
 
 def main() -> None:
@@ -63,11 +79,12 @@ def main() -> None:
         work = root / "work"
         work.mkdir()
         subprocess.run([hook, "-c", "pass"], env=env, cwd=work, check=True)  # cold: fetches
-        plain = _median_ms([sys.executable, "-c", "pass"], env, work)
-        hooked = _median_ms([hook, "-c", "pass"], env, work)
+        plain, hooked = _medians_ms([[sys.executable, "-c", "pass"], [hook, "-c", "pass"]],
+                                    env, work)
     print(f"python -c pass:        median {plain:.1f} ms")
     print(f"blobha-python -c pass: median {hooked:.1f} ms (warm, 3 code blobs)")
     print(f"added:                 {hooked - plain:.1f} ms; load average {os.getloadavg()[0]:.1f}")
+    print(f"({_bytecode_note()})")
 
 
 if __name__ == "__main__":

@@ -287,6 +287,33 @@ def test_get_downloads_once_then_serves_the_cached_copy(fake: FakeCluster, make:
     assert cache.version("other") is None
 
 
+def test_batched_gets_write_the_counters_once(fake: FakeCluster, make: Any, cache_dir: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    fake.put("a", b"1")
+    fake.put("b", b"2")
+    cache = make()
+    cache.get("a")
+    written: list[Path] = []
+    write_atomic = cache._layout.write_atomic
+
+    def recording(path: Path, data: bytes) -> None:
+        written.append(path)
+        write_atomic(path, data)
+
+    monkeypatch.setattr(cache._layout, "write_atomic", recording)
+    with cache.batched_counters():
+        with cache.batched_counters():  # nested: the outer one writes
+            cache.get("a")
+            cache.get("b")
+        cache.get("a")
+        assert cache.stats().hits == 0, "held until the batch ends"
+    assert written.count(cache_dir / "stats.json") == 1
+    stats = cache.stats()
+    assert (stats.downloads, stats.hits) == (2, 2)
+    cache.get("a")  # after the batch: written at once again
+    assert cache.stats().hits == 3 and written.count(cache_dir / "stats.json") == 2
+
+
 def test_threads_asking_at_once_share_one_download(fake: FakeCluster, make: Any) -> None:
     fake.put("big", os.urandom(100_000))
     fake.gate = threading.Event()

@@ -71,3 +71,35 @@ def test_text_lines_show_the_request_id(captured: io.StringIO) -> None:
 def test_kazoo_reconnect_noise_is_quietened(captured: io.StringIO) -> None:
     _configure("text", captured)
     assert logging.getLogger("kazoo.client").level == logging.ERROR
+
+
+def test_a_lazy_logger_loads_logging_at_its_first_message(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    import subprocess
+    import sys
+
+    from blobha.core.lazy import LazyLogger
+
+    code = ("import sys; from blobha.core.lazy import LazyLogger; LazyLogger('blobha.cache'); "
+            "print('logging' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, cwd="/")
+    assert out.stdout.split() == ["False"]
+
+    log = LazyLogger("blobha.cache")
+    assert log.logger is logging.getLogger("blobha.cache")
+
+    def caller() -> None:
+        log.info("kept %d", 3)
+        try:
+            raise ValueError("boom")
+        except ValueError:
+            log.exception("failed")
+
+    with caplog.at_level(logging.INFO, logger="blobha.cache"):
+        caller()
+    first, second = caplog.records
+    assert (first.name, first.getMessage(), first.funcName) == ("blobha.cache", "kept 3", "caller")
+    assert first.pathname == __file__, "the record names the caller, not the wrapper"
+    assert second.funcName == "caller" and second.exc_info is not None

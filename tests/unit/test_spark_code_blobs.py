@@ -216,6 +216,14 @@ class _FakeCache:
             path.write_text(key)
         return type("B", (), {"path": path})()
 
+    def batched_counters(self) -> Any:
+        import contextlib
+
+        return contextlib.nullcontext()
+
+    def close(self) -> None:
+        pass
+
 
 def test_the_hook_links_the_code_into_the_working_directory(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -293,3 +301,93 @@ def test_an_unsafe_archive_is_refused_before_it_is_uploaded(tmp_path: Path) -> N
     with pytest.raises(InvalidArgument, match=f"^{evil}: "):
         upload_code(client, "bob", [CodeFile(str(evil), "archive", "env")])  # type: ignore[arg-type]
     assert client.created == []
+
+
+class _OneUserCluster:
+    """A client for the cache that serves fixed blobs to one user (enough to warm a cache)."""
+
+    user = "alice"
+
+    def __init__(self, blobs: dict[str, bytes]) -> None:
+        self.blobs = blobs
+
+    def get_meta(self, key: str) -> Any:
+        from blobha.client import BlobMeta
+        from blobha.core.digest import digest_bytes
+
+        data = self.blobs[key]
+        return BlobMeta(key, 1, len(data), digest_bytes(data), (), 1, 1, 1000.0, 1000.0,
+                        self.user, 1)
+
+    def download(self, key: str, dest: str | os.PathLike[str], version: int = 0,
+                 **_: Any) -> Any:
+        from blobha.client import BlobInfo
+        from blobha.core.digest import digest_bytes
+
+        data = self.blobs[key]
+        Path(dest).write_bytes(data)
+        return BlobInfo(1, len(data), digest_bytes(data))
+
+    def close(self) -> None:
+        pass
+
+
+#: What a worker start served from a warm node cache has no use for: the client and its
+#: libraries, the driver's side of blobha.spark, the unpacker, and standard modules the warm
+#: path avoids (each costs every Python worker's start milliseconds).
+_NOT_ON_THE_WARM_PATH = (
+    "grpc", "google.protobuf", "cryptography", "blobha.client", "blobha.wire", "blobha.v1",
+    "blobha.spark.driver", "blobha.spark.submit",
+    "blobha.cache.unpack", "tarfile", "zipfile", "logging", "tempfile", "shutil", "secrets",
+    "hashlib", "xxhash",
+)
+
+
+def test_the_hooks_warm_start_loads_only_what_it_uses(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from blobha.cache import BlobCache
+
+    blobs = {"k-lib.zip": _zip_bytes(), "k-f.txt": b"x", "k-env.tgz": _tgz_bytes()}
+    specs = (CodeSpec("k-lib.zip", "pyfile", "lib.zip"), CodeSpec("k-f.txt", "file", "f.txt"),
+             CodeSpec("k-env.tgz", "archive", "env"))
+    cache_dir = tmp_path / "cache"
+    with BlobCache(cache_dir, client=_OneUserCluster(blobs),  # type: ignore[arg-type]
+                   update_interval_secs=3600) as cache:
+        for spec in specs:  # a worker of an earlier application fetched them
+            cache.get(spec.key, uncompress=spec.kind == "archive", owner="app-0")
+    settings = SparkBlobSettings(cluster="127.0.0.1:1", user="alice", code=specs,
+                                 cache_dir=str(cache_dir), app_id="app-1",
+                                 update_interval_secs=3600)
+    cwd = tmp_path / "work"
+    cwd.mkdir()
+    code = ("import os, sys; from pathlib import Path; from blobha.spark import worker; "
+            "worker.lay_out(os.environ, Path.cwd()); print(' '.join(sorted(sys.modules)))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, cwd=cwd, env={**os.environ, ENV_CONF: settings.to_json()})
+    assert sorted(os.listdir(cwd)) == ["env", "f.txt", "lib.zip"]
+    loaded = [m for m in out.stdout.split() if m.startswith(_NOT_ON_THE_WARM_PATH)]
+    assert not loaded, f"a warm worker start loads {loaded}"
+    # The hook closed its cache: its scratch space is gone, its application's references
+    # (for the worker it becomes) are not.
+    assert os.listdir(cache_dir / "tmp") == []
+    for spec in specs:
+        refs = os.listdir(cache_dir / "blobs" / spec.key / "refs")
+        assert [r for r in refs if r.startswith("o=app-1@")], spec.key
+
+
+def _zip_bytes() -> bytes:
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as z:
+        z.writestr("m.py", "X = 1\n")
+    return buf.getvalue()
+
+
+def _tgz_bytes() -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as t:
+        info = tarfile.TarInfo("a/b.txt")
+        info.size = 1
+        t.addfile(info, io.BytesIO(b"x"))
+    return buf.getvalue()
