@@ -63,6 +63,7 @@ _BALLAST_FILE = 256 * 1024
 # with which interpreter.
 _JOB = '''
 import json, os, sys, time
+started = time.time()
 from pyspark.sql import SparkSession
 
 executors, with_env = int(sys.argv[2]), sys.argv[3] == "env"
@@ -82,8 +83,10 @@ while len(sc.statusTracker().getExecutorInfos()) <= executors:  # the driver is 
     if time.monotonic() > deadline:
         raise SystemExit(f"{executors} executors did not register")
     time.sleep(0.05)
+registered = time.time()
 rows = sc.parallelize(range(executors), executors).barrier().mapPartitions(first).collect()
-json.dump({"app": sc.applicationId, "rows": rows}, open(sys.argv[1], "w"))
+json.dump({"app": sc.applicationId, "rows": rows, "driver": started, "registered": registered},
+          open(sys.argv[1], "w"))
 spark.stop()
 '''
 
@@ -138,7 +141,9 @@ def _spark_args(spark: StandaloneSpark, archive: Path | None) -> list[str]:
 
 def _run_app(command: list[str], env: dict[str, str], work: Path, job: Path,
              spark: StandaloneSpark, mark: str | None) -> float:
-    """Run one application; seconds from its start until both executors had run a task."""
+    """Run one application; seconds from its start until both executors had run a task. The
+    log splits that: until the driver's script ran, until both executors registered, until
+    their first tasks ran."""
     work.mkdir(parents=True)
     out = work / "out.json"
     started = time.time()
@@ -161,7 +166,11 @@ def _run_app(command: list[str], env: dict[str, str], work: Path, job: Path,
         raise RuntimeError(f"the executors did not run the environment's interpreter: {rows}")
     for node in range(spark.workers):  # Spark's per-application copies: hundreds of MiB each
         shutil.rmtree(spark.work_dir(node) / result["app"], ignore_errors=True)
-    return max(float(r["ran"]) for r in rows) - started
+    ran = max(float(r["ran"]) for r in rows)
+    log.info("%s: driver script at %.2f s, executors registered at %.2f s, tasks ran at %.2f s",
+             work.name, result["driver"] - started, result["registered"] - started,
+             ran - started)
+    return ran - started
 
 
 def run_env_start_bench(

@@ -291,10 +291,8 @@ def test_a_packed_environment_is_the_executors_python_on_both_nodes(
         # The interpreter of the archive, unpacked once in the node's own cache.
         assert row["executable"].endswith("/env/bin/python"), row
         assert row["prefix"] == row["env"] and row["env"].startswith(row["home"] + "/"), row
-    # The archive once per node, and the side file where the node's cache lacked it (this
-    # test alone: nothing cached yet).
-    want = [1 + (b == 0) for b in before]
-    assert [a - b for a, b in zip(spark.node_downloads(), before, strict=True)] == want
+    # The archive once per node; the job reads no side file, so nothing else comes.
+    assert [a - b for a, b in zip(spark.node_downloads(), before, strict=True)] == [1, 1]
 
 
 def test_bad_job_files_fail_before_launch_with_one_line_naming_the_file(
