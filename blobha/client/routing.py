@@ -249,7 +249,8 @@ class Router:
             leader = self.discover_leader(deadline)
             try:
                 response = self.transport.unary(leader, method, request, deadline.remaining(),
-                                                 stall=self.stall_timeout)
+                                                 stall=self.stall_timeout,
+                                                 rivals=self.known_addresses())
             except NotLeader as exc:
                 self.redirect(leader, exc.leader)
                 raise
@@ -273,15 +274,20 @@ class Router:
 
         return self.retry(what, deadline, attempt)
 
-    def control_call(self, address: str, method: str, request: Any, deadline: Deadline
-                     ) -> Any:
+    def control_call(self, address: str, method: str, request: Any, deadline: Deadline,
+                     to_leader: bool = False) -> Any:
         """A cheap call, given at most :data:`_CONTROL_TIMEOUT` of ``deadline``: a master that
         neither answers nor refuses in that time (paused, cut off) raises :class:`Unavailable`,
         so the caller moves on to another master; only the deadline's own end raises
-        :class:`DeadlineExceeded`."""
+        :class:`DeadlineExceeded`. ``to_leader``: a silent leader is left sooner, once another
+        master leads."""
         remaining = deadline.remaining()
         limit = min(remaining, _CONTROL_TIMEOUT)
         try:
+            if to_leader:
+                return self.transport.unary(address, method, request, limit,
+                                            stall=self.stall_timeout,
+                                            rivals=self.known_addresses())
             return self.transport.unary(address, method, request, limit)
         except DeadlineExceeded:
             # Whether the deadline's end was the limit, as it stood when the call began:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 import queue
 import threading
+import time
 from collections.abc import Generator, Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
@@ -27,6 +28,9 @@ from blobha.v1 import blobha_pb2 as pb
 from blobha.wire import chunks as chunkwire
 from blobha.wire.credentials import Credentials
 from blobha.wire.stallwatch import CallWatch, Pending, Stalled, StallWatch
+
+#: While a leader a call waits for is silent, how often its rivals are asked who leads.
+_RIVAL_POLL_SECS = 0.5
 
 #: Bounded on both ends so one message can never exhaust memory; a chunk is at most 1 MiB.
 MAX_MESSAGE_BYTES = 8 * MiB
@@ -53,17 +57,19 @@ class Transport(Protocol):
     """How the client reaches one master. Implementations raise only :class:`BlobError`."""
 
     def unary(self, address: str, method: str, request: Any, timeout: float | None,
-              stall: float | None = None) -> Any:
+              stall: float | None = None, rivals: Sequence[str] = ()) -> Any:
         """The call's answer; ``stall``: after this many seconds without one, the master is
         asked whether it is there at all, and a master that does not answer that either
-        fails the call with :class:`Unavailable` (the call itself may still have run)."""
+        fails the call with :class:`Unavailable` (the call itself may still have run).
+        ``rivals``: for a call to the leader, the other masters: once the call has waited
+        about a second, a silent leader is left as soon as one of them leads instead."""
         ...
 
     def client_stream(
         self, address: str, method: str, requests: Iterator[Any], timeout: float | None,
-        stall: float | None = None,
+        stall: float | None = None, rivals: Sequence[str] = (),
     ) -> Any:
-        """The call's answer; ``stall`` as for :meth:`unary`."""
+        """The call's answer; ``stall`` and ``rivals`` as for :meth:`unary`."""
         ...
 
     def server_stream(
@@ -203,17 +209,20 @@ class GrpcTransport:
             return stub
 
     def unary(self, address: str, method: str, request: Any, timeout: float | None,
-              stall: float | None = None) -> Any:
-        return self._call(address, method, request, timeout, stall)
+              stall: float | None = None, rivals: Sequence[str] = ()) -> Any:
+        return self._call(address, method, request, timeout, stall, rivals)
 
     def _call(self, address: str, method: str, request: Any, timeout: float | None,
-              stall: float | None) -> Any:
+              stall: float | None, rivals: Sequence[str] = ()) -> Any:
         # With a stall limit shorter than the timeout: half the limit waiting for the answer,
         # half for the status check, so a paused master is left after about ``stall`` seconds
-        # (see CallWatch).
+        # (see CallWatch), or as soon as a rival leads.
         pending: Pending | None = None
-        if stall is not None and (timeout is None or timeout > stall):
-            pending = self._calls.begin(address, stall / 2)
+        others = tuple(r for r in rivals if r != address)
+        # A call that its own timeout ends before the stall limit is watched only for a rival
+        # taking over (a cheap call to the leader).
+        if stall is not None and (timeout is None or timeout > stall or others):
+            pending = self._calls.begin(address, stall / 2, others)
         stub: Any = None
         try:
             stub = self._stub(address)
@@ -223,8 +232,8 @@ class GrpcTransport:
             if pending is not None and (pending.fired or self._was_cut(address, stub)):
                 raise Unavailable(
                     f"master {address} stopped answering: {method} got no answer for"
-                    f" {stall:g} s and neither did a status check (paused or cut off); trying"
-                    " another master"
+                    f" {stall:g} s, or until another master led, and neither did a status check"
+                    " (paused or cut off); trying another master"
                 ) from None
             if isinstance(exc, grpc.RpcError):
                 raise error_from_rpc(address, exc, self._credentials.tls) from None
@@ -249,23 +258,59 @@ class GrpcTransport:
         if channel is not None:
             channel.close()
 
-    def _answers(self, address: str, limit: float) -> bool:
-        """Whether ``address`` answers a status check within ``limit`` seconds."""
+    def _answers(self, address: str, limit: float, rivals: tuple[str, ...] = ()) -> bool:
+        """Whether ``address`` answers a status check within ``limit`` seconds; while it is
+        silent, False as soon as one of ``rivals`` says it leads (a new term began: the
+        silent master, which the caller took for the leader, is deposed)."""
+        if not rivals:
+            try:
+                self._stub(address).NodeStatus(pb.NodeStatusRequest(), timeout=limit,
+                                               metadata=self._metadata)
+            except grpc.RpcError as exc:
+                return _an_answer(exc)
+            return True
+        future = self._stub(address).NodeStatus.future(
+            pb.NodeStatusRequest(), timeout=limit, metadata=self._metadata)
+        deadline = time.monotonic() + limit
         try:
-            self._stub(address).NodeStatus(pb.NodeStatusRequest(), timeout=limit,
-                                           metadata=self._metadata)
+            while True:
+                try:
+                    future.result(timeout=min(_RIVAL_POLL_SECS,
+                                              max(deadline - time.monotonic(), 0.0)))
+                    return True
+                except grpc.FutureTimeoutError:
+                    if time.monotonic() >= deadline:
+                        return False
+                    if self._a_rival_leads(rivals):
+                        return False
         except grpc.RpcError as exc:
-            # Any status is an answer, a refusal too; only silence or no connection is not.
-            code = exc.code() if isinstance(exc, grpc.Call) else None
-            return code not in (None, grpc.StatusCode.DEADLINE_EXCEEDED,
-                                grpc.StatusCode.UNAVAILABLE)
-        return True
+            return _an_answer(exc)
+        finally:
+            future.cancel()
+
+    def _a_rival_leads(self, rivals: tuple[str, ...]) -> bool:
+        """Whether one of ``rivals`` answers a status check saying it leads."""
+        futures = []
+        try:
+            for rival in rivals:
+                futures.append(self._stub(rival).NodeStatus.future(
+                    pb.NodeStatusRequest(), timeout=_RIVAL_POLL_SECS, metadata=self._metadata))
+            for f in futures:
+                try:
+                    if f.result().is_leader:
+                        return True
+                except grpc.RpcError:
+                    continue  # silent or refusing: no new term from it
+            return False
+        finally:
+            for f in futures:
+                f.cancel()
 
     def client_stream(
         self, address: str, method: str, requests: Iterator[Any], timeout: float | None,
-        stall: float | None = None,
+        stall: float | None = None, rivals: Sequence[str] = (),
     ) -> Any:
-        return self._call(address, method, requests, timeout, stall)
+        return self._call(address, method, requests, timeout, stall, rivals)
 
     def data_host(self, address: str) -> str | None:
         if self._credentials.tls:
@@ -326,6 +371,13 @@ class GrpcTransport:
             self._stubs.clear()
         for channel in channels:
             channel.close()
+
+
+def _an_answer(exc: grpc.RpcError) -> bool:
+    """Whether a failed status check still heard from its master: any status is an answer,
+    a refusal too; only silence or no connection is not."""
+    code = exc.code() if isinstance(exc, grpc.Call) else None
+    return code not in (None, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE)
 
 
 def _probe_done(results: queue.SimpleQueue[tuple[str, Any]], address: str, tls: bool,

@@ -205,7 +205,7 @@ class UploadJob:
         return None
 
     def _control(self, method: str, request: Any, deadline: Deadline) -> Any:
-        return self.router.control_call(self.leader, method, request, deadline)
+        return self.router.control_call(self.leader, method, request, deadline, to_leader=True)
 
     def _read(self, offset: int, view: bool = False) -> bytes | memoryview:
         with self._read_lock:
@@ -320,7 +320,7 @@ class UploadJob:
         try:
             status = self.router.transport.client_stream(
                 self.leader, "AppendUpload", chunks(), self.router.timeout,
-                stall=self.router.stall_timeout,
+                stall=self.router.stall_timeout, rivals=self.router.known_addresses(),
             )
         except BlobError:
             if self.source_error is not None:
@@ -361,7 +361,8 @@ class UploadJob:
         try:
             response = self.router.transport.unary(self.leader, method, request,
                                                    deadline.remaining(),
-                                                   stall=self.router.stall_timeout)
+                                                   stall=self.router.stall_timeout,
+                                                   rivals=self.router.known_addresses())
         except Unavailable as exc:
             # The commit may have happened and only its answer been lost; not when the call
             # was refused before it ran (then asking would only wait on a busy cluster).

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-__all__ = ["CallWatch", "Pending", "StallWatch", "Stalled", "Watched"]
+__all__ = ["TERM_CHECK_SECS", "CallWatch", "Pending", "StallWatch", "Stalled", "Watched"]
 
 log = logging.getLogger("blobha.stallwatch")
 
@@ -173,14 +173,25 @@ class StallWatch(_Watcher):
                 log.debug("cancelling a stream failed", exc_info=True)
 
 
+#: A call to the leader is looked at after this long without an answer (see CallWatch).
+TERM_CHECK_SECS = 1.0
+
+
 class Pending:
     """One blocking call under a :class:`CallWatch`."""
 
-    __slots__ = ("address", "fired", "half", "since")
+    __slots__ = ("address", "every", "fired", "half", "rivals", "since", "wait")
 
-    def __init__(self, address: str, half: float) -> None:
+    def __init__(self, address: str, half: float, rivals: tuple[str, ...] = ()) -> None:
         self.address = address
         self.half = half
+        #: For a call to the leader, the other masters, which may have elected a new one.
+        self.rivals = rivals
+        #: How long the call waits between looks at its master.
+        self.every = min(half, TERM_CHECK_SECS) if rivals else half
+        #: How long a look waits for the master's status: looked at early, a silent leader
+        #: with no successor is still given the whole stall limit (twice ``half``).
+        self.wait = 2 * half - self.every
         #: Since when the call has waited without its master showing a sign of life.
         self.since = time.monotonic()
         #: Set when the watch found the master silent and ended the call (its channel closed).
@@ -196,14 +207,21 @@ class CallWatch(_Watcher):
     call has no handle to cancel, though. So calls are only noted
     (:meth:`begin`, :meth:`end`): one thread looks at them every quarter of the shortest half
     limit while any are made, and sleeps otherwise. For a call that has waited half its limit it
-    runs ``check(address, half)`` on a thread of its own (a status call; True if the master
-    answered). A master that answers is waited for another half; one that does not has every
-    call to it marked as fired and then ended by ``cut(address)``, which closes its channel.
+    runs ``check(address, half, rivals)`` on a thread of its own (a status call; True if the
+    master answered). A master that answers is waited for another half; one that does not has
+    every call to it marked as fired and then ended by ``cut(address)``, which closes its
+    channel.
+
+    A call to the leader names its ``rivals``, the other masters: it is looked at after
+    :data:`TERM_CHECK_SECS` already, and the check may also ask the rivals whether one of them
+    leads now, which ends the calls to a silent leader as soon as its successor is elected
+    instead of after the stall limit. A leader that answers in time costs nothing extra.
     """
 
     _THREAD_NAME = "blobha-call-watch"
 
-    def __init__(self, check: Callable[[str, float], bool], cut: Callable[[str], None]) -> None:
+    def __init__(self, check: Callable[[str, float, tuple[str, ...]], bool],
+                 cut: Callable[[str], None]) -> None:
         super().__init__()
         self._check = check
         self._cut = cut
@@ -216,16 +234,17 @@ class CallWatch(_Watcher):
         #: The thread sleeps until woken (no call was made for a whole tick).
         self._idle = False
 
-    def begin(self, address: str, half: float) -> Pending:
-        """Note a call to ``address`` about to be made; :meth:`end` it when it returns."""
-        p = Pending(address, half)
+    def begin(self, address: str, half: float, rivals: tuple[str, ...] = ()) -> Pending:
+        """Note a call to ``address`` about to be made; :meth:`end` it when it returns.
+        ``rivals``: for a call to the leader, the other masters (see the class)."""
+        p = Pending(address, half, rivals)
         with self._cond:
             self._calls.add(p)
             self._began = True
             # Only the first call after a quiet tick (or with a shorter limit) wakes the
             # thread: a stream of calls must not cost it a turn each.
-            wake = self._idle or half / 4 < self._tick
-            self._tick = min(self._tick, half / 4)
+            wake = self._idle or p.every / 4 < self._tick
+            self._tick = min(self._tick, p.every / 4)
             self._start()
             if wake:
                 self._cond.notify()
@@ -241,9 +260,13 @@ class CallWatch(_Watcher):
                 if self._closed:
                     return
                 now = time.monotonic()
-                due = {p.address: p.half for p in self._calls
-                       if not p.fired and p.since + p.half <= now
-                       and p.address not in self._checking}
+                due: dict[str, tuple[float, tuple[str, ...]]] = {}
+                for p in self._calls:
+                    if (not p.fired and p.since + p.every <= now
+                            and p.address not in self._checking):
+                        wait, rivals = due.get(p.address, (0.0, ()))
+                        due[p.address] = (max(wait, p.wait),
+                                          rivals + tuple(r for r in p.rivals if r not in rivals))
                 self._checking.update(due)
                 if not due:
                     busy = bool(self._calls) or self._began
@@ -252,13 +275,13 @@ class CallWatch(_Watcher):
                     self._cond.wait(self._tick if busy else None)
                     self._idle = False
                     continue
-            for address, half in due.items():
-                threading.Thread(target=self._verdict, args=(address, half),
+            for address, (wait, rivals) in due.items():
+                threading.Thread(target=self._verdict, args=(address, wait, rivals),
                                  name="blobha-call-check", daemon=True).start()
 
-    def _verdict(self, address: str, half: float) -> None:
+    def _verdict(self, address: str, wait: float, rivals: tuple[str, ...]) -> None:
         try:
-            alive = self._check(address, half)
+            alive = self._check(address, wait, rivals)
         except Exception:
             # No verdict (the client is closing, say): the calls go on, and are looked at
             # again after another half.

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from blobha.sync.peers import Peers
 from conftest import (
+    SESSION_TIMEOUT_MS,
     client_for,
     followers,
     master_metadata,
@@ -124,6 +125,28 @@ def test_a_write_moves_on_from_a_paused_leader(fresh_cluster: LocalCluster, size
         assert c.read("while-paused") == data
         assert c.get_meta("while-paused").version == 1  # written once, by the new leader
     assert elapsed < 30, f"the write took {elapsed:.1f} s"
+
+
+@pytest.mark.parametrize("size", [4096, PUT_MAX_BYTES + 1], ids=["put", "upload"])
+def test_a_write_leaves_a_paused_leader_once_its_successor_leads(fresh_cluster: LocalCluster,
+                                                                  size: int) -> None:
+    # With the default stall limit (10 s), a write in the hands of a paused leader waited for
+    # that limit, or for the connection's keepalive to fail (up to 8 s), although the next
+    # leader was elected once the session expired. It now moves on as that leader appears.
+    data = os.urandom(size)
+    with client_for(fresh_cluster, timeout=60.0) as c:
+        c.create("warm", b"x")  # the client knows the leader, and the others
+        old = fresh_cluster.leader()
+        old.signal(signal.SIGSTOP)
+        try:
+            started = time.monotonic()
+            meta = c.create("while-paused", data, replication_factor=2)
+            elapsed = time.monotonic() - started
+        finally:
+            old.signal(signal.SIGCONT)
+        assert meta.version == 1 and meta.acknowledged
+        assert c.read("while-paused") == data
+    assert elapsed < SESSION_TIMEOUT_MS / 1000 + 3, f"the write took {elapsed:.1f} s"
 
 
 def test_an_upload_paused_midway_is_made_by_the_next_leader(fresh_cluster: LocalCluster) -> None:

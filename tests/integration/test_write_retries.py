@@ -37,7 +37,7 @@ class LosesAnswers(GrpcTransport):
         self.calls: list[str] = []
 
     def unary(self, address: str, method: str, request: Any, timeout: float | None,
-              stall: float | None = None) -> Any:
+              stall: float | None = None, rivals: Any = ()) -> Any:
         self.calls.append(method)
         if method in self.refuse:
             self.refuse.pop(method)()

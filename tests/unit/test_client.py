@@ -378,14 +378,14 @@ class FakeCluster:
                 raise error
 
     def unary(self, address: str, method: str, request: Any, timeout: float | None,
-              stall: float | None = None) -> Any:
+              stall: float | None = None, rivals: Any = ()) -> Any:
         assert timeout is None or timeout > 0
         self._enter(address, method)
         return getattr(self, "_" + method)(address, request)
 
     def client_stream(
         self, address: str, method: str, requests: Iterator[Any], timeout: float | None,
-        stall: float | None = None,
+        stall: float | None = None, rivals: Any = (),
     ) -> Any:
         self._enter(address, method)
         return self._append(address, requests)
@@ -1403,7 +1403,7 @@ def test_a_wait_on_a_silent_master_ends_within_its_grace(
     calls: list[tuple[float, float]] = []
 
     def unary(address: str, method: str, request: Any, timeout: float | None,
-              stall: float | None = None) -> Any:
+              stall: float | None = None, rivals: Any = ()) -> Any:
         assert method == "WaitForReplication" and timeout is not None
         calls.append((request.timeout_secs, timeout))
         clock.now += timeout
@@ -1552,7 +1552,7 @@ def test_a_retry_cut_short_by_the_deadline_reports_why_it_was_retrying(
     real = cluster.unary
 
     def unary(address: str, method: str, request: Any, timeout: float | None,
-              stall: float | None = None) -> Any:
+              stall: float | None = None, rivals: Any = ()) -> Any:
         if method != "GetMeta":
             return real(address, method, request, timeout)
         assert timeout is not None
@@ -1579,7 +1579,7 @@ def _zookeeper_down(cluster: FakeCluster, clock: FakeClock) -> list[float]:
     timeouts: list[float] = []
 
     def unary(address: str, method: str, request: Any, timeout: float | None,
-              stall: float | None = None) -> Any:
+              stall: float | None = None, rivals: Any = ()) -> Any:
         if method != "ClusterSummary":
             return real(address, method, request, timeout)
         assert timeout is not None
@@ -1617,7 +1617,7 @@ def test_a_masters_reason_is_reported_before_another_ones_silence(
     client: Client, cluster: FakeCluster
 ) -> None:
     def unary(address: str, method: str, request: Any, timeout: float | None,
-              stall: float | None = None) -> Any:
+              stall: float | None = None, rivals: Any = ()) -> Any:
         assert method == "ClusterSummary"
         if address == M1:  # the first to end, in silence
             raise DeadlineExceeded(f"master {address} did not answer in time")
@@ -1636,7 +1636,7 @@ def test_a_deadline_with_nothing_retried_before_is_reported_as_it_is(
     real = cluster.unary
 
     def unary(address: str, method: str, request: Any, timeout: float | None,
-              stall: float | None = None) -> Any:
+              stall: float | None = None, rivals: Any = ()) -> Any:
         if method != "Delete":
             return real(address, method, request, timeout)
         assert timeout is not None
@@ -1866,10 +1866,76 @@ def test_a_call_to_a_master_that_answers_nothing_is_given_up() -> None:
     master = _SlowMaster(checks=None, status_answers=False)
     transport = _unary_transport(master)
     try:
-        with pytest.raises(Unavailable, match=r"stopped answering: Put got no answer for 0\.4 s"):
+        with pytest.raises(Unavailable,
+                           match=r"stopped answering: Put got no answer for 0\.4 s, or until"):
             transport.unary(M1, "Put", pb.PutRequest(), 60.0, stall=0.4)
         assert master.checks == ["NodeStatus"] and master.closed.is_set()
         assert M1 not in transport._channels  # the next call dials the master afresh
+    finally:
+        transport.close()
+
+
+class _Silent:
+    """A status call that never answers (a paused master's), as a gRPC future."""
+
+    def __init__(self) -> None:
+        self.cancelled = threading.Event()
+
+    def result(self, timeout: float | None = None) -> Any:
+        if self.cancelled.wait(timeout):
+            raise _Status(grpc.StatusCode.CANCELLED, "Cancelled")
+        raise grpc.FutureTimeoutError()
+
+    def cancel(self) -> bool:
+        self.cancelled.set()
+        return True
+
+
+class _Answered:
+    def __init__(self, reply: Any) -> None:
+        self.reply = reply
+
+    def result(self, timeout: float | None = None) -> Any:
+        return self.reply
+
+    def cancel(self) -> bool:
+        return False
+
+
+class _StatusCall:
+    """``stub.NodeStatus``: callable, with ``.future`` giving ``make()``."""
+
+    def __init__(self, make: Callable[[], Any], calls: list[str], name: str) -> None:
+        self.make, self.calls, self.name = make, calls, name
+
+    def future(self, request: Any, timeout: float | None, metadata: Any) -> Any:
+        self.calls.append(self.name)
+        return self.make()
+
+
+def test_a_write_to_a_silent_leader_ends_once_a_rival_leads() -> None:
+    # The leader paused past its session: a successor is elected long before the stall limit
+    # (60 s here) ends the call, and the write must go there.
+    leader = _SlowMaster(checks=None, status_answers=False)
+    asked: list[str] = []
+    leader.NodeStatus = _StatusCall(_Silent, asked, M1)  # type: ignore[method-assign]
+    leads = {M2: False}
+
+    class _Rival:
+        NodeStatus = _StatusCall(lambda: _Answered(pb.MasterSummary(is_leader=leads[M2])),
+                                 asked, M2)
+
+    transport = _unary_transport(leader)
+    transport._stubs[M2] = _Rival()
+    try:
+        started = time.monotonic()
+        elected = threading.Timer(1.5, lambda: leads.update({M2: True}))  # the successor
+        elected.start()
+        with pytest.raises(Unavailable, match="or until another master led"):
+            transport.unary(M1, "Put", pb.PutRequest(), 120.0, stall=60.0, rivals=[M1, M2])
+        took = time.monotonic() - started
+        assert took < 10, f"left the silent leader after {took:.1f} s"
+        assert leader.closed.is_set() and M2 in asked
     finally:
         transport.close()
 
@@ -1949,7 +2015,7 @@ def test_a_master_that_does_not_answer_a_control_call_is_passed_over_late_in_the
     stalls = [3]
 
     def unary(address: str, method: str, request: Any, timeout: float | None,
-              stall: float | None = None) -> Any:
+              stall: float | None = None, rivals: Any = ()) -> Any:
         if method == "GetReplication" and stalls[0] > 0:
             stalls[0] -= 1
             assert timeout is not None

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import threading
+import time
 
 from waiting import wait_until
 
-from blobha.wire.stallwatch import CallWatch, StallWatch
+from blobha.wire.stallwatch import TERM_CHECK_SECS, CallWatch, StallWatch
 
 
 class _Call:
@@ -55,11 +56,13 @@ class _Master:
     def __init__(self, answers: bool) -> None:
         self.answers = answers
         self.checked: list[str] = []
+        self.waits: list[tuple[float, tuple[str, ...]]] = []
         self.cut: list[str] = []
         self.was_cut = threading.Event()
 
-    def check(self, address: str, half: float) -> bool:
+    def check(self, address: str, half: float, rivals: tuple[str, ...] = ()) -> bool:
         self.checked.append(address)
+        self.waits.append((half, rivals))
         return self.answers
 
     def close(self, address: str) -> None:
@@ -111,7 +114,7 @@ def test_a_master_that_answers_its_check_is_waited_for_and_checked_again() -> No
 
 def test_a_failing_check_is_no_verdict() -> None:
     class _Broken(_Master):
-        def check(self, address: str, half: float) -> bool:
+        def check(self, address: str, half: float, rivals: tuple[str, ...] = ()) -> bool:
             self.checked.append(address)
             raise ValueError("Cannot invoke RPC on closed channel!")
 
@@ -121,5 +124,40 @@ def test_a_failing_check_is_no_verdict() -> None:
         p = watch.begin("a:1", 0.1)
         wait_until(lambda: len(master.checked) >= 2, 5, "the call checked again")
         assert not p.fired and master.cut == []
+    finally:
+        watch.close()
+
+
+def test_a_call_to_the_leader_is_looked_at_early_with_its_rivals_and_keeps_its_limit() -> None:
+    master = _Master(answers=True)
+    watch = CallWatch(master.check, master.close)
+    try:
+        started = time.monotonic()
+        leader_call = watch.begin("a:1", 5.0, ("b:1", "c:1"))
+        plain = watch.begin("b:1", 5.0)
+        wait_until(lambda: master.checked, 4, "the leader call looked at")
+        # After TERM_CHECK_SECS, not after half the stall limit (5 s).
+        assert time.monotonic() - started < 2.5
+        assert master.checked == ["a:1"]  # the other call, with no rivals, is not due yet
+        # A silent leader with no successor is still given the whole stall limit (10 s).
+        assert master.waits == [(10.0 - TERM_CHECK_SECS, ("b:1", "c:1"))]
+        watch.end(leader_call)
+        watch.end(plain)
+    finally:
+        watch.close()
+
+
+def test_a_leader_call_ends_when_the_check_finds_a_successor() -> None:
+    class _Deposed(_Master):
+        def check(self, address: str, half: float, rivals: tuple[str, ...] = ()) -> bool:
+            self.checked.append(address)
+            return not rivals  # silent, and a rival leads
+
+    master = _Deposed(answers=False)
+    watch = CallWatch(master.check, master.close)
+    try:
+        p = watch.begin("a:1", 30.0, ("b:1",))
+        assert master.was_cut.wait(5), "the deposed leader's call ended"
+        assert p.fired and master.cut == ["a:1"]
     finally:
         watch.close()
