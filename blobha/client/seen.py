@@ -9,7 +9,7 @@ from collections import OrderedDict
 from blobha.core.consistency import DELETED, MinVersion
 from blobha.core.errors import InvalidArgument
 
-#: Keys remembered by default: about 100 bytes each, so a megabyte or so for a busy client.
+#: Keys remembered by default: each costs a few hundred bytes with its name, so a few MB in all.
 DEFAULT_REMEMBERED_KEYS = 10_000
 
 

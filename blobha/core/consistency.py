@@ -11,7 +11,7 @@ from dataclasses import dataclass
 DELETED = 2**63 - 1
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class MinVersion:
     """Version ``version`` of the key created at ``created_at``: the newest a client wrote or
     read. Versions count again from 1 when a key is deleted and created again, so the
