@@ -158,7 +158,7 @@ class DownloadJob:
         status = self.router.read_call(
             f"find replicas of {self.key!r}",
             "GetReplication",
-            pb.GetReplicationRequest(key=self.key),
+            self.router.with_minimum(self.key, pb.GetReplicationRequest(key=self.key)),
             deadline,
         )
         if self.info is not None and self.version == 0 and status.version != self.info.version:
@@ -193,13 +193,13 @@ class DownloadJob:
         host = None
         if not stream_only and self.router.data_channels.usable(address):
             host = self.router.transport.data_host(address)
-        request = pb.DownloadRequest(
+        request = self.router.with_minimum(self.key, pb.DownloadRequest(
             key=self.key,
             version=self.info.version if self.info else self.version,
             offset=self.pos,
             length=want,
             data_channel=host is not None,
-        )
+        ))
         start = self.pos
         seen_info = False
         offer: DataOffer | None = None
@@ -210,6 +210,8 @@ class DownloadJob:
                 if not message.HasField("info"):
                     raise InternalError(f"master {address} sent data before the blob info")
                 self._check_info(address, info_from_pb(message.info))
+                # Monotonic reads: no later read of this client accepts an older view.
+                self.router.seen.saw(self.key, message.info.version, message.info.created_at)
                 seen_info = True
             if message.ticket:  # offered only when asked for: the data comes over the channel
                 offer = DataOffer(message.data_port, message.ticket)

@@ -26,6 +26,7 @@ from blobha.client.arguments import (
 from blobha.client.download import DownloadJob
 from blobha.client.retry import Deadline, now
 from blobha.client.routing import PROBE_TIMEOUT, Router
+from blobha.client.seen import DEFAULT_REMEMBERED_KEYS
 from blobha.client.sources import BufferSink, Sink, download_into
 from blobha.client.transport import GrpcTransport, Transport
 from blobha.client.upload import upload
@@ -88,6 +89,8 @@ class Client:
     transfer may run longer as long as every segment, 16 MiB up and 64 MiB down, moves within
     it, and a download as long as its bytes keep coming). ``stall_timeout`` is how long a
     master may stay silent (see :data:`STALL_TIMEOUT`) before the client moves on to another.
+    ``remembered_keys`` bounds how many keys the client remembers the newest version it wrote
+    or read of, for read-your-writes (docs/architecture.md, "The read guarantee"; 0: none).
 
     Example::
 
@@ -114,6 +117,7 @@ class Client:
         credentials: Credentials | None = None,
         transport: Transport | None = None,
         stall_timeout: float = STALL_TIMEOUT,
+        remembered_keys: int = DEFAULT_REMEMBERED_KEYS,
     ) -> None:
         self._addresses = parse_cluster(cluster)
         if transport is None:
@@ -138,7 +142,7 @@ class Client:
         self._transport: Transport = transport or GrpcTransport(self._user, credentials,
                                                                 address_map)
         self._router = Router(self._addresses, self._transport, self._timeout,
-                              float(stall_timeout), chunk_size)
+                              float(stall_timeout), chunk_size, remembered_keys)
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -205,7 +209,7 @@ class Client:
             replication_factor=replication_factor,
             write_quorum=write_quorum,
         )
-        return upload(self._router, request, data, progress)
+        return self._saw(key, upload(self._router, request, data, progress))
 
     def update(
         self,
@@ -223,7 +227,7 @@ class Client:
         request = pb.BeginUploadRequest(
             key=key, create=False, expected_version=expected_version, write_quorum=write_quorum
         )
-        return upload(self._router, request, data, progress)
+        return self._saw(key, upload(self._router, request, data, progress))
 
     def set_acl(self, key: str, acl: str | Sequence[AccessControl],
                 expected_meta_version: int | None = None) -> BlobMeta:
@@ -247,18 +251,18 @@ class Client:
                     and acl == normalize_for_set(entries, self._user))
             return meta if ours else None
 
-        return meta_from_pb(self._router.leader_call(
+        return self._saw(key, meta_from_pb(self._router.leader_call(
             f"set the ACL of {key!r}", "SetMeta", request,
-            conflict_on_retry=made_already if expected_meta_version is not None else None))
+            conflict_on_retry=made_already if expected_meta_version is not None else None)))
 
     def set_replication_factor(self, key: str, replication_factor: int) -> BlobMeta:
         """Change how many masters should hold ``key``."""
         validate_key(key)
         check_count("replication_factor", replication_factor, UINT32_MAX, minimum=1)
         request = pb.SetMetaRequest(key=key, replication_factor=replication_factor)
-        return meta_from_pb(
+        return self._saw(key, meta_from_pb(
             self._router.leader_call(f"set the replication factor of {key!r}", "SetMeta", request)
-        )
+        ))
 
     def issue_job_token(self, keys: Iterable[str], lifetime_secs: int = 0) -> JobToken:
         """A job token (docs/security.md, Job tokens): READ on exactly ``keys``, as this user
@@ -311,6 +315,8 @@ class Client:
                     # delete: an attempt whose answer was lost deleted it (or someone did).
                     conflict_on_retry=lambda _: pb.DeleteResponse(), deadline=deadline,
                 )
+                if created_at is not None:
+                    self._router.seen.deleted(key, created_at)
                 return
             except VersionConflict:
                 # Deleted and created again between the read and the delete, by others: the
@@ -330,6 +336,7 @@ class Client:
                                             deadline=deadline)
         except NotAuthorized:
             return None
+        self._router.seen.saw(key, meta.version, meta.created_at)
         return float(meta.created_at)
 
     # -- reads -----------------------------------------------------------------------------
@@ -342,7 +349,7 @@ class Client:
 
     def get_replication(self, key: str) -> ReplicationStatus:
         validate_key(key)
-        request = pb.GetReplicationRequest(key=key)
+        request = self._router.with_minimum(key, pb.GetReplicationRequest(key=key))
         status = self._router.read_call(f"read the replication of {key!r}", "GetReplication",
                                         request)
         self._router.learn(status.holders)
@@ -441,6 +448,12 @@ class Client:
                 return
 
     # -- internals -------------------------------------------------------------------------
+
+    def _saw(self, key: str, meta: BlobMeta) -> BlobMeta:
+        """``meta``, a write's answer, remembered: later reads of ``key`` accept no older
+        view."""
+        self._router.seen.saw(key, meta.version, meta.created_at)
+        return meta
 
     def _wait_once(self, keys: builtins.list[str], minimum: int, secs: float, overrun: float
                    ) -> WaitResult:

@@ -22,6 +22,7 @@ from blobha.client.retry import (
     may_have_run,
     now,
 )
+from blobha.client.seen import DEFAULT_REMEMBERED_KEYS, SeenVersions
 from blobha.client.transport import HandshakeFailed, Transport
 from blobha.core.errors import (
     BlobError,
@@ -36,6 +37,7 @@ from blobha.core.errors import (
     VersionConflict,
 )
 from blobha.v1 import blobha_pb2 as pb
+from blobha.wire.convert import min_version_to_pb
 from blobha.wire.dataplane import DataChannels
 
 # One round of leader discovery; ClusterSummary itself asks every master, so allow it time.
@@ -57,14 +59,20 @@ _REFUSAL_PATIENCE = 3.0
 _RETRY_NOTICE_AFTER = 2.0
 
 T = TypeVar("T")
+#: The reads that carry a minimum view of their key.
+R = TypeVar("R", pb.GetMetaRequest, pb.DownloadRequest, pb.GetReplicationRequest)
 
 
 class Router:
     """Routes and retries the calls of one client; shared by its threads."""
 
     def __init__(self, addresses: Sequence[str], transport: Transport, timeout: float,
-                 stall_timeout: float, chunk_size: int) -> None:
+                 stall_timeout: float, chunk_size: int,
+                 remembered_keys: int = DEFAULT_REMEMBERED_KEYS) -> None:
         self.transport = transport
+        #: The newest version of each key this client wrote or read: every read carries it as
+        #: the oldest view it accepts (read-your-writes, monotonic reads).
+        self.seen = SeenVersions(remembered_keys)
         self.timeout = timeout
         self.stall_timeout = stall_timeout
         self.chunk_size = chunk_size
@@ -313,7 +321,20 @@ class Router:
 
         return self.retry(what, deadline, attempt)
 
+    def with_minimum(self, key: str, request: R) -> R:
+        """``request`` (a read of ``key``) carrying the oldest view of it this client accepts:
+        a master whose view is older refuses it as :class:`Stale`, an Unavailable, and the
+        read moves on to another master like any retry."""
+        minimum = self.seen.minimum(key)
+        if minimum is not None:
+            request.min_version.CopyFrom(min_version_to_pb(minimum))
+        return request
+
     def read_meta(self, key: str, deadline: Deadline | None) -> Any:
-        """GetMeta's answer, within ``deadline`` (None: the client's timeout)."""
-        return self.read_call(f"read the metadata of {key!r}", "GetMeta",
-                              pb.GetMetaRequest(key=key, any_access=True), deadline)
+        """GetMeta's answer, within ``deadline`` (None: the client's timeout), from a master
+        whose view is at least what this client has seen of ``key``."""
+        meta = self.read_call(
+            f"read the metadata of {key!r}", "GetMeta",
+            self.with_minimum(key, pb.GetMetaRequest(key=key, any_access=True)), deadline)
+        self.seen.saw(key, meta.version, meta.created_at)
+        return meta

@@ -21,6 +21,10 @@ BUSY_METADATA_KEY = "x-blobha-busy"
 #: Trailing-metadata key marking an UNAVAILABLE given before the call ran (no leader yet, no
 #: ZooKeeper connection): a client need not ask whether a write it carried was made.
 REFUSED_METADATA_KEY = "x-blobha-refused"
+#: Trailing-metadata key marking an UNAVAILABLE because this master's committed view of the key
+#: is older than the client has written or read (its ``min_version``): another master, or
+#: this one a moment later, can serve it.
+STALE_METADATA_KEY = "x-blobha-stale"
 #: What grpcio's server says, with RESOURCE_EXHAUSTED, to a call that finds every one of its
 #: threads taken (``maximum_concurrent_rpcs``, see
 #: :func:`blobha.master.edge.service.new_server`): busy too.
@@ -132,6 +136,13 @@ class Refused(Unavailable):
     trailer."""
 
 
+class Stale(Refused):
+    """A master refused a read because its committed view of the key is older than the
+    version the client has already written or read (read-your-writes): it is cut off from
+    ZooKeeper, or its view trails. Retried at another master. On the wire: UNAVAILABLE with
+    the stale trailer (and the refused one, which older clients know)."""
+
+
 class Busy(Unavailable):
     """A master refused the call before running it: the threads it gives such calls were all
     taken (master.rpc.threads, master.max.calls.per.client). An Unavailable, so retried after
@@ -200,6 +211,8 @@ def to_status(error: BlobError) -> tuple[grpc.StatusCode, str, tuple[tuple[str, 
         trailers = ((LEADER_METADATA_KEY, error.leader),)
     elif isinstance(error, Busy):
         trailers = ((BUSY_METADATA_KEY, "1"),)
+    elif isinstance(error, Stale):
+        trailers = ((REFUSED_METADATA_KEY, "1"), (STALE_METADATA_KEY, "1"))
     elif isinstance(error, Refused):
         trailers = ((REFUSED_METADATA_KEY, "1"),)
     return error.code, str(error), trailers
@@ -227,6 +240,8 @@ def from_status(
             if k == LEADER_METADATA_KEY:
                 leader = v.decode() if isinstance(v, bytes) else v
         return NotLeader(details, leader)
+    if code == grpc.StatusCode.UNAVAILABLE and any(k == STALE_METADATA_KEY for k, _ in trailers):
+        return Stale(details)
     if code == grpc.StatusCode.UNAVAILABLE and any(k == REFUSED_METADATA_KEY for k, _ in trailers):
         return Refused(details)
     if code == grpc.StatusCode.UNAVAILABLE and not details:

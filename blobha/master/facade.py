@@ -28,6 +28,7 @@ from collections.abc import Iterator, Sequence
 from blobha.core.acl import AccessControl
 from blobha.core.addresses import status_url
 from blobha.core.auth import ServerAuthentication, make_authenticator
+from blobha.core.consistency import MinVersion
 from blobha.core.errors import Unavailable
 from blobha.core.version import __version__
 from blobha.leader import LeaderElection, LeaderHistory
@@ -326,14 +327,16 @@ class Master:
                ) -> tuple[str, BlobState, int]:
         return self.writes.commit(user, upload_id, size, digest)
 
-    def get_meta(self, user: str, key: str, any_access: bool = False) -> tuple[BlobState, int]:
-        return self.reads.get_meta(user, key, any_access)
+    def get_meta(self, user: str, key: str, any_access: bool = False,
+                 minimum: MinVersion | None = None) -> tuple[BlobState, int]:
+        return self.reads.get_meta(user, key, any_access, minimum)
 
     def open_download(
         self, user: str, key: str, version: int, offset: int, length: int,
-        data_channel: bool = False,
-    ) -> tuple[VersionInfo, Iterator[bytes] | DataOffer]:
-        return self.reads.open_download(user, key, version, offset, length, data_channel)
+        data_channel: bool = False, minimum: MinVersion | None = None,
+    ) -> tuple[VersionInfo, float, Iterator[bytes] | DataOffer]:
+        return self.reads.open_download(user, key, version, offset, length, data_channel,
+                                        minimum)
 
     def fetch_versions(self, user: str, refs: Sequence[tuple[str, int]]
                        ) -> Iterator[tuple[str, int, VersionInfo | None, bytes]]:
@@ -343,8 +346,9 @@ class Master:
                   ) -> tuple[list[str], str]:
         return self.reads.list_keys(user, prefix, page_token, page_size)
 
-    def get_replication(self, user: str, key: str) -> ReplicationStatus:
-        return self.reads.get_replication(user, key)
+    def get_replication(self, user: str, key: str, minimum: MinVersion | None = None
+                        ) -> ReplicationStatus:
+        return self.reads.get_replication(user, key, minimum)
 
     def wait_for_replication(self, user: str, keys: list[str], minimum: int, timeout: float,
                              abandoned: threading.Event | None = None,

@@ -88,6 +88,14 @@ class Metadata:
             return None
         return BlobState.decode(data, stat.version)
 
+    def read_state_synced(self, key: str) -> BlobState | None:
+        """``read_state`` after a ZooKeeper ``sync``: the server this master's session is on
+        may trail the one that took a write (just after a ZooKeeper restart, say), and a
+        synced read sees every write committed before it."""
+        self.require_zk()
+        self.answer(self.zk.sync_async(key_path(key)))
+        return self.read_state(key)
+
     def state_or_404(self, key: str) -> BlobState:
         state = self.read_state(key)
         if state is None:

@@ -15,12 +15,14 @@ from kazoo.exceptions import (
 )
 
 from blobha.core import acl as acls
+from blobha.core.consistency import MinVersion
 from blobha.core.digest import PUT_MAX_BYTES
 from blobha.core.errors import (
     ChecksumMismatch,
     InvalidArgument,
     KeyNotFound,
     NotAuthorized,
+    Stale,
     Unavailable,
 )
 from blobha.core.keys import validate_key
@@ -28,6 +30,7 @@ from blobha.master.channel import Channel
 from blobha.master.metadata import Metadata
 from blobha.master.rules import (
     Authority,
+    no_such_key,
     replication_status,
 )
 from blobha.master.settings import MasterSettings
@@ -93,7 +96,8 @@ class Reads:
         self.sync = sync
         self.channel = channel
 
-    def state_for_read(self, key: str) -> tuple[BlobState, KeyView | None]:
+    def state_for_read(self, key: str, minimum: MinVersion | None = None
+                       ) -> tuple[BlobState, KeyView | None]:
         """The committed state of ``key`` for a read: from ZooKeeper, or, when ZooKeeper is
         unreachable, the last committed state this master saw (returned with its view).
 
@@ -101,28 +105,53 @@ class Reads:
         ZooKeeper outage, which is when they matter most. It cannot hand out anything that was
         never committed: the synchronizer's view only holds states read from ZooKeeper, versions
         are immutable, and every byte is still checked against its digest. Without quorum no
-        newer version can commit, so the view is stale only on a master cut off alone."""
-        try:
-            return self.meta.state_or_404(key), None
-        except (Unavailable, *UNREACHABLE):
-            view = self.sync.view(key)
-            if view is None:
-                raise Unavailable(
-                    f"ZooKeeper is unreachable from master {self.identity} and it has no record"
-                    f" of {key!r}; retry shortly or read from another master"
-                ) from None
-            # Debug only: during an outage this runs for every read (health shows the outage).
-            log.debug("ZooKeeper unreachable: serving the last committed state of %r (v%d)",
-                     key, view.state.seq)
-            return view.state, view
+        newer version can commit, so the view is stale only on a master cut off alone.
 
-    def get_meta(self, user: str, key: str, any_access: bool = False) -> tuple[BlobState, int]:
+        ``minimum`` is the oldest view the client accepts (read-your-writes): a view older than
+        it raises :class:`Stale`, and the client asks another master, so a master cut off
+        from ZooKeeper still serves every client that has not seen a newer version."""
+        try:
+            if minimum is None:
+                return self.meta.state_or_404(key), None
+            state = self.meta.read_state(key)
+            if state is None or minimum.newer_than(state.seq, state.created_at):
+                # Older than what the client saw committed: this master's ZooKeeper server may
+                # trail. A synced read is the latest committed state, whatever the minimum.
+                state = self.meta.read_state_synced(key)
+        except (Unavailable, *UNREACHABLE):
+            return self._last_seen(key, minimum)
+        if state is None:
+            raise no_such_key(key)
+        return state, None
+
+    def _last_seen(self, key: str, minimum: MinVersion | None) -> tuple[BlobState, KeyView]:
+        """The state of ``key`` this master last saw, ZooKeeper being unreachable."""
+        view = self.sync.view(key)
+        if view is None:
+            raise Unavailable(
+                f"ZooKeeper is unreachable from master {self.identity} and it has no record"
+                f" of {key!r}; retry shortly or read from another master"
+            ) from None
+        state = view.state
+        if minimum is not None and minimum.newer_than(state.seq, state.created_at):
+            raise Stale(
+                f"master {self.identity}'s view of {key!r} (v{state.seq}) is behind what this"
+                f" client has seen ({minimum.describe()}): ZooKeeper is unreachable from it;"
+                " retry at another master"
+            ) from None
+        # Debug only: during an outage this runs for every read (health shows the outage).
+        log.debug("ZooKeeper unreachable: serving the last committed state of %r (v%d)",
+                  key, state.seq)
+        return state, view
+
+    def get_meta(self, user: str, key: str, any_access: bool = False,
+                 minimum: MinVersion | None = None) -> tuple[BlobState, int]:
         """A key's metadata and its live replicas, for a reader; with ``any_access``, for a user
         holding any permission on it (as Storm's getBlobMeta): a writer needs the version to
         update conditionally and to delete only the key it read, an administrator the ACL it
         sets again. The caller's permissions (:meth:`access`) go with the answer."""
         validate_key(key)
-        state, view = self.state_for_read(key)
+        state, view = self.state_for_read(key, minimum)
         if not any_access:
             self.authority.require(user, state.acl, acls.READ, key)
         elif not self.authority.access(user, state.acl):
@@ -136,20 +165,23 @@ class Reads:
 
     def open_download(
         self, user: str, key: str, version: int, offset: int, length: int,
-        data_channel: bool = False,
-    ) -> tuple[VersionInfo, Iterator[bytes] | DataOffer]:
+        data_channel: bool = False, minimum: MinVersion | None = None,
+    ) -> tuple[VersionInfo, float, Iterator[bytes] | DataOffer]:
         """The version to serve and its bytes from ``offset`` (``length`` 0: to the end): a
         verifying reader, or, when the caller can take the data channel, this master has one
         and the range is not small, an offer of it (a connection of its own costs more than
-        the copies it saves on a small range)."""
-        info = self._download_version(user, key, version, offset)
+        the copies it saves on a small range). The key's creation time goes with them (0 to a
+        master syncing), for the client to remember with the version."""
+        info, created_at = self._download_version(user, key, version, offset, minimum)
         end = info.size if length == 0 else min(info.size, offset + length)
         dataplane = self.channel.offers
         if data_channel and dataplane is not None and end - offset >= MIN_BYTES:
-            return info, DataOffer(dataplane.port, dataplane.offer(info, offset, end))
-        return info, _read_held(self.store, self.identity, key, info.seq, offset, length)
+            return info, created_at, DataOffer(dataplane.port, dataplane.offer(info, offset, end))
+        return info, created_at, _read_held(self.store, self.identity, key, info.seq, offset,
+                                            length)
 
-    def _download_version(self, user: str, key: str, version: int, offset: int) -> VersionInfo:
+    def _download_version(self, user: str, key: str, version: int, offset: int,
+                          minimum: MinVersion | None) -> tuple[VersionInfo, float]:
         validate_key(key)
         if user == self.principal and version:
             # Masters syncing from each other may ask for any version this master keeps; the
@@ -160,8 +192,8 @@ class Reads:
             if offset > info.size:
                 raise InvalidArgument(
                     f"offset {offset} is past the end of {key!r} ({info.size} bytes)")
-            return info
-        state, _ = self.state_for_read(key)
+            return info, 0.0
+        state, _ = self.state_for_read(key, minimum)
         self.authority.require(user, state.acl, acls.READ, key)
         seq = version or state.seq
         if seq > state.seq:
@@ -187,7 +219,7 @@ class Reads:
             )
         if offset > info.size:
             raise InvalidArgument(f"offset {offset} is past the end of {key!r} ({info.size} bytes)")
-        return info
+        return info, state.created_at
 
     def fetch_versions(self, user: str, refs: Sequence[tuple[str, int]]
                        ) -> Iterator[tuple[str, int, VersionInfo | None, bytes]]:
@@ -281,9 +313,10 @@ class Reads:
                         return page, i + 1 < len(chunk) or next(it, None) is not None
         return page, False
 
-    def get_replication(self, user: str, key: str) -> ReplicationStatus:
+    def get_replication(self, user: str, key: str, minimum: MinVersion | None = None
+                        ) -> ReplicationStatus:
         validate_key(key)
-        state, view = self.state_for_read(key)
+        state, view = self.state_for_read(key, minimum)
         self.authority.require(user, state.acl, acls.READ, key)
         if view is not None:
             return replication_status(key, state, view.holders)

@@ -107,20 +107,30 @@ class AbortUploadResponse(_message.Message):
     def __init__(self) -> None: ...
 
 class DownloadRequest(_message.Message):
-    __slots__ = ("key", "version", "offset", "length", "any_local_version", "data_channel")
+    __slots__ = ("key", "version", "offset", "length", "any_local_version", "data_channel", "min_version")
     KEY_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     OFFSET_FIELD_NUMBER: _ClassVar[int]
     LENGTH_FIELD_NUMBER: _ClassVar[int]
     ANY_LOCAL_VERSION_FIELD_NUMBER: _ClassVar[int]
     DATA_CHANNEL_FIELD_NUMBER: _ClassVar[int]
+    MIN_VERSION_FIELD_NUMBER: _ClassVar[int]
     key: str
     version: int
     offset: int
     length: int
     any_local_version: bool
     data_channel: bool
-    def __init__(self, key: _Optional[str] = ..., version: _Optional[int] = ..., offset: _Optional[int] = ..., length: _Optional[int] = ..., any_local_version: _Optional[bool] = ..., data_channel: _Optional[bool] = ...) -> None: ...
+    min_version: MinVersion
+    def __init__(self, key: _Optional[str] = ..., version: _Optional[int] = ..., offset: _Optional[int] = ..., length: _Optional[int] = ..., any_local_version: _Optional[bool] = ..., data_channel: _Optional[bool] = ..., min_version: _Optional[_Union[MinVersion, _Mapping]] = ...) -> None: ...
+
+class MinVersion(_message.Message):
+    __slots__ = ("version", "created_at")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AT_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    created_at: float
+    def __init__(self, version: _Optional[int] = ..., created_at: _Optional[float] = ...) -> None: ...
 
 class DownloadChunk(_message.Message):
     __slots__ = ("info", "data", "data_port", "ticket")
@@ -135,14 +145,16 @@ class DownloadChunk(_message.Message):
     def __init__(self, info: _Optional[_Union[BlobInfo, _Mapping]] = ..., data: _Optional[bytes] = ..., data_port: _Optional[int] = ..., ticket: _Optional[bytes] = ...) -> None: ...
 
 class BlobInfo(_message.Message):
-    __slots__ = ("version", "size", "digest")
+    __slots__ = ("version", "size", "digest", "created_at")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     SIZE_FIELD_NUMBER: _ClassVar[int]
     DIGEST_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AT_FIELD_NUMBER: _ClassVar[int]
     version: int
     size: int
     digest: str
-    def __init__(self, version: _Optional[int] = ..., size: _Optional[int] = ..., digest: _Optional[str] = ...) -> None: ...
+    created_at: float
+    def __init__(self, version: _Optional[int] = ..., size: _Optional[int] = ..., digest: _Optional[str] = ..., created_at: _Optional[float] = ...) -> None: ...
 
 class VersionRef(_message.Message):
     __slots__ = ("key", "version")
@@ -179,12 +191,14 @@ class FetchedVersions(_message.Message):
     def __init__(self, versions: _Optional[_Iterable[_Union[FetchedVersion, _Mapping]]] = ...) -> None: ...
 
 class GetMetaRequest(_message.Message):
-    __slots__ = ("key", "any_access")
+    __slots__ = ("key", "any_access", "min_version")
     KEY_FIELD_NUMBER: _ClassVar[int]
     ANY_ACCESS_FIELD_NUMBER: _ClassVar[int]
+    MIN_VERSION_FIELD_NUMBER: _ClassVar[int]
     key: str
     any_access: bool
-    def __init__(self, key: _Optional[str] = ..., any_access: _Optional[bool] = ...) -> None: ...
+    min_version: MinVersion
+    def __init__(self, key: _Optional[str] = ..., any_access: _Optional[bool] = ..., min_version: _Optional[_Union[MinVersion, _Mapping]] = ...) -> None: ...
 
 class BlobMeta(_message.Message):
     __slots__ = ("key", "version", "size", "digest", "acl", "replication_factor", "meta_version", "created_at", "updated_at", "creator", "replication", "acknowledged", "access")
@@ -261,10 +275,12 @@ class ListResponse(_message.Message):
     def __init__(self, keys: _Optional[_Iterable[str]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
 class GetReplicationRequest(_message.Message):
-    __slots__ = ("key",)
+    __slots__ = ("key", "min_version")
     KEY_FIELD_NUMBER: _ClassVar[int]
+    MIN_VERSION_FIELD_NUMBER: _ClassVar[int]
     key: str
-    def __init__(self, key: _Optional[str] = ...) -> None: ...
+    min_version: MinVersion
+    def __init__(self, key: _Optional[str] = ..., min_version: _Optional[_Union[MinVersion, _Mapping]] = ...) -> None: ...
 
 class ReplicationStatus(_message.Message):
     __slots__ = ("key", "version", "replication", "replication_factor", "holders")

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from blobha.core.acl import AccessControl
+from blobha.core.consistency import MinVersion
 from blobha.v1 import blobha_pb2 as pb
 from blobha.wire.status import (
     BlobInfo,
@@ -17,6 +18,19 @@ from blobha.wire.status import (
     ReplicationStatus,
     WaitResult,
 )
+
+
+def min_version_from_pb(request: pb.DownloadRequest | pb.GetMetaRequest
+                        | pb.GetReplicationRequest) -> MinVersion | None:
+    """The request's minimum view of its key (None: any will do, as older clients ask)."""
+    if not request.HasField("min_version"):
+        return None
+    m = request.min_version
+    return MinVersion(m.version, m.created_at) if m.version else None
+
+
+def min_version_to_pb(minimum: MinVersion) -> pb.MinVersion:
+    return pb.MinVersion(version=minimum.version, created_at=minimum.created_at)
 
 
 def acl_from_pb(entries: Iterable[pb.AccessControl]) -> tuple[AccessControl, ...]:

@@ -40,7 +40,7 @@ def test_every_class_is_covered() -> None:
         "KeyNotFound", "KeyAlreadyExists", "NotAuthorized", "InvalidArgument", "NotLeader",
         "VersionConflict", "ChecksumMismatch", "ResourceExhausted", "Unavailable",
         "DeadlineExceeded", "UploadNotFound", "InternalError", "Unauthenticated",
-        "TlsMismatch", "Busy", "Refused",
+        "TlsMismatch", "Busy", "Refused", "Stale",
     }
 
 
@@ -75,11 +75,24 @@ def test_codes_and_exit_codes(cls: type[BlobError]) -> None:
 def test_exit_codes_are_distinct() -> None:
     # A refusal is an Unavailable to a script (same status, same exit code); the client alone
     # tells them apart, by the trailer.
-    own = [c for c in ALL_CLASSES if c is not errors.Refused]
+    own = [c for c in ALL_CLASSES if c not in (errors.Refused, errors.Stale)]
     exit_codes = [c.exit_code for c in own]
     assert len(set(exit_codes)) == len(exit_codes)
-    assert errors.Refused.exit_code == Unavailable.exit_code
-    assert errors.Refused.code == Unavailable.code
+    for refusal in (errors.Refused, errors.Stale):
+        assert refusal.exit_code == Unavailable.exit_code
+        assert refusal.code == Unavailable.code
+
+
+def test_a_stale_view_is_unavailable_with_its_own_trailer_and_the_refused_one() -> None:
+    # The refused trailer too: a client that predates the stale one still retries elsewhere
+    # and knows the read did not run.
+    code, details, trailers = to_status(errors.Stale("master m1's view of 'k' is behind"))
+    assert code is grpc.StatusCode.UNAVAILABLE
+    assert dict(trailers) == {errors.STALE_METADATA_KEY: "1", errors.REFUSED_METADATA_KEY: "1"}
+    back = from_status(code, details, trailers)
+    assert type(back) is errors.Stale and str(back) == details
+    assert type(from_status(code, details, ((errors.REFUSED_METADATA_KEY, "1"),))) is (
+        errors.Refused)
 
 
 def test_not_leader_carries_the_leader_in_trailing_metadata() -> None:

@@ -32,7 +32,12 @@ from blobha.wire.chunks import (
     encode_chunk,
     serialize_response,
 )
-from blobha.wire.convert import job_token_to_pb, master_to_pb, replication_to_pb
+from blobha.wire.convert import (
+    job_token_to_pb,
+    master_to_pb,
+    min_version_from_pb,
+    replication_to_pb,
+)
 from blobha.wire.dataplane import DataOffer
 from blobha.zk.connection import UNREACHABLE
 from blobha.zk.layout import BlobState
@@ -283,12 +288,12 @@ class BlobStoreServicer(pb_grpc.BlobStoreServicer):
     @streaming
     def Download(self, request: pb.DownloadRequest, context: grpc.ServicerContext
                  ) -> Iterator[bytes | pb.DownloadChunk]:
-        info, chunks = self.master.open_download(
+        info, created_at, chunks = self.master.open_download(
             user_of(context), request.key, request.version, request.offset, request.length,
-            request.data_channel,
+            request.data_channel, min_version_from_pb(request),
         )
         first: pb.BlobInfo | None = pb.BlobInfo(version=info.seq, size=info.size,
-                                                digest=info.digest)
+                                                digest=info.digest, created_at=created_at)
         if isinstance(chunks, DataOffer):
             yield pb.DownloadChunk(info=first, data_port=chunks.port, ticket=chunks.ticket)
             return
@@ -322,7 +327,8 @@ class BlobStoreServicer(pb_grpc.BlobStoreServicer):
     @unary
     def GetMeta(self, request: pb.GetMetaRequest, context: grpc.ServicerContext) -> pb.BlobMeta:
         user = user_of(context)
-        state, replication = self.master.get_meta(user, request.key, request.any_access)
+        state, replication = self.master.get_meta(user, request.key, request.any_access,
+                                                  min_version_from_pb(request))
         meta = self._meta(user, request.key, state, replication)
         if not meta.access & READ:
             # What READ alone may learn: a writer could test guesses of a small secret
@@ -361,7 +367,8 @@ class BlobStoreServicer(pb_grpc.BlobStoreServicer):
     @unary
     def GetReplication(self, request: pb.GetReplicationRequest, context: grpc.ServicerContext
                        ) -> pb.ReplicationStatus:
-        return replication_to_pb(self.master.get_replication(user_of(context), request.key))
+        return replication_to_pb(self.master.get_replication(
+            user_of(context), request.key, min_version_from_pb(request)))
 
     @unary
     def WaitForReplication(self, request: pb.WaitForReplicationRequest,

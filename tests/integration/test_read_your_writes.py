@@ -1,0 +1,145 @@
+"""Read-your-writes against real masters: one master cut off from ZooKeeper keeps serving
+its last committed view; a read carrying a newer minimum is refused there with the stale
+trailer, and the client that wrote the newer version reads it from another master, never the
+older one, and never the content of a key it deleted."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator, MutableSequence, Sequence
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+from blobha.sync.peers import CHANNEL_OPTIONS
+from clusters import FAST
+from conftest import client_for, wait_until
+from zkproxy import ZooKeeperProxy
+
+from blobha.client import Client
+from blobha.core.errors import STALE_METADATA_KEY, KeyNotFound
+from blobha.ops.localcluster import LocalCluster, MasterProcess
+from blobha.v1 import blobha_pb2 as pb
+from blobha.v1 import blobha_pb2_grpc as pb_grpc
+
+pytestmark = pytest.mark.integration
+
+KEY = "ryw-model"
+
+
+class _CutOffCluster(LocalCluster):
+    """A cluster whose last master reaches ZooKeeper through a proxy the test can hold."""
+
+    proxy: ZooKeeperProxy | None = None
+
+    def write_config(self, m: MasterProcess) -> None:
+        super().write_config(m)
+        if m.index != len(self.masters) - 1:
+            return
+        if self.proxy is None:
+            self.proxy = ZooKeeperProxy(self.zk.connect_string)
+        text = m.config_path.read_text()
+        m.config_path.write_text(text.replace(self.zk.connect_string, self.proxy.address))
+
+
+@pytest.fixture
+def cut_off(tmp_path: Path) -> Iterator[_CutOffCluster]:
+    c = _CutOffCluster(tmp_path / "cluster", nodes=3, base_port=0, overrides=FAST)
+    try:
+        c.start()
+        yield c
+    finally:
+        c.stop()
+        if c.proxy is not None:
+            c.proxy.close()
+
+
+class _Steer(random.Random):
+    """The client's random picks, steered so that ``first`` is always tried first."""
+
+    def __init__(self, first: str) -> None:
+        super().__init__(0)
+        self.first = first
+
+    def choice(self, seq: Sequence[Any]) -> Any:
+        return self.first if self.first in seq else seq[0]
+
+    def shuffle(self, x: MutableSequence[Any]) -> None:  # type: ignore[override]
+        x[:] = sorted(x, key=lambda a: a != self.first)
+
+
+def _first_at(client: Client, address: str) -> Client:
+    """``client``, its next reads sent to ``address`` first (metadata and downloads)."""
+    client._router.rng = _Steer(address)
+    client._router.after_write(address)  # the master metadata reads go to first
+    return client
+
+
+def _raw(cluster: LocalCluster, address: str, method: str, request: Any) -> Any:
+    """``method`` called on one master, with no client logic between: its answer, or the
+    grpc.RpcError it failed with."""
+    creds = cluster.credentials("alice")
+    with creds.channel(address, CHANNEL_OPTIONS) as ch:
+        stub = pb_grpc.BlobStoreStub(ch)  # type: ignore[no-untyped-call]
+        try:
+            call = getattr(stub, method)
+            reply = call(request, timeout=10, metadata=creds.metadata("alice"))
+            return list(reply) if method == "Download" else reply
+        except grpc.RpcError as e:
+            return e
+
+
+def test_a_master_behind_refuses_a_newer_minimum_and_the_writer_reads_its_own_write(
+        cut_off: _CutOffCluster) -> None:
+    behind = cut_off.masters[-1]
+    assert cut_off.proxy is not None
+    with client_for(cut_off) as alice, client_for(cut_off, "bob") as bob:
+        first = alice.create(KEY, b"version one", acl="u:alice:rwa,o::r", replication_factor=3)
+        assert alice.wait_for_replication([KEY], 3, 30).reached
+        alice.cluster_summary()  # knows every master, so a read may go to any of them
+
+        cut_off.proxy.hold()
+        wait_until(lambda: alice.node_status(behind.address).zookeeper_unreachable, 20,
+                   "the cut-off master to see ZooKeeper unreachable")
+        second = alice.update(KEY, b"version two")  # by a leader among the other two
+        assert second.version == first.version + 1
+        assert second.created_at == first.created_at
+
+        # The cut-off master still serves its view to a read with no minimum...
+        old = _raw(cut_off, behind.address, "GetMeta", pb.GetMetaRequest(key=KEY))
+        assert isinstance(old, pb.BlobMeta) and old.version == first.version
+        # ...and refuses one whose minimum is newer, distinctly, for the metadata and the data.
+        minimum = pb.MinVersion(version=second.version, created_at=second.created_at)
+        for method, request in (
+                ("GetMeta", pb.GetMetaRequest(key=KEY, min_version=minimum)),
+                ("Download", pb.DownloadRequest(key=KEY, min_version=minimum)),
+                ("GetReplication", pb.GetReplicationRequest(key=KEY, min_version=minimum))):
+            refused = _raw(cut_off, behind.address, method, request)
+            assert isinstance(refused, grpc.RpcError), f"{method} answered {refused!r}"
+            assert refused.code() == grpc.StatusCode.UNAVAILABLE
+            assert (STALE_METADATA_KEY, "1") in tuple(refused.trailing_metadata() or ())
+            assert "behind" in (refused.details() or "")
+        # A minimum it has reached is served.
+        held = pb.MinVersion(version=first.version, created_at=first.created_at)
+        served = _raw(cut_off, behind.address, "GetMeta",
+                      pb.GetMetaRequest(key=KEY, min_version=held))
+        assert isinstance(served, pb.BlobMeta) and served.version == first.version
+
+        # The writer, sent to the cut-off master first every time, reads its own write.
+        for _ in range(3):
+            assert _first_at(alice, behind.address).get_meta(KEY).version == second.version
+            assert _first_at(alice, behind.address).read(KEY) == b"version two"
+        # Another client, which has seen nothing of the key, is promised nothing.
+        assert _first_at(bob, behind.address).read(KEY) == b"version one"
+        # Once bob has read version two elsewhere, he never reads version one again.
+        bob._router.after_write(cut_off.masters[0].address)
+        assert bob.get_meta(KEY).version == second.version
+        assert _first_at(bob, behind.address).read(KEY) == b"version two"
+
+        # A key the client deleted is not read back from the master that still holds it.
+        alice.delete(KEY)
+        with pytest.raises(KeyNotFound):
+            _first_at(alice, behind.address).read(KEY)
+        with pytest.raises(KeyNotFound):
+            _first_at(alice, behind.address).get_meta(KEY)
