@@ -116,7 +116,7 @@ class Masters:
                 view[key] = (version, created_at, data)
 
     def unary(self, address: str, method: str, request: Any, timeout: float | None,
-              stall: float | None = None) -> Any:
+              stall: float | None = None, rivals: Any = ()) -> Any:
         self.calls.append((address, method, request))
         if method == "ClusterSummary":
             return pb.ClusterSummaryResponse(
