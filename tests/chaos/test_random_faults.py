@@ -1,0 +1,157 @@
+"""Randomized faults against the containerised deployment, one at a time, under several writer
+and reader clients, then the whole history checked (tests/chaos/fault_checker.py).
+
+The seed is printed and recorded in the chaos report; ``BLOBHA_FAULT_SEED=N`` replays a run,
+``BLOBHA_FAULT_SECS`` sets how long faults are injected (about 150 s by default, some 4 minutes
+with the cluster's start and the checks).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import threading
+import time
+from typing import Any
+
+import grpc
+import pytest
+from chaos_harness import SESSION_TIMEOUT_MS, ChaosCluster, LeaderSampler, Node, md, verify
+from fault_checker import OK, RandomWorkload, check_history
+from waiting import wait_until
+
+from blobha.v1 import blobha_pb2 as pb
+
+pytestmark = pytest.mark.timeout(1200)
+
+SESSION_S = SESSION_TIMEOUT_MS / 1000
+#: The longest time without an acknowledged write that a fault may cause, counted from the
+#: fault, or from a ZooKeeper quorum's return for a ZooKeeper restart.
+OUTAGE_BOUND_S = SESSION_S + 3
+FAULTS = ("kill_leader", "kill_follower", "pause_leader", "term_leader", "wipe_follower",
+          "zk_restart")
+
+
+def _seed() -> int:
+    text = os.environ.get("BLOBHA_FAULT_SEED", "").strip()
+    return int(text) if text else random.SystemRandom().randrange(1, 1_000_000)
+
+
+def _follower(c: ChaosCluster, leader: Node, rng: random.Random) -> Node:
+    return rng.choice([m for m in c.masters if m is not leader])
+
+
+def _inject(c: ChaosCluster, w: RandomWorkload, kind: str, rng: random.Random
+            ) -> dict[str, Any]:
+    """One fault, and the cluster back to every master ready; its figures."""
+    leader = c.wait_leader(30)
+    t0 = time.monotonic()
+    since = t0  # the outage is counted from here
+    target = leader
+    if kind == "kill_leader":
+        leader.docker.kill(signal="SIGKILL")
+        c.wait_leader(60, not_in=(leader,))
+        leader.docker.start()
+    elif kind == "kill_follower":
+        target = _follower(c, leader, rng)
+        target.docker.kill(signal="SIGKILL")
+        wait_until(lambda: w.history.acked_writes() > 0 and _acked_since(w, t0) >= 3, 60,
+                   "writes with a follower down")
+        target.docker.start()
+    elif kind == "pause_leader":
+        c.pause(leader)
+        try:
+            c.wait_leader(60, not_in=(leader,))
+            # Past the session timeout (a successor exists), and then some.
+            threading.Event().wait(rng.uniform(0.0, 3.0))
+        finally:
+            leader.docker.unpause()
+    elif kind == "term_leader":
+        leader.docker.stop(timeout=10)
+        c.wait_leader(60, not_in=(leader,))
+        leader.docker.start()
+    elif kind == "wipe_follower":
+        target = _follower(c, leader, rng)
+        target.docker.stop(timeout=10)
+        c.wipe(target)
+        target.docker.start()
+    elif kind == "zk_restart":
+        for z in c.zks:
+            z.docker.kill(signal="SIGKILL")
+        for z in c.zks:
+            z.docker.start()
+        # Counted from a quorum's return: until then no write can be made.
+        wait_until(lambda: sum(c.zk_mode(z) in ("leader", "follower") for z in c.zks) >= 2,
+                   90, "a ZooKeeper quorum")
+        since = time.monotonic()
+        c.wait_zk_quorum(90)
+    else:
+        raise AssertionError(kind)
+    mark = time.monotonic()
+    wait_until(lambda: _acked_since(w, mark) >= 3, 120, f"writes to resume after {kind}")
+    c.wait_ready(180)
+    recovered = time.monotonic()
+    return {"kind": kind, "target": target.name, "outage_s": round(w.history.write_gaps(
+        since, recovered), 2), "recovered_after_s": round(recovered - t0, 2)}
+
+
+def _acked_since(w: RandomWorkload, t: float) -> int:
+    return sum(1 for o in w.history.snapshot()
+               if o.kind == "write" and o.outcome == OK and o.end > t)
+
+
+def _deleted_everywhere(c: ChaosCluster, key: str) -> list[str]:
+    """The masters that still know ``key`` (it must be gone from every one)."""
+    still = []
+    for m in c.masters:
+        try:
+            c.stub(m).GetMeta(pb.GetMetaRequest(key=key), metadata=md(), timeout=10)
+            still.append(m.name)
+        except grpc.RpcError as e:
+            if e.code() is not grpc.StatusCode.NOT_FOUND:
+                still.append(f"{m.name} ({e.code().name})")
+    return still
+
+
+def test_random_faults_keep_every_guarantee(chaos_cluster: ChaosCluster,
+                                            scenario: dict[str, Any]) -> None:
+    c = chaos_cluster
+    seed = _seed()
+    budget = float(os.environ.get("BLOBHA_FAULT_SECS", "150"))
+    print(f"random faults: seed {seed} (replay with BLOBHA_FAULT_SEED={seed})")
+    scenario["seed"] = seed
+    rng = random.Random(seed)
+    faults: list[dict[str, Any]] = []
+    with LeaderSampler(c) as sampler, RandomWorkload(c, seed) as w:
+        wait_until(lambda: w.history.acked_writes() >= 20, 90, "the workload to start")
+        started = time.monotonic()
+        while time.monotonic() - started < budget:
+            faults.append(_inject(c, w, rng.choice(FAULTS), rng))
+            mark = time.monotonic()
+            wait_until(lambda m=mark: _acked_since(w, m) >= 5, 60, "writes between faults")
+    ops = w.history.snapshot()
+    deletes = [o.key for o in ops if o.kind == "delete" and o.outcome == OK]
+    verdict = verify(c, w.history.records())
+    problems = [*w.errors, *check_history(ops), *verdict.problems,
+                *sampler.violations()]
+    for key in deletes:
+        still = _deleted_everywhere(c, key)
+        if still:
+            problems.append(f"{key} was deleted but {', '.join(still)} still hold it")
+    worst: dict[str, float] = {}
+    for f in faults:
+        worst[f["kind"]] = max(worst.get(f["kind"], 0.0), f["outage_s"])
+    scenario.update(
+        faults=[f"{f['kind']}({f['target']}): outage {f['outage_s']} s" for f in faults],
+        longest_outage_by_kind_s=worst,
+        operations=len(ops),
+        reads_served=sum(1 for o in ops if o.kind == "read" and o.outcome == OK),
+        deletes_acknowledged=len(deletes), epochs_seen=sorted(sampler.leaders_by_epoch()),
+        **verdict.figures(),
+    )
+    print(f"random faults, seed {seed}: {scenario}")
+    assert not problems, f"seed {seed}: " + "; ".join(problems[:20])
+    assert len(faults) >= 2, f"seed {seed}: only {len(faults)} faults in {budget} s"
+    over = {k: v for k, v in worst.items() if v > OUTAGE_BOUND_S}
+    assert not over, (f"seed {seed}: writes stopped longer than {OUTAGE_BOUND_S} s: {over}"
+                      f" ({faults})")
