@@ -23,7 +23,7 @@ from blobha.client.retry import (
     now,
 )
 from blobha.client.seen import DEFAULT_REMEMBERED_KEYS, SeenVersions
-from blobha.client.transport import HandshakeFailed, Transport
+from blobha.client.transport import HandshakeFailed, LeaderMoved, Transport
 from blobha.core.errors import (
     BlobError,
     DeadlineExceeded,
@@ -108,6 +108,14 @@ class Router:
             self._leader = leader if leader and leader != tried else None
         if leader:
             self.learn([leader])
+
+    def leader_moved(self, tried: str, leader: str) -> None:
+        """``tried`` went silent and ``leader`` leads now: calls go there, reads that stuck to
+        ``tried`` too (the next one may settle a write left there, and must not wait on it)."""
+        self.redirect(tried, leader)
+        with self._lock:
+            if self._preferred == tried:
+                self._preferred = leader
 
     def forget_leader(self, address: str) -> None:
         with self._lock:
@@ -261,6 +269,10 @@ class Router:
                                                  rivals=self.known_addresses())
             except NotLeader as exc:
                 self.redirect(leader, exc.leader)
+                raise
+            except LeaderMoved as exc:
+                uncertain = True
+                self.leader_moved(leader, exc.leader)
                 raise
             except Unavailable as exc:
                 uncertain = uncertain or may_have_run(exc)

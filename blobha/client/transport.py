@@ -95,6 +95,16 @@ class Transport(Protocol):
     def close(self) -> None: ...
 
 
+class LeaderMoved(Unavailable):
+    """A call to the leader was left while that leader was silent, because ``leader`` leads
+    now (a newer term). The call may have run (a commit whose answer was lost): it is settled
+    or made again with the new leader, which the client goes to at once."""
+
+    def __init__(self, message: str, leader: str = "") -> None:
+        super().__init__(message)
+        self.leader = leader
+
+
 class HandshakeFailed(Unavailable):
     """The TLS handshake with ``addresses`` failed in a way only a TLS peer that disagrees
     can cause: its certificate did not verify against the client's CA, or it answered in plain
@@ -190,6 +200,9 @@ class GrpcTransport:
         self._stubs: dict[str, Any] = {}
         self._stalls = StallWatch()
         self._calls = CallWatch(self._answers, self._cut)
+        #: A silent master -> the rival found leading instead (see _answers); kept until that
+        #: master answers again.
+        self._successors: dict[str, str] = {}
         self._closed = False
 
     def _stub(self, address: str) -> Any:
@@ -230,6 +243,12 @@ class GrpcTransport:
         except (grpc.RpcError, ValueError) as exc:
             # ValueError: the channel was closed as this call began (cut for another call).
             if pending is not None and (pending.fired or self._was_cut(address, stub)):
+                with self._lock:
+                    successor = self._successors.pop(address, "")
+                if successor:
+                    raise LeaderMoved(
+                        f"master {address} stopped answering {method} (paused or cut off) and"
+                        f" {successor} leads now; trying it", successor) from None
                 raise Unavailable(
                     f"master {address} stopped answering: {method} got no answer for"
                     f" {stall:g} s, or until another master led, and neither did a status check"
@@ -277,31 +296,36 @@ class GrpcTransport:
                 try:
                     future.result(timeout=min(_RIVAL_POLL_SECS,
                                               max(deadline - time.monotonic(), 0.0)))
+                    with self._lock:
+                        self._successors.pop(address, None)
                     return True
                 except grpc.FutureTimeoutError:
                     if time.monotonic() >= deadline:
                         return False
-                    if self._a_rival_leads(rivals):
+                    successor = self._leading_rival(rivals)
+                    if successor:
+                        with self._lock:
+                            self._successors[address] = successor
                         return False
         except grpc.RpcError as exc:
             return _an_answer(exc)
         finally:
             future.cancel()
 
-    def _a_rival_leads(self, rivals: tuple[str, ...]) -> bool:
-        """Whether one of ``rivals`` answers a status check saying it leads."""
+    def _leading_rival(self, rivals: tuple[str, ...]) -> str:
+        """The one of ``rivals`` that answers a status check saying it leads, or ''."""
         futures = []
         try:
             for rival in rivals:
                 futures.append(self._stub(rival).NodeStatus.future(
                     pb.NodeStatusRequest(), timeout=_RIVAL_POLL_SECS, metadata=self._metadata))
-            for f in futures:
+            for rival, f in zip(rivals, futures, strict=True):
                 try:
                     if f.result().is_leader:
-                        return True
+                        return rival
                 except grpc.RpcError:
                     continue  # silent or refusing: no new term from it
-            return False
+            return ""
         finally:
             for f in futures:
                 f.cancel()

@@ -16,6 +16,7 @@ from blobha.client.arguments import MiB
 from blobha.client.retry import Deadline, Mismatches, cut_short, may_have_run
 from blobha.client.routing import Router
 from blobha.client.sources import Source, open_source
+from blobha.client.transport import LeaderMoved
 from blobha.client.values import BlobMeta, ProgressCallback, UploadData
 from blobha.core.digest import PUT_MAX_BYTES, Digester
 from blobha.core.errors import (
@@ -127,6 +128,9 @@ class UploadJob:
                 except UploadNotFound as exc:
                     self.upload_id = ""
                     self.router.forget_leader(self.leader)
+                    last = exc
+                except LeaderMoved as exc:
+                    self.router.leader_moved(self.leader, exc.leader)
                     last = exc
                 except Unavailable as exc:
                     self.router.forget_leader(self.leader)

@@ -1931,9 +1931,10 @@ def test_a_write_to_a_silent_leader_ends_once_a_rival_leads() -> None:
         started = time.monotonic()
         elected = threading.Timer(1.5, lambda: leads.update({M2: True}))  # the successor
         elected.start()
-        with pytest.raises(Unavailable, match="or until another master led"):
+        with pytest.raises(transport_mod.LeaderMoved, match=f"and {M2} leads now") as moved:
             transport.unary(M1, "Put", pb.PutRequest(), 120.0, stall=60.0, rivals=[M1, M2])
         took = time.monotonic() - started
+        assert moved.value.leader == M2  # where the retry goes at once
         assert took < 10, f"left the silent leader after {took:.1f} s"
         assert leader.closed.is_set() and M2 in asked
     finally:
