@@ -51,7 +51,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -354,32 +354,32 @@ def run_spark_bench(
     ]
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
-        prog="python -m blobha.ops.bench_spark",
-        description="Time blobha against sc.addFile for getting a blob to every executor.",
-    )
+def command_line(prog: str, description: str) -> argparse.ArgumentParser:
+    """The options every Spark benchmark's command line shares: where the cluster is, the
+    blob's size, JSON output."""
+    p = argparse.ArgumentParser(prog=prog, description=description)
     where = p.add_mutually_exclusive_group()
     where.add_argument("--cluster", default=os.environ.get("BLOBHA_CLUSTER"))
     where.add_argument("--local", action="store_true",
                        help="start a 3-master local cluster for the run")
-    p.add_argument("--size-mib", type=float, default=DEFAULT_SIZE / MiB)
-    p.add_argument("--executors", type=int, default=2)
-    p.add_argument("--rounds", type=int, default=1, help="report the median of this many runs")
     p.add_argument("--json", action="store_true", help="one JSON object per metric")
-    args = p.parse_args(argv)
+    return p
+
+
+def run_and_print(p: argparse.ArgumentParser, args: argparse.Namespace,
+                  run: Callable[[str], list[dict[str, Any]]]) -> int:
+    """``run(cluster)`` against ``--cluster`` or a local cluster started for it (``--local``),
+    then each metric printed: a table row, or with ``--json`` one JSON object."""
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
-    size = int(args.size_mib * MiB)
     if args.local:
         from blobha.ops.localcluster import LocalCluster
 
-        with tempfile.TemporaryDirectory(prefix="blobha-bench-spark-cluster-") as tmp:
-            lc = LocalCluster(Path(tmp), nodes=3, base_port=0,
-                              overrides={"blobstore.disk.reserved.bytes": 0})
-            with lc:
-                metrics = run_spark_bench(lc.cluster, size, args.executors, rounds=args.rounds)
+        with tempfile.TemporaryDirectory(prefix="blobha-bench-spark-cluster-") as tmp, \
+                LocalCluster(Path(tmp), nodes=3, base_port=0,
+                             overrides={"blobstore.disk.reserved.bytes": 0}) as lc:
+            metrics = run(lc.cluster)
     elif args.cluster:
-        metrics = run_spark_bench(args.cluster, size, args.executors, rounds=args.rounds)
+        metrics = run(args.cluster)
     else:
         p.error("give --cluster (or BLOBHA_CLUSTER) or --local")
     for m in metrics:
@@ -389,6 +389,18 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{m['name']:32} {m['value']:>9.3f} {m['unit']}   {m['baseline_name']:28}"
                   f" {m['baseline_value']:>9.3f} {m['unit']}   ratio {m['ratio']:.3f}")
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = command_line("python -m blobha.ops.bench_spark",
+                     "Time blobha against sc.addFile for getting a blob to every executor.")
+    p.add_argument("--size-mib", type=float, default=DEFAULT_SIZE / MiB)
+    p.add_argument("--executors", type=int, default=2)
+    p.add_argument("--rounds", type=int, default=1, help="report the median of this many runs")
+    args = p.parse_args(argv)
+    size = int(args.size_mib * MiB)
+    return run_and_print(p, args, lambda cluster: run_spark_bench(
+        cluster, size, args.executors, rounds=args.rounds))
 
 
 if __name__ == "__main__":

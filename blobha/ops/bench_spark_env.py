@@ -28,7 +28,6 @@ Run it::
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import os
@@ -42,9 +41,9 @@ import textwrap
 import time
 import uuid
 from pathlib import Path
-from typing import Any
 
 from blobha.client import Client
+from blobha.ops.bench_spark import command_line, run_and_print
 from blobha.ops.sparkstandalone import StandaloneSpark, spark_home
 from blobha.spark.jobcode import code_key, digest_path
 
@@ -235,39 +234,13 @@ def run_env_start_bench(
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
-        prog="python -m blobha.ops.bench_spark_env",
-        description="Time blobha against spark-submit --archives for starting applications"
-                    " whose executors run a packed Python environment.",
-    )
-    where = p.add_mutually_exclusive_group()
-    where.add_argument("--cluster", default=os.environ.get("BLOBHA_CLUSTER"))
-    where.add_argument("--local", action="store_true",
-                       help="start a 3-master local cluster for the run")
+    p = command_line("python -m blobha.ops.bench_spark_env",
+                     "Time blobha against spark-submit --archives for starting applications"
+                     " whose executors run a packed Python environment.")
     p.add_argument("--size-mib", type=float, default=DEFAULT_SIZE / MiB)
-    p.add_argument("--json", action="store_true", help="one JSON object per metric")
     args = p.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
     size = int(args.size_mib * MiB)
-    metrics: list[dict[str, Any]]
-    if args.local:
-        from blobha.ops.localcluster import LocalCluster
-
-        with tempfile.TemporaryDirectory(prefix="blobha-bench-spark-env-cluster-") as tmp, \
-                LocalCluster(Path(tmp), nodes=3, base_port=0,
-                             overrides={"blobstore.disk.reserved.bytes": 0}) as lc:
-            metrics = run_env_start_bench(lc.cluster, size)
-    elif args.cluster:
-        metrics = run_env_start_bench(args.cluster, size)
-    else:
-        p.error("give --cluster (or BLOBHA_CLUSTER) or --local")
-    for m in metrics:
-        if args.json:
-            print(json.dumps(m))
-        else:
-            print(f"{m['name']:30} {m['value']:>8.2f} s   {m['baseline_name']:28}"
-                  f" {m['baseline_value']:>8.2f} s   ratio {m['ratio']:.3f}")
-    return 0
+    return run_and_print(p, args, lambda cluster: run_env_start_bench(cluster, size))
 
 
 if __name__ == "__main__":

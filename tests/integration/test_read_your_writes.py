@@ -5,8 +5,7 @@ older one, and never the content of a key it deleted."""
 
 from __future__ import annotations
 
-import random
-from collections.abc import Iterator, MutableSequence, Sequence
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +14,7 @@ import pytest
 from blobha.sync.peers import CHANNEL_OPTIONS
 from clusters import FAST
 from conftest import client_for, wait_until
+from steer import Steer
 from zkproxy import ZooKeeperProxy
 
 from blobha.client import Client
@@ -55,23 +55,9 @@ def cut_off(tmp_path: Path) -> Iterator[_CutOffCluster]:
             c.proxy.close()
 
 
-class _Steer(random.Random):
-    """The client's random picks, steered so that ``first`` is always tried first."""
-
-    def __init__(self, first: str) -> None:
-        super().__init__(0)
-        self.first = first
-
-    def choice(self, seq: Sequence[Any]) -> Any:
-        return self.first if self.first in seq else seq[0]
-
-    def shuffle(self, x: MutableSequence[Any]) -> None:  # type: ignore[override]
-        x[:] = sorted(x, key=lambda a: a != self.first)
-
-
 def _first_at(client: Client, address: str) -> Client:
     """``client``, its next reads sent to ``address`` first (metadata and downloads)."""
-    client._router.rng = _Steer(address)
+    client._router.rng = Steer(address)
     client._router.after_write(address)  # the master metadata reads go to first
     return client
 

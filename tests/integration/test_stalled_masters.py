@@ -6,11 +6,9 @@ leader, and masters' own fetches from each other (sync) to another holder."""
 from __future__ import annotations
 
 import os
-import random
 import signal
 import threading
 import time
-from collections.abc import MutableSequence, Sequence
 from typing import Any
 
 import pytest
@@ -25,6 +23,7 @@ from conftest import (
     version_files,
     wait_until,
 )
+from steer import Steer
 
 from blobha.client import PUT_MAX_BYTES
 from blobha.core.auth import MASTER_SECRET_METADATA_KEY
@@ -38,21 +37,6 @@ pytestmark = pytest.mark.integration
 MiB = 1024 * 1024
 
 
-class _Steer(random.Random):
-    """The client's random picks, steered so that ``first`` is always tried first."""
-
-    def __init__(self, first: str) -> None:
-        super().__init__(0)
-        self.first = first
-
-    def choice(self, seq: Sequence[Any]) -> Any:
-        return self.first if self.first in seq else seq[0]
-
-    def shuffle(self, x: MutableSequence[Any]) -> None:  # type: ignore[override]
-        ordered = sorted(x, key=lambda a: a != self.first)
-        x[:] = ordered
-
-
 def test_a_read_moves_on_from_a_paused_replica(fresh_cluster: LocalCluster) -> None:
     # Before the stall watch the call waited for its whole deadline (the client's 60 s timeout)
     # and then failed the read, although two other replicas held the blob.
@@ -62,7 +46,7 @@ def test_a_read_moves_on_from_a_paused_replica(fresh_cluster: LocalCluster) -> N
         assert c.wait_for_replication(["quiet"], 3, timeout=30).reached
         paused = followers(fresh_cluster)[0]
         c.cluster_summary()  # knows every master, so it can guess at any of them
-        c._router.rng = _Steer(paused.address)
+        c._router.rng = Steer(paused.address)
         paused.signal(signal.SIGSTOP)
         try:
             started = time.monotonic()
@@ -84,7 +68,7 @@ def test_a_download_paused_midway_resumes_from_another_replica(
         assert c.wait_for_replication(["midway"], 3, timeout=60).reached
         paused = followers(fresh_cluster)[0]
         c.cluster_summary()
-        c._router.rng = _Steer(paused.address)
+        c._router.rng = Steer(paused.address)
         stopped = threading.Event()
         first_stop_at: list[int] = []
 
@@ -106,14 +90,14 @@ def test_a_download_paused_midway_resumes_from_another_replica(
     assert elapsed < 25, f"the download took {elapsed:.1f} s"
 
 
-@pytest.mark.parametrize("size", [4096, PUT_MAX_BYTES + 1], ids=["put", "upload"])
-def test_a_write_moves_on_from_a_paused_leader(fresh_cluster: LocalCluster, size: int) -> None:
-    # Before: the call to the paused leader waited for the client's whole timeout (60 s) and
-    # failed, although the next leader was elected once the session expired (4 s here).
+def _create_while_the_leader_is_paused(cluster: LocalCluster, size: int,
+                                       **client_options: Any) -> float:
+    """Create a blob of ``size`` with the leader paused; how long the create took. The blob
+    must then be written once, by the next leader."""
     data = os.urandom(size)
-    with client_for(fresh_cluster, timeout=60.0, stall_timeout=2.0) as c:
-        c.create("warm", b"x")  # the client knows the leader
-        old = fresh_cluster.leader()
+    with client_for(cluster, timeout=60.0, **client_options) as c:
+        c.create("warm", b"x")  # the client knows the leader, and the others
+        old = cluster.leader()
         old.signal(signal.SIGSTOP)
         try:
             started = time.monotonic()
@@ -124,6 +108,14 @@ def test_a_write_moves_on_from_a_paused_leader(fresh_cluster: LocalCluster, size
         assert meta.version == 1 and meta.acknowledged
         assert c.read("while-paused") == data
         assert c.get_meta("while-paused").version == 1  # written once, by the new leader
+    return elapsed
+
+
+@pytest.mark.parametrize("size", [4096, PUT_MAX_BYTES + 1], ids=["put", "upload"])
+def test_a_write_moves_on_from_a_paused_leader(fresh_cluster: LocalCluster, size: int) -> None:
+    # Before: the call to the paused leader waited for the client's whole timeout (60 s) and
+    # failed, although the next leader was elected once the session expired (4 s here).
+    elapsed = _create_while_the_leader_is_paused(fresh_cluster, size, stall_timeout=2.0)
     assert elapsed < 30, f"the write took {elapsed:.1f} s"
 
 
@@ -133,19 +125,7 @@ def test_a_write_leaves_a_paused_leader_once_its_successor_leads(fresh_cluster: 
     # With the default stall limit (10 s), a write in the hands of a paused leader waited for
     # that limit, or for the connection's keepalive to fail (up to 8 s), although the next
     # leader was elected once the session expired. It now moves on as that leader appears.
-    data = os.urandom(size)
-    with client_for(fresh_cluster, timeout=60.0) as c:
-        c.create("warm", b"x")  # the client knows the leader, and the others
-        old = fresh_cluster.leader()
-        old.signal(signal.SIGSTOP)
-        try:
-            started = time.monotonic()
-            meta = c.create("while-paused", data, replication_factor=2)
-            elapsed = time.monotonic() - started
-        finally:
-            old.signal(signal.SIGCONT)
-        assert meta.version == 1 and meta.acknowledged
-        assert c.read("while-paused") == data
+    elapsed = _create_while_the_leader_is_paused(fresh_cluster, size)
     assert elapsed < SESSION_TIMEOUT_MS / 1000 + 3, f"the write took {elapsed:.1f} s"
 
 

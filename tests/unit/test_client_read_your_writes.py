@@ -4,11 +4,11 @@ compares a minimum with a master's view, and the routing of a read a master refu
 
 from __future__ import annotations
 
-import random
-from collections.abc import Iterator, MutableSequence, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import pytest
+from steer import Steer
 
 from blobha.client import Client
 from blobha.client import retry as retry_mod
@@ -181,18 +181,6 @@ class Masters:
                 if a in self.behind and m != "ClusterSummary" and r.HasField("min_version")]
 
 
-class _Steer(random.Random):
-    def __init__(self, first: str) -> None:
-        super().__init__(0)
-        self.first = first
-
-    def choice(self, seq: Sequence[Any]) -> Any:
-        return self.first if self.first in seq else seq[0]
-
-    def shuffle(self, x: MutableSequence[Any]) -> None:  # type: ignore[override]
-        x[:] = sorted(x, key=lambda a: a != self.first)
-
-
 @pytest.fixture
 def masters() -> Masters:
     return Masters()
@@ -219,7 +207,7 @@ def alice(masters: Masters, clock: list[float]) -> Iterator[Client]:
 
 
 def _first_at(client: Client, address: str) -> Client:
-    client._router.rng = _Steer(address)
+    client._router.rng = Steer(address)
     client._router.after_write(address)
     return client
 
