@@ -43,7 +43,7 @@ import uuid
 from pathlib import Path
 
 from blobha.client import Client
-from blobha.ops.bench_spark import command_line, run_and_print
+from blobha.ops.bench_spark import command_line, metric, run_and_print
 from blobha.ops.sparkstandalone import StandaloneSpark, spark_home
 from blobha.spark.jobcode import code_key, digest_path
 
@@ -88,17 +88,6 @@ json.dump({"app": sc.applicationId, "rows": rows, "driver": started, "registered
           open(sys.argv[1], "w"))
 spark.stop()
 '''
-
-
-def _metric(name: str, value: float, baseline_name: str, baseline: float) -> dict[str, object]:
-    return {
-        "name": name,
-        "value": round(value, 4),
-        "unit": "s",
-        "baseline_name": baseline_name,
-        "baseline_value": round(baseline, 4),
-        "ratio": round(value / baseline, 4) if baseline else float("nan"),
-    }
 
 
 def build_env_archive(root: Path, size_bytes: int, mark: str) -> Path:
@@ -228,7 +217,7 @@ def run_env_start_bench(
                 log.warning("could not delete %s: %s", key, exc)
         shutil.rmtree(root, ignore_errors=True)
     names = {1: "first", 2: "second", 3: "third"}
-    return [_metric(f"spark_env_start_{names[n]}_app_s", timings[n, "blobha"],
+    return [metric(f"spark_env_start_{names[n]}_app_s", timings[n, "blobha"],
                     f"spark_archives_{names[n]}_app_s", timings[n, "archives"])
             for n in range(1, APPLICATIONS + 1)]
 
