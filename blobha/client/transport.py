@@ -7,7 +7,6 @@ from __future__ import annotations
 import functools
 import queue
 import threading
-import time
 from collections.abc import Generator, Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
@@ -281,32 +280,23 @@ class GrpcTransport:
         """Whether ``address`` answers a status check within ``limit`` seconds; while it is
         silent, False as soon as one of ``rivals`` says it leads (a new term began: the
         silent master, which the caller took for the leader, is deposed)."""
-        if not rivals:
-            try:
-                self._stub(address).NodeStatus(pb.NodeStatusRequest(), timeout=limit,
-                                               metadata=self._metadata)
-            except grpc.RpcError as exc:
-                return _an_answer(exc)
-            return True
         future = self._stub(address).NodeStatus.future(
             pb.NodeStatusRequest(), timeout=limit, metadata=self._metadata)
-        deadline = time.monotonic() + limit
         try:
             while True:
                 try:
-                    future.result(timeout=min(_RIVAL_POLL_SECS,
-                                              max(deadline - time.monotonic(), 0.0)))
-                    with self._lock:
-                        self._successors.pop(address, None)
-                    return True
+                    # gRPC ends the check by its own deadline (then: silence, an RpcError).
+                    future.result(timeout=_RIVAL_POLL_SECS if rivals else None)
                 except grpc.FutureTimeoutError:
-                    if time.monotonic() >= deadline:
-                        return False
                     successor = self._leading_rival(rivals)
                     if successor:
                         with self._lock:
                             self._successors[address] = successor
                         return False
+                    continue
+                with self._lock:
+                    self._successors.pop(address, None)
+                return True
         except grpc.RpcError as exc:
             return _an_answer(exc)
         finally:

@@ -62,7 +62,8 @@ def _inject(c: ChaosCluster, w: RandomWorkload, kind: str, rng: random.Random
         c.pause(leader)
         try:
             c.wait_leader(60, not_in=(leader,))
-            # Past the session timeout (a successor exists), and then some.
+            # Past the session timeout (a successor exists), and then some: this wait is the
+            # fault's length (the pause a leader suffers), not a synchronisation.
             threading.Event().wait(rng.uniform(0.0, 3.0))
         finally:
             leader.docker.unpause()

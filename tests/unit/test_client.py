@@ -1813,6 +1813,55 @@ def test_a_slow_consumer_is_not_a_stalled_master() -> None:
     assert not transport._stalls._thread.is_alive()  # closing the transport ends the watch
 
 
+class _Silent:
+    """A status call that never answers (a paused master's), as a gRPC future."""
+
+    def __init__(self) -> None:
+        self.cancelled = threading.Event()
+
+    def result(self, timeout: float | None = None) -> Any:
+        if self.cancelled.wait(timeout):
+            raise _Status(grpc.StatusCode.CANCELLED, "Cancelled")
+        raise grpc.FutureTimeoutError()
+
+    def cancel(self) -> bool:
+        self.cancelled.set()
+        return True
+
+
+class _Answered:
+    def __init__(self, reply: Any) -> None:
+        self.reply = reply
+
+    def result(self, timeout: float | None = None) -> Any:
+        return self.reply
+
+    def cancel(self) -> bool:
+        return False
+
+
+class _Failed:
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+    def result(self, timeout: float | None = None) -> Any:
+        raise self.error
+
+    def cancel(self) -> bool:
+        return False
+
+
+class _StatusCall:
+    """``stub.NodeStatus``: callable, with ``.future`` giving ``make()``."""
+
+    def __init__(self, make: Callable[[], Any], calls: list[str], name: str) -> None:
+        self.make, self.calls, self.name = make, calls, name
+
+    def future(self, request: Any, timeout: float | None, metadata: Any) -> Any:
+        self.calls.append(self.name)
+        return self.make()
+
+
 class _SlowMaster:
     """A master whose Put answers once ``checks`` status checks have been made (None: never),
     over a channel whose close ends the call as gRPC does."""
@@ -1822,6 +1871,8 @@ class _SlowMaster:
         self.status_answers = status_answers
         self.checks: list[str] = []
         self.closed = threading.Event()
+        #: What a status check gives instead, as a gRPC future.
+        self.status_future: Callable[[], Any] | None = None
 
     def Put(self, request: Any, timeout: float | None, metadata: Any) -> str:
         deadline = time.monotonic() + 10
@@ -1832,11 +1883,14 @@ class _SlowMaster:
                 return "answer"
         raise AssertionError("the call was neither answered nor ended in 10 s")
 
-    def NodeStatus(self, request: Any, timeout: float | None, metadata: Any) -> Any:
-        self.checks.append("NodeStatus")
-        if not self.status_answers:
-            raise _Status(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
-        return pb.MasterSummary()
+    @property
+    def NodeStatus(self) -> Any:
+        def check() -> Any:
+            if not self.status_answers:
+                return _Failed(_Status(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded"))
+            return _Answered(pb.MasterSummary())
+
+        return _StatusCall(self.status_future or check, self.checks, "NodeStatus")
 
     def close(self) -> None:
         self.closed.set()
@@ -1875,68 +1929,28 @@ def test_a_call_to_a_master_that_answers_nothing_is_given_up() -> None:
         transport.close()
 
 
-class _Silent:
-    """A status call that never answers (a paused master's), as a gRPC future."""
-
-    def __init__(self) -> None:
-        self.cancelled = threading.Event()
-
-    def result(self, timeout: float | None = None) -> Any:
-        if self.cancelled.wait(timeout):
-            raise _Status(grpc.StatusCode.CANCELLED, "Cancelled")
-        raise grpc.FutureTimeoutError()
-
-    def cancel(self) -> bool:
-        self.cancelled.set()
-        return True
-
-
-class _Answered:
-    def __init__(self, reply: Any) -> None:
-        self.reply = reply
-
-    def result(self, timeout: float | None = None) -> Any:
-        return self.reply
-
-    def cancel(self) -> bool:
-        return False
-
-
-class _StatusCall:
-    """``stub.NodeStatus``: callable, with ``.future`` giving ``make()``."""
-
-    def __init__(self, make: Callable[[], Any], calls: list[str], name: str) -> None:
-        self.make, self.calls, self.name = make, calls, name
-
-    def future(self, request: Any, timeout: float | None, metadata: Any) -> Any:
-        self.calls.append(self.name)
-        return self.make()
-
-
 def test_a_write_to_a_silent_leader_ends_once_a_rival_leads() -> None:
     # The leader paused past its session: a successor is elected long before the stall limit
     # (60 s here) ends the call, and the write must go there.
     leader = _SlowMaster(checks=None, status_answers=False)
     asked: list[str] = []
-    leader.NodeStatus = _StatusCall(_Silent, asked, M1)  # type: ignore[method-assign]
-    leads = {M2: False}
+    leader.status_future = _Silent
 
     class _Rival:
-        NodeStatus = _StatusCall(lambda: _Answered(pb.MasterSummary(is_leader=leads[M2])),
-                                 asked, M2)
+        # Elected once asked a second time: the first look finds no successor yet.
+        NodeStatus = _StatusCall(
+            lambda: _Answered(pb.MasterSummary(is_leader=asked.count(M2) >= 2)), asked, M2)
 
     transport = _unary_transport(leader)
     transport._stubs[M2] = _Rival()
     try:
         started = time.monotonic()
-        elected = threading.Timer(1.5, lambda: leads.update({M2: True}))  # the successor
-        elected.start()
         with pytest.raises(transport_mod.LeaderMoved, match=f"and {M2} leads now") as moved:
             transport.unary(M1, "Put", pb.PutRequest(), 120.0, stall=60.0, rivals=[M1, M2])
         took = time.monotonic() - started
         assert moved.value.leader == M2  # where the retry goes at once
         assert took < 10, f"left the silent leader after {took:.1f} s"
-        assert leader.closed.is_set() and M2 in asked
+        assert leader.closed.is_set() and asked.count(M2) == 2
     finally:
         transport.close()
 
