@@ -194,6 +194,13 @@ class TokenAuthenticator:
         if not initial:
             log.info("token file %s reloaded: %d users", self.path, len(hashes))
 
+    def _reloaded_now(self) -> bool:
+        """Look at the file now (a stat; it is parsed only if it changed); True if it had."""
+        before = self._stamp
+        self._checked = time.monotonic()
+        self._load()
+        return self._stamp != before
+
     def _maybe_reload(self) -> None:
         now = time.monotonic()
         if now - self._checked >= _RELOAD_CHECK_SECS:
@@ -222,6 +229,12 @@ class TokenAuthenticator:
             candidates = list(self._hashes.get(user, ()))
         with _VERIFY_SLOTS:
             ok = any(h.matches(secret) for h in candidates)
+        if not ok and self._reloaded_now():
+            # A token appended a moment ago works on its first use, not a second later.
+            with self._lock:
+                candidates = list(self._hashes.get(user, ()))
+            with _VERIFY_SLOTS:
+                ok = any(h.matches(secret) for h in candidates)
         if not ok:
             raise Unauthenticated(
                 "the token was refused (unknown, revoked or mistyped); ask an administrator for"

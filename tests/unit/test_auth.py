@@ -89,6 +89,21 @@ def test_token_file_reloads_and_survives_a_broken_edit(tmp_path: Path,
     assert a.authenticate(bearer(carol), NO_PEER) == "carol"  # previous file kept
 
 
+def test_a_token_added_just_now_works_on_its_first_use(tmp_path: Path) -> None:
+    # The periodic look at the file happened a moment ago; the new token must not wait for
+    # the next one.
+    alice, carol = new_token("alice"), new_token("carol")
+    path = tmp_path / "tokens"
+    path.write_text(hash_token(alice) + "\n")
+    a = TokenAuthenticator(path)
+    assert a.authenticate(bearer(alice), NO_PEER) == "alice"
+    with path.open("a") as f:
+        f.write(hash_token(carol) + "\n")
+    assert a.authenticate(bearer(carol), NO_PEER) == "carol"
+    with pytest.raises(Unauthenticated, match="refused"):
+        a.authenticate(bearer(new_token("dave")), NO_PEER)
+
+
 def test_bad_token_files_are_refused_at_start(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="line 2"):
         parse_token_file("# ok\nalice:md5$x$y\n", "tokens")
