@@ -24,7 +24,7 @@ from blobha.client.arguments import (
     normalize_acl,
 )
 from blobha.client.download import DownloadJob
-from blobha.client.retry import Deadline, now
+from blobha.client.retry import Deadline
 from blobha.client.routing import PROBE_TIMEOUT, Router
 from blobha.client.seen import DEFAULT_REMEMBERED_KEYS
 from blobha.client.sources import BufferSink, Sink, download_into
@@ -41,15 +41,14 @@ from blobha.client.values import (
     UploadData,
     WaitResult,
 )
+from blobha.client.waiting import wait_for_replication
 from blobha.core.acl import AccessControl, normalize_for_set
 from blobha.core.addresses import parse_cluster
 from blobha.core.auth import job_token_id
 from blobha.core.errors import (
     BlobError,
-    DeadlineExceeded,
     InvalidArgument,
     NotAuthorized,
-    Unavailable,
     VersionConflict,
 )
 from blobha.core.keys import validate_key
@@ -62,18 +61,11 @@ from blobha.wire.convert import (
     meta_from_pb,
     replication_from_pb,
     summary_from_pb,
-    wait_result_from_pb,
 )
 from blobha.wire.credentials import Credentials
 
 #: Keys per List call: the most a master serves (blobha.master.facade.MAX_PAGE).
 LIST_PAGE = 1000
-#: A server-side replication wait answers at its deadline (or half a second before the call's
-#: own, whichever is first); the call, and a wait with all its retries, may outlive the wait's
-#: timeout by this much, for that answer to arrive.
-_WAIT_GRACE = 2.0
-# "Wait forever" is a loop of bounded server calls so a dead master is noticed.
-_FOREVER_SLICE = 60.0
 
 
 class Client:
@@ -341,6 +333,18 @@ class Client:
 
     # -- reads -----------------------------------------------------------------------------
 
+    def remember_version(self, key: str, version: int, created_at: float) -> None:
+        """Read ``key`` from now on as if this client had read ``version`` of it (the key
+        created at ``created_at``, :attr:`BlobMeta.created_at`): no later read returns an
+        older one. For a process reading what another wrote, with the version it was handed
+        (a job launched after its inputs were updated); a minimum already newer stays."""
+        validate_key(key)
+        check_count("version", version)
+        if not created_at > 0:
+            raise InvalidArgument(f"created_at must be the key's creation time (seconds since"
+                                  f" the epoch, from its metadata), not {created_at!r}")
+        self._router.seen.saw(key, version, created_at)
+
     def get_meta(self, key: str) -> BlobMeta:
         """The metadata of ``key``'s committed version, for a user holding any permission on
         it; ``access`` says which (:func:`require_read` before serving the blob elsewhere)."""
@@ -378,24 +382,18 @@ class Client:
         pass (``reached`` is then False).
 
         The whole call, retries on unreachable masters included, ends within ``timeout`` plus
-        a grace of :data:`_WAIT_GRACE` (2 s) for the master's last answer to arrive; if no
-        master answered by then it raises (:class:`~blobha.core.errors.Unavailable`). A negative
-        timeout waits forever, in bounded server calls; each of those may retry unreachable
-        masters for the client's own timeout before the wait gives up."""
+        a grace of :data:`~blobha.client.waiting.WAIT_GRACE` (2 s) for the master's last answer
+        to arrive; if no master answered by then it raises
+        (:class:`~blobha.core.errors.Unavailable`). A negative timeout waits forever, in
+        bounded server calls; each of those may retry unreachable masters for the client's own
+        timeout before the wait gives up."""
         names = [keys] if isinstance(keys, str) else builtins.list(keys)
         if not names:
             raise InvalidArgument("give at least one key to wait for")
         for name in names:
             validate_key(name)
         check_count("min_replication", min_replication, UINT32_MAX)
-        started = now()
-        if timeout >= 0:
-            return self._wait_once(names, min_replication, float(timeout), _WAIT_GRACE)
-        while True:
-            # No end to keep to: a failover gets the client's usual time, as any call would.
-            result = self._wait_once(names, min_replication, _FOREVER_SLICE, self._timeout)
-            if result.reached:
-                return WaitResult(True, result.statuses, now() - started)
+        return wait_for_replication(self._router, names, min_replication, float(timeout))
 
     def read(self, key: str, version: int = 0) -> bytes:
         """The content of ``key`` (``version`` 0 = the committed one), verified."""
@@ -454,34 +452,6 @@ class Client:
         view."""
         self._router.seen.saw(key, meta.version, meta.created_at)
         return meta
-
-    def _wait_once(self, keys: builtins.list[str], minimum: int, secs: float, overrun: float
-                   ) -> WaitResult:
-        """One server-side wait of ``secs``, retried on other masters; the call and its
-        retries end within ``secs + overrun``."""
-        started = now()
-        end = started + secs
-        deadline = Deadline(secs + overrun)
-
-        def attempt() -> Any:
-            left = max(0.0, end - now())
-            limit = min(left + _WAIT_GRACE, deadline.remaining())
-            if limit <= 0:
-                raise DeadlineExceeded("the replication wait ran out of time between retries")
-            request = pb.WaitForReplicationRequest(
-                keys=keys, min_replication=minimum, timeout_secs=left
-            )
-            address = self._router.preferred()
-            try:
-                return self._transport.unary(address, "WaitForReplication", request, limit,
-                                             stall=self._router.stall_timeout)
-            except Unavailable:
-                self._router.forget_leader(address)
-                raise
-
-        response = self._router.retry("wait for replication", deadline, attempt)
-        result = wait_result_from_pb(response)
-        return WaitResult(result.reached, result.statuses, now() - started)
 
     def _download(
         self,

@@ -31,12 +31,12 @@ from blobha.client import (
 )
 from blobha.client import arguments as arguments_mod
 from blobha.client import download as download_mod
-from blobha.client import facade as facade_mod
 from blobha.client import retry as retry_mod
 from blobha.client import routing as routing_mod
 from blobha.client import sources as sources_mod
 from blobha.client import transport as transport_mod
 from blobha.client import upload as upload_mod
+from blobha.client import waiting as waiting_mod
 from blobha.core.acl import AccessControl
 from blobha.core.digest import digest_bytes
 from blobha.core.errors import (
@@ -1391,7 +1391,7 @@ def test_a_wait_on_unreachable_masters_gives_up_at_its_own_timeout(
     cluster.down = {M1, M2, M3}
     with pytest.raises(Unavailable, match="unavailable"):
         client.wait_for_replication(["k"], 1, secs)
-    assert clock.now - 1000.0 <= secs + facade_mod._WAIT_GRACE
+    assert clock.now - 1000.0 <= secs + waiting_mod.WAIT_GRACE
     assert cluster.count("WaitForReplication") > 1  # other masters were tried
 
 
@@ -1412,10 +1412,10 @@ def test_a_wait_on_a_silent_master_ends_within_its_grace(
     cluster.unary = unary  # type: ignore[method-assign]
     with pytest.raises(DeadlineExceeded):
         client.wait_for_replication(["k"], 1, 5)
-    assert clock.now - 1000.0 <= 5 + facade_mod._WAIT_GRACE
+    assert clock.now - 1000.0 <= 5 + waiting_mod.WAIT_GRACE
     # The call outlives the server-side wait by more than the half second the server keeps
     # for its answer, so a live master still reports its counts.
-    assert calls[0] == (5.0, 5.0 + facade_mod._WAIT_GRACE) and facade_mod._WAIT_GRACE > 0.5
+    assert calls[0] == (5.0, 5.0 + waiting_mod.WAIT_GRACE) and waiting_mod.WAIT_GRACE > 0.5
 
 
 def test_wait_forever_loops_bounded_calls(

@@ -277,3 +277,15 @@ def test_a_memory_of_no_keys_reads_as_before(masters: Masters, clock: list[float
         assert _first_at(c, M3).read("k") == b"one"
         assert not any(r.HasField("min_version") for _, m, r in masters.calls
                        if m in ("GetMeta", "Download", "GetReplication"))
+
+
+def test_a_version_handed_over_is_read_as_if_this_client_had_read_it(
+        alice: Client, masters: Masters) -> None:
+    masters._write("k", 4, CREATED, b"four")  # written by another process, which says so
+    masters.views[M3]["k"] = (3, CREATED, b"three")
+    alice.remember_version("k", 4, CREATED)
+    assert _first_at(alice, M3).read("k") == b"four"
+    alice.remember_version("k", 2, CREATED)  # an older one handed over later lowers nothing
+    assert _first_at(alice, M3).get_meta("k").version == 4
+    with pytest.raises(InvalidArgument, match="created_at must be the key's creation time"):
+        alice.remember_version("k", 4, 0.0)
