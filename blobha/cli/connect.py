@@ -38,6 +38,10 @@ client_factory: ClientFactory = make_client
 
 
 def client_for(args: argparse.Namespace) -> Client:
-    """The client for a command's ``--cluster`` (else ``$BLOBHA_CLUSTER``) and ``--user``."""
+    """The client for a command's ``--cluster`` (else ``$BLOBHA_CLUSTER``) and ``--user``; with
+    ``--consistent``, reading linearizably."""
     cluster = args.cluster or os.environ.get("BLOBHA_CLUSTER") or DEFAULT_CLUSTER
-    return client_factory(cluster, args.user or None)
+    client = client_factory(cluster, args.user or None)
+    if getattr(args, "consistent", False):
+        client.consistency = "linearizable"
+    return client

@@ -76,6 +76,13 @@ def _add_global_options(parser: argparse.ArgumentParser, *, suppress: bool) -> N
                        help="file holding your token (default: $BLOBHA_TOKEN_FILE)")
 
 
+def _add_consistent(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--consistent", action="store_true",
+        help="read the latest committed version, confirmed with ZooKeeper (fails, exit 11,"
+        " when no master can confirm it, instead of answering from a master's last view)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=PROG,
@@ -151,6 +158,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "-f", "--file", metavar="FILE", help="write to FILE (replaced only when complete)"
     )
+    _add_consistent(p)
 
     p = command(
         "fetch", "put blobs in this node's cache (once per node) and print their paths (each"
@@ -181,6 +189,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("meta", "show a blob's metadata", blobs.cmd_meta)
     p.add_argument("key", metavar="KEY")
     p.add_argument("--json", action="store_true", help="print JSON")
+    _add_consistent(p)
 
     p = command("set-acl", "replace a blob's access list", admin.cmd_set_acl)
     p.add_argument("key", metavar="KEY")
@@ -195,6 +204,7 @@ def build_parser() -> argparse.ArgumentParser:
     mode.add_argument("--read", action="store_true", help="print the current replica count")
     mode.add_argument("--update", action="store_true", help="change the replication factor")
     p.add_argument("-r", "--replication-factor", type=_positive_int, metavar="N")
+    _add_consistent(p)
 
     p = command(
         "wait-replication", "wait until blobs have at least N replicas",

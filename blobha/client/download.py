@@ -19,6 +19,7 @@ from blobha.core.errors import (
     DeadlineExceeded,
     InternalError,
     KeyNotFound,
+    Stale,
     Unavailable,
 )
 from blobha.v1 import blobha_pb2 as pb
@@ -158,8 +159,9 @@ class DownloadJob:
         status = self.router.read_call(
             f"find replicas of {self.key!r}",
             "GetReplication",
-            self.router.with_minimum(self.key, pb.GetReplicationRequest(key=self.key)),
+            pb.GetReplicationRequest(key=self.key),
             deadline,
+            self.key,
         )
         if self.info is not None and self.version == 0 and status.version != self.info.version:
             # Every replica failed us on a version that is no longer the latest: it was
@@ -200,6 +202,14 @@ class DownloadJob:
             length=want,
             data_channel=host is not None,
         ))
+        try:
+            self._receive(address, request, want, host)
+        except Stale:
+            self.router.refused_as_stale(address, request)
+            raise
+
+    def _receive(self, address: str, request: pb.DownloadRequest, want: int,
+                 host: str | None) -> None:
         start = self.pos
         seen_info = False
         offer: DataOffer | None = None

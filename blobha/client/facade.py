@@ -45,6 +45,7 @@ from blobha.client.waiting import wait_for_replication
 from blobha.core.acl import AccessControl, normalize_for_set
 from blobha.core.addresses import parse_cluster
 from blobha.core.auth import job_token_id
+from blobha.core.consistency import View
 from blobha.core.errors import (
     BlobError,
     InvalidArgument,
@@ -63,6 +64,9 @@ from blobha.wire.convert import (
     summary_from_pb,
 )
 from blobha.wire.credentials import Credentials
+
+_CONSISTENCIES = {"session": View.SESSION, "linearizable": View.LINEARIZABLE}
+_CONSISTENCY_NAMES = {v: k for k, v in _CONSISTENCIES.items()}
 
 #: Keys per List call: the most a master serves (blobha.master.facade.MAX_PAGE).
 LIST_PAGE = 1000
@@ -83,6 +87,10 @@ class Client:
     master may stay silent (see :data:`STALL_TIMEOUT`) before the client moves on to another.
     ``remembered_keys`` bounds how many keys the client remembers the newest version it wrote
     or read of, for read-your-writes (docs/architecture.md, "The read guarantee"; 0: none).
+    ``consistency="linearizable"`` makes every read (``read``, ``download``, ``get_meta``,
+    ``get_replication``) serve the latest committed version, confirmed with ZooKeeper by the
+    master that answers; without ZooKeeper it fails (:class:`Unavailable`) instead of
+    answering from a master's last view.
 
     Example::
 
@@ -110,6 +118,7 @@ class Client:
         transport: Transport | None = None,
         stall_timeout: float = STALL_TIMEOUT,
         remembered_keys: int = DEFAULT_REMEMBERED_KEYS,
+        consistency: str = "session",
     ) -> None:
         self._addresses = parse_cluster(cluster)
         if transport is None:
@@ -135,12 +144,26 @@ class Client:
                                                                 address_map)
         self._router = Router(self._addresses, self._transport, self._timeout,
                               float(stall_timeout), chunk_size, remembered_keys)
+        self.consistency = consistency
 
     # -- lifecycle -------------------------------------------------------------------------
 
     @property
     def user(self) -> str:
         return self._user
+
+    @property
+    def consistency(self) -> str:
+        """``"session"`` (the default) or ``"linearizable"``: see the class's description."""
+        return _CONSISTENCY_NAMES[self._router.view]
+
+    @consistency.setter
+    def consistency(self, value: str) -> None:
+        try:
+            self._router.view = _CONSISTENCIES[value]
+        except (KeyError, TypeError):
+            raise InvalidArgument(f"consistency must be 'session' or 'linearizable', not"
+                                  f" {value!r}") from None
 
     @property
     def timeout(self) -> float:
@@ -353,9 +376,8 @@ class Client:
 
     def get_replication(self, key: str) -> ReplicationStatus:
         validate_key(key)
-        request = self._router.with_minimum(key, pb.GetReplicationRequest(key=key))
         status = self._router.read_call(f"read the replication of {key!r}", "GetReplication",
-                                        request)
+                                        pb.GetReplicationRequest(key=key), key=key)
         self._router.learn(status.holders)
         return replication_from_pb(status)
 

@@ -24,6 +24,7 @@ from blobha.client.retry import (
 )
 from blobha.client.seen import DEFAULT_REMEMBERED_KEYS, SeenVersions
 from blobha.client.transport import HandshakeFailed, LeaderMoved, Transport
+from blobha.core.consistency import View
 from blobha.core.errors import (
     BlobError,
     DeadlineExceeded,
@@ -31,6 +32,7 @@ from blobha.core.errors import (
     KeyNotFound,
     NotAuthorized,
     NotLeader,
+    Stale,
     TlsMismatch,
     Unauthenticated,
     Unavailable,
@@ -58,6 +60,13 @@ _REFUSAL_PATIENCE = 3.0
 #: or a master's restart is usually over by then, and needs no word to the user.
 _RETRY_NOTICE_AFTER = 2.0
 
+#: How long a master that refused a read with no minimum as cut off from ZooKeeper counts as
+#: such: while every known master does, such reads ask for the last known view.
+_CUT_OFF_MEMORY = 5.0
+
+_WIRE_VIEWS = {View.SESSION: pb.READ_VIEW_SESSION, View.LINEARIZABLE: pb.READ_VIEW_LINEARIZABLE,
+               View.LAST_KNOWN: pb.READ_VIEW_LAST_KNOWN}
+
 T = TypeVar("T")
 #: The reads that carry a minimum view of their key.
 R = TypeVar("R", pb.GetMetaRequest, pb.DownloadRequest, pb.GetReplicationRequest)
@@ -73,6 +82,8 @@ class Router:
         #: The newest version of each key this client wrote or read: every read carries it as
         #: the oldest view it accepts (read-your-writes, monotonic reads).
         self.seen = SeenVersions(remembered_keys)
+        #: SESSION, or LINEARIZABLE for every read (Client's ``consistency``).
+        self.view = View.SESSION
         self.timeout = timeout
         self.stall_timeout = stall_timeout
         self.chunk_size = chunk_size
@@ -87,6 +98,8 @@ class Router:
         self._lock = threading.Lock()
         self._known: list[str] = list(addresses)
         self._leader: str | None = None
+        # Masters that refused a read with no minimum as cut off from ZooKeeper, and when.
+        self._cut_off: dict[str, float] = {}
         # Metadata reads stick to one master (the leader after a write, for read-your-writes)
         # and move on when it fails; the first pick is random to spread clients out.
         self._preferred = self.rng.choice(addresses)
@@ -319,14 +332,24 @@ class Router:
                               f" {_CONTROL_TIMEOUT:.0f}s; trying another") from None
 
     def read_call(
-        self, what: str, method: str, request: Any, deadline: Deadline | None = None
+        self, what: str, method: str, request: Any, deadline: Deadline | None = None,
+        key: str | None = None,
     ) -> Any:
+        """A read at the preferred master, then the others, within ``deadline``. With ``key``,
+        ``request`` is a read of it: each attempt carries the view it needs
+        (:meth:`with_minimum`)."""
         deadline = deadline or Deadline(self.timeout)
 
         def attempt() -> Any:
             address = self.preferred()
+            if key is not None:
+                self.with_minimum(key, request)
             try:
                 return self.control_call(address, method, request, deadline)
+            except Stale:
+                self.refused_as_stale(address, request)
+                self.forget_leader(address)
+                raise
             except Unavailable:
                 self.forget_leader(address)
                 raise
@@ -336,17 +359,38 @@ class Router:
     def with_minimum(self, key: str, request: R) -> R:
         """``request`` (a read of ``key``) carrying the oldest view of it this client accepts:
         a master whose view is older refuses it as :class:`Stale`, an Unavailable, and the
-        read moves on to another master like any retry."""
+        read moves on to another master like any retry. Its view: the client's; for a read
+        with no minimum while every known master refused one as cut off from ZooKeeper (an
+        outage of ZooKeeper itself), the last view a master knows."""
         minimum = self.seen.minimum(key)
         if minimum is not None:
             request.min_version.CopyFrom(min_version_to_pb(minimum))
+        else:
+            request.ClearField("min_version")
+        view = self.view
+        if view == View.SESSION and minimum is None and self._all_cut_off():
+            view = View.LAST_KNOWN
+        request.view = _WIRE_VIEWS[view]
         return request
+
+    def refused_as_stale(self, address: str, request: Any) -> None:
+        """``address`` refused ``request`` as stale: with no minimum, that says it is cut off
+        from ZooKeeper."""
+        if request.view == View.SESSION and not request.HasField("min_version"):
+            with self._lock:
+                self._cut_off[address] = now()
+
+    def _all_cut_off(self) -> bool:
+        known = self.known_addresses()
+        at = now()
+        with self._lock:
+            return all(a in self._cut_off and at - self._cut_off[a] < _CUT_OFF_MEMORY
+                       for a in known)
 
     def read_meta(self, key: str, deadline: Deadline | None) -> Any:
         """GetMeta's answer, within ``deadline`` (None: the client's timeout), from a master
         whose view is at least what this client has seen of ``key``."""
-        meta = self.read_call(
-            f"read the metadata of {key!r}", "GetMeta",
-            self.with_minimum(key, pb.GetMetaRequest(key=key, any_access=True)), deadline)
+        meta = self.read_call(f"read the metadata of {key!r}", "GetMeta",
+                              pb.GetMetaRequest(key=key, any_access=True), deadline, key)
         self.seen.saw(key, meta.version, meta.created_at)
         return meta

@@ -3,6 +3,7 @@ with a master's committed view."""
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 
 #: The version a client remembers for a key it deleted: newer than any version of that
@@ -36,3 +37,16 @@ class MinVersion:
         if self.version == DELETED:
             return "the key deleted"
         return f"v{self.version}"
+
+
+class View(enum.IntEnum):
+    """How fresh a read's view of its key must be (the wire's ``ReadView``)."""
+
+    #: At least the client's minimum; with none, from a master that is in touch with
+    #: ZooKeeper or has been cut off for no longer than ``blobstore.read.cutoff.secs``.
+    SESSION = 0
+    #: The latest committed version, confirmed with ZooKeeper before it is served.
+    LINEARIZABLE = 1
+    #: The last committed view the master knows (still at least the minimum), however long it
+    #: has been cut off: the fallback once every master reached was cut off.
+    LAST_KNOWN = 2

@@ -130,6 +130,17 @@ OPTIONS: tuple[Option, ...] = (
         " healthy peer can fall silent for longer.",
     ),
     Option(
+        "blobstore.read.cutoff.secs",
+        2.0,
+        "How long a master cut off from ZooKeeper keeps answering reads that carry no minimum"
+        " version from its last committed view, counted from when its ZooKeeper client notices"
+        " (up to two thirds of the session timeout after the last answer). Past it, such reads"
+        " are refused as stale and clients ask a master in touch with ZooKeeper, or, when"
+        " every master they reach is cut off, ask again for the last known view (a ZooKeeper"
+        " outage: nothing newer can commit). Reads with a minimum are served from the last"
+        " view whenever it has reached that minimum.",
+    ),
+    Option(
         "blobstore.scrub.interval.secs",
         86400.0,
         "Seconds between background scrub passes, which re-verify every stored version's"
@@ -395,6 +406,7 @@ def _validate(v: dict[str, Any]) -> dict[str, Any]:
     # Below a second, a peer merely busy for a moment (a garbage collection, a disk sync)
     # would count as stalled and its fetches be thrown away.
     number("blobstore.sync.stall.secs", float, 1.0)
+    number("blobstore.read.cutoff.secs", float, 0)
     number("blobstore.scrub.interval.secs", float, 0)
     number("blobstore.scrub.rate.bytes.per.sec", int, 0)
     number("zookeeper.session.timeout.ms", int, 1000)

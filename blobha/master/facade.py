@@ -28,7 +28,7 @@ from collections.abc import Iterator, Sequence
 from blobha.core.acl import AccessControl
 from blobha.core.addresses import status_url
 from blobha.core.auth import ServerAuthentication, make_authenticator
-from blobha.core.consistency import MinVersion
+from blobha.core.consistency import MinVersion, View
 from blobha.core.errors import Unavailable
 from blobha.core.version import __version__
 from blobha.leader import LeaderElection, LeaderHistory
@@ -328,15 +328,17 @@ class Master:
         return self.writes.commit(user, upload_id, size, digest)
 
     def get_meta(self, user: str, key: str, any_access: bool = False,
-                 minimum: MinVersion | None = None) -> tuple[BlobState, int]:
-        return self.reads.get_meta(user, key, any_access, minimum)
+                 minimum: MinVersion | None = None, view: View = View.SESSION
+                 ) -> tuple[BlobState, int]:
+        return self.reads.get_meta(user, key, any_access, minimum, view)
 
     def open_download(
         self, user: str, key: str, version: int, offset: int, length: int,
         data_channel: bool = False, minimum: MinVersion | None = None,
+        view: View = View.SESSION,
     ) -> tuple[VersionInfo, float, Iterator[bytes] | DataOffer]:
         return self.reads.open_download(user, key, version, offset, length, data_channel,
-                                        minimum)
+                                        minimum, view)
 
     def fetch_versions(self, user: str, refs: Sequence[tuple[str, int]]
                        ) -> Iterator[tuple[str, int, VersionInfo | None, bytes]]:
@@ -346,9 +348,9 @@ class Master:
                   ) -> tuple[list[str], str]:
         return self.reads.list_keys(user, prefix, page_token, page_size)
 
-    def get_replication(self, user: str, key: str, minimum: MinVersion | None = None
-                        ) -> ReplicationStatus:
-        return self.reads.get_replication(user, key, minimum)
+    def get_replication(self, user: str, key: str, minimum: MinVersion | None = None,
+                        view: View = View.SESSION) -> ReplicationStatus:
+        return self.reads.get_replication(user, key, minimum, view)
 
     def wait_for_replication(self, user: str, keys: list[str], minimum: int, timeout: float,
                              abandoned: threading.Event | None = None,

@@ -15,7 +15,7 @@ from kazoo.exceptions import (
 )
 
 from blobha.core import acl as acls
-from blobha.core.consistency import MinVersion
+from blobha.core.consistency import MinVersion, View
 from blobha.core.digest import PUT_MAX_BYTES
 from blobha.core.errors import (
     ChecksumMismatch,
@@ -39,6 +39,7 @@ from blobha.sync import KeyView, Synchronizer
 from blobha.wire.dataplane import MIN_BYTES, DataOffer
 from blobha.wire.status import ReplicationStatus
 from blobha.zk.connection import UNREACHABLE
+from blobha.zk.contact import CutOffClock
 from blobha.zk.layout import (
     BlobState,
     key_path,
@@ -85,7 +86,8 @@ class Reads:
 
     def __init__(self, settings: MasterSettings, identity: str, principal: str,
                  store: LocalStore, zk: KazooClient, meta: Metadata, authority: Authority,
-                 sync: Synchronizer, channel: Channel) -> None:
+                 sync: Synchronizer, channel: Channel, cut_off: CutOffClock | None = None
+                 ) -> None:
         self.settings = settings
         self.identity = identity
         self.principal = principal
@@ -95,9 +97,10 @@ class Reads:
         self.authority = authority
         self.sync = sync
         self.channel = channel
+        self.cut_off = cut_off or CutOffClock(zk, settings.session_timeout)
 
-    def state_for_read(self, key: str, minimum: MinVersion | None = None
-                       ) -> tuple[BlobState, KeyView | None]:
+    def state_for_read(self, key: str, minimum: MinVersion | None = None,
+                       view: View = View.SESSION) -> tuple[BlobState, KeyView | None]:
         """The committed state of ``key`` for a read: from ZooKeeper, or, when ZooKeeper is
         unreachable, the last committed state this master saw (returned with its view).
 
@@ -109,7 +112,14 @@ class Reads:
 
         ``minimum`` is the oldest view the client accepts (read-your-writes): a view older than
         it raises :class:`Stale`, and the client asks another master, so a master cut off
-        from ZooKeeper still serves every client that has not seen a newer version."""
+        from ZooKeeper still serves every client that has not seen a newer version.
+
+        ``view``: LINEARIZABLE reads only what ZooKeeper confirms, after a ``sync``, as the
+        latest committed state (UNAVAILABLE when it cannot); SESSION and LAST_KNOWN differ in a
+        read with no minimum on a master cut off longer than ``read_cutoff_secs``, which
+        SESSION refuses as :class:`Stale` (see :meth:`_last_seen`)."""
+        if view == View.LINEARIZABLE:
+            return self._confirmed(key), None
         try:
             if minimum is None:
                 return self.meta.state_or_404(key), None
@@ -119,39 +129,65 @@ class Reads:
                 # trail. A synced read is the latest committed state, whatever the minimum.
                 state = self.meta.read_state_synced(key)
         except (Unavailable, *UNREACHABLE):
-            return self._last_seen(key, minimum)
+            return self._last_seen(key, minimum, view)
         if state is None:
             raise no_such_key(key)
         return state, None
 
-    def _last_seen(self, key: str, minimum: MinVersion | None) -> tuple[BlobState, KeyView]:
+    def _confirmed(self, key: str) -> BlobState:
+        """The latest committed state of ``key``: read after a ``sync``, which brings this
+        master's ZooKeeper server up to every write committed before it began."""
+        try:
+            state = self.meta.read_state_synced(key)
+        except (Unavailable, *UNREACHABLE):
+            raise Unavailable(
+                f"master {self.identity} cannot confirm the latest version of {key!r} with"
+                " ZooKeeper (unreachable from it); retry, at another master or later"
+            ) from None
+        if state is None:
+            raise no_such_key(key)
+        return state
+
+    def _last_seen(self, key: str, minimum: MinVersion | None, view: View
+                   ) -> tuple[BlobState, KeyView]:
         """The state of ``key`` this master last saw, ZooKeeper being unreachable."""
-        view = self.sync.view(key)
-        if view is None:
+        seen = self.sync.view(key)
+        if seen is None:
             raise Unavailable(
                 f"ZooKeeper is unreachable from master {self.identity} and it has no record"
                 f" of {key!r}; retry shortly or read from another master"
             ) from None
-        state = view.state
+        state = seen.state
         if minimum is not None and minimum.newer_than(state.seq, state.created_at):
             raise Stale(
                 f"master {self.identity}'s view of {key!r} (v{state.seq}) is behind what this"
                 f" client has seen ({minimum.describe()}): ZooKeeper is unreachable from it;"
                 " retry at another master"
             ) from None
+        cut_off = self.cut_off.seconds()
+        if minimum is None and view == View.SESSION and cut_off > self.settings.read_cutoff_secs:
+            # Others may have committed since: "latest" would be a guess. A client that has
+            # seen a version still gets its guarantee above; one with none asks elsewhere, or
+            # asks for this view as the last known when no master is in touch.
+            raise Stale(
+                f"master {self.identity} has been cut off from ZooKeeper for {cut_off:.0f} s,"
+                f" so its view of {key!r} (v{state.seq}) may not be the latest; retry at"
+                " another master"
+            )
         # Debug only: during an outage this runs for every read (health shows the outage).
         log.debug("ZooKeeper unreachable: serving the last committed state of %r (v%d)",
                   key, state.seq)
-        return state, view
+        return state, seen
 
     def get_meta(self, user: str, key: str, any_access: bool = False,
-                 minimum: MinVersion | None = None) -> tuple[BlobState, int]:
+                 minimum: MinVersion | None = None, view: View = View.SESSION
+                 ) -> tuple[BlobState, int]:
         """A key's metadata and its live replicas, for a reader; with ``any_access``, for a user
         holding any permission on it (as Storm's getBlobMeta): a writer needs the version to
         update conditionally and to delete only the key it read, an administrator the ACL it
         sets again. The caller's permissions (:meth:`access`) go with the answer."""
         validate_key(key)
-        state, view = self.state_for_read(key, minimum)
+        state, seen = self.state_for_read(key, minimum, view)
         if not any_access:
             self.authority.require(user, state.acl, acls.READ, key)
         elif not self.authority.access(user, state.acl):
@@ -159,20 +195,21 @@ class Reads:
                 f"user {user!r} has no permission on {key!r} (any of READ, WRITE or ADMIN shows"
                 " its metadata); ask a user with ADMIN on it to grant access ('blobha set-acl')"
             )
-        if view is not None:
-            return state, len(view.holders)
+        if seen is not None:
+            return state, len(seen.holders)
         return state, self.meta.replication(key, state).replication
 
     def open_download(
         self, user: str, key: str, version: int, offset: int, length: int,
         data_channel: bool = False, minimum: MinVersion | None = None,
+        view: View = View.SESSION,
     ) -> tuple[VersionInfo, float, Iterator[bytes] | DataOffer]:
         """The version to serve and its bytes from ``offset`` (``length`` 0: to the end): a
         verifying reader, or, when the caller can take the data channel, this master has one
         and the range is not small, an offer of it (a connection of its own costs more than
         the copies it saves on a small range). The key's creation time goes with them (0 to a
         master syncing), for the client to remember with the version."""
-        info, created_at = self._download_version(user, key, version, offset, minimum)
+        info, created_at = self._download_version(user, key, version, offset, minimum, view)
         end = info.size if length == 0 else min(info.size, offset + length)
         dataplane = self.channel.offers
         if data_channel and dataplane is not None and end - offset >= MIN_BYTES:
@@ -181,7 +218,8 @@ class Reads:
                                             length)
 
     def _download_version(self, user: str, key: str, version: int, offset: int,
-                          minimum: MinVersion | None) -> tuple[VersionInfo, float]:
+                          minimum: MinVersion | None, view: View
+                          ) -> tuple[VersionInfo, float]:
         validate_key(key)
         if user == self.principal and version:
             # Masters syncing from each other may ask for any version this master keeps; the
@@ -193,7 +231,7 @@ class Reads:
                 raise InvalidArgument(
                     f"offset {offset} is past the end of {key!r} ({info.size} bytes)")
             return info, 0.0
-        state, _ = self.state_for_read(key, minimum)
+        state, _ = self.state_for_read(key, minimum, view)
         self.authority.require(user, state.acl, acls.READ, key)
         seq = version or state.seq
         if seq > state.seq:
@@ -313,11 +351,11 @@ class Reads:
                         return page, i + 1 < len(chunk) or next(it, None) is not None
         return page, False
 
-    def get_replication(self, user: str, key: str, minimum: MinVersion | None = None
-                        ) -> ReplicationStatus:
+    def get_replication(self, user: str, key: str, minimum: MinVersion | None = None,
+                        view: View = View.SESSION) -> ReplicationStatus:
         validate_key(key)
-        state, view = self.state_for_read(key, minimum)
+        state, seen = self.state_for_read(key, minimum, view)
         self.authority.require(user, state.acl, acls.READ, key)
-        if view is not None:
-            return replication_status(key, state, view.holders)
+        if seen is not None:
+            return replication_status(key, state, seen.holders)
         return self.meta.replication(key, state)

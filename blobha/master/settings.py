@@ -47,6 +47,7 @@ class MasterSettings:
     stop_linger_secs: float
     sync_stall_secs: float
     scrub_interval_secs: float
+    read_cutoff_secs: float
     scrub_rate_bytes_per_sec: int
 
     @classmethod
@@ -87,5 +88,6 @@ class MasterSettings:
             stop_linger_secs=config["master.stop.linger.secs"],
             sync_stall_secs=config["blobstore.sync.stall.secs"],
             scrub_interval_secs=config["blobstore.scrub.interval.secs"],
+            read_cutoff_secs=config["blobstore.read.cutoff.secs"],
             scrub_rate_bytes_per_sec=config["blobstore.scrub.rate.bytes.per.sec"],
         )

@@ -1,10 +1,20 @@
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class ReadView(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    READ_VIEW_SESSION: _ClassVar[ReadView]
+    READ_VIEW_LINEARIZABLE: _ClassVar[ReadView]
+    READ_VIEW_LAST_KNOWN: _ClassVar[ReadView]
+READ_VIEW_SESSION: ReadView
+READ_VIEW_LINEARIZABLE: ReadView
+READ_VIEW_LAST_KNOWN: ReadView
 
 class AccessControl(_message.Message):
     __slots__ = ("type", "name", "access")
@@ -107,7 +117,7 @@ class AbortUploadResponse(_message.Message):
     def __init__(self) -> None: ...
 
 class DownloadRequest(_message.Message):
-    __slots__ = ("key", "version", "offset", "length", "any_local_version", "data_channel", "min_version")
+    __slots__ = ("key", "version", "offset", "length", "any_local_version", "data_channel", "min_version", "view")
     KEY_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     OFFSET_FIELD_NUMBER: _ClassVar[int]
@@ -115,6 +125,7 @@ class DownloadRequest(_message.Message):
     ANY_LOCAL_VERSION_FIELD_NUMBER: _ClassVar[int]
     DATA_CHANNEL_FIELD_NUMBER: _ClassVar[int]
     MIN_VERSION_FIELD_NUMBER: _ClassVar[int]
+    VIEW_FIELD_NUMBER: _ClassVar[int]
     key: str
     version: int
     offset: int
@@ -122,7 +133,8 @@ class DownloadRequest(_message.Message):
     any_local_version: bool
     data_channel: bool
     min_version: MinVersion
-    def __init__(self, key: _Optional[str] = ..., version: _Optional[int] = ..., offset: _Optional[int] = ..., length: _Optional[int] = ..., any_local_version: _Optional[bool] = ..., data_channel: _Optional[bool] = ..., min_version: _Optional[_Union[MinVersion, _Mapping]] = ...) -> None: ...
+    view: ReadView
+    def __init__(self, key: _Optional[str] = ..., version: _Optional[int] = ..., offset: _Optional[int] = ..., length: _Optional[int] = ..., any_local_version: _Optional[bool] = ..., data_channel: _Optional[bool] = ..., min_version: _Optional[_Union[MinVersion, _Mapping]] = ..., view: _Optional[_Union[ReadView, str]] = ...) -> None: ...
 
 class MinVersion(_message.Message):
     __slots__ = ("version", "created_at")
@@ -191,14 +203,16 @@ class FetchedVersions(_message.Message):
     def __init__(self, versions: _Optional[_Iterable[_Union[FetchedVersion, _Mapping]]] = ...) -> None: ...
 
 class GetMetaRequest(_message.Message):
-    __slots__ = ("key", "any_access", "min_version")
+    __slots__ = ("key", "any_access", "min_version", "view")
     KEY_FIELD_NUMBER: _ClassVar[int]
     ANY_ACCESS_FIELD_NUMBER: _ClassVar[int]
     MIN_VERSION_FIELD_NUMBER: _ClassVar[int]
+    VIEW_FIELD_NUMBER: _ClassVar[int]
     key: str
     any_access: bool
     min_version: MinVersion
-    def __init__(self, key: _Optional[str] = ..., any_access: _Optional[bool] = ..., min_version: _Optional[_Union[MinVersion, _Mapping]] = ...) -> None: ...
+    view: ReadView
+    def __init__(self, key: _Optional[str] = ..., any_access: _Optional[bool] = ..., min_version: _Optional[_Union[MinVersion, _Mapping]] = ..., view: _Optional[_Union[ReadView, str]] = ...) -> None: ...
 
 class BlobMeta(_message.Message):
     __slots__ = ("key", "version", "size", "digest", "acl", "replication_factor", "meta_version", "created_at", "updated_at", "creator", "replication", "acknowledged", "access")
@@ -275,12 +289,14 @@ class ListResponse(_message.Message):
     def __init__(self, keys: _Optional[_Iterable[str]] = ..., next_page_token: _Optional[str] = ...) -> None: ...
 
 class GetReplicationRequest(_message.Message):
-    __slots__ = ("key", "min_version")
+    __slots__ = ("key", "min_version", "view")
     KEY_FIELD_NUMBER: _ClassVar[int]
     MIN_VERSION_FIELD_NUMBER: _ClassVar[int]
+    VIEW_FIELD_NUMBER: _ClassVar[int]
     key: str
     min_version: MinVersion
-    def __init__(self, key: _Optional[str] = ..., min_version: _Optional[_Union[MinVersion, _Mapping]] = ...) -> None: ...
+    view: ReadView
+    def __init__(self, key: _Optional[str] = ..., min_version: _Optional[_Union[MinVersion, _Mapping]] = ..., view: _Optional[_Union[ReadView, str]] = ...) -> None: ...
 
 class ReplicationStatus(_message.Message):
     __slots__ = ("key", "version", "replication", "replication_factor", "holders")

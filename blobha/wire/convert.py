@@ -7,7 +7,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from blobha.core.acl import AccessControl
-from blobha.core.consistency import MinVersion
+from blobha.core.consistency import MinVersion, View
+from blobha.core.errors import InvalidArgument
 from blobha.v1 import blobha_pb2 as pb
 from blobha.wire.status import (
     BlobInfo,
@@ -27,6 +28,16 @@ def min_version_from_pb(request: pb.DownloadRequest | pb.GetMetaRequest
         return None
     m = request.min_version
     return MinVersion(m.version, m.created_at) if m.version else None
+
+
+def view_from_pb(request: pb.DownloadRequest | pb.GetMetaRequest | pb.GetReplicationRequest
+                 ) -> View:
+    """The request's :class:`View` (SESSION when unset, as older clients ask)."""
+    try:
+        return View(request.view)
+    except ValueError:
+        raise InvalidArgument(f"unknown read view {request.view}; this master knows"
+                              f" {', '.join(v.name for v in View)}") from None
 
 
 def min_version_to_pb(minimum: MinVersion) -> pb.MinVersion:

@@ -1,7 +1,8 @@
-"""Read-your-writes against real masters: one master cut off from ZooKeeper keeps serving
-its last committed view; a read carrying a newer minimum is refused there with the stale
-trailer, and the client that wrote the newer version reads it from another master, never the
-older one, and never the content of a key it deleted."""
+"""Read guarantees against real masters, one of them cut off from ZooKeeper: a read carrying a
+newer minimum is refused there with the stale trailer, and the client that wrote the newer
+version reads it from another master, never the older one, and never the content of a key it
+deleted; past the cut-off bound, reads with no minimum leave that master too; and a
+linearizable read is served only once ZooKeeper confirms the version."""
 
 from __future__ import annotations
 
@@ -43,9 +44,9 @@ class _CutOffCluster(LocalCluster):
         m.config_path.write_text(text.replace(self.zk.connect_string, self.proxy.address))
 
 
-@pytest.fixture
-def cut_off(tmp_path: Path) -> Iterator[_CutOffCluster]:
-    c = _CutOffCluster(tmp_path / "cluster", nodes=3, base_port=0, overrides=FAST)
+def _cluster(root: Path, cutoff_secs: float) -> Iterator[_CutOffCluster]:
+    c = _CutOffCluster(root, nodes=3, base_port=0,
+                       overrides={**FAST, "blobstore.read.cutoff.secs": cutoff_secs})
     try:
         c.start()
         yield c
@@ -53,6 +54,18 @@ def cut_off(tmp_path: Path) -> Iterator[_CutOffCluster]:
         c.stop()
         if c.proxy is not None:
             c.proxy.close()
+
+
+@pytest.fixture
+def cut_off(tmp_path: Path) -> Iterator[_CutOffCluster]:
+    """The cut-off master serves its last view to reads with no minimum for the whole test."""
+    yield from _cluster(tmp_path / "cluster", 600.0)
+
+
+@pytest.fixture
+def cut_off_now(tmp_path: Path) -> Iterator[_CutOffCluster]:
+    """The cut-off master stops calling its view the latest as soon as it is cut off."""
+    yield from _cluster(tmp_path / "cluster", 0.0)
 
 
 def _first_at(client: Client, address: str) -> Client:
@@ -116,8 +129,16 @@ def test_a_master_behind_refuses_a_newer_minimum_and_the_writer_reads_its_own_wr
         for _ in range(3):
             assert _first_at(alice, behind.address).get_meta(KEY).version == second.version
             assert _first_at(alice, behind.address).read(KEY) == b"version two"
-        # Another client, which has seen nothing of the key, is promised nothing.
+        # Another client, which has seen nothing of the key, is promised nothing...
         assert _first_at(bob, behind.address).read(KEY) == b"version one"
+        # ...unless it reads linearizably: then every read is of the latest version.
+        with client_for(cut_off, "bob") as linear:
+            linear.consistency = "linearizable"
+            for _ in range(3):
+                assert _first_at(linear, behind.address).read(KEY) == b"version two"
+                assert _first_at(linear, behind.address).get_meta(KEY).version == second.version
+                status = _first_at(linear, behind.address).get_replication(KEY)
+                assert status.version == second.version
         # Once bob has read version two elsewhere, he never reads version one again.
         bob._router.after_write(cut_off.masters[0].address)
         assert bob.get_meta(KEY).version == second.version
@@ -129,3 +150,54 @@ def test_a_master_behind_refuses_a_newer_minimum_and_the_writer_reads_its_own_wr
             _first_at(alice, behind.address).read(KEY)
         with pytest.raises(KeyNotFound):
             _first_at(alice, behind.address).get_meta(KEY)
+
+
+def _cut_off_and_update(cluster: _CutOffCluster, alice: Client) -> tuple[Any, Any]:
+    behind = cluster.masters[-1]
+    assert cluster.proxy is not None
+    first = alice.create(KEY, b"version one", acl="u:alice:rwa,o::r", replication_factor=3)
+    assert alice.wait_for_replication([KEY], 3, 30).reached
+    alice.cluster_summary()
+    cluster.proxy.hold()
+    wait_until(lambda: alice.node_status(behind.address).zookeeper_unreachable, 20,
+               "the cut-off master to see ZooKeeper unreachable")
+    return first, alice.update(KEY, b"version two")
+
+
+def test_past_the_cutoff_and_when_linearizable_no_read_gets_the_old_view(
+        cut_off_now: _CutOffCluster) -> None:
+    behind = cut_off_now.masters[-1].address
+    with client_for(cut_off_now) as alice, client_for(cut_off_now, "bob") as bob:
+        first, second = _cut_off_and_update(cut_off_now, alice)
+        # The cut-off master no longer serves its view as the latest to a read with no
+        # minimum, nor a linearizable one: both UNAVAILABLE, for the client to go elsewhere.
+        refused = _raw(cut_off_now, behind, "GetMeta", pb.GetMetaRequest(key=KEY))
+        assert isinstance(refused, grpc.RpcError), refused
+        assert refused.code() == grpc.StatusCode.UNAVAILABLE
+        assert (STALE_METADATA_KEY, "1") in tuple(refused.trailing_metadata() or ())
+        assert "may not be the latest" in (refused.details() or "")
+        for method, request in (
+                ("GetMeta", pb.GetMetaRequest(key=KEY, view=pb.READ_VIEW_LINEARIZABLE)),
+                ("Download", pb.DownloadRequest(key=KEY, view=pb.READ_VIEW_LINEARIZABLE)),
+                ("GetReplication", pb.GetReplicationRequest(key=KEY,
+                                                            view=pb.READ_VIEW_LINEARIZABLE))):
+            refused = _raw(cut_off_now, behind, method, request)
+            assert isinstance(refused, grpc.RpcError), f"{method} answered {refused!r}"
+            assert refused.code() == grpc.StatusCode.UNAVAILABLE
+            assert "cannot confirm the latest version" in (refused.details() or "")
+        # Asked for as the last known view (what a client asks once every master it reached
+        # was cut off), it is served.
+        last = _raw(cut_off_now, behind, "GetMeta",
+                    pb.GetMetaRequest(key=KEY, view=pb.READ_VIEW_LAST_KNOWN))
+        assert isinstance(last, pb.BlobMeta) and last.version == first.version
+        # Connected masters confirm the latest version for a linearizable read.
+        other = cut_off_now.masters[0].address
+        confirmed = _raw(cut_off_now, other, "GetMeta",
+                         pb.GetMetaRequest(key=KEY, view=pb.READ_VIEW_LINEARIZABLE))
+        assert isinstance(confirmed, pb.BlobMeta) and confirmed.version == second.version
+
+        # A client that has seen nothing of the key, sent to the cut-off master first, reads
+        # version two from another.
+        for _ in range(3):
+            assert _first_at(bob, behind).read(KEY) == b"version two"
+            assert _first_at(bob, behind).get_replication(KEY).version == second.version

@@ -20,6 +20,8 @@ from blobha.sync import KeyView
 from kazoo.handlers.threading import KazooTimeoutError
 from outage import Outage, into_outage
 
+from blobha.core.consistency import MinVersion, View
+from blobha.core.errors import Stale, Unavailable
 from blobha.master.channel import Channel
 from blobha.master.config import Config
 from blobha.master.metadata import Metadata
@@ -34,6 +36,8 @@ from blobha.zk.layout import BLOBSTORE, MASTERS, BlobState, key_path
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
 SESSION_SECS = 4.0
+#: Less than the session timeout a read meeting the outage waits: past it once that returns.
+CUTOFF = 1.0
 
 
 class _OutageBeforeNextRead(Outage):
@@ -77,8 +81,8 @@ def master(tmp_path: Path) -> Iterator[tuple[Any, _OutageBeforeNextRead]]:
             sync: Any = SimpleNamespace(view=lambda key: view if key == "k" else None)
             election: Any = SimpleNamespace(is_leader=False, leader_address="m2:6627")
             meta = Metadata(zk, election, "m1:6627", SESSION_SECS, threading.Event())
-            settings = MasterSettings.from_config(
-                Config.of({"blobstore.dir": str(tmp_path / "data")}))
+            settings = MasterSettings.from_config(Config.of({
+                "blobstore.dir": str(tmp_path / "data"), "blobstore.read.cutoff.secs": CUTOFF}))
             reads = Reads(settings, "m1:6627", "blobha-master", LocalStore(tmp_path / "store"),
                           zk, meta, Authority(frozenset(), "blobha-master"), sync, Channel())
             unused: Any = None  # parts the status page's links do not read
@@ -100,9 +104,31 @@ def _during_outage(zk: Outage, request: Callable[[], object]) -> tuple[object, f
 def test_a_read_that_meets_the_outage_serves_the_last_committed_state(
         master: tuple[Any, Outage]) -> None:
     m, zk = master
-    result, took = _during_outage(zk, lambda: m.reads.state_for_read("k"))
+    result, took = _during_outage(zk, lambda: m.reads.state_for_read("k", None,
+                                                                    View.LAST_KNOWN))
     assert result == (STATE, m.sync.view("k")), result
     assert took >= SESSION_SECS - 0.5  # the read was waited for, then given up
+
+
+def test_a_master_cut_off_past_the_bound_no_longer_calls_its_view_the_latest(
+        master: tuple[Any, Outage]) -> None:
+    m, zk = master
+    assert m.reads.state_for_read("k") == (STATE, None)  # in touch: from ZooKeeper
+    _during_outage(zk, lambda: m.reads.state_for_read("k", None, View.LAST_KNOWN))
+    assert m.reads.cut_off.seconds() > CUTOFF
+    # No minimum: refused as stale, for the client to ask a master in touch with ZooKeeper.
+    with pytest.raises(Stale, match=r"cut off from ZooKeeper for \d+ s, so its view of 'k'"
+                                    r" \(v2\) may not be the latest"):
+        m.reads.state_for_read("k")
+    # Asked for as the last known view (every master was cut off), it is served.
+    assert m.reads.state_for_read("k", None, View.LAST_KNOWN)[0] == STATE
+    # A client that has seen v2 gets what it needs; one that has seen v3 is refused.
+    assert m.reads.state_for_read("k", MinVersion(2, STATE.created_at))[0] == STATE
+    with pytest.raises(Stale, match="behind what this client has seen"):
+        m.reads.state_for_read("k", MinVersion(3, STATE.created_at))
+    # A linearizable read needs ZooKeeper to confirm the version.
+    with pytest.raises(Unavailable, match="cannot confirm the latest version of 'k'"):
+        m.reads.state_for_read("k", None, View.LINEARIZABLE)
 
 
 def test_a_listing_that_meets_the_outage_is_told_zookeeper_is_unreachable(

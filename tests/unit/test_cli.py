@@ -55,6 +55,14 @@ class FakeClient:
     def __enter__(self) -> FakeClient:
         return self
 
+    @property
+    def consistency(self) -> str:
+        return self.store.consistencies[-1] if self.store.consistencies else "session"
+
+    @consistency.setter
+    def consistency(self, value: str) -> None:
+        self.store.consistencies.append(value)
+
     def __exit__(self, *exc: object) -> None:
         self.store.closed += 1
 
@@ -179,6 +187,7 @@ class FakeStore:
         self.cut_off = False  # the summary's master has no ZooKeeper connection
         self.error: BaseException | None = None
         self.expected_meta_versions: list[int | None] = []
+        self.consistencies: list[str] = []  # what each command set its client's to
 
 
 @pytest.fixture
@@ -335,6 +344,19 @@ def test_list_keys_and_json(store: FakeStore, capsys: pytest.CaptureFixture[str]
     assert cli.main(["list", "b", "secret", "--json"]) == 0
     assert json.loads(capsys.readouterr().out) == ["b"]
     assert store.list_pages == [1]  # one key's listing asks for one key, not a page of 1,000
+
+
+def test_consistent_reads_ask_for_a_linearizable_client(store: FakeStore,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    store.blobs["k"] = (b"12345", (AccessControl("u", "alice", 7),), 2)
+    assert cli.main(["meta", "k"]) == 0 and store.consistencies == []
+    for argv in (["meta", "--consistent", "k"], ["cat", "k", "--consistent"],
+                 ["replication", "k", "--read", "--consistent"]):
+        assert cli.main(argv) == 0
+    assert store.consistencies == ["linearizable"] * 3
+    capsys.readouterr()
+    assert cli.main(["list", "--consistent"]) == 2  # a listing is always read from ZooKeeper
+    assert "unrecognized arguments: --consistent" in capsys.readouterr().err
 
 
 def test_meta_text_and_json(store: FakeStore, capsys: pytest.CaptureFixture[str]) -> None:

@@ -15,7 +15,7 @@ from blobha.client import retry as retry_mod
 from blobha.client.seen import DEFAULT_REMEMBERED_KEYS, SeenVersions
 from blobha.core.consistency import DELETED, MinVersion
 from blobha.core.digest import digest_bytes
-from blobha.core.errors import InvalidArgument, KeyNotFound, NotLeader, Stale
+from blobha.core.errors import InvalidArgument, KeyNotFound, NotLeader, Stale, Unavailable
 from blobha.v1 import blobha_pb2 as pb
 from blobha.wire.convert import min_version_from_pb
 
@@ -96,12 +96,18 @@ class Masters:
     def __init__(self) -> None:
         self.views: dict[str, dict[str, tuple[int, float, bytes]]] = {m: {} for m in (M1, M2, M3)}
         self.behind: set[str] = set()  # masters the leader's writes do not reach
+        self.cut_off: set[str] = set()  # masters cut off from ZooKeeper past the bound
         self.calls: list[tuple[str, str, Any]] = []
         self.clock = CREATED
 
     def _view(self, address: str, key: str, request: Any) -> tuple[int, float, bytes]:
         found = self.views[address].get(key)
         minimum = min_version_from_pb(request)
+        if (address in self.cut_off and minimum is None
+                and request.view == pb.READ_VIEW_SESSION):
+            raise Stale(f"master {address} has been cut off from ZooKeeper for 9 s")
+        if address in self.cut_off and request.view == pb.READ_VIEW_LINEARIZABLE:
+            raise Unavailable(f"master {address} cannot confirm the latest version")
         if minimum is not None and (found is None or minimum.newer_than(found[0], found[1])):
             if found is None and address not in self.behind:
                 raise KeyNotFound(f"no blob with key {key!r}")
@@ -117,7 +123,7 @@ class Masters:
 
     def unary(self, address: str, method: str, request: Any, timeout: float | None,
               stall: float | None = None, rivals: Any = ()) -> Any:
-        self.calls.append((address, method, request))
+        self.calls.append((address, method, _copy(request)))
         if method == "ClusterSummary":
             return pb.ClusterSummaryResponse(
                 masters=[pb.MasterSummary(address=m, reachable=True) for m in self.views],
@@ -151,7 +157,7 @@ class Masters:
 
     def server_stream(self, address: str, method: str, request: Any, timeout: float | None,
                       stall: float | None = None) -> Iterator[Any]:
-        self.calls.append((address, method, request))
+        self.calls.append((address, method, _copy(request)))
         version, created_at, data = self._view(address, request.key, request)
         info = pb.BlobInfo(version=version, size=len(data), digest=digest_bytes(data),
                            created_at=created_at)
@@ -179,6 +185,13 @@ class Masters:
     def refusals(self) -> list[tuple[str, str]]:
         return [(a, m) for a, m, r in self.calls
                 if a in self.behind and m != "ClusterSummary" and r.HasField("min_version")]
+
+
+def _copy(request: Any) -> Any:
+    """The request as sent: the client may change its view for the next attempt."""
+    sent = type(request)()
+    sent.CopyFrom(request)
+    return sent
 
 
 @pytest.fixture
@@ -289,3 +302,57 @@ def test_a_version_handed_over_is_read_as_if_this_client_had_read_it(
     assert _first_at(alice, M3).get_meta("k").version == 4
     with pytest.raises(InvalidArgument, match="created_at must be the key's creation time"):
         alice.remember_version("k", 4, 0.0)
+
+
+
+# -- views ---------------------------------------------------------------------------------
+
+
+def _views(masters: Masters, address: str) -> list[tuple[str, int, bool]]:
+    """(method, view, carried a minimum) of each read sent to ``address``."""
+    return [(m, r.view, r.HasField("min_version")) for a, m, r in masters.calls
+            if a == address and m in ("GetMeta", "Download", "GetReplication")]
+
+
+def test_a_read_with_no_minimum_leaves_a_master_cut_off_too_long(alice: Client,
+                                                                 masters: Masters) -> None:
+    masters._write("k", 4, CREATED, b"four")
+    masters.views[M3]["k"] = (3, CREATED, b"three")
+    masters.cut_off.add(M3)
+    assert _first_at(alice, M3).read("k") == b"four"
+    assert _views(masters, M3)[0] == ("Download", pb.READ_VIEW_SESSION, False)
+
+
+def test_when_every_master_is_cut_off_a_read_takes_the_last_known_view(
+        alice: Client, masters: Masters) -> None:
+    # A ZooKeeper outage: nothing newer can commit, and each master's last view is served
+    # once all of them have said they are cut off.
+    masters._write("k", 4, CREATED, b"four")
+    masters.cut_off.update((M1, M2, M3))
+    assert _first_at(alice, M3).get_meta("k").version == 4
+    sent = [(a, r.view) for a, m, r in masters.calls if m == "GetMeta"]
+    assert sorted(sent[:3]) == [(M1, pb.READ_VIEW_SESSION), (M2, pb.READ_VIEW_SESSION),
+                                (M3, pb.READ_VIEW_SESSION)]
+    assert sent[3:] == [(sent[3][0], pb.READ_VIEW_LAST_KNOWN)]
+    # Having read v4, the client has a minimum: a master's last view serves it as it is.
+    assert _first_at(alice, M2).read("k") == b"four"
+    assert _views(masters, M2)[-1] == ("Download", pb.READ_VIEW_SESSION, True)
+
+
+def test_a_linearizable_client_has_every_read_confirmed(masters: Masters,
+                                                        clock: list[float]) -> None:
+    with Client([M1, M2, M3], user="alice", transport=masters,
+                consistency="linearizable") as c:
+        assert c.consistency == "linearizable"
+        masters._write("k", 1, CREATED, b"one")
+        masters.cut_off.add(M3)  # cannot confirm: the read goes to another master
+        assert _first_at(c, M3).read("k") == b"one"
+        assert _first_at(c, M3).get_meta("k").version == 1
+        c.get_replication("k")
+        sent = {v for a in (M1, M2, M3) for _, v, _ in _views(masters, a)}
+        assert sent == {pb.READ_VIEW_LINEARIZABLE}
+        c.consistency = "session"
+        assert _first_at(c, M1).read("k") == b"one"
+        assert _views(masters, M1)[-1][1] == pb.READ_VIEW_SESSION
+        with pytest.raises(InvalidArgument, match="consistency must be 'session' or"):
+            c.consistency = "strong"

@@ -37,6 +37,7 @@ from blobha.wire.convert import (
     master_to_pb,
     min_version_from_pb,
     replication_to_pb,
+    view_from_pb,
 )
 from blobha.wire.dataplane import DataOffer
 from blobha.zk.connection import UNREACHABLE
@@ -290,7 +291,7 @@ class BlobStoreServicer(pb_grpc.BlobStoreServicer):
                  ) -> Iterator[bytes | pb.DownloadChunk]:
         info, created_at, chunks = self.master.open_download(
             user_of(context), request.key, request.version, request.offset, request.length,
-            request.data_channel, min_version_from_pb(request),
+            request.data_channel, min_version_from_pb(request), view_from_pb(request),
         )
         first: pb.BlobInfo | None = pb.BlobInfo(version=info.seq, size=info.size,
                                                 digest=info.digest, created_at=created_at)
@@ -328,7 +329,8 @@ class BlobStoreServicer(pb_grpc.BlobStoreServicer):
     def GetMeta(self, request: pb.GetMetaRequest, context: grpc.ServicerContext) -> pb.BlobMeta:
         user = user_of(context)
         state, replication = self.master.get_meta(user, request.key, request.any_access,
-                                                  min_version_from_pb(request))
+                                                  min_version_from_pb(request),
+                                                  view_from_pb(request))
         meta = self._meta(user, request.key, state, replication)
         if not meta.access & READ:
             # What READ alone may learn: a writer could test guesses of a small secret
@@ -368,7 +370,7 @@ class BlobStoreServicer(pb_grpc.BlobStoreServicer):
     def GetReplication(self, request: pb.GetReplicationRequest, context: grpc.ServicerContext
                        ) -> pb.ReplicationStatus:
         return replication_to_pb(self.master.get_replication(
-            user_of(context), request.key, min_version_from_pb(request)))
+            user_of(context), request.key, min_version_from_pb(request), view_from_pb(request)))
 
     @unary
     def WaitForReplication(self, request: pb.WaitForReplicationRequest,
