@@ -60,7 +60,7 @@ class Peers:
         self._stubs: dict[str, pb_grpc.BlobStoreStub] = {}
         self._channels: dict[str, grpc.Channel] = {}
         self._guard = threading.Lock()
-        self._data_channels = DataChannels()
+        self._data_channels = DataChannels(tls=self._credentials.data_tls)
         self._stall = stall_secs
         self._stalls = StallWatch()
         #: Peers that stalled or left, and when: tried last for a while (see :meth:`rank`).
@@ -104,9 +104,7 @@ class Peers:
         Raises a :class:`BlobError` on failure; ``dest`` keeps what arrived, so the caller can
         resume from another replica.
         """
-        # The data channel carries no TLS (blobha.wire.dataplane): with TLS, peers stream.
-        data_channel = (not stream_only and not self._credentials.tls
-                        and self._data_channels.usable(address))
+        data_channel = not stream_only and self._data_channels.usable(address)
         request = pb.DownloadRequest(key=key, version=seq, offset=dest.size,
                                      data_channel=data_channel)
         offer: DataOffer | None = None

@@ -87,7 +87,7 @@ class Router:
         self.timeout = timeout
         self.stall_timeout = stall_timeout
         self.chunk_size = chunk_size
-        self.data_channels = DataChannels()
+        self.data_channels = DataChannels(tls=transport.data_tls)
         self.rng = random.Random()
         #: Replaceable so tests do not wait for real backoff.
         self.sleep: Callable[[float], None] = time.sleep

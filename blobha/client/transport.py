@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import queue
+import ssl
 import threading
 from collections.abc import Generator, Iterator, Mapping, Sequence
 from typing import Any, Protocol
@@ -88,7 +89,11 @@ class Transport(Protocol):
 
     def data_host(self, address: str) -> str | None:
         """The host to dial for the data channel of ``address`` (blobha.wire.dataplane), or None
-        when downloads must stay in gRPC (over TLS, whose protection the channel lacks)."""
+        when transfers must stay in gRPC."""
+        ...
+
+    def data_tls(self) -> ssl.SSLContext | None:
+        """The TLS the data channel takes (None: plaintext, as the gRPC channel)."""
         ...
 
     def close(self) -> None: ...
@@ -327,9 +332,10 @@ class GrpcTransport:
         return self._call(address, method, requests, timeout, stall, rivals)
 
     def data_host(self, address: str) -> str | None:
-        if self._credentials.tls:
-            return None
         return host_of(self._address_map.get(address, address))
+
+    def data_tls(self) -> ssl.SSLContext | None:
+        return self._credentials.data_tls()
 
     def server_stream(
         self, address: str, method: str, request: Any, timeout: float | None,

@@ -288,7 +288,8 @@ class UploadJob:
         # The channel's own time limits (connect, answer, each send) are the stall limit.
         limit = min(self.router.timeout, self.router.stall_timeout)
         try:
-            return send_upload(host, status.data_port, status.ticket, limit, pieces())
+            return send_upload(host, status.data_port, status.ticket, limit, pieces(),
+                               channels.tls())
         except DataChannelUnusable as e:
             channels.failed(self.leader, e)
             return None

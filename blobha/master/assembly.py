@@ -18,6 +18,7 @@ from blobha.master.edge.metrics import MasterMetrics
 from blobha.master.edge.service import add_to_server, new_server, translate_error
 from blobha.master.edge.statuspage import StatusServer
 from blobha.master.facade import Master
+from blobha.wire.datatls import ReloadingServerContext
 
 log = logging.getLogger("blobha.master")
 
@@ -89,14 +90,16 @@ class MasterServer:
         port = int(self.config["blobstore.data.port"])
         if port < 0:
             return
-        if self.master.server_tls is not None:
-            log.info("no data channel: with TLS, transfers stay in the encrypted gRPC stream")
-            return
         master = self.master
+        s = master.settings
+        tls = (ReloadingServerContext(s.tls_cert, s.tls_key, s.tls_ca,
+                                      require_client_cert=s.auth_mode == "mtls")
+               if master.server_tls is not None else None)
         dataplane = DataPlane(
             master.store, host, port, append=master.append,
             translate=lambda e: translate_error(master.identity, "an upload on the data channel",
-                                                e))
+                                                e),
+            tls=tls)
         try:
             dataplane.start()
         except OSError as e:
@@ -104,7 +107,7 @@ class MasterServer:
                               " (set another port, 0 for any free one, or -1 for none)") from None
         self.dataplane = dataplane
         master.channel.offers = dataplane
-        log.info("data channel on port %d", dataplane.port)
+        log.info("data channel on port %d%s", dataplane.port, " (TLS)" if tls else "")
 
     def _stop_serving(self, grace: float) -> None:
         if self.server is not None:

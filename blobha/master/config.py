@@ -172,8 +172,9 @@ OPTIONS: tuple[Option, ...] = (
         0,
         "Port of the data channel, which carries downloads and uploads outside gRPC with fewer"
         " copies of each byte (blobha.wire.dataplane), on master.listen's host: 0 picks a free port"
-        " (clients learn it from each offer), -1 turns it off. Off with TLS: transfers then"
-        " stay in the encrypted gRPC stream. Clients that cannot reach it use the gRPC stream.",
+        " (clients learn it from each offer), -1 turns it off. With TLS it is TLS too, with the"
+        " master's certificate and client verification. Clients that cannot reach it, or"
+        " whose TLS handshake with it fails, use the gRPC stream.",
     ),
     Option("master.principal", "blobha-master", "User name masters use with each other."),
     Option("admins", [], "Users allowed every operation on every blob."),

@@ -12,6 +12,8 @@ job token (``bjt1.ID.SECRET``, docs/security.md); either goes as ``authorization
 from __future__ import annotations
 
 import os
+import ssl
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +33,11 @@ ENV_CA = "BLOBHA_CA"
 ENV_CERT = "BLOBHA_CERT"
 ENV_KEY = "BLOBHA_KEY"
 ENV_TOKEN_FILE = "BLOBHA_TOKEN_FILE"
+
+# (ca, cert, key) -> (the files' stamp, the data channel's TLS made from them): a context
+# loads its files once, not per transfer.
+_DATA_TLS: dict[tuple[str | None, ...], tuple[tuple[float, ...], ssl.SSLContext]] = {}
+_DATA_TLS_LOCK = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -122,6 +129,26 @@ class Credentials:
         except ValueError as e:
             raise InvalidArgument(str(e)) from None
         return grpc.secure_channel(address, creds, options=list(options))
+
+    def data_tls(self) -> ssl.SSLContext | None:
+        """The TLS to take the masters' data channels with (None without TLS): the same trust
+        and client certificate as :meth:`channel`; made again when the files change."""
+        if not self.tls:
+            return None
+        # Only here, as in channel(): blobha.wire.datatls is needed once bytes move over TLS.
+        from blobha.wire.datatls import client_context
+
+        key = (self.ca, self.cert, self.key, self.stamp())
+        with _DATA_TLS_LOCK:
+            made = _DATA_TLS.get(key[:3])
+            if made is None or made[0] != key[3]:
+                try:
+                    made = (key[3], client_context(self.ca, self.cert, self.key))
+                except (OSError, ssl.SSLError) as e:
+                    raise InvalidArgument(f"cannot use the TLS files for the data channel: {e}"
+                                          ) from None
+                _DATA_TLS[key[:3]] = made
+            return made[1]
 
     def stamp(self) -> tuple[float, ...]:
         """Modification times of the files, to notice a renewed certificate."""

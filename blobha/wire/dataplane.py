@@ -45,9 +45,14 @@ once with FAILED; the master then reads what is still in flight until the client
 for an answer between pieces, stops sending, so the answer is not lost to a reset connection.
 The client commits with ``CommitUpload`` as always, and its digest covers every byte.
 
-The channel carries no TLS: a master with TLS configured offers none, and its downloads stay in
-the encrypted gRPC stream. Without TLS the ticket crosses the network as the caller's token
-already does.
+With TLS (a master with ``tls.cert``), the channel speaks TLS from the first byte, with the
+certificates, the CA and the client verification of the master's gRPC (blobha.wire.datatls):
+the ticket and the bytes cross the network encrypted. The master then cannot hand the page
+cache to the socket (``sendfile`` sends plaintext), so it reads each checked chunk into a
+buffer and encrypts it as it sends. An upload over TLS cannot end with a half-close (Python's
+TLS socket drops its session on ``shutdown``), so its bytes go in frames, each a 4-byte
+big-endian length and that many bytes, and a frame of length 0 ends the segment; the answer is
+the same. Without TLS the ticket crosses the network as the caller's token already does.
 """
 
 from __future__ import annotations
@@ -56,6 +61,7 @@ import contextlib
 import logging
 import select
 import socket
+import ssl
 import struct
 import threading
 import time
@@ -95,6 +101,8 @@ UNREACHABLE_SECS = 300.0
 
 OK, REFUSED, BUSY, NOT_HELD, FAILED = 0, 1, 2, 3, 4
 _REASON_MAX = 4096
+#: Bytes of a frame's length on an upload over TLS; a frame carries at most RECEIVE_BYTES.
+FRAME_HEAD = 4
 #: Seconds a master keeps reading an upload it answered with FAILED, so that the client, which
 #: checks for an answer between pieces, reads it before the connection is reset.
 DRAIN_SECS = 10.0
@@ -128,15 +136,18 @@ def recv_exact(conn: socket.socket, n: int) -> bytes | None:
     return bytes(buf)
 
 
-def _open(host: str, port: int, ticket: bytes, timeout: float) -> socket.socket:
+def _open(host: str, port: int, ticket: bytes, timeout: float,
+          tls: ssl.SSLContext | None = None) -> socket.socket:
     """A connection to the data channel at ``host:port`` that accepted ``ticket``: blocking,
-    with kernel time limits of at most :data:`IO_TIMEOUT` (see :func:`receive` for the
-    errors)."""
+    with kernel time limits of at most :data:`IO_TIMEOUT`; over TLS with ``tls`` (see
+    :func:`receive` for the errors)."""
     try:
         conn = socket.create_connection((host, port), timeout=min(CONNECT_TIMEOUT, timeout))
     except OSError as e:
         raise DataChannelUnusable(f"data channel {host}:{port} unreachable: {e}") from None
     try:
+        if tls is not None:
+            conn = _handshake(conn, tls, host, port)
         try:
             # Blocking, with kernel time-outs, so MSG_WAITALL fills the buffer in one call.
             conn.settimeout(None)
@@ -162,8 +173,38 @@ def _open(host: str, port: int, ticket: bytes, timeout: float) -> socket.socket:
     return conn
 
 
+def _handshake(conn: socket.socket, tls: ssl.SSLContext, host: str, port: int
+               ) -> ssl.SSLSocket:
+    """``conn`` over TLS, the master's certificate checked for ``host`` as gRPC checks it. A
+    failed handshake (a certificate the caller does not trust, a channel without TLS) leaves
+    the channel to the gRPC stream, which is checked the same way and says why."""
+    try:
+        return tls.wrap_socket(conn, server_hostname=host)
+    except ssl.SSLCertVerificationError as e:
+        raise DataChannelUnusable(f"data channel {host}:{port}: TLS certificate not trusted:"
+                                  f" {e.verify_message}") from None
+    except (ssl.SSLError, OSError) as e:
+        raise DataChannelUnusable(f"data channel {host}:{port}: TLS handshake failed: {e}"
+                                  ) from None
+
+
+def fill(conn: socket.socket, view: memoryview) -> int:
+    """Receive into all of ``view`` unless the peer ends first; the bytes received. One system
+    call in plaintext (MSG_WAITALL); a TLS socket takes no flags, and fills record by record."""
+    if not isinstance(conn, ssl.SSLSocket):
+        return conn.recv_into(view, len(view), socket.MSG_WAITALL)
+    got = 0
+    while got < len(view):
+        n = conn.recv_into(view[got:], len(view) - got)
+        if n == 0:
+            break
+        got += n
+    return got
+
+
 def receive(host: str, port: int, ticket: bytes, size: int, timeout: float,
-            on_data: Callable[[memoryview], object]) -> None:
+            on_data: Callable[[memoryview], object], tls: ssl.SSLContext | None = None
+            ) -> None:
     """Take ``size`` bytes offered with ``ticket`` from the data channel at ``host:port``,
     handing them to ``on_data`` in pieces of up to :data:`RECEIVE_BYTES`: views of one reused
     buffer, valid only during the call (a caller that keeps them copies them).
@@ -172,17 +213,19 @@ def receive(host: str, port: int, ticket: bytes, size: int, timeout: float,
     something else or is busy; :class:`KeyNotFound` ("not held here") when the master cannot
     serve the version after all; :class:`Unavailable` when it refuses the ticket or the
     transfer stops early (what arrived was handed on, so the caller resumes after it)."""
-    with _open(host, port, ticket, timeout) as conn:
+    with _open(host, port, ticket, timeout, tls) as conn:
         buf = bytearray(min(RECEIVE_BYTES, size))
         view = memoryview(buf)
         # Woken once this much is queued, not for every segment: a wake-up per segment cost
         # both ends much CPU. Lowered for a last piece smaller than it, which would otherwise
-        # wait for bytes that never come.
-        wake = min(WAKE_BYTES, size)
+        # wait for bytes that never come. Not over TLS: its records are read a few KiB at a
+        # time, and each read would wait for the mark.
+        wake = 0 if tls is not None else min(WAKE_BYTES, size)
         got = 0
         try:
-            with contextlib.suppress(OSError):
-                conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, max(wake, 1))
+            if wake:
+                with contextlib.suppress(OSError):
+                    conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, max(wake, 1))
             while got < size:
                 want = min(len(buf), size - got)
                 try:
@@ -190,7 +233,7 @@ def receive(host: str, port: int, ticket: bytes, size: int, timeout: float,
                         wake = want
                         with contextlib.suppress(OSError):  # as above: only a wake-up hint
                             conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, wake)
-                    n = conn.recv_into(view[:want], want, socket.MSG_WAITALL)
+                    n = fill(conn, view[:want])
                 except OSError as e:
                     raise Unavailable(f"data channel {host}:{port} failed after {got} of"
                                       f" {size} bytes: {e}") from None
@@ -205,7 +248,8 @@ def receive(host: str, port: int, ticket: bytes, size: int, timeout: float,
 
 
 def send_upload(host: str, port: int, ticket: bytes, timeout: float,
-                pieces: Iterable[bytes | memoryview]) -> int:
+                pieces: Iterable[bytes | memoryview], tls: ssl.SSLContext | None = None
+                ) -> int:
     """Send ``pieces`` over the data channel at ``host:port`` for the upload offered with
     ``ticket``, and return the bytes the master has received in all (the offset to go on
     from). An error raised while drawing a piece (the input's) goes through unchanged; the
@@ -216,8 +260,9 @@ def send_upload(host: str, port: int, ticket: bytes, timeout: float,
     the session gone: :class:`UploadNotFound`, ...) when it refused the bytes; and
     :class:`Unavailable` when the connection broke without an answer (the caller asks
     ``GetUploadStatus`` where to resume)."""
-    with _open(host, port, ticket, timeout) as conn:
+    with _open(host, port, ticket, timeout, tls) as conn:
         sent = 0
+        framed = isinstance(conn, ssl.SSLSocket)
         # poll, not select: a client may hold more than FD_SETSIZE descriptors.
         answer = select.poll()
         answer.register(conn, select.POLLIN)
@@ -226,12 +271,18 @@ def send_upload(host: str, port: int, ticket: bytes, timeout: float,
                 if answer.poll(0):
                     break  # only a refusal comes before the end: stop sending, read it
                 try:
-                    conn.sendall(piece)
+                    if framed:
+                        _send_frames(conn, piece)
+                    else:
+                        conn.sendall(piece)
                 except OSError as e:
                     raise _Broken(str(e)) from None
                 sent += len(piece)
             try:
-                conn.shutdown(socket.SHUT_WR)
+                if framed:
+                    conn.sendall(bytes(FRAME_HEAD))  # length 0: the end
+                else:
+                    conn.shutdown(socket.SHUT_WR)
             except OSError as e:
                 raise _Broken(str(e)) from None
             return _upload_answer(conn, host, port)
@@ -241,6 +292,14 @@ def send_upload(host: str, port: int, ticket: bytes, timeout: float,
                 _upload_answer(conn, host, port)
             raise Unavailable(f"data channel {host}:{port} failed after {sent} bytes of the"
                               f" upload: {e}") from None
+
+
+def _send_frames(conn: socket.socket, piece: bytes | memoryview) -> None:
+    view = memoryview(piece)
+    for start in range(0, len(view), RECEIVE_BYTES):
+        part = view[start:start + RECEIVE_BYTES]
+        conn.sendall(len(part).to_bytes(FRAME_HEAD, "big"))
+        conn.sendall(part)
 
 
 class _Broken(Exception):
@@ -295,7 +354,11 @@ class DataChannels:
     minutes, not one per download."""
 
     def __init__(self, hold: float = UNREACHABLE_SECS,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 tls: Callable[[], ssl.SSLContext | None] = lambda: None) -> None:
+        #: The TLS to take the masters' channels with (None: plaintext), asked per transfer:
+        #: renewed files bring a new one.
+        self.tls = tls
         self._hold = hold
         self._clock = clock
         self._until: dict[str, float] = {}
@@ -316,7 +379,7 @@ class DataChannels:
         """:func:`receive` the range ``address`` offered; False, with nothing received, when
         its channel cannot be used: the caller then streams it from the same master."""
         try:
-            receive(host, offer.port, offer.ticket, size, timeout, on_data)
+            receive(host, offer.port, offer.ticket, size, timeout, on_data, self.tls())
         except DataChannelUnusable as e:
             self.failed(address, e)
             return False

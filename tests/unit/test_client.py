@@ -401,6 +401,9 @@ class FakeCluster:
     def data_host(self, address: str) -> str | None:
         return None  # every download streams (the data channel has tests of its own)
 
+    def data_tls(self) -> None:
+        return None
+
     def probe(
         self, addresses: Sequence[str], method: str, request: Any, timeout: float
     ) -> Generator[tuple[str, Any], None, None]:

@@ -171,6 +171,9 @@ class Masters:
     def data_host(self, address: str) -> str | None:
         return None
 
+    def data_tls(self) -> None:
+        return None
+
     def client_stream(self, *args: Any, **kwargs: Any) -> Any:
         raise AssertionError("small blobs only")
 

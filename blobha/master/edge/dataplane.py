@@ -1,6 +1,6 @@
 """The master's end of the data channel: the listening socket, its tickets, and the threads that
-send a version's bytes (``sendfile``) or append an upload's. The wire format and the client end
-are in :mod:`blobha.wire.dataplane`.
+send a version's bytes (``sendfile``; read and encrypted over TLS) or append an upload's. The
+wire format and the client end are in :mod:`blobha.wire.dataplane`.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import logging
 import os
 import secrets
 import socket
+import ssl
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -26,6 +27,7 @@ from blobha.wire.dataplane import (
     CONNECT_TIMEOUT,
     DRAIN_SECS,
     FAILED,
+    FRAME_HEAD,
     IO_TIMEOUT,
     MAGIC,
     MAX_TICKETS,
@@ -36,9 +38,11 @@ from blobha.wire.dataplane import (
     TICKET_BYTES,
     TICKET_TTL,
     WAKE_BYTES,
+    fill,
     recv_exact,
     time_limit,
 )
+from blobha.wire.datatls import ReloadingServerContext
 
 log = logging.getLogger("blobha.dataplane")
 
@@ -80,8 +84,12 @@ class DataPlane:
                  ttl: float = TICKET_TTL, clock: Callable[[], float] = time.monotonic,
                  append: Append | None = None,
                  translate: Callable[[Exception], BlobError] | None = None,
-                 max_tickets: int = MAX_TICKETS) -> None:
+                 max_tickets: int = MAX_TICKETS,
+                 tls: ReloadingServerContext | None = None) -> None:
         self.store = store
+        #: With TLS, every connection is a TLS one (the master's certificate, and in mTLS mode
+        #: a client certificate from its CA), before the ticket is read.
+        self.tls = tls
         self._max_tickets = max_tickets
         self._host = host
         self._want_port = port
@@ -208,20 +216,44 @@ class DataPlane:
         def run() -> None:
             try:
                 with conn:
-                    handle(conn)
+                    secure = self._secure(conn)
+                    if secure is not None:
+                        with secure:
+                            handle(secure)
             except OSError as e:
                 log.debug("data channel: connection ended early: %s", e)
             except Exception:
                 log.exception("data channel: transfer failed")
             finally:
                 with self._lock:
-                    self._conns.pop(conn, None)
+                    for end in [c for c, t in self._conns.items()
+                                if t is threading.current_thread()]:
+                        del self._conns[end]
                 slot.release()
 
         thread = threading.Thread(target=run, name="data-transfer", daemon=True)
         with self._lock:
             self._conns[conn] = thread
         thread.start()
+
+    def _secure(self, conn: socket.socket) -> socket.socket | None:
+        """``conn``, over TLS when the channel has it; None when its handshake fails (a client
+        without the CA's trust or certificate, or one speaking plaintext: nothing it sent, a
+        ticket included, is read)."""
+        if self.tls is None:
+            return conn
+        conn.settimeout(CONNECT_TIMEOUT)
+        try:
+            secure = self.tls.current().wrap_socket(conn, server_side=True)
+        except (ssl.SSLError, OSError) as e:
+            log.info("data channel: TLS handshake failed: %s", e)
+            return None
+        with self._lock:
+            # stop() ends connections through the socket that now owns the descriptor.
+            thread = self._conns.pop(conn, None)
+            if thread is not None:
+                self._conns[secure] = thread
+        return secure
 
     def _refuse(self, conn: socket.socket) -> None:
         # The ticket is read first: closing with it unread would reset the connection, and
@@ -254,23 +286,35 @@ class DataPlane:
         conn.settimeout(None)
         time_limit(conn, IO_TIMEOUT)
         conn.sendall(MAGIC + bytes([OK]))
-        with contextlib.suppress(OSError):  # only a wake-up hint, as for a receiving client
-            conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, WAKE_BYTES)
+        framed = isinstance(conn, ssl.SSLSocket)
+        if not framed:  # TLS reads records of a few KiB: each would wait for the mark
+            with contextlib.suppress(OSError):  # a wake-up hint, as for a receiving client
+                conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, WAKE_BYTES)
         buf = bytearray(RECEIVE_BYTES)
         view = memoryview(buf)
         offset = received = grant.offset
         ended = False
+        frame = 0  # bytes of the current frame still to come (over TLS)
         try:
             while not ended:
                 filled = 0
                 while filled < len(buf):
                     # 0 is the client's end; a stall past IO_TIMEOUT raises (the client
                     # resumes from GetUploadStatus, with what arrived before it appended).
-                    n = conn.recv_into(view[filled:], len(buf) - filled, socket.MSG_WAITALL)
+                    if framed and frame == 0:
+                        frame = _frame(conn)
+                        if frame == 0:
+                            ended = True
+                            break
+                    want = min(len(buf) - filled, frame) if framed else len(buf) - filled
+                    n = fill(conn, view[filled:filled + want])
+                    if n < want and framed:
+                        return  # cut off mid-frame: no end, no answer (the client resumes)
                     if n == 0:
                         ended = True
                         break
                     filled += n
+                    frame -= n if framed else 0
                 if not filled:
                     break
                 try:
@@ -317,12 +361,23 @@ class DataPlane:
                 conn.sendall(MAGIC + bytes([OK]))
             started = True
 
+        secure = isinstance(conn, ssl.SSLSocket)
+        buf = memoryview(bytearray(RECEIVE_BYTES)) if secure else None
+
         def send(f: BinaryIO, position: int, count: int) -> None:
             nonlocal sent
             end = position + count
             while position < end:
-                with _client_errors():
-                    done = os.sendfile(out, f.fileno(), position, end - position)
+                if buf is not None:
+                    # sendfile would send the file as it is: read, then encrypt and send.
+                    done = os.preadv(f.fileno(), [buf[:min(len(buf), end - position)]],
+                                     position)
+                    if done:
+                        with _client_errors():
+                            conn.sendall(buf[:done])
+                else:
+                    with _client_errors():
+                        done = os.sendfile(out, f.fileno(), position, end - position)
                 if done == 0:  # shorter than the chunk just checked: changed under us
                     raise OSError(errno.EIO, f"the file ended at byte {position}")
                 position += done
@@ -366,6 +421,18 @@ def _client_errors() -> Iterator[None]:
         yield
     except OSError as e:
         raise _ClientGone(str(e)) from e
+
+
+def _frame(conn: socket.socket) -> int:
+    """The length of the next frame of an upload over TLS (0: its end; also when the client
+    went away before one). A length past a frame's most is the client's error: refused."""
+    head = recv_exact(conn, FRAME_HEAD)
+    if head is None:
+        raise OSError(errno.ECONNRESET, "the client ended the upload without its end frame")
+    n = int.from_bytes(head, "big")
+    if n > RECEIVE_BYTES:
+        raise OSError(errno.EPROTO, f"a frame of {n} bytes; at most {RECEIVE_BYTES}")
+    return n
 
 
 def _answer(conn: socket.socket, status: int, reason: str) -> None:
