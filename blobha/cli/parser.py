@@ -273,7 +273,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = command("bench", "measure this cluster against same-run baselines", servers.cmd_bench)
     p.add_argument("--local", action="store_true",
-                   help="start a throw-away local cluster (needed for failover and scale)")
+                   help="start a throw-away local cluster (needed for failover, scale and the"
+                        " TLS comparison)")
+    p.add_argument("--tls", action="store_true",
+                   help="with --local: the cluster serves TLS (token authentication), so every"
+                        " figure is measured over TLS")
     p.add_argument("--json", action="store_true", help="one JSON object per metric")
     p.add_argument("--size-mb", type=_positive_int, default=1024, metavar="MIB",
                    help="size of the upload/download/replication blob (default 1024)")
@@ -287,7 +291,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="rounds of the big-blob metrics; medians are reported (default 3)")
     p.add_argument("--metrics", metavar="NAME[,NAME...]",
                    help="run only these: upload_mbps, replication_1g_s, download_mbps,"
-                        " replication_latency_ms, small_ops_per_s, spark, spark_env_start,"
+                        " replication_latency_ms, small_ops_per_s, upload_w2_mbps,"
+                        " small_ops_w2_per_s, replication_latency_w2_ms, upload_tls_mbps,"
+                        " download_tls_mbps, spark, spark_env_start,"
                         " failover_term_s, failover_kill_s, failover_kill_restart_s, scale"
                         " (default: all)")
     p.add_argument("--spark-size-mb", type=_positive_int, default=256, metavar="MIB",

@@ -69,5 +69,5 @@ def cmd_bench(args: argparse.Namespace) -> int:
         small_ops_seconds=args.small_ops_seconds, scale_keys=args.scale_keys,
         repeat=args.repeat, metrics=args.metrics, zookeeper=args.zookeeper,
         baseline_dir=args.baseline_dir, spark_size_mb=args.spark_size_mb,
-        spark_env_size_mb=args.spark_env_size_mb,
+        spark_env_size_mb=args.spark_env_size_mb, tls=args.tls,
     ))

@@ -27,6 +27,9 @@ EXPECTED = {
     "replication_latency_ms_p50", "replication_latency_ms_p99",
     "small_ops_per_s_create_c1", "small_ops_per_s_create_c1_floor", "small_ops_per_s_create_c8",
     "small_ops_per_s_read_c1", "small_ops_per_s_read_c8",
+    "upload_w2_mbps", "small_ops_w2_per_s_create_c1", "small_ops_w2_per_s_create_c8",
+    "replication_latency_w2_ms_p50", "replication_latency_w2_ms_p99",
+    "upload_tls_mbps", "download_tls_mbps",
     "spark_first_app_blob_ready_s", "spark_second_app_blob_ready_s",
     "spark_second_app_blob_ready_client_loaded_s",
     "spark_env_start_first_app_s", "spark_env_start_second_app_s", "spark_env_start_third_app_s",
@@ -70,6 +73,31 @@ def test_bench_local_json_reports_every_metric_with_baseline_and_ratio(tmp_path:
     # The run cleans up after itself: the throw-away cluster's directory is gone.
     assert not list(tmp_path.glob("blobha-bench-*"))
     print(f"bench smoke took {time.monotonic() - started:.1f} s")
+
+
+def test_bench_local_tls_measures_over_tls_against_a_plaintext_cluster(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [BLOBHA, "bench", "--local", "--tls", "--json", "--size-mb", "2", "--count", "3",
+         "--small-ops-seconds", "0.3", "--repeat", "1",
+         "--metrics", "upload_mbps,small_ops_w2_per_s,upload_tls_mbps,download_tls_mbps"],
+        capture_output=True, text=True, timeout=300, cwd=tmp_path,
+        env={**os.environ, "TMPDIR": str(tmp_path)},
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    by_name = {m["name"]: m for m in json.loads(proc.stdout)}
+    assert {"upload_mbps", "small_ops_w2_per_s_create_c1", "upload_tls_mbps",
+            "download_tls_mbps"} <= set(by_name)
+    assert by_name["download_tls_mbps"]["baseline_name"] == "download_plaintext_mbps"
+    assert "starting a local TLS cluster" in proc.stderr
+    assert "starting a plaintext local cluster beside" in proc.stderr
+    assert not list(tmp_path.glob("blobha-bench-*"))
+
+
+def test_bench_tls_needs_a_cluster_of_its_own(tmp_path: Path) -> None:
+    proc = subprocess.run([BLOBHA, "bench", "--cluster", "127.0.0.1:1", "--tls"],
+                          capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert proc.returncode == 2
+    assert "--tls starts a TLS cluster of its own: add --local" in proc.stderr
 
 
 def test_bench_runs_against_a_secure_cluster_with_the_given_credentials(tmp_path: Path) -> None:

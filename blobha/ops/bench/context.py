@@ -8,12 +8,21 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from blobha.client import Client
-from blobha.ops.bench.driver import Driver, DriveResult, bench_client, zk_create_rate
+from blobha.ops.bench.driver import (
+    Driver,
+    DriveResult,
+    bench_client,
+    client_driver,
+    zk_create_rate,
+)
 from blobha.ops.bench.options import CONCURRENT_CLIENTS, BenchOptions
 from blobha.ops.bench.report import Log, Metric, format_number
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from blobha.ops.localcluster import LocalCluster
+    from blobha.wire.credentials import Credentials
 
 
 class Bench:
@@ -21,9 +30,11 @@ class Bench:
 
     def __init__(
         self, cluster: str, opts: BenchOptions, log: Log, lc: LocalCluster | None,
-        zk_connect: str | None, disk_dir: Path,
+        zk_connect: str | None, disk_dir: Path, credentials: Credentials | None = None,
     ) -> None:
         self.cluster = cluster
+        #: What the bench's clients present (a local TLS cluster's); None: ``BLOBHA_*``.
+        self.credentials = credentials
         self.opts = opts
         self.log = log
         self.lc = lc
@@ -43,7 +54,11 @@ class Bench:
                      f" {format_number(baseline_value)}, ratio {ratio})")
 
     def client(self) -> Client:
-        return bench_client(self.cluster)
+        return bench_client(self.cluster, self.credentials)
+
+    def driver(self, op: Callable[[Client, int], object]) -> Driver[Client]:
+        """Clients of this run, each calling ``op(client, i)`` (see :class:`Driver`)."""
+        return client_driver(self.cluster, op, self.credentials)
 
     def zk_create_rate(self, threads: int) -> float:
         """Raw ZooKeeper creates per second with ``threads`` clients, measured once per run

@@ -147,20 +147,22 @@ def timed_ms(op: Callable[[int], object], rounds: int, seconds: float) -> float:
     return statistics.median(res.latencies_ms)
 
 
-def bench_user() -> str | None:
+def bench_user(credentials: Credentials | None = None) -> str | None:
     """The user the bench acts as: on a secure cluster whoever the credentials (token or client
-    certificate, from the command line or ``BLOBHA_*``) say; otherwise a user of its own."""
-    creds = Credentials.from_env()
+    certificate, given, else from the command line or ``BLOBHA_*``) say; otherwise a user of
+    its own."""
+    creds = credentials or Credentials.from_env()
     return None if creds.token_file or creds.cert else USER
 
 
-def bench_client(cluster: str) -> Client:
-    return Client(cluster, user=bench_user(), timeout=120)
+def bench_client(cluster: str, credentials: Credentials | None = None) -> Client:
+    return Client(cluster, user=bench_user(credentials), timeout=120, credentials=credentials)
 
 
-def client_driver(cluster: str, op: Callable[[Client, int], object]) -> Driver[Client]:
+def client_driver(cluster: str, op: Callable[[Client, int], object],
+                  credentials: Credentials | None = None) -> Driver[Client]:
     # Leader discovery and channel set-up happen in warm-up, outside the clock.
-    return Driver(lambda: bench_client(cluster), Client.close, op,
+    return Driver(lambda: bench_client(cluster, credentials), Client.close, op,
                   warm=lambda c: c.cluster_summary())
 
 

@@ -30,6 +30,11 @@ METRIC_GROUPS: tuple[str, ...] = (
     "download_mbps",
     "replication_latency_ms",
     "small_ops_per_s",
+    "upload_w2_mbps",
+    "small_ops_w2_per_s",
+    "replication_latency_w2_ms",
+    "upload_tls_mbps",
+    "download_tls_mbps",
     "spark",
     "spark_env_start",
     "failover_term_s",
@@ -38,7 +43,9 @@ METRIC_GROUPS: tuple[str, ...] = (
     "scale",
 )
 #: Groups that kill, restart or inspect master processes: only a cluster we started.
-LOCAL_ONLY = frozenset({"failover_term_s", "failover_kill_s", "failover_kill_restart_s", "scale"})
+LOCAL_ONLY = frozenset({"failover_term_s", "failover_kill_s", "failover_kill_restart_s", "scale",
+                        # Beside the run's cluster, one of the other kind is started.
+                        "upload_tls_mbps", "download_tls_mbps"})
 
 
 def parse_metrics(text: str | None) -> tuple[str, ...]:
@@ -74,6 +81,9 @@ class BenchOptions:
     zookeeper: str | None = None
     #: Where disk baselines write for a remote cluster (a local one uses its data directory).
     baseline_dir: str | None = None
+    #: The local cluster serves TLS (token authentication); a remote one's TLS comes from
+    #: the client's own options.
+    tls: bool = False
 
     def check(self, local: bool, explicit_metrics: bool) -> None:
         """Raise ValueError for a combination that cannot run."""
@@ -83,6 +93,9 @@ class BenchOptions:
                              " --spark-env-size-mb must be at least 1")
         if not self.small_ops_seconds > 0:
             raise ValueError("--small-ops-seconds must be positive")
+        if self.tls and not local:
+            raise ValueError("--tls starts a TLS cluster of its own: add --local (for a remote"
+                             " cluster, give its CA with --ca)")
         if not local and explicit_metrics:
             needs_local = sorted(set(self.metrics) & LOCAL_ONLY, key=METRIC_GROUPS.index)
             if needs_local:

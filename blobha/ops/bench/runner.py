@@ -7,7 +7,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from blobha.ops.bench import bigblob, failover, scale, smallops, spark
+from blobha.ops.bench import bigblob, failover, production, scale, smallops, spark
 from blobha.ops.bench.baselines import unjournaled_ext4
 from blobha.ops.bench.context import Bench
 from blobha.ops.bench.options import (
@@ -29,6 +29,14 @@ def run_groups(bench: Bench) -> list[Metric]:
         bigblob.replication_latency(bench)
     if "small_ops_per_s" in groups:
         smallops.small_ops(bench)
+    if "upload_w2_mbps" in groups:
+        production.upload_w2(bench)
+    if "small_ops_w2_per_s" in groups:
+        production.small_ops_w2(bench)
+    if "replication_latency_w2_ms" in groups:
+        production.replication_latency_w2(bench)
+    if groups & {"upload_tls_mbps", "download_tls_mbps"} and bench.lc is not None:
+        production.tls_transfers(bench, groups)
     if "spark" in groups:
         spark.spark(bench)
     if "spark_env_start" in groups:
@@ -52,8 +60,9 @@ def run(cluster_addr: str | None, local: bool, opts: BenchOptions, log: Log) -> 
             lc = LocalCluster(Path(tmp) / "cluster", nodes=3, base_port=0, overrides={
                 "zookeeper.session.timeout.ms": SESSION_TIMEOUT_MS,
                 "blobstore.disk.reserved.bytes": 0,
-            }, spread_cpus=True)
-            log.say(f"starting a local cluster of 3 masters in {lc.data_dir}")
+            }, spread_cpus=True, tls=opts.tls)
+            log.say(f"starting a local {'TLS ' if opts.tls else ''}cluster of 3 masters in"
+                    f" {lc.data_dir}")
             try:
                 lc.start()
             except BaseException:
@@ -80,7 +89,8 @@ def run(cluster_addr: str | None, local: bool, opts: BenchOptions, log: Log) -> 
             log.note(f"disk baselines are measured in {disk_dir} on this machine; they describe"
                      " the masters' disks only if the masters run here")
         assert cluster_addr is not None
-        bench = Bench(cluster_addr, opts, log, lc, zk_connect, disk_dir)
+        credentials = production.local_credentials(lc) if lc is not None else None
+        bench = Bench(cluster_addr, opts, log, lc, zk_connect, disk_dir, credentials)
         try:
             return run_groups(bench)
         finally:
@@ -107,6 +117,7 @@ def main(
     baseline_dir: str | None = None,
     spark_size_mb: int = 256,
     spark_env_size_mb: int = 320,
+    tls: bool = False,
 ) -> int:
     """``blobha bench``; returns the exit status."""
     if not local and not cluster:
@@ -119,6 +130,7 @@ def main(
             spark_size_mb=spark_size_mb, spark_env_size_mb=spark_env_size_mb,
             zookeeper=zookeeper,
             baseline_dir=baseline_dir,
+            tls=tls,
         )
         opts.check(local, explicit_metrics=metrics is not None)
     except ValueError as e:

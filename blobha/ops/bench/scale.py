@@ -10,7 +10,7 @@ from kazoo.client import KazooClient
 
 from blobha.ops.bench.baselines import node_status, parse_mntr, parse_wchs, rss_kib
 from blobha.ops.bench.context import Bench
-from blobha.ops.bench.driver import client_driver, zk_close, zk_open
+from blobha.ops.bench.driver import zk_close, zk_open
 from blobha.ops.bench.options import CATCHUP_TIMEOUT, CHROOT, CONCURRENT_CLIENTS, SCALE_BLOB
 from blobha.ops.bench.report import Log
 from blobha.ops.localcluster import LocalCluster, MasterProcess
@@ -55,9 +55,8 @@ def _fill_and_measure(bench: Bench, lc: LocalCluster, zk: KazooClient, target: i
 
     bench.log.say(f"scale: creating {missing:,} keys ({before_keys:,} exist) with"
                   f" {CONCURRENT_CLIENTS} clients")
-    res = client_driver(
-        bench.cluster, lambda c, i: c.create(f"{tag}-{i}", data)
-    ).run(CONCURRENT_CLIENTS, total=missing, progress=progress)
+    res = bench.driver(lambda c, i: c.create(f"{tag}-{i}", data)).run(
+        CONCURRENT_CLIENTS, total=missing, progress=progress)
     bench.note_errors("scale creates", res)
     bench.add("scale_create_per_s", res.rate, "op/s",
               f"zk_sync_create_per_s_c{CONCURRENT_CLIENTS}",

@@ -8,7 +8,7 @@ import threading
 from blobha.client import Client
 from blobha.ops.bench.baselines import fenced_commit_ms, small_install_ms
 from blobha.ops.bench.context import Bench
-from blobha.ops.bench.driver import client_driver, timed_ms, zk_get_rate
+from blobha.ops.bench.driver import timed_ms, zk_get_rate
 from blobha.ops.bench.options import CONCURRENT_CLIENTS, FLOOR_ROUNDS, SMALL_BLOB
 
 
@@ -27,7 +27,7 @@ def small_ops(bench: Bench) -> None:
                 created.append(key)
 
         bench.log.say(f"4 KiB creates with {threads} client(s) for {secs:g} s")
-        res = client_driver(bench.cluster, create).run(threads, seconds=secs)
+        res = bench.driver(create).run(threads, seconds=secs)
         bench.note_errors("small creates", res)
         bench.add(f"small_ops_per_s_create_c{threads}", res.rate, "op/s",
                   f"zk_sync_create_per_s_c{threads}", bench.zk_create_rate(threads))
@@ -42,7 +42,7 @@ def small_ops(bench: Bench) -> None:
             c.read(keys[i % len(keys)])
 
         bench.log.say(f"4 KiB reads with {threads} client(s) for {secs:g} s")
-        res = client_driver(bench.cluster, read).run(threads, seconds=secs)
+        res = bench.driver(read).run(threads, seconds=secs)
         bench.note_errors("small reads", res)
         zk_gets = 0.0
         if bench.zk_connect is not None:

@@ -1,0 +1,180 @@
+"""The configuration production runs, each figure beside the easy one measured in the same run:
+writes with a write quorum of 2 (big upload, small creates, time to three replicas) against
+W=1, and transfers over TLS against plaintext."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import statistics
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import BinaryIO, cast
+
+from blobha.client import Client
+from blobha.ops.bench.baselines import Discard, pattern, read_file_into_cache
+from blobha.ops.bench.context import Bench
+from blobha.ops.bench.driver import bench_client
+from blobha.ops.bench.options import CONCURRENT_CLIENTS, SESSION_TIMEOUT_MS, SMALL_BLOB, MiB
+from blobha.ops.bench.report import mb_per_s, percentile
+from blobha.ops.localcluster import LocalCluster
+from blobha.wire.credentials import Credentials
+
+#: Creates timed per write quorum for the time to three replicas.
+_LATENCY_ROUNDS_MAX = 100
+
+
+def upload_w2(bench: Bench) -> None:
+    """A big upload with W=2 and with W=1, alternating which goes first in each round."""
+    size = bench.opts.size_mb * MiB
+    data = pattern(size)
+    secs: dict[int, list[float]] = {1: [], 2: []}
+    keys: list[str] = []
+    with bench.client() as c:
+        c.cluster_summary()
+        for r in range(bench.opts.repeat):
+            for quorum in (1, 2) if r % 2 == 0 else (2, 1):
+                key = f"{bench.prefix}-w{quorum}-{r}"
+                t0 = time.perf_counter()
+                c.create(key, data, replication_factor=3, write_quorum=quorum)
+                secs[quorum].append(time.perf_counter() - t0)
+                keys.append(key)
+                bench.created.append(key)
+                # Every copy made before the next upload, so none competes with it.
+                if not c.wait_for_replication([key], 3, timeout=max(600.0, size / 20e6)).reached:
+                    raise RuntimeError(f"{key} did not reach 3 replicas")
+            bench.log.say(f"round {r + 1}/{bench.opts.repeat} of {size // MiB} MiB: upload"
+                          f" W=2 {secs[2][-1]:.2f} s, W=1 {secs[1][-1]:.2f} s")
+        _remove(bench, c, keys)
+    med = statistics.median
+    bench.add("upload_w2_mbps", mb_per_s(size, med(secs[2])), "MB/s", "upload_w1_mbps",
+              mb_per_s(size, med(secs[1])))
+
+
+def small_ops_w2(bench: Bench) -> None:
+    """4 KiB creates per second with W=2 and with W=1, for one client and for several."""
+    secs = bench.opts.small_ops_seconds
+    data = os.urandom(SMALL_BLOB)
+    for threads in (1, CONCURRENT_CLIENTS):
+        rates: dict[int, float] = {}
+        for quorum in (2, 1):
+            tag = f"{bench.prefix}-sw{quorum}c{threads}"
+
+            def create(c: Client, i: int, tag: str = tag, quorum: int = quorum) -> None:
+                c.create(f"{tag}-{i}", data, replication_factor=3, write_quorum=quorum)
+                if bench.lc is None:
+                    bench.created.append(f"{tag}-{i}")
+
+            bench.log.say(f"4 KiB creates, W={quorum}, {threads} client(s), for {secs:g} s")
+            res = bench.driver(create).run(threads, seconds=secs)
+            bench.note_errors(f"small creates with W={quorum}", res)
+            rates[quorum] = res.rate
+        bench.add(f"small_ops_w2_per_s_create_c{threads}", rates[2], "op/s",
+                  f"small_ops_w1_per_s_create_c{threads}", rates[1])
+
+
+def replication_latency_w2(bench: Bench) -> None:
+    """From the start of a 1 MiB create until three masters hold it, with W=2 and with W=1
+    (alternating): what a job waiting for three replicas waits."""
+    data = os.urandom(MiB)
+    rounds = min(bench.opts.count, _LATENCY_ROUNDS_MAX)
+    waited: dict[int, list[float]] = {1: [], 2: []}
+    keys: list[str] = []
+    bench.log.say(f"time to 3 replicas over {rounds} creates of 1 MiB each with W=2 and W=1")
+    with bench.client() as c:
+        c.cluster_summary()
+        for i in range(rounds):
+            for quorum in (2, 1) if i % 2 == 0 else (1, 2):
+                key = f"{bench.prefix}-lw{quorum}-{i}"
+                t0 = time.perf_counter()
+                c.create(key, data, replication_factor=3, write_quorum=quorum)
+                keys.append(key)
+                bench.created.append(key)
+                if not c.wait_for_replication([key], 3, timeout=60).reached:
+                    raise RuntimeError(f"{key} did not reach 3 replicas within 60 s")
+                waited[quorum].append((time.perf_counter() - t0) * 1000)
+        _remove(bench, c, keys)
+    for q in (50, 99):
+        bench.add(f"replication_latency_w2_ms_p{q}", percentile(waited[2], q), "ms",
+                  f"replication_latency_w1_ms_p{q}", percentile(waited[1], q))
+
+
+def tls_transfers(bench: Bench, groups: set[str]) -> None:
+    """A big upload and download over TLS and in plaintext, alternating, each against a local
+    cluster of its own kind: the run's, and one started beside it."""
+    assert bench.lc is not None
+    size = bench.opts.size_mb * MiB
+    data = pattern(size)
+    up: dict[bool, list[float]] = {False: [], True: []}
+    down: dict[bool, list[float]] = {False: [], True: []}
+    with _other_cluster(bench) as other:
+        clusters = {bench.lc.tls: (bench.lc, bench.credentials),
+                    other.tls: (other, other.credentials("admin") if other.tls else None)}
+        for r in range(bench.opts.repeat):
+            for secure in (True, False) if r % 2 == 0 else (False, True):
+                lc, creds = clusters[secure]
+                with bench_client(lc.cluster, creds) as c:
+                    c.cluster_summary()
+                    key = f"{bench.prefix}-tls{int(secure)}-{r}"
+                    t0 = time.perf_counter()
+                    c.create(key, data, replication_factor=1, write_quorum=1)
+                    up[secure].append(time.perf_counter() - t0)
+                    if "download_tls_mbps" in groups:
+                        down[secure].append(_download_secs(lc, c, key, size))
+                    c.delete(key)
+            bench.log.say(f"round {r + 1}/{bench.opts.repeat} of {size // MiB} MiB: upload TLS"
+                          f" {up[True][-1]:.2f} s, plaintext {up[False][-1]:.2f} s; download"
+                          f" TLS {down[True][-1] if down[True] else 0:.2f} s, plaintext"
+                          f" {down[False][-1] if down[False] else 0:.2f} s")
+    med = statistics.median
+    if "upload_tls_mbps" in groups:
+        bench.add("upload_tls_mbps", mb_per_s(size, med(up[True])), "MB/s",
+                  "upload_plaintext_mbps", mb_per_s(size, med(up[False])))
+    if "download_tls_mbps" in groups:
+        bench.add("download_tls_mbps", mb_per_s(size, med(down[True])), "MB/s",
+                  "download_plaintext_mbps", mb_per_s(size, med(down[False])))
+
+
+@contextlib.contextmanager
+def _other_cluster(bench: Bench) -> Iterator[LocalCluster]:
+    """A local cluster like the run's, with TLS if the run's has none and without if it has."""
+    assert bench.lc is not None
+    with tempfile.TemporaryDirectory(prefix="blobha-bench-") as tmp:
+        lc = LocalCluster(Path(tmp) / "other", nodes=3, base_port=0, overrides={
+            "zookeeper.session.timeout.ms": SESSION_TIMEOUT_MS,
+            "blobstore.disk.reserved.bytes": 0,
+        }, spread_cpus=True, tls=not bench.lc.tls)
+        kind = "TLS" if lc.tls else "plaintext"
+        bench.log.say(f"starting a {kind} local cluster beside this run's, to compare with")
+        try:
+            lc.start()
+            yield lc
+        finally:
+            lc.stop()
+
+
+def _download_secs(lc: LocalCluster, c: Client, key: str, size: int) -> float:
+    # "Already in the page cache", as download_mbps: every replica's file read once, untimed.
+    for path in lc.data_dir.glob("master-*/keys/*/v*.blob"):
+        if path.stat().st_size == size:
+            read_file_into_cache(path)
+    t0 = time.perf_counter()
+    info = c.download(key, cast(BinaryIO, Discard()))  # digest-verified by the client
+    secs = time.perf_counter() - t0
+    if info.size != size:
+        raise RuntimeError(f"download delivered {info.size} of {size} bytes")
+    return secs
+
+
+def _remove(bench: Bench, c: Client, keys: list[str]) -> None:
+    for key in keys:
+        c.delete(key)
+        bench.created.remove(key)
+
+
+def local_credentials(lc: LocalCluster) -> Credentials | None:
+    """What the bench's clients present to a local cluster it started (an admin's token with
+    TLS, nothing without)."""
+    return lc.credentials("admin") if lc.tls else None
