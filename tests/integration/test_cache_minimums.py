@@ -9,8 +9,9 @@ update check does not record version one for the node either.
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -28,9 +29,10 @@ KEY = "cache-min-model"
 ONE, TWO = b"version one\n" * 4096, b"version two\n" * 4096
 
 
-@pytest.fixture
-def cut_off(tmp_path: Path) -> Iterator[_CutOffCluster]:
-    c = _CutOffCluster(tmp_path / "cluster", nodes=3, base_port=0, overrides=FAST)
+@contextlib.contextmanager
+def cut_off_cluster(root: Path) -> Iterator[_CutOffCluster]:
+    """3 masters, the last reaching ZooKeeper through a proxy the test holds."""
+    c = _CutOffCluster(root, nodes=3, base_port=0, overrides=FAST)
     try:
         c.start()
         yield c
@@ -40,14 +42,23 @@ def cut_off(tmp_path: Path) -> Iterator[_CutOffCluster]:
             c.proxy.close()
 
 
-def updated_past_the_cut_off_master(cluster: _CutOffCluster) -> tuple[BlobMeta, BlobMeta]:
-    """Version one on every master; the last cut off from ZooKeeper; version two committed
-    by the others. Both versions' metadata."""
+@pytest.fixture
+def cut_off(tmp_path: Path) -> Iterator[_CutOffCluster]:
+    with cut_off_cluster(tmp_path / "cluster") as c:
+        yield c
+
+
+def updated_past_the_cut_off_master(
+        cluster: _CutOffCluster, before_update: Callable[[], object] = lambda: None,
+) -> tuple[BlobMeta, BlobMeta]:
+    """Version one on every master (then ``before_update`` runs); the last master cut off
+    from ZooKeeper; version two committed by the others. Both versions' metadata."""
     behind = cluster.masters[-1]
     assert cluster.proxy is not None
     with client_for(cluster) as alice:
         first = alice.create(KEY, ONE, acl="o::r", replication_factor=3)
         assert alice.wait_for_replication([KEY], 3, 30).reached
+        before_update()
         cluster.proxy.hold()
         wait_until(lambda: alice.node_status(behind.address).zookeeper_unreachable, 20,
                    "the cut-off master to see ZooKeeper unreachable")
