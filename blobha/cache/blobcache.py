@@ -12,7 +12,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING
 
 from blobha.cache import install
-from blobha.cache.checks import Checks, Known, Remote
+from blobha.cache.checks import Checks, Known, Order, Remote, newest, seed
 from blobha.cache.evict import DISK_FULL, Janitor
 from blobha.cache.layout import Layout, Version, random_hex, rmtree, touch, unlink
 from blobha.cache.refs import Process, References, RefSpec, sweep_temps
@@ -24,6 +24,7 @@ from blobha.core.errors import (
     InvalidArgument,
     KeyNotFound,
     ResourceExhausted,
+    Stale,
 )
 from blobha.core.keys import key_dirname, validate_key
 from blobha.core.lazy import LazyLogger
@@ -146,6 +147,10 @@ class BlobCache:
 
         self._lock = threading.Lock()
         self._closed = False
+        # Per key: the version callers said must be read at least (remember_version), and the
+        # newest this instance served; no get returns older than either.
+        self._required: dict[str, Order] = {}
+        self._served: dict[str, Order] = {}
         layout = self._layout
         self._counters = Counters(layout)
         self._refs = References(layout, self._me, instance)
@@ -200,6 +205,24 @@ class BlobCache:
 
     # -- the public operations -------------------------------------------------------------
 
+    def remember_version(self, key: str, version: int, created_at: float) -> None:
+        """Serve ``key`` from now on at ``version`` or newer (the key created at
+        ``created_at``, :attr:`BlobMeta.created_at`), as :meth:`Client.remember_version`:
+        for a process handed a version that another wrote or read (a job launched after its
+        input was updated). A :meth:`get` then asks the cluster, whatever the update
+        interval, unless this node already knows that version; when no master can confirm
+        it, the get raises :class:`~blobha.core.errors.Stale` rather than serve older. A
+        minimum already newer stays."""
+        validate_key(key)
+        if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+            raise InvalidArgument(f"version must be a whole number, 1 or more, not {version!r}")
+        if not created_at > 0:
+            raise InvalidArgument(f"created_at must be the key's creation time (seconds since"
+                                  f" the epoch, from its metadata), not {created_at!r}")
+        order = (float(created_at), version)
+        with self._lock:
+            self._required[key] = max(order, self._required.get(key, order))
+
     def get(self, key: str, *, uncompress: bool = False, owner: str | None = None) -> CachedBlob:
         """The node-local copy of ``key``'s current version, downloaded if needed.
 
@@ -245,11 +268,19 @@ class BlobCache:
 
     def _get(self, key: str, uncompress: bool, spec: RefSpec) -> CachedBlob:
         kd = key_dirname(key)
-        known, asked, asking = self._checks.remote_meta(key, kd)
+        with self._lock:
+            required = self._required.get(key)
+            served = self._served.get(key)
+        floor = newest(required, served)
+        # A required version newer than any served makes the cache ask, whatever the update
+        # interval (once: what it then serves reaches it).
+        need = required if required is not None and (served is None or served < required) \
+            else None
+        known, asked, asking = self._checks.remote_meta(key, kd, need, floor)
         check = known if asked else None
         for _attempt in range(_ATTEMPTS):
             try:
-                version, downloaded = self._obtain(key, kd, known.meta, spec, check)
+                version, downloaded = self._obtain(key, kd, known.meta, spec, check, floor)
             finally:
                 # Held until now by the process that asked, so the processes waiting for its
                 # answer also find the version installed: they need no client, even to download.
@@ -265,6 +296,9 @@ class BlobCache:
                 path = unpacked
             if not downloaded:
                 self._counters.bump(hits=1)
+            if version.created_at > 0:
+                with self._lock:
+                    self._served[key] = max(version.order, self._served.get(key, version.order))
             self._janitor.maybe_cleanup()
             return CachedBlob(key, version.version, version.size, version.digest, path)
         raise ChecksumMismatch(
@@ -369,11 +403,12 @@ class BlobCache:
     # -- getting a blob --------------------------------------------------------------------
 
     def _obtain(
-        self, key: str, kd: str, meta: Remote, spec: RefSpec, check: Known | None
+        self, key: str, kd: str, meta: Remote, spec: RefSpec, check: Known | None,
+        floor: Order | None,
     ) -> tuple[Version, bool]:
         """Under the key's lock: the version to serve (downloaded if missing) with a reference
         recorded, so no cleanup can remove it, and ``check`` recorded for the node if given.
-        True if this call downloaded it."""
+        True if this call downloaded it. Never one older than ``floor``: Stale instead."""
         layout = self._layout
         with layout.key_lock(kd) as held:
             assert held is not None
@@ -385,6 +420,7 @@ class BlobCache:
             downloaded = version is None
             if version is None:
                 version = self._download(key, kd, meta)
+            _check_floor(key, version, meta, floor)
             now = self._clock()
             self._refs.write(kd, spec, version.version, now)
             touch(version.dir / "used", now)
@@ -396,8 +432,15 @@ class BlobCache:
         return version, downloaded
 
     def _download(self, key: str, kd: str, meta: Remote) -> Version:
+        def client() -> Client:
+            # What the cluster said, maybe to another process on the node: no master behind it
+            # may deliver an older version.
+            made = self._cluster()
+            seed(made, key, meta.order)
+            return made
+
         try:
-            dest, name, info = install.download(self._layout, self._cluster, key, kd, meta,
+            dest, name, info = install.download(self._layout, client, key, kd, meta,
                                                 self._clock)
         except KeyNotFound:
             self._checks.mark_deleted(kd)
@@ -410,3 +453,20 @@ class BlobCache:
         if installed is None:  # pragma: no cover - we just wrote it
             raise ChecksumMismatch(f"the copy of {key!r} just installed cannot be read back")
         return installed
+
+
+def _check_floor(key: str, version: Version, meta: Remote, floor: Order | None) -> None:
+    """Stale if ``version`` is older than ``floor``: what the cache served, or was told to
+    read at least, and no master could confirm a version as new (all behind, or none
+    reachable and only an older copy on the node)."""
+    if floor is None:
+        return
+    order = version.order
+    if version.created_at <= 0 and (version.version, version.digest) == (meta.version,
+                                                                           meta.digest):
+        order = meta.order  # a record of an older release: the cluster's answer dates it
+    if order < floor:
+        raise Stale(
+            f"the node cache has {key!r} v{version.version}, older than v{floor[1]} it must"
+            " serve at least, and no master confirmed a newer one; retry once they can"
+        )

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from blobha.cache.layout import Layout, unlink
 from blobha.cache.stats import Counters
-from blobha.core.errors import NO_ANSWER, KeyNotFound, NotAuthorized
+from blobha.core.errors import NO_ANSWER, KeyNotFound, NotAuthorized, Stale
 from blobha.core.keys import key_dirname
 from blobha.core.lazy import LazyLogger
 from blobha.core.locks import lock_file
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     # lookup itself (see BlobCache._cluster).
     from blobha.client import BlobMeta, Client
 
-__all__ = ["Checks", "Known", "Remote", "readable_meta"]
+__all__ = ["Checks", "Known", "Order", "Remote", "newest", "readable_meta", "seed"]
 
 log = LazyLogger("blobha.cache")
 
@@ -32,6 +32,25 @@ log = LazyLogger("blobha.cache")
 _CHECK_LOCKS = "asking"
 # What _check_flock found.
 _ASKER, _WAITED, _NO_LOCK = "asker", "waited", "no lock"
+
+
+#: A version of a key as (creation time of the key, version): versions count again from 1
+#: after a delete and create, so the creation time orders incarnations first.
+Order = tuple[float, int]
+
+
+def newest(*orders: Order | None) -> Order | None:
+    """The newest of ``orders`` that says when its key was created (records of older releases
+    do not: they set no minimum)."""
+    known = [o for o in orders if o is not None and o[0] > 0 and o[1] > 0]
+    return max(known) if known else None
+
+
+def seed(client: Client, key: str, order: Order | None) -> None:
+    """Make ``client`` read ``key`` at ``order`` or newer: a master whose view is older
+    refuses, and the client asks another (read-your-writes across processes)."""
+    if order is not None and order[0] > 0 and order[1] > 0:
+        client.remember_version(key, order[1], order[0])
 
 
 def readable_meta(client: Client, key: str) -> BlobMeta:
@@ -55,6 +74,10 @@ class Remote(NamedTuple):
     @staticmethod
     def of(meta: BlobMeta) -> Remote:
         return Remote(meta.version, meta.digest, meta.size, meta.created_at)
+
+    @property
+    def order(self) -> Order:
+        return (self.created_at, self.version)
 
 
 class Known(NamedTuple):
@@ -97,7 +120,8 @@ class Checks:
         self._check_locks: dict[str, threading.Lock] = {}
         self._remote: dict[str, Known] = {}
 
-    def remote_meta(self, key: str, kd: str) -> tuple[Known, bool, contextlib.ExitStack]:
+    def remote_meta(self, key: str, kd: str, need: Order | None = None,
+                    floor: Order | None = None) -> tuple[Known, bool, contextlib.ExitStack]:
         """The key's current version as this user sees it; whether the cluster was asked just
         now and the answer is still to be recorded for the node; and the node-wide lock on
         asking, when this process asked and recorded the answer: the caller closes it once it
@@ -105,8 +129,11 @@ class Checks:
 
         The cluster is asked once the last answer to this user about this key, given to this
         process or (through a check record) to another on the node, is
-        ``update_interval_secs`` old. Asking is also the authorisation check: the server
-        answers only users who may read the key."""
+        ``update_interval_secs`` old, or older than ``need`` (a version the caller must read
+        at least, newer than any it served). Asking is also the authorisation check: the
+        server answers only users who may read the key. The question carries the newest of
+        ``floor``, the version the node holds and the last answer as its minimum, so a master
+        behind them refuses it and the client asks another: an answer never goes back."""
         with self._lock:
             check_lock = self._check_locks.setdefault(key, threading.Lock())
         # One question per key at a time: threads asking together share the answer.
@@ -114,9 +141,10 @@ class Checks:
             now = self._clock()
             with self._lock:
                 known = self._remote.get(key)
-            if known is not None and now - known.checked_at < self._update_interval:
+            if (known is not None and now - known.checked_at < self._update_interval
+                    and _reaches(known, need)):
                 return known, False, contextlib.ExitStack()
-            recorded = self._fresh_check(key, kd, now)
+            recorded = self._fresh_check(key, kd, now, need)
             if recorded is not None:
                 return recorded, False, contextlib.ExitStack()
             # And one per key and user on the node: the executors of a new application all ask
@@ -126,20 +154,23 @@ class Checks:
                 role = asking.enter_context(self._check_flock(kd))
                 if role != _NO_LOCK:
                     # Also as the asker: another may have recorded since our read.
-                    recorded = self._fresh_check(key, kd, self._clock())
+                    recorded = self._fresh_check(key, kd, self._clock(), need)
                     if recorded is not None:
                         return recorded, False, contextlib.ExitStack()
-                answer, answered = self._ask(key, kd, known)
+                answer, answered = self._ask(key, kd, known, floor)
                 if role == _ASKER and answered and self.write(kd, answer):
                     # Recorded now, before the others waiting here read it (else, the key's
                     # directory went meanwhile: the caller records it with the key's lock).
                     return answer, False, asking.pop_all()
                 return answer, answered, contextlib.ExitStack()
 
-    def _fresh_check(self, key: str, kd: str, now: float) -> Known | None:
-        """This user's check record of ``key`` on the node, if it is within the interval."""
+    def _fresh_check(self, key: str, kd: str, now: float, need: Order | None = None
+                     ) -> Known | None:
+        """This user's check record of ``key`` on the node, if it is within the interval and
+        reaches ``need``."""
         recorded = self._read(kd)
-        if recorded is None or not 0 <= now - recorded.checked_at < self._update_interval:
+        if (recorded is None or not 0 <= now - recorded.checked_at < self._update_interval
+                or not _reaches(recorded, need)):
             return None
         # Keeps the time of the cluster's answer, so the interval still bounds how long a new
         # version or a revoked READ takes to be noticed.
@@ -182,14 +213,26 @@ class Checks:
             if fd is not None:
                 os.close(fd)
 
-    def _ask(self, key: str, kd: str, known: Known | None) -> tuple[Known, bool]:
+    def _ask(self, key: str, kd: str, known: Known | None, floor: Order | None
+             ) -> tuple[Known, bool]:
         """Ask the cluster about ``key`` as this user: its answer and True, or, when the
         cluster cannot be reached and this user was allowed to read the key before, what was
         known and False."""
         now = self._clock()
         self._counters.bump(checks=1)
         try:
-            meta = Remote.of(readable_meta(self._cluster(), key))
+            # Scanned only now, to ask: a hit served from a fresh answer never reads the disk.
+            held = self._layout.scan_key(kd, key).current()
+            recorded = known or self._read(kd)
+            floor = newest(floor, held.order if held else None,
+                           recorded.meta.order if recorded else None)
+            client = self._cluster()
+            seed(client, key, floor)
+            meta = Remote.of(readable_meta(client, key))
+            if floor is not None and meta.order < floor:
+                # A master of a release before read minimums ignored it: as if none answered.
+                raise Stale(f"the cluster answered {key!r} v{meta.version}, older than"
+                            f" v{floor[1]} this node holds or has seen; asking again later")
         except NotAuthorized:
             with self._lock:
                 self._remote.pop(key, None)
@@ -235,7 +278,7 @@ class Checks:
                 return None
             meta = Remote(
                 int(data["version"]), str(data["digest"]), int(data["size"]),
-                float(data["created_at"]),
+                float(data.get("created_at") or 0.0),
             )
             return Known(meta, float(data["checked_at"]))
         except (OSError, ValueError, TypeError, KeyError):
@@ -274,3 +317,7 @@ class Checks:
             with contextlib.suppress(OSError):
                 for name in os.listdir(kdir / "checks"):
                     unlink(kdir / "checks" / name)
+
+
+def _reaches(known: Known, need: Order | None) -> bool:
+    return need is None or known.meta.order >= need

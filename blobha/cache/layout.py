@@ -323,7 +323,9 @@ class Layout:
                 dir=vdir,
                 size=int(meta["size"]),
                 digest=str(meta["digest"]),
-                created_at=float(meta["created_at"]),
+                # Absent from a record of an older release: 0, older than any incarnation,
+                # and never a read minimum.
+                created_at=float(meta.get("created_at") or 0.0),
                 name=str(meta["name"]),
                 last_used=float(meta["installed_at"]),
                 staged=None,

@@ -23,6 +23,7 @@ __all__ = [
     "CONF_MAP",
     "CONF_MAX_WAIT",
     "CONF_MIN_REPLICATION",
+    "CONF_MIN_VERSIONS",
     "CONF_ON_TIMEOUT",
     "CONF_PREFIX",
     "CONF_UPDATE_INTERVAL",
@@ -69,6 +70,9 @@ CONF_UPDATE_INTERVAL = "spark.blobha.update.interval.secs"
 CONF_CLIENT_TIMEOUT = "spark.blobha.client.timeout.secs"
 CONF_APP_ID = "spark.app.id"
 CONF_CODE_MAP = "spark.blobha.code.map"
+#: The versions the launcher (or prepare) saw before launch, which every read of the job
+#: reaches at least: a JSON object of key -> [version, creation time of the key].
+CONF_MIN_VERSIONS = "spark.blobha.min.versions"
 #: The job token, for the driver: Spark redacts a conf whose name matches
 #: ``(?i)secret|password|token`` from its UI, logs and event log.
 CONF_JOB_TOKEN = "spark.blobha.job.token"
@@ -171,8 +175,8 @@ OPTIONS: tuple[SparkOption, ...] = (
         "Seconds one blob store operation may retry before it fails.",
     ),
 )
-#: The job token is no option: the launcher sets it (and Spark redacts it).
-KNOWN_KEYS = frozenset(o.key for o in OPTIONS) | {CONF_JOB_TOKEN}
+#: The job token and the versions seen are no options: the launcher (or prepare) sets them.
+KNOWN_KEYS = frozenset(o.key for o in OPTIONS) | {CONF_JOB_TOKEN, CONF_MIN_VERSIONS}
 
 
 def conf_int(conf: Mapping[str, str], key: str, default: int, minimum: int) -> int:

@@ -32,6 +32,7 @@ from blobha.spark.conf import (
     conf_of,
 )
 from blobha.spark.executor import adopt_prepared
+from blobha.spark.minimums import SeenVersion, merge_min_versions
 from blobha.spark.settings import NotConfigured, SparkBlobSettings
 
 if TYPE_CHECKING:
@@ -108,6 +109,9 @@ class ReplicationReport(NamedTuple):
     statuses: tuple[ReplicationStatus, ...]
     #: Problems noticed before waiting, e.g. a replication factor below the minimum.
     warnings: tuple[str, ...] = ()
+    #: The version of each key seen before launch, with its creation time: the job's reads
+    #: return it or a newer one (passed to executors as ``spark.blobha.min.versions``).
+    seen: tuple[SeenVersion, ...] = ()
 
     @property
     def under_replicated(self) -> tuple[ReplicationStatus, ...]:
@@ -214,29 +218,27 @@ def wait_for_replication(
 def _already_replicated(
     client: Client, keys: list[str], minimum: int
 ) -> Sequence[ReplicationStatus] | None:
-    """The usual launch: every blob is readable and replicated already. One call says so (the
-    server answers only a user who may read every key): no per-key metadata and no cluster
-    summary to wait for before the job starts. None for any other answer, which goes
-    the whole way (_check_and_wait); none of its warnings could apply here, since each key
-    has its minimum, hence as many masters and at least that replication factor."""
+    """The usual launch: every blob is replicated already. One call says so: no cluster
+    summary to wait for before the job starts. None for any other answer, which goes the
+    whole way (_check_and_wait); none of its warnings could apply here, since each key has
+    its minimum, hence as many masters and at least that replication factor."""
     if minimum == 0:
         return None
     try:
         now = client.wait_for_replication(keys, minimum, 0)
     except (KeyNotFound, NotAuthorized, Unavailable, DeadlineExceeded):
-        # The whole way answers better: check_access names every missing or forbidden key,
-        # not only the first, and its calls retry unreachable masters for the client's own
-        # timeout (a zero wait gives up within its short grace), so a failover costs no job.
+        # The whole way answers better: its calls retry unreachable masters for the client's
+        # own timeout (a zero wait gives up within its short grace), so a failover costs no
+        # job.
         return None
     return now.statuses if now.reached else None
 
 
 def _check_and_wait(
-    client: Client, keys: list[str], minimum: int, max_wait: float
+    client: Client, keys: list[str], minimum: int, max_wait: float, metas: Mapping[str, BlobMeta]
 ) -> tuple[Sequence[ReplicationStatus], bool, list[str]]:
-    """Check access (every refused key named), warn of what cannot be reached, then wait:
-    the statuses, whether the minimum was reached, and the warnings."""
-    metas = check_access(client, keys)
+    """Warn of what cannot be reached (``metas``: what check_access read), then wait: the
+    statuses, whether the minimum was reached, and the warnings."""
     warnings = []
     for key, meta in metas.items():
         if meta.replication_factor < minimum:
@@ -277,16 +279,46 @@ def _check_and_wait(
     return result.statuses, result.reached, warnings
 
 
+def _seen_versions(client: Client, metas: Mapping[str, BlobMeta],
+                   statuses: Sequence[ReplicationStatus]) -> tuple[SeenVersion, ...]:
+    """Each key's version as of launch, with its creation time, for the executors to read at
+    least: the metadata read before the wait, or, when the wait found a newer committed
+    version (the master that answered was behind, or an update landed meanwhile), that one
+    read again with the newer minimum, which any master still behind refuses."""
+    from blobha.client import require_read  # drivers only (as check_access)
+
+    committed = {s.key: s.version for s in statuses}
+    seen = []
+    for key, meta in metas.items():
+        if meta.created_at <= 0 or meta.version <= 0:
+            continue  # a master of an older release does not say when: no minimum
+        version = max(meta.version, committed.get(key, 0))
+        found = SeenVersion(key, version, meta.created_at)
+        if version > meta.version:
+            # The metadata came first, so the wait's version is of that incarnation or of a
+            # later one, which this minimum lets through whatever its version.
+            client.remember_version(key, version, meta.created_at)
+            with contextlib.suppress(BlobError):
+                again = require_read(client.get_meta(key), client.user)
+                found = SeenVersion(key, again.version, again.created_at)
+        seen.append(found)
+    return tuple(seen)
+
+
 def _wait(
     client: Client, keys: list[str], minimum: int, max_wait: float, policy: str
 ) -> ReplicationReport:
     started = time.monotonic()
     warnings: list[str] = []
+    # The metadata before the wait: each key's creation time (the wait does not say it), and
+    # the access check, which names every missing or forbidden key, not only the first.
+    metas = check_access(client, keys)
     ready = _already_replicated(client, keys, minimum)
     if ready is not None:
         statuses, reached = ready, True
     else:
-        statuses, reached, warnings = _check_and_wait(client, keys, minimum, max_wait)
+        statuses, reached, warnings = _check_and_wait(client, keys, minimum, max_wait, metas)
+    seen = _seen_versions(client, metas, statuses)
     waited = time.monotonic() - started
     report = ReplicationReport(
         keys=tuple(keys),
@@ -298,6 +330,7 @@ def _wait(
         waited_secs=waited,
         statuses=tuple(statuses),
         warnings=tuple(warnings),
+        seen=seen,
     )
     if reached:
         log.info("%s", report.describe())
@@ -394,6 +427,10 @@ def prepare(
         on_timeout=settings.on_timeout,
         timeout=settings.client_timeout_secs,
     )
+    # The executors read at least what the wait saw: an update just before launch is read,
+    # even from a master still behind it.
+    settings = settings.replace(min_versions=merge_min_versions(settings.min_versions,
+                                                                report.seen))
     carrier = settings.to_json()
     # sc.environment is the environment of every Python function PySpark wraps from now on
     # (so of every worker running it); the local property also covers jobs of this thread

@@ -33,6 +33,7 @@ __all__ = [
     "current_settings",
     "job_credentials",
     "open_cache",
+    "require_seen",
 ]
 
 log = LazyLogger("blobha.spark")
@@ -324,6 +325,7 @@ class _Localizer:
     def get(self, settings: SparkBlobSettings, localname: str) -> CachedBlob:
         spec = settings.spec(localname)
         cache = self._cache(settings)
+        seen = settings.min_version(spec.key)
         owner = application_id(settings)
         if owner not in self._owners:
             if _task_context() is None and _active_context() is not None:
@@ -331,7 +333,8 @@ class _Localizer:
             else:
                 with self._lock:
                     self._owners.add(owner)
-        ident = (id(cache), spec, owner)
+        # The version seen at launch too: a copy held for an earlier one may be older.
+        ident = (id(cache), spec, owner, seen)
         with self._lock:
             entry_lock = self._entry_locks.setdefault(ident, threading.Lock())
         with entry_lock:
@@ -343,6 +346,7 @@ class _Localizer:
                 and held.blob.path.exists()
             ):
                 return held.blob
+            require_seen(cache, settings, spec.key)  # here: not on every reuse of the memo
             try:
                 blob = cache.get(spec.key, uncompress=spec.uncompress, owner=owner)
             except NO_ANSWER as exc:
@@ -369,6 +373,14 @@ class _Localizer:
                     cache.close()
             self._caches.clear()
             self._held.clear()
+
+
+def require_seen(cache: BlobCache, settings: SparkBlobSettings, key: str) -> None:
+    """Make ``cache`` serve ``key`` at least at the version the driver saw before launch (the
+    job's input updated just before it, and a master behind may still have the one before)."""
+    seen = settings.min_version(key)
+    if seen is not None:  # None: a configuration from before minimums
+        cache.remember_version(key, seen.version, seen.created_at)
 
 
 def _recheck_secs(settings: SparkBlobSettings) -> float:

@@ -24,6 +24,7 @@ from blobha.spark.conf import (
     CONF_MAP,
     CONF_MAX_WAIT,
     CONF_MIN_REPLICATION,
+    CONF_MIN_VERSIONS,
     CONF_ON_TIMEOUT,
     CONF_PREFIX,
     CONF_UPDATE_INTERVAL,
@@ -43,6 +44,7 @@ from blobha.spark.conf import (
     conf_size,
     fmt_secs,
 )
+from blobha.spark.minimums import SeenVersion, min_versions_json, parse_min_versions
 
 __all__ = ["BlobNotMapped", "NotConfigured", "SparkBlobSettings", "default_cache_dir"]
 
@@ -92,6 +94,9 @@ class SparkBlobSettings(NamedTuple):
     #: The job's own code as blobs (``blobha spark-submit`` fills it; see
     #: :mod:`blobha.spark.codemap`).
     code: tuple[CodeSpec, ...] = ()
+    #: What the launcher or prepare() saw of the job's blobs before launch: every read of
+    #: the job returns that version or a newer one (see :mod:`blobha.spark.minimums`).
+    min_versions: tuple[SeenVersion, ...] = ()
 
     @classmethod
     def from_conf(cls, conf: Mapping[str, str]) -> SparkBlobSettings:
@@ -131,6 +136,7 @@ class SparkBlobSettings(NamedTuple):
             client_timeout_secs=timeout,
             app_id=text(CONF_APP_ID),
             code=parse_code_map(text(CONF_CODE_MAP)),
+            min_versions=parse_min_versions(text(CONF_MIN_VERSIONS)),
         )
 
     def to_conf(self) -> dict[str, str]:
@@ -155,6 +161,8 @@ class SparkBlobSettings(NamedTuple):
                 out[key] = value
         if self.code:
             out[CONF_CODE_MAP] = code_map_json(self.code)
+        if self.min_versions:
+            out[CONF_MIN_VERSIONS] = min_versions_json(self.min_versions)
         return out
 
     def to_json(self) -> str:
@@ -184,6 +192,13 @@ class SparkBlobSettings(NamedTuple):
         raise BlobNotMapped(
             f"no blob with localname {localname!r} in {CONF_MAP} (mapped: {mapped})"
         )
+
+    def min_version(self, key: str) -> SeenVersion | None:
+        """The version of ``key`` the job reads at least, if the driver saw one."""
+        for m in self.min_versions:
+            if m.key == key:
+                return m
+        return None
 
     def resolved_cluster(self) -> str:
         cluster = self.cluster or os.environ.get("BLOBHA_CLUSTER", "").strip()

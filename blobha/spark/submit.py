@@ -48,6 +48,7 @@ from blobha.spark.jobcode import (
     take_code,
     upload_code,
 )
+from blobha.spark.minimums import merge_min_versions
 from blobha.spark.settings import SparkBlobSettings
 from blobha.spark.submitconf import (
     effective_conf,
@@ -348,6 +349,10 @@ def _store_code_and_token(
             job = c.issue_job_token(settings.all_keys, max(1, int(lifetime)))
             log.info("job token %s for %d key(s)", job_token_id(job.token), len(settings.all_keys))
             confs += secret_confs(job.token, creds.ca)
-        wait_for_replication(settings.all_keys, settings.min_replication,
-                             settings.max_wait_secs, on_timeout=settings.on_timeout, client=c)
-    return settings, confs
+        report = wait_for_replication(settings.all_keys, settings.min_replication,
+                                      settings.max_wait_secs, on_timeout=settings.on_timeout,
+                                      client=c)
+    # What the wait saw goes to the executors, which read at least that (an update just
+    # before the launch included, from a master still behind it).
+    seen = merge_min_versions(settings.min_versions, report.seen)
+    return settings.replace(min_versions=seen), confs

@@ -71,6 +71,7 @@ def lay_out(env: MutableMapping[str, str], cwd: Path) -> None:
         # One write of the node's counters for the few gets below: this process ends here.
         with cache.batched_counters():
             for spec in settings.code:
+                executor.require_seen(cache, settings, spec.key)
                 blob = cache.get(spec.key, uncompress=spec.kind == KIND_ARCHIVE, owner=owner)
                 link = cwd / spec.name
                 _link(str(blob.path), link)

@@ -164,6 +164,8 @@ def _read_both(_: Any) -> Iterator[dict[str, Any]]:
         "sha256": file_sha256(lookup.path),
         "weights": weights,
         "model_is_dir": os.path.isdir(model_dir),
+        # The version the driver saw before launch, which this read had to reach.
+        "seen": list(bs.current_settings().min_version(DATA_KEY) or ()),
     }
 
 
@@ -190,6 +192,10 @@ def test_each_blob_is_downloaded_once_per_node(
     assert all(r["model_is_dir"] for r in rows)
     assert len({r["path"] for r in rows}) == 1, "every executor uses the node's one copy"
     assert Path(rows[0]["path"]).is_relative_to(cache_dir)
+    # What the driver saw before launch reached every executor, and every read reached it.
+    seen = [list(m) for m in report.seen if m.key == DATA_KEY]
+    assert len(seen) == 1 and all(r["seen"] == seen[0] for r in rows), (seen, rows)
+    assert all(r["version"] >= seen[0][1] for r in rows)
 
     # The driver resolves the same names to the same node copy.
     assert blobspark.blob_path("lookup.bin") == rows[0]["path"]

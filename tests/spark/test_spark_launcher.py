@@ -136,6 +136,13 @@ def test_default_policy_waits_then_launches_with_a_warning(
     assert carried.update_interval_secs == 5.0
     assert carried.client_timeout_secs == 33.0
     assert carried.spec("libs").uncompress
+    # And the version of each blob the launcher saw, which every read of the job reaches.
+    with Client(cluster.cluster, user="bob", timeout=30) as bob:
+        for key in (PUBLIC, ARCHIVE):
+            meta = bob.get_meta(key)
+            assert carried.min_version(key) == (key, meta.version, meta.created_at)
+    assert confs[blobspark.CONF_PREFIX + "min.versions"] == carried.to_conf()[
+        blobspark.CONF_PREFIX + "min.versions"]
     assert submitted["env"]["PYSPARK_PYTHON"]  # workers get an interpreter with blobha
 
 
@@ -220,18 +227,24 @@ class _CountingClient(Client):
         return super().wait_for_replication(keys, min_replication, timeout)
 
 
-def test_a_launch_whose_blobs_are_replicated_asks_once(cluster: LocalCluster) -> None:
+def test_a_launch_whose_blobs_are_replicated_reads_their_metadata_then_waits_once(
+        cluster: LocalCluster) -> None:
     with _CountingClient(cluster.cluster, user="bob", timeout=30) as bob:
         report = blobspark.wait_for_replication([PUBLIC, ARCHIVE], 3, 30, client=bob)
         assert report.reached and report.warnings == ()
         assert {s.key: s.replication for s in report.statuses} == {PUBLIC: 3, ARCHIVE: 3}
-        assert bob.calls == ["wait 0"], "one call, which also checks that bob may read both"
+        # The metadata (asked together) says when each key was created, which the executors
+        # need to read at least the version seen here; one wait says both are replicated.
+        assert bob.calls == ["get_meta", "get_meta", "wait 0"]
+        versions = {s.key: s.version for s in report.statuses}
+        assert {m.key: m.version for m in report.seen} == versions
+        assert all(m.created_at == bob.get_meta(m.key).created_at for m in report.seen)
 
-        # Short of the minimum: the per-key check, the warnings, then the real wait.
+        # Short of the minimum: the warnings, then the real wait.
         bob.calls.clear()
         report = blobspark.wait_for_replication([PUBLIC], 4, 1, client=bob)
         assert not report.reached and "cannot be reached" in report.warnings[0]
-        assert bob.calls == ["wait 0", "get_meta", "cluster_summary", "wait 1"]
+        assert bob.calls == ["get_meta", "wait 0", "cluster_summary", "wait 1"]
 
         # Refused: every forbidden and missing key is named, not only the first one.
         bob.calls.clear()
@@ -240,7 +253,7 @@ def test_a_launch_whose_blobs_are_replicated_asks_once(cluster: LocalCluster) ->
                                            client=bob)
         assert denied.value.forbidden == (SECRET,)
         assert denied.value.missing == ("launch-no-such-key",)
-        assert bob.calls[0] == "wait 0" and bob.calls.count("get_meta") == 3
+        assert bob.calls == ["get_meta"] * 3, "refused before any wait"
 
 
 def test_dry_run_prints_the_command(

@@ -76,6 +76,10 @@ class FakeCluster:
     meta_inside: int = 0
     #: Committed between the metadata answer and the download (a racing update).
     update_during_download: bytes | None = None
+    #: key -> the version the master a client asks first shows (one behind, cut off): served
+    #: to a client with no newer minimum, as a real master does; one with a newer minimum is
+    #: refused there and served the latest by another master.
+    behind: dict[str, int] = field(default_factory=dict)
     _created: float = 1000.0
 
     def put(self, key: str, data: bytes, readers: set[str] | None = None) -> int:
@@ -101,6 +105,24 @@ class FakeClient:
         self.cluster = cluster
         self.user = user
         self.closed = False
+        #: key -> (created_at, version): the client's read minimum (remember_version, reads).
+        self.minimums: dict[str, tuple[float, int]] = {}
+
+    def remember_version(self, key: str, version: int, created_at: float) -> None:
+        order = (created_at, version)
+        self.minimums[key] = max(order, self.minimums.get(key, order))
+
+    def _number(self, key: str, blob: _Blob) -> int:
+        """The version this client is answered: the lagging master's, unless its minimum is
+        newer (then another master answers)."""
+        lag = self.cluster.behind.get(key)
+        latest = len(blob.versions)
+        if lag is None or self.minimums.get(key, (0.0, 0)) > (blob.created_at, lag):
+            number = latest
+        else:
+            number = lag
+        self.remember_version(key, number, blob.created_at)
+        return number
 
     def _blob(self, key: str) -> _Blob:
         blob = self.cluster.blobs.get(key)
@@ -123,8 +145,9 @@ class FakeClient:
         if c.meta_error is not None:
             raise c.meta_error
         blob = self._blob(key)
-        data = blob.versions[-1]
-        return BlobMeta(key, len(blob.versions), len(data), digest_bytes(data), (), 3, 1,
+        number = self._number(key, blob)
+        data = blob.versions[number - 1]
+        return BlobMeta(key, number, len(data), digest_bytes(data), (), 3, 1,
                         blob.created_at, blob.created_at, "alice", 3)
 
     def download(self, key: str, dest: str | os.PathLike[str], version: int = 0,
@@ -135,7 +158,7 @@ class FakeClient:
             c.put(key, c.update_during_download)
             c.update_during_download = None
         blob = self._blob(key)
-        number = version or len(blob.versions)
+        number = version or self._number(key, blob)
         data = blob.versions[number - 1]
         path = Path(dest)
         tmp = path.with_name(f".{path.name}.part")

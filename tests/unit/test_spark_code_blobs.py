@@ -311,6 +311,9 @@ class _OneUserCluster:
     def __init__(self, blobs: dict[str, bytes]) -> None:
         self.blobs = blobs
 
+    def remember_version(self, key: str, version: int, created_at: float) -> None:
+        pass  # one master, never behind
+
     def get_meta(self, key: str) -> Any:
         from blobha.client import BlobMeta
         from blobha.core.digest import digest_bytes

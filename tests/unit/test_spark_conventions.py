@@ -12,6 +12,7 @@ import stat
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -290,8 +291,9 @@ class Launch:
         self.waits: list[dict[str, Any]] = []
         self.monkeypatch = monkeypatch
 
-        def wait(keys: Any, minimum: int, max_wait: float, **kw: Any) -> None:
+        def wait(keys: Any, minimum: int, max_wait: float, **kw: Any) -> Any:
             self.waits.append({"keys": tuple(keys), "min": minimum, "max_wait": max_wait, **kw})
+            return SimpleNamespace(seen=())  # what the report says the launcher uses
 
         monkeypatch.setattr(spark_submit, "wait_for_replication", wait)
         for var in ("SPARK_HOME", "SPARK_CONF_DIR", "PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON",
