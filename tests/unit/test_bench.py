@@ -229,7 +229,11 @@ def test_options_validation() -> None:
         BenchOptions(spark_size_mb=0).check(True, False)
     with pytest.raises(ValueError, match="at least 1"):
         BenchOptions(spark_env_size_mb=0).check(True, False)
-    assert {"failover_term_s", "failover_kill_s", "failover_kill_restart_s", "scale"} == LOCAL_ONLY
+    assert {"failover_term_s", "failover_kill_s", "failover_kill_restart_s", "scale",
+            "upload_tls_mbps", "download_tls_mbps"} == LOCAL_ONLY
+    with pytest.raises(ValueError, match="--tls starts a TLS cluster of its own"):
+        BenchOptions(tls=True).check(False, False)
+    BenchOptions(tls=True).check(True, False)
 
 
 def test_cli_bench_options_reach_main(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -243,12 +247,12 @@ def test_cli_bench_options_reach_main(monkeypatch: pytest.MonkeyPatch) -> None:
     assert cli.main(["bench", "--local", "--json", "--size-mb", "4", "--count", "5",
                      "--small-ops-seconds", "0.5", "--scale-keys", "200", "--repeat", "1",
                      "--metrics", "scale,upload_mbps", "--spark-size-mb", "8",
-                     "--spark-env-size-mb", "16"]) == 0
+                     "--spark-env-size-mb", "16", "--tls"]) == 0
     assert seen == {
         "cluster": None, "local": True, "as_json": True, "count": 5, "size_mb": 4,
         "small_ops_seconds": 0.5, "scale_keys": 200, "repeat": 1,
         "metrics": "scale,upload_mbps", "zookeeper": None, "baseline_dir": None,
-        "spark_size_mb": 8, "spark_env_size_mb": 16,
+        "spark_size_mb": 8, "spark_env_size_mb": 16, "tls": True,
     }
 
 
