@@ -120,10 +120,11 @@ class Acknowledger:
                 self.meta.fenced_set(key, marked, current.meta_version)
             except BadVersionError:
                 continue
-            except Deposed:
+            except Deposed as e:
                 raise Unavailable(
-                    f"leadership was lost while acknowledging {key!r} v{state.seq}; it is"
-                    " committed but unacknowledged: re-read the metadata and retry if needed"
+                    f"not the leader any more ({e}) while acknowledging {key!r} v{state.seq};"
+                    " it is committed but unacknowledged: re-read the metadata and retry if"
+                    " needed"
                 ) from None
             return replace(marked, meta_version=current.meta_version + 1)
         # Never answer success for a version ZooKeeper does not record as acknowledged: a later

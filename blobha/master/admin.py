@@ -84,8 +84,9 @@ class Admin:
                 continue
             except NoNodeError:
                 raise KeyNotFound(f"{key!r} was deleted meanwhile") from None
-            except Deposed:
-                raise Unavailable("leadership was lost; nothing changed, retry") from None
+            except Deposed as e:
+                raise Unavailable(f"not the leader any more ({e}); nothing changed, retry (the"
+                                  " client finds the new leader)") from None
             log.info("meta of %r changed by %r: acl=%s rf=%d", key, user,
                      acls.format_acl(new.acl), new.replication_factor)
             self.sync.schedule(key)
@@ -117,8 +118,9 @@ class Admin:
                 self.meta.fenced_delete(key, state.meta_version)
             except (NotEmptyError, BadVersionError, NoNodeError):
                 continue  # a replica registered or the meta changed meanwhile: re-read
-            except Deposed:
-                raise Unavailable("leadership was lost; nothing was deleted, retry") from None
+            except Deposed as e:
+                raise Unavailable(f"not the leader any more ({e}); nothing was deleted, retry"
+                                  " (the client finds the new leader)") from None
             log.info("deleted %r (was v%d) for %r", key, state.seq, user)
             return
         raise Unavailable(f"{key!r} kept changing while being deleted; retry")

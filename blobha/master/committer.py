@@ -209,9 +209,9 @@ class Committer:
             try:
                 results = self.election.fenced_results(
                     build, changed=[key for key, create, _, _ in batch if create])
-            except Deposed:
-                lost = Unavailable("leadership was lost before the commit; nothing was"
-                                   " committed, retry (the client finds the new leader)")
+            except Deposed as e:
+                lost = Unavailable(f"not the leader any more ({e}); nothing was committed,"
+                                   " retry (the client finds the new leader)")
                 for i in live:
                     out[i] = lost
                 break

@@ -167,7 +167,9 @@ class ReplicationWaits:
                            for key in keys[start:start + _WAIT_READ_BATCH]]
                 for key, state_read, names_read in pending:
                     try:
-                        data, stat = state_read.get()
+                        # Bounded: a read queued while kazoo reconnects waits for the
+                        # connection, past the watchdog's bound on a suspension otherwise.
+                        data, stat = self.meta.answer(state_read)
                         state: BlobState | None = BlobState.decode(data, stat.version)
                     except NoNodeError:
                         state = None
@@ -184,7 +186,7 @@ class ReplicationWaits:
                             raise Superseded(state)
                         state = replace(state, seq=seq_of[key])
                     try:
-                        names = names_read.get()
+                        names = self.meta.answer(names_read)
                     except NoNodeError:
                         names = []
                     infos.append(replication_status(key, state, zkstate.holders(names, state.seq)))
