@@ -75,7 +75,7 @@ class Acknowledger:
                          key, committed.seq, e.state.seq)
                 return key, replace(committed, acked=True), 0
             if not reached:
-                current = self.meta.read_state(key)
+                current = self.meta.read_state_for_write(key)
                 if current is not None and current.seq > committed.seq:
                     raise DeadlineExceeded(
                         f"{key!r} v{committed.seq} was replaced by v{current.seq} before"
@@ -110,7 +110,7 @@ class Acknowledger:
 
     def _mark_acked_locked(self, key: str, state: BlobState) -> BlobState:
         for _ in range(5):
-            current = self.meta.read_state(key)
+            current = self.meta.read_state_for_write(key)
             if current is None or current.seq != state.seq or current.digest != state.digest:
                 return state  # superseded or deleted meanwhile; nothing to mark
             if current.acked:

@@ -65,7 +65,7 @@ class Admin:
         expected_meta_version: int | None,
     ) -> BlobState:
         for _ in range(5):
-            state = self.meta.state_or_404(key)
+            state = self.meta.state_for_write_or_404(key)
             self.authority.require(user, state.acl, acls.ADMIN, key)
             if expected_meta_version is not None and state.meta_version != expected_meta_version:
                 raise VersionConflict(
@@ -103,7 +103,7 @@ class Admin:
 
     def _delete_locked(self, user: str, key: str, expected_created_at: float | None) -> None:
         for _ in range(10):
-            state = self.meta.state_or_404(key)
+            state = self.meta.state_for_write_or_404(key)
             # Before the permission check: the key the caller meant is gone either way, and the
             # new one, which it may not be allowed to touch, is none of its business (a delete
             # retried after a lost answer is told so, not refused). Nothing of the new key

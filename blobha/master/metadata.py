@@ -74,16 +74,22 @@ class Metadata:
             )
 
     def answer(self, pending: Any) -> Any:
-        """The answer to a ZooKeeper call made for a request, waited for at most the suspension
-        limit (2/3 of the session timeout), and not past the watchdog's bound once the
-        connection is suspended (then KazooTimeoutError: unreachable).
+        """The answer to a ZooKeeper call made for a read, waited for at most the session
+        timeout (then KazooTimeoutError: unreachable). The connection check before it and the
+        call are not atomic: a call made just after the connection dropped is held by kazoo
+        until a connection is back, for ever if ZooKeeper stays away, with the request's
+        thread."""
+        return pending.get(timeout=self.session_timeout)
 
-        The connection check before it and the call are not atomic: a call made just after
-        the connection dropped is held by kazoo until a connection is back. And kazoo pings
-        only an idle connection: a master that keeps sending requests (a leader under writes)
-        may not see a dead connection as suspended for as long as it sends, so a call's own
-        wait must end by itself, as kazoo ends an unanswered ping (its read timeout, the same
-        2/3)."""
+    def answer_write(self, pending: Any) -> Any:
+        """:meth:`answer` for a write: waited for at most the suspension limit (2/3 of the
+        session timeout), and not past the watchdog's bound once the connection is suspended,
+        so that a leader cut off from ZooKeeper answers its writers within that bound.
+
+        kazoo pings only an idle connection: a master that keeps sending requests (a leader
+        under writes) may not see a dead connection as suspended for as long as it sends, so
+        a write's wait ends by itself, as kazoo ends an unanswered ping (its read timeout, the
+        same 2/3 of the session)."""
         return answer_within(pending, self._limit(), self._watchdog())
 
     def read_state(self, key: str) -> BlobState | None:
@@ -108,29 +114,34 @@ class Metadata:
             raise no_such_key(key)
         return state
 
+    def read_state_for_write(self, key: str) -> BlobState | None:
+        """:meth:`read_state` for a write (:meth:`answer_write`)."""
+        self.require_zk()
+        try:
+            data, stat = self.answer_write(self.zk.get_async(key_path(key)))
+        except NoNodeError:
+            return None
+        return BlobState.decode(data, stat.version)
+
+    def state_for_write_or_404(self, key: str) -> BlobState:
+        state = self.read_state_for_write(key)
+        if state is None:
+            raise no_such_key(key)
+        return state
+
     def states_for_commit(self, batch: Sequence[PutRequest], fresh: AbstractSet[str]
                            ) -> list[BlobState | BaseException | None]:
         """Each write's current key state (the caller holds the keys' locks), read in one
         pipelined round trip; none is read for a create of a ``fresh`` key (one this master
         knows nothing of, :meth:`Committer.nothing_here`)."""
         read = [p.key for p in batch if not (p.create and p.key in fresh)]
-        states = iter(self.read_states(read))
+        states = iter(pipelined_states(self.zk, read, self.answer_write))
         return [None if p.create and p.key in fresh else next(states) for p in batch]
 
     def read_states(self, keys: Sequence[str]) -> list[BlobState | BaseException | None]:
         """Each key's committed state (None: no such key, or the error reading it), read in one
         pipelined round trip."""
-        pending = [self.zk.get_async(key_path(k)) for k in keys]
-        out: list[BlobState | BaseException | None] = []
-        for result in pending:
-            try:
-                data, stat = self.answer(result)
-                out.append(BlobState.decode(data, stat.version))
-            except NoNodeError:
-                out.append(None)
-            except Exception as e:
-                out.append(e)
-        return out
+        return pipelined_states(self.zk, keys, self.answer)
 
     def fenced_set(self, key: str, new: BlobState, expected_meta_version: int) -> None:
         def build(txn: Any) -> None:
@@ -140,7 +151,7 @@ class Metadata:
 
     def fenced_delete(self, key: str, expected_meta_version: int) -> None:
         path = key_path(key)
-        names = self.answer(self.zk.get_children_async(path))
+        names = self.answer_write(self.zk.get_children_async(path))
 
         def build(txn: Any) -> None:
             # Replica nodes belong to other sessions; deleting them with the key in one
@@ -167,7 +178,7 @@ class Metadata:
                 # "did not apply" of a commit that did, and its only copy would be deleted.
                 answer_within(self.zk.sync_async(key_path(key)),
                               max(deadline - time.monotonic(), 0.01), self._watchdog())
-                after = self.read_state(key)
+                after = self.read_state_for_write(key)
             except (Unavailable, KazooException, KazooTimeoutError):
                 self._stopped.wait(max(min(0.2, self._resolve_deadline(deadline)
                                            - time.monotonic()), 0.0))
@@ -229,3 +240,20 @@ class Metadata:
         keys = sorted(names)
         self._key_list = (stat.cversion, keys)
         return keys
+
+
+def pipelined_states(zk: KazooClient, keys: Sequence[str], answer: Callable[[Any], Any]
+                     ) -> list[BlobState | BaseException | None]:
+    """Each key's committed state (None: no such key, or the error reading it), its reads sent
+    at once and each waited for by ``answer``."""
+    pending = [zk.get_async(key_path(k)) for k in keys]
+    out: list[BlobState | BaseException | None] = []
+    for result in pending:
+        try:
+            data, stat = answer(result)
+            out.append(BlobState.decode(data, stat.version))
+        except NoNodeError:
+            out.append(None)
+        except Exception as e:
+            out.append(e)
+    return out

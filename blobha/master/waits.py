@@ -153,6 +153,7 @@ class ReplicationWaits:
         # One bound method for every read: kazoo keeps a set of callbacks per path, so the
         # same callback armed by many waits, or by many passes of one, is held once.
         watch = self._wake_waiters
+        answer = self.meta.answer_write if require_leader else self.meta.answer
         first = True
         while True:
             changed.clear()
@@ -168,8 +169,8 @@ class ReplicationWaits:
                 for key, state_read, names_read in pending:
                     try:
                         # Bounded: a read queued while kazoo reconnects waits for the
-                        # connection, past the watchdog's bound on a suspension otherwise.
-                        data, stat = self.meta.answer(state_read)
+                        # connection otherwise; a write's within the watchdog's bound.
+                        data, stat = answer(state_read)
                         state: BlobState | None = BlobState.decode(data, stat.version)
                     except NoNodeError:
                         state = None
@@ -186,7 +187,7 @@ class ReplicationWaits:
                             raise Superseded(state)
                         state = replace(state, seq=seq_of[key])
                     try:
-                        names = self.meta.answer(names_read)
+                        names = answer(names_read)
                     except NoNodeError:
                         names = []
                     infos.append(replication_status(key, state, zkstate.holders(names, state.seq)))

@@ -194,7 +194,7 @@ def test_a_commit_given_up_is_answered_by_the_watchdogs_bound_and_keeps_its_copy
 
 def test_a_read_for_a_write_waits_no_longer_than_the_watchdogs_bound(tmp_path: Path) -> None:
     m = _suspended_node(tmp_path, since=time.monotonic() - _LONG * 2 / 3 + 0.3)
-    error, took = _timed(lambda: m.meta.answer(m.zk.get_async("/blobstore/k")))
+    error, took = _timed(lambda: m.meta.answer_write(m.zk.get_async("/blobstore/k")))
     assert isinstance(error, KazooTimeoutError)
     assert took < 0.3 + _SLACK
 
@@ -205,7 +205,7 @@ def test_a_read_for_a_write_on_a_connection_kazoo_thinks_alive_ends_at_the_limit
     # limit, as kazoo ends an unanswered ping, not at the session timeout.
     election = SimpleNamespace(suspension_limit=0.3, give_up_at=lambda: None)
     meta = Metadata(_Cut(), election, "m1:6627", _LONG, threading.Event())  # type: ignore[arg-type]
-    error, took = _timed(lambda: meta.answer(_unanswered()))
+    error, took = _timed(lambda: meta.answer_write(_unanswered()))
     assert isinstance(error, KazooTimeoutError)
     assert 0.3 <= took < 0.3 + _SLACK
 
