@@ -42,6 +42,8 @@ log = logging.getLogger("blobha.leader.election")
 _PREFIX = "n_"
 #: Seconds a resigning master waits for ZooKeeper to delete its candidacy.
 RESIGN_TIMEOUT = 3.0
+#: Seconds between looks at the connection's state while a call waits for ZooKeeper.
+_ANSWER_SLICE = 0.05
 
 
 class Deposed(Exception):
@@ -115,6 +117,16 @@ class LeaderElection:
         unanswered, before this master gives up on it."""
         return self.session_timeout * 2 / 3
 
+    def give_up_at(self) -> float | None:
+        """When (``time.monotonic()``) the watchdog gives up on a suspended connection, and
+        with it every call still waiting on ZooKeeper; None while connected."""
+        since = self._suspended_since
+        return None if since is None else since + self.suspension_limit
+
+    def wait_answer(self, pending: IAsyncResult, timeout: float) -> Any:
+        """:func:`answer_within` this election's watchdog bound (:meth:`give_up_at`)."""
+        return answer_within(pending, timeout, self.give_up_at)
+
     @property
     def epoch(self) -> int:
         return self._epoch
@@ -180,7 +192,8 @@ class LeaderElection:
         rolled back). Fence failures still raise :class:`Deposed`."""
         with self._lock:
             if not self.is_leader or self._node is None:
-                raise Deposed("not the leader")
+                raise Deposed("its ZooKeeper connection is suspended"
+                              if self._suspended_since is not None else "it does not lead")
             node, version, epoch = self._node, self._epoch_version, self._epoch
         txn = self.zk.transaction()
         txn.check(node, 0)
@@ -202,11 +215,12 @@ class LeaderElection:
         fence_failures = [r for r in results[:2] if is_failure(r)]
         if fence_failures:
             self.depose(f"fenced commit refused ({type(fence_failures[0]).__name__})")
-            raise Deposed("leadership was lost; the write was not applied")
+            raise Deposed("a fence failed: another master leads now")
         return list(results[2:])
 
     def _commit_answer(self, pending: IAsyncResult) -> list[Any]:
-        """The results of a fenced transaction, waited for at most the suspension limit.
+        """The results of a fenced transaction, waited for at most the suspension limit, and
+        not past the watchdog's bound once the connection is suspended (:meth:`wait_answer`).
 
         The leadership check above and the call are not atomic: a connection that drops
         between them leaves the transaction queued in kazoo until a connection is back: for
@@ -216,11 +230,9 @@ class LeaderElection:
         which is what ConnectionLoss means to the callers: the outcome is unknown, re-read.
         """
         try:
-            return list(self._answer(pending))
-        except KazooTimeoutError:
-            raise ConnectionLoss(
-                f"no answer to a fenced transaction within {self.suspension_limit:.1f}s; it may"
-                " yet apply") from None
+            return list(self.wait_answer(pending, self.suspension_limit))
+        except KazooTimeoutError as e:
+            raise ConnectionLoss(f"{e} during a fenced transaction; it may yet apply") from None
 
     def depose(self, reason: str) -> None:
         with self._lock:
@@ -266,7 +278,7 @@ class LeaderElection:
     def _run(self) -> None:
         backoff = 0.1
         while not self._stopping.is_set():
-            self._wake.wait(timeout=0.5)
+            self._wake.wait(timeout=self._next_look())
             self._wake.clear()
             if self._stopping.is_set():
                 return
@@ -289,6 +301,15 @@ class LeaderElection:
                 self._stopping.wait(backoff)
                 backoff = min(backoff * 2, 5.0)
                 self._wake.set()
+
+    def _next_look(self) -> float:
+        """Seconds until the election thread looks again unwoken: by the watchdog's bound on a
+        suspension at the latest, so a cut-off leader steps down on time, not up to half a
+        second after the calls waiting on it were answered."""
+        give_up = self.give_up_at()
+        if give_up is None:
+            return 0.5
+        return min(0.5, max(give_up - time.monotonic(), 0.0) + 0.01)
 
     def _step(self) -> None:
         if self.zk.state != KazooState.CONNECTED or self._suspended_since is not None:
@@ -408,6 +429,36 @@ class LeaderElection:
                 self._on_deposed()
             except Exception:
                 log.exception("on_deposed failed")
+
+
+def answer_within(pending: IAsyncResult, timeout: float,
+                  give_up_at: Callable[[], float | None] | None) -> Any:
+    """The answer to a ZooKeeper call, waited for at most ``timeout`` and, once the connection
+    is suspended, never past the watchdog's bound (``give_up_at()``, a ``time.monotonic()``;
+    None while connected), whichever comes first; then KazooTimeoutError (the call may still
+    apply later, in order with the session's other calls). kazoo answers a call in flight when
+    the connection drops at once (ConnectionLoss), but holds one sent after the drop until a
+    connection is back: a partitioned leader held such a write for its caller's whole timeout
+    (issue 44). ``give_up_at`` None: a plain bounded wait."""
+    if give_up_at is None:
+        return pending.get(timeout=timeout)
+    deadline = time.monotonic() + timeout
+    while True:
+        limit = deadline
+        give_up = give_up_at()
+        if give_up is not None:
+            limit = min(limit, give_up)
+        remaining = limit - time.monotonic()
+        if remaining <= 0:
+            raise KazooTimeoutError(
+                f"no answer from ZooKeeper within {timeout:.1f}s"
+                if give_up is None or give_up > deadline else
+                "no answer from ZooKeeper before the watchdog gave up on its suspended"
+                " connection")
+        # In slices: a suspension that starts during the wait moves its end. Only an answer
+        # slower than a slice waits for more than one.
+        if pending.wait(min(remaining, _ANSWER_SLICE)):
+            return pending.get()
 
 
 def is_failure(result: object) -> bool:

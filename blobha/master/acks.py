@@ -75,7 +75,7 @@ class Acknowledger:
                          key, committed.seq, e.state.seq)
                 return key, replace(committed, acked=True), 0
             if not reached:
-                current = self.meta.read_state(key)
+                current = self.meta.read_state_for_write(key)
                 if current is not None and current.seq > committed.seq:
                     raise DeadlineExceeded(
                         f"{key!r} v{committed.seq} was replaced by v{current.seq} before"
@@ -110,7 +110,7 @@ class Acknowledger:
 
     def _mark_acked_locked(self, key: str, state: BlobState) -> BlobState:
         for _ in range(5):
-            current = self.meta.read_state(key)
+            current = self.meta.read_state_for_write(key)
             if current is None or current.seq != state.seq or current.digest != state.digest:
                 return state  # superseded or deleted meanwhile; nothing to mark
             if current.acked:
@@ -120,10 +120,11 @@ class Acknowledger:
                 self.meta.fenced_set(key, marked, current.meta_version)
             except BadVersionError:
                 continue
-            except Deposed:
+            except Deposed as e:
                 raise Unavailable(
-                    f"leadership was lost while acknowledging {key!r} v{state.seq}; it is"
-                    " committed but unacknowledged: re-read the metadata and retry if needed"
+                    f"not the leader any more ({e}) while acknowledging {key!r} v{state.seq};"
+                    " it is committed but unacknowledged: re-read the metadata and retry if"
+                    " needed"
                 ) from None
             return replace(marked, meta_version=current.meta_version + 1)
         # Never answer success for a version ZooKeeper does not record as acknowledged: a later

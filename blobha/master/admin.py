@@ -65,7 +65,7 @@ class Admin:
         expected_meta_version: int | None,
     ) -> BlobState:
         for _ in range(5):
-            state = self.meta.state_or_404(key)
+            state = self.meta.state_for_write_or_404(key)
             self.authority.require(user, state.acl, acls.ADMIN, key)
             if expected_meta_version is not None and state.meta_version != expected_meta_version:
                 raise VersionConflict(
@@ -84,8 +84,9 @@ class Admin:
                 continue
             except NoNodeError:
                 raise KeyNotFound(f"{key!r} was deleted meanwhile") from None
-            except Deposed:
-                raise Unavailable("leadership was lost; nothing changed, retry") from None
+            except Deposed as e:
+                raise Unavailable(f"not the leader any more ({e}); nothing changed, retry (the"
+                                  " client finds the new leader)") from None
             log.info("meta of %r changed by %r: acl=%s rf=%d", key, user,
                      acls.format_acl(new.acl), new.replication_factor)
             self.sync.schedule(key)
@@ -102,7 +103,7 @@ class Admin:
 
     def _delete_locked(self, user: str, key: str, expected_created_at: float | None) -> None:
         for _ in range(10):
-            state = self.meta.state_or_404(key)
+            state = self.meta.state_for_write_or_404(key)
             # Before the permission check: the key the caller meant is gone either way, and the
             # new one, which it may not be allowed to touch, is none of its business (a delete
             # retried after a lost answer is told so, not refused). Nothing of the new key
@@ -117,8 +118,9 @@ class Admin:
                 self.meta.fenced_delete(key, state.meta_version)
             except (NotEmptyError, BadVersionError, NoNodeError):
                 continue  # a replica registered or the meta changed meanwhile: re-read
-            except Deposed:
-                raise Unavailable("leadership was lost; nothing was deleted, retry") from None
+            except Deposed as e:
+                raise Unavailable(f"not the leader any more ({e}); nothing was deleted, retry"
+                                  " (the client finds the new leader)") from None
             log.info("deleted %r (was v%d) for %r", key, state.seq, user)
             return
         raise Unavailable(f"{key!r} kept changing while being deleted; retry")

@@ -209,9 +209,9 @@ class Committer:
             try:
                 results = self.election.fenced_results(
                     build, changed=[key for key, create, _, _ in batch if create])
-            except Deposed:
-                lost = Unavailable("leadership was lost before the commit; nothing was"
-                                   " committed, retry (the client finds the new leader)")
+            except Deposed as e:
+                lost = Unavailable(f"not the leader any more ({e}); nothing was committed,"
+                                   " retry (the client finds the new leader)")
                 for i in live:
                     out[i] = lost
                 break
@@ -280,7 +280,7 @@ class Committer:
             # A create that took the fast path (no read first) found the key, or the key moved
             # during the commit: it may be this very write's own, committed by an attempt
             # whose answer was lost.
-            state = self.meta.read_state(key) if tag else None
+            state = self.meta.read_state_for_write(key) if tag else None
             prior = state.written_by(tag) if state is not None else None
             if prior is None:
                 raise
@@ -292,7 +292,7 @@ class Committer:
         with up.lock, self.store.key_lock(key):
             try:
                 fresh = up.create and self.nothing_here(key)
-                state = None if fresh else self.meta.read_state(key)
+                state = None if fresh else self.meta.read_state_for_write(key)
                 new = self.next_state(user, key, up.create, tuple(up.acl), up.replication_factor,
                                        up.write_quorum, up.expected_version, size, digest, state,
                                        time.time(), up.write_tag)

@@ -195,8 +195,9 @@ class JobTokens:
 
         try:
             self.election.fenced(build)
-        except Deposed:
-            raise Unavailable("leadership was lost; no token was issued, retry") from None
+        except Deposed as e:
+            raise Unavailable(f"not the leader any more ({e}); no token was issued, retry (the"
+                              " client finds the new leader)") from None
         log.info("job token %s issued to %r for %d keys until %s", token_id, user, len(wanted),
                  _when(record.expires_at))
         self._sweep()
@@ -230,8 +231,9 @@ class JobTokens:
             self.election.fenced(build)
         except NoNodeError:
             pass  # revoked meanwhile: the outcome asked for
-        except Deposed:
-            raise Unavailable("leadership was lost; the token was not revoked, retry") from None
+        except Deposed as e:
+            raise Unavailable(f"not the leader any more ({e}); the token was not revoked, retry"
+                              " (the client finds the new leader)") from None
         with self._lock:
             self._cache.pop(token_id, None)
         log.info("job token %s revoked by %r", token_id, user)

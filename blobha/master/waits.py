@@ -153,6 +153,7 @@ class ReplicationWaits:
         # One bound method for every read: kazoo keeps a set of callbacks per path, so the
         # same callback armed by many waits, or by many passes of one, is held once.
         watch = self._wake_waiters
+        answer = self.meta.answer_write if require_leader else self.meta.answer
         first = True
         while True:
             changed.clear()
@@ -167,7 +168,9 @@ class ReplicationWaits:
                            for key in keys[start:start + _WAIT_READ_BATCH]]
                 for key, state_read, names_read in pending:
                     try:
-                        data, stat = state_read.get()
+                        # Bounded: a read queued while kazoo reconnects waits for the
+                        # connection otherwise; a write's within the watchdog's bound.
+                        data, stat = answer(state_read)
                         state: BlobState | None = BlobState.decode(data, stat.version)
                     except NoNodeError:
                         state = None
@@ -184,7 +187,7 @@ class ReplicationWaits:
                             raise Superseded(state)
                         state = replace(state, seq=seq_of[key])
                     try:
-                        names = names_read.get()
+                        names = answer(names_read)
                     except NoNodeError:
                         names = []
                     infos.append(replication_status(key, state, zkstate.holders(names, state.seq)))

@@ -83,7 +83,7 @@ class Writes:
         generation = self.uploads.generation
         rf, w = self._write_settings(key, acl, replication_factor, write_quorum, create)
         tag = tag_of(user, write_id)
-        state = self.meta.read_state(key)
+        state = self.meta.read_state_for_write(key)
         prior = state.written_by(tag) if state is not None else None
         if prior is not None:
             if not prior.acked:
