@@ -172,7 +172,7 @@ class JobTokens:
         for key in wanted:
             validate_key(key)
         self.meta.require_leader()
-        for key, state in zip(wanted, self.meta.read_states(wanted), strict=True):
+        for key, state in zip(wanted, self.meta.read_states_for_write(wanted), strict=True):
             if isinstance(state, BaseException):
                 raise state
             if state is None:
@@ -212,7 +212,7 @@ class JobTokens:
         self.meta.require_leader()
         path = job_token_path(token_id)
         try:
-            data, stat = self.meta.answer(self.zk.get_async(path))
+            data, stat = self.meta.answer_write(self.zk.get_async(path))
         except NoNodeError:
             raise KeyNotFound(f"no job token {token_id} (never issued, revoked already, or"
                               " expired and removed)") from None
@@ -242,13 +242,13 @@ class JobTokens:
     def _sweep(self) -> None:
         """Remove some expired records (best effort: a failure only leaves them longer)."""
         try:
-            names = self.meta.answer(self.zk.get_children_async(JOB_TOKENS))
+            names = self.meta.answer_write(self.zk.get_children_async(JOB_TOKENS))
             sample = random.sample(names, min(_SWEEP, len(names)))
             pending = [(n, self.zk.get_async(job_token_path(n))) for n in sample]
             now = self.clock()
             expired = []
             for name, result in pending:
-                data, stat = self.meta.answer(result)
+                data, stat = self.meta.answer_write(result)
                 if JobTokenRecord.decode(data).expires_at <= now:
                     expired.append((name, stat.version))
             if not expired:

@@ -143,6 +143,11 @@ class Metadata:
         pipelined round trip."""
         return pipelined_states(self.zk, keys, self.answer)
 
+    def read_states_for_write(self, keys: Sequence[str]
+                              ) -> list[BlobState | BaseException | None]:
+        """:meth:`read_states` for a write (:meth:`answer_write`)."""
+        return pipelined_states(self.zk, keys, self.answer_write)
+
     def fenced_set(self, key: str, new: BlobState, expected_meta_version: int) -> None:
         def build(txn: Any) -> None:
             txn.set_data(key_path(key), new.encode(), version=expected_meta_version)

@@ -207,8 +207,11 @@ class _Meta:
     def answer(self, pending: _Done) -> Any:
         return pending.get()
 
+    answer_write = answer
+
     # The real pipelined read, over this fake's ZooKeeper and answer().
     read_states = Metadata.read_states
+    read_states_for_write = Metadata.read_states_for_write
 
 
 class _Clock:
