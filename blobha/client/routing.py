@@ -60,9 +60,11 @@ _REFUSAL_PATIENCE = 3.0
 #: or a master's restart is usually over by then, and needs no word to the user.
 _RETRY_NOTICE_AFTER = 2.0
 
-#: How long a master that refused a read with no minimum as cut off from ZooKeeper counts as
-#: such: while every known master does, such reads ask for the last known view.
-_CUT_OFF_MEMORY = 5.0
+#: How long, once no master was found in touch with ZooKeeper, reads with no minimum ask for
+#: the last known view before looking again.
+_OUTAGE_MEMORY = 5.0
+#: How long the masters are given to say whether they are in touch with ZooKeeper.
+_OUTAGE_PROBE_SECS = 2.0
 
 _WIRE_VIEWS = {View.SESSION: pb.READ_VIEW_SESSION, View.LINEARIZABLE: pb.READ_VIEW_LINEARIZABLE,
                View.LAST_KNOWN: pb.READ_VIEW_LAST_KNOWN}
@@ -98,8 +100,8 @@ class Router:
         self._lock = threading.Lock()
         self._known: list[str] = list(addresses)
         self._leader: str | None = None
-        # Masters that refused a read with no minimum as cut off from ZooKeeper, and when.
-        self._cut_off: dict[str, float] = {}
+        # Until when reads with no minimum ask for the last known view (no master in touch).
+        self._outage_until = 0.0
         # Metadata reads stick to one master (the leader after a write, for read-your-writes)
         # and move on when it fails; the first pick is random to spread clients out.
         self._preferred = self.rng.choice(addresses)
@@ -347,8 +349,8 @@ class Router:
             try:
                 return self.control_call(address, method, request, deadline)
             except Stale:
-                self.refused_as_stale(address, request)
                 self.forget_leader(address)
+                self.refused_as_stale(address, request)  # may name the next master
                 raise
             except Unavailable:
                 self.forget_leader(address)
@@ -368,24 +370,36 @@ class Router:
         else:
             request.ClearField("min_version")
         view = self.view
-        if view == View.SESSION and minimum is None and self._all_cut_off():
+        if view == View.SESSION and minimum is None and now() < self._outage_until:
             view = View.LAST_KNOWN
         request.view = _WIRE_VIEWS[view]
         return request
 
     def refused_as_stale(self, address: str, request: Any) -> None:
-        """``address`` refused ``request`` as stale: with no minimum, that says it is cut off
-        from ZooKeeper."""
-        if request.view == View.SESSION and not request.HasField("min_version"):
-            with self._lock:
-                self._cut_off[address] = now()
-
-    def _all_cut_off(self) -> bool:
-        known = self.known_addresses()
-        at = now()
+        """``address`` refused ``request`` as stale. With no minimum, that says it is cut off
+        from ZooKeeper: ask every known master at once, briefly, whether it is in touch. The
+        next read goes to one that is; if none is (ZooKeeper itself is out, and nothing newer
+        can commit), reads with no minimum ask for the last known view for a while, at a
+        master that answered."""
+        if request.view != View.SESSION or request.HasField("min_version"):
+            return
+        in_touch: str | None = None
+        answered = address
+        with contextlib.closing(self.transport.probe(
+                self.known_addresses(), "NodeStatus", pb.NodeStatusRequest(),
+                _OUTAGE_PROBE_SECS)) as results:
+            for source, result in results:
+                if isinstance(result, BlobError):
+                    continue  # silent or busy: not a master to read from now
+                if not result.zookeeper_unreachable:
+                    in_touch = in_touch or source
         with self._lock:
-            return all(a in self._cut_off and at - self._cut_off[a] < _CUT_OFF_MEMORY
-                       for a in known)
+            if in_touch is not None:
+                self._preferred = in_touch
+                self._outage_until = 0.0
+            else:
+                self._preferred = answered
+                self._outage_until = now() + _OUTAGE_MEMORY
 
     def read_meta(self, key: str, deadline: Deadline | None) -> Any:
         """GetMeta's answer, within ``deadline`` (None: the client's timeout), from a master

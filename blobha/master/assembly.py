@@ -10,7 +10,7 @@ import grpc
 from blobha.core.addresses import host_of, status_url
 from blobha.core.errors import BlobError
 from blobha.core.version import __version__
-from blobha.master.config import Config, ConfigError
+from blobha.master.config import Config, ConfigError, data_port
 from blobha.master.edge.dataplane import DataPlane
 from blobha.master.edge.gatekeeper import Gatekeeper
 from blobha.master.edge.health import MasterHealth
@@ -84,10 +84,11 @@ class MasterServer:
                               " use (another master?) or not this host's")
         server.start()
         self.server = server
-        self._start_dataplane(host_of(listen))
+        asked = int(listen.rsplit(":", 1)[1])
+        self._start_dataplane(host_of(listen),
+                              data_port(self.config["blobstore.data.port"], port, asked))
 
-    def _start_dataplane(self, host: str) -> None:
-        port = int(self.config["blobstore.data.port"])
+    def _start_dataplane(self, host: str, port: int) -> None:
         if port < 0:
             return
         master = self.master
@@ -104,7 +105,8 @@ class MasterServer:
             dataplane.start()
         except OSError as e:
             raise ConfigError(f"cannot listen on blobstore.data.port {port} on {host}: {e}"
-                              " (set another port, 0 for any free one, or -1 for none)") from None
+                              " (set another port, +N for the gRPC port plus N, 0 for any free"
+                              " one, or -1 for none)") from None
         self.dataplane = dataplane
         master.channel.offers = dataplane
         log.info("data channel on port %d%s", dataplane.port, " (TLS)" if tls else "")

@@ -169,12 +169,13 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "blobstore.data.port",
-        0,
+        "+10",
         "Port of the data channel, which carries downloads and uploads outside gRPC with fewer"
-        " copies of each byte (blobha.wire.dataplane), on master.listen's host: 0 picks a free port"
-        " (clients learn it from each offer), -1 turns it off. With TLS it is TLS too, with the"
-        " master's certificate and client verification. Clients that cannot reach it, or"
-        " whose TLS handshake with it fails, use the gRPC stream.",
+        " copies of each byte (blobha.wire.dataplane), on master.listen's host: a port, '+N'"
+        " for the gRPC port plus N (the default, 6637 beside 6627: one fixed port to open in a"
+        " firewall), 0 for any free port (clients learn it from each offer), -1 for none. With"
+        " TLS it is TLS too, with the master's certificate and client verification. Clients"
+        " that cannot reach it, or whose TLS handshake with it fails, use the gRPC stream.",
     ),
     Option("master.principal", "blobha-master", "User name masters use with each other."),
     Option("admins", [], "Users allowed every operation on every blob."),
@@ -339,6 +340,15 @@ def _flatten(prefix: str, table: Mapping[str, Any], out: dict[str, Any]) -> None
             out[name] = v
 
 
+def data_port(setting: int | str, grpc_port: int, grpc_port_asked: int) -> int:
+    """The data channel's port from ``blobstore.data.port``: as given, or the gRPC port plus
+    the offset (a free port when the gRPC port itself was any free one, ``grpc_port_asked``
+    0: an offset from a random port would hit anything)."""
+    if isinstance(setting, str):
+        return grpc_port + int(setting[1:]) if grpc_port_asked else 0
+    return setting
+
+
 def env_name(key: str) -> str:
     return "BLOBHA_" + key.upper().replace(".", "_")
 
@@ -413,10 +423,18 @@ def _validate(v: dict[str, Any]) -> dict[str, Any]:
     number("zookeeper.session.timeout.ms", int, 1000)
     number("auth.job.token.max.lifetime.secs", int, 1)
     flag("blobstore.sync.recursive.watch")
-    number("blobstore.data.port", int, -1)
-    if v["blobstore.data.port"] > 65535:
-        raise ConfigError(f"blobstore.data.port must be a port (0 = any free one, -1 = off), got"
-                          f" {v['blobstore.data.port']}")
+    data_port = v["blobstore.data.port"]
+    if isinstance(data_port, str) and data_port.strip().startswith("+"):
+        offset = data_port.strip()[1:]
+        if not offset.isdigit() or not 1 <= int(offset) <= 1000:
+            raise ConfigError(f"blobstore.data.port as an offset from the gRPC port is +1 to"
+                              f" +1000, got {data_port!r}")
+        v["blobstore.data.port"] = f"+{int(offset)}"
+    else:
+        number("blobstore.data.port", int, -1)
+        if v["blobstore.data.port"] > 65535:
+            raise ConfigError(f"blobstore.data.port must be a port, +N (the gRPC port plus N),"
+                              f" 0 (any free one) or -1 (none), got {v['blobstore.data.port']}")
 
     for key in ("blobstore.dir", "zookeeper.servers", "master.listen", "master.principal"):
         if not isinstance(v[key], str) or not v[key].strip():

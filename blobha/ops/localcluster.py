@@ -203,6 +203,8 @@ class LocalCluster:
             "master.listen": m.address,
             "metrics.listen": m.metrics_address,
             "blobstore.disk.reserved.bytes": 64 * 1024 * 1024,
+            # Beside random gRPC ports, the gRPC port + 10 may be anyone's: any free port.
+            **({"blobstore.data.port": 0} if self._auto_ports else {}),
             **self._cpu_config(m),
             **self._security_config(m),
             **self.overrides,

@@ -231,3 +231,38 @@ def test_a_master_without_a_data_channel_streams(tmp_path: Path) -> None:
         assert status.received == 0 and not status.ticket and not status.data_port
     finally:
         c.stop()
+
+
+def _free_base() -> int:
+    """A port P with P, P + 10 and P + 100 free (gRPC, data channel, status page)."""
+    import socket
+
+    for _ in range(50):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            base = s.getsockname()[1]
+        if base + 100 > 65535:
+            continue
+        try:
+            with socket.socket() as a, socket.socket() as b:
+                a.bind(("127.0.0.1", base + 10))
+                b.bind(("127.0.0.1", base + 100))
+        except OSError:
+            continue
+        return base
+    raise AssertionError("no free port P with P + 10 and P + 100 free")
+
+
+def test_the_data_channel_listens_on_the_grpc_port_plus_ten(tmp_path: Path) -> None:
+    base = _free_base()
+    c = LocalCluster(tmp_path / "pinned", nodes=1, base_port=base,
+                     overrides={"blobstore.disk.reserved.bytes": 0})
+    try:
+        c.start()
+        with client_for(c) as alice:
+            alice.create("pinned", os.urandom(2 * MiB))
+        offer, = stub(c.masters[0].address).Download(
+            pb.DownloadRequest(key="pinned", data_channel=True), metadata=md("alice"))
+        assert offer.ticket and offer.data_port == base + 10
+    finally:
+        c.stop()

@@ -11,6 +11,7 @@ from blobha.master.config import (
     OPTIONS,
     Config,
     ConfigError,
+    data_port,
     env_name,
     format_cpu_list,
     load_config,
@@ -148,11 +149,30 @@ def test_env_name() -> None:
         ({"blobstore.sync.stall.secs": 0.5}, "blobstore.sync.stall.secs"),
         ({"blobstore.sync.stall.secs": "soon"}, "blobstore.sync.stall.secs"),
         ({"no.such.key": 1}, "no.such.key"),
+        ({"blobstore.data.port": 70000}, "blobstore.data.port"),
+        ({"blobstore.data.port": -2}, "blobstore.data.port"),
+        ({"blobstore.data.port": "+0"}, "blobstore.data.port"),
+        ({"blobstore.data.port": "+x"}, "blobstore.data.port"),
+        ({"blobstore.data.port": "+2000"}, "blobstore.data.port"),
     ],
 )
 def test_bad_values_name_the_key(overrides: dict[str, Any], key: str) -> None:
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
         Config.of(overrides)
+
+
+def test_the_data_port_is_the_grpc_port_plus_ten_by_default() -> None:
+    assert Config.of({})["blobstore.data.port"] == "+10"
+    assert data_port(Config.of({})["blobstore.data.port"], 6627, 6627) == 6637
+    # An offset from a port the system picked would land anywhere: any free port then.
+    assert data_port("+10", 40123, 0) == 0
+    env = load_config(None, env={"BLOBHA_BLOBSTORE_DATA_PORT": " +5"})
+    assert env["blobstore.data.port"] == "+5"
+    for pinned in (6640, 0, -1):
+        assert data_port(Config.of({"blobstore.data.port": pinned})["blobstore.data.port"],
+                         6627, 6627) == pinned
+    assert load_config(None, env={"BLOBHA_BLOBSTORE_DATA_PORT": "6641"})[
+        "blobstore.data.port"] == 6641
 
 
 def test_bad_environment_value_names_the_key() -> None:
