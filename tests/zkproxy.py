@@ -8,6 +8,9 @@ from __future__ import annotations
 import contextlib
 import socket
 import threading
+from typing import Any
+
+from blobha.ops.localcluster import LocalCluster, MasterProcess
 
 
 class ZooKeeperProxy:
@@ -73,3 +76,27 @@ class ZooKeeperProxy:
             for s in (src, dst):
                 with contextlib.suppress(OSError):
                     s.shutdown(socket.SHUT_RDWR)
+
+
+class ProxiedCluster(LocalCluster):
+    """A local cluster whose every master reaches ZooKeeper through a proxy of its own
+    (``proxies``, by master index), so a test can cut off any master, or all of them."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.proxies: dict[int, ZooKeeperProxy] = {}
+        super().__init__(*args, **kwargs)
+
+    def write_config(self, m: MasterProcess) -> None:
+        super().write_config(m)
+        proxy = self.proxies.get(m.index)
+        if proxy is None:
+            proxy = self.proxies[m.index] = ZooKeeperProxy(self.zk.connect_string)
+        text = m.config_path.read_text()
+        m.config_path.write_text(text.replace(self.zk.connect_string, proxy.address))
+
+    def stop(self) -> None:
+        try:
+            super().stop()
+        finally:
+            for proxy in self.proxies.values():
+                proxy.close()

@@ -186,6 +186,12 @@ class DownloadJob:
             rng.shuffle(self.candidates)
         # Masters that already failed this download go last (stable: the order stays random).
         self.candidates.sort(key=lambda a: a in self.failed)
+        if self.router.in_outage():
+            # ZooKeeper is out: the master that said so answers from its last view at once;
+            # another may first wait on ZooKeeper for the session timeout.
+            first = self.router.preferred()
+            self.failed.discard(first)
+            self.candidates.sort(key=lambda a: a != first)
 
     def _segment(self, address: str, stream_only: bool = False) -> None:
         want = _DOWNLOAD_SEGMENT_BYTES

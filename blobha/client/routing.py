@@ -370,7 +370,7 @@ class Router:
         else:
             request.ClearField("min_version")
         view = self.view
-        if view == View.SESSION and minimum is None and now() < self._outage_until:
+        if view == View.SESSION and minimum is None and self.in_outage():
             view = View.LAST_KNOWN
         request.view = _WIRE_VIEWS[view]
         return request
@@ -383,23 +383,33 @@ class Router:
         master that answered."""
         if request.view != View.SESSION or request.HasField("min_version"):
             return
-        in_touch: str | None = None
-        answered = address
+        in_touch: list[str] = []
+        cut_off = {address}
         with contextlib.closing(self.transport.probe(
                 self.known_addresses(), "NodeStatus", pb.NodeStatusRequest(),
                 _OUTAGE_PROBE_SECS)) as results:
             for source, result in results:
                 if isinstance(result, BlobError):
                     continue  # silent or busy: not a master to read from now
-                if not result.zookeeper_unreachable:
-                    in_touch = in_touch or source
+                if result.zookeeper_unreachable:
+                    cut_off.add(source)
+                elif source != address:
+                    in_touch.append(source)
         with self._lock:
-            if in_touch is not None:
-                self._preferred = in_touch
+            # More masters in touch than cut off: this one is cut off alone. Otherwise take it
+            # as ZooKeeper's own outage: a master that says it is in touch then may not have
+            # noticed yet, and its reads would wait on ZooKeeper for the session timeout.
+            if len(in_touch) > len(cut_off):
+                self._preferred = in_touch[0]
                 self._outage_until = 0.0
             else:
-                self._preferred = answered
+                self._preferred = address
                 self._outage_until = now() + _OUTAGE_MEMORY
+
+    def in_outage(self) -> bool:
+        """Whether reads with no minimum now ask for the last known view (no master found in
+        touch with ZooKeeper): they go to the master that said so, which answers at once."""
+        return now() < self._outage_until
 
     def read_meta(self, key: str, deadline: Deadline | None) -> Any:
         """GetMeta's answer, within ``deadline`` (None: the client's timeout), from a master

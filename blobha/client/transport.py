@@ -22,6 +22,7 @@ from blobha.core.errors import (
     DeadlineExceeded,
     InvalidArgument,
     Refused,
+    Stale,
     Unavailable,
 )
 from blobha.v1 import blobha_pb2 as pb
@@ -173,6 +174,10 @@ def error_from_rpc(address: str, exc: grpc.RpcError, tls: bool = False) -> BlobE
     if isinstance(error, Busy):
         # Transient: back off and retry.
         return Busy(f"master {address} is busy: {error}")
+    if isinstance(error, Stale):
+        # Its own class: the read moves on, and a read with no minimum looks for a master in
+        # touch with ZooKeeper (Router.refused_as_stale).
+        return Stale(f"master {address} unavailable: {error}")
     if isinstance(error, Refused):
         return Refused(f"master {address} unavailable: {error}")
     if isinstance(error, Unavailable):

@@ -22,10 +22,10 @@ import grpc
 import pytest
 import xxhash
 from conftest import FAST, SESSION_TIMEOUT_MS, md, stub, wait_until
-from zkproxy import ZooKeeperProxy
+from zkproxy import ProxiedCluster
 
 from blobha.core.errors import REFUSED_METADATA_KEY
-from blobha.ops.localcluster import LocalCluster, MasterProcess
+from blobha.ops.localcluster import MasterProcess
 from blobha.v1 import blobha_pb2 as pb
 
 pytestmark = pytest.mark.integration
@@ -44,33 +44,14 @@ CLIENT_TIMEOUT = 30.0
 KEY = "part-k"
 
 
-class _ProxiedCluster(LocalCluster):
-    """Every master reaches ZooKeeper through a proxy of its own, so the test can cut off
-    whichever master leads."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        self.proxies: dict[int, ZooKeeperProxy] = {}
-        super().__init__(*args, **kwargs)
-
-    def write_config(self, m: MasterProcess) -> None:
-        super().write_config(m)
-        proxy = self.proxies.get(m.index)
-        if proxy is None:
-            proxy = self.proxies[m.index] = ZooKeeperProxy(self.zk.connect_string)
-        text = m.config_path.read_text()
-        m.config_path.write_text(text.replace(self.zk.connect_string, proxy.address))
-
-
 @pytest.fixture
-def proxied(tmp_path: Path) -> Iterator[_ProxiedCluster]:
-    c = _ProxiedCluster(tmp_path / "cluster", nodes=3, base_port=0, overrides=FAST)
+def proxied(tmp_path: Path) -> Iterator[ProxiedCluster]:
+    c = ProxiedCluster(tmp_path / "cluster", nodes=3, base_port=0, overrides=FAST)
     try:
         c.start()
         yield c
     finally:
-        c.stop()
-        for proxy in c.proxies.values():
-            proxy.close()
+        c.stop()  # and its proxies
 
 
 def _put(key: str, data: bytes, create: bool) -> pb.PutRequest:
@@ -159,7 +140,7 @@ def _assert_refused_in_time(outcomes: list[_Outcome], leader: MasterProcess,
 
 
 def test_writes_to_a_cut_off_leader_are_unavailable_within_the_watchdog_bound(
-        proxied: _ProxiedCluster) -> None:
+        proxied: ProxiedCluster) -> None:
     leader = proxied.leader()
     s = stub(leader.address)
     alice = md("alice")

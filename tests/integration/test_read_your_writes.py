@@ -16,7 +16,7 @@ from blobha.sync.peers import CHANNEL_OPTIONS
 from clusters import FAST
 from conftest import client_for, wait_until
 from steer import Steer
-from zkproxy import ZooKeeperProxy
+from zkproxy import ProxiedCluster, ZooKeeperProxy
 
 from blobha.client import Client
 from blobha.core.errors import STALE_METADATA_KEY, KeyNotFound
@@ -201,3 +201,32 @@ def test_past_the_cutoff_and_when_linearizable_no_read_gets_the_old_view(
         for _ in range(3):
             assert _first_at(bob, behind).read(KEY) == b"version two"
             assert _first_at(bob, behind).get_replication(KEY).version == second.version
+
+
+def test_with_zookeeper_out_for_every_master_a_new_client_reads_the_last_known_view(
+        tmp_path: Path) -> None:
+    c = ProxiedCluster(tmp_path / "cluster", nodes=3, base_port=0,
+                       overrides={**FAST, "blobstore.read.cutoff.secs": 0.0})
+    try:
+        c.start()
+        with client_for(c) as alice:
+            alice.create(KEY, b"version one", acl="u:alice:rwa,o::r", replication_factor=3)
+            assert alice.wait_for_replication([KEY], 3, 30).reached
+            for proxy in c.proxies.values():
+                proxy.hold()
+            wait_until(lambda: all(alice.node_status(m.address).zookeeper_unreachable
+                                   for m in c.masters), 20,
+                       "every master to see ZooKeeper unreachable")
+        # Every master refuses to call its view the latest...
+        for m in c.masters:
+            refused = _raw(c, m.address, "GetMeta", pb.GetMetaRequest(key=KEY))
+            assert isinstance(refused, grpc.RpcError), refused
+            assert (STALE_METADATA_KEY, "1") in tuple(refused.trailing_metadata() or ())
+        # ...and a client that has seen nothing of the key finds that none is in touch with
+        # ZooKeeper and reads the last known view: reads go on through the outage.
+        with client_for(c, "bob", timeout=10.0) as bob:
+            assert bob.read(KEY) == b"version one"
+            assert bob._router.in_outage()
+            assert bob.get_meta(KEY).version == 1
+    finally:
+        c.stop()

@@ -1679,6 +1679,20 @@ def test_a_deadline_the_master_reported_is_not_called_a_master_that_did_not_answ
     assert "did not answer" not in str(told) and "only 1 of the 2" in str(told)
 
 
+def test_a_stale_refusal_keeps_its_class_through_the_transport() -> None:
+    # A read with no minimum refused as stale makes the client look for a master in touch
+    # with ZooKeeper; as a plain refusal it would only try the next one.
+    from blobha.client.transport import error_from_rpc
+    from blobha.core.errors import REFUSED_METADATA_KEY, STALE_METADATA_KEY, Refused, Stale
+
+    stale = error_from_rpc(M1, _Status(grpc.StatusCode.UNAVAILABLE, "cut off for 9 s",
+                                       ((REFUSED_METADATA_KEY, "1"), (STALE_METADATA_KEY, "1"))))
+    assert type(stale) is Stale and f"master {M1} unavailable: cut off" in str(stale)
+    refused = error_from_rpc(M1, _Status(grpc.StatusCode.UNAVAILABLE, "no ZooKeeper",
+                                         ((REFUSED_METADATA_KEY, "1"),)))
+    assert type(refused) is Refused
+
+
 def test_a_master_with_no_free_call_thread_is_busy_not_out_of_resources() -> None:
     # grpcio's own refusal when every call thread is taken: retried like any busy master, and
     # known not to have run (a retry that finds the key gone is not the first try's doing).
