@@ -22,7 +22,6 @@ from blobha.core.errors import (
     DeadlineExceeded,
     InvalidArgument,
     Refused,
-    Stale,
     Unavailable,
 )
 from blobha.v1 import blobha_pb2 as pb
@@ -174,12 +173,10 @@ def error_from_rpc(address: str, exc: grpc.RpcError, tls: bool = False) -> BlobE
     if isinstance(error, Busy):
         # Transient: back off and retry.
         return Busy(f"master {address} is busy: {error}")
-    if isinstance(error, Stale):
-        # Its own class: the read moves on, and a read with no minimum looks for a master in
-        # touch with ZooKeeper (Router.refused_as_stale).
-        return Stale(f"master {address} unavailable: {error}")
     if isinstance(error, Refused):
-        return Refused(f"master {address} unavailable: {error}")
+        # Its own class kept (a Stale refusal makes a read look for a master in touch with
+        # ZooKeeper: Router.refused_as_stale).
+        return type(error)(f"master {address} unavailable: {error}")
     if isinstance(error, Unavailable):
         return (handshake_failure(address, details, tls)
                 or Unavailable(f"master {address} unavailable: {error}"))

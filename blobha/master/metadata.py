@@ -93,9 +93,12 @@ class Metadata:
         return answer_within(pending, self._limit(), self._watchdog())
 
     def read_state(self, key: str) -> BlobState | None:
+        return self._read_state(key, self.answer)
+
+    def _read_state(self, key: str, answer: Callable[[Any], Any]) -> BlobState | None:
         self.require_zk()
         try:
-            data, stat = self.answer(self.zk.get_async(key_path(key)))
+            data, stat = answer(self.zk.get_async(key_path(key)))
         except NoNodeError:
             return None
         return BlobState.decode(data, stat.version)
@@ -116,12 +119,7 @@ class Metadata:
 
     def read_state_for_write(self, key: str) -> BlobState | None:
         """:meth:`read_state` for a write (:meth:`answer_write`)."""
-        self.require_zk()
-        try:
-            data, stat = self.answer_write(self.zk.get_async(key_path(key)))
-        except NoNodeError:
-            return None
-        return BlobState.decode(data, stat.version)
+        return self._read_state(key, self.answer_write)
 
     def state_for_write_or_404(self, key: str) -> BlobState:
         state = self.read_state_for_write(key)

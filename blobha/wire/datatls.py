@@ -11,6 +11,7 @@ import os
 import ssl
 import threading
 import time
+from collections.abc import Sequence
 
 log = logging.getLogger("blobha.tls")
 
@@ -18,7 +19,9 @@ log = logging.getLogger("blobha.tls")
 RELOAD_CHECK_SECS = 1.0
 
 
-def _stamp(paths: tuple[str, ...]) -> tuple[tuple[int, int], ...]:
+def file_stamps(paths: Sequence[str]) -> tuple[tuple[int, int], ...]:
+    """(mtime_ns, size) of each file, (0, -1) for one that cannot be read: what tells a
+    reloading reader that certificate files changed."""
     out = []
     for p in paths:
         try:
@@ -60,7 +63,7 @@ class ReloadingServerContext:
         self._args = (cert, key, ca, require_client_cert)
         self._paths = (cert, key) + ((ca,) if ca else ())
         self._lock = threading.Lock()
-        self._stamp = _stamp(self._paths)
+        self._stamp = file_stamps(self._paths)
         self._context = server_context(*self._args)
         self._checked = time.monotonic()
 
@@ -70,7 +73,7 @@ class ReloadingServerContext:
             return self._context
         with self._lock:
             self._checked = now
-            stamp = _stamp(self._paths)
+            stamp = file_stamps(self._paths)
             if stamp != self._stamp:
                 self._stamp = stamp
                 try:

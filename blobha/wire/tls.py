@@ -17,6 +17,8 @@ import grpc
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
+from blobha.wire.datatls import file_stamps
+
 log = logging.getLogger("blobha.tls")
 
 
@@ -25,17 +27,6 @@ def read_file(path: str | os.PathLike[str], what: str) -> bytes:
         return Path(path).read_bytes()
     except OSError as e:
         raise ValueError(f"cannot read the {what} {os.fspath(path)!r}: {e.strerror}") from None
-
-
-def _stamp(paths: list[str]) -> tuple[tuple[int, int], ...]:
-    out = []
-    for p in paths:
-        try:
-            st = os.stat(p)
-            out.append((st.st_mtime_ns, st.st_size))
-        except OSError:
-            out.append((0, -1))
-    return tuple(out)
 
 
 class ReloadingServerCredentials:
@@ -61,7 +52,7 @@ class ReloadingServerCredentials:
         )
 
     def _read(self) -> tuple[grpc.ServerCertificateConfiguration, tuple[tuple[int, int], ...]]:
-        stamp = _stamp(self._paths)
+        stamp = file_stamps(self._paths)
         pair = (read_file(self._key, "TLS key (tls.key)"),
                 read_file(self._cert, "TLS certificate (tls.cert)"))
         ca = read_file(self._ca, "TLS CA (tls.ca)") if self._ca else None
@@ -70,14 +61,14 @@ class ReloadingServerCredentials:
 
     def _fetch(self) -> grpc.ServerCertificateConfiguration | None:
         with self._lock:
-            if _stamp(self._paths) == self._stamp:
+            if file_stamps(self._paths) == self._stamp:
                 return None
             try:
                 config, stamp = self._read()
             except ValueError as e:
                 log.error("TLS files changed but cannot be used (%s); keeping the previous ones", e)
                 # Do not retry on every handshake until the files change again.
-                self._stamp = _stamp(self._paths)
+                self._stamp = file_stamps(self._paths)
                 return None
             self._config, self._stamp = config, stamp
             self.reloads += 1

@@ -9,15 +9,13 @@ update check does not record version one for the node either.
 
 from __future__ import annotations
 
-import contextlib
 import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from clusters import FAST
 from conftest import client_for, wait_until
-from test_read_your_writes import _CutOffCluster, _first_at
+from test_read_your_writes import _CutOffCluster, _first_at, cut_off_cluster
 
 from blobha.cache import BlobCache
 from blobha.client import BlobMeta, Client
@@ -27,19 +25,6 @@ pytestmark = pytest.mark.integration
 
 KEY = "cache-min-model"
 ONE, TWO = b"version one\n" * 4096, b"version two\n" * 4096
-
-
-@contextlib.contextmanager
-def cut_off_cluster(root: Path) -> Iterator[_CutOffCluster]:
-    """3 masters, the last reaching ZooKeeper through a proxy the test holds."""
-    c = _CutOffCluster(root, nodes=3, base_port=0, overrides=FAST)
-    try:
-        c.start()
-        yield c
-    finally:
-        c.stop()
-        if c.proxy is not None:
-            c.proxy.close()
 
 
 @pytest.fixture

@@ -21,10 +21,9 @@ from test_cache_minimums import (
     ONE,
     TWO,
     cache_client,
-    cut_off_cluster,
     updated_past_the_cut_off_master,
 )
-from test_read_your_writes import _CutOffCluster, _first_at
+from test_read_your_writes import _CutOffCluster, _first_at, cut_off_cluster
 
 import blobha.client
 from blobha import spark as blobspark

@@ -6,6 +6,7 @@ linearizable read is served only once ZooKeeper confirms the version."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -44,7 +45,10 @@ class _CutOffCluster(LocalCluster):
         m.config_path.write_text(text.replace(self.zk.connect_string, self.proxy.address))
 
 
-def _cluster(root: Path, cutoff_secs: float) -> Iterator[_CutOffCluster]:
+@contextlib.contextmanager
+def cut_off_cluster(root: Path, cutoff_secs: float = 600.0) -> Iterator[_CutOffCluster]:
+    """3 masters, the last reaching ZooKeeper through a proxy the test holds. By default the
+    cut-off master serves its last view to reads with no minimum for the whole test."""
     c = _CutOffCluster(root, nodes=3, base_port=0,
                        overrides={**FAST, "blobstore.read.cutoff.secs": cutoff_secs})
     try:
@@ -58,14 +62,15 @@ def _cluster(root: Path, cutoff_secs: float) -> Iterator[_CutOffCluster]:
 
 @pytest.fixture
 def cut_off(tmp_path: Path) -> Iterator[_CutOffCluster]:
-    """The cut-off master serves its last view to reads with no minimum for the whole test."""
-    yield from _cluster(tmp_path / "cluster", 600.0)
+    with cut_off_cluster(tmp_path / "cluster") as c:
+        yield c
 
 
 @pytest.fixture
 def cut_off_now(tmp_path: Path) -> Iterator[_CutOffCluster]:
     """The cut-off master stops calling its view the latest as soon as it is cut off."""
-    yield from _cluster(tmp_path / "cluster", 0.0)
+    with cut_off_cluster(tmp_path / "cluster", 0.0) as c:
+        yield c
 
 
 def _first_at(client: Client, address: str) -> Client:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import statistics
 import time
-from typing import BinaryIO, cast
+from typing import TYPE_CHECKING, BinaryIO, cast
 
 from blobha.client import Client
 from blobha.ops.bench.baselines import (
@@ -19,6 +19,9 @@ from blobha.ops.bench.context import Bench
 from blobha.ops.bench.driver import zk_create_rate
 from blobha.ops.bench.options import MiB
 from blobha.ops.bench.report import mb_per_s, percentile
+
+if TYPE_CHECKING:
+    from blobha.ops.localcluster import LocalCluster
 
 
 def big_blob(bench: Bench, groups: set[str]) -> None:
@@ -52,7 +55,7 @@ def big_blob(bench: Bench, groups: set[str]) -> None:
             if "replication_1g_s" in groups:
                 dd2.append(disk_write_secs(bench.disk_dir, 2 * size))
             if "download_mbps" in groups:
-                down.append(download_secs(bench, c, key, size))
+                down.append(download_secs(bench.lc, c, key, size))
                 raw.append(raw_grpc_download_secs(size))
             bench.log.say(
                 f"round {r + 1}/{rounds} of {size // MiB} MiB: upload {up[-1]:.2f} s"
@@ -79,10 +82,12 @@ def big_blob(bench: Bench, groups: set[str]) -> None:
                   "raw_grpc_stream_mbps", mb_per_s(size, med(raw)))
 
 
-def download_secs(bench: Bench, c: Client, key: str, size: int) -> float:
-    if bench.lc is not None:
+def download_secs(lc: LocalCluster | None, c: Client, key: str, size: int) -> float:
+    """One timed, digest-verified download of ``key`` from a warm page cache: every replica's
+    file read once with a local cluster ``lc``, else one untimed download first."""
+    if lc is not None:
         # "Already in the page cache": read every replica's file once, untimed.
-        for path in bench.lc.data_dir.glob("master-*/keys/*/v*.blob"):
+        for path in lc.data_dir.glob("master-*/keys/*/v*.blob"):
             if path.stat().st_size == size:
                 read_file_into_cache(path)
     else:

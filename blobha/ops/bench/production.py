@@ -11,10 +11,10 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import BinaryIO, cast
 
 from blobha.client import Client
-from blobha.ops.bench.baselines import Discard, pattern, read_file_into_cache
+from blobha.ops.bench.baselines import pattern
+from blobha.ops.bench.bigblob import download_secs
 from blobha.ops.bench.context import Bench
 from blobha.ops.bench.driver import bench_client
 from blobha.ops.bench.options import CONCURRENT_CLIENTS, SESSION_TIMEOUT_MS, SMALL_BLOB, MiB
@@ -122,7 +122,7 @@ def tls_transfers(bench: Bench, groups: set[str]) -> None:
                     c.create(key, data, replication_factor=1, write_quorum=1)
                     up[secure].append(time.perf_counter() - t0)
                     if "download_tls_mbps" in groups:
-                        down[secure].append(_download_secs(lc, c, key, size))
+                        down[secure].append(download_secs(lc, c, key, size))
                     c.delete(key)
             bench.log.say(f"round {r + 1}/{bench.opts.repeat} of {size // MiB} MiB: upload TLS"
                           f" {up[True][-1]:.2f} s, plaintext {up[False][-1]:.2f} s; download"
@@ -153,19 +153,6 @@ def _other_cluster(bench: Bench) -> Iterator[LocalCluster]:
             yield lc
         finally:
             lc.stop()
-
-
-def _download_secs(lc: LocalCluster, c: Client, key: str, size: int) -> float:
-    # "Already in the page cache", as download_mbps: every replica's file read once, untimed.
-    for path in lc.data_dir.glob("master-*/keys/*/v*.blob"):
-        if path.stat().st_size == size:
-            read_file_into_cache(path)
-    t0 = time.perf_counter()
-    info = c.download(key, cast(BinaryIO, Discard()))  # digest-verified by the client
-    secs = time.perf_counter() - t0
-    if info.size != size:
-        raise RuntimeError(f"download delivered {info.size} of {size} bytes")
-    return secs
 
 
 def _remove(bench: Bench, c: Client, keys: list[str]) -> None:
