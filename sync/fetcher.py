@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import ExitStack
 from typing import TYPE_CHECKING
@@ -38,10 +39,13 @@ class Fetcher:
     master made since the batch read the key (see ReplicaView.read_is_current)."""
 
     def __init__(self, store: LocalStore, peers: Peers, identity: str, view: ReplicaView,
-                 guard: ClusterGuard, settings: SyncSettings) -> None:
+                 guard: ClusterGuard, settings: SyncSettings,
+                 live: Callable[[], set[str]]) -> None:
         self.store = store
         self.peers = peers
         self.identity = identity
+        #: The masters with a ZooKeeper session now (see :meth:`sources`).
+        self.live = live
         self.view = view
         self.guard = guard
         self.settings = settings
@@ -67,13 +71,14 @@ class Fetcher:
         groups: dict[str, list[Wanted]] = {}
         singles: list[Wanted] = []
         fresh: set[str] = set()
+        live = self.live()
         for item in to_fetch:
             key, state, holders = item
-            sources = [h for h in holders if h != self.identity]
+            sources = self.sources(holders, live)
             # A key with a local version goes alone: fetch may find the bytes locally.
             if state.size <= small and sources and not self.store.versions(key):
                 fresh.add(key)
-                groups.setdefault(self.peers.rank(sources)[0], []).append(item)
+                groups.setdefault(sources[0], []).append(item)
             else:
                 singles.append(item)
         batches = [
@@ -125,7 +130,7 @@ class Fetcher:
                     raise stale_fetch(key)
                 self.store.install_copy(key, state.seq, copy)
             return None
-        sources = self.peers.rank(h for h in holders if h != self.identity)
+        sources = self.sources(holders, self.live())
         if not sources:
             raise SyncDeferred(f"no live replica holds v{state.seq} yet")
         self.store.reserve(state.size)
@@ -160,6 +165,14 @@ class Fetcher:
         log.info("synced %r v%d (%d bytes) in %.3fs", key, state.seq, state.size,
                  time.monotonic() - started)
         return None
+
+    def sources(self, holders: list[str], live: set[str]) -> list[str]:
+        """The other holders to fetch from, in the order to try them: only masters with a
+        session. A batch's holders were read before its fetches start, and a holder whose
+        session ended since (paused, cut off) keeps a fetch waiting for the stall limit, and
+        the whole batch's registrations with it (a writer's W=2 waits on those); its replica
+        nodes are gone with the session, so the key is deferred and read again instead."""
+        return self.peers.rank(h for h in holders if h != self.identity and h in live)
 
     def fetch_batch(self, source: str, items: list[Wanted]) -> dict[str, bytes]:
         """The bytes of the small versions ``source`` sent whose digest it gives as ZooKeeper

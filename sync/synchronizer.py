@@ -57,7 +57,8 @@ class Synchronizer:
                                self.queue, guard, self.wake)
         self.registry = ReplicaRegistry(zk, identity, self.replicas, self.feed, self.queue,
                                         settings)
-        self.fetcher = Fetcher(store, peers, identity, self.replicas, guard, settings)
+        self.fetcher = Fetcher(store, peers, identity, self.replicas, guard, settings,
+                               membership.live)
         self.executor = Executor(zk, store, identity, membership, settings, self.replicas,
                                  self.queue, self.feed, KeyReader(zk, self.feed, settings),
                                  self.registry, self.fetcher, duties, guard)

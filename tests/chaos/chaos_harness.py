@@ -231,9 +231,10 @@ class ChaosCluster:
         except Exception as e:
             print(f"could not remove the network: {e}")
 
-    def logs(self, node: Node, lines: int = 60) -> str:
+    def logs(self, node: Node, lines: int | None = 60) -> str:
+        """The last ``lines`` lines of ``node``'s log (all of it for None)."""
         try:
-            out = node.docker.logs(tail=lines)
+            out = node.docker.logs(tail="all" if lines is None else lines)
         except Exception as e:
             return f"(no logs: {e})"
         return bytes(out).decode(errors="replace")

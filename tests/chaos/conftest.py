@@ -96,4 +96,10 @@ def chaos_cluster(docker_ready: None, tmp_path: Path,
         if failed(request.node):
             for node in [*c.masters, *c.zks]:
                 print(f"\n----- {node.name} -----\n{c.logs(node)}")
+        keep = os.environ.get("BLOBHA_CHAOS_LOGS", "").strip()
+        if keep:  # every node's whole log, for reading a run's timeline afterwards
+            folder = Path(keep) / request.node.name
+            folder.mkdir(parents=True, exist_ok=True)
+            for node in [*c.masters, *c.zks]:
+                (folder / f"{node.name}.log").write_text(c.logs(node, lines=None))
         c.stop()

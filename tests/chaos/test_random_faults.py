@@ -45,9 +45,11 @@ def _inject(c: ChaosCluster, w: RandomWorkload, kind: str, rng: random.Random
             ) -> dict[str, Any]:
     """One fault, and the cluster back to every master ready; its figures."""
     leader = c.wait_leader(30)
+    wall = time.time()  # for reading the fault against the masters' logs
     t0 = time.monotonic()
     since = t0  # the outage is counted from here
     target = leader
+    steps: dict[str, float] = {}
     if kind == "kill_leader":
         leader.docker.kill(signal="SIGKILL")
         c.wait_leader(60, not_in=(leader,))
@@ -62,6 +64,7 @@ def _inject(c: ChaosCluster, w: RandomWorkload, kind: str, rng: random.Random
         c.pause(leader)
         try:
             c.wait_leader(60, not_in=(leader,))
+            steps["successor_s"] = time.monotonic() - t0
             # Past the session timeout (a successor exists), and then some: this wait is the
             # fault's length (the pause a leader suffers), not a synchronisation.
             threading.Event().wait(rng.uniform(0.0, 3.0))
@@ -89,11 +92,14 @@ def _inject(c: ChaosCluster, w: RandomWorkload, kind: str, rng: random.Random
     else:
         raise AssertionError(kind)
     mark = time.monotonic()
+    steps["fault_s"] = mark - t0
     wait_until(lambda: _acked_since(w, mark) >= 3, 120, f"writes to resume after {kind}")
     c.wait_ready(180)
     recovered = time.monotonic()
     return {"kind": kind, "target": target.name, "outage_s": round(w.history.write_gaps(
-        since, recovered), 2), "recovered_after_s": round(recovered - t0, 2)}
+        since, recovered), 2), "recovered_after_s": round(recovered - t0, 2),
+        "at": time.strftime("%H:%M:%S", time.gmtime(wall)) + f".{int(wall % 1 * 1000):03d}",
+        **{k: round(v, 2) for k, v in steps.items()}}
 
 
 def _acked_since(w: RandomWorkload, t: float) -> int:
@@ -144,6 +150,7 @@ def test_random_faults_keep_every_guarantee(chaos_cluster: ChaosCluster,
         worst[f["kind"]] = max(worst.get(f["kind"], 0.0), f["outage_s"])
     scenario.update(
         faults=[f"{f['kind']}({f['target']}): outage {f['outage_s']} s" for f in faults],
+        fault_timeline=faults,
         longest_outage_by_kind_s=worst,
         operations=len(ops),
         reads_served=sum(1 for o in ops if o.kind == "read" and o.outcome == OK),

@@ -53,7 +53,7 @@ def synchroniser(leader: bool | list[bool] = False, store: Any = None, recursive
     leading = leader if isinstance(leader, list) else [leader]
     s = Synchronizer(
         zk, store=store or SimpleNamespace(), identity=ME, peers=SimpleNamespace(),  # type: ignore[arg-type]
-        membership=membership or SimpleNamespace(known=lambda: {ME, A, B}),
+        membership=membership or SimpleNamespace(known=lambda: {ME, A, B}, live=lambda: {ME, A, B}),
         settings=settings(recursive, **changes),
         duties=NoDuties(), guard=Guard(leading, ours, key_lock),
     )
@@ -933,7 +933,7 @@ def test_a_status_pass_hashes_only_the_keys_whose_placement_it_has_not_decided(
 
     c, d = "10.0.0.4:6627", "10.0.0.5:6627"
     known = {ME, A, B, c, d}
-    s, _ = synchroniser(membership=SimpleNamespace(known=lambda: known))
+    s, _ = synchroniser(membership=SimpleNamespace(known=lambda: known, live=lambda: known))
     real_chosen = view_mod.chosen
     hashed: list[str] = []
 
