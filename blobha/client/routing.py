@@ -346,11 +346,18 @@ class Router:
             address = self.preferred()
             if key is not None:
                 self.with_minimum(key, request)
+            with self._lock:
+                # Reads stick to the leader after a write: a paused one is left as soon as
+                # its successor leads, as its writes are, not after the control timeout.
+                leading = address == self._leader
             try:
-                return self.control_call(address, method, request, deadline)
+                return self.control_call(address, method, request, deadline, to_leader=leading)
             except Stale:
                 self.forget_leader(address)
                 self.refused_as_stale(address, request)  # may name the next master
+                raise
+            except LeaderMoved as exc:
+                self.leader_moved(address, exc.leader)
                 raise
             except Unavailable:
                 self.forget_leader(address)

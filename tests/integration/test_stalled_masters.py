@@ -129,6 +129,26 @@ def test_a_write_leaves_a_paused_leader_once_its_successor_leads(fresh_cluster: 
     assert elapsed < SESSION_TIMEOUT_MS / 1000 + 3, f"the write took {elapsed:.1f} s"
 
 
+def test_a_read_leaves_a_paused_leader_once_its_successor_leads(
+        fresh_cluster: LocalCluster) -> None:
+    # Reads stick to the leader after a write (read-your-writes), and a metadata read there
+    # waited for the control timeout (8 s) while the next leader was elected in the session
+    # timeout: a writer that also reads was held past its writes' own bound.
+    with client_for(fresh_cluster, timeout=60.0) as c:
+        c.create("sticky", b"v1")
+        old = fresh_cluster.leader()
+        assert c._router.preferred() == old.address
+        old.signal(signal.SIGSTOP)
+        try:
+            started = time.monotonic()
+            meta = c.get_meta("sticky")
+            elapsed = time.monotonic() - started
+        finally:
+            old.signal(signal.SIGCONT)
+    assert meta.version == 1
+    assert elapsed < SESSION_TIMEOUT_MS / 1000 + 3, f"the read took {elapsed:.1f} s"
+
+
 def test_an_upload_paused_midway_is_made_by_the_next_leader(fresh_cluster: LocalCluster) -> None:
     # The leader stops while the bytes cross its data channel: the client's send stalls (the
     # sockets' buffers fill), gives up at the stall limit and writes it all through the next
