@@ -25,6 +25,7 @@ LAYERS: dict[str, int] = {
     "blobha.sync": 2,
     "blobha.master": 3,
     "blobha.cache": 3,
+    "blobha.fs": 3,  # blobha:// for fsspec: a client-side adapter, beside the node cache
     "blobha.master.edge": 4,
     # The composition root assembles the master with its edge; the process runs it.
     "blobha.master.assembly": 5,
@@ -41,7 +42,7 @@ FORBIDDEN: list[tuple[str, str, str]] = [
     ("blobha.ops", "blobha.store", "the tools drive masters through their API, never their disk"),
     *(
         (side, server, "the client side never imports the server side")
-        for side in ("blobha.client", "blobha.cache", "blobha.spark", "blobha.cli")
+        for side in ("blobha.client", "blobha.cache", "blobha.fs", "blobha.spark", "blobha.cli")
         for server in ("blobha.store", "blobha.zk", "blobha.leader", "blobha.sync",
                        "blobha.master")
     ),
