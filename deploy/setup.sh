@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Idempotent set-up on a fresh Debian/Ubuntu machine: Java and ZooKeeper from the distribution
 # (the embedded ZooKeeper of 'blobha local-cluster' and of the tests), then a virtualenv in
-# .venv with blobha installed. Usage: deploy/setup.sh [EXTRAS], e.g. deploy/setup.sh test
+# .venv with blobha and its server extra installed. Usage: deploy/setup.sh [EXTRAS], e.g.
+# deploy/setup.sh test
 set -euo pipefail
 cd "$(dirname "$0")/.."
 extras=${1:-}
@@ -24,8 +25,8 @@ fi
 
 [ -x .venv/bin/python ] || python3 -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
-spec="."
-[ -n "$extras" ] && spec=".[$extras]"
+# The masters' own dependencies (the server extra) always: this checkout runs masters.
+spec=".[server${extras:+,$extras}]"
 # strict editable mode lays out blobha.leader / blobha.sync as a real package tree, which both
 # the interpreter and mypy can follow.
 .venv/bin/python -m pip install -q -e "$spec" --config-settings editable_mode=strict

@@ -14,8 +14,6 @@ import threading
 from pathlib import Path
 
 import grpc
-from cryptography import x509
-from cryptography.hazmat.primitives import serialization
 
 from blobha.wire.datatls import file_stamps
 
@@ -79,6 +77,11 @@ class ReloadingServerCredentials:
 def _check_pair(cert_pem: bytes, key_pem: bytes) -> None:
     """Fail with a clear message on unusable files (gRPC would only log a C error), including
     a key and certificate that do not belong together, e.g. halfway through a renewal."""
+    # Only here: a master serving TLS needs it, a client (installed without the server extra,
+    # which brings cryptography) only passes its files to gRPC.
+    from cryptography import x509
+    from cryptography.hazmat.primitives import serialization
+
     try:
         cert = x509.load_pem_x509_certificate(cert_pem)
     except ValueError:

@@ -57,7 +57,7 @@ echo "== fetching dependency wheels for CPython $pyver (pip cache or the package
 "$python" -m pip download --quiet --dest "$ctx/wheels" --only-binary=:all: \
     --python-version "$pyver" --implementation cp --platform manylinux2014_x86_64 \
     --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 \
-    "$ctx"/wheels/blobha-*.whl >&2 \
+    "$(echo "$ctx"/wheels/blobha-*.whl)[server]" >&2 \
     || die "could not download the dependency wheels for CPython $pyver"
 cp deploy/Dockerfile deploy/docker/zk-run.sh deploy/config/master.toml "$ctx/"
 echo "== docker build $image (base $base)" >&2
