@@ -1,0 +1,50 @@
+"""The fan-out harness (blobha.ops.fanout): real masters, ZooKeeper and node caches, each in a
+network namespace of its own behind tc-shaped links, and nothing left behind."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from blobha.ops import fanout
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
+
+
+def _ours() -> list[str]:
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True,
+                         check=True).stdout
+    return [line.split()[0] for line in out.splitlines()
+            if line.startswith(f"bhfan-{os.getpid()}-")]
+
+
+def test_nodes_fetch_through_shaped_links_and_everything_is_removed(tmp_path: Path) -> None:
+    result = fanout.run_fanout(nodes=2, size_mib=4, rate_mbit=100, work=tmp_path)
+    figures = result.figures()
+    # 4 MiB at 100 Mbit/s takes at least 0.34 s on a shaped link (the cache verified each
+    # copy's digest, or get() raised).
+    assert result.one_node_s > 0.3 and len(result.node_secs) == 2
+    assert max(result.node_secs) > 0.3
+    # Every node's bytes came from the masters, through their shaped links.
+    assert 2 * 4 * 0.95 <= sum(result.master_egress_mib.values()) <= 3 * 4 * 1.1, figures
+    assert _ours() == []
+
+
+def test_a_failed_run_removes_what_it_made(tmp_path: Path,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(fanout, "_LOAD", "raise SystemExit(3)")
+    with pytest.raises(RuntimeError, match="writing the blob: the process ended"):
+        fanout.run_fanout(nodes=1, size_mib=1, rate_mbit=100, work=tmp_path)
+    assert _ours() == []
+
+
+def test_it_refuses_to_run_without_root(tmp_path: Path,
+                                        monkeypatch: pytest.MonkeyPatch,
+                                        capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    assert fanout.main(["--nodes", "1"]) == 2
+    assert "run it as root" in capsys.readouterr().err
+    assert _ours() == []
