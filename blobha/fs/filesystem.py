@@ -156,15 +156,14 @@ class BlobhaFileSystem(AbstractFileSystem):  # type: ignore[misc]
             return {"name": "", "size": 0, "type": "directory"}
         with _as_builtin(key):
             meta = self.client.get_meta(key)
-            if not meta.readable:
-                raise PermissionError(errno.EACCES, f"{self.client.user!r} may not read"
-                                      f" {key!r}", key)
+            # A key the user may see but not read is listed, as the store lists it; its
+            # content (and digest) is refused when asked for.
             entry = {
                 "name": key, "size": meta.size, "type": "file", "version": meta.version,
                 "digest": meta.digest, "created": meta.created_at, "mtime": meta.updated_at,
                 "replication": meta.replication,
                 "replication_factor": meta.replication_factor,
-                "acknowledged": meta.acknowledged,
+                "acknowledged": meta.acknowledged, "readable": meta.readable,
             }
             if pinned and pinned != meta.version:
                 # An earlier version still retained: its own size and digest.
@@ -207,8 +206,9 @@ class BlobhaFileSystem(AbstractFileSystem):  # type: ignore[misc]
         pattern = self._strip_protocol(path)
         if not _MAGIC.search(pattern):
             return self.find(pattern, detail=kwargs.get("detail", False))
-        self.split_version(pattern.split("?version=", 1)[0] if "?version=" in pattern
-                           else pattern.replace("?", "x").replace("[", "x"))
+        if "/" in pattern:
+            raise ValueError(f"{pattern!r} matches no blob key: blobha keys hold no '/' (the"
+                             " namespace is flat)")
         prefix = _MAGIC.split(pattern, 1)[0]
         with _as_builtin(prefix):
             names = [k for k in self.client.list(prefix) if fnmatch.fnmatchcase(k, pattern)]
@@ -223,12 +223,19 @@ class BlobhaFileSystem(AbstractFileSystem):  # type: ignore[misc]
             return False
         return True
 
+    def _readable(self, path: str) -> dict[str, Any]:
+        entry = self.info(path)
+        if not entry.get("readable", True):
+            raise PermissionError(errno.EACCES, f"{self.client.user!r} may not read"
+                                  f" {entry['name']!r}", entry["name"])
+        return entry
+
     def checksum(self, path: str) -> int:
         """The blob's xxh3-128 digest, as the integer fsspec compares."""
-        return int(self.info(path)["digest"], 16)
+        return int(self._readable(path)["digest"], 16)
 
     def ukey(self, path: str) -> str:
-        entry = self.info(path)
+        entry = self._readable(path)
         return f"{entry['digest']}-{entry['size']}"
 
     def created(self, path: str) -> datetime.datetime:
@@ -346,6 +353,8 @@ class BlobhaFileSystem(AbstractFileSystem):  # type: ignore[misc]
         if mode == "rb":
             key, pinned = self.split_version(self._strip_protocol(path), version)
             entry = self.info(key, version=pinned or None)
+            if not entry["readable"]:
+                self._readable(key)
             return BlobhaFile(self, key, mode, block_size=block_size or "default",
                               cache_options=cache_options, size=entry["size"],
                               version=entry["version"], digest=entry["digest"], **kwargs)

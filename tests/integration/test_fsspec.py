@@ -169,10 +169,18 @@ def test_put_get_rm_and_errors_as_builtins(fs: BlobhaFileSystem, alice: Client,
     with pytest.raises(FileNotFoundError):
         fs.cat_file("fs-model.bin")
     alice.create("fs-private", b"alice only", acl="u:alice:rwa")
+    alice.create("fs-dropbox", b"bob writes, alice reads", acl="u:alice:rwa,u:bob:w")
     bob = fsspec.filesystem("blobha", cluster=cluster.cluster, user="bob",
                             skip_instance_cache=True)
     try:
         with pytest.raises(PermissionError):
             bob.cat_file("fs-private")
+        # Its metadata is bob's to see, its content is not.
+        entry = bob.info("fs-dropbox")
+        assert entry["readable"] is False and entry["digest"] == ""
+        assert bob.exists("fs-dropbox")
+        for read in (bob.cat_file, bob.checksum, bob.open):
+            with pytest.raises(PermissionError):
+                read("fs-dropbox")
     finally:
         bob.client.close()
