@@ -117,6 +117,8 @@ class Writes:
                 self.store.reserve(len(data))
                 try:
                     up.temp.write_at(offset, data)
+                except InvalidArgument:  # a ValueError too: a gap, the client's to hear
+                    raise
                 except ValueError:
                     # The file was discarded under us (expiry or lost leadership).
                     from blobha.core.errors import upload_not_found
