@@ -9,6 +9,7 @@ from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, BinaryIO
 
 from blobha.cli.connect import client_for
+from blobha.cli.hints import describe
 from blobha.cli.output import (
     describe_statuses,
     fail,
@@ -100,7 +101,7 @@ def cmd_fetch(args: argparse.Namespace) -> int:
             try:
                 blob = cache.get(key, uncompress=args.uncompress)
             except BlobError as exc:
-                fail(str(exc) or type(exc).__name__)
+                fail(describe(exc, args.command))
                 status = status or exc.exit_code
                 continue
             if args.json:
@@ -129,7 +130,7 @@ def cmd_delete(args: argparse.Namespace) -> int:
             try:
                 c.delete(key)
             except BlobError as exc:
-                fail(str(exc) or type(exc).__name__)
+                fail(describe(exc, args.command))
                 status = status or exc.exit_code
     return status
 

@@ -150,7 +150,7 @@ class UploadJob:
             # Giving up after a commit whose answer was lost: it may have been made, and a
             # plain "unavailable" would send the user to write it again.
             note = (f"{exc}; an earlier attempt's commit got no answer, so the {self.what}"
-                    " may have been made: check with 'blobha meta' before writing again")
+                    " may have been made: check its metadata before writing again")
             raise type(exc)(note) from None
         except BaseException:
             self._abort_quietly()

@@ -43,5 +43,5 @@ def require_read(meta: BlobMeta, user: str) -> BlobMeta:
     if not meta.readable:
         raise NotAuthorized(
             f"user {user!r} lacks READ permission on {meta.key!r} (it may see the metadata"
-            " only); ask a user with ADMIN on it to grant access ('blobha set-acl')")
+            " only); ask a user with ADMIN on it to grant access")
     return meta

@@ -95,7 +95,7 @@ class Writes:
             return "", 0, self.acks.acknowledge(key, retried(key, prior, user))
         if create:
             if state is not None:
-                raise KeyAlreadyExists(f"key {key!r} already exists; use 'blobha update'")
+                raise KeyAlreadyExists(f"key {key!r} already exists")
             acl = acls.normalize_for_create(acl, user)
         else:
             state = check_update(self.authority, user, key, state, expected_version)

@@ -1719,7 +1719,7 @@ def test_giving_up_after_a_lost_commit_answer_says_the_write_may_be_made(
 
     cluster._Put = committed_then_lost  # type: ignore[method-assign]
     started = clock.now
-    with pytest.raises(Unavailable, match="may have been made: check with 'blobha meta'"):
+    with pytest.raises(Unavailable, match="may have been made: check its metadata before"):
         client.create("k", b"data")
     assert clock.now - started <= 30.0 + 2.0 + 1.0  # its timeout, and the outcome check's
     assert "k" in cluster.blobs
