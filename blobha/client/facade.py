@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from types import TracebackType
 from typing import Any, BinaryIO
 
+from blobha.client import writes
 from blobha.client.arguments import (
     DEFAULT_CHUNK_SIZE,
     MIN_STALL_TIMEOUT,
@@ -29,7 +30,6 @@ from blobha.client.routing import PROBE_TIMEOUT, Router
 from blobha.client.seen import DEFAULT_REMEMBERED_KEYS
 from blobha.client.sources import BufferSink, Sink, download_into
 from blobha.client.transport import GrpcTransport, Transport
-from blobha.client.upload import upload
 from blobha.client.values import (
     BlobInfo,
     BlobMeta,
@@ -49,8 +49,6 @@ from blobha.core.consistency import View
 from blobha.core.errors import (
     BlobError,
     InvalidArgument,
-    NotAuthorized,
-    VersionConflict,
 )
 from blobha.core.keys import validate_key
 from blobha.v1 import blobha_pb2 as pb
@@ -214,17 +212,8 @@ class Client:
         creator always keeps full access. ``replication_factor``/``write_quorum`` 0 = the
         cluster default. ``progress(done, total)`` is called as bytes go out (total -1 when
         unknown). Raises :class:`KeyAlreadyExists` if the key exists."""
-        validate_key(key)
-        check_count("replication_factor", replication_factor, UINT32_MAX)
-        check_count("write_quorum", write_quorum, UINT32_MAX)
-        request = pb.BeginUploadRequest(
-            key=key,
-            create=True,
-            acl=acl_to_pb(normalize_acl(acl)),
-            replication_factor=replication_factor,
-            write_quorum=write_quorum,
-        )
-        return self._saw(key, upload(self._router, request, data, progress))
+        return writes.create(self._router, key, data, acl, replication_factor, write_quorum,
+                             progress)
 
     def update(
         self,
@@ -236,13 +225,23 @@ class Client:
     ) -> BlobMeta:
         """Write a new version of ``key``. With ``expected_version`` the update fails with
         :class:`~blobha.core.errors.VersionConflict` unless that is the committed version."""
-        validate_key(key)
-        check_count("expected_version", expected_version)
-        check_count("write_quorum", write_quorum, UINT32_MAX)
-        request = pb.BeginUploadRequest(
-            key=key, create=False, expected_version=expected_version, write_quorum=write_quorum
-        )
-        return self._saw(key, upload(self._router, request, data, progress))
+        return writes.update(self._router, key, data, expected_version, write_quorum, progress)
+
+    def put(
+        self,
+        key: str,
+        data: UploadData,
+        acl: str | Sequence[AccessControl] | None = None,
+        replication_factor: int = 0,
+        write_quorum: int = 0,
+        progress: ProgressCallback | None = None,
+    ) -> BlobMeta:
+        """Write ``data`` as ``key``'s next version, creating the key when it does not exist
+        (with ``acl`` and ``replication_factor``, which an existing key keeps). Safe under
+        concurrent callers: each succeeds, one creating the key and the others writing the
+        versions after it; a file object body is rewound between attempts."""
+        return writes.put(self._router, key, data, acl, replication_factor, write_quorum,
+                          progress)
 
     def set_acl(self, key: str, acl: str | Sequence[AccessControl],
                 expected_meta_version: int | None = None) -> BlobMeta:
@@ -313,46 +312,7 @@ class Client:
 
     def delete(self, key: str) -> None:
         """Delete ``key`` and all its versions. Raises :class:`KeyNotFound` if absent."""
-        validate_key(key)
-        what = f"delete {key!r}"
-        deadline = Deadline(self._timeout)
-        while True:
-            # The delete names the key it read (by its creation time): a retry after a lost
-            # answer must not delete a key created again meanwhile by someone else.
-            request = pb.DeleteRequest(key=key)
-            created_at = self._created_at(key, deadline)
-            if created_at is not None:
-                request.expected_created_at = created_at
-            try:
-                self._router.leader_call(
-                    what, "Delete", request, missing_ok_on_retry=True,
-                    # The key read is gone, and a newer one of the same name is not ours to
-                    # delete: an attempt whose answer was lost deleted it (or someone did).
-                    conflict_on_retry=lambda _: pb.DeleteResponse(), deadline=deadline,
-                )
-                if created_at is not None:
-                    self._router.seen.deleted(key, created_at)
-                return
-            except VersionConflict:
-                # Deleted and created again between the read and the delete, by others: the
-                # key asked to be deleted is the one there now.
-                if deadline.expired():
-                    raise
-                continue
-
-    def _created_at(self, key: str, deadline: Deadline) -> float | None:
-        """The creation time of ``key`` as the leader sees it (a follower may not know of a
-        key just created), or None when the leader will not show this user the metadata (a
-        master older than showing it to writers): the delete is then unconditional, as before
-        the condition existed."""
-        try:
-            meta = self._router.leader_call(f"read the metadata of {key!r}", "GetMeta",
-                                            pb.GetMetaRequest(key=key, any_access=True),
-                                            deadline=deadline)
-        except NotAuthorized:
-            return None
-        self._router.seen.saw(key, meta.version, meta.created_at)
-        return float(meta.created_at)
+        writes.delete(self._router, key, self._timeout)
 
     # -- reads -----------------------------------------------------------------------------
 
@@ -470,10 +430,7 @@ class Client:
     # -- internals -------------------------------------------------------------------------
 
     def _saw(self, key: str, meta: BlobMeta) -> BlobMeta:
-        """``meta``, a write's answer, remembered: later reads of ``key`` accept no older
-        view."""
-        self._router.seen.saw(key, meta.version, meta.created_at)
-        return meta
+        return writes.saw(self._router, key, meta)
 
     def _download(
         self,

@@ -1,0 +1,67 @@
+"""The Python client's idioms on a real cluster: put (create or update), errors as built-ins."""
+
+from __future__ import annotations
+
+import io
+import os
+import threading
+from pathlib import Path
+
+import pytest
+from conftest import client_for
+
+from blobha.client import Client
+from blobha.core.errors import BlobError
+from blobha.ops.localcluster import LocalCluster
+
+pytestmark = pytest.mark.integration
+
+
+def test_put_creates_then_updates(alice: Client, unique_key: str, tmp_path: Path) -> None:
+    first = alice.put(unique_key, b"one", acl="u:alice:rwa,o::r")
+    assert first.version == 1
+    body = tmp_path / "two"
+    body.write_bytes(b"two")
+    second = alice.put(unique_key, body)
+    assert second.version == 2 and alice.read(unique_key) == b"two"
+
+
+def test_racing_puts_of_a_new_key_both_succeed_one_after_the_other(
+        cluster: LocalCluster, unique_key: str) -> None:
+    # Both find no key and create; the loser finds it created and writes the next version.
+    # File object bodies: the loser's create has read its body, which the update reads again.
+    bodies = [os.urandom(4096), os.urandom(4096)]
+    start = threading.Barrier(2)
+    results: list[int] = []
+    errors: list[BaseException] = []
+
+    def writer(body: bytes) -> None:
+        with client_for(cluster) as c:
+            start.wait()
+            try:
+                results.append(c.put(unique_key, io.BytesIO(body)).version)
+            except BaseException as e:
+                errors.append(e)
+
+    threads = [threading.Thread(target=writer, args=(b,)) for b in bodies]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert sorted(results) == [1, 2]
+    with client_for(cluster) as c:
+        meta = c.get_meta(unique_key)
+        assert meta.version == 2
+        assert c.read(unique_key) in bodies
+        assert c.read(unique_key, version=1) in bodies
+
+
+def test_errors_read_as_the_matching_built_ins(alice: Client, unique_key: str) -> None:
+    with pytest.raises(FileNotFoundError):
+        alice.read(unique_key)
+    alice.create(unique_key, b"x")
+    with pytest.raises(FileExistsError) as exc:
+        alice.create(unique_key, b"x")
+    assert isinstance(exc.value, BlobError) and str(exc.value) == (
+        f"key {unique_key!r} already exists")
