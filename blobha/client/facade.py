@@ -9,9 +9,9 @@ import builtins
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from types import TracebackType
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Literal, overload
 
-from blobha.client import writes
+from blobha.client import reads, writes
 from blobha.client.arguments import (
     DEFAULT_CHUNK_SIZE,
     MIN_STALL_TIMEOUT,
@@ -331,8 +331,19 @@ class Client:
     def get_meta(self, key: str) -> BlobMeta:
         """The metadata of ``key``'s committed version, for a user holding any permission on
         it; ``access`` says which (:func:`require_read` before serving the blob elsewhere)."""
-        validate_key(key)
-        return meta_from_pb(self._router.read_meta(key, None))
+        return reads.meta(self._router, key)
+
+    def stat(self, key: str) -> BlobMeta:
+        """The committed version of ``key``: its size, version, digest, creation and update
+        times and live replicas (``replication``); as :meth:`get_meta`."""
+        return reads.meta(self._router, key)
+
+    info = stat
+
+    def exists(self, key: str) -> bool:
+        """Whether ``key`` exists (a user with no permission on it is refused all the same,
+        :class:`NotAuthorized`)."""
+        return reads.exists(self._router, key)
 
     def get_replication(self, key: str) -> ReplicationStatus:
         validate_key(key)
@@ -411,21 +422,26 @@ class Client:
 
         return download_into(dest, into)
 
-    def list(self, prefix: str = "", page_size: int = LIST_PAGE) -> Iterator[str]:
+    @overload
+    def list(self, prefix: str = "", page_size: int = LIST_PAGE, *,
+             detail: Literal[False] = False) -> Iterator[str]: ...
+
+    @overload
+    def list(self, prefix: str = "", page_size: int = LIST_PAGE, *,
+             detail: Literal[True]) -> Iterator[BlobMeta]: ...
+
+    def list(self, prefix: str = "", page_size: int = LIST_PAGE, *,
+             detail: bool = False) -> Iterator[str] | Iterator[BlobMeta]:
         """Every key starting with ``prefix``, in server order, following pages as needed.
         ``page_size``: keys asked for per call, at most the default, the largest page a master
         serves (a listing of 100,000 keys is 100 calls); fewer where only the first few keys
-        are wanted."""
+        are wanted. With ``detail`` each key's :class:`BlobMeta` (a metadata call per key, a
+        few at a time; a key deleted meanwhile is left out)."""
         if not 1 <= page_size <= LIST_PAGE:
             raise InvalidArgument(f"page_size must be 1 to {LIST_PAGE}, not {page_size}")
-        token = ""
-        while True:
-            request = pb.ListRequest(prefix=prefix, page_token=token, page_size=page_size)
-            page = self._router.read_call("list keys", "List", request)
-            yield from page.keys
-            token = page.next_page_token
-            if not token:
-                return
+        if detail:
+            return reads.list_detail(self._router, prefix, page_size)
+        return (key for page in reads.list_keys(self._router, prefix, page_size) for key in page)
 
     # -- internals -------------------------------------------------------------------------
 

@@ -1,4 +1,5 @@
-"""The Python client's idioms on a real cluster: put (create or update), errors as built-ins."""
+"""The Python client's idioms on a real cluster: put (create or update), exists, stat and a
+detailed listing, errors as built-ins."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pytest
 from conftest import client_for
 
 from blobha.client import Client
-from blobha.core.errors import BlobError
+from blobha.core.errors import BlobError, KeyNotFound
 from blobha.ops.localcluster import LocalCluster
 
 pytestmark = pytest.mark.integration
@@ -51,10 +52,30 @@ def test_racing_puts_of_a_new_key_both_succeed_one_after_the_other(
     assert errors == []
     assert sorted(results) == [1, 2]
     with client_for(cluster) as c:
-        meta = c.get_meta(unique_key)
+        meta = c.stat(unique_key)
         assert meta.version == 2
         assert c.read(unique_key) in bodies
         assert c.read(unique_key, version=1) in bodies
+
+
+def test_exists_stat_and_a_detailed_listing(alice: Client, unique_key: str) -> None:
+    assert not alice.exists(unique_key + "-a")
+    a = alice.create(unique_key + "-a", b"a" * 10)
+    alice.update(unique_key + "-a", b"a" * 12)
+    b = alice.create(unique_key + "-b", b"b" * 5)
+    assert alice.exists(unique_key + "-a")
+    meta = alice.stat(unique_key + "-a")
+    assert (meta.key, meta.version, meta.size) == (unique_key + "-a", 2, 12)
+    assert meta.digest and meta.created_at == a.created_at and meta.updated_at >= a.updated_at
+    assert meta.replication >= 1
+    info = alice.info(unique_key + "-b")  # the alias; replication may grow meanwhile
+    assert (info.key, info.version, info.size, info.digest) == (b.key, 1, 5, b.digest)
+    listed = list(alice.list(unique_key + "-", detail=True))
+    assert [(m.key, m.version, m.size) for m in listed] == [
+        (unique_key + "-a", 2, 12), (b.key, 1, 5)]
+    assert list(alice.list(unique_key + "-")) == [m.key for m in listed]
+    with pytest.raises(KeyNotFound):
+        alice.stat(unique_key + "-c")
 
 
 def test_errors_read_as_the_matching_built_ins(alice: Client, unique_key: str) -> None:
