@@ -6,6 +6,7 @@ blobha.client.download)."""
 from __future__ import annotations
 
 import builtins
+import io
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from types import TracebackType
@@ -442,6 +443,23 @@ class Client:
         if detail:
             return reads.list_detail(self._router, prefix, page_size)
         return (key for page in reads.list_keys(self._router, prefix, page_size) for key in page)
+
+    def open(self, key: str, version: int | None = None) -> io.BufferedReader:
+        """``key`` as a seekable, buffered, read-only binary file, read in ranges as needed,
+        of the version committed now (or ``version``) for as long as it is open. Read from the
+        start to the end in order, it is checked against the blob's digest
+        (:class:`~blobha.core.errors.ChecksumMismatch`)."""
+        return reads.open_blob(self._router, key, version, self._router.chunk_size)
+
+    def iter_chunks(self, key: str, chunk_size: int = DEFAULT_CHUNK_SIZE,
+                    version: int = 0) -> Iterator[bytes]:
+        """The content of one version of ``key`` (``version`` 0: the one committed when the
+        iteration starts) in pieces of ``chunk_size`` bytes, each a ranged download; the
+        whole is checked against the blob's digest before the last piece is handed out."""
+        check_count("version", version)
+        if chunk_size < 1:
+            raise InvalidArgument(f"chunk_size must be positive, not {chunk_size!r}")
+        return reads.iter_chunks(self._router, key, chunk_size, version)
 
     # -- internals -------------------------------------------------------------------------
 
