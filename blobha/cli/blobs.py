@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
 
 from blobha.cli.connect import client_for
@@ -39,8 +40,8 @@ def _stdin() -> BinaryIO:
     return open(fd, "rb", buffering=0, closefd=False)
 
 
-def _upload_source(path: str | None) -> str | BinaryIO:
-    return _stdin() if path in (None, "-") else str(path)
+def _upload_source(path: str | None) -> Path | BinaryIO:
+    return _stdin() if path is None or path == "-" else Path(path)
 
 
 def cmd_create(args: argparse.Namespace) -> int:

@@ -93,10 +93,12 @@ class Client:
 
     Example::
 
+        from pathlib import Path
+
         from blobha.client import Client
 
         with Client("m1:6627,m2:6627,m3:6627", user="alice") as c:
-            meta = c.create("model.bin", "/tmp/model.bin", acl="u:alice:rwa,o::r")
+            meta = c.create("model.bin", Path("/tmp/model.bin"), acl="u:alice:rwa,o::r")
             c.wait_for_replication(["model.bin"], min_replication=2, timeout=60)
             data = c.read("model.bin")
             for key in c.list(prefix="model"):
@@ -208,8 +210,9 @@ class Client:
         write_quorum: int = 0,
         progress: ProgressCallback | None = None,
     ) -> BlobMeta:
-        """Create ``key`` with ``data``: bytes, a file path (``str`` or path-like) or a binary
-        file object. ``acl`` is Storm's grammar (``"u:alice:rwa,o::r"``) or entries; the
+        """Create ``key`` with ``data``: bytes or a binary file object (the content), or a
+        ``pathlib.Path`` (a file holding it); a ``str`` is refused (:class:`TypeError`), being
+        either. ``acl`` is Storm's grammar (``"u:alice:rwa,o::r"``) or entries; the
         creator always keeps full access. ``replication_factor``/``write_quorum`` 0 = the
         cluster default. ``progress(done, total)`` is called as bytes go out (total -1 when
         unknown). Raises :class:`KeyAlreadyExists` if the key exists."""

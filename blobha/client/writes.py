@@ -11,7 +11,7 @@ from blobha.client.arguments import UINT32_MAX, check_count, normalize_acl
 from blobha.client.retry import Deadline
 from blobha.client.routing import Router
 from blobha.client.upload import upload
-from blobha.client.values import BlobMeta, ProgressCallback, UploadData
+from blobha.client.values import BlobMeta, ProgressCallback, UploadData, check_body
 from blobha.core.acl import AccessControl
 from blobha.core.errors import KeyAlreadyExists, KeyNotFound, NotAuthorized, VersionConflict
 from blobha.core.keys import validate_key
@@ -57,6 +57,7 @@ def put(router: Router, key: str, data: UploadData,
     succeed: the one whose create loses finds the key and updates it, becoming the next
     version."""
     validate_key(key)
+    check_body(data)
     normalize_acl(acl)  # refused before anything is written
     rewind = _rewinder(data)
     last: KeyNotFound | KeyAlreadyExists | None = None
@@ -80,7 +81,7 @@ def _rewinder(data: UploadData) -> Callable[[], None]:
     Bytes and paths are read afresh by every attempt; a stream that cannot seek is not
     rewound (its attempts are refused before they read it: an update finds no key when it
     reads the metadata, a create finds one when it begins its upload)."""
-    if isinstance(data, (bytes, bytearray, memoryview, str, os.PathLike)):
+    if isinstance(data, (bytes, bytearray, memoryview, os.PathLike)):
         return lambda: None
     f = data
     start: int | None = None

@@ -80,7 +80,7 @@ class FakeClient:
     def create(
         self,
         key: str,
-        data: str | BinaryIO,
+        data: Path | BinaryIO,
         acl: Sequence[AccessControl] = (),
         replication_factor: int = 0,
         write_quorum: int = 0,
@@ -90,14 +90,14 @@ class FakeClient:
         self.store.created.append((key, tuple(acl), replication_factor, write_quorum))
         if key in self.store.blobs:
             raise KeyAlreadyExists(f"key {key!r} already exists")
-        content = Path(data).read_bytes() if isinstance(data, str) else data.read()
+        content = data.read_bytes() if isinstance(data, Path) else data.read()
         self.store.blobs[key] = (content, tuple(acl), 1)
         return self._meta(key)
 
-    def update(self, key: str, data: str | BinaryIO, progress: Any = None) -> BlobMeta:
+    def update(self, key: str, data: Path | BinaryIO, progress: Any = None) -> BlobMeta:
         self._raise_next()
         old = self._meta(key)
-        content = Path(data).read_bytes() if isinstance(data, str) else data.read()
+        content = data.read_bytes() if isinstance(data, Path) else data.read()
         self.store.blobs[key] = (content, old.acl, old.version + 1)
         return self._meta(key)
 
