@@ -29,6 +29,7 @@ _HINTS: tuple[tuple[type[BlobError], str, tuple[str, ...], str], ...] = (
     (Unavailable, "may have been made", (), "'blobha meta KEY' shows whether it was"),
     (Unavailable, "no reachable master holds", (),
      "'blobha replication --read KEY' shows how many masters hold it"),
+    (Unavailable, "no master answered", (), "the addresses come from --cluster or BLOBHA_CLUSTER"),
 )
 
 

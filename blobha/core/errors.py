@@ -254,7 +254,7 @@ def from_status(
     if code == grpc.StatusCode.UNAVAILABLE and any(k == REFUSED_METADATA_KEY for k, _ in trailers):
         return Refused(details)
     if code == grpc.StatusCode.UNAVAILABLE and not details:
-        details = "no master answered; check --cluster / BLOBHA_CLUSTER and that masters run"
+        details = "no master answered: check the cluster's addresses and that its masters run"
     return cls(details or code.name)
 
 

@@ -557,6 +557,9 @@ def test_the_command_line_adds_its_hints_to_the_library_messages(
      "update", "'blobha meta KEY' shows whether it was"),
     (errors.Unavailable("no reachable master holds v2 of 'k': retry later"), "read",
      "'blobha replication --read KEY' shows how many masters hold it"),
+    (errors.Unavailable("no master answered: check the cluster's addresses and that its"
+                        " masters run"), "list",
+     "the addresses come from --cluster or BLOBHA_CLUSTER"),
     (errors.ChecksumMismatch("corrupt"), "read", ""),
 ])
 def test_hints_by_error_class_and_situation(error: BlobError, command: str, hint: str) -> None:
