@@ -12,6 +12,7 @@ import traceback
 from collections.abc import Iterator
 
 from blobha.cli import servers
+from blobha.cli.hints import describe
 from blobha.cli.output import (
     EXIT_BROKEN_PIPE,
     EXIT_INTERRUPTED,
@@ -87,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             return servers.run_spark_submit(argv[1:])
         except BlobError as exc:
-            fail(str(exc) or type(exc).__name__)
+            fail(describe(exc, "spark-submit"))
             return exc.exit_code
     parser = build_parser()
     try:
@@ -101,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
         with _sigterm_interrupts():
             return int(args.func(args))
     except BlobError as exc:
-        fail(str(exc) or type(exc).__name__)
+        fail(describe(exc, args.command))
         return exc.exit_code
     except BrokenPipeError:
         silence_stdout()

@@ -6,9 +6,11 @@ import argparse
 import json
 import sys
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
 
 from blobha.cli.connect import client_for
+from blobha.cli.hints import describe
 from blobha.cli.output import (
     describe_statuses,
     fail,
@@ -38,8 +40,8 @@ def _stdin() -> BinaryIO:
     return open(fd, "rb", buffering=0, closefd=False)
 
 
-def _upload_source(path: str | None) -> str | BinaryIO:
-    return _stdin() if path in (None, "-") else str(path)
+def _upload_source(path: str | None) -> Path | BinaryIO:
+    return _stdin() if path is None or path == "-" else Path(path)
 
 
 def cmd_create(args: argparse.Namespace) -> int:
@@ -100,7 +102,7 @@ def cmd_fetch(args: argparse.Namespace) -> int:
             try:
                 blob = cache.get(key, uncompress=args.uncompress)
             except BlobError as exc:
-                fail(str(exc) or type(exc).__name__)
+                fail(describe(exc, args.command))
                 status = status or exc.exit_code
                 continue
             if args.json:
@@ -129,7 +131,7 @@ def cmd_delete(args: argparse.Namespace) -> int:
             try:
                 c.delete(key)
             except BlobError as exc:
-                fail(str(exc) or type(exc).__name__)
+                fail(describe(exc, args.command))
                 status = status or exc.exit_code
     return status
 

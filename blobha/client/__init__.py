@@ -6,8 +6,10 @@ is a plain frozen dataclass, and every failure is a :class:`~blobha.core.errors.
 subclass: no protobuf or gRPC type crosses this package's boundary.
 
 The network sits behind :class:`Transport` (four calls taking and returning plain values), so the
-logic can be exercised without sockets. The parts: ``facade`` (:class:`Client`), ``routing``
-(leader discovery, redirects, retries), ``upload`` and ``download`` (the transfers),
+logic can be exercised without sockets. The parts: ``facade`` (:class:`Client`), ``writes``
+(create, update, put, delete), ``reads`` (exists, metadata, listings with it, a blob as a file or in
+pieces), ``routing`` (leader discovery, redirects, retries), ``upload`` and ``download`` (the
+transfers),
 ``sources`` (upload sources, download sinks), ``transport`` (gRPC), ``retry`` (backoff and
 deadlines), ``arguments`` (defaults and checks) and ``values`` (what the calls return).
 """

@@ -151,8 +151,7 @@ class DownloadJob:
             which = f"v{version}" if version else "the latest version"
             return Unavailable(
                 f"no reachable master holds {which} of {self.key!r}: its copies may be on"
-                " masters that are down, or being repaired; retry later ('blobha replication"
-                f" --read {self.key}' shows how many masters hold it)")
+                " masters that are down, or being repaired; retry later")
         return last
 
     def _choose_replicas(self, deadline: Deadline) -> None:

@@ -6,11 +6,13 @@ blobha.client.download)."""
 from __future__ import annotations
 
 import builtins
+import io
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from types import TracebackType
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Literal, overload
 
+from blobha.client import reads, writes
 from blobha.client.arguments import (
     DEFAULT_CHUNK_SIZE,
     MIN_STALL_TIMEOUT,
@@ -29,7 +31,6 @@ from blobha.client.routing import PROBE_TIMEOUT, Router
 from blobha.client.seen import DEFAULT_REMEMBERED_KEYS
 from blobha.client.sources import BufferSink, Sink, download_into
 from blobha.client.transport import GrpcTransport, Transport
-from blobha.client.upload import upload
 from blobha.client.values import (
     BlobInfo,
     BlobMeta,
@@ -49,8 +50,6 @@ from blobha.core.consistency import View
 from blobha.core.errors import (
     BlobError,
     InvalidArgument,
-    NotAuthorized,
-    VersionConflict,
 )
 from blobha.core.keys import validate_key
 from blobha.v1 import blobha_pb2 as pb
@@ -94,10 +93,12 @@ class Client:
 
     Example::
 
+        from pathlib import Path
+
         from blobha.client import Client
 
         with Client("m1:6627,m2:6627,m3:6627", user="alice") as c:
-            meta = c.create("model.bin", "/tmp/model.bin", acl="u:alice:rwa,o::r")
+            meta = c.create("model.bin", Path("/tmp/model.bin"), acl="u:alice:rwa,o::r")
             c.wait_for_replication(["model.bin"], min_replication=2, timeout=60)
             data = c.read("model.bin")
             for key in c.list(prefix="model"):
@@ -209,22 +210,14 @@ class Client:
         write_quorum: int = 0,
         progress: ProgressCallback | None = None,
     ) -> BlobMeta:
-        """Create ``key`` with ``data``: bytes, a file path (``str`` or path-like) or a binary
-        file object. ``acl`` is Storm's grammar (``"u:alice:rwa,o::r"``) or entries; the
+        """Create ``key`` with ``data``: bytes or a binary file object (the content), or a
+        ``pathlib.Path`` (a file holding it); a ``str`` is refused (:class:`TypeError`), being
+        either. ``acl`` is Storm's grammar (``"u:alice:rwa,o::r"``) or entries; the
         creator always keeps full access. ``replication_factor``/``write_quorum`` 0 = the
         cluster default. ``progress(done, total)`` is called as bytes go out (total -1 when
         unknown). Raises :class:`KeyAlreadyExists` if the key exists."""
-        validate_key(key)
-        check_count("replication_factor", replication_factor, UINT32_MAX)
-        check_count("write_quorum", write_quorum, UINT32_MAX)
-        request = pb.BeginUploadRequest(
-            key=key,
-            create=True,
-            acl=acl_to_pb(normalize_acl(acl)),
-            replication_factor=replication_factor,
-            write_quorum=write_quorum,
-        )
-        return self._saw(key, upload(self._router, request, data, progress))
+        return writes.create(self._router, key, data, acl, replication_factor, write_quorum,
+                             progress)
 
     def update(
         self,
@@ -236,13 +229,23 @@ class Client:
     ) -> BlobMeta:
         """Write a new version of ``key``. With ``expected_version`` the update fails with
         :class:`~blobha.core.errors.VersionConflict` unless that is the committed version."""
-        validate_key(key)
-        check_count("expected_version", expected_version)
-        check_count("write_quorum", write_quorum, UINT32_MAX)
-        request = pb.BeginUploadRequest(
-            key=key, create=False, expected_version=expected_version, write_quorum=write_quorum
-        )
-        return self._saw(key, upload(self._router, request, data, progress))
+        return writes.update(self._router, key, data, expected_version, write_quorum, progress)
+
+    def put(
+        self,
+        key: str,
+        data: UploadData,
+        acl: str | Sequence[AccessControl] | None = None,
+        replication_factor: int = 0,
+        write_quorum: int = 0,
+        progress: ProgressCallback | None = None,
+    ) -> BlobMeta:
+        """Write ``data`` as ``key``'s next version, creating the key when it does not exist
+        (with ``acl`` and ``replication_factor``, which an existing key keeps). Safe under
+        concurrent callers: each succeeds, one creating the key and the others writing the
+        versions after it; a file object body is rewound between attempts."""
+        return writes.put(self._router, key, data, acl, replication_factor, write_quorum,
+                          progress)
 
     def set_acl(self, key: str, acl: str | Sequence[AccessControl],
                 expected_meta_version: int | None = None) -> BlobMeta:
@@ -313,46 +316,7 @@ class Client:
 
     def delete(self, key: str) -> None:
         """Delete ``key`` and all its versions. Raises :class:`KeyNotFound` if absent."""
-        validate_key(key)
-        what = f"delete {key!r}"
-        deadline = Deadline(self._timeout)
-        while True:
-            # The delete names the key it read (by its creation time): a retry after a lost
-            # answer must not delete a key created again meanwhile by someone else.
-            request = pb.DeleteRequest(key=key)
-            created_at = self._created_at(key, deadline)
-            if created_at is not None:
-                request.expected_created_at = created_at
-            try:
-                self._router.leader_call(
-                    what, "Delete", request, missing_ok_on_retry=True,
-                    # The key read is gone, and a newer one of the same name is not ours to
-                    # delete: an attempt whose answer was lost deleted it (or someone did).
-                    conflict_on_retry=lambda _: pb.DeleteResponse(), deadline=deadline,
-                )
-                if created_at is not None:
-                    self._router.seen.deleted(key, created_at)
-                return
-            except VersionConflict:
-                # Deleted and created again between the read and the delete, by others: the
-                # key asked to be deleted is the one there now.
-                if deadline.expired():
-                    raise
-                continue
-
-    def _created_at(self, key: str, deadline: Deadline) -> float | None:
-        """The creation time of ``key`` as the leader sees it (a follower may not know of a
-        key just created), or None when the leader will not show this user the metadata (a
-        master older than showing it to writers): the delete is then unconditional, as before
-        the condition existed."""
-        try:
-            meta = self._router.leader_call(f"read the metadata of {key!r}", "GetMeta",
-                                            pb.GetMetaRequest(key=key, any_access=True),
-                                            deadline=deadline)
-        except NotAuthorized:
-            return None
-        self._router.seen.saw(key, meta.version, meta.created_at)
-        return float(meta.created_at)
+        writes.delete(self._router, key, self._timeout)
 
     # -- reads -----------------------------------------------------------------------------
 
@@ -371,8 +335,19 @@ class Client:
     def get_meta(self, key: str) -> BlobMeta:
         """The metadata of ``key``'s committed version, for a user holding any permission on
         it; ``access`` says which (:func:`require_read` before serving the blob elsewhere)."""
-        validate_key(key)
-        return meta_from_pb(self._router.read_meta(key, None))
+        return reads.meta(self._router, key)
+
+    def stat(self, key: str) -> BlobMeta:
+        """The committed version of ``key``: its size, version, digest, creation and update
+        times and live replicas (``replication``); as :meth:`get_meta`."""
+        return reads.meta(self._router, key)
+
+    info = stat
+
+    def exists(self, key: str) -> bool:
+        """Whether ``key`` exists (a user with no permission on it is refused all the same,
+        :class:`NotAuthorized`)."""
+        return reads.exists(self._router, key)
 
     def get_replication(self, key: str) -> ReplicationStatus:
         validate_key(key)
@@ -451,29 +426,48 @@ class Client:
 
         return download_into(dest, into)
 
-    def list(self, prefix: str = "", page_size: int = LIST_PAGE) -> Iterator[str]:
+    @overload
+    def list(self, prefix: str = "", page_size: int = LIST_PAGE, *,
+             detail: Literal[False] = False) -> Iterator[str]: ...
+
+    @overload
+    def list(self, prefix: str = "", page_size: int = LIST_PAGE, *,
+             detail: Literal[True]) -> Iterator[BlobMeta]: ...
+
+    def list(self, prefix: str = "", page_size: int = LIST_PAGE, *,
+             detail: bool = False) -> Iterator[str] | Iterator[BlobMeta]:
         """Every key starting with ``prefix``, in server order, following pages as needed.
         ``page_size``: keys asked for per call, at most the default, the largest page a master
         serves (a listing of 100,000 keys is 100 calls); fewer where only the first few keys
-        are wanted."""
+        are wanted. With ``detail`` each key's :class:`BlobMeta` (a metadata call per key, a
+        few at a time; a key deleted meanwhile is left out)."""
         if not 1 <= page_size <= LIST_PAGE:
             raise InvalidArgument(f"page_size must be 1 to {LIST_PAGE}, not {page_size}")
-        token = ""
-        while True:
-            request = pb.ListRequest(prefix=prefix, page_token=token, page_size=page_size)
-            page = self._router.read_call("list keys", "List", request)
-            yield from page.keys
-            token = page.next_page_token
-            if not token:
-                return
+        if detail:
+            return reads.list_detail(self._router, prefix, page_size)
+        return (key for page in reads.list_keys(self._router, prefix, page_size) for key in page)
+
+    def open(self, key: str, version: int | None = None) -> io.BufferedReader:
+        """``key`` as a seekable, buffered, read-only binary file, read in ranges as needed,
+        of the version committed now (or ``version``) for as long as it is open. Read from the
+        start to the end in order, it is checked against the blob's digest
+        (:class:`~blobha.core.errors.ChecksumMismatch`)."""
+        return reads.open_blob(self._router, key, version, self._router.chunk_size)
+
+    def iter_chunks(self, key: str, chunk_size: int = DEFAULT_CHUNK_SIZE,
+                    version: int = 0) -> Iterator[bytes]:
+        """The content of one version of ``key`` (``version`` 0: the one committed when the
+        iteration starts) in pieces of ``chunk_size`` bytes, each a ranged download; the
+        whole is checked against the blob's digest before the last piece is handed out."""
+        check_count("version", version)
+        if chunk_size < 1:
+            raise InvalidArgument(f"chunk_size must be positive, not {chunk_size!r}")
+        return reads.iter_chunks(self._router, key, chunk_size, version)
 
     # -- internals -------------------------------------------------------------------------
 
     def _saw(self, key: str, meta: BlobMeta) -> BlobMeta:
-        """``meta``, a write's answer, remembered: later reads of ``key`` accept no older
-        view."""
-        self._router.seen.saw(key, meta.version, meta.created_at)
-        return meta
+        return writes.saw(self._router, key, meta)
 
     def _download(
         self,

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from blobha.client.arguments import KiB
-from blobha.client.values import BlobInfo, UploadData
+from blobha.client.values import BlobInfo, UploadData, check_body
 from blobha.core.errors import InternalError, InvalidArgument
 
 
@@ -136,7 +136,8 @@ def _read_up_to(f: BinaryIO, n: int) -> bytes:
 def open_source(data: UploadData) -> Source:
     if isinstance(data, (bytes, bytearray, memoryview)):
         return BytesSource(data)
-    if isinstance(data, (str, os.PathLike)):
+    check_body(data)
+    if isinstance(data, os.PathLike):
         f = open(data, "rb")  # noqa: SIM115 - the source owns it, and closes it
         # A named pipe, /dev/stdin or a shell's <(command) is a path too, but cannot seek.
         if stat.S_ISREG(os.fstat(f.fileno()).st_mode):
@@ -144,7 +145,8 @@ def open_source(data: UploadData) -> Source:
         return StreamSource(f, owned=True)
     if not hasattr(data, "read"):
         raise InvalidArgument(
-            f"cannot upload a {type(data).__name__}: give bytes, a file path or a binary file"
+            f"cannot upload a {type(data).__name__}: give bytes, a binary file object or a"
+            " pathlib.Path naming a file"
         )
     seekable = False
     with contextlib.suppress(AttributeError, OSError, ValueError):

@@ -246,6 +246,8 @@ class GrpcTransport:
         try:
             stub = self._stub(address)
             return getattr(stub, method)(request, timeout=timeout, metadata=self._metadata)
+        except InvalidArgument:  # a ValueError too: a closed client or unusable TLS files
+            raise
         except (grpc.RpcError, ValueError) as exc:
             # ValueError: the channel was closed as this call began (cut for another call).
             if pending is not None and (pending.fired or self._was_cut(address, stub)):

@@ -17,7 +17,7 @@ from blobha.client.retry import Deadline, Mismatches, cut_short, may_have_run
 from blobha.client.routing import Router
 from blobha.client.sources import Source, open_source
 from blobha.client.transport import LeaderMoved
-from blobha.client.values import BlobMeta, ProgressCallback, UploadData
+from blobha.client.values import BlobMeta, ProgressCallback, UploadData, check_body
 from blobha.core.digest import PUT_MAX_BYTES, Digester
 from blobha.core.errors import (
     NO_ANSWER,
@@ -55,6 +55,7 @@ _ABORT_TIMEOUT = 2.0
 def upload(router: Router, request: pb.BeginUploadRequest, data: UploadData,
            progress: ProgressCallback | None) -> BlobMeta:
     """Write ``data`` as ``request`` asks (create or update)."""
+    check_body(data)  # before any call: a refused body writes nothing
     base_version = 0
     if not request.create:
         # Remembered so a commit whose answer was lost can be recognised by a newer version
@@ -150,7 +151,7 @@ class UploadJob:
             # Giving up after a commit whose answer was lost: it may have been made, and a
             # plain "unavailable" would send the user to write it again.
             note = (f"{exc}; an earlier attempt's commit got no answer, so the {self.what}"
-                    " may have been made: check with 'blobha meta' before writing again")
+                    " may have been made: check its metadata before writing again")
             raise type(exc)(note) from None
         except BaseException:
             self._abort_quietly()

@@ -29,11 +29,23 @@ __all__ = [
     "ReplicationStatus",
     "UploadData",
     "WaitResult",
+    "check_body",
     "require_read",
 ]
 
 ProgressCallback = Callable[[int, int], None]
-UploadData = bytes | bytearray | memoryview | str | os.PathLike[str] | BinaryIO
+#: What a write takes as the blob's body: bytes (bytes, bytearray, memoryview) or a binary file
+#: object are the content; a path-like (``pathlib.Path``) names a file holding it. A plain
+#: ``str`` is neither (see :func:`check_body`).
+UploadData = bytes | bytearray | memoryview | os.PathLike[str] | BinaryIO
+
+
+def check_body(data: object) -> None:
+    """Refuse a ``str`` body: it could be the content or a file's name, and guessing either
+    way writes the wrong blob without a word."""
+    if isinstance(data, str):
+        raise TypeError("a str body is ambiguous: pass data.encode() for content or Path(...)"
+                        " for a file")
 
 
 def require_read(meta: BlobMeta, user: str) -> BlobMeta:
@@ -43,5 +55,5 @@ def require_read(meta: BlobMeta, user: str) -> BlobMeta:
     if not meta.readable:
         raise NotAuthorized(
             f"user {user!r} lacks READ permission on {meta.key!r} (it may see the metadata"
-            " only); ask a user with ADMIN on it to grant access ('blobha set-acl')")
+            " only); ask a user with ADMIN on it to grant access")
     return meta

@@ -1,9 +1,11 @@
 """The error hierarchy, and its one mapping to and from gRPC status codes.
 
-Every error a user can see is a :class:`BlobError` subclass whose message says what to do.
-Servicers raise them; :func:`to_status` turns them into a gRPC status in exactly one place, and
-the client turns a status back into the same class with :func:`from_status`.
-"""
+Every error a user can see is a :class:`BlobError` subclass whose message states what happened.
+Where a built-in exception means the same, the class derives from it too (``KeyNotFound`` is a
+``FileNotFoundError`` and a ``KeyError``, ``Unavailable`` a ``ConnectionError``...), so code
+written against files or mappings handles blobha's errors as it handles theirs. Servicers raise
+them; :func:`to_status` turns them into a gRPC status in exactly one place, and the client turns
+a status back into the same class with :func:`from_status`."""
 
 from __future__ import annotations
 
@@ -56,18 +58,25 @@ class BlobError(Exception):
     #: Process exit status used by the CLI for this class of error.
     exit_code: int = 1
 
+    def __str__(self) -> str:
+        # The plain message, whatever built-in a subclass also derives from: KeyError's own
+        # would quote it, OSError's would format an (errno, text) pair.
+        if len(self.args) == 1:
+            return str(self.args[0])
+        return super().__str__()
 
-class KeyNotFound(BlobError):
+
+class KeyNotFound(BlobError, FileNotFoundError, KeyError):
     code = _StatusCode("NOT_FOUND")
     exit_code = 3
 
 
-class KeyAlreadyExists(BlobError):
+class KeyAlreadyExists(BlobError, FileExistsError):
     code = _StatusCode("ALREADY_EXISTS")
     exit_code = 4
 
 
-class NotAuthorized(BlobError):
+class NotAuthorized(BlobError, PermissionError):
     code = _StatusCode("PERMISSION_DENIED")
     exit_code = 5
 
@@ -91,7 +100,7 @@ class TlsMismatch(BlobError):
     exit_code = 16
 
 
-class InvalidArgument(BlobError):
+class InvalidArgument(BlobError, ValueError):
     code = _StatusCode("INVALID_ARGUMENT")
     exit_code = 6
 
@@ -122,7 +131,7 @@ class ResourceExhausted(BlobError):
     exit_code = 10
 
 
-class Unavailable(BlobError):
+class Unavailable(BlobError, ConnectionError):
     """ZooKeeper is unreachable, there is no leader yet, or leadership was lost mid-call."""
 
     code = _StatusCode("UNAVAILABLE")
@@ -153,7 +162,7 @@ class Busy(Unavailable):
     exit_code = 17
 
 
-class DeadlineExceeded(BlobError):
+class DeadlineExceeded(BlobError, TimeoutError):
     code = _StatusCode("DEADLINE_EXCEEDED")
     exit_code = 12
 
@@ -245,7 +254,7 @@ def from_status(
     if code == grpc.StatusCode.UNAVAILABLE and any(k == REFUSED_METADATA_KEY for k, _ in trailers):
         return Refused(details)
     if code == grpc.StatusCode.UNAVAILABLE and not details:
-        details = "no master answered; check --cluster / BLOBHA_CLUSTER and that masters run"
+        details = "no master answered: check the cluster's addresses and that its masters run"
     return cls(details or code.name)
 
 

@@ -81,15 +81,15 @@ class Acknowledger:
                         f"{key!r} v{committed.seq} was replaced by v{current.seq} before"
                         f" {committed.write_quorum} masters held it, and v{current.seq} is not"
                         " acknowledged yet either: if its leader fails first, the key rolls back"
-                        " to an earlier version. 'blobha meta' shows the outcome"
+                        " to an earlier version; its metadata shows whether it was acknowledged"
                     )
                 raise DeadlineExceeded(
                     f"{key!r} v{committed.seq} is committed but only {info.replication} of the"
                     f" {committed.write_quorum} required masters hold it after"
                     f" {self.settings.write_timeout_secs}s, so it is NOT acknowledged"
                     " yet: it will be once enough masters hold it, unless its leader fails first"
-                    " (then it is rolled back). Check 'blobha cluster'; 'blobha meta' shows"
-                    " whether it was acknowledged, before you write it again"
+                    " (then it is rolled back); its metadata shows whether it was"
+                    " acknowledged, before you write it again"
                 )
             return key, self.mark_acked(key, committed), info.replication
         finally:

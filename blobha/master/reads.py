@@ -193,7 +193,7 @@ class Reads:
         elif not self.authority.access(user, state.acl):
             raise NotAuthorized(
                 f"user {user!r} has no permission on {key!r} (any of READ, WRITE or ADMIN shows"
-                " its metadata); ask a user with ADMIN on it to grant access ('blobha set-acl')"
+                " its metadata); ask a user with ADMIN on it to grant access"
             )
         if seen is not None:
             return state, len(seen.holders)

@@ -29,7 +29,7 @@ log = logging.getLogger("blobha.master")
 
 
 def no_such_key(key: str) -> KeyNotFound:
-    return KeyNotFound(f"no blob with key {key!r}; 'blobha list' shows the keys")
+    return KeyNotFound(f"no blob with key {key!r}")
 
 
 def replication_status(key: str, state: BlobState, holders: Sequence[str]) -> ReplicationStatus:
@@ -129,7 +129,7 @@ def tag_of(user: str, write_id: bytes) -> str:
 def commit_error(key: str, error: Exception, metadata: bool) -> BlobError:
     """What a write is told when its operation failed in a commit transaction."""
     if isinstance(error, NodeExistsError) and metadata:
-        return KeyAlreadyExists(f"key {key!r} already exists; use 'blobha update'")
+        return KeyAlreadyExists(f"key {key!r} already exists")
     if isinstance(error, BadVersionError | NoNodeError):
         return VersionConflict(f"{key!r} changed during the commit; retry")
     return Unavailable(f"the commit of {key!r} failed ({type(error).__name__}); nothing was"
@@ -152,7 +152,7 @@ class Authority:
             return
         raise NotAuthorized(
             f"user {user!r} lacks {acls.describe(access)} permission on {key!r}; ask a user"
-            " with ADMIN on it to grant access ('blobha set-acl')"
+            " with ADMIN on it to grant access"
         )
 
     def access(self, user: str, acl: Sequence[AccessControl]) -> int:
@@ -165,8 +165,7 @@ def quorum(write_quorum: int, rf: int, default: int, key: str = "") -> int:
     must allow; by default ``default`` (the configured quorum), capped by ``rf``. ``key``: an
     existing key's, whose factor can be raised."""
     if write_quorum > rf:
-        what = (f" of {key!r}; lower it, or raise the key's factor first"
-                " ('blobha replication --update -r N')" if key else "; lower it")
+        what = f" of {key!r}; lower it, or raise the key's factor first" if key else "; lower it"
         raise InvalidArgument(
             f"write quorum {write_quorum} exceeds the replication factor {rf}{what}")
     return write_quorum or min(default, rf)
@@ -177,7 +176,7 @@ def check_update(authority: Authority, user: str, key: str, state: BlobState | N
     """The state an update by ``user`` applies to, if it may: the key exists, ``user`` may
     WRITE it, and it is at ``expected_version`` when one is named."""
     if state is None:
-        raise KeyNotFound(f"no blob with key {key!r}; use 'blobha create' first")
+        raise KeyNotFound(f"no blob with key {key!r} to update")
     authority.require(user, state.acl, acls.WRITE, key)
     if expected_version and state.seq != expected_version:
         raise VersionConflict(
@@ -203,7 +202,7 @@ def next_state(authority: Authority, user: str, key: str, create: bool,
         raise AlreadyWritten(prior)
     if create:
         if state is not None:
-            raise KeyAlreadyExists(f"key {key!r} already exists; use 'blobha update'")
+            raise KeyAlreadyExists(f"key {key!r} already exists")
         new = BlobState(
             seq=1, size=size, digest=digest, acl=acl, replication_factor=replication_factor,
             creator=user, created_at=now, updated_at=now, epoch=epoch, acked=False,

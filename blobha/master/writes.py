@@ -95,7 +95,7 @@ class Writes:
             return "", 0, self.acks.acknowledge(key, retried(key, prior, user))
         if create:
             if state is not None:
-                raise KeyAlreadyExists(f"key {key!r} already exists; use 'blobha update'")
+                raise KeyAlreadyExists(f"key {key!r} already exists")
             acl = acls.normalize_for_create(acl, user)
         else:
             state = check_update(self.authority, user, key, state, expected_version)
@@ -117,6 +117,8 @@ class Writes:
                 self.store.reserve(len(data))
                 try:
                     up.temp.write_at(offset, data)
+                except InvalidArgument:  # a ValueError too: a gap, the client's to hear
+                    raise
                 except ValueError:
                     # The file was discarded under us (expiry or lost leadership).
                     from blobha.core.errors import upload_not_found

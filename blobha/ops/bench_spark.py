@@ -257,7 +257,7 @@ def _one_round(
     _write_random(blob_file, size)
     try:
         with Client(cluster, user=user, timeout=300) as c:
-            c.create(key, str(blob_file), acl="o::r")
+            c.create(key, blob_file, acl="o::r")
             c.wait_for_replication([key], 1, 120)
         cache_dir = root / "node-cache"
         timings: dict[tuple[int, str], float] = {}

@@ -269,7 +269,7 @@ def _ensure(client: Client, f: CodeFile, key: str, digest: str, user: str) -> No
         if f.kind == KIND_ARCHIVE:
             check_archive(path, f.name)
         try:
-            meta = client.create(key, path, acl=f"u:{user}:rwa")
+            meta = client.create(key, Path(path), acl=f"u:{user}:rwa")
             log.info("uploaded %s as %s (%d bytes)", path, key, meta.size)
         except KeyAlreadyExists:
             meta = client.get_meta(key)  # a concurrent launch won: fine if it is the same

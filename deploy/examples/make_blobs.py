@@ -200,9 +200,9 @@ def upload(client: object, key: str, path: Path, acl: str, replication_factor: i
 
     assert isinstance(client, Client)
     try:
-        meta = client.create(key, str(path), acl=acl, replication_factor=replication_factor)
+        meta = client.create(key, path, acl=acl, replication_factor=replication_factor)
     except KeyAlreadyExists:
-        meta = client.update(key, str(path))
+        meta = client.update(key, path)
     return meta.version
 
 

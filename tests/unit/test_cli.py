@@ -22,7 +22,7 @@ import grpc
 import pytest
 
 from blobha import cli
-from blobha.cli import connect
+from blobha.cli import connect, hints
 from blobha.client import (
     DEFAULT_CHUNK_SIZE,
     BlobInfo,
@@ -80,7 +80,7 @@ class FakeClient:
     def create(
         self,
         key: str,
-        data: str | BinaryIO,
+        data: Path | BinaryIO,
         acl: Sequence[AccessControl] = (),
         replication_factor: int = 0,
         write_quorum: int = 0,
@@ -89,15 +89,15 @@ class FakeClient:
         self._raise_next()
         self.store.created.append((key, tuple(acl), replication_factor, write_quorum))
         if key in self.store.blobs:
-            raise KeyAlreadyExists(f"key {key!r} already exists; use 'blobha update'")
-        content = Path(data).read_bytes() if isinstance(data, str) else data.read()
+            raise KeyAlreadyExists(f"key {key!r} already exists")
+        content = data.read_bytes() if isinstance(data, Path) else data.read()
         self.store.blobs[key] = (content, tuple(acl), 1)
         return self._meta(key)
 
-    def update(self, key: str, data: str | BinaryIO, progress: Any = None) -> BlobMeta:
+    def update(self, key: str, data: Path | BinaryIO, progress: Any = None) -> BlobMeta:
         self._raise_next()
         old = self._meta(key)
-        content = Path(data).read_bytes() if isinstance(data, str) else data.read()
+        content = data.read_bytes() if isinstance(data, Path) else data.read()
         self.store.blobs[key] = (content, old.acl, old.version + 1)
         return self._meta(key)
 
@@ -522,12 +522,49 @@ def test_blob_errors_map_to_exit_codes(
     store.error = error
     assert cli.main(["cluster"]) == error.exit_code
     line = one_error_line(capsys.readouterr().err)
-    assert line.endswith(" ".join(str(error).split()) or "InternalError")
+    assert line.removeprefix("blobha: error: ").startswith(
+        " ".join(str(error).split()) or "InternalError")
 
 
 def test_key_not_found(store: FakeStore, capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["meta", "missing"]) == 3
-    assert one_error_line(capsys.readouterr().err) == "blobha: error: no blob with key 'missing'"
+    assert one_error_line(capsys.readouterr().err) == (
+        "blobha: error: no blob with key 'missing'; 'blobha list' shows the keys")
+
+
+def test_the_command_line_adds_its_hints_to_the_library_messages(
+        store: FakeStore, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # The library states the fact; which command helps is the command line's to say.
+    store.blobs["k"] = (b"", (), 1)
+    src = tmp_path / "f"
+    src.write_bytes(b"")
+    assert cli.main(["create", "k", "-f", str(src)]) == 4
+    assert one_error_line(capsys.readouterr().err) == (
+        "blobha: error: key 'k' already exists; use 'blobha update'")
+    assert cli.main(["update", "new", "-f", str(src)]) == 3
+    assert one_error_line(capsys.readouterr().err).endswith("; use 'blobha create' first")
+
+
+@pytest.mark.parametrize(("error", "command", "hint"), [
+    (errors.NotAuthorized("user 'u' lacks READ permission on 'k'; ask a user with ADMIN on it"
+                          " to grant access"), "read", "'blobha set-acl' grants it"),
+    (errors.Unauthenticated("no token; pass one"), "read", ""),
+    (errors.InvalidArgument("write quorum 3 exceeds the replication factor 2 of 'k'; lower it,"
+                            " or raise the key's factor first"), "update",
+     "'blobha replication --update -r N KEY' raises it"),
+    (errors.Unavailable("unavailable; an earlier attempt's commit got no answer, so the update"
+                        " 'k' may have been made: check its metadata before writing again"),
+     "update", "'blobha meta KEY' shows whether it was"),
+    (errors.Unavailable("no reachable master holds v2 of 'k': retry later"), "read",
+     "'blobha replication --read KEY' shows how many masters hold it"),
+    (errors.Unavailable("no master answered: check the cluster's addresses and that its"
+                        " masters run"), "list",
+     "the addresses come from --cluster or BLOBHA_CLUSTER"),
+    (errors.ChecksumMismatch("corrupt"), "read", ""),
+])
+def test_hints_by_error_class_and_situation(error: BlobError, command: str, hint: str) -> None:
+    assert hints.hint(error, command) == hint
+    assert hints.describe(error, command) == (f"{error}; {hint}" if hint else str(error))
 
 
 def test_create_existing_key(store: FakeStore, tmp_path: Path) -> None:

@@ -1719,7 +1719,7 @@ def test_giving_up_after_a_lost_commit_answer_says_the_write_may_be_made(
 
     cluster._Put = committed_then_lost  # type: ignore[method-assign]
     started = clock.now
-    with pytest.raises(Unavailable, match="may have been made: check with 'blobha meta'"):
+    with pytest.raises(Unavailable, match="may have been made: check its metadata before"):
         client.create("k", b"data")
     assert clock.now - started <= 30.0 + 2.0 + 1.0  # its timeout, and the outcome check's
     assert "k" in cluster.blobs
@@ -2058,3 +2058,26 @@ def test_a_master_that_does_not_answer_a_control_call_is_passed_over_late_in_the
     cluster.unary = unary  # type: ignore[method-assign]
     assert client.get_replication("k").replication == 3
     assert stalls == [0]
+
+
+@pytest.mark.parametrize("write", ["create", "update", "put"])
+def test_a_str_body_is_refused_before_any_call(
+        client: Client, cluster: FakeCluster, tmp_path: Path, write: str) -> None:
+    # Content or a file's name? Either guess writes the wrong blob without a word.
+    (tmp_path / "data").write_bytes(b"in the file")
+    with pytest.raises(TypeError, match=r"a str body is ambiguous: pass data.encode\(\) for"
+                                        r" content or Path\(...\) for a file"):
+        getattr(client, write)("k", str(tmp_path / "data"))
+    assert cluster.calls == []
+
+
+def test_bodies_are_bytes_file_objects_or_paths(
+        client: Client, cluster: FakeCluster, tmp_path: Path) -> None:
+    path = tmp_path / "data"
+    path.write_bytes(b"from a file")
+    client.create("k", path)
+    assert cluster.blobs["k"][1] == b"from a file"
+    client.update("k", memoryview(b"from a view"))
+    assert cluster.blobs["k"][1] == b"from a view"
+    client.put("k", io.BytesIO(b"from a file object"))
+    assert cluster.blobs["k"][1] == b"from a file object"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import os
+import pickle
 
 import grpc
 import pytest
@@ -139,7 +140,8 @@ def test_unknown_codes_become_internal_errors() -> None:
 def test_empty_unavailable_details_get_an_actionable_message() -> None:
     back = from_status(grpc.StatusCode.UNAVAILABLE, "")
     assert isinstance(back, Unavailable)
-    assert "BLOBHA_CLUSTER" in str(back)
+    assert str(back) == ("no master answered: check the cluster's addresses and that its"
+                         " masters run")
 
 
 def test_other_empty_details_fall_back_to_the_code_name() -> None:
@@ -168,3 +170,51 @@ def test_a_zookeeper_request_given_up_unanswered_is_unavailable_not_internal() -
     e = translate_error("m1:6627", "Put", KazooTimeoutError("Value not received within 4 seconds"))
     assert isinstance(e, Unavailable)
     assert "ZooKeeper is unreachable from master m1:6627" in str(e) and "retry" in str(e)
+
+
+BUILT_INS: list[tuple[type[BlobError], tuple[type[Exception], ...]]] = [
+    (errors.KeyNotFound, (FileNotFoundError, KeyError)),
+    (errors.KeyAlreadyExists, (FileExistsError,)),
+    (errors.NotAuthorized, (PermissionError,)),
+    (errors.Unauthenticated, (PermissionError,)),
+    (errors.Unavailable, (ConnectionError,)),
+    (errors.Refused, (ConnectionError,)),
+    (errors.Stale, (ConnectionError,)),
+    (errors.Busy, (ConnectionError,)),
+    (errors.DeadlineExceeded, (TimeoutError,)),
+    (errors.InvalidArgument, (ValueError,)),
+]
+
+
+@pytest.mark.parametrize(("cls", "built_ins"), BUILT_INS, ids=lambda v: getattr(v, "__name__", ""))
+def test_errors_are_caught_as_the_matching_built_ins(
+        cls: type[BlobError], built_ins: tuple[type[Exception], ...]) -> None:
+    for built_in in built_ins:
+        with pytest.raises(built_in):
+            raise cls("key 'a' not found")
+        with pytest.raises(BlobError):
+            raise cls("key 'a' not found")
+
+
+@pytest.mark.parametrize(("cls", "built_ins"), BUILT_INS, ids=lambda v: getattr(v, "__name__", ""))
+def test_errors_keep_the_plain_message_and_survive_pickling(
+        cls: type[BlobError], built_ins: tuple[type[Exception], ...]) -> None:
+    e = cls("key 'a' not found")
+    assert str(e) == "key 'a' not found"  # not KeyError's quoted form, not OSError's [Errno]
+    back = pickle.loads(pickle.dumps(e))
+    assert type(back) is cls and str(back) == "key 'a' not found"
+    code, details, trailers = to_status(e)
+    assert str(from_status(code, details, trailers)) == "key 'a' not found"
+
+
+def test_errors_without_a_built_in_meaning_stay_apart_from_them() -> None:
+    for cls in (errors.NotLeader, errors.VersionConflict, errors.ChecksumMismatch,
+                errors.ResourceExhausted, errors.UploadNotFound, errors.InternalError,
+                errors.TlsMismatch):
+        assert not issubclass(cls, (OSError, LookupError, ValueError)), cls
+
+
+def test_a_missing_key_reads_like_a_missing_file_or_mapping_entry() -> None:
+    e = from_status(grpc.StatusCode.NOT_FOUND, "key 'a' not found")
+    assert isinstance(e, FileNotFoundError) and isinstance(e, KeyError)
+    assert e.errno is None  # never mistaken for a disk error (ENOSPC checks) by errno

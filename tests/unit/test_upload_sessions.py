@@ -15,7 +15,13 @@ from kazoo.exceptions import ConnectionLoss, NoNodeError
 from masterparts import Node
 
 from blobha.core.digest import digest_bytes
-from blobha.core.errors import NotAuthorized, ResourceExhausted, Unavailable, UploadNotFound
+from blobha.core.errors import (
+    InvalidArgument,
+    NotAuthorized,
+    ResourceExhausted,
+    Unavailable,
+    UploadNotFound,
+)
 from blobha.master.uploads import UploadManager
 from blobha.store.local import LocalStore
 from blobha.zk.layout import BlobState
@@ -122,3 +128,15 @@ def test_a_user_holds_at_most_the_configured_number_of_unfinished_uploads(
     uploads.begin("alice", "k3", True, [], 1, 0, 1)
     assert uploads.count() == 4
     uploads.abort_all("done")
+
+
+def test_an_append_leaving_a_gap_is_refused_as_such_not_as_an_unknown_upload(
+        tmp_path: Path) -> None:
+    # The store refuses a gap with InvalidArgument, which is a ValueError too: the append's
+    # own ValueError (a file discarded under it) must not take it for an expired upload.
+    m = _master(tmp_path, SimpleNamespace(state=KazooState.CONNECTED))
+    up = m.uploads.begin("alice", "k", False, [], 1, 0, 1)
+    m.writes.append("alice", up.upload_id, 0, b"abc")
+    with pytest.raises(InvalidArgument, match="gap"):
+        m.writes.append("alice", up.upload_id, 10, b"def")
+    assert m.writes.upload_status("alice", up.upload_id) == 3

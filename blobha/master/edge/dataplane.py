@@ -220,6 +220,8 @@ class DataPlane:
                     if secure is not None:
                         with secure:
                             handle(secure)
+            except BlobError:  # an OSError too (KeyNotFound, Unavailable...), not the socket's
+                log.exception("data channel: transfer failed")
             except OSError as e:
                 log.debug("data channel: connection ended early: %s", e)
             except Exception:
