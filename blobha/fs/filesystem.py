@@ -326,23 +326,14 @@ class BlobhaFileSystem(AbstractFileSystem):  # type: ignore[misc]
 
     def put_blob(self, key: str, data: bytes | Path | BinaryIO,
                  create_only: bool = False) -> None:
-        """Make ``data`` the next version of ``key``, creating it if it is missing. Two
-        writers racing to create it both succeed, one version after the other."""
+        """Make ``data`` the next version of ``key``, creating it if it is missing (two
+        writers racing to create it both succeed, one version after the other); with
+        ``create_only``, only a new key."""
         with _as_builtin(key):
             if create_only:
-                self.client.create(key, _rewound(data))
-                return
-            while True:
-                try:
-                    self.client.update(key, _rewound(data))
-                    return
-                except KeyNotFound:
-                    pass
-                try:
-                    self.client.create(key, _rewound(data))
-                    return
-                except KeyAlreadyExists:
-                    continue  # created meanwhile: the update goes on top of it
+                self.client.create(key, data)
+            else:
+                self.client.put(key, data)
 
     def _open(self, path: str, mode: str = "rb", block_size: int | None = None,
               autocommit: bool = True, cache_options: dict[str, Any] | None = None,
@@ -361,13 +352,6 @@ class BlobhaFileSystem(AbstractFileSystem):  # type: ignore[misc]
         key, _ = self._writable(path)
         return BlobhaFile(self, key, mode, block_size=block_size or "default",
                           autocommit=autocommit, **kwargs)
-
-
-def _rewound(data: bytes | Path | BinaryIO) -> bytes | Path | BinaryIO:
-    # A spooled file is sent again from its start by a second attempt (create after update).
-    if not isinstance(data, bytes | Path):
-        data.seek(0)
-    return data
 
 
 class BlobhaFile(AbstractBufferedFile):  # type: ignore[misc]
