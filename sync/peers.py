@@ -159,6 +159,25 @@ class Peers:
             raise _error(e) from None
         return out
 
+    def stage(self, address: str, epoch: int, versions: Sequence[tuple[str, int, str, bytes]],
+              timeout: float) -> list[bool]:
+        """Forward (key, size, digest, data) versions to ``address`` to keep staged (see
+        blobha.master.forward): one bool per version, true once its copy there is synced and
+        digest-checked. Raises a :class:`BlobError` when the call fails or takes longer than
+        ``timeout`` (a master of an older release answers UNIMPLEMENTED)."""
+        request = pb.StageVersionsRequest(epoch=epoch, versions=[
+            pb.StagedVersion(key=key, size=size, digest=digest, data=data)
+            for key, size, digest, data in versions])
+        try:
+            reply = self._stub(address).StageVersions(request, timeout=timeout,
+                                                      metadata=self._metadata)
+        except grpc.RpcError as e:
+            raise _error(e) from None
+        staged = list(reply.staged)
+        if len(staged) != len(versions):
+            raise Unavailable(f"{address} answered {len(staged)} of {len(versions)} staged")
+        return staged
+
     def abandon(self, address: str, reason: str) -> None:
         """End the fetches from ``address`` now (it left the cluster: whatever it holds is no
         longer counted, and a paused master would keep them waiting for the stall limit)."""

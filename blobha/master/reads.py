@@ -357,5 +357,6 @@ class Reads:
         state, seen = self.state_for_read(key, minimum, view)
         self.authority.require(user, state.acl, acls.READ, key)
         if seen is not None:
-            return replication_status(key, state, seen.holders)
-        return self.meta.replication(key, state)
+            return replication_status(key, state, seen.holders,
+                                      self.sync.membership.live())
+        return self.meta.replication(key, state, self.sync.membership.live())

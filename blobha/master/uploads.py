@@ -196,5 +196,7 @@ class UploadManager:
         while not self._stop.wait(period):
             try:
                 self.expire()
+                # Forwarded copies no commit installed expire as abandoned uploads do.
+                self.store.staged.expire(self.expiration_secs)
             except Exception:
                 log.exception("upload reaper failed; it keeps running")

@@ -10,6 +10,8 @@ Layout under the store root::
     keys/<dirname>/v<seq>.ver   a small version as an earlier release stored it: its bytes and
                                 its record in one file, the record after the bytes (read only)
     tmp/                        uploads and downloads in progress; emptied at start-up
+    staged/                     copies a leader forwarded, kept until a commit names them
+                                (see blobha.store.staged); expire as abandoned uploads do
     LOCK                        held (flock) by the process using the store; holds its pid
     zk-session                  not the store's: the master's ZooKeeper session, which its
                                 successor on this directory ends (blobha.sync.SessionRecord)
@@ -51,6 +53,7 @@ from blobha.store.reads import VersionReader
 from blobha.store.recent import RECENT_BYTES, RECENT_VERSIONS, RecentVersions
 from blobha.store.records import VersionInfo, footprint, info_json, remove_version_files
 from blobha.store.segments import SegmentLog
+from blobha.store.staged import StagedCopies
 from blobha.store.temp import FLUSH_BYTES, BlobBuffer, TempBlob
 
 # The rest of blobha imports these from here. Each is defined in the module named above: a
@@ -90,6 +93,8 @@ class LocalStore:
             self.tmp_dir.mkdir(parents=True, exist_ok=True)
             self.segments_dir = root / "segments"
             self.segments = SegmentLog(self.segments_dir)
+            #: Forwarded copies not committed yet (blobha.store.staged).
+            self.staged = StagedCopies(root / "staged")
             #: Called with (key, seq) after a corrupt version was removed, so the master can
             #: unregister that replica and fetch a healthy copy.
             self.on_corrupt: Callable[[str, int], None] | None = None

@@ -326,6 +326,14 @@ class BlobStoreServicer(pb_grpc.BlobStoreServicer):
             yield reply
 
     @unary
+    def StageVersions(self, request: pb.StageVersionsRequest, context: grpc.ServicerContext
+                      ) -> pb.StageVersionsResponse:
+        staged = self.master.stage_versions(
+            user_of(context), request.epoch,
+            [(v.key, v.size, v.digest, v.data) for v in request.versions])
+        return pb.StageVersionsResponse(staged=staged)
+
+    @unary
     def GetMeta(self, request: pb.GetMetaRequest, context: grpc.ServicerContext) -> pb.BlobMeta:
         user = user_of(context)
         state, replication = self.master.get_meta(user, request.key, request.any_access,

@@ -1,0 +1,208 @@
+"""Staged copies: versions a leader forwarded while committing them, kept until the commit names
+them (see blobha.master.forward).
+
+A forward's versions go into one file of ``staged/`` together, each a record: a 4-byte length,
+a JSON header (key, size, digest), the bytes. The file is synced once, then indexed by (key,
+digest) in memory; only then is the leader told the copies are here. A staged copy is never a
+version: the synchroniser installs it (:meth:`StagedCopies.take`) only once it sees a commit of
+that key with that digest, so a deposed leader's forward, which nothing commits, only waits
+for its expiry. The files survive a restart (their index is read back at start-up) and expire
+as abandoned uploads do: the upload reaper removes those idle longer than the upload
+expiration.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import struct
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from blobha.core.digest import Digester
+from blobha.store.files import fsync_dir, write_all
+
+log = logging.getLogger("blobha.store")
+
+_LENGTH = struct.Struct(">I")
+_SUFFIX = ".staged"
+
+
+@dataclass(frozen=True)
+class _Entry:
+    path: Path
+    offset: int
+    size: int
+
+
+class StagedCopies:
+    """The staged copies of one store, in ``root``. Thread-safe."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        root.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+        self._index: dict[tuple[str, str], _Entry] = {}
+        #: Entries not taken yet, per file: a file goes once it has none.
+        self._left: dict[Path, int] = {}
+        self._load()
+
+    def _load(self) -> None:
+        for p in self.root.iterdir():
+            if not p.name.endswith(_SUFFIX):
+                p.unlink(missing_ok=True)  # a forward that crashed before its sync
+                continue
+            found = 0
+            for key, digest, entry in _scan(p):
+                self._index[(key, digest)] = entry
+                found += 1
+            if found:
+                self._left[p] = found
+            else:
+                p.unlink(missing_ok=True)
+
+    def stage(self, versions: list[tuple[str, int, str, bytes]]) -> list[bool]:
+        """Keep each (key, size, digest, data) whose bytes match its size and digest: one
+        file, one sync. One entry per version: whether it is staged now (False: it did not
+        match, and was not kept)."""
+        good: list[tuple[str, int, str, bytes]] = []
+        out: list[bool] = []
+        for key, size, digest, data in versions:
+            d = Digester()
+            d.update(data)
+            ok = len(data) == size and d.hexdigest() == digest
+            out.append(ok)
+            if ok:
+                good.append((key, size, digest, data))
+            else:
+                log.warning("a forwarded copy of %r does not match its digest %s; not staged",
+                            key, digest)
+        if not good:
+            return out
+        name = uuid.uuid4().hex
+        part = self.root / f"{name}.part"
+        final = self.root / f"{name}{_SUFFIX}"
+        placed: list[tuple[str, str, _Entry]] = []
+        fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        try:
+            pieces: list[bytes] = []
+            offset = 0
+            for key, size, digest, data in good:
+                header = json.dumps({"key": key, "size": size, "digest": digest},
+                                    ensure_ascii=False).encode()
+                pieces += [_LENGTH.pack(len(header)), header, data]
+                offset += _LENGTH.size + len(header)
+                placed.append((key, digest, _Entry(final, offset, size)))
+                offset += size
+            write_all(fd, b"".join(pieces))
+            os.fdatasync(fd)
+        except BaseException:
+            os.close(fd)
+            part.unlink(missing_ok=True)
+            raise
+        os.close(fd)
+        os.replace(part, final)
+        fsync_dir(self.root)
+        with self._lock:
+            for key, digest, entry in placed:
+                old = self._index.get((key, digest))
+                if old is not None:
+                    self._drop_locked(old)
+                self._index[(key, digest)] = entry
+            self._left[final] = len(placed)
+        return out
+
+    def has(self, key: str, digest: str) -> bool:
+        with self._lock:
+            return (key, digest) in self._index
+
+    def read(self, key: str, digest: str, size: int) -> bytes | None:
+        """The staged bytes of ``key`` with ``digest``, checked again; None if none are here
+        (or they no longer match: then they are dropped)."""
+        with self._lock:
+            entry = self._index.get((key, digest))
+        if entry is None or entry.size != size:
+            return None
+        try:
+            with open(entry.path, "rb") as f:
+                f.seek(entry.offset)
+                data = f.read(size)
+        except OSError:
+            data = b""
+        d = Digester()
+        d.update(data)
+        if len(data) != size or d.hexdigest() != digest:
+            log.error("CORRUPT: the staged copy of %r (%s) fails its digest; dropped", key, digest)
+            self.take(key, digest)
+            return None
+        return data
+
+    def take(self, key: str, digest: str) -> None:
+        """Forget the staged copy of ``key`` with ``digest`` (installed, or no longer wanted)."""
+        with self._lock:
+            entry = self._index.pop((key, digest), None)
+            if entry is not None:
+                self._drop_locked(entry)
+
+    def _drop_locked(self, entry: _Entry) -> None:
+        left = self._left.get(entry.path, 1) - 1
+        if left > 0:
+            self._left[entry.path] = left
+            return
+        self._left.pop(entry.path, None)
+        entry.path.unlink(missing_ok=True)
+
+    def count(self) -> int:
+        with self._lock:
+            return len(self._index)
+
+    def expire(self, max_idle_secs: float, now: float | None = None) -> int:
+        """Remove the staged files written more than ``max_idle_secs`` ago (a forward that no
+        commit named, or one whose commit this master installed from elsewhere)."""
+        now = time.time() if now is None else now
+        removed = 0
+        with self._lock:
+            for path in list(self._left):
+                try:
+                    age = now - path.stat().st_mtime
+                except FileNotFoundError:
+                    age = max_idle_secs + 1
+                if age <= max_idle_secs:
+                    continue
+                del self._left[path]
+                for k in [k for k, e in self._index.items() if e.path == path]:
+                    del self._index[k]
+                path.unlink(missing_ok=True)
+                removed += 1
+        if removed:
+            log.info("removed %d staged forward(s) that no commit installed", removed)
+        return removed
+
+
+def _scan(path: Path) -> list[tuple[str, str, _Entry]]:
+    """The records of a staged file; a torn one at its end (a crash before the sync, never
+    confirmed) ends the scan."""
+    out: list[tuple[str, str, _Entry]] = []
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return out
+    at = 0
+    while at + _LENGTH.size <= len(data):
+        (n,) = _LENGTH.unpack_from(data, at)
+        start = at + _LENGTH.size
+        try:
+            header = json.loads(data[start:start + n])
+            key, size, digest = str(header["key"]), int(header["size"]), str(header["digest"])
+        except (ValueError, KeyError, TypeError):
+            break
+        body = start + n
+        if body + size > len(data):
+            break
+        out.append((key, digest, _Entry(path, body, size)))
+        at = body + size
+    return out
