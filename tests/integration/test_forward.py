@@ -109,6 +109,7 @@ def test_a_holder_killed_mid_forward_does_not_fail_w2_writes(fresh_cluster: Loca
     victim = followers(fresh_cluster)[0]
     payloads = {f"{unique_key}-{i}": os.urandom(4096 + i) for i in range(40)}
     results: dict[str, Any] = {}
+    took: list[float] = []
     started = threading.Event()
 
     def write() -> None:
@@ -116,10 +117,12 @@ def test_a_holder_killed_mid_forward_does_not_fail_w2_writes(fresh_cluster: Loca
             for n, (key, data) in enumerate(payloads.items()):
                 if n == 5:
                     started.set()
+                began = time.monotonic()
                 try:
                     results[key] = c.create(key, data, replication_factor=3, write_quorum=2)
                 except Exception as e:
                     results[key] = e
+                took.append(time.monotonic() - began)
 
     writer = threading.Thread(target=write)
     writer.start()
@@ -132,6 +135,9 @@ def test_a_holder_killed_mid_forward_does_not_fail_w2_writes(fresh_cluster: Loca
     failed = {k: r for k, r in results.items() if isinstance(r, Exception)}
     assert not failed, failed
     assert all(r.acknowledged for r in results.values())
+    # Not one waited for the victim's session to expire (4 s) or for a retry: the failed
+    # forward only dropped it.
+    assert max(took) < 2.5, sorted(took)[-3:]
     # Back up, the victim keeps nothing half-written: a forward cut short was never confirmed
     # and goes at start-up; what it had staged is installed or expires.
     fresh_cluster.start_master(victim)
@@ -162,8 +168,9 @@ def test_a_stalled_holder_is_dropped_and_the_write_completes(fresh_cluster: Loca
     with zookeeper(fresh_cluster) as zk:
         state = committed(zk, unique_key)
     assert state.acked and state.confirmed == (other.address,), state
-    # Well before the paused master's session could expire and the sync's wait end.
-    assert elapsed < 3.0, f"the write took {elapsed:.1f} s"
+    # Not held up to the stall limit (the forward's bound): once the other holder made the
+    # quorum, the paused one was waited for only about as long again.
+    assert elapsed < 1.0, f"the write took {elapsed:.1f} s"
 
 
 def test_a_deposed_leaders_forward_is_refused_and_a_staged_copy_is_never_served(
