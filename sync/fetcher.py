@@ -83,6 +83,9 @@ class Fetcher:
                     fresh.add(key)
                 staged.append((key, state, copy))
                 continue
+            if self.store.staged.is_whole(key, state.digest):
+                singles.append(item)  # a streamed upload's copy: fetch() moves it in
+                continue
             sources = self.sources(holders, live)
             # A key with a local version goes alone: fetch may find the bytes locally.
             if state.size <= small and sources and not self.store.versions(key):
@@ -132,6 +135,13 @@ class Fetcher:
         """Obtain the committed version of ``key``: a small blob's bytes, for the caller to
         install with the rest of its batch, or None once a big one (or a local copy) is
         installed here."""
+        if self.store.staged.is_whole(key, state.digest):
+            with self.guard.key_lock(key):
+                if not self.view.read_is_current(key, read_mark):
+                    raise stale_fetch(key)
+                if self.store.install_staged(key, state.seq, state.digest, state.size):
+                    log.info("installed the forwarded copy of %r v%d", key, state.seq)
+                    return None
         copy = self.store.find_by_digest(key, state.digest, state.size)
         if copy is not None:
             with self.guard.key_lock(key):

@@ -9,7 +9,8 @@ from __future__ import annotations
 import random
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
 
 import grpc
 
@@ -26,7 +27,8 @@ from blobha.wire.dataplane import DataChannels, DataOffer
 from blobha.wire.stallwatch import Stalled, StallWatch
 from blobha.wire.status import MasterSummary
 
-__all__ = ["CHANNEL_OPTIONS", "MAX_MESSAGE", "STALL_SECS", "USER_METADATA_KEY", "Peers"]
+__all__ = ["CHANNEL_OPTIONS", "MAX_MESSAGE", "STALL_SECS", "USER_METADATA_KEY", "Peers",
+           "StagingCall"]
 
 MAX_MESSAGE = 8 * 1024 * 1024
 CHANNEL_OPTIONS = [
@@ -178,6 +180,22 @@ class Peers:
             raise Unavailable(f"{address} answered {len(staged)} of {len(versions)} staged")
         return staged
 
+    def stage_upload(self, address: str, key: str, epoch: int,
+                     pieces: Iterator[bytes | tuple[int, str]]) -> StagingCall:
+        """Start forwarding a streamed upload of ``key`` to ``address`` (see
+        blobha.master.streamforward): ``pieces`` gives its bytes as they arrive, then (size,
+        digest) to end it; a generator that stops without that gives the forward up."""
+        def messages() -> Iterator[pb.StageUploadChunk]:
+            yield pb.StageUploadChunk(key=key, epoch=epoch)
+            for piece in pieces:
+                if isinstance(piece, tuple):
+                    yield pb.StageUploadChunk(done=True, size=piece[0], digest=piece[1])
+                    return
+                yield pb.StageUploadChunk(data=piece)
+
+        return StagingCall(self._stub(address).StageUpload.future(
+            messages(), metadata=self._metadata))
+
     def abandon(self, address: str, reason: str) -> None:
         """End the fetches from ``address`` now (it left the cluster: whatever it holds is no
         longer counted, and a paused master would keep them waiting for the stall limit)."""
@@ -215,6 +233,30 @@ class Peers:
         except grpc.RpcError as e:
             raise _error(e) from None
         return master_from_pb(reply)
+
+
+class StagingCall:
+    """A streamed forward in flight (:meth:`Peers.stage_upload`)."""
+
+    def __init__(self, call: Any) -> None:
+        self._call = call
+
+    def cancel(self) -> None:
+        self._call.cancel()
+
+    def result(self, timeout: float) -> bool:
+        """Whether the copy is staged there; raises a :class:`BlobError` when the call failed,
+        or did not end within ``timeout``."""
+        try:
+            reply = self._call.result(timeout=timeout)
+        except grpc.FutureTimeoutError:
+            self._call.cancel()
+            raise Unavailable(f"no answer to the forward within {timeout:g} s") from None
+        except grpc.FutureCancelledError:
+            raise Unavailable("the forward was given up") from None
+        except grpc.RpcError as e:
+            raise _error(e) from None
+        return bool(reply.staged) and bool(reply.staged[0])
 
 
 def _error(e: grpc.RpcError) -> BlobError:

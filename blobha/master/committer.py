@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 import time
 from collections.abc import Callable, Sequence
 from collections.abc import Set as AbstractSet
@@ -329,11 +330,29 @@ class Committer:
                 self.uploads.restore(up, generation)
                 raise
             except BaseException:
-                up.temp.discard()
+                up.discard()
                 raise
+            forward, up.forward = up.forward, None
+            holders: list[str] = []
             try:
-                self.store.install(key, new.seq, up.temp, size, digest)
+                if forward is not None and new.write_quorum >= 2:
+                    # The holders sync their copies while this master syncs its own.
+                    ending = threading.Thread(
+                        target=lambda f=forward: holders.extend(f.finish(size, digest)),
+                        name="forward-finish", daemon=True)
+                    ending.start()
+                    try:
+                        self.store.install(key, new.seq, up.temp, size, digest)
+                    finally:
+                        ending.join()
+                    new = confirmed_by(new, tuple(holders))
+                else:
+                    if forward is not None:
+                        forward.drop()
+                    self.store.install(key, new.seq, up.temp, size, digest)
             except BaseException:
+                if forward is not None:
+                    forward.drop()
                 up.temp.discard()
                 raise
             result: BlobState | BaseException = Unavailable("not committed; retry")

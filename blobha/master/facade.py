@@ -23,7 +23,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 from blobha.core.acl import AccessControl
 from blobha.core.addresses import status_url
@@ -171,7 +171,7 @@ class Master:
             weight=lambda p: len(p.data), max_weight=PUT_BATCH_BYTES,
         )
         self.writes = Writes(s, self.store, self.uploads, self.puts, self.meta, self.authority,
-                             self.committer, self.acks, self.channel)
+                             self.committer, self.acks, self.channel, self.forwarder)
         self.reads = Reads(s, self.identity, self.principal, self.store, self.zk, self.meta,
                            self.authority, self.sync, self.channel)
         self.staging = Staging(self.principal, self.store, self._epoch_seen)
@@ -355,6 +355,10 @@ class Master:
     def stage_versions(self, user: str, epoch: int,
                        versions: Sequence[tuple[str, int, str, bytes]]) -> list[bool]:
         return self.staging.stage(user, epoch, versions)
+
+    def stage_upload(self, user: str, key: str, epoch: int, pieces: Iterator[bytes],
+                     end: Callable[[], tuple[int, str] | None]) -> bool:
+        return self.staging.stage_stream(user, key, epoch, pieces, end)
 
     def _epoch_seen(self) -> int:
         term = self.history.current

@@ -108,7 +108,8 @@ class Forwarder:
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
-    def _suspect(self, holder: str) -> None:
+    def suspect(self, holder: str) -> None:
+        """Pass ``holder`` over for a while: it failed a forward, or was too slow."""
         with self._lock:
             self._suspects[holder] = time.monotonic()
 
@@ -154,4 +155,4 @@ class Forwarder:
             calls[holder] = ([item[0] for item in its], self._pool.submit(
                 self.peers.stage, holder, epoch, versions, self.bound_secs))
             self.forwarded += len(its)
-        return Forward(needs, calls, now, self.bound_secs, self._suspect)
+        return Forward(needs, calls, now, self.bound_secs, self.suspect)

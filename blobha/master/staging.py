@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 from blobha.core.digest import PUT_MAX_BYTES
 from blobha.core.errors import InvalidArgument, NotAuthorized, NotLeader
@@ -46,12 +46,42 @@ class Staging:
             if size > PUT_MAX_BYTES or len(data) != size:
                 raise InvalidArgument(f"the forwarded copy of {key!r} carries {len(data)} bytes,"
                                       f" not its size {size} (at most {PUT_MAX_BYTES})")
+        self._check_epoch(epoch)
+        out = self.store.staged.stage(list(versions))
+        self.staged += sum(out)
+        return out
+
+    def stage_stream(self, user: str, key: str, epoch: int, pieces: Iterator[bytes],
+                     end: Callable[[], tuple[int, str] | None]) -> bool:
+        """A streamed upload's forward: ``pieces`` are its bytes in order; ``end()``, once
+        they are over, the (size, digest) its last message gave (None: the stream ended
+        without one, so the leader gave up on it). Whether the copy is staged."""
+        if user != self.principal:
+            raise NotAuthorized(
+                f"{user!r} may not call StageUpload: it is for the leader forwarding writes;"
+                " write blobs with an upload")
+        validate_key(key)
+        self._check_epoch(epoch)
+        temp = self.store.staged.new_part()
+        try:
+            for data in pieces:
+                temp.write_at(temp.size, data)
+            ending = end()
+            if ending is None:
+                raise InvalidArgument(f"the forward of {key!r} ended without its size and"
+                                      " digest; nothing was staged")
+        except BaseException:
+            temp.discard()
+            raise
+        size, digest = ending
+        ok = self.store.staged.adopt(key, size, digest, temp)
+        self.staged += ok
+        return ok
+
+    def _check_epoch(self, epoch: int) -> None:
         with self._lock:
             newest = max(self._newest, self.current_epoch())
             if epoch < newest:
                 raise NotLeader(f"a forward from epoch {epoch}, but epoch {newest} has begun:"
                                 " its leader was deposed, and nothing it sends is staged")
             self._newest = epoch
-        out = self.store.staged.stage(list(versions))
-        self.staged += sum(out)
-        return out

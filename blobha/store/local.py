@@ -195,6 +195,26 @@ class LocalStore:
             temp.discard()
             raise
         info = VersionInfo(key, seq, size, digest, CHUNK_SIZE, tuple(chunks))
+        self._place(temp.path, info)
+        return info
+
+    def install_staged(self, key: str, seq: int, digest: str, size: int) -> bool:
+        """Make the staged copy of a streamed upload (blobha.store.staged) version ``seq`` of
+        ``key``, by moving its file in: synced and checked against ``digest`` when it was
+        staged, so as durable as :meth:`install`'s. False if no such copy is here."""
+        claimed = self.staged.claim(key, digest, size)
+        if claimed is None:
+            return False
+        path, chunks = claimed
+        try:
+            self._place(path, VersionInfo(key, seq, size, digest, CHUNK_SIZE, chunks))
+        finally:
+            self.staged.release(path)
+        return True
+
+    def _place(self, source: Path, info: VersionInfo) -> None:
+        """Move the synced file ``source`` in as the version ``info`` describes."""
+        key, seq = info.key, info.seq
         with self._dirs.changing(key) as d:
             self._recent.forget(key, seq)  # what install_many left of an earlier version seq
             # Replaced, not kept: read first, an earlier packed copy would hide this one, so
@@ -209,7 +229,7 @@ class LocalStore:
             except FileExistsError:
                 new_dir = False
             self._dirs.names.add(d.name)
-            os.replace(temp.path, d / f"v{seq}.blob")
+            os.replace(source, d / f"v{seq}.blob")
             try:
                 files.write_json_atomic(d / f"v{seq}.json", info_json(info))
                 files.fsync_dir(d)
@@ -221,7 +241,6 @@ class LocalStore:
             if new_dir:
                 # Only a new key directory changes keys/ itself.
                 files.fsync_dir(self.keys_dir)
-        return info
 
     def install_copy(self, key: str, seq: int, source: VersionInfo) -> VersionInfo:
         """Install version ``seq`` with the same bytes as a local version (a roll-back, or a

@@ -3,7 +3,10 @@ them (see blobha.master.forward).
 
 A forward's versions go into one file of ``staged/`` together, each a record: a 4-byte length,
 a JSON header (key, size, digest), the bytes. The file is synced once, then indexed by (key,
-digest) in memory; only then is the leader told the copies are here. A staged copy is never a
+digest) in memory; only then is the leader told the copies are here. A streamed upload's copy
+is a file of its own (``.blob``), received as a :class:`TempBlob` and described, once synced
+and checked, by a ``.json`` beside it (key, size, digest, chunk digests): installed, it is
+moved in whole (LocalStore.install_staged). A staged copy is never a
 version: the synchroniser installs it (:meth:`StagedCopies.take`) only once it sees a commit of
 that key with that digest, so a deposed leader's forward, which nothing commits, only waits
 for its expiry. The files survive a restart (their index is read back at start-up) and expire
@@ -24,7 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from blobha.core.digest import Digester
-from blobha.store.files import fsync_dir, write_all
+from blobha.store.files import fsync_dir, write_all, write_json_atomic
+from blobha.store.temp import TempBlob
 
 log = logging.getLogger("blobha.store")
 
@@ -37,6 +41,8 @@ class _Entry:
     path: Path
     offset: int
     size: int
+    #: A streamed copy's chunk digests (a file of its own); () for a record of a batch.
+    chunks: tuple[str, ...] = ()
 
 
 class StagedCopies:
@@ -52,7 +58,14 @@ class StagedCopies:
         self._load()
 
     def _load(self) -> None:
-        for p in self.root.iterdir():
+        for p in sorted(self.root.iterdir()):
+            if p.suffix == ".json":
+                self._load_whole(p)
+                continue
+            if p.suffix == ".blob":
+                if not p.with_suffix(".json").exists():
+                    p.unlink(missing_ok=True)  # a stream cut short, never confirmed
+                continue
             if not p.name.endswith(_SUFFIX):
                 p.unlink(missing_ok=True)  # a forward that crashed before its sync
                 continue
@@ -64,6 +77,74 @@ class StagedCopies:
                 self._left[p] = found
             else:
                 p.unlink(missing_ok=True)
+
+    def _load_whole(self, meta: Path) -> None:
+        blob = meta.with_suffix(".blob")
+        try:
+            d = json.loads(meta.read_bytes())
+            entry = _Entry(blob, 0, int(d["size"]), tuple(str(c) for c in d["chunks"]))
+            key, digest = str(d["key"]), str(d["digest"])
+            if blob.stat().st_size != entry.size:
+                raise ValueError("size")
+        except (OSError, ValueError, KeyError, TypeError):
+            meta.unlink(missing_ok=True)
+            blob.unlink(missing_ok=True)
+            return
+        self._index[(key, digest)] = entry
+        self._left[blob] = 1
+
+    def new_part(self) -> TempBlob:
+        """A file to receive a streamed copy into (:meth:`adopt` or discard it)."""
+        return TempBlob(self.root / f"{uuid.uuid4().hex}.part")
+
+    def adopt(self, key: str, size: int, digest: str, temp: TempBlob) -> bool:
+        """Sync ``temp`` and keep it as the staged copy of ``key`` if it is ``size`` bytes
+        with ``digest``; otherwise discard it. Whether it was kept."""
+        try:
+            actual, chunks, actual_size = temp.finish()
+        except BaseException:
+            temp.discard()
+            raise
+        if actual_size != size or actual != digest:
+            log.warning("a forwarded upload of %r is %d bytes with digest %s, not %d with %s;"
+                        " not staged", key, actual_size, actual, size, digest)
+            temp.path.unlink(missing_ok=True)
+            return False
+        blob = temp.path.with_suffix(".blob")
+        os.replace(temp.path, blob)
+        write_json_atomic(blob.with_suffix(".json"), {
+            "key": key, "size": size, "digest": digest, "chunks": list(chunks)})
+        fsync_dir(self.root)
+        with self._lock:
+            old = self._index.get((key, digest))
+            if old is not None:
+                self._drop_locked(old)
+            self._index[(key, digest)] = _Entry(blob, 0, size, tuple(chunks))
+            self._left[blob] = 1
+        return True
+
+    def claim(self, key: str, digest: str, size: int) -> tuple[Path, tuple[str, ...]] | None:
+        """Take the streamed copy of ``key`` with ``digest`` out of the index to install it:
+        (its file, its chunk digests); None if there is none. :meth:`release` after."""
+        with self._lock:
+            entry = self._index.get((key, digest))
+            if entry is None or not entry.chunks or entry.size != size:
+                return None
+            del self._index[(key, digest)]
+            self._left.pop(entry.path, None)
+        return entry.path, entry.chunks
+
+    def release(self, path: Path) -> None:
+        """Remove what is left of a claimed copy (its file, if it was not moved, and its
+        description)."""
+        path.unlink(missing_ok=True)
+        path.with_suffix(".json").unlink(missing_ok=True)
+
+    def is_whole(self, key: str, digest: str) -> bool:
+        """Whether the staged copy of ``key`` with ``digest`` is a streamed one."""
+        with self._lock:
+            entry = self._index.get((key, digest))
+        return entry is not None and bool(entry.chunks)
 
     def stage(self, versions: list[tuple[str, int, str, bytes]]) -> list[bool]:
         """Keep each (key, size, digest, data) whose bytes match its size and digest: one
@@ -125,8 +206,8 @@ class StagedCopies:
         (or they no longer match: then they are dropped)."""
         with self._lock:
             entry = self._index.get((key, digest))
-        if entry is None or entry.size != size:
-            return None
+        if entry is None or entry.size != size or entry.chunks:
+            return None  # a streamed copy is moved in whole (LocalStore.install_staged)
         try:
             with open(entry.path, "rb") as f:
                 f.seek(entry.offset)
@@ -155,6 +236,8 @@ class StagedCopies:
             return
         self._left.pop(entry.path, None)
         entry.path.unlink(missing_ok=True)
+        if entry.chunks:
+            entry.path.with_suffix(".json").unlink(missing_ok=True)
 
     def count(self) -> int:
         with self._lock:
@@ -177,6 +260,8 @@ class StagedCopies:
                 for k in [k for k, e in self._index.items() if e.path == path]:
                     del self._index[k]
                 path.unlink(missing_ok=True)
+                if path.suffix == ".blob":
+                    path.with_suffix(".json").unlink(missing_ok=True)
                 removed += 1
         if removed:
             log.info("removed %d staged forward(s) that no commit installed", removed)

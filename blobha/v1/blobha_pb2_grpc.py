@@ -79,6 +79,11 @@ class BlobStoreStub:
                 request_serializer=blobha_dot_v1_dot_blobha__pb2.StageVersionsRequest.SerializeToString,
                 response_deserializer=blobha_dot_v1_dot_blobha__pb2.StageVersionsResponse.FromString,
                 _registered_method=True)
+        self.StageUpload = channel.stream_unary(
+                '/blobha.v1.BlobStore/StageUpload',
+                request_serializer=blobha_dot_v1_dot_blobha__pb2.StageUploadChunk.SerializeToString,
+                response_deserializer=blobha_dot_v1_dot_blobha__pb2.StageVersionsResponse.FromString,
+                _registered_method=True)
         self.GetMeta = channel.unary_unary(
                 '/blobha.v1.BlobStore/GetMeta',
                 request_serializer=blobha_dot_v1_dot_blobha__pb2.GetMetaRequest.SerializeToString,
@@ -204,6 +209,15 @@ class BlobStoreServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def StageUpload(self, request_iterator, context):
+        """Masters only: the leader's forward of a streamed upload as its bytes arrive. The first
+        message names the key and the epoch, the last one (done) the size and digest the commit
+        will record; the answer comes once the copy is synced and matches them.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def GetMeta(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -318,6 +332,11 @@ def add_BlobStoreServicer_to_server(servicer, server):
             'StageVersions': grpc.unary_unary_rpc_method_handler(
                     servicer.StageVersions,
                     request_deserializer=blobha_dot_v1_dot_blobha__pb2.StageVersionsRequest.FromString,
+                    response_serializer=blobha_dot_v1_dot_blobha__pb2.StageVersionsResponse.SerializeToString,
+            ),
+            'StageUpload': grpc.stream_unary_rpc_method_handler(
+                    servicer.StageUpload,
+                    request_deserializer=blobha_dot_v1_dot_blobha__pb2.StageUploadChunk.FromString,
                     response_serializer=blobha_dot_v1_dot_blobha__pb2.StageVersionsResponse.SerializeToString,
             ),
             'GetMeta': grpc.unary_unary_rpc_method_handler(
@@ -613,6 +632,33 @@ class BlobStore:
             target,
             '/blobha.v1.BlobStore/StageVersions',
             blobha_dot_v1_dot_blobha__pb2.StageVersionsRequest.SerializeToString,
+            blobha_dot_v1_dot_blobha__pb2.StageVersionsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def StageUpload(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_unary(
+            request_iterator,
+            target,
+            '/blobha.v1.BlobStore/StageUpload',
+            blobha_dot_v1_dot_blobha__pb2.StageUploadChunk.SerializeToString,
             blobha_dot_v1_dot_blobha__pb2.StageVersionsResponse.FromString,
             options,
             channel_credentials,

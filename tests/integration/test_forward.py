@@ -208,3 +208,23 @@ def test_a_deposed_leaders_forward_is_refused_and_a_staged_copy_is_never_served(
     wait_until(lambda: not staged_files(holder), timeout=30, what="the staged copy expired")
     with client_for(cluster) as c, pytest.raises(KeyNotFound):
         c.get_meta(unique_key)
+
+
+def test_a_w2_streamed_upload_is_forwarded_as_it_arrives(cluster: LocalCluster,
+                                                         unique_key: str) -> None:
+    data = os.urandom(24 * 1024 * 1024 + 11)  # many chunks, not one Put
+    leader = cluster.leader()
+    with client_for(cluster, timeout=60.0) as c:
+        meta = c.create(unique_key, data, replication_factor=3, write_quorum=2)
+    assert meta.acknowledged
+    with zookeeper(cluster) as zk:
+        state = committed(zk, unique_key)
+        assert state.acked and state.meta_version == 0, state
+        assert len(state.confirmed) == 1 and state.confirmed[0] != leader.address, state
+        wait_until(lambda: state.confirmed[0] in replica_holders(zk, unique_key, 1),
+                   timeout=30, what="the confirmed holder's replica node")
+    holder = next(m for m in cluster.masters if m.address == state.confirmed[0])
+    copies = version_files(holder, unique_key)
+    assert [v.seq for v in copies] == [1] and copies[0].read_bytes() == data
+    # Moved in whole, not copied: nothing of it is left staged.
+    assert not [p for p in staged_files(holder) if p.suffix in (".blob", ".json", ".part")]

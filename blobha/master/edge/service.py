@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import functools
+import itertools
 import logging
 import threading
 from collections.abc import Callable, Iterable, Iterator
@@ -332,6 +333,27 @@ class BlobStoreServicer(pb_grpc.BlobStoreServicer):
             user_of(context), request.epoch,
             [(v.key, v.size, v.digest, v.data) for v in request.versions])
         return pb.StageVersionsResponse(staged=staged)
+
+    @unary
+    def StageUpload(self, request_iterator: Iterator[pb.StageUploadChunk],
+                    context: grpc.ServicerContext) -> pb.StageVersionsResponse:
+        first = next(request_iterator, None)
+        if first is None:
+            raise InvalidArgument("StageUpload needs at least one message, naming the key")
+        ending: list[tuple[int, str]] = []
+
+        def pieces() -> Iterator[bytes]:
+            for chunk in itertools.chain([first], request_iterator):
+                if chunk.data:
+                    yield chunk.data
+                if chunk.done:
+                    ending.append((chunk.size, chunk.digest))
+                    return
+
+        staged = self.master.stage_upload(
+            user_of(context), first.key, first.epoch, pieces(),
+            lambda: ending[0] if ending else None)
+        return pb.StageVersionsResponse(staged=[staged])
 
     @unary
     def GetMeta(self, request: pb.GetMetaRequest, context: grpc.ServicerContext) -> pb.BlobMeta:
