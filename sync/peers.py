@@ -9,8 +9,7 @@ from __future__ import annotations
 import random
 import threading
 import time
-from collections.abc import Iterable, Iterator, Sequence
-from typing import Any
+from collections.abc import Iterable, Sequence
 
 import grpc
 
@@ -23,12 +22,11 @@ from blobha.v1 import blobha_pb2_grpc as pb_grpc
 from blobha.wire import chunks as chunkwire
 from blobha.wire.convert import master_from_pb
 from blobha.wire.credentials import Credentials
-from blobha.wire.dataplane import DataChannels, DataOffer
+from blobha.wire.dataplane import DataChannels, DataOffer, send_upload
 from blobha.wire.stallwatch import Stalled, StallWatch
 from blobha.wire.status import MasterSummary
 
-__all__ = ["CHANNEL_OPTIONS", "MAX_MESSAGE", "STALL_SECS", "USER_METADATA_KEY", "Peers",
-           "StagingCall"]
+__all__ = ["CHANNEL_OPTIONS", "MAX_MESSAGE", "STALL_SECS", "USER_METADATA_KEY", "Peers"]
 
 MAX_MESSAGE = 8 * 1024 * 1024
 CHANNEL_OPTIONS = [
@@ -180,21 +178,40 @@ class Peers:
             raise Unavailable(f"{address} answered {len(staged)} of {len(versions)} staged")
         return staged
 
-    def stage_upload(self, address: str, key: str, epoch: int,
-                     pieces: Iterator[bytes | tuple[int, str]]) -> StagingCall:
-        """Start forwarding a streamed upload of ``key`` to ``address`` (see
-        blobha.master.streamforward): ``pieces`` gives its bytes as they arrive, then (size,
-        digest) to end it; a generator that stops without that gives the forward up."""
-        def messages() -> Iterator[pb.StageUploadChunk]:
-            yield pb.StageUploadChunk(key=key, epoch=epoch)
-            for piece in pieces:
-                if isinstance(piece, tuple):
-                    yield pb.StageUploadChunk(done=True, size=piece[0], digest=piece[1])
-                    return
-                yield pb.StageUploadChunk(data=piece)
+    def begin_staging(self, address: str, key: str, epoch: int, timeout: float
+                      ) -> tuple[str, DataOffer | None]:
+        """Open a staging session for a streamed upload of ``key`` on ``address`` (see
+        blobha.master.streamforward): its id, and the data channel it offers for the bytes
+        (None: it has none, or this master cannot reach it now)."""
+        try:
+            reply = self._stub(address).BeginStaging(
+                pb.BeginStagingRequest(key=key, epoch=epoch), timeout=timeout,
+                metadata=self._metadata)
+        except grpc.RpcError as e:
+            raise _error(e) from None
+        if not reply.ticket or not self._data_channels.usable(address):
+            return reply.upload_id, None
+        return reply.upload_id, DataOffer(reply.data_port, reply.ticket)
 
-        return StagingCall(self._stub(address).StageUpload.future(
-            messages(), metadata=self._metadata))
+    def send_staging(self, address: str, offer: DataOffer,
+                     pieces: Iterable[bytes | memoryview], timeout: float) -> int:
+        """Send ``pieces`` to a staging session over ``address``'s data channel; the bytes it
+        then holds. ``timeout`` bounds the connect and each send (a stalled peer's limit)."""
+        return send_upload(host_of(address), offer.port, offer.ticket, timeout, pieces,
+                           self._data_channels.tls())
+
+    def finish_staging(self, address: str, upload_id: str, key: str, epoch: int, size: int,
+                       digest: str, timeout: float) -> bool:
+        """End a staging session: whether ``address`` now keeps a synced copy of ``size``
+        bytes with ``digest``."""
+        try:
+            reply = self._stub(address).FinishStaging(
+                pb.FinishStagingRequest(upload_id=upload_id, key=key, epoch=epoch, size=size,
+                                        digest=digest),
+                timeout=timeout, metadata=self._metadata)
+        except grpc.RpcError as e:
+            raise _error(e) from None
+        return bool(reply.staged) and bool(reply.staged[0])
 
     def abandon(self, address: str, reason: str) -> None:
         """End the fetches from ``address`` now (it left the cluster: whatever it holds is no
@@ -233,30 +250,6 @@ class Peers:
         except grpc.RpcError as e:
             raise _error(e) from None
         return master_from_pb(reply)
-
-
-class StagingCall:
-    """A streamed forward in flight (:meth:`Peers.stage_upload`)."""
-
-    def __init__(self, call: Any) -> None:
-        self._call = call
-
-    def cancel(self) -> None:
-        self._call.cancel()
-
-    def result(self, timeout: float) -> bool:
-        """Whether the copy is staged there; raises a :class:`BlobError` when the call failed,
-        or did not end within ``timeout``."""
-        try:
-            reply = self._call.result(timeout=timeout)
-        except grpc.FutureTimeoutError:
-            self._call.cancel()
-            raise Unavailable(f"no answer to the forward within {timeout:g} s") from None
-        except grpc.FutureCancelledError:
-            raise Unavailable("the forward was given up") from None
-        except grpc.RpcError as e:
-            raise _error(e) from None
-        return bool(reply.staged) and bool(reply.staged[0])
 
 
 def _error(e: grpc.RpcError) -> BlobError:

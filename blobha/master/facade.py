@@ -23,7 +23,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 from blobha.core.acl import AccessControl
 from blobha.core.addresses import status_url
@@ -172,9 +172,10 @@ class Master:
         )
         self.writes = Writes(s, self.store, self.uploads, self.puts, self.meta, self.authority,
                              self.committer, self.acks, self.channel, self.forwarder)
+        self.staging = Staging(self.principal, self.store, self._epoch_seen, self.uploads,
+                               self.writes.offer_upload)
         self.reads = Reads(s, self.identity, self.principal, self.store, self.zk, self.meta,
                            self.authority, self.sync, self.channel)
-        self.staging = Staging(self.principal, self.store, self._epoch_seen)
         self.admin = Admin(self.store, self.meta, self.authority, self.sync)
         self.jobtokens = JobTokens(self.zk, self.election, self.meta, self.authority,
                                    s.auth_mode, s.job_token_max_lifetime_secs)
@@ -356,9 +357,12 @@ class Master:
                        versions: Sequence[tuple[str, int, str, bytes]]) -> list[bool]:
         return self.staging.stage(user, epoch, versions)
 
-    def stage_upload(self, user: str, key: str, epoch: int, pieces: Iterator[bytes],
-                     end: Callable[[], tuple[int, str] | None]) -> bool:
-        return self.staging.stage_stream(user, key, epoch, pieces, end)
+    def begin_staging(self, user: str, key: str, epoch: int) -> tuple[str, DataOffer | None]:
+        return self.staging.begin_stream(user, key, epoch)
+
+    def finish_staging(self, user: str, upload_id: str, key: str, epoch: int, size: int,
+                       digest: str) -> bool:
+        return self.staging.finish_stream(user, upload_id, key, epoch, size, digest)
 
     def _epoch_seen(self) -> int:
         term = self.history.current

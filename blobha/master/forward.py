@@ -26,11 +26,6 @@ log = logging.getLogger("blobha.master")
 
 #: How long a holder that failed or was too slow is passed over.
 SUSPECT_SECS = 30.0
-#: Once every write has its quorum of confirmations, how much longer the other holders are
-#: waited for, as a share of the time taken so far (and at least MIN_GRACE_SECS): a holder
-#: about as fast as the others is kept, one far behind is left to the ordinary sync.
-GRACE_SHARE = 1.0
-MIN_GRACE_SECS = 0.02
 
 #: A write to forward: (key, replication factor, write quorum, size, digest, data).
 Item = tuple[str, int, int, int, str, bytes]
@@ -50,20 +45,18 @@ class Forward:
         self._suspect = suspect
 
     def wait(self) -> dict[str, tuple[str, ...]]:
-        """Each forwarded key's holders that confirmed a staged copy: waits until all have
-        answered, or every key has its quorum and the grace is over, or the bound."""
+        """Each forwarded key's holders that confirmed a staged copy: waits until every key has
+        its quorum of confirmations, or all holders answered, or the bound. A holder still
+        busy then is not waited for: the staged copy it makes is still what its sync
+        installs, once it sees the commit."""
         confirmed: dict[str, list[str]] = {key: [] for key in self._needs}
         pending = {future: holder for holder, (_, future) in self._calls.items()}
         deadline = self._started + self._bound
-        enough_at: float | None = None
+        enough = False
         while pending:
             now = time.monotonic()
-            if enough_at is None and all(
-                    len(confirmed[k]) >= n for k, n in self._needs.items()):
-                enough_at = now
-                deadline = min(deadline, now + max(
-                    MIN_GRACE_SECS, GRACE_SHARE * (now - self._started)))
-            if now >= deadline:
+            enough = all(len(confirmed[k]) >= n for k, n in self._needs.items())
+            if enough or now >= deadline:
                 break
             done, _ = wait(list(pending), timeout=deadline - now, return_when=FIRST_COMPLETED)
             for future in done:
@@ -78,10 +71,11 @@ class Forward:
                 for key, ok in zip(keys, staged, strict=True):
                     if ok:
                         confirmed[key].append(holder)
-        for holder in pending.values():
-            log.info("forward to %s took longer than the others; it syncs after the commit",
-                     holder)
-            if enough_at is None or time.monotonic() - self._started >= self._bound:
+        if not enough:
+            # Past the bound: passed over for a while, so the next writes do not wait for it.
+            for holder in pending.values():
+                log.info("forward to %s had no answer within %g s; it syncs after the commit",
+                         holder, self._bound)
                 self._suspect(holder)
         return {key: tuple(sorted(hs)) for key, hs in confirmed.items()}
 

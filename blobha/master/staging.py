@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 
 from blobha.core.digest import PUT_MAX_BYTES
 from blobha.core.errors import InvalidArgument, NotAuthorized, NotLeader
 from blobha.core.keys import validate_key
+from blobha.master.uploads import UploadManager
 from blobha.store.local import LocalStore
+from blobha.wire.dataplane import DataOffer
 
 log = logging.getLogger("blobha.master")
 
@@ -22,11 +24,14 @@ class Staging:
     """Accepts forwards from the leader, never from one older than the newest epoch seen:
     from ZooKeeper's ``/epoch`` record (``current_epoch``) or from an earlier forward."""
 
-    def __init__(self, principal: str, store: LocalStore,
-                 current_epoch: Callable[[], int]) -> None:
+    def __init__(self, principal: str, store: LocalStore, current_epoch: Callable[[], int],
+                 uploads: UploadManager,
+                 offer: Callable[[str, str], tuple[int, DataOffer | None]]) -> None:
         self.principal = principal
         self.store = store
         self.current_epoch = current_epoch
+        self.uploads = uploads
+        self.offer = offer
         self._newest = 0
         self._lock = threading.Lock()
         #: Versions staged since start (read by tests and the status page's figures).
@@ -34,10 +39,7 @@ class Staging:
 
     def stage(self, user: str, epoch: int, versions: Sequence[tuple[str, int, str, bytes]]
               ) -> list[bool]:
-        if user != self.principal:
-            raise NotAuthorized(
-                f"{user!r} may not call StageVersions: it is for the leader forwarding writes;"
-                " write blobs with Put or an upload")
+        self._check_master(user, "StageVersions")
         if len(versions) > STAGE_MAX_VERSIONS:
             raise InvalidArgument(f"{len(versions)} versions in one StageVersions call; at most"
                                   f" {STAGE_MAX_VERSIONS}")
@@ -51,32 +53,38 @@ class Staging:
         self.staged += sum(out)
         return out
 
-    def stage_stream(self, user: str, key: str, epoch: int, pieces: Iterator[bytes],
-                     end: Callable[[], tuple[int, str] | None]) -> bool:
-        """A streamed upload's forward: ``pieces`` are its bytes in order; ``end()``, once
-        they are over, the (size, digest) its last message gave (None: the stream ended
-        without one, so the leader gave up on it). Whether the copy is staged."""
-        if user != self.principal:
-            raise NotAuthorized(
-                f"{user!r} may not call StageUpload: it is for the leader forwarding writes;"
-                " write blobs with an upload")
+    def begin_stream(self, user: str, key: str, epoch: int) -> tuple[str, DataOffer | None]:
+        """A streamed upload's forward begins: a session of this master's own uploads (its
+        bytes come through the data channel as a client's do, and it expires as an abandoned
+        upload does unless :meth:`finish_stream` takes it); its id, and the data channel's
+        offer for its bytes."""
+        self._check_master(user, "BeginStaging")
         validate_key(key)
         self._check_epoch(epoch)
-        temp = self.store.staged.new_part()
-        try:
-            for data in pieces:
-                temp.write_at(temp.size, data)
-            ending = end()
-            if ending is None:
-                raise InvalidArgument(f"the forward of {key!r} ended without its size and"
-                                      " digest; nothing was staged")
-        except BaseException:
-            temp.discard()
-            raise
-        size, digest = ending
-        ok = self.store.staged.adopt(key, size, digest, temp)
+        up = self.uploads.begin(user, key, True, [], 1, 0, 1)
+        _, offer = self.offer(user, up.upload_id)
+        return up.upload_id, offer
+
+    def finish_stream(self, user: str, upload_id: str, key: str, epoch: int, size: int,
+                      digest: str) -> bool:
+        """Keep a streamed forward's bytes staged if they are ``size`` bytes with ``digest``
+        (synced first); whether they are."""
+        self._check_master(user, "FinishStaging")
+        self._check_epoch(epoch)
+        up = self.uploads.take(upload_id, user)
+        if up.key != key:
+            up.discard()
+            raise InvalidArgument(f"staging session {upload_id} is for {up.key!r}, not {key!r}")
+        with up.lock:
+            ok = self.store.staged.adopt(key, size, digest, up.temp)
         self.staged += ok
         return ok
+
+    def _check_master(self, user: str, call: str) -> None:
+        if user != self.principal:
+            raise NotAuthorized(
+                f"{user!r} may not call {call}: it is for the leader forwarding writes;"
+                " write blobs with an upload")
 
     def _check_epoch(self, epoch: int) -> None:
         with self._lock:

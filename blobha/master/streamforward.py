@@ -1,7 +1,8 @@
 """The leader's forward of a streamed upload: with a write quorum above 1, the upload's bytes go
-to W-1 of the key's other holders as they arrive, each through a staging stream
-(Peers.stage_upload) fed from a bounded queue of its own, so the holders write their copies
-while the client still sends and the commit waits only for their final sync.
+to W-1 of the key's other holders as they arrive, each into a staging session of its own
+(BeginStaging, then its data channel, then FinishStaging) fed from a bounded queue by a thread
+of its own, so the holders write their copies while the client still sends and the commit
+waits only for their final sync.
 
 A holder whose queue stays full past the bound (it stalled, or cannot keep up) is dropped, as is
 one whose stream fails: it fetches the version after the commit through the ordinary sync, and
@@ -17,9 +18,9 @@ import threading
 import time
 from collections import deque
 from collections.abc import Iterator
+from concurrent.futures import Future
 
 from blobha.master.forward import Forwarder
-from blobha.sync.peers import StagingCall
 
 log = logging.getLogger("blobha.master")
 
@@ -36,12 +37,15 @@ class _Holder:
         self._queue: deque[bytes | tuple[int, str]] = deque()
         self._queued = 0
         self._cond = threading.Condition()
-        #: Set when the holder was given up: the stream ends without its size and digest.
+        #: Set when the holder was given up: its session is never finished, and expires.
         self.dropped = False
-        self.call: StagingCall | None = None
+        #: The (size, digest) the commit gave, once the bytes are all queued.
+        self.ending: tuple[int, str] | None = None
+        #: Whether the holder keeps a synced copy matching ``ending``.
+        self.outcome: Future[bool] = Future()
 
-    def pieces(self) -> Iterator[bytes | tuple[int, str]]:
-        """What the staging stream sends, as it is queued (run by gRPC's sending thread)."""
+    def pieces(self) -> Iterator[bytes]:
+        """The bytes to send, as they are queued, until the end (or the holder is dropped)."""
         while True:
             with self._cond:
                 while not self._queue and not self.dropped:
@@ -49,12 +53,34 @@ class _Holder:
                 if self.dropped:
                     return
                 piece = self._queue.popleft()
-                if isinstance(piece, bytes):
-                    self._queued -= len(piece)
+                if isinstance(piece, tuple):
+                    self.ending = piece
+                    return
+                self._queued -= len(piece)
                 self._cond.notify_all()
             yield piece
-            if isinstance(piece, tuple):
-                return
+
+    def run(self, forwarder: Forwarder, key: str, epoch: int) -> None:
+        """The holder's session, from its beginning to its confirmation (its own thread)."""
+        try:
+            self.outcome.set_result(self._session(forwarder, key, epoch))
+        except BaseException as e:
+            self.drop()
+            self.outcome.set_exception(e)
+
+    def _session(self, forwarder: Forwarder, key: str, epoch: int) -> bool:
+        peers, bound = forwarder.peers, forwarder.bound_secs
+        upload_id, offer = peers.begin_staging(self.address, key, epoch, bound)
+        if offer is None:
+            self.drop()  # no data channel to it: it syncs after the commit
+            return False
+        received = peers.send_staging(self.address, offer, self.pieces(), bound)
+        if self.dropped or self.ending is None:
+            return False
+        size, digest = self.ending
+        if received != size:
+            return False
+        return peers.finish_staging(self.address, upload_id, key, epoch, size, digest, bound)
 
     def put(self, piece: bytes | tuple[int, str], wait: float) -> bool:
         """Queue ``piece``, waiting up to ``wait`` for room; False (and dropped) if none came."""
@@ -85,8 +111,6 @@ class _Holder:
             self._queue.clear()
             self._queued = 0
             self._cond.notify_all()
-        if self.call is not None:
-            self.call.cancel()
 
 
 class StreamForward:
@@ -116,10 +140,10 @@ class StreamForward:
         deadline = time.monotonic() + self._bound
         confirmed: list[str] = []
         for h in self._holders:
-            if h.dropped or h.call is None:
+            if h.dropped:
                 continue
             try:
-                if h.call.result(max(deadline - time.monotonic(), 0.001)):
+                if h.outcome.result(max(deadline - time.monotonic(), 0.001)):
                     confirmed.append(h.address)
             except Exception as e:
                 log.info("forward of %r to %s failed (%s); it syncs after the commit",
@@ -148,13 +172,7 @@ def start_stream(forwarder: Forwarder, key: str, replication_factor: int, write_
     holders: list[_Holder] = []
     for address in targets[:write_quorum - 1]:
         h = _Holder(address, QUEUE_BYTES)
-        try:
-            h.call = forwarder.peers.stage_upload(address, key, epoch, h.pieces())
-        except Exception as e:
-            log.info("cannot forward %r to %s (%s)", key, address, e)
-            forwarder.suspect(address)
-            continue
+        threading.Thread(target=h.run, args=(forwarder, key, epoch), daemon=True,
+                         name=f"forward-{address}").start()
         holders.append(h)
-    if not holders:
-        return None
     return StreamForward(key, write_quorum, holders, forwarder.bound_secs, forwarder)

@@ -110,7 +110,8 @@ class StagedCopies:
                         " not staged", key, actual_size, actual, size, digest)
             temp.path.unlink(missing_ok=True)
             return False
-        blob = temp.path.with_suffix(".blob")
+        # Received anywhere in the store (a session's file is in tmp/): moved here.
+        blob = self.root / f"{uuid.uuid4().hex}.blob"
         os.replace(temp.path, blob)
         write_json_atomic(blob.with_suffix(".json"), {
             "key": key, "size": size, "digest": digest, "chunks": list(chunks)})

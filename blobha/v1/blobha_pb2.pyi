@@ -228,21 +228,27 @@ class StageVersionsResponse(_message.Message):
     staged: _containers.RepeatedScalarFieldContainer[bool]
     def __init__(self, staged: _Optional[_Iterable[bool]] = ...) -> None: ...
 
-class StageUploadChunk(_message.Message):
-    __slots__ = ("key", "epoch", "data", "done", "size", "digest")
+class BeginStagingRequest(_message.Message):
+    __slots__ = ("key", "epoch")
     KEY_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
-    DATA_FIELD_NUMBER: _ClassVar[int]
-    DONE_FIELD_NUMBER: _ClassVar[int]
-    SIZE_FIELD_NUMBER: _ClassVar[int]
-    DIGEST_FIELD_NUMBER: _ClassVar[int]
     key: str
     epoch: int
-    data: bytes
-    done: bool
+    def __init__(self, key: _Optional[str] = ..., epoch: _Optional[int] = ...) -> None: ...
+
+class FinishStagingRequest(_message.Message):
+    __slots__ = ("upload_id", "key", "epoch", "size", "digest")
+    UPLOAD_ID_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    DIGEST_FIELD_NUMBER: _ClassVar[int]
+    upload_id: str
+    key: str
+    epoch: int
     size: int
     digest: str
-    def __init__(self, key: _Optional[str] = ..., epoch: _Optional[int] = ..., data: _Optional[bytes] = ..., done: _Optional[bool] = ..., size: _Optional[int] = ..., digest: _Optional[str] = ...) -> None: ...
+    def __init__(self, upload_id: _Optional[str] = ..., key: _Optional[str] = ..., epoch: _Optional[int] = ..., size: _Optional[int] = ..., digest: _Optional[str] = ...) -> None: ...
 
 class GetMetaRequest(_message.Message):
     __slots__ = ("key", "any_access", "min_version", "view")

@@ -79,9 +79,14 @@ class BlobStoreStub:
                 request_serializer=blobha_dot_v1_dot_blobha__pb2.StageVersionsRequest.SerializeToString,
                 response_deserializer=blobha_dot_v1_dot_blobha__pb2.StageVersionsResponse.FromString,
                 _registered_method=True)
-        self.StageUpload = channel.stream_unary(
-                '/blobha.v1.BlobStore/StageUpload',
-                request_serializer=blobha_dot_v1_dot_blobha__pb2.StageUploadChunk.SerializeToString,
+        self.BeginStaging = channel.unary_unary(
+                '/blobha.v1.BlobStore/BeginStaging',
+                request_serializer=blobha_dot_v1_dot_blobha__pb2.BeginStagingRequest.SerializeToString,
+                response_deserializer=blobha_dot_v1_dot_blobha__pb2.UploadStatus.FromString,
+                _registered_method=True)
+        self.FinishStaging = channel.unary_unary(
+                '/blobha.v1.BlobStore/FinishStaging',
+                request_serializer=blobha_dot_v1_dot_blobha__pb2.FinishStagingRequest.SerializeToString,
                 response_deserializer=blobha_dot_v1_dot_blobha__pb2.StageVersionsResponse.FromString,
                 _registered_method=True)
         self.GetMeta = channel.unary_unary(
@@ -209,11 +214,18 @@ class BlobStoreServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
-    def StageUpload(self, request_iterator, context):
-        """Masters only: the leader's forward of a streamed upload as its bytes arrive. The first
-        message names the key and the epoch, the last one (done) the size and digest the commit
-        will record; the answer comes once the copy is synced and matches them.
+    def BeginStaging(self, request, context):
+        """Masters only: the leader's forward of a streamed upload as its bytes arrive. BeginStaging
+        opens a session on this master and offers its data channel for the bytes; FinishStaging
+        gives the size and digest the commit will record, and is answered once the copy is
+        synced and matches them. A session never finished expires as an abandoned upload.
         """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def FinishStaging(self, request, context):
+        """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -334,9 +346,14 @@ def add_BlobStoreServicer_to_server(servicer, server):
                     request_deserializer=blobha_dot_v1_dot_blobha__pb2.StageVersionsRequest.FromString,
                     response_serializer=blobha_dot_v1_dot_blobha__pb2.StageVersionsResponse.SerializeToString,
             ),
-            'StageUpload': grpc.stream_unary_rpc_method_handler(
-                    servicer.StageUpload,
-                    request_deserializer=blobha_dot_v1_dot_blobha__pb2.StageUploadChunk.FromString,
+            'BeginStaging': grpc.unary_unary_rpc_method_handler(
+                    servicer.BeginStaging,
+                    request_deserializer=blobha_dot_v1_dot_blobha__pb2.BeginStagingRequest.FromString,
+                    response_serializer=blobha_dot_v1_dot_blobha__pb2.UploadStatus.SerializeToString,
+            ),
+            'FinishStaging': grpc.unary_unary_rpc_method_handler(
+                    servicer.FinishStaging,
+                    request_deserializer=blobha_dot_v1_dot_blobha__pb2.FinishStagingRequest.FromString,
                     response_serializer=blobha_dot_v1_dot_blobha__pb2.StageVersionsResponse.SerializeToString,
             ),
             'GetMeta': grpc.unary_unary_rpc_method_handler(
@@ -644,7 +661,7 @@ class BlobStore:
             _registered_method=True)
 
     @staticmethod
-    def StageUpload(request_iterator,
+    def BeginStaging(request,
             target,
             options=(),
             channel_credentials=None,
@@ -654,11 +671,38 @@ class BlobStore:
             wait_for_ready=None,
             timeout=None,
             metadata=None):
-        return grpc.experimental.stream_unary(
-            request_iterator,
+        return grpc.experimental.unary_unary(
+            request,
             target,
-            '/blobha.v1.BlobStore/StageUpload',
-            blobha_dot_v1_dot_blobha__pb2.StageUploadChunk.SerializeToString,
+            '/blobha.v1.BlobStore/BeginStaging',
+            blobha_dot_v1_dot_blobha__pb2.BeginStagingRequest.SerializeToString,
+            blobha_dot_v1_dot_blobha__pb2.UploadStatus.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def FinishStaging(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/blobha.v1.BlobStore/FinishStaging',
+            blobha_dot_v1_dot_blobha__pb2.FinishStagingRequest.SerializeToString,
             blobha_dot_v1_dot_blobha__pb2.StageVersionsResponse.FromString,
             options,
             channel_credentials,

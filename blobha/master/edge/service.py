@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import errno
 import functools
-import itertools
 import logging
 import threading
 from collections.abc import Callable, Iterable, Iterator
@@ -335,24 +334,19 @@ class BlobStoreServicer(pb_grpc.BlobStoreServicer):
         return pb.StageVersionsResponse(staged=staged)
 
     @unary
-    def StageUpload(self, request_iterator: Iterator[pb.StageUploadChunk],
-                    context: grpc.ServicerContext) -> pb.StageVersionsResponse:
-        first = next(request_iterator, None)
-        if first is None:
-            raise InvalidArgument("StageUpload needs at least one message, naming the key")
-        ending: list[tuple[int, str]] = []
+    def BeginStaging(self, request: pb.BeginStagingRequest, context: grpc.ServicerContext
+                     ) -> pb.UploadStatus:
+        upload_id, offer = self.master.begin_staging(user_of(context), request.key,
+                                                     request.epoch)
+        if offer is None:
+            return pb.UploadStatus(upload_id=upload_id)
+        return pb.UploadStatus(upload_id=upload_id, data_port=offer.port, ticket=offer.ticket)
 
-        def pieces() -> Iterator[bytes]:
-            for chunk in itertools.chain([first], request_iterator):
-                if chunk.data:
-                    yield chunk.data
-                if chunk.done:
-                    ending.append((chunk.size, chunk.digest))
-                    return
-
-        staged = self.master.stage_upload(
-            user_of(context), first.key, first.epoch, pieces(),
-            lambda: ending[0] if ending else None)
+    @unary
+    def FinishStaging(self, request: pb.FinishStagingRequest, context: grpc.ServicerContext
+                      ) -> pb.StageVersionsResponse:
+        staged = self.master.finish_staging(user_of(context), request.upload_id, request.key,
+                                            request.epoch, request.size, request.digest)
         return pb.StageVersionsResponse(staged=[staged])
 
     @unary
