@@ -195,9 +195,10 @@ class Reads:
                 f"user {user!r} has no permission on {key!r} (any of READ, WRITE or ADMIN shows"
                 " its metadata); ask a user with ADMIN on it to grant access ('blobha set-acl')"
             )
+        live = self.sync.membership.live()
         if seen is not None:
-            return state, len(seen.holders)
-        return state, self.meta.replication(key, state).replication
+            return state, replication_status(key, state, seen.holders, live).replication
+        return state, self.meta.replication(key, state, live).replication
 
     def open_download(
         self, user: str, key: str, version: int, offset: int, length: int,
