@@ -29,14 +29,17 @@ SUSPECT_SECS = 30.0
 
 #: A write to forward: (key, replication factor, write quorum, size, digest, data).
 Item = tuple[str, int, int, int, str, bytes]
-#: One holder's call: the keys it carries, and its answer to come.
-Call = tuple[list[str], Future[list[bool]]]
+#: One call: its holder, the keys it carries, and its answer to come.
+Call = tuple[str, list[str], Future[list[bool]]]
+#: Bytes one StageVersions call carries at most: well under the masters' message limit
+#: (MAX_MESSAGE), which a group commit's batch (8 MiB) would exceed with its framing.
+CALL_BYTES = 4 * 1024 * 1024
 
 
 class Forward:
     """One batch's forwards in flight."""
 
-    def __init__(self, needs: dict[str, int], calls: dict[str, Call], started: float,
+    def __init__(self, needs: dict[str, int], calls: list[Call], started: float,
                  bound: float, suspect: Callable[[str], None]) -> None:
         self._needs = needs
         self._calls = calls
@@ -50,7 +53,7 @@ class Forward:
         busy then is not waited for: the staged copy it makes is still what its sync
         installs, once it sees the commit."""
         confirmed: dict[str, list[str]] = {key: [] for key in self._needs}
-        pending = {future: holder for holder, (_, future) in self._calls.items()}
+        pending = {future: (holder, keys) for holder, keys, future in self._calls}
         deadline = self._started + self._bound
         enough = False
         while pending:
@@ -60,8 +63,7 @@ class Forward:
                 break
             done, _ = wait(list(pending), timeout=deadline - now, return_when=FIRST_COMPLETED)
             for future in done:
-                holder = pending.pop(future)
-                keys = self._calls[holder][0]
+                holder, keys = pending.pop(future)
                 try:
                     staged = future.result()
                 except Exception as e:
@@ -73,7 +75,7 @@ class Forward:
                         confirmed[key].append(holder)
         if not enough:
             # Past the bound: passed over for a while, so the next writes do not wait for it.
-            for holder in pending.values():
+            for holder in sorted({holder for holder, _ in pending.values()}):
                 log.info("forward to %s had no answer within %g s; it syncs after the commit",
                          holder, self._bound)
                 self._suspect(holder)
@@ -143,10 +145,24 @@ class Forwarder:
             for holder in self.targets(key, rf, known, live, now):
                 per_holder.setdefault(holder, []).append(item)
         epoch = self.epoch()
-        calls: dict[str, Call] = {}
+        calls: list[Call] = []
         for holder, its in per_holder.items():
-            versions = [(key, size, digest, data) for key, _, _, size, digest, data in its]
-            calls[holder] = ([item[0] for item in its], self._pool.submit(
-                self.peers.stage, holder, epoch, versions, self.bound_secs))
+            for part in _parts(its):
+                versions = [(key, size, digest, data) for key, _, _, size, digest, data in part]
+                calls.append((holder, [item[0] for item in part], self._pool.submit(
+                    self.peers.stage, holder, epoch, versions, self.bound_secs)))
             self.forwarded += len(its)
         return Forward(needs, calls, now, self.bound_secs, self.suspect)
+
+
+def _parts(items: list[Item]) -> list[list[Item]]:
+    """``items`` in runs of at most :data:`CALL_BYTES` (one item over it goes alone)."""
+    out: list[list[Item]] = [[]]
+    size = 0
+    for item in items:
+        if out[-1] and size + item[3] > CALL_BYTES:
+            out.append([])
+            size = 0
+        out[-1].append(item)
+        size += item[3]
+    return out

@@ -176,16 +176,27 @@ def test_the_wait_keeps_what_confirmed_and_drops_what_failed_or_lags() -> None:
     suspects: list[str] = []
     never: Future[list[bool]] = Future()
     began = time.monotonic()
-    forward = Forward({"k1": 1}, {"b:1": (["k1"], _done([True])), "d:1": (["k1"], never)},
+    forward = Forward({"k1": 1}, [("b:1", ["k1"], _done([True])), ("d:1", ["k1"], never)],
                       time.monotonic(), 30.0, suspects.append)
     assert forward.wait() == {"k1": ("b:1",)}
     assert time.monotonic() - began < 5  # the quorum was there: d:1 is not waited for
     assert suspects == []  # merely slower, not failed
     # k2 never has its quorum, so the lagging holder is waited for up to the bound.
     short = Forward({"k1": 1, "k2": 1},
-                    {"b:1": (["k1", "k2"], _done([True, False])),
-                     "c:1": (["k2"], _done(Unavailable("gone"))),
-                     "d:1": (["k1", "k2"], never)},
+                    [("b:1", ["k1", "k2"], _done([True, False])),
+                     ("c:1", ["k2"], _done(Unavailable("gone"))),
+                     ("d:1", ["k1", "k2"], never)],
                     time.monotonic(), 0.2, suspects.append)
     assert short.wait() == {"k1": ("b:1",), "k2": ()}
     assert sorted(suspects) == ["c:1", "d:1"]
+
+
+def test_a_batch_goes_to_a_holder_in_calls_under_the_message_limit() -> None:
+    from blobha.master.forward import CALL_BYTES, _parts
+
+    mib = 1024 * 1024
+    items = [(f"k{i}", 3, 2, mib, "d", b"") for i in range(8)] + [
+        ("big", 3, 2, CALL_BYTES + 1, "d", b"")]
+    parts = _parts(items)
+    assert [len(p) for p in parts] == [4, 4, 1]
+    assert all(sum(i[3] for i in p) <= CALL_BYTES for p in parts[:-1])
