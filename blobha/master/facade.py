@@ -162,7 +162,11 @@ class Master:
         self.acks = Acknowledger(s, self.store, self.meta, self.waits, self.sync)
         self.forwarder = Forwarder(
             self.identity, self.peers, self.membership.live, self.membership.known,
-            lambda: self.election.epoch, s.sync_stall_secs, s.write_forward)
+            lambda: self.election.epoch,
+            # A stalled holder is given up at the stall limit, never later than a write's
+            # own timeout: a forward must not make a write that could have failed in time
+            # fail late.
+            min(s.sync_stall_secs, s.write_timeout_secs), s.write_forward)
         self.committer = Committer(s, self.identity, self.store, self.election, self.meta,
                                    self.authority, self.sync, self.membership, self.uploads,
                                    self.forwarder)
