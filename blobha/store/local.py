@@ -120,6 +120,9 @@ class LocalStore:
         segments: SegmentLog | None = getattr(self, "segments", None)
         if segments is not None:
             segments.close()
+        staged: StagedCopies | None = getattr(self, "staged", None)
+        if staged is not None:
+            staged.close()
         fd, self._lock_fd = self._lock_fd, -1
         if fd >= 0:
             os.close(fd)

@@ -1,12 +1,13 @@
 """Staged copies: versions a leader forwarded while committing them, kept until the commit names
 them (see blobha.master.forward).
 
-A forward's versions go into one file of ``staged/`` together, each a record: a 4-byte length,
-a JSON header (key, size, digest), the bytes. The file is synced once, then indexed by (key,
-digest) in memory; only then is the leader told the copies are here. A streamed upload's copy
-is a file of its own (``.blob``), received as a :class:`TempBlob` and described, once synced
-and checked, by a ``.json`` beside it (key, size, digest, chunk digests): installed, it is
-moved in whole (LocalStore.install_staged). A staged copy is never a
+A forward's versions are appended together to the current file of ``staged/``, each a record:
+a 4-byte length, a JSON header (key, size, digest), the bytes. The file is synced once per
+forward, then the records are indexed by (key, digest) in memory; only then is the leader
+told the copies are here. A run appends to files of its own, rolled by size and age. A
+streamed upload's copy is a file of its own (``.blob``), received as a :class:`TempBlob` and
+described, once synced and checked, by a ``.json`` beside it (key, size, digest, chunk
+digests): installed, it is moved in whole (LocalStore.install_staged). A staged copy is never a
 version: the synchroniser installs it (:meth:`StagedCopies.take`) only once it sees a commit of
 that key with that digest, so a deposed leader's forward, which nothing commits, only waits
 for its expiry. The files survive a restart (their index is read back at start-up) and expire
@@ -27,13 +28,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from blobha.core.digest import Digester
-from blobha.store.files import fsync_dir, write_all, write_json_atomic
+from blobha.store.files import fsync_dir, pwrite_all, write_json_atomic
 from blobha.store.temp import TempBlob
 
 log = logging.getLogger("blobha.store")
 
 _LENGTH = struct.Struct(">I")
 _SUFFIX = ".staged"
+#: A file forwards are appended to is rolled at this size or age: one sync per forward (no
+#: file made, renamed and its directory synced each time), and old files can go.
+ROLL_BYTES = 64 * 1024 * 1024
+ROLL_SECS = 60.0
 
 
 @dataclass(frozen=True)
@@ -53,8 +58,15 @@ class StagedCopies:
         root.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
         self._index: dict[tuple[str, str], _Entry] = {}
-        #: Entries not taken yet, per file: a file goes once it has none.
+        #: Entries not taken yet, per file: a file goes once it has none (and, for the file
+        #: appended to now, once it is rolled).
         self._left: dict[Path, int] = {}
+        #: Serialises appends to the current file (``_current``, ``_fd``, ``_end``).
+        self._append = threading.Lock()
+        self._current: Path | None = None
+        self._fd = -1
+        self._end = 0
+        self._opened_at = 0.0
         self._load()
 
     def _load(self) -> None:
@@ -165,38 +177,75 @@ class StagedCopies:
                             key, digest)
         if not good:
             return out
-        name = uuid.uuid4().hex
-        part = self.root / f"{name}.part"
-        final = self.root / f"{name}{_SUFFIX}"
         placed: list[tuple[str, str, _Entry]] = []
-        fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
-        try:
+        with self._append:
+            path, fd, at = self._log()
             pieces: list[bytes] = []
-            offset = 0
+            offset = at
             for key, size, digest, data in good:
                 header = json.dumps({"key": key, "size": size, "digest": digest},
                                     ensure_ascii=False).encode()
                 pieces += [_LENGTH.pack(len(header)), header, data]
                 offset += _LENGTH.size + len(header)
-                placed.append((key, digest, _Entry(final, offset, size)))
+                placed.append((key, digest, _Entry(path, offset, size)))
                 offset += size
-            write_all(fd, b"".join(pieces))
-            os.fdatasync(fd)
+            try:
+                pwrite_all(fd, b"".join(pieces), at)
+                os.fdatasync(fd)
+            except BaseException:
+                # What follows a torn record would never be read back: a new file then.
+                self._roll()
+                raise
+            self._end = offset
+            with self._lock:
+                for key, digest, entry in placed:
+                    old = self._index.get((key, digest))
+                    if old is not None:
+                        self._drop_locked(old)
+                    self._index[(key, digest)] = entry
+                self._left[path] = self._left.get(path, 0) + len(placed)
+        return out
+
+    def _log(self) -> tuple[Path, int, int]:
+        """The file forwards are appended to now (made, or rolled when full or old): its
+        path, descriptor and end. Caller holds ``_append``."""
+        now = time.monotonic()
+        if (self._fd >= 0 and self._end < ROLL_BYTES
+                and now - self._opened_at < ROLL_SECS):
+            assert self._current is not None
+            return self._current, self._fd, self._end
+        self._roll()
+        path = self.root / f"{uuid.uuid4().hex}{_SUFFIX}"
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        try:
+            fsync_dir(self.root)  # the name first: a record in a file not found is lost
         except BaseException:
             os.close(fd)
-            part.unlink(missing_ok=True)
+            path.unlink(missing_ok=True)
             raise
-        os.close(fd)
-        os.replace(part, final)
-        fsync_dir(self.root)
         with self._lock:
-            for key, digest, entry in placed:
-                old = self._index.get((key, digest))
-                if old is not None:
-                    self._drop_locked(old)
-                self._index[(key, digest)] = entry
-            self._left[final] = len(placed)
-        return out
+            self._current = path
+            self._left.setdefault(path, 0)
+        self._fd, self._end, self._opened_at = fd, 0, now
+        return path, fd, 0
+
+    def _roll(self) -> None:
+        """Stop appending to the current file; it goes once nothing in it is wanted. Caller
+        holds ``_append``."""
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+        with self._lock:
+            old, self._current = self._current, None
+            if old is not None and not self._left.get(old, 0):
+                self._left.pop(old, None)
+                old.unlink(missing_ok=True)
+
+    def close(self) -> None:
+        with self._append:
+            if self._fd >= 0:
+                os.close(self._fd)
+                self._fd = -1
 
     def has(self, key: str, digest: str) -> bool:
         with self._lock:
@@ -232,8 +281,8 @@ class StagedCopies:
 
     def _drop_locked(self, entry: _Entry) -> None:
         left = self._left.get(entry.path, 1) - 1
-        if left > 0:
-            self._left[entry.path] = left
+        if left > 0 or entry.path == self._current:
+            self._left[entry.path] = max(left, 0)
             return
         self._left.pop(entry.path, None)
         entry.path.unlink(missing_ok=True)
@@ -249,8 +298,19 @@ class StagedCopies:
         commit named, or one whose commit this master installed from elsewhere)."""
         now = time.time() if now is None else now
         removed = 0
+        if self._append.acquire(blocking=False):
+            try:
+                current = self._current
+                if current is not None and now - current.stat().st_mtime > max_idle_secs:
+                    self._roll()  # idle that long: nothing more goes in it
+            except FileNotFoundError:
+                pass
+            finally:
+                self._append.release()
         with self._lock:
             for path in list(self._left):
+                if path == self._current:
+                    continue
                 try:
                     age = now - path.stat().st_mtime
                 except FileNotFoundError:

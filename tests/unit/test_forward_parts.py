@@ -56,13 +56,18 @@ def test_a_copy_that_does_not_match_its_digest_is_not_staged(tmp_path: Path) -> 
     assert staged.count() == 0 and not list(tmp_path.iterdir())
 
 
-def test_taken_copies_leave_no_file_once_all_are_taken(tmp_path: Path) -> None:
+def test_forwards_share_a_file_that_goes_once_nothing_in_it_is_wanted(tmp_path: Path) -> None:
     staged = StagedCopies(tmp_path)
     a, b = b"one", b"two"
     staged.stage([("k1", 3, digest(a), a), ("k2", 3, digest(b), b)])
     staged.take("k1", digest(a))
     assert list(tmp_path.iterdir())  # k2 is still in it
     staged.take("k2", digest(b))
+    assert list(tmp_path.iterdir())  # appended to still
+    staged.stage([("k3", 3, digest(a), a)])
+    assert len(list(tmp_path.iterdir())) == 1  # one file, one sync per forward
+    staged.take("k3", digest(a))
+    staged.expire(600, now=time.time() + 601)  # idle: rolled, and nothing in it is wanted
     assert not list(tmp_path.iterdir())
 
 
