@@ -13,6 +13,7 @@ not cost every write the bound.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -26,6 +27,9 @@ log = logging.getLogger("blobha.master")
 
 #: How long a holder that failed or was too slow is passed over.
 SUSPECT_SECS = 30.0
+#: Forwards to one holder in flight at most: one that stalled unnoticed (its calls not failed
+#: yet) must not take every sending thread, and the healthy holders' forwards with them.
+MAX_IN_FLIGHT = 4
 
 #: A write to forward: (key, replication factor, write quorum, size, digest, data).
 Item = tuple[str, int, int, int, str, bytes]
@@ -95,8 +99,9 @@ class Forwarder:
         self.epoch = epoch
         self.bound_secs = bound_secs
         self.enabled = enabled
-        self._pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="forward")
+        self._pool = ThreadPoolExecutor(max_workers=32, thread_name_prefix="forward")
         self._suspects: dict[str, float] = {}
+        self._in_flight: dict[str, int] = {}
         self._lock = threading.Lock()
         #: Versions forwarded since start (each once per holder).
         self.forwarded = 0
@@ -111,6 +116,8 @@ class Forwarder:
 
     def _trusted(self, holder: str, now: float) -> bool:
         with self._lock:
+            if self._in_flight.get(holder, 0) >= MAX_IN_FLIGHT:
+                return False
             since = self._suspects.get(holder)
             if since is None:
                 return True
@@ -149,10 +156,23 @@ class Forwarder:
         for holder, its in per_holder.items():
             for part in _parts(its):
                 versions = [(key, size, digest, data) for key, _, _, size, digest, data in part]
-                calls.append((holder, [item[0] for item in part], self._pool.submit(
-                    self.peers.stage, holder, epoch, versions, self.bound_secs)))
+                with self._lock:
+                    self._in_flight[holder] = self._in_flight.get(holder, 0) + 1
+                future = self._pool.submit(self.peers.stage, holder, epoch, versions,
+                                           self.bound_secs)
+                future.add_done_callback(functools.partial(self._done, holder))
+                calls.append((holder, [item[0] for item in part], future))
             self.forwarded += len(its)
         return Forward(needs, calls, now, self.bound_secs, self.suspect)
+
+
+    def _done(self, holder: str, future: Future[list[bool]]) -> None:
+        # A call no write waited for any more (its quorum came from others) fails here too:
+        # a holder that stalled is then passed over.
+        with self._lock:
+            self._in_flight[holder] -= 1
+        if future.cancelled() or future.exception() is not None:
+            self.suspect(holder)
 
 
 def _parts(items: list[Item]) -> list[list[Item]]:

@@ -12,6 +12,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from waiting import wait_until
 
 from blobha.core.digest import Digester
 from blobha.core.errors import InvalidArgument, NotAuthorized, NotLeader, Unavailable
@@ -205,3 +206,36 @@ def test_a_batch_goes_to_a_holder_in_calls_under_the_message_limit() -> None:
     parts = _parts(items)
     assert [len(p) for p in parts] == [4, 4, 1]
     assert all(sum(i[3] for i in p) <= CALL_BYTES for p in parts[:-1])
+
+
+def test_a_holder_with_forwards_stuck_is_passed_over_and_suspected_when_they_fail() -> None:
+    import threading
+
+    from blobha.master.forward import MAX_IN_FLIGHT, Forwarder
+
+    release = threading.Event()
+
+    class Peers:
+        def stage(self, holder: str, epoch: int, versions: list[object], timeout: float
+                  ) -> list[bool]:
+            if holder == "stuck:1":
+                release.wait(10)
+                raise Unavailable("stalled")
+            return [True] * len(versions)
+
+    masters = {"me:1", "ok:1", "stuck:1"}
+    f = Forwarder("me:1", Peers(), lambda: masters, lambda: masters,  # type: ignore[arg-type]
+                  lambda: 3, 5.0, True)
+    try:
+        for i in range(MAX_IN_FLIGHT + 2):
+            forward = f.start([(f"k{i}", 3, 2, 1, "d", b"x")])
+            assert forward is not None
+            assert forward.wait() == {f"k{i}": ("ok:1",)}  # never waits for the stuck one
+        assert f.targets("k", 3, masters, masters, time.monotonic()) == ["ok:1"]
+        release.set()
+        wait_until(lambda: not f._in_flight.get("stuck:1"), 10, "the stuck calls to fail")
+        # Its calls failed: it stays passed over for a while.
+        assert f.targets("k", 3, masters, masters, time.monotonic()) == ["ok:1"]
+    finally:
+        release.set()
+        f.close()
