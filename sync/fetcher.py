@@ -72,8 +72,20 @@ class Fetcher:
         singles: list[Wanted] = []
         fresh: set[str] = set()
         live = self.live()
+        staged: list[tuple[str, BlobState, bytes]] = []
         for item in to_fetch:
             key, state, holders = item
+            # The leader forwarded these bytes before its commit (blobha.master.forward): the
+            # commit names them now, so they are installed as if fetched, without a fetch.
+            copy = self.store.staged.read(key, state.digest, state.size)
+            if copy is not None:
+                if not self.store.versions(key):
+                    fresh.add(key)
+                staged.append((key, state, copy))
+                continue
+            if self.store.staged.is_whole(key, state.digest):
+                singles.append(item)  # a streamed upload's copy: fetch() moves it in
+                continue
             sources = self.sources(holders, live)
             # A key with a local version goes alone: fetch may find the bytes locally.
             if state.size <= small and sources and not self.store.versions(key):
@@ -90,7 +102,7 @@ class Fetcher:
             (key, state, self._pool.submit(self.fetch, key, state, holders, read_mark))
             for key, state, holders in singles
         ]
-        fetched: list[tuple[str, BlobState, bytes]] = []
+        fetched: list[tuple[str, BlobState, bytes]] = staged
         for source, items, batch in batches:
             try:
                 got = batch.result()
@@ -123,6 +135,13 @@ class Fetcher:
         """Obtain the committed version of ``key``: a small blob's bytes, for the caller to
         install with the rest of its batch, or None once a big one (or a local copy) is
         installed here."""
+        if self.store.staged.is_whole(key, state.digest):
+            with self.guard.key_lock(key):
+                if not self.view.read_is_current(key, read_mark):
+                    raise stale_fetch(key)
+                if self.store.install_staged(key, state.seq, state.digest, state.size):
+                    log.info("installed the forwarded copy of %r v%d", key, state.seq)
+                    return None
         copy = self.store.find_by_digest(key, state.digest, state.size)
         if copy is not None:
             with self.guard.key_lock(key):
@@ -217,11 +236,12 @@ class Fetcher:
             except Exception as e:
                 return {**failures, **{key: e for key, _, _ in fetched}}
         synced = 0
-        for (key, _, _), outcome in zip(fetched, outcomes, strict=True):
+        for (key, state, _), outcome in zip(fetched, outcomes, strict=True):
             if isinstance(outcome, Exception):
                 failures[key] = outcome
             else:
                 synced += 1
+                self.store.staged.take(key, state.digest)
         log.info("synced %d small blobs", synced)
         return failures
 

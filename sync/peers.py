@@ -22,7 +22,7 @@ from blobha.v1 import blobha_pb2_grpc as pb_grpc
 from blobha.wire import chunks as chunkwire
 from blobha.wire.convert import master_from_pb
 from blobha.wire.credentials import Credentials
-from blobha.wire.dataplane import DataChannels, DataOffer
+from blobha.wire.dataplane import DataChannels, DataOffer, send_upload
 from blobha.wire.stallwatch import Stalled, StallWatch
 from blobha.wire.status import MasterSummary
 
@@ -158,6 +158,60 @@ class Peers:
         except grpc.RpcError as e:
             raise _error(e) from None
         return out
+
+    def stage(self, address: str, epoch: int, versions: Sequence[tuple[str, int, str, bytes]],
+              timeout: float) -> list[bool]:
+        """Forward (key, size, digest, data) versions to ``address`` to keep staged (see
+        blobha.master.forward): one bool per version, true once its copy there is synced and
+        digest-checked. Raises a :class:`BlobError` when the call fails or takes longer than
+        ``timeout`` (a master of an older release answers UNIMPLEMENTED)."""
+        request = pb.StageVersionsRequest(epoch=epoch, versions=[
+            pb.StagedVersion(key=key, size=size, digest=digest, data=data)
+            for key, size, digest, data in versions])
+        try:
+            reply = self._stub(address).StageVersions(request, timeout=timeout,
+                                                      metadata=self._metadata)
+        except grpc.RpcError as e:
+            raise _error(e) from None
+        staged = list(reply.staged)
+        if len(staged) != len(versions):
+            raise Unavailable(f"{address} answered {len(staged)} of {len(versions)} staged")
+        return staged
+
+    def begin_staging(self, address: str, key: str, epoch: int, timeout: float
+                      ) -> tuple[str, DataOffer | None]:
+        """Open a staging session for a streamed upload of ``key`` on ``address`` (see
+        blobha.master.streamforward): its id, and the data channel it offers for the bytes
+        (None: it has none, or this master cannot reach it now)."""
+        try:
+            reply = self._stub(address).BeginStaging(
+                pb.BeginStagingRequest(key=key, epoch=epoch), timeout=timeout,
+                metadata=self._metadata)
+        except grpc.RpcError as e:
+            raise _error(e) from None
+        if not reply.ticket or not self._data_channels.usable(address):
+            return reply.upload_id, None
+        return reply.upload_id, DataOffer(reply.data_port, reply.ticket)
+
+    def send_staging(self, address: str, offer: DataOffer,
+                     pieces: Iterable[bytes | memoryview], timeout: float) -> int:
+        """Send ``pieces`` to a staging session over ``address``'s data channel; the bytes it
+        then holds. ``timeout`` bounds the connect and each send (a stalled peer's limit)."""
+        return send_upload(host_of(address), offer.port, offer.ticket, timeout, pieces,
+                           self._data_channels.tls())
+
+    def finish_staging(self, address: str, upload_id: str, key: str, epoch: int, size: int,
+                       digest: str, timeout: float) -> bool:
+        """End a staging session: whether ``address`` now keeps a synced copy of ``size``
+        bytes with ``digest``."""
+        try:
+            reply = self._stub(address).FinishStaging(
+                pb.FinishStagingRequest(upload_id=upload_id, key=key, epoch=epoch, size=size,
+                                        digest=digest),
+                timeout=timeout, metadata=self._metadata)
+        except grpc.RpcError as e:
+            raise _error(e) from None
+        return bool(reply.staged) and bool(reply.staged[0])
 
     def abandon(self, address: str, reason: str) -> None:
         """End the fetches from ``address`` now (it left the cluster: whatever it holds is no

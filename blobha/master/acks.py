@@ -48,7 +48,8 @@ class Acknowledger:
         """Answer for a committed version once W masters hold it: (key, state, holders)."""
         try:
             if committed.acked:
-                return key, committed, 1
+                # The leader, and the holders whose staged copies made the quorum at commit.
+                return key, committed, 1 + len(committed.confirmed)
             try:
                 reached, info = self._await_holders(key, committed, committed.write_quorum)
             except KeyNotFound:

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 import time
 from collections.abc import Callable, Sequence
 from collections.abc import Set as AbstractSet
+from dataclasses import replace
 from typing import Any
 
 from kazoo.exceptions import (
@@ -26,6 +28,7 @@ from blobha.core.errors import (
     VersionConflict,
 )
 from blobha.leader import Deposed, LeaderElection, is_failure
+from blobha.master.forward import Forwarder
 from blobha.master.groupcommit import Later
 from blobha.master.metadata import Metadata
 from blobha.master.rules import (
@@ -52,12 +55,27 @@ from blobha.zk.layout import (
 log = logging.getLogger("blobha.master")
 
 
+def confirmed_by(new: BlobState, holders: tuple[str, ...]) -> BlobState:
+    """``new`` with the holders that confirmed a staged copy, acknowledged in its commit when
+    they and the leader make its write quorum (their copies are as durable as a replica's)."""
+    if not holders:
+        return new
+    return replace(new, confirmed=holders,
+                   acked=new.acked or 1 + len(holders) >= new.write_quorum)
+
+
+def _by_index(batch: Sequence[PutRequest], confirmed: dict[str, tuple[str, ...]]
+              ) -> dict[int, tuple[str, ...]]:
+    return {i: confirmed[p.key] for i, p in enumerate(batch) if p.key in confirmed}
+
+
 class Committer:
     """Commits writes: one at a time (an upload session) or a group of small ones together."""
 
     def __init__(self, settings: MasterSettings, identity: str, store: LocalStore,
                  election: LeaderElection, meta: Metadata, authority: Authority,
-                 sync: Synchronizer, membership: Membership, uploads: UploadManager) -> None:
+                 sync: Synchronizer, membership: Membership, uploads: UploadManager,
+                 forwarder: Forwarder | None = None) -> None:
         self.settings = settings
         self.identity = identity
         self.store = store
@@ -67,6 +85,7 @@ class Committer:
         self.sync = sync
         self.membership = membership
         self.uploads = uploads
+        self.forwarder = forwarder
 
     def commit_puts(self, batch: Sequence[PutRequest]) -> list[BlobState | BaseException | Later]:
         """One group commit (:class:`GroupCommitter` handler): the batch's new versions are
@@ -123,9 +142,17 @@ class Committer:
                 news.pop(i, None)
         if not news:
             return out
+        # The other holders receive the bytes while this master installs them.
+        forward = self.forwarder.start(
+            [(batch[i].key, new.replication_factor, new.write_quorum, new.size, new.digest,
+              batch[i].data) for i, new in news.items()]) if self.forwarder else None
         installed = self.store.install_many(
             [(batch[i].key, new.seq, batch[i].data, len(batch[i].data), batch[i].digest)
              for i, new in news.items()])
+        if forward is not None:
+            for key_index, holders in _by_index(batch, forward.wait()).items():
+                if key_index in news:
+                    news[key_index] = confirmed_by(news[key_index], holders)
         live: list[int] = []
         for i, result in zip(list(news), installed, strict=True):
             if isinstance(result, ChecksumMismatch):
@@ -303,11 +330,29 @@ class Committer:
                 self.uploads.restore(up, generation)
                 raise
             except BaseException:
-                up.temp.discard()
+                up.discard()
                 raise
+            forward, up.forward = up.forward, None
+            holders: list[str] = []
             try:
-                self.store.install(key, new.seq, up.temp, size, digest)
+                if forward is not None and new.write_quorum >= 2:
+                    # The holders sync their copies while this master syncs its own.
+                    ending = threading.Thread(
+                        target=lambda f=forward: holders.extend(f.finish(size, digest)),
+                        name="forward-finish", daemon=True)
+                    ending.start()
+                    try:
+                        self.store.install(key, new.seq, up.temp, size, digest)
+                    finally:
+                        ending.join()
+                    new = confirmed_by(new, tuple(holders))
+                else:
+                    if forward is not None:
+                        forward.drop()
+                    self.store.install(key, new.seq, up.temp, size, digest)
             except BaseException:
+                if forward is not None:
+                    forward.drop()
                 up.temp.discard()
                 raise
             result: BlobState | BaseException = Unavailable("not committed; retry")

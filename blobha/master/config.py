@@ -47,6 +47,15 @@ OPTIONS: tuple[Option, ...] = (
         " (1 = the leader alone, Storm's behaviour). A request may override it.",
     ),
     Option(
+        "blobstore.write.forward",
+        True,
+        "With a write quorum above 1, the leader sends a small write's bytes to the other"
+        " masters chosen to hold the key while it commits, and each keeps a staged, synced and"
+        " digest-checked copy: the commit records the masters that confirmed one and is"
+        " acknowledged at once when they make the quorum. Off: the other masters fetch the"
+        " version after the commit, and the write waits for their replica nodes.",
+    ),
+    Option(
         "blobstore.write.timeout.secs",
         30.0,
         "How long a commit waits for the write quorum before failing with DEADLINE_EXCEEDED.",
@@ -423,6 +432,7 @@ def _validate(v: dict[str, Any]) -> dict[str, Any]:
     number("zookeeper.session.timeout.ms", int, 1000)
     number("auth.job.token.max.lifetime.secs", int, 1)
     flag("blobstore.sync.recursive.watch")
+    flag("blobstore.write.forward")
     data_port = v["blobstore.data.port"]
     if isinstance(data_port, str) and data_port.strip().startswith("+"):
         offset = data_port.strip()[1:]

@@ -38,6 +38,7 @@ from blobha.master.channel import Channel
 from blobha.master.cluster import ClusterIdentity, Guard
 from blobha.master.committer import Committer
 from blobha.master.config import Config, ConfigError
+from blobha.master.forward import Forwarder
 from blobha.master.groupcommit import GroupCommitter
 from blobha.master.jobtokens import JobTokens
 from blobha.master.metadata import Metadata
@@ -46,6 +47,7 @@ from blobha.master.repairs import Repairs
 from blobha.master.rules import Authority, CommitOutcomeUnknown, PutRequest
 from blobha.master.scrub import Scrubber
 from blobha.master.settings import MasterSettings
+from blobha.master.staging import Staging
 from blobha.master.status import MasterStatus
 from blobha.master.summary import StatusSummary
 from blobha.master.uploads import UploadManager
@@ -158,14 +160,24 @@ class Master:
         self.waits = ReplicationWaits(self.zk, self.election, self.meta, self.authority,
                                       self._stopped)
         self.acks = Acknowledger(s, self.store, self.meta, self.waits, self.sync)
+        self.forwarder = Forwarder(
+            self.identity, self.peers, self.membership.live, self.membership.known,
+            lambda: self.election.epoch,
+            # A stalled holder is given up at the stall limit, never later than a write's
+            # own timeout: a forward must not make a write that could have failed in time
+            # fail late.
+            min(s.sync_stall_secs, s.write_timeout_secs), s.write_forward)
         self.committer = Committer(s, self.identity, self.store, self.election, self.meta,
-                                   self.authority, self.sync, self.membership, self.uploads)
+                                   self.authority, self.sync, self.membership, self.uploads,
+                                   self.forwarder)
         self.puts: GroupCommitter[PutRequest, BlobState] = GroupCommitter(
             self.committer.commit_puts, key=lambda p: p.key, name="put-commit",
             weight=lambda p: len(p.data), max_weight=PUT_BATCH_BYTES,
         )
         self.writes = Writes(s, self.store, self.uploads, self.puts, self.meta, self.authority,
-                             self.committer, self.acks, self.channel)
+                             self.committer, self.acks, self.channel, self.forwarder)
+        self.staging = Staging(self.principal, self.store, self._epoch_seen, self.uploads,
+                               self.writes.offer_upload)
         self.reads = Reads(s, self.identity, self.principal, self.store, self.zk, self.meta,
                            self.authority, self.sync, self.channel)
         self.admin = Admin(self.store, self.meta, self.authority, self.sync)
@@ -241,6 +253,7 @@ class Master:
             return
         self._closed = True
         self.puts.close(timeout=5.0)
+        self.forwarder.close()
         self.sync.stop()
         self.peers.close()
         self.summary.close()
@@ -343,6 +356,21 @@ class Master:
     def fetch_versions(self, user: str, refs: Sequence[tuple[str, int]]
                        ) -> Iterator[tuple[str, int, VersionInfo | None, bytes]]:
         return self.reads.fetch_versions(user, refs)
+
+    def stage_versions(self, user: str, epoch: int,
+                       versions: Sequence[tuple[str, int, str, bytes]]) -> list[bool]:
+        return self.staging.stage(user, epoch, versions)
+
+    def begin_staging(self, user: str, key: str, epoch: int) -> tuple[str, DataOffer | None]:
+        return self.staging.begin_stream(user, key, epoch)
+
+    def finish_staging(self, user: str, upload_id: str, key: str, epoch: int, size: int,
+                       digest: str) -> bool:
+        return self.staging.finish_stream(user, upload_id, key, epoch, size, digest)
+
+    def _epoch_seen(self) -> int:
+        term = self.history.current
+        return term.epoch if term is not None else 0
 
     def list_keys(self, user: str, prefix: str, page_token: str, page_size: int
                   ) -> tuple[list[str], str]:

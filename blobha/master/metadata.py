@@ -221,12 +221,13 @@ class Metadata:
             self.election, "give_up_at", None)
         return give_up_at
 
-    def replication(self, key: str, state: BlobState) -> ReplicationStatus:
+    def replication(self, key: str, state: BlobState,
+                    live: AbstractSet[str] = frozenset()) -> ReplicationStatus:
         try:
             names = self.answer(self.zk.get_children_async(key_path(key)))
         except NoNodeError:
             names = []
-        return replication_status(key, state, zkstate.holders(names, state.seq))
+        return replication_status(key, state, zkstate.holders(names, state.seq), live)
 
     def sorted_keys(self) -> list[str]:
         """Every key, sorted; re-read only when the key list changed (ZooKeeper bumps the

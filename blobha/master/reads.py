@@ -195,9 +195,10 @@ class Reads:
                 f"user {user!r} has no permission on {key!r} (any of READ, WRITE or ADMIN shows"
                 " its metadata); ask a user with ADMIN on it to grant access"
             )
+        live = self.sync.membership.live()
         if seen is not None:
-            return state, len(seen.holders)
-        return state, self.meta.replication(key, state).replication
+            return state, replication_status(key, state, seen.holders, live).replication
+        return state, self.meta.replication(key, state, live).replication
 
     def open_download(
         self, user: str, key: str, version: int, offset: int, length: int,
@@ -357,5 +358,6 @@ class Reads:
         state, seen = self.state_for_read(key, minimum, view)
         self.authority.require(user, state.acl, acls.READ, key)
         if seen is not None:
-            return replication_status(key, state, seen.holders)
-        return self.meta.replication(key, state)
+            return replication_status(key, state, seen.holders,
+                                      self.sync.membership.live())
+        return self.meta.replication(key, state, self.sync.membership.live())

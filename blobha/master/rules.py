@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, replace
 
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
@@ -32,7 +33,13 @@ def no_such_key(key: str) -> KeyNotFound:
     return KeyNotFound(f"no blob with key {key!r}")
 
 
-def replication_status(key: str, state: BlobState, holders: Sequence[str]) -> ReplicationStatus:
+def replication_status(key: str, state: BlobState, holders: Sequence[str],
+                       live: AbstractSet[str] = frozenset()) -> ReplicationStatus:
+    """``holders``: the replica nodes of ``state``'s version. A master that confirmed a staged
+    copy before the commit (``state.confirmed``) and has a session (in ``live``) holds it as
+    durably, and counts as a holder too until its replica node follows."""
+    if state.confirmed and live:
+        holders = sorted(set(holders) | (set(state.confirmed) & live))
     return ReplicationStatus(key, state.seq, len(holders), state.replication_factor,
                              tuple(holders))
 

@@ -33,6 +33,7 @@ class MasterSettings:
     replication_factor: int
     write_quorum: int
     write_timeout_secs: float
+    write_forward: bool
     versions_retained: int
     list_visibility: str
     upload_expiration_secs: float
@@ -74,6 +75,7 @@ class MasterSettings:
             replication_factor=config["blobstore.replication.factor"],
             write_quorum=config["blobstore.write.quorum"],
             write_timeout_secs=config["blobstore.write.timeout.secs"],
+            write_forward=config["blobstore.write.forward"],
             versions_retained=config["blobstore.versions.retained"],
             list_visibility=config["blobstore.list.visibility"],
             upload_expiration_secs=config["blobstore.upload.expiration.secs"],

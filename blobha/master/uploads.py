@@ -22,6 +22,7 @@ from blobha.core.errors import (
     Unavailable,
     upload_not_found,
 )
+from blobha.master.streamforward import StreamForward
 from blobha.store.local import LocalStore, TempBlob
 
 log = logging.getLogger("blobha.uploads")
@@ -45,6 +46,14 @@ class Upload:
     last_active: float = field(default_factory=time.monotonic)
     #: Held while a chunk stream or the commit uses the session, so they never interleave.
     lock: threading.Lock = field(default_factory=threading.Lock)
+    #: The forwards of its bytes to other holders, with W >= 2 (blobha.master.streamforward).
+    forward: StreamForward | None = None
+
+    def discard(self) -> None:
+        """Delete what was received, and give its forwards up."""
+        if self.forward is not None:
+            self.forward.drop()
+        self.temp.discard()
 
 
 class UploadManager:
@@ -152,13 +161,13 @@ class UploadManager:
                 up.last_active = time.monotonic()
                 self._uploads[up.upload_id] = up
         if not current:
-            up.temp.discard()
+            up.discard()
         return current
 
     def abort(self, upload_id: str, user: str) -> None:
         up = self.take(upload_id, user)
         with up.lock:
-            up.temp.discard()
+            up.discard()
         log.info("upload %s for %r aborted by its user", upload_id, up.key)
 
     def abort_all(self, reason: str) -> int:
@@ -169,7 +178,7 @@ class UploadManager:
         for up in ups:
             # A chunk stream may hold the lock; discarding the file under it is still safe
             # because the stream fails on its next write, and the id is already gone.
-            up.temp.discard()
+            up.discard()
         if ups:
             log.warning("aborted %d in-flight upload(s): %s", len(ups), reason)
         return len(ups)
@@ -186,7 +195,7 @@ class UploadManager:
             for u in stale:
                 del self._uploads[u.upload_id]
         for u in stale:
-            u.temp.discard()
+            u.discard()
             log.warning("upload %s for %r expired after %.0fs idle; its data was deleted",
                         u.upload_id, u.key, self.expiration_secs)
         return len(stale)
@@ -196,5 +205,7 @@ class UploadManager:
         while not self._stop.wait(period):
             try:
                 self.expire()
+                # Forwarded copies no commit installed expire as abandoned uploads do.
+                self.store.staged.expire(self.expiration_secs)
             except Exception:
                 log.exception("upload reaper failed; it keeps running")

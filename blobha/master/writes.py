@@ -17,6 +17,7 @@ from blobha.core.keys import validate_key
 from blobha.master.acks import Acknowledger
 from blobha.master.channel import Channel
 from blobha.master.committer import Committer
+from blobha.master.forward import Forwarder
 from blobha.master.groupcommit import GroupCommitter
 from blobha.master.metadata import Metadata
 from blobha.master.rules import (
@@ -29,6 +30,7 @@ from blobha.master.rules import (
     tag_of,
 )
 from blobha.master.settings import MasterSettings
+from blobha.master.streamforward import start_stream
 from blobha.master.uploads import UploadManager
 from blobha.store.local import LocalStore
 from blobha.wire.dataplane import DataOffer
@@ -45,7 +47,7 @@ class Writes:
     def __init__(self, settings: MasterSettings, store: LocalStore, uploads: UploadManager,
                  puts: GroupCommitter[PutRequest, BlobState], meta: Metadata,
                  authority: Authority, committer: Committer, acks: Acknowledger,
-                 channel: Channel) -> None:
+                 channel: Channel, forwarder: Forwarder | None = None) -> None:
         self.settings = settings
         self.store = store
         self.uploads = uploads
@@ -55,6 +57,7 @@ class Writes:
         self.committer = committer
         self.acks = acks
         self.channel = channel
+        self.forwarder = forwarder
 
     def _write_settings(self, key: str, acl: Sequence[AccessControl], replication_factor: int,
                         write_quorum: int, create: bool) -> tuple[int, int]:
@@ -108,6 +111,8 @@ class Writes:
         # then (Committer.next_state), which may have changed meanwhile.
         up = self.uploads.begin(user, key, create, acl, rf, expected_version,
                                 w if create else write_quorum, tag, generation=generation)
+        # Before the session is handed out, so no byte of it goes unforwarded.
+        up.forward = start_stream(self.forwarder, key, rf, w) if self.forwarder else None
         return up.upload_id, int(self.uploads.expiration_secs), None
 
     def append(self, user: str, upload_id: str, offset: int, data: bytes | memoryview) -> int:
@@ -116,7 +121,10 @@ class Writes:
             if data:
                 self.store.reserve(len(data))
                 try:
-                    up.temp.write_at(offset, data)
+                    new = up.temp.write_at(offset, data)
+                    if new and up.forward is not None:
+                        # A copy: the data channel reuses its buffer for the next piece.
+                        up.forward.feed(bytes(memoryview(data)[len(data) - new:]))
                 except InvalidArgument:  # a ValueError too: a gap, the client's to hear
                     raise
                 except ValueError:

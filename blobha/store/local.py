@@ -10,6 +10,8 @@ Layout under the store root::
     keys/<dirname>/v<seq>.ver   a small version as an earlier release stored it: its bytes and
                                 its record in one file, the record after the bytes (read only)
     tmp/                        uploads and downloads in progress; emptied at start-up
+    staged/                     copies a leader forwarded, kept until a commit names them
+                                (see blobha.store.staged); expire as abandoned uploads do
     LOCK                        held (flock) by the process using the store; holds its pid
     zk-session                  not the store's: the master's ZooKeeper session, which its
                                 successor on this directory ends (blobha.sync.SessionRecord)
@@ -51,6 +53,7 @@ from blobha.store.reads import VersionReader
 from blobha.store.recent import RECENT_BYTES, RECENT_VERSIONS, RecentVersions
 from blobha.store.records import VersionInfo, footprint, info_json, remove_version_files
 from blobha.store.segments import SegmentLog
+from blobha.store.staged import StagedCopies
 from blobha.store.temp import FLUSH_BYTES, BlobBuffer, TempBlob
 
 # The rest of blobha imports these from here. Each is defined in the module named above: a
@@ -90,6 +93,8 @@ class LocalStore:
             self.tmp_dir.mkdir(parents=True, exist_ok=True)
             self.segments_dir = root / "segments"
             self.segments = SegmentLog(self.segments_dir)
+            #: Forwarded copies not committed yet (blobha.store.staged).
+            self.staged = StagedCopies(root / "staged")
             #: Called with (key, seq) after a corrupt version was removed, so the master can
             #: unregister that replica and fetch a healthy copy.
             self.on_corrupt: Callable[[str, int], None] | None = None
@@ -115,6 +120,9 @@ class LocalStore:
         segments: SegmentLog | None = getattr(self, "segments", None)
         if segments is not None:
             segments.close()
+        staged: StagedCopies | None = getattr(self, "staged", None)
+        if staged is not None:
+            staged.close()
         fd, self._lock_fd = self._lock_fd, -1
         if fd >= 0:
             os.close(fd)
@@ -190,6 +198,26 @@ class LocalStore:
             temp.discard()
             raise
         info = VersionInfo(key, seq, size, digest, CHUNK_SIZE, tuple(chunks))
+        self._place(temp.path, info)
+        return info
+
+    def install_staged(self, key: str, seq: int, digest: str, size: int) -> bool:
+        """Make the staged copy of a streamed upload (blobha.store.staged) version ``seq`` of
+        ``key``, by moving its file in: synced and checked against ``digest`` when it was
+        staged, so as durable as :meth:`install`'s. False if no such copy is here."""
+        claimed = self.staged.claim(key, digest, size)
+        if claimed is None:
+            return False
+        path, chunks = claimed
+        try:
+            self._place(path, VersionInfo(key, seq, size, digest, CHUNK_SIZE, chunks))
+        finally:
+            self.staged.release(path)
+        return True
+
+    def _place(self, source: Path, info: VersionInfo) -> None:
+        """Move the synced file ``source`` in as the version ``info`` describes."""
+        key, seq = info.key, info.seq
         with self._dirs.changing(key) as d:
             self._recent.forget(key, seq)  # what install_many left of an earlier version seq
             # Replaced, not kept: read first, an earlier packed copy would hide this one, so
@@ -204,7 +232,7 @@ class LocalStore:
             except FileExistsError:
                 new_dir = False
             self._dirs.names.add(d.name)
-            os.replace(temp.path, d / f"v{seq}.blob")
+            os.replace(source, d / f"v{seq}.blob")
             try:
                 files.write_json_atomic(d / f"v{seq}.json", info_json(info))
                 files.fsync_dir(d)
@@ -216,7 +244,6 @@ class LocalStore:
             if new_dir:
                 # Only a new key directory changes keys/ itself.
                 files.fsync_dir(self.keys_dir)
-        return info
 
     def install_copy(self, key: str, seq: int, source: VersionInfo) -> VersionInfo:
         """Install version ``seq`` with the same bytes as a local version (a roll-back, or a

@@ -202,6 +202,54 @@ class FetchedVersions(_message.Message):
     versions: _containers.RepeatedCompositeFieldContainer[FetchedVersion]
     def __init__(self, versions: _Optional[_Iterable[_Union[FetchedVersion, _Mapping]]] = ...) -> None: ...
 
+class StagedVersion(_message.Message):
+    __slots__ = ("key", "size", "digest", "data")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    DIGEST_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    size: int
+    digest: str
+    data: bytes
+    def __init__(self, key: _Optional[str] = ..., size: _Optional[int] = ..., digest: _Optional[str] = ..., data: _Optional[bytes] = ...) -> None: ...
+
+class StageVersionsRequest(_message.Message):
+    __slots__ = ("epoch", "versions")
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    VERSIONS_FIELD_NUMBER: _ClassVar[int]
+    epoch: int
+    versions: _containers.RepeatedCompositeFieldContainer[StagedVersion]
+    def __init__(self, epoch: _Optional[int] = ..., versions: _Optional[_Iterable[_Union[StagedVersion, _Mapping]]] = ...) -> None: ...
+
+class StageVersionsResponse(_message.Message):
+    __slots__ = ("staged",)
+    STAGED_FIELD_NUMBER: _ClassVar[int]
+    staged: _containers.RepeatedScalarFieldContainer[bool]
+    def __init__(self, staged: _Optional[_Iterable[bool]] = ...) -> None: ...
+
+class BeginStagingRequest(_message.Message):
+    __slots__ = ("key", "epoch")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    epoch: int
+    def __init__(self, key: _Optional[str] = ..., epoch: _Optional[int] = ...) -> None: ...
+
+class FinishStagingRequest(_message.Message):
+    __slots__ = ("upload_id", "key", "epoch", "size", "digest")
+    UPLOAD_ID_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    DIGEST_FIELD_NUMBER: _ClassVar[int]
+    upload_id: str
+    key: str
+    epoch: int
+    size: int
+    digest: str
+    def __init__(self, upload_id: _Optional[str] = ..., key: _Optional[str] = ..., epoch: _Optional[int] = ..., size: _Optional[int] = ..., digest: _Optional[str] = ...) -> None: ...
+
 class GetMetaRequest(_message.Message):
     __slots__ = ("key", "any_access", "min_version", "view")
     KEY_FIELD_NUMBER: _ClassVar[int]

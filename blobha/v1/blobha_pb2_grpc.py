@@ -74,6 +74,21 @@ class BlobStoreStub:
                 request_serializer=blobha_dot_v1_dot_blobha__pb2.FetchVersionsRequest.SerializeToString,
                 response_deserializer=blobha_dot_v1_dot_blobha__pb2.FetchedVersions.FromString,
                 _registered_method=True)
+        self.StageVersions = channel.unary_unary(
+                '/blobha.v1.BlobStore/StageVersions',
+                request_serializer=blobha_dot_v1_dot_blobha__pb2.StageVersionsRequest.SerializeToString,
+                response_deserializer=blobha_dot_v1_dot_blobha__pb2.StageVersionsResponse.FromString,
+                _registered_method=True)
+        self.BeginStaging = channel.unary_unary(
+                '/blobha.v1.BlobStore/BeginStaging',
+                request_serializer=blobha_dot_v1_dot_blobha__pb2.BeginStagingRequest.SerializeToString,
+                response_deserializer=blobha_dot_v1_dot_blobha__pb2.UploadStatus.FromString,
+                _registered_method=True)
+        self.FinishStaging = channel.unary_unary(
+                '/blobha.v1.BlobStore/FinishStaging',
+                request_serializer=blobha_dot_v1_dot_blobha__pb2.FinishStagingRequest.SerializeToString,
+                response_deserializer=blobha_dot_v1_dot_blobha__pb2.StageVersionsResponse.FromString,
+                _registered_method=True)
         self.GetMeta = channel.unary_unary(
                 '/blobha.v1.BlobStore/GetMeta',
                 request_serializer=blobha_dot_v1_dot_blobha__pb2.GetMetaRequest.SerializeToString,
@@ -189,6 +204,32 @@ class BlobStoreServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def StageVersions(self, request, context):
+        """Masters only (the cluster principal): the leader's forward of small writes still being
+        committed. Each version is synced to disk and checked against its size and digest, then
+        kept staged (never served) until a commit names it; refused whole (FAILED_PRECONDITION)
+        from a leader whose epoch is older than the newest this master has seen.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def BeginStaging(self, request, context):
+        """Masters only: the leader's forward of a streamed upload as its bytes arrive. BeginStaging
+        opens a session on this master and offers its data channel for the bytes; FinishStaging
+        gives the size and digest the commit will record, and is answered once the copy is
+        synced and matches them. A session never finished expires as an abandoned upload.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def FinishStaging(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def GetMeta(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -299,6 +340,21 @@ def add_BlobStoreServicer_to_server(servicer, server):
                     servicer.FetchVersions,
                     request_deserializer=blobha_dot_v1_dot_blobha__pb2.FetchVersionsRequest.FromString,
                     response_serializer=blobha_dot_v1_dot_blobha__pb2.FetchedVersions.SerializeToString,
+            ),
+            'StageVersions': grpc.unary_unary_rpc_method_handler(
+                    servicer.StageVersions,
+                    request_deserializer=blobha_dot_v1_dot_blobha__pb2.StageVersionsRequest.FromString,
+                    response_serializer=blobha_dot_v1_dot_blobha__pb2.StageVersionsResponse.SerializeToString,
+            ),
+            'BeginStaging': grpc.unary_unary_rpc_method_handler(
+                    servicer.BeginStaging,
+                    request_deserializer=blobha_dot_v1_dot_blobha__pb2.BeginStagingRequest.FromString,
+                    response_serializer=blobha_dot_v1_dot_blobha__pb2.UploadStatus.SerializeToString,
+            ),
+            'FinishStaging': grpc.unary_unary_rpc_method_handler(
+                    servicer.FinishStaging,
+                    request_deserializer=blobha_dot_v1_dot_blobha__pb2.FinishStagingRequest.FromString,
+                    response_serializer=blobha_dot_v1_dot_blobha__pb2.StageVersionsResponse.SerializeToString,
             ),
             'GetMeta': grpc.unary_unary_rpc_method_handler(
                     servicer.GetMeta,
@@ -567,6 +623,87 @@ class BlobStore:
             '/blobha.v1.BlobStore/FetchVersions',
             blobha_dot_v1_dot_blobha__pb2.FetchVersionsRequest.SerializeToString,
             blobha_dot_v1_dot_blobha__pb2.FetchedVersions.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def StageVersions(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/blobha.v1.BlobStore/StageVersions',
+            blobha_dot_v1_dot_blobha__pb2.StageVersionsRequest.SerializeToString,
+            blobha_dot_v1_dot_blobha__pb2.StageVersionsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def BeginStaging(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/blobha.v1.BlobStore/BeginStaging',
+            blobha_dot_v1_dot_blobha__pb2.BeginStagingRequest.SerializeToString,
+            blobha_dot_v1_dot_blobha__pb2.UploadStatus.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def FinishStaging(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/blobha.v1.BlobStore/FinishStaging',
+            blobha_dot_v1_dot_blobha__pb2.FinishStagingRequest.SerializeToString,
+            blobha_dot_v1_dot_blobha__pb2.StageVersionsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -125,6 +125,10 @@ class BlobState:
     #: Names the write that made ``seq`` (:func:`write_tag`; "" if none was named): a client
     #: retrying after a lost answer is told of this version instead of writing it again.
     write_tag: str = ""
+    #: The other masters that confirmed, before the commit, a staged copy of ``seq`` (synced
+    #: and digest-checked; see blobha.master.forward). They install it once they see this
+    #: commit; until then it counts for the write quorum, never as a readable replica node.
+    confirmed: tuple[str, ...] = field(default=())
     #: The znode version (filled in on read; not stored).
     meta_version: int = 0
 
@@ -143,6 +147,9 @@ class BlobState:
         # master's view.
         if self.write_tag:
             d["write_tag"] = self.write_tag
+        # Stored only when the write was forwarded: readers of an earlier release ignore it.
+        if self.confirmed:
+            d["confirmed"] = list(self.confirmed)
         # UTF-8 as is, not \u escapes: a name of non-ASCII characters took twice the room in
         # ZooKeeper's 1 MB (MAX_STATE_BYTES), and an ACL within the entry and name limits did
         # not fit. Every reader decodes either form.
@@ -154,7 +161,8 @@ class BlobState:
         to be measured. Every text counts 6 bytes a character (a ``\\uXXXX`` escape, the
         most any takes), every number 24, and the field names a fixed 400."""
         texts = (sum(len(e.name) + 7 for e in self.acl) + len(self.creator)
-                 + len(self.digest) + len(self.write_tag))
+                 + len(self.digest) + len(self.write_tag)
+                 + sum(len(c) + 3 for c in self.confirmed))
         past = sum(120 + 6 * (len(h.digest) + len(h.write_tag)) for h in self.history)
         return 400 + 6 * texts + past
 
@@ -164,6 +172,7 @@ class BlobState:
         # Not strict: names stored before the user-name rules applied to ACLs stay readable.
         d["acl"] = tuple(parse_acl(d["acl"], strict=False))
         d["history"] = tuple(PastVersion(**h) for h in d.get("history", ()))
+        d["confirmed"] = tuple(str(c) for c in d.get("confirmed", ()))
         d["meta_version"] = meta_version
         return cls(**d)
 
@@ -177,7 +186,7 @@ class BlobState:
         past = (PastVersion(self.seq, self.size, self.digest, tag), *self.history)[:keep_history]
         return replace(
             self, seq=seq, size=size, digest=digest, updated_at=now, epoch=epoch, acked=False,
-            write_quorum=write_quorum, history=past, write_tag=write_tag,
+            write_quorum=write_quorum, history=past, write_tag=write_tag, confirmed=(),
         )
 
     def written_by(self, tag: str) -> BlobState | None:

@@ -137,7 +137,7 @@ def test_the_streamed_upload_commit_decides_the_same_way(
 ) -> None:
     zk = _Ensemble(applied=applied, reachable=reachable)
     data = b"streamed"
-    upload: Any = SimpleNamespace(key="k", lock=threading.Lock(), create=True, acl=(),
+    upload: Any = SimpleNamespace(key="k", forward=None, lock=threading.Lock(), create=True, acl=(),
                                   replication_factor=1, write_quorum=1, expected_version=0,
                                   write_tag="")
     m = Node(tmp_path, zk, uploads=SimpleNamespace(take=lambda upload_id, user: upload,

@@ -127,7 +127,8 @@ def test_meta_version_is_not_stored() -> None:
 def test_every_field_but_the_znode_version_is_stored() -> None:
     # encode() names each field itself: a field added to BlobState or PastVersion and not to
     # encode() would be lost at the first write.
-    tagged = _state(write_tag="t1", history=(PastVersion(2, 10, "1" * 32, "t0"),))
+    tagged = _state(write_tag="t1", history=(PastVersion(2, 10, "1" * 32, "t0"),),
+                    confirmed=("m2:7800",))
     raw = json.loads(tagged.encode())
     assert set(raw) == {f.name for f in dataclasses.fields(BlobState)} - {"meta_version"}
     assert set(raw["history"][0]) == {f.name for f in dataclasses.fields(PastVersion)}

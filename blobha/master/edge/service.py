@@ -326,6 +326,30 @@ class BlobStoreServicer(pb_grpc.BlobStoreServicer):
             yield reply
 
     @unary
+    def StageVersions(self, request: pb.StageVersionsRequest, context: grpc.ServicerContext
+                      ) -> pb.StageVersionsResponse:
+        staged = self.master.stage_versions(
+            user_of(context), request.epoch,
+            [(v.key, v.size, v.digest, v.data) for v in request.versions])
+        return pb.StageVersionsResponse(staged=staged)
+
+    @unary
+    def BeginStaging(self, request: pb.BeginStagingRequest, context: grpc.ServicerContext
+                     ) -> pb.UploadStatus:
+        upload_id, offer = self.master.begin_staging(user_of(context), request.key,
+                                                     request.epoch)
+        if offer is None:
+            return pb.UploadStatus(upload_id=upload_id)
+        return pb.UploadStatus(upload_id=upload_id, data_port=offer.port, ticket=offer.ticket)
+
+    @unary
+    def FinishStaging(self, request: pb.FinishStagingRequest, context: grpc.ServicerContext
+                      ) -> pb.StageVersionsResponse:
+        staged = self.master.finish_staging(user_of(context), request.upload_id, request.key,
+                                            request.epoch, request.size, request.digest)
+        return pb.StageVersionsResponse(staged=[staged])
+
+    @unary
     def GetMeta(self, request: pb.GetMetaRequest, context: grpc.ServicerContext) -> pb.BlobMeta:
         user = user_of(context)
         state, replication = self.master.get_meta(user, request.key, request.any_access,
