@@ -148,6 +148,7 @@ class Master:
             ),
             duties=self, guard=Guard(self.election, self.cluster, self.store),
         )
+        self.uploads.staged_wanted = self._staged_wanted
         self.store.on_corrupt = self.sync.corrupted
         self.scrubber = Scrubber(self.store, s.scrub_interval_secs, s.scrub_rate_bytes_per_sec)
         self._stopped = threading.Event()
@@ -283,6 +284,12 @@ class Master:
         # Bounded: this runs under the election's lock (see LeaderElection._answer).
         self.membership.refresh(timeout=self.election.suspension_limit)
         self.sync.request_full_reconcile()
+
+    def _staged_wanted(self, key: str, digest: str) -> bool:
+        # The committed version as this master last read it: its staged copy waits for the
+        # sync to install it, never for the reaper.
+        view = self.sync.view(key)
+        return view is not None and view.state.digest == digest
 
     def _on_deposed(self) -> None:
         self.uploads.abort_all("this master is no longer the leader")

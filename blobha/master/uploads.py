@@ -12,6 +12,7 @@ import logging
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from blobha.core.acl import AccessControl
@@ -71,6 +72,10 @@ class UploadManager:
         #: leadership before the last abort would outlive it (on a follower, with its file).
         self._generation = 0
         self._stop = threading.Event()
+        #: Whether a commit this master knows of names a staged copy (key, digest): such a copy
+        #: is kept past the expiration (set by the master once its synchroniser exists).
+        self.staged_wanted: Callable[[str, str], bool] | None = None
+        self._started = time.monotonic()
         self._reaper = threading.Thread(target=self._reap_loop, name="upload-reaper", daemon=True)
 
     def start(self) -> None:
@@ -205,7 +210,10 @@ class UploadManager:
         while not self._stop.wait(period):
             try:
                 self.expire()
-                # Forwarded copies no commit installed expire as abandoned uploads do.
-                self.store.staged.expire(self.expiration_secs)
+                # Forwarded copies no commit installed expire as abandoned uploads do; not
+                # before this master had an expiration's time to read the commits, after a
+                # restart that found old ones.
+                if time.monotonic() - self._started > self.expiration_secs:
+                    self.store.staged.expire(self.expiration_secs, wanted=self.staged_wanted)
             except Exception:
                 log.exception("upload reaper failed; it keeps running")

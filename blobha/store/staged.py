@@ -24,6 +24,7 @@ import struct
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -293,9 +294,13 @@ class StagedCopies:
         with self._lock:
             return len(self._index)
 
-    def expire(self, max_idle_secs: float, now: float | None = None) -> int:
+    def expire(self, max_idle_secs: float, now: float | None = None,
+               wanted: Callable[[str, str], bool] | None = None) -> int:
         """Remove the staged files written more than ``max_idle_secs`` ago (a forward that no
-        commit named, or one whose commit this master installed from elsewhere)."""
+        commit named, or one whose commit this master installed from elsewhere), except a
+        file holding a copy ``wanted(key, digest)`` says a commit names: a confirmed copy may
+        be one of the W an acknowledged version counts on, however long its install waits
+        (ZooKeeper out, say)."""
         now = time.time() if now is None else now
         removed = 0
         if self._append.acquire(blocking=False):
@@ -316,6 +321,9 @@ class StagedCopies:
                 except FileNotFoundError:
                     age = max_idle_secs + 1
                 if age <= max_idle_secs:
+                    continue
+                if wanted is not None and any(
+                        wanted(k[0], k[1]) for k, e in self._index.items() if e.path == path):
                     continue
                 del self._left[path]
                 for k in [k for k, e in self._index.items() if e.path == path]:

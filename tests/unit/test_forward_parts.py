@@ -80,6 +80,23 @@ def test_staged_copies_expire_as_abandoned_uploads(tmp_path: Path) -> None:
     assert staged.count() == 0 and not list(tmp_path.iterdir())
 
 
+def test_a_staged_copy_a_commit_names_outlives_the_expiration(tmp_path: Path) -> None:
+    # Confirmed to the leader, it may be one of the W copies of an acknowledged version whose
+    # install waits (ZooKeeper out): only the sync's install may remove it.
+    staged = StagedCopies(tmp_path)
+    named, stray = digest(b"named"), digest(b"stray")
+
+    def wanted(key: str, d: str) -> bool:
+        return (key, d) == ("k", named)
+
+    staged.stage([("k", 5, named, b"named")])
+    assert staged.expire(600, now=time.time() + 601, wanted=wanted) == 0
+    staged.stage([("j", 5, stray, b"stray")])  # a file of its own: the other one was rolled
+    assert staged.expire(600, now=time.time() + 601, wanted=wanted) == 1
+    assert staged.read("k", named, 5) == b"named"
+    assert not staged.has("j", stray)
+
+
 def test_debris_of_a_forward_cut_short_goes_at_start_up(tmp_path: Path) -> None:
     (tmp_path / "abc.part").write_bytes(b"half")  # a batch never synced
     (tmp_path / "def.blob").write_bytes(b"a stream never finished")  # no description
