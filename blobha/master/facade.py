@@ -286,10 +286,11 @@ class Master:
         self.sync.request_full_reconcile()
 
     def _staged_wanted(self, key: str, digest: str) -> bool:
-        # The committed version as this master last read it: its staged copy waits for the
-        # sync to install it, never for the reaper.
+        # The committed version as this master last read it, not installed here yet: its
+        # staged copy waits for the sync to install it, never for the reaper.
         view = self.sync.view(key)
-        return view is not None and view.state.digest == digest
+        return (view is not None and view.state.digest == digest
+                and view.state.seq not in self.store.versions(key))
 
     def _on_deposed(self) -> None:
         self.uploads.abort_all("this master is no longer the leader")
