@@ -228,3 +228,60 @@ def test_a_w2_streamed_upload_is_forwarded_as_it_arrives(cluster: LocalCluster,
     assert [v.seq for v in copies] == [1] and copies[0].read_bytes() == data
     # Moved in whole, not copied: nothing of it is left staged.
     assert not [p for p in staged_files(holder) if p.suffix in (".blob", ".json", ".part")]
+
+
+@contextmanager
+def full_disk(cluster: LocalCluster, m: MasterProcess, headroom: int) -> Iterator[Path]:
+    """``m`` restarted on a small file system of its own (a tmpfs over its data directory,
+    its contents copied in), filled until ``headroom`` bytes are left; undone on the way out."""
+    import shutil
+    import subprocess
+
+    data = store_dir(m)
+    m.terminate()
+    saved = data.with_name(data.name + "-saved")
+    shutil.copytree(data, saved, symlinks=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=80m", "tmpfs", str(data)], check=True)
+    try:
+        shutil.copytree(saved, data, symlinks=True, dirs_exist_ok=True)
+        filler = data / "filler"
+        free = shutil.disk_usage(data).free
+        with open(filler, "wb") as f:
+            f.truncate(0)
+            f.write(b"\0" * max(free - headroom, 0))
+        cluster.start_master(m)
+        cluster.wait_ready(60, expect=len(cluster.masters))
+        yield data
+    finally:
+        m.terminate()
+        subprocess.run(["umount", "-l", str(data)], check=False)
+        shutil.rmtree(saved, ignore_errors=True)
+
+
+def test_a_holder_with_a_full_disk_is_passed_over(fresh_cluster: LocalCluster,
+                                                  unique_key: str) -> None:
+    # A stream goes to the first of the other holders by address: this one.
+    full = min(followers(fresh_cluster), key=lambda m: m.address)
+    # A quarter of a megabyte left (the test clusters reserve none): room for the small
+    # copies, none for a big one, forwarded or fetched.
+    with full_disk(fresh_cluster, full, headroom=2**18) as data:
+        small = {f"{unique_key}-{i}": os.urandom(4096) for i in range(10)}
+        big = {f"{unique_key}-big-{i}": os.urandom(3 * 2**20 + i) for i in range(3)}
+        with client_for(fresh_cluster, timeout=60.0) as c:
+            for key, body in {**small, **big}.items():
+                began = time.monotonic()
+                meta = c.create(key, body, replication_factor=3, write_quorum=2)
+                assert meta.acknowledged, key
+                assert time.monotonic() - began < 10, key
+            for key, body in {**small, **big}.items():
+                assert c.read(key) == body
+        with zookeeper(fresh_cluster) as zk:
+            for key in big:
+                state = committed(zk, key)
+                assert full.address not in state.confirmed, state
+        # Nothing half-written stays on the full holder: no staged copy it could not finish,
+        # and none of the big versions.
+        assert not [p for p in (data / "staged").glob("*") if p.suffix in (".part", ".blob")] \
+            if (data / "staged").exists() else True
+        for key in big:
+            assert version_files(full, key) == []
