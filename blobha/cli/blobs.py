@@ -1,4 +1,4 @@
-"""The commands on blobs themselves: create, update, cat, fetch, delete, list and meta."""
+"""The commands on blobs themselves: create, put, update, cat, fetch, delete, list and meta."""
 
 from __future__ import annotations
 
@@ -45,10 +45,19 @@ def _upload_source(path: str | None) -> Path | BinaryIO:
 
 
 def cmd_create(args: argparse.Namespace) -> int:
+    return _create_or_put(args, "create")
+
+
+def cmd_put(args: argparse.Namespace) -> int:
+    return _create_or_put(args, "put")
+
+
+def _create_or_put(args: argparse.Namespace, verb: str) -> int:
     acl = parse_acl(args.acl)  # parsed before connecting so a typo costs nothing
     with client_for(args) as c:
-        with progress_bar(f"create {args.key}") as progress:
-            meta = c.create(
+        write = c.create if verb == "create" else c.put
+        with progress_bar(f"{verb} {args.key}") as progress:
+            meta = write(
                 args.key,
                 _upload_source(args.file),
                 acl=acl,
@@ -56,13 +65,14 @@ def cmd_create(args: argparse.Namespace) -> int:
                 write_quorum=args.write_quorum,
                 progress=progress,
             )
-        note(f"created {meta.key} version {meta.version} ({human_bytes(meta.size)})")
+        done = "created" if verb == "create" or meta.version == 1 else "written"
+        note(f"{meta.key} version {meta.version} {done} ({human_bytes(meta.size)})")
         if not args.wait_replication:
             return 0
         result = c.wait_for_replication([args.key], args.wait_replication, args.timeout)
         if not result.reached:
             raise DeadlineExceeded(
-                f"{args.key} version {meta.version} was created, but fewer than"
+                f"{args.key} version {meta.version} was {done}, but fewer than"
                 f" {args.wait_replication} masters hold it after {result.waited_secs:.0f} s:"
                 f" {describe_statuses(result.statuses)}"
             )
@@ -138,6 +148,9 @@ def cmd_delete(args: argparse.Namespace) -> int:
 
 def cmd_list(args: argparse.Namespace) -> int:
     with client_for(args) as c:
+        if args.long:
+            _print_long(_metas(c, args.keys, args.prefix), args.json)
+            return 0
         keys: Iterator[str] = (
             _existing(c, args.keys, args.prefix) if args.keys else c.list(args.prefix)
         )
@@ -147,6 +160,41 @@ def cmd_list(args: argparse.Namespace) -> int:
             for key in keys:
                 print(key)
     return 0
+
+
+def _metas(c: Client, keys: Sequence[str], prefix: str) -> Iterator[BlobMeta]:
+    if not keys:
+        # The client asks for the metadata a few keys at a time, leaving out deleted keys.
+        yield from c.list(prefix, detail=True)
+        return
+    for key in _existing(c, keys, prefix):
+        try:
+            yield c.get_meta(key)
+        except (KeyNotFound, NotAuthorized):
+            continue  # deleted since, or listed without any access to its metadata
+
+
+def _print_long(metas: Iterator[BlobMeta], as_json: bool) -> None:
+    rows: list[dict[str, object]] = []
+    for meta in metas:
+        row = _long_row(meta)
+        if as_json:
+            rows.append(row)
+        else:
+            # Tab-separated, flushed per key: scripts cut it, pipes see each key as it comes.
+            print("\t".join(str(value) for value in row.values()), flush=True)
+    if as_json:
+        print(json.dumps(rows))
+
+
+def _long_row(meta: BlobMeta) -> dict[str, object]:
+    return {
+        "key": meta.key,
+        "version": meta.version,
+        "size": meta.size,
+        "updated": iso(meta.updated_at),
+        "replication": meta.replication,
+    }
 
 
 def _existing(c: Client, keys: Sequence[str], prefix: str) -> Iterator[str]:

@@ -83,32 +83,9 @@ def _add_consistent(parser: argparse.ArgumentParser) -> None:
         " when no master can confirm it, instead of answering from a master's last view)")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog=PROG,
-        description="Command line of blobha, a highly available replicated blob store.",
-        epilog=EXIT_CODES_EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
-    _add_global_options(parser, suppress=False)
-    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-
-    def command(
-        name: str, help_text: str, func: Callable[[argparse.Namespace], int]
-    ) -> argparse.ArgumentParser:
-        sub = commands.add_parser(
-            name,
-            help=help_text,
-            description=help_text,
-            epilog=EXIT_CODES_EPILOG,
-            formatter_class=argparse.RawDescriptionHelpFormatter,
-        )
-        _add_global_options(sub, suppress=True)
-        sub.set_defaults(func=func, parser=sub)
-        return sub
-
-    p = command("create", "create a blob from a file or stdin", blobs.cmd_create)
+def _add_upload_options(p: argparse.ArgumentParser, verb: str) -> None:
+    """The options of ``create`` and ``put`` (which applies the ACL and factor only when it
+    creates the key)."""
     p.add_argument("key", metavar="KEY")
     p.add_argument("-f", "--file", metavar="FILE", help="read the content from FILE (- = stdin)")
     p.add_argument(
@@ -131,7 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=_positive_int,
         default=0,
         metavar="N",
-        help="after creating, wait until N masters hold the blob",
+        help=f"after the {verb}, wait until N masters hold the blob",
     )
     p.add_argument(
         "--timeout",
@@ -145,8 +122,43 @@ def build_parser() -> argparse.ArgumentParser:
         type=_positive_int,
         default=0,
         metavar="W",
-        help="masters that must hold the data before the create returns (default: cluster's)",
+        help=f"masters that must hold the data before the {verb} returns (default: cluster's)",
     )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description="Command line of blobha, a highly available replicated blob store.",
+        epilog=EXIT_CODES_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    _add_global_options(parser, suppress=False)
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    def command(
+        name: str, help_text: str, func: Callable[[argparse.Namespace], int],
+        aliases: tuple[str, ...] = (),
+    ) -> argparse.ArgumentParser:
+        sub = commands.add_parser(
+            name,
+            aliases=list(aliases),
+            help=help_text,
+            description=help_text,
+            epilog=EXIT_CODES_EPILOG,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        _add_global_options(sub, suppress=True)
+        sub.set_defaults(func=func, parser=sub)
+        return sub
+
+    p = command("create", "create a blob from a file or stdin", blobs.cmd_create)
+    _add_upload_options(p, "create")
+
+    p = command("put", "create a blob or write its next version, from a file or stdin",
+                blobs.cmd_put)
+    _add_upload_options(p, "put")
 
     p = command("update", "write a new version of a blob from a file or stdin",
                 blobs.cmd_update)
@@ -184,9 +196,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("list", "list keys (only the given ones that exist, if any)", blobs.cmd_list)
     p.add_argument("keys", metavar="KEY", nargs="*")
     p.add_argument("--prefix", default="", metavar="P", help="only keys starting with P")
-    p.add_argument("--json", action="store_true", help="print a JSON array")
+    p.add_argument("-l", "--long", action="store_true",
+                   help="one line per key: key, version, size, updated (UTC), replication")
+    p.add_argument("--json", action="store_true",
+                   help="print a JSON array (of objects with -l)")
 
-    p = command("meta", "show a blob's metadata", blobs.cmd_meta)
+    p = command("meta", "show a blob's metadata (alias: stat)", blobs.cmd_meta,
+                aliases=("stat",))
     p.add_argument("key", metavar="KEY")
     p.add_argument("--json", action="store_true", help="print JSON")
     _add_consistent(p)

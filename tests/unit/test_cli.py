@@ -94,6 +94,17 @@ class FakeClient:
         self.store.blobs[key] = (content, tuple(acl), 1)
         return self._meta(key)
 
+    def put(self, key: str, data: Path | BinaryIO, acl: Sequence[AccessControl] = (),
+            replication_factor: int = 0, write_quorum: int = 0,
+            progress: Any = None) -> BlobMeta:
+        self._raise_next()
+        self.store.puts.append((key, tuple(acl), replication_factor, write_quorum))
+        content = data.read_bytes() if isinstance(data, Path) else data.read()
+        old = self.store.blobs.get(key)
+        acl_kept, version = (old[1], old[2] + 1) if old else (tuple(acl), 1)
+        self.store.blobs[key] = (content, acl_kept, version)
+        return self._meta(key)
+
     def update(self, key: str, data: Path | BinaryIO, progress: Any = None) -> BlobMeta:
         self._raise_next()
         old = self._meta(key)
@@ -116,11 +127,13 @@ class FakeClient:
         self._meta(key)
         del self.store.blobs[key]
 
-    def list(self, prefix: str = "", page_size: int = 1000) -> Iterator[str]:
+    def list(self, prefix: str = "", page_size: int = 1000, *,
+             detail: bool = False) -> Iterator[Any]:
         self._raise_next()
         self.store.list_pages.append(page_size)
-        return iter(sorted(k for k in self.store.blobs if k.startswith(prefix) and not (
-            self.store.list_readable_only and k in self.store.forbidden)))
+        keys = sorted(k for k in self.store.blobs if k.startswith(prefix) and not (
+            self.store.list_readable_only and k in self.store.forbidden))
+        return iter([self._meta(k) for k in keys] if detail else keys)
 
     def get_meta(self, key: str) -> BlobMeta:
         self._raise_next()
@@ -176,6 +189,7 @@ class FakeStore:
         self.blobs: dict[str, tuple[bytes, tuple[AccessControl, ...], int]] = {}
         self.opened: list[tuple[str, str | None]] = []
         self.created: list[tuple[str, tuple[AccessControl, ...], int, int]] = []
+        self.puts: list[tuple[str, tuple[AccessControl, ...], int, int]] = []
         self.waits: list[tuple[list[str], int, float]] = []
         self.forbidden: set[str] = set()
         #: Listings leave out forbidden keys (blobstore.list.visibility = "readable").
@@ -344,6 +358,54 @@ def test_list_keys_and_json(store: FakeStore, capsys: pytest.CaptureFixture[str]
     assert cli.main(["list", "b", "secret", "--json"]) == 0
     assert json.loads(capsys.readouterr().out) == ["b"]
     assert store.list_pages == [1]  # one key's listing asks for one key, not a page of 1,000
+
+
+def test_put_creates_then_writes_the_next_version(
+    store: FakeStore, monkeypatch: pytest.MonkeyPatch, capsysbinary: pytest.CaptureFixture[bytes]
+) -> None:
+    set_stdin(monkeypatch, b"one")
+    assert cli.main(["put", "k", "-a", "o::r", "-r", "2", "--write-quorum", "2"]) == 0
+    set_stdin(monkeypatch, b"two")
+    assert cli.main(["put", "k"]) == 0
+    assert store.puts == [("k", (AccessControl("o", "", 1),), 2, 2), ("k", (), 0, 0)]
+    assert store.blobs["k"] == (b"two", (AccessControl("o", "", 1),), 2)
+    assert store.created == []  # one call, Client.put, creates or updates
+    assert cli.main(["cat", "k"]) == 0
+    assert capsysbinary.readouterr().out == b"two"
+
+
+def test_put_from_a_file_and_waiting_for_replication(store: FakeStore, tmp_path: Path,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    src = tmp_path / "in"
+    src.write_bytes(b"file")
+    store.replicas = 1
+    assert cli.main(["put", "k", "-f", str(src), "--wait-replication", "2",
+                     "--timeout", "0"]) == 12
+    assert "fewer than 2 masters hold it" in one_error_line(capsys.readouterr().err)
+    assert store.blobs["k"][0] == b"file" and store.waits == [(["k"], 2, 0.0)]
+
+
+def test_stat_is_meta(store: FakeStore, capsys: pytest.CaptureFixture[str]) -> None:
+    store.blobs["k"] = (b"12345", (AccessControl("u", "alice", 7),), 2)
+    assert cli.main(["stat", "k", "--json"]) == 0
+    stat = capsys.readouterr().out
+    assert cli.main(["meta", "k", "--json"]) == 0
+    assert stat == capsys.readouterr().out and json.loads(stat)["version"] == 2
+    assert cli.main(["stat", "missing"]) == 3
+
+
+def test_list_long_and_its_json(store: FakeStore, capsys: pytest.CaptureFixture[str]) -> None:
+    store.blobs["a"] = (b"xyz", (), 4)
+    store.blobs["b"] = (b"", (), 1)
+    assert cli.main(["list", "-l"]) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        "a\t4\t3\t1970-01-01T00:00:02+00:00\t1", "b\t1\t0\t1970-01-01T00:00:02+00:00\t1"]
+    assert cli.main(["list", "--long", "--json", "--prefix", "a"]) == 0
+    assert json.loads(capsys.readouterr().out) == [
+        {"key": "a", "version": 4, "size": 3, "updated": "1970-01-01T00:00:02+00:00",
+         "replication": 1}]
+    assert cli.main(["list", "-l", "b", "missing", "--json"]) == 0
+    assert [row["key"] for row in json.loads(capsys.readouterr().out)] == ["b"]
 
 
 def test_consistent_reads_ask_for_a_linearizable_client(store: FakeStore,
