@@ -9,8 +9,9 @@ import os
 import sys
 from datetime import UTC, datetime
 
+from blobha.cli.blobs import meta_dict
 from blobha.cli.connect import client_for
-from blobha.cli.output import note
+from blobha.cli.output import note, print_json
 from blobha.core.acl import format_acl, parse_acl
 from blobha.core.errors import InvalidArgument
 
@@ -26,16 +27,27 @@ def cmd_set_acl(args: argparse.Namespace) -> int:
         else:
             meta = c.set_acl(args.key, acl)
     note(f"ACL of {meta.key} is now {format_acl(meta.acl)}")
+    if args.json:
+        print_json(meta_dict(meta), indent=2)
     return 0
 
 
 def cmd_replication(args: argparse.Namespace) -> int:
     with client_for(args) as c:
         if args.read:
-            print(c.get_replication(args.key).replication)
+            status = c.get_replication(args.key)
+            if args.json:
+                print_json({"key": status.key, "version": status.version,
+                            "replication": status.replication,
+                            "replication_factor": status.replication_factor,
+                            "holders": list(status.holders)})
+            else:
+                print(status.replication)
         else:
             meta = c.set_replication_factor(args.key, args.replication_factor)
             note(f"replication factor of {meta.key} is now {meta.replication_factor}")
+            if args.json:
+                print_json(meta_dict(meta), indent=2)
     return 0
 
 
@@ -46,6 +58,8 @@ def cmd_token(args: argparse.Namespace) -> int:
         with client_for(args) as c:
             token_id = c.revoke_job_token(args.names[0])
         note(f"job token {token_id} revoked; every master refuses it within seconds")
+        if args.json:
+            print_json({"token_id": token_id, "revoked": True})
         return 0
     from blobha.core.auth import hash_token, new_token
     from blobha.core.errors import Unauthenticated
@@ -71,7 +85,13 @@ def cmd_token(args: argparse.Namespace) -> int:
         with open(args.append, "a") as f:
             f.write(line + "\n")
         note(f"added a line for {line.split(':', 1)[0]!r} to {args.append}")
-    else:
+    if args.json:
+        # The token only where it was not written to --out (shown once, as without --json).
+        shown = {"token": token} if args.action == "create" and not args.out else {}
+        print_json({"user": line.split(":", 1)[0], "line": line, **shown,
+                    "token_file": args.out, "appended_to": args.append})
+        return 0
+    if not args.append:
         print(line)
     if args.action == "create":
         if args.out:

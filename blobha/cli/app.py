@@ -19,10 +19,13 @@ from blobha.cli.output import (
     EXIT_TERMINATED,
     EXIT_USAGE,
     describe_os_error,
+    error_object,
     fail,
+    print_json,
+    report,
     silence_stdout,
 )
-from blobha.cli.parser import build_parser, check_args
+from blobha.cli.parser import UsageError, build_parser, check_args
 from blobha.core.errors import BlobError, InternalError
 
 #: Commands that run masters. Their gRPC log lines (a client's failed TLS handshake, say) are
@@ -91,36 +94,55 @@ def main(argv: list[str] | None = None) -> int:
             fail(describe(exc, "spark-submit"))
             return exc.exit_code
     parser = build_parser()
+    # Looked for before parsing: a usage error comes before there are any parsed arguments.
+    as_json = "--json" in argv
     try:
         args = parser.parse_args(argv)
         check_args(args)
-    except SystemExit as exc:  # argparse: --help, --version, usage errors
+    except UsageError as exc:
+        return _usage_error(exc, as_json)
+    except SystemExit as exc:  # argparse: --help, --version
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else EXIT_USAGE)
+    as_json = bool(getattr(args, "json", False))
     quiet_grpc(args.command)
     _export_credentials(args)
     try:
         with _sigterm_interrupts():
             return int(args.func(args))
+    except UsageError as exc:
+        return _usage_error(exc, as_json)
     except BlobError as exc:
-        fail(describe(exc, args.command))
+        report(exc.exit_code, describe(exc, args.command), as_json)
         return exc.exit_code
     except BrokenPipeError:
         silence_stdout()
         return EXIT_BROKEN_PIPE
     except OSError as exc:
-        fail(describe_os_error(exc))
+        report(1, describe_os_error(exc), as_json)
         return 1
     except Terminated:
-        fail("terminated")
+        report(EXIT_TERMINATED, "terminated", as_json)
         return EXIT_TERMINATED
     except KeyboardInterrupt:
-        fail("interrupted")
+        report(EXIT_INTERRUPTED, "interrupted", as_json)
         return EXIT_INTERRUPTED
     except Exception as exc:
         if os.environ.get("BLOBHA_DEBUG"):
             traceback.print_exc()
-        fail(
+        report(
+            InternalError.exit_code,
             f"internal error: {type(exc).__name__}: {exc} (set BLOBHA_DEBUG=1 for a traceback"
-            " and please report it)"
+            " and please report it)",
+            as_json,
         )
         return InternalError.exit_code
+
+
+def _usage_error(exc: UsageError, as_json: bool) -> int:
+    if as_json:
+        print_json(error_object(EXIT_USAGE, exc.message))
+    else:
+        # As argparse itself prints it.
+        exc.parser.print_usage(sys.stderr)
+        print(f"{exc.parser.prog}: error: {exc.message}", file=sys.stderr)
+    return EXIT_USAGE

@@ -13,11 +13,13 @@ from blobha.cli.connect import client_for
 from blobha.cli.hints import describe
 from blobha.cli.output import (
     describe_statuses,
-    fail,
+    error_object,
     human_bytes,
     iso,
     note,
+    print_json,
     progress_bar,
+    report,
 )
 from blobha.core.acl import format_access, format_acl, parse_acl
 from blobha.core.errors import BlobError, DeadlineExceeded, KeyNotFound, NotAuthorized
@@ -68,6 +70,7 @@ def _create_or_put(args: argparse.Namespace, verb: str) -> int:
         done = "created" if verb == "create" or meta.version == 1 else "written"
         note(f"{meta.key} version {meta.version} {done} ({human_bytes(meta.size)})")
         if not args.wait_replication:
+            _print_written(args, meta)
             return 0
         result = c.wait_for_replication([args.key], args.wait_replication, args.timeout)
         if not result.reached:
@@ -76,6 +79,7 @@ def _create_or_put(args: argparse.Namespace, verb: str) -> int:
                 f" {args.wait_replication} masters hold it after {result.waited_secs:.0f} s:"
                 f" {describe_statuses(result.statuses)}"
             )
+    _print_written(args, meta)
     return 0
 
 
@@ -83,7 +87,15 @@ def cmd_update(args: argparse.Namespace) -> int:
     with client_for(args) as c, progress_bar(f"update {args.key}") as progress:
         meta = c.update(args.key, _upload_source(args.file), progress=progress)
     note(f"updated {meta.key} to version {meta.version} ({human_bytes(meta.size)})")
+    _print_written(args, meta)
     return 0
+
+
+def _print_written(args: argparse.Namespace, meta: BlobMeta) -> None:
+    # Without --json a write prints nothing on stdout, as before (a note on a terminal).
+    if args.json:
+        print_json({"key": meta.key, "version": meta.version, "size": meta.size,
+                    "digest": meta.digest})
 
 
 def cmd_cat(args: argparse.Namespace) -> int:
@@ -93,7 +105,10 @@ def cmd_cat(args: argparse.Namespace) -> int:
             c.download(args.key, sys.stdout.buffer, progress=progress)
             sys.stdout.buffer.flush()
         else:
-            c.download(args.key, args.file, progress=progress)
+            info = c.download(args.key, args.file, progress=progress)
+            if args.json:  # only with -f: check_args refuses --json with stdout
+                print_json({"key": args.key, "version": info.version, "size": info.size,
+                            "digest": info.digest, "path": args.file})
     return 0
 
 
@@ -112,7 +127,11 @@ def cmd_fetch(args: argparse.Namespace) -> int:
             try:
                 blob = cache.get(key, uncompress=args.uncompress)
             except BlobError as exc:
-                fail(describe(exc, args.command))
+                if args.json:
+                    fetched.append({"key": key, **error_object(exc.exit_code,
+                                                               describe(exc, args.command))})
+                else:
+                    report(exc.exit_code, describe(exc, args.command), False)
                 status = status or exc.exit_code
                 continue
             if args.json:
@@ -136,13 +155,21 @@ def cmd_fetch(args: argparse.Namespace) -> int:
 def cmd_delete(args: argparse.Namespace) -> int:
     # Like rm: every key is tried, each failure said, and the first one's status returned.
     status = 0
+    results: list[dict[str, object]] = []
     with client_for(args) as c:
         for key in args.keys:
             try:
                 c.delete(key)
+                results.append({"key": key, "deleted": True})
             except BlobError as exc:
-                fail(describe(exc, args.command))
+                if args.json:
+                    results.append({"key": key, "deleted": False,
+                                    **error_object(exc.exit_code, describe(exc, args.command))})
+                else:
+                    report(exc.exit_code, describe(exc, args.command), False)
                 status = status or exc.exit_code
+    if args.json:
+        print_json(results)
     return status
 
 
@@ -217,11 +244,11 @@ def _existing(c: Client, keys: Sequence[str], prefix: str) -> Iterator[str]:
 def cmd_meta(args: argparse.Namespace) -> int:
     with client_for(args) as c:
         meta = c.get_meta(args.key)
-    print(json.dumps(_meta_dict(meta), indent=2) if args.json else format_meta(meta))
+    print(json.dumps(meta_dict(meta), indent=2) if args.json else format_meta(meta))
     return 0
 
 
-def _meta_dict(meta: BlobMeta) -> dict[str, object]:
+def meta_dict(meta: BlobMeta) -> dict[str, object]:
     return {
         "key": meta.key,
         "version": meta.version,

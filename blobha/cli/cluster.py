@@ -8,7 +8,13 @@ import json
 from typing import TYPE_CHECKING
 
 from blobha.cli.connect import client_for
-from blobha.cli.output import describe_statuses, human_bytes, human_duration
+from blobha.cli.output import (
+    describe_statuses,
+    error_object,
+    human_bytes,
+    human_duration,
+    print_json,
+)
 from blobha.core.errors import DeadlineExceeded
 
 if TYPE_CHECKING:
@@ -18,13 +24,22 @@ if TYPE_CHECKING:
 def cmd_wait_replication(args: argparse.Namespace) -> int:
     with client_for(args) as c:
         result = c.wait_for_replication(args.keys, args.minimum, args.timeout)
+    missed = None if result.reached else DeadlineExceeded(
+        f"fewer than {args.minimum} replicas after {result.waited_secs:.0f} s:"
+        f" {describe_statuses(result.statuses)}"
+    )
+    if args.json:
+        # One object, the counts and any error together: a script sees which keys fell short.
+        counts = [{"key": s.key, "version": s.version, "replication": s.replication,
+                   "replication_factor": s.replication_factor} for s in result.statuses]
+        error = error_object(missed.exit_code, str(missed)) if missed else {}
+        print_json({"reached": result.reached, "waited_secs": round(result.waited_secs, 3),
+                    "keys": counts, **error})
+        return missed.exit_code if missed else 0
     for s in result.statuses:
         print(f"{s.key}\t{s.replication}\tversion {s.version}")
-    if not result.reached:
-        raise DeadlineExceeded(
-            f"fewer than {args.minimum} replicas after {result.waited_secs:.0f} s:"
-            f" {describe_statuses(result.statuses)}"
-        )
+    if missed:
+        raise missed
     return 0
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import sys
 import time
@@ -136,6 +137,36 @@ def fail(message: str) -> None:
     # One line, whatever the message holds: scripts grep it and logs keep it whole.
     text = " ".join(message.split()) or "unknown error"
     print(f"{PROG}: error: {text}", file=sys.stderr)
+
+
+#: The "code" of a JSON error, by exit status: a name that says the class, stable for scripts.
+ERROR_CODES = {
+    1: "error", 2: "usage", 3: "key_not_found", 4: "key_already_exists",
+    5: "not_authorized", 6: "invalid_argument", 7: "not_leader", 8: "version_conflict",
+    9: "checksum_mismatch", 10: "resource_exhausted", 11: "unavailable",
+    12: "deadline_exceeded", 13: "upload_lost", 14: "internal", 15: "not_authenticated",
+    16: "tls_mismatch", 17: "busy", EXIT_INTERRUPTED: "interrupted",
+    EXIT_TERMINATED: "terminated",
+}
+
+
+def error_object(exit_code: int, message: str) -> dict[str, object]:
+    """What --json prints for an error: ``{"error": {"code", "exit", "message"}}``."""
+    text = " ".join(message.split()) or "unknown error"
+    return {"error": {"code": ERROR_CODES.get(exit_code, "error"), "exit": exit_code,
+                      "message": text}}
+
+
+def print_json(value: object, *, indent: int | None = None) -> None:
+    print(json.dumps(value, indent=indent), flush=True)
+
+
+def report(exit_code: int, message: str, as_json: bool) -> None:
+    """An error, as one line on stderr or, with --json, as a JSON object on stdout."""
+    if as_json:
+        print_json(error_object(exit_code, message))
+    else:
+        fail(message)
 
 
 def describe_os_error(exc: OSError) -> str:

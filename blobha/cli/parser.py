@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
+from typing import NoReturn
 
 from blobha.cli import admin, blobs, cluster, servers
 from blobha.cli.connect import DEFAULT_CLUSTER
@@ -14,6 +15,22 @@ from blobha.core.errors import InvalidArgument
 
 DEFAULT_BASE_PORT = 6627
 _UINT32_MAX = 2**32 - 1
+
+
+class UsageError(Exception):
+    """A bad command line, raised instead of printed so that --json can print it as JSON."""
+
+    def __init__(self, parser: argparse.ArgumentParser, message: str) -> None:
+        super().__init__(message)
+        self.parser = parser
+        self.message = message
+
+
+class _Parser(argparse.ArgumentParser):
+    # Subparsers are made of the same class (add_subparsers' default), so every usage error,
+    # check_args' too, comes to main() as a UsageError.
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(self, message)
 
 
 def _positive_int(text: str) -> int:
@@ -74,6 +91,9 @@ def _add_global_options(parser: argparse.ArgumentParser, *, suppress: bool) -> N
                        help="private key of --cert (default: $BLOBHA_KEY)")
     group.add_argument("--token-file", metavar="FILE", default=default,
                        help="file holding your token (default: $BLOBHA_TOKEN_FILE)")
+    group.add_argument("--json", action="store_true", default=default,
+                       help="print the result as JSON on stdout, and any error as"
+                       ' {"error": {"code", "exit", "message"}} there too')
 
 
 def _add_consistent(parser: argparse.ArgumentParser) -> None:
@@ -127,7 +147,7 @@ def _add_upload_options(p: argparse.ArgumentParser, verb: str) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog=PROG,
         description="Command line of blobha, a highly available replicated blob store.",
         epilog=EXIT_CODES_EPILOG,
@@ -187,7 +207,6 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="unpack .tar/.tgz/.tar.gz/.zip/.jar archives; the path is then a directory",
     )
-    p.add_argument("--json", action="store_true", help="print a JSON array")
 
     p = command("delete", "delete blobs (each one tried; the status is the first failure's)",
                 blobs.cmd_delete)
@@ -198,13 +217,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prefix", default="", metavar="P", help="only keys starting with P")
     p.add_argument("-l", "--long", action="store_true",
                    help="one line per key: key, version, size, updated (UTC), replication")
-    p.add_argument("--json", action="store_true",
-                   help="print a JSON array (of objects with -l)")
 
     p = command("meta", "show a blob's metadata (alias: stat)", blobs.cmd_meta,
                 aliases=("stat",))
     p.add_argument("key", metavar="KEY")
-    p.add_argument("--json", action="store_true", help="print JSON")
     _add_consistent(p)
 
     p = command("set-acl", "replace a blob's access list", admin.cmd_set_acl)
@@ -237,13 +253,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     p = command("cluster", "show the masters and the leader", cluster.cmd_cluster)
-    p.add_argument("--json", action="store_true", help="print JSON")
 
     p = command("health", "check that one master answers (for health checks)",
                 cluster.cmd_health)
     p.add_argument("address", nargs="?", default="127.0.0.1:6627", metavar="HOST:PORT",
                    help="the master to ask (default 127.0.0.1:6627)")
-    p.add_argument("--json", action="store_true", help="print JSON")
 
     p = command("serve", "run a master", servers.cmd_serve)
     p.add_argument("--config", required=True, metavar="FILE", help="the master's TOML file")
@@ -279,8 +293,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lifetime", type=_positive_int, default=0, metavar="SECONDS",
                    help="job: how long the token works (default 24 hours; the cluster caps it"
                    " at auth.job.token.max.lifetime.secs)")
-    p.add_argument("--json", action="store_true",
-                   help="job: print token, id, expiry, keys and user as JSON")
 
     # Listed for --help; main() hands the arguments to blobha.spark.submit_main directly.
     p = command("spark-submit", "wait for blobs' replication, then run spark-submit"
@@ -294,7 +306,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tls", action="store_true",
                    help="with --local: the cluster serves TLS (token authentication), so every"
                         " figure is measured over TLS")
-    p.add_argument("--json", action="store_true", help="one JSON object per metric")
     p.add_argument("--size-mb", type=_positive_int, default=1024, metavar="MIB",
                    help="size of the upload/download/replication blob (default 1024)")
     p.add_argument("--count", type=_positive_int, default=100, metavar="N",
@@ -338,6 +349,8 @@ def check_args(args: argparse.Namespace) -> None:
             parse_cluster(args.cluster)
         except InvalidArgument as exc:
             args.parser.error(f"--cluster: {exc}")
+    if args.command == "cat" and args.json and args.file in (None, "-"):
+        args.parser.error("--json needs -f FILE: the blob itself goes to stdout otherwise")
     if getattr(args, "file", None) == "":
         # Otherwise the empty name reaches the file system as the current directory.
         args.parser.error("-f/--file needs a file name (or - for standard input/output)")
@@ -362,8 +375,8 @@ def _check_token_args(args: argparse.Namespace) -> None:
     if action in ("job", "revoke") and (args.out or args.append):
         args.parser.error(f"'token {action}' takes no --out or --append (job tokens live in"
                           " ZooKeeper, not in token files)")
-    if action != "job" and (args.lifetime or args.json):
-        args.parser.error("--lifetime and --json go with 'token job'")
+    if action != "job" and args.lifetime:
+        args.parser.error("--lifetime goes with 'token job'")
 
 
 def _version() -> str:

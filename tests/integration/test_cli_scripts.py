@@ -47,3 +47,57 @@ def test_put_stat_and_long_listing(cluster: LocalCluster, tmp_path: Path) -> Non
     rows = json.loads(run(cluster, "list", "-l", "--json", "--prefix", "scripts-put").stdout)
     assert rows == [{"key": "scripts-put", "version": 2, "size": 6, "updated": updated,
                      "replication": int(replication)}]
+
+
+def test_every_command_speaks_json(cluster: LocalCluster, tmp_path: Path) -> None:
+    key = "scripts-json"
+    src = tmp_path / "src"
+    src.write_bytes(b"payload")
+
+    def ok(*args: str, stdin: bytes | None = None) -> object:
+        r = run(cluster, *args, "--json", stdin=stdin)
+        assert r.returncode == 0, (args, r.stdout, r.stderr)
+        return json.loads(r.stdout)
+
+    written = ok("create", key, "-f", str(src), "-r", "2")
+    assert isinstance(written, dict) and (written["version"], written["size"]) == (1, 7)
+    assert len(written["digest"]) == 32
+    assert ok("update", key, stdin=b"v2") == {**written, "version": 2, "size": 2,
+                                               "digest": ok("meta", key)["digest"]}  # type: ignore[index]
+    put = ok("put", key, "-f", str(src))
+    assert isinstance(put, dict) and (put["version"], put["digest"]) == (3, written["digest"])
+    got = ok("cat", key, "-f", str(tmp_path / "out"))
+    assert got == {**put, "path": str(tmp_path / "out")}
+    assert (tmp_path / "out").read_bytes() == b"payload"
+    fetched = ok("fetch", key, "--cache-dir", str(tmp_path / "cache"))
+    assert isinstance(fetched, list) and Path(fetched[0]["path"]).read_bytes() == b"payload"
+    assert key in ok("list")  # type: ignore[operator]
+    assert ok("list", "-l", "--prefix", key)[0]["version"] == 3  # type: ignore[index]
+    assert ok("stat", key) == ok("meta", key)
+    acl = ok("set-acl", key, "-s", "u:alice:rwa,o::r")
+    assert isinstance(acl, dict) and acl["acl"][:2] == ["u:alice:rwa", "o::r--"]
+    factor = ok("replication", "--update", "-r", "3", key)
+    assert isinstance(factor, dict) and factor["replication_factor"] == 3
+    waited = ok("wait-replication", key, "--min", "1", "--timeout", "30")
+    assert isinstance(waited, dict) and waited["reached"] is True
+    assert waited["keys"][0]["key"] == key and waited["keys"][0]["replication"] >= 1
+    read = ok("replication", "--read", key)
+    assert isinstance(read, dict) and read["replication"] >= 1 and read["holders"]
+    summary = ok("cluster")
+    assert isinstance(summary, dict) and summary["leader"]
+    health = ok("health", cluster.masters[0].address)
+    assert isinstance(health, dict) and health["address"] == cluster.masters[0].address
+    made = ok("token", "create", "carol")
+    assert isinstance(made, dict) and made["user"] == "carol"
+    hashed = ok("token", "hash", stdin=made["token"].encode())
+    assert isinstance(hashed, dict) and hashed["user"] == "carol" and "token" not in hashed
+    assert ok("delete", key) == [{"key": key, "deleted": True}]
+
+    # Errors: JSON on stdout, the usual exit status, nothing on stderr to parse.
+    for args, status, code in ((("cat", key, "-f", str(tmp_path / "gone")), 3, "key_not_found"),
+                               (("create", "bad/key"), 6, "invalid_argument"),
+                               (("list", "--no-such-option"), 2, "usage")):
+        r = run(cluster, *args, "--json", stdin=b"x")
+        assert r.returncode == status, (args, r.stdout, r.stderr)
+        error = json.loads(r.stdout)["error"]
+        assert (error["code"], error["exit"]) == (code, status) and error["message"]

@@ -281,7 +281,6 @@ class TestParsing:
             ["token", "revoke"],
             ["token", "revoke", "a", "b"],
             ["token", "create", "alice", "--lifetime", "60"],
-            ["token", "create", "alice", "--json"],
         ],
     )
     def test_usage_errors_exit_2(self, argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
