@@ -30,6 +30,8 @@ _HINTS: tuple[tuple[type[BlobError], str, tuple[str, ...], str], ...] = (
     (Unavailable, "no reachable master holds", (),
      "'blobha replication --read KEY' shows how many masters hold it"),
     (Unavailable, "no master answered", (), "the addresses come from --cluster or BLOBHA_CLUSTER"),
+    (Unavailable, "masters answered (", (),
+     "the addresses come from --cluster or BLOBHA_CLUSTER; is the cluster running?"),
 )
 
 

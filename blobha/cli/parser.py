@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import os
 from collections.abc import Callable
 from typing import NoReturn
 
 from blobha.cli import admin, blobs, cluster, servers
-from blobha.cli.connect import DEFAULT_CLUSTER
+from blobha.cli.connect import DEFAULT_CLUSTER, DEFAULT_TIMEOUT, UNREACHABLE_SECS
 from blobha.cli.output import EXIT_CODES_EPILOG, PROG
 from blobha.core import settings
 from blobha.core.addresses import parse_cluster
@@ -91,6 +92,11 @@ def _add_global_options(parser: argparse.ArgumentParser, *, suppress: bool) -> N
                        help="private key of --cert (default: $BLOBHA_KEY)")
     group.add_argument("--token-file", metavar="FILE", default=default,
                        help="file holding your token (default: $BLOBHA_TOKEN_FILE)")
+    group.add_argument("--timeout", type=_seconds, default=default, metavar="SECONDS",
+                       help="how long to wait for the cluster: for a leader, for a call, for"
+                       " wait-replication (default: $BLOBHA_TIMEOUT, else 60; negative: wait"
+                       " forever, for replication only). When no master answers at all, a"
+                       f" command gives up after {UNREACHABLE_SECS:g} s")
     group.add_argument("--json", action="store_true", default=default,
                        help="print the result as JSON on stdout, and any error as"
                        ' {"error": {"code", "exit", "message"}} there too')
@@ -129,13 +135,6 @@ def _add_upload_options(p: argparse.ArgumentParser, verb: str) -> None:
         default=0,
         metavar="N",
         help=f"after the {verb}, wait until N masters hold the blob",
-    )
-    p.add_argument(
-        "--timeout",
-        type=_seconds,
-        default=60.0,
-        metavar="SECONDS",
-        help="how long --wait-replication waits (default 60, negative = forever)",
     )
     p.add_argument(
         "--write-quorum",
@@ -244,13 +243,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("keys", metavar="KEY", nargs="+")
     p.add_argument("--min", type=_positive_int, required=True, metavar="N", dest="minimum")
-    p.add_argument(
-        "--timeout",
-        type=_seconds,
-        default=60.0,
-        metavar="SECONDS",
-        help="give up after this long (default 60, negative = forever)",
-    )
 
     p = command("cluster", "show the masters and the leader", cluster.cmd_cluster)
 
@@ -349,6 +341,8 @@ def check_args(args: argparse.Namespace) -> None:
             parse_cluster(args.cluster)
         except InvalidArgument as exc:
             args.parser.error(f"--cluster: {exc}")
+    if args.timeout is None:
+        args.timeout = _env_timeout(args.parser)
     if args.command == "cat" and args.json and args.file in (None, "-"):
         args.parser.error("--json needs -f FILE: the blob itself goes to stdout otherwise")
     if getattr(args, "file", None) == "":
@@ -359,6 +353,16 @@ def check_args(args: argparse.Namespace) -> None:
             args.parser.error("--update needs --replication-factor N")
         if args.read and args.replication_factor is not None:
             args.parser.error("--replication-factor goes with --update, not --read")
+
+
+def _env_timeout(parser: argparse.ArgumentParser) -> float:
+    text = os.environ.get("BLOBHA_TIMEOUT", "")
+    if not text:
+        return DEFAULT_TIMEOUT
+    try:
+        return _seconds(text)
+    except argparse.ArgumentTypeError as exc:
+        parser.error(f"BLOBHA_TIMEOUT: {exc}")
 
 
 def _check_token_args(args: argparse.Namespace) -> None:

@@ -10,6 +10,7 @@ import contextlib
 import random
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
@@ -23,7 +24,7 @@ from blobha.client.retry import (
     now,
 )
 from blobha.client.seen import DEFAULT_REMEMBERED_KEYS, SeenVersions
-from blobha.client.transport import HandshakeFailed, LeaderMoved, Transport
+from blobha.client.transport import HandshakeFailed, LeaderMoved, NoConnection, Transport
 from blobha.core.consistency import View
 from blobha.core.errors import (
     BlobError,
@@ -74,6 +75,38 @@ T = TypeVar("T")
 R = TypeVar("R", pb.GetMetaRequest, pb.DownloadRequest, pb.GetReplicationRequest)
 
 
+class Silence:
+    """One call's run of failures in which no master answered at all (no connection to any):
+    since when, and each master's error. Any answer, a refusal too, ends the run."""
+
+    def __init__(self) -> None:
+        self.since: float | None = None
+        self.errors: dict[str, str] = {}
+        #: Whether the last failure left every known master without an answer.
+        self.everyone = False
+
+    def saw(self, exc: BlobError, addresses: Sequence[str]) -> BlobError:
+        """Note ``exc``; the error to report: one naming every master's error once none of
+        ``addresses`` answered, else ``exc``."""
+        self.everyone = False
+        if not isinstance(exc, NoConnection):
+            self.since = None
+            self.errors.clear()
+            return exc
+        if self.since is None:
+            self.since = now()
+        self.errors.update(exc.errors)
+        if not addresses or not set(addresses).issubset(self.errors):
+            return exc
+        self.everyone = True
+        named = "; ".join(f"{a}: {self.errors[a]}" for a in addresses)
+        return NoConnection(f"none of the {len(addresses)} masters answered ({named})",
+                            {a: self.errors[a] for a in addresses})
+
+    def lasted(self) -> float:
+        return 0.0 if self.since is None else now() - self.since
+
+
 class Router:
     """Routes and retries the calls of one client; shared by its threads."""
 
@@ -97,7 +130,15 @@ class Router:
         #: it gives up). The command line says it on a terminal, so a long wait (a ZooKeeper
         #: outage, say, retried for the whole timeout) is not a silent one.
         self.on_retry: Callable[[str, BlobError, float], None] | None = None
+        #: How long a call goes on while no master answers at all (every one refuses the
+        #: connection or has no address), before it gives up naming each one's error; None:
+        #: for the whole timeout, as for masters that answer without a leader. The command
+        #: line sets a few seconds: a person waits on it, and a wrong address is the likely
+        #: cause.
+        self.unreachable_after: float | None = None
         self._lock = threading.Lock()
+        self._silences: weakref.WeakKeyDictionary[Deadline, Silence] = (
+            weakref.WeakKeyDictionary())
         self._known: list[str] = list(addresses)
         self._leader: str | None = None
         # Until when reads with no minimum ask for the last known view (no master in touch).
@@ -167,6 +208,7 @@ class Router:
         cut_off: BlobError | None = None
         answered = False
         no_handshake: set[str] = set()
+        unreached: dict[str, str] = {}
         with contextlib.closing(
             self.transport.probe(addresses, "ClusterSummary", pb.ClusterSummaryRequest(), timeout)
         ) as results:
@@ -176,6 +218,8 @@ class Router:
                     refusal = refusal or result
                     continue
                 if isinstance(result, BlobError):
+                    if isinstance(result, NoConnection):
+                        unreached.update(result.errors)
                     if isinstance(result, HandshakeFailed):
                         no_handshake.update(result.addresses)
                     # A master's own reason ("ZooKeeper is unreachable") says more than
@@ -196,6 +240,11 @@ class Router:
                         " knows of leads; retry when ZooKeeper is back")
                     continue
                 answered = True
+        if unreached.keys() >= set(addresses):
+            # Nobody answered at all: not "no leader yet", which is worth the whole timeout.
+            named = "; ".join(f"{a}: {unreached[a]}" for a in addresses)
+            raise NoConnection(f"none of the {len(addresses)} masters answered ({named})",
+                               unreached)
         if answered:
             # Some master accepted us (one that refused may not have reloaded its tokens yet).
             raise Unavailable("no leader is elected yet (a failover may be in progress)")
@@ -222,7 +271,16 @@ class Router:
         )
 
     def pause(self, attempt: int, deadline: Deadline, last: BlobError, what: str) -> None:
-        """Sleep before retry ``attempt``, or raise ``last`` if the deadline would pass."""
+        """Sleep before retry ``attempt``, or raise ``last`` if the deadline would pass; once
+        no master has answered at all, the error names each one's, and it is raised after
+        :attr:`unreachable_after` of that."""
+        with self._lock:
+            # Every retry loop (uploads' and downloads' too) comes here with its call's deadline.
+            silence = self._silences.setdefault(deadline, Silence())
+        last = silence.saw(last, self.known_addresses())
+        if (self.unreachable_after is not None and silence.everyone
+                and silence.lasted() >= self.unreachable_after):
+            raise gave_up(last, what, self.unreachable_after)
         delay = backoff_delay(attempt, rand=self.rng.random)
         left = deadline.remaining()
         if delay >= left:

@@ -159,6 +159,29 @@ def handshake_failure(address: str, details: str, tls: bool) -> Unavailable | No
     return None
 
 
+class NoConnection(Unavailable):
+    """No connection could be made to a master (refused, no such host): it did not answer at
+    all, unlike one that answered "unavailable" (no leader yet, ZooKeeper out). ``errors``:
+    why, by master address."""
+
+    def __init__(self, message: str, errors: Mapping[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.errors: dict[str, str] = dict(errors or {})
+
+
+#: What gRPC says when it could not connect at all (words of its UNAVAILABLE details).
+_NO_CONNECTION_WORDS = ("failed to connect to all addresses", "connection refused",
+                        "errors resolving", "dns resolution failed")
+
+
+def no_connection(address: str, details: str) -> NoConnection | None:
+    """The error for an UNAVAILABLE that says no connection was made, else None."""
+    lowered = details.lower()
+    if not any(words in lowered for words in _NO_CONNECTION_WORDS):
+        return None
+    return NoConnection(f"master {address} unavailable: {details}", {address: details})
+
+
 def error_from_rpc(address: str, exc: grpc.RpcError, tls: bool = False) -> BlobError:
     if not isinstance(exc, grpc.Call):
         return Unavailable(f"master {address}: {exc}")
@@ -179,6 +202,7 @@ def error_from_rpc(address: str, exc: grpc.RpcError, tls: bool = False) -> BlobE
         return type(error)(f"master {address} unavailable: {error}")
     if isinstance(error, Unavailable):
         return (handshake_failure(address, details, tls)
+                or no_connection(address, details)
                 or Unavailable(f"master {address} unavailable: {error}"))
     if isinstance(error, DeadlineExceeded):
         if details.strip().lower() != "deadline exceeded":

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from datetime import datetime
 from pathlib import Path
 
@@ -101,3 +102,16 @@ def test_every_command_speaks_json(cluster: LocalCluster, tmp_path: Path) -> Non
         assert r.returncode == status, (args, r.stdout, r.stderr)
         error = json.loads(r.stdout)["error"]
         assert (error["code"], error["exit"]) == (code, status) and error["message"]
+
+
+def test_no_master_answering_fails_fast_naming_it() -> None:
+    env = {k: v for k, v in os.environ.items() if k not in ("BLOBHA_CLUSTER", "BLOBHA_TIMEOUT")}
+    start = time.monotonic()
+    r = subprocess.run([BLOBHA, "--cluster", "127.0.0.1:1", "list"], capture_output=True,
+                       env=env, timeout=60)
+    took = time.monotonic() - start
+    assert r.returncode == 11, r.stderr
+    assert took < 5.0, took
+    assert b"none of the 1 masters answered (127.0.0.1:1: " in r.stderr
+    assert b"Connection refused" in r.stderr
+

@@ -248,7 +248,9 @@ class TestParsing:
             ["create", "k", "-f", "F", "-a", "u:a:rwa,o::r", "--replication-factor", "2"]
         )
         assert (a.key, a.file, a.acl, a.replication_factor) == ("k", "F", "u:a:rwa,o::r", 2)
-        assert (a.wait_replication, a.timeout, a.write_quorum) == (0, 60.0, 0)
+        assert (a.wait_replication, a.write_quorum) == (0, 0)
+        cli.parser.check_args(a)
+        assert a.timeout == 60.0  # the global --timeout's default, given by check_args
 
     @pytest.mark.parametrize(
         "argv",
