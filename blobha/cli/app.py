@@ -18,6 +18,7 @@ from blobha.cli.output import (
     EXIT_INTERRUPTED,
     EXIT_TERMINATED,
     EXIT_USAGE,
+    Chatter,
     describe_os_error,
     error_object,
     fail,
@@ -104,6 +105,8 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as exc:  # argparse: --help, --version
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else EXIT_USAGE)
     as_json = bool(getattr(args, "json", False))
+    quiet = bool(getattr(args, "quiet", False))
+    Chatter.set(progress=not (quiet or getattr(args, "no_progress", False)), notes=not quiet)
     quiet_grpc(args.command)
     _export_credentials(args)
     try:

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, BinaryIO
 from blobha.cli.connect import client_for
 from blobha.cli.hints import describe
 from blobha.cli.output import (
+    Chatter,
     describe_statuses,
     error_object,
     human_bytes,
@@ -29,7 +30,7 @@ if TYPE_CHECKING:
 
 
 def _stdin() -> BinaryIO:
-    if sys.stdin.isatty():
+    if sys.stdin.isatty() and Chatter.notes:
         print("reading the blob from stdin; end it with Ctrl-D", file=sys.stderr)
     try:
         fd = sys.stdin.fileno()

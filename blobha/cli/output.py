@@ -34,8 +34,8 @@ exit codes:
 
 environment: BLOBHA_CLUSTER (default for --cluster), BLOBHA_USER (default for --user),
   BLOBHA_ADDRESS_MAP (ADVERTISED=DIAL,... to reach masters through NAT or published ports)
-  BLOBHA_CA, BLOBHA_CERT, BLOBHA_KEY, BLOBHA_TOKEN_FILE (defaults for --ca, --cert, --key,
-  --token-file)
+  BLOBHA_CA, BLOBHA_CERT, BLOBHA_KEY, BLOBHA_TOKEN_FILE (defaults for --ca, --cert,
+  --tls-key, --token-file), BLOBHA_TIMEOUT (default for --timeout)
 """
 
 
@@ -115,9 +115,21 @@ class ProgressBar:
             self._stream.flush()
 
 
+class Chatter:
+    """What a command may say on stderr besides errors (--no-progress, --quiet); set by main()
+    for each command."""
+
+    progress = True
+    notes = True
+
+    @classmethod
+    def set(cls, *, progress: bool, notes: bool) -> None:
+        cls.progress, cls.notes = progress, notes
+
+
 @contextlib.contextmanager
 def progress_bar(label: str) -> Iterator[ProgressCallback | None]:
-    if not sys.stderr.isatty():
+    if not Chatter.progress or not sys.stderr.isatty():
         yield None
         return
     bar = ProgressBar(label, sys.stderr)
@@ -129,7 +141,7 @@ def progress_bar(label: str) -> Iterator[ProgressCallback | None]:
 
 def note(message: str) -> None:
     """Chatter for people at a terminal; scripts read stdout and the exit status."""
-    if sys.stderr.isatty():
+    if Chatter.notes and sys.stderr.isatty():
         print(message, file=sys.stderr)
 
 

@@ -88,10 +88,18 @@ def _add_global_options(parser: argparse.ArgumentParser, *, suppress: bool) -> N
                        help="CA certificate of the masters; turns TLS on (default: $BLOBHA_CA)")
     group.add_argument("--cert", metavar="FILE", default=default, dest="tls_cert",
                        help="client certificate for TLS (default: $BLOBHA_CERT)")
-    group.add_argument("--key", metavar="FILE", default=default, dest="tls_key",
+    group.add_argument("--tls-key", metavar="FILE", default=default, dest="tls_key",
                        help="private key of --cert (default: $BLOBHA_KEY)")
+    # The old spelling, kept working but unlisted: beside commands taking a KEY, "--key"
+    # read as the blob's key.
+    group.add_argument("--key", metavar="FILE", default=default, dest="tls_key",
+                       help=argparse.SUPPRESS)
     group.add_argument("--token-file", metavar="FILE", default=default,
                        help="file holding your token (default: $BLOBHA_TOKEN_FILE)")
+    group.add_argument("--no-progress", action="store_true", default=default,
+                       help="no progress line on a terminal")
+    group.add_argument("-q", "--quiet", action="store_true", default=default,
+                       help="nothing on stderr but errors: no progress line, no notes")
     group.add_argument("--timeout", type=_seconds, default=default, metavar="SECONDS",
                        help="how long to wait for the cluster: for a leader, for a call, for"
                        " wait-replication (default: $BLOBHA_TIMEOUT, else 60; negative: wait"
