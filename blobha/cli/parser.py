@@ -9,6 +9,7 @@ from typing import NoReturn
 
 from blobha.cli import admin, blobs, cluster, servers
 from blobha.cli.connect import DEFAULT_CLUSTER, DEFAULT_TIMEOUT, UNREACHABLE_SECS
+from blobha.cli.examples import epilog
 from blobha.cli.output import EXIT_CODES_EPILOG, PROG
 from blobha.core import settings
 from blobha.core.addresses import parse_cluster
@@ -32,6 +33,17 @@ class _Parser(argparse.ArgumentParser):
     # check_args' too, comes to main() as a UsageError.
     def error(self, message: str) -> NoReturn:
         raise UsageError(self, message)
+
+
+class _Unlisted:
+    """An argument group whose arguments work but are left out of the help."""
+
+    def __init__(self, group: argparse._ArgumentGroup) -> None:
+        self._group = group
+
+    def add_argument(self, *names: str, **kwargs: object) -> argparse.Action:
+        kwargs["help"] = argparse.SUPPRESS
+        return self._group.add_argument(*names, **kwargs)  # type: ignore[arg-type]
 
 
 def _positive_int(text: str) -> int:
@@ -70,6 +82,9 @@ def _add_global_options(parser: argparse.ArgumentParser, *, suppress: bool) -> N
     # overwritten by the subcommand's default.
     default = argparse.SUPPRESS if suppress else None
     group = parser.add_argument_group("global options")
+    if suppress:
+        # Accepted after a command too, but listed once, in "blobha --help".
+        group = _Unlisted(group)  # type: ignore[assignment]
     group.add_argument(
         "--cluster",
         metavar="HOST:PORT[,HOST:PORT...]",
@@ -173,7 +188,7 @@ def build_parser() -> argparse.ArgumentParser:
             aliases=list(aliases),
             help=help_text,
             description=help_text,
-            epilog=EXIT_CODES_EPILOG,
+            epilog=epilog(name),
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
         _add_global_options(sub, suppress=True)
