@@ -38,10 +38,9 @@ def make_client(cluster: str, user: str | None) -> Client:
 
     # A negative timeout waits forever for replication; the calls keep the default.
     timeout = _Wanted.timeout if _Wanted.timeout > 0 else DEFAULT_TIMEOUT
-    client = Client(cluster, user=user, timeout=timeout)
+    client = Client(cluster, user=user, timeout=timeout,
+                    unreachable_after=min(UNREACHABLE_SECS, timeout))
     client.on_retry = say_retrying
-    # The Client has no setting of its own for it yet: its router's is set here.
-    client._router.unreachable_after = min(UNREACHABLE_SECS, timeout)
     return client
 
 

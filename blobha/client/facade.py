@@ -120,6 +120,7 @@ class Client:
         stall_timeout: float = STALL_TIMEOUT,
         remembered_keys: int = DEFAULT_REMEMBERED_KEYS,
         consistency: str = "session",
+        unreachable_after: float | None = None,
     ) -> None:
         self._addresses = parse_cluster(cluster)
         if transport is None:
@@ -146,6 +147,8 @@ class Client:
         self._router = Router(self._addresses, self._transport, self._timeout,
                               float(stall_timeout), chunk_size, remembered_keys)
         self.consistency = consistency
+        # None: a call waits out its timeout even while no master answers at all.
+        self._router.unreachable_after = unreachable_after
 
     # -- lifecycle -------------------------------------------------------------------------
 

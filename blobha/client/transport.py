@@ -150,7 +150,7 @@ def handshake_failure(address: str, details: str, tls: bool) -> Unavailable | No
         # master is down. So it is retried like any unavailability, with the likely fix. (A
         # TLS client that a proxy cuts off sees its handshake's read fail: no hint there.)
         if tls:
-            hint = ("if the masters ask for client certificates, pass --cert/--key"
+            hint = ("if the masters ask for client certificates, pass --cert/--tls-key"
                     " (BLOBHA_CERT/BLOBHA_KEY) with one that their CA signed")
         else:
             hint = ("if the masters use TLS, pass --ca / BLOBHA_CA with the CA that signed their"

@@ -368,7 +368,7 @@ class MtlsAuthenticator:
                      ) -> str:
         if not peer.get("x509_common_name") and not peer.get("x509_subject_alternative_name"):
             raise Unauthenticated(
-                "no client certificate; this cluster requires one: pass --cert and --key (or"
+                "no client certificate; this cluster requires one: pass --cert and --tls-key (or"
                 " set BLOBHA_CERT and BLOBHA_KEY)"
             )
         for rule in self.rules:

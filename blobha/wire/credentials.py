@@ -69,7 +69,7 @@ class Credentials:
     def check(self) -> Credentials:
         """Raise InvalidArgument naming the problem if the files cannot be used."""
         if bool(self.cert) != bool(self.key):
-            raise InvalidArgument("a client certificate needs both --cert and --key"
+            raise InvalidArgument("a client certificate needs both --cert and --tls-key"
                                   " (BLOBHA_CERT and BLOBHA_KEY)")
         for what, path in (("CA", self.ca), ("certificate", self.cert), ("key", self.key),
                            ("token file", self.token_file)):

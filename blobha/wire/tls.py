@@ -101,7 +101,7 @@ def channel_credentials(ca: str | None, cert: str | None, key: str | None
     """Credentials to connect over TLS: trust ``ca`` (else the system's roots) and present
     ``cert``/``key`` as client certificate if given."""
     if bool(cert) != bool(key):
-        raise ValueError("a client certificate needs both --cert and --key")
+        raise ValueError("a client certificate needs both --cert and --tls-key")
     return grpc.ssl_channel_credentials(
         root_certificates=read_file(ca, "CA certificate") if ca else None,
         private_key=read_file(key, "client key") if key else None,

@@ -520,7 +520,7 @@ def test_mtls_takes_the_user_from_the_certificate(tmp_path: Path) -> None:
                 ("certificate from another CA",
                  Credentials(ca=ca, cert=str(foreign.cert), key=str(foreign.key)))):
             with Client(c.cluster, user="alice", timeout=3, credentials=credentials) as who, \
-                    pytest.raises(Unavailable, match="pass --cert/--key"):
+                    pytest.raises(Unavailable, match="pass --cert/--tls-key"):
                 who.read("cert-k")
             REFUSED[f"mtls: {name}"] += 1
     except BaseException:

@@ -172,7 +172,7 @@ def test_client_credentials_from_the_environment(tmp_path: Path) -> None:
         assert c.user == "alice"
     with pytest.raises(InvalidArgument, match="belongs to 'alice'"):
         Client("127.0.0.1:1", user="bob", credentials=creds)
-    with pytest.raises(InvalidArgument, match="--cert and --key"):
+    with pytest.raises(InvalidArgument, match="--cert and --tls-key"):
         Credentials(cert="c.pem").check()
     with pytest.raises(InvalidArgument, match="cannot read"):
         Credentials(ca=str(tmp_path / "missing.pem")).check()

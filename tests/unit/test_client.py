@@ -928,7 +928,7 @@ def test_a_failed_tls_handshake_says_which_setting_to_change(details: str, advic
 
 @pytest.mark.parametrize(("tls", "hint"), [
     (False, "if the masters use TLS, pass --ca"),
-    (True, "if the masters ask for client certificates, pass --cert/--key"),
+    (True, "if the masters ask for client certificates, pass --cert/--tls-key"),
 ])
 def test_a_connection_closed_at_once_only_hints_at_tls(tls: bool, hint: str) -> None:
     # What a TLS master does to a plain-text client, but also a proxy with no master behind
