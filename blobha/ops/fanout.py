@@ -143,6 +143,16 @@ class Namespaces:
         return int(out.strip())
 
     def close(self) -> None:
+        # Agents end on their stdin's end: the ZooKeeper agent stops its server then (which
+        # runs in a session of its own, out of reach of a signal to the agent's group).
+        for proc in self._procs:
+            if proc.stdin is not None:
+                with contextlib.suppress(OSError):
+                    proc.stdin.close()
+        deadline = time.monotonic() + 20
+        for proc in self._procs:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(max(0.1, deadline - time.monotonic()))
         for proc in self._procs:
             if proc.poll() is None:
                 with contextlib.suppress(ProcessLookupError):
@@ -215,9 +225,11 @@ _LOAD = textwrap.dedent("""
 """)
 
 _ZK = textwrap.dedent("""
-    import sys
+    import signal, sys
     from pathlib import Path
     from blobha.ops.zkserver import EmbeddedZooKeeper
+    # A SIGTERM ends the agent through its finally: the server stops with it.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     zk = EmbeddedZooKeeper(Path(sys.argv[1]), port=int(sys.argv[3]), host=sys.argv[2])
     zk.start()
     print("ready", flush=True)

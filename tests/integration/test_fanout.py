@@ -14,6 +14,12 @@ from blobha.ops import fanout
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
 
+def _servers(work: Path) -> list[str]:
+    """Processes still running from ``work`` (its ZooKeeper, its masters)."""
+    out = subprocess.run(["pgrep", "-af", str(work)], capture_output=True, text=True).stdout
+    return [line for line in out.splitlines() if "pgrep" not in line]
+
+
 def _ours() -> list[str]:
     out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True,
                          check=True).stdout
@@ -31,6 +37,7 @@ def test_nodes_fetch_through_shaped_links_and_everything_is_removed(tmp_path: Pa
     # Every node's bytes came from the masters, through their shaped links.
     assert 2 * 4 * 0.95 <= sum(result.master_egress_mib.values()) <= 3 * 4 * 1.1, figures
     assert _ours() == []
+    assert _servers(tmp_path) == []
 
 
 def test_a_failed_run_removes_what_it_made(tmp_path: Path,
@@ -39,6 +46,7 @@ def test_a_failed_run_removes_what_it_made(tmp_path: Path,
     with pytest.raises(RuntimeError, match="writing the blob: the process ended"):
         fanout.run_fanout(nodes=1, size_mib=1, rate_mbit=100, work=tmp_path)
     assert _ours() == []
+    assert _servers(tmp_path) == []
 
 
 def test_it_refuses_to_run_without_root(tmp_path: Path,
