@@ -14,14 +14,12 @@ or is discarded leaves nothing visible.
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 import errno
 import fnmatch
 import io
 import re
 import tempfile
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -29,17 +27,6 @@ from typing import Any, BinaryIO
 from fsspec.spec import AbstractBufferedFile, AbstractFileSystem
 
 from blobha.client import Client
-from blobha.core.digest import Digester
-from blobha.core.errors import (
-    BlobError,
-    ChecksumMismatch,
-    DeadlineExceeded,
-    InvalidArgument,
-    KeyAlreadyExists,
-    KeyNotFound,
-    NotAuthorized,
-    Unavailable,
-)
 from blobha.wire.credentials import Credentials
 
 __all__ = ["BlobhaFile", "BlobhaFileSystem"]
@@ -50,34 +37,6 @@ _SPOOL_IN_MEMORY = 8 * 1024 * 1024
 _LIST_PARALLEL = 8
 _VERSION_QUERY = re.compile(r"^(?P<key>[^?]*)\?version=(?P<version>\d+)$")
 _MAGIC = re.compile(r"[*?\[]")
-
-#: blobha errors as the built-in errors that fsspec and its users expect.
-_BUILTIN: tuple[tuple[type[BlobError], type[OSError] | type[ValueError]], ...] = (
-    (KeyNotFound, FileNotFoundError),
-    (KeyAlreadyExists, FileExistsError),
-    (NotAuthorized, PermissionError),
-    (DeadlineExceeded, TimeoutError),
-    (Unavailable, ConnectionError),
-    (InvalidArgument, ValueError),
-)
-
-
-@contextlib.contextmanager
-def _as_builtin(path: str) -> Iterator[None]:
-    try:
-        yield
-    except BlobError as e:
-        for ours, builtin in _BUILTIN:
-            if isinstance(e, ours):
-                if builtin is FileNotFoundError:
-                    raise FileNotFoundError(errno.ENOENT, str(e), path) from e
-                if builtin is FileExistsError:
-                    raise FileExistsError(errno.EEXIST, str(e), path) from e
-                if builtin is PermissionError:
-                    raise PermissionError(errno.EACCES, str(e), path) from e
-                raise builtin(str(e)) from e
-        raise OSError(errno.EIO, str(e), path) from e
-
 
 def _when(seconds: float) -> datetime.datetime:
     return datetime.datetime.fromtimestamp(seconds, tz=datetime.UTC)
@@ -110,8 +69,7 @@ class BlobhaFileSystem(AbstractFileSystem):  # type: ignore[misc]
             given = ca or cert or tls_key or token_file
             credentials = (Credentials(ca=ca, cert=cert, key=tls_key, token_file=token_file)
                            if given else None)
-            with _as_builtin(""):
-                client = Client(addresses, user=user, timeout=timeout, credentials=credentials)
+            client = Client(addresses, user=user, timeout=timeout, credentials=credentials)
         self.client = client
 
     # -- paths -----------------------------------------------------------------------------
@@ -154,22 +112,21 @@ class BlobhaFileSystem(AbstractFileSystem):  # type: ignore[misc]
         key, pinned = self.split_version(self._strip_protocol(path), version)
         if not key:
             return {"name": "", "size": 0, "type": "directory"}
-        with _as_builtin(key):
-            meta = self.client.get_meta(key)
-            # A key the user may see but not read is listed, as the store lists it; its
-            # content (and digest) is refused when asked for.
-            entry = {
-                "name": key, "size": meta.size, "type": "file", "version": meta.version,
-                "digest": meta.digest, "created": meta.created_at, "mtime": meta.updated_at,
-                "replication": meta.replication,
-                "replication_factor": meta.replication_factor,
-                "acknowledged": meta.acknowledged, "readable": meta.readable,
-            }
-            if pinned and pinned != meta.version:
-                # An earlier version still retained: its own size and digest.
-                got = self.client.download(key, io.BytesIO(), version=pinned, length=1)
-                entry.update(name=f"{key}?version={pinned}", version=got.version,
-                             size=got.size, digest=got.digest)
+        meta = self.client.get_meta(key)
+        # A key the user may see but not read is listed, as the store lists it; its
+        # content (and digest) is refused when asked for.
+        entry = {
+            "name": key, "size": meta.size, "type": "file", "version": meta.version,
+            "digest": meta.digest, "created": meta.created_at, "mtime": meta.updated_at,
+            "replication": meta.replication,
+            "replication_factor": meta.replication_factor,
+            "acknowledged": meta.acknowledged, "readable": meta.readable,
+        }
+        if pinned and pinned != meta.version:
+            # An earlier version still retained: its own size and digest.
+            got = self.client.download(key, io.BytesIO(), version=pinned, length=1)
+            entry.update(name=f"{key}?version={pinned}", version=got.version,
+                         size=got.size, digest=got.digest)
         return entry
 
     def ls(self, path: str, detail: bool = True, **kwargs: Any) -> list[Any]:
@@ -177,8 +134,7 @@ class BlobhaFileSystem(AbstractFileSystem):  # type: ignore[misc]
         if key:
             entry = self.info(path)
             return [entry if detail else entry["name"]]
-        with _as_builtin(""):
-            names = list(self.client.list(""))
+        names = list(self.client.list(""))
         return self._details(names) if detail else names
 
     def _details(self, names: list[str]) -> list[dict[str, Any]]:
@@ -210,8 +166,7 @@ class BlobhaFileSystem(AbstractFileSystem):  # type: ignore[misc]
             raise ValueError(f"{pattern!r} matches no blob key: blobha keys hold no '/' (the"
                              " namespace is flat)")
         prefix = _MAGIC.split(pattern, 1)[0]
-        with _as_builtin(prefix):
-            names = [k for k in self.client.list(prefix) if fnmatch.fnmatchcase(k, pattern)]
+        names = [k for k in self.client.list(prefix) if fnmatch.fnmatchcase(k, pattern)]
         if kwargs.get("detail"):
             return {e["name"]: e for e in self._details(names)}
         return names
@@ -265,20 +220,19 @@ class BlobhaFileSystem(AbstractFileSystem):  # type: ignore[misc]
         key, pinned = self.split_version(self._strip_protocol(path), version)
         if not key:
             raise IsADirectoryError(errno.EISDIR, "the root is not a blob", path)
-        with _as_builtin(key):
-            if not start and end is None:
-                return self.client.read(key, pinned)  # verified against the whole digest
-            if (start or 0) < 0 or (end is not None and end < 0):
-                size = self.info(path, version)["size"]
-                start = max(0, size + start) if start and start < 0 else start
-                end = max(0, size + end) if end is not None and end < 0 else end
-            start = start or 0
-            if end is not None and end <= start:
-                return b""
-            out = io.BytesIO()
-            self.client.download(key, out, version=pinned, offset=start,
-                                 length=0 if end is None else end - start)
-            return out.getvalue()
+        if not start and end is None:
+            return self.client.read(key, pinned)  # verified against the whole digest
+        if (start or 0) < 0 or (end is not None and end < 0):
+            size = self.info(path, version)["size"]
+            start = max(0, size + start) if start and start < 0 else start
+            end = max(0, size + end) if end is not None and end < 0 else end
+        start = start or 0
+        if end is not None and end <= start:
+            return b""
+        out = io.BytesIO()
+        self.client.download(key, out, version=pinned, offset=start,
+                             length=0 if end is None else end - start)
+        return out.getvalue()
 
     def pipe_file(self, path: str, value: bytes, mode: str = "overwrite",
                   **kwargs: Any) -> None:
@@ -295,18 +249,16 @@ class BlobhaFileSystem(AbstractFileSystem):  # type: ignore[misc]
     def get_file(self, rpath: str, lpath: str, callback: Any = None, outfile: Any = None,
                  **kwargs: Any) -> None:
         key, pinned = self.split_version(self._strip_protocol(rpath))
-        with _as_builtin(key):
-            # A path is written through a temporary file and renamed once verified.
-            self.client.download(key, outfile if outfile is not None else lpath,
-                                 version=pinned)
+        # A path is written through a temporary file and renamed once verified.
+        self.client.download(key, outfile if outfile is not None else lpath,
+                             version=pinned)
 
     def cp_file(self, path1: str, path2: str, **kwargs: Any) -> None:
         self.pipe_file(path2, self.cat_file(path1))
 
     def rm_file(self, path: str) -> None:
         key, _ = self._writable(path)
-        with _as_builtin(key):
-            self.client.delete(key)
+        self.client.delete(key)
 
     def _rm(self, path: str) -> None:
         self.rm_file(path)
@@ -329,68 +281,37 @@ class BlobhaFileSystem(AbstractFileSystem):  # type: ignore[misc]
         """Make ``data`` the next version of ``key``, creating it if it is missing (two
         writers racing to create it both succeed, one version after the other); with
         ``create_only``, only a new key."""
-        with _as_builtin(key):
-            if create_only:
-                self.client.create(key, data)
-            else:
-                self.client.put(key, data)
+        if create_only:
+            self.client.create(key, data)
+        else:
+            self.client.put(key, data)
 
     def _open(self, path: str, mode: str = "rb", block_size: int | None = None,
               autocommit: bool = True, cache_options: dict[str, Any] | None = None,
-              version: int | None = None, **kwargs: Any) -> BlobhaFile:
+              version: int | None = None, **kwargs: Any) -> BinaryIO:
         if mode not in ("rb", "wb", "xb"):
             raise ValueError(f"mode {mode!r} is not supported: blobs are read ('rb') or"
                              " written whole ('wb', 'xb')")
         if mode == "rb":
             key, pinned = self.split_version(self._strip_protocol(path), version)
-            entry = self.info(key, version=pinned or None)
-            if not entry["readable"]:
-                self._readable(key)
-            return BlobhaFile(self, key, mode, block_size=block_size or "default",
-                              cache_options=cache_options, size=entry["size"],
-                              version=entry["version"], digest=entry["digest"], **kwargs)
+            self._readable(key)
+            # Pinned to one version, read in ranges, checked whole when read in order.
+            return self.client.open(key, pinned or None)
         key, _ = self._writable(path)
         return BlobhaFile(self, key, mode, block_size=block_size or "default",
                           autocommit=autocommit, **kwargs)
 
 
 class BlobhaFile(AbstractBufferedFile):  # type: ignore[misc]
-    """One version of a blob, read through ranged reads; or a new version, spooled and made
-    on close (``commit``), or dropped (``discard``)."""
+    """A new version of a blob, spooled and made on close (``commit``), or dropped
+    (``discard``); reads go through :meth:`blobha.client.Client.open`."""
 
-    def __init__(self, fs: BlobhaFileSystem, path: str, mode: str = "rb",
-                 version: int = 0, digest: str = "", **kwargs: Any) -> None:
-        self.version = version
-        self.digest = digest
-        # Bytes read from the start, in order, hashed as they come: a sequential whole read
-        # is checked against the blob's digest as the client's own read is.
-        self._hashed = Digester()
-        self._spool: tempfile.SpooledTemporaryFile[bytes] | None = None
+    def __init__(self, fs: BlobhaFileSystem, path: str, mode: str = "wb",
+                 **kwargs: Any) -> None:
         super().__init__(fs, path, mode=mode, **kwargs)
-        if mode != "rb":
-            # Closed by commit or discard, whichever ends the write.
-            self._spool = tempfile.SpooledTemporaryFile(  # noqa: SIM115
-                max_size=_SPOOL_IN_MEMORY)
-
-    def _fetch_range(self, start: int, end: int) -> bytes:
-        fs: BlobhaFileSystem = self.fs
-        end = min(end, self.size)
-        if end <= start:
-            return b""
-        with _as_builtin(self.path):
-            if start == 0 and end == self.size:
-                return fs.client.read(self.path, self.version)
-            out = io.BytesIO()
-            fs.client.download(self.path, out, version=self.version, offset=start,
-                               length=end - start)
-        data = out.getvalue()
-        if start == self._hashed.size:
-            self._hashed.update(data)
-            if self._hashed.size == self.size and self._hashed.hexdigest() != self.digest:
-                raise OSError(errno.EIO, str(ChecksumMismatch(
-                    f"{self.path!r} v{self.version} read whole does not match its digest")),
-                    self.path)
-        return data
+        # Closed by commit or discard, whichever ends the write.
+        self._spool: tempfile.SpooledTemporaryFile[bytes] | None = (
+            tempfile.SpooledTemporaryFile(max_size=_SPOOL_IN_MEMORY))  # noqa: SIM115
 
     def _initiate_upload(self) -> None:
         pass
