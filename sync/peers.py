@@ -12,6 +12,7 @@ import time
 from collections.abc import Iterable, Sequence
 
 import grpc
+from blobha.sync.stagelinks import StageLinks
 
 from blobha.core.addresses import host_of
 from blobha.core.auth import MASTER_SECRET_METADATA_KEY, USER_METADATA_KEY
@@ -61,6 +62,7 @@ class Peers:
         self._channels: dict[str, grpc.Channel] = {}
         self._guard = threading.Lock()
         self._data_channels = DataChannels(tls=self._credentials.data_tls)
+        self.links = StageLinks(self._begin_link, self._stage_call, self._data_channels)
         self._stall = stall_secs
         self._stalls = StallWatch()
         #: Peers that stalled or left, and when: tried last for a while (see :meth:`rank`).
@@ -88,6 +90,7 @@ class Peers:
             return stub
 
     def close(self) -> None:
+        self.links.close()
         self._stalls.close()
         with self._guard:
             for c in self._channels.values():
@@ -163,8 +166,23 @@ class Peers:
               timeout: float) -> list[bool]:
         """Forward (key, size, digest, data) versions to ``address`` to keep staged (see
         blobha.master.forward): one bool per version, true once its copy there is synced and
-        digest-checked. Raises a :class:`BlobError` when the call fails or takes longer than
-        ``timeout`` (a master of an older release answers UNIMPLEMENTED)."""
+        digest-checked. Over a stage link where one can be had (sync.stagelinks), else a
+        StageVersions call. Raises a :class:`BlobError` when the call fails or takes longer
+        than ``timeout`` (a master of an older release answers UNIMPLEMENTED)."""
+        return self.links.stage(address, epoch, versions, timeout)
+
+    def _begin_link(self, address: str, epoch: int, timeout: float) -> DataOffer | None:
+        try:
+            reply = self._stub(address).BeginStaging(
+                pb.BeginStagingRequest(link=True, epoch=epoch), timeout=timeout,
+                metadata=self._metadata)
+        except grpc.RpcError as e:
+            raise _error(e) from None
+        return DataOffer(reply.data_port, reply.ticket) if reply.ticket else None
+
+    def _stage_call(self, address: str, epoch: int,
+                    versions: Sequence[tuple[str, int, str, bytes]], timeout: float
+                    ) -> list[bool]:
         request = pb.StageVersionsRequest(epoch=epoch, versions=[
             pb.StagedVersion(key=key, size=size, digest=digest, data=data)
             for key, size, digest, data in versions])

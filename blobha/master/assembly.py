@@ -100,7 +100,7 @@ class MasterServer:
             master.store, host, port, append=master.append,
             translate=lambda e: translate_error(master.identity, "an upload on the data channel",
                                                 e),
-            tls=tls)
+            tls=tls, stage=master.stage_versions)
         try:
             dataplane.start()
         except OSError as e:

@@ -8,14 +8,16 @@ from blobha.store.local import VersionInfo
 
 
 class TransferOffers(Protocol):
-    """Tickets of the data channel: for a range of a version, or for the rest of an upload
-    session (``None`` when it takes no more)."""
+    """Tickets of the data channel: for a range of a version, for the rest of an upload
+    session, or for a stage link (``None`` when it takes none)."""
 
     port: int
 
     def offer(self, info: VersionInfo, offset: int, end: int) -> bytes: ...
 
     def offer_upload(self, user: str, upload_id: str, offset: int) -> bytes | None: ...
+
+    def offer_stage_link(self, user: str) -> bytes | None: ...
 
 
 class Channel:

@@ -49,11 +49,12 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "blobstore.write.forward",
         True,
-        "With a write quorum above 1, the leader sends a small write's bytes to the other"
-        " masters chosen to hold the key while it commits, and each keeps a staged, synced and"
-        " digest-checked copy: the commit records the masters that confirmed one and is"
-        " acknowledged at once when they make the quorum. Off: the other masters fetch the"
-        " version after the commit, and the write waits for their replica nodes.",
+        "With a write quorum W above 1, the leader sends a write's bytes to W-1 of the other"
+        " masters chosen to hold the key while it commits (small writes over a stage link on"
+        " their data channel), and each keeps a staged, synced and digest-checked copy: the"
+        " commit records the masters that confirmed one and is acknowledged at once when they"
+        " make the quorum. Off: the other masters fetch the version after the commit, and the"
+        " write waits for their replica nodes.",
     ),
     Option(
         "blobstore.write.timeout.secs",

@@ -178,7 +178,7 @@ class Master:
         self.writes = Writes(s, self.store, self.uploads, self.puts, self.meta, self.authority,
                              self.committer, self.acks, self.channel, self.forwarder)
         self.staging = Staging(self.principal, self.store, self._epoch_seen, self.uploads,
-                               self.writes.offer_upload)
+                               self.writes.offer_upload, self.writes.offer_stage_link)
         self.reads = Reads(s, self.identity, self.principal, self.store, self.zk, self.meta,
                            self.authority, self.sync, self.channel)
         self.admin = Admin(self.store, self.meta, self.authority, self.sync)
@@ -193,7 +193,7 @@ class Master:
         self.status = MasterStatus(
             self.identity, s.zk_servers, self.session_timeout, self.zk, self.election,
             self.history, self.store, self.uploads, self.sync, self.puts, self.scrubber,
-            self.membership, self.channel, self.summary, self.waits)
+            self.membership, self.channel, self.summary, self.waits, self.forwarder)
 
     # ---- lifecycle -----------------------------------------------------------------------
 
@@ -371,6 +371,9 @@ class Master:
 
     def begin_staging(self, user: str, key: str, epoch: int) -> tuple[str, DataOffer | None]:
         return self.staging.begin_stream(user, key, epoch)
+
+    def begin_stage_link(self, user: str, epoch: int) -> DataOffer | None:
+        return self.staging.begin_link(user, epoch)
 
     def finish_staging(self, user: str, upload_id: str, key: str, epoch: int, size: int,
                        digest: str) -> bool:

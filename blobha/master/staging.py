@@ -26,12 +26,14 @@ class Staging:
 
     def __init__(self, principal: str, store: LocalStore, current_epoch: Callable[[], int],
                  uploads: UploadManager,
-                 offer: Callable[[str, str], tuple[int, DataOffer | None]]) -> None:
+                 offer: Callable[[str, str], tuple[int, DataOffer | None]],
+                 offer_link: Callable[[str], DataOffer | None] = lambda user: None) -> None:
         self.principal = principal
         self.store = store
         self.current_epoch = current_epoch
         self.uploads = uploads
         self.offer = offer
+        self.offer_link = offer_link
         self._newest = 0
         self._lock = threading.Lock()
         #: Versions staged since start (read by tests and the status page's figures).
@@ -52,6 +54,14 @@ class Staging:
         out = self.store.staged.stage(list(versions))
         self.staged += sum(out)
         return out
+
+    def begin_link(self, user: str, epoch: int) -> DataOffer | None:
+        """A data-channel offer for a stage link: a connection carrying the leader's batches,
+        each fenced as :meth:`stage` fences (blobha.wire.stagelink). None: no data channel
+        here, and the leader calls StageVersions."""
+        self._check_master(user, "BeginStaging")
+        self._check_epoch(epoch)
+        return self.offer_link(user)
 
     def begin_stream(self, user: str, key: str, epoch: int) -> tuple[str, DataOffer | None]:
         """A streamed upload's forward begins: a session of this master's own uploads (its

@@ -13,6 +13,7 @@ from kazoo.client import KazooClient, KazooState
 from blobha.leader import LeaderElection, LeaderHistory
 from blobha.leader.history import Term
 from blobha.master.channel import Channel
+from blobha.master.forward import Forwarder
 from blobha.master.groupcommit import GroupCommitter
 from blobha.master.scrub import Scrubber
 from blobha.master.summary import StatusSummary
@@ -26,7 +27,7 @@ from blobha.zk.layout import MASTERS
 #: What the background scrubber has done, by the names the edge exports.
 SCRUB_FIGURES = ("files_verified", "bytes_verified", "corrupt_found", "passes")
 #: What the data channel has done, likewise.
-CHANNEL_FIGURES = ("transfers", "bytes_sent", "uploads", "bytes_received", "refused")
+CHANNEL_FIGURES = ("transfers", "bytes_sent", "uploads", "bytes_received", "refused", "links")
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,11 @@ class GroupCommitFigures:
     batches: int
     writes: int
     largest: int
+    #: Versions forwarded to other holders (each once per holder), and the forwards' calls
+    #: over stage links and over gRPC (blobha.master.forward).
+    forwarded: int = 0
+    over_links: int = 0
+    over_grpc: int = 0
 
 
 class StatusSource(Protocol):
@@ -92,7 +98,8 @@ class MasterStatus:
                  election: LeaderElection, history: LeaderHistory, store: LocalStore,
                  uploads: UploadManager, sync: Synchronizer, puts: GroupCommitter[Any, Any],
                  scrubber: Scrubber | None, membership: Membership, channel: Channel,
-                 summary: StatusSummary, waits: ReplicationWaits) -> None:
+                 summary: StatusSummary, waits: ReplicationWaits,
+                 forwarder: Forwarder | None = None) -> None:
         self.identity = identity
         self.zk_servers = zk_servers
         self.started = summary.started
@@ -108,6 +115,7 @@ class MasterStatus:
         self._membership = membership
         self._channel = channel
         self._summary = summary
+        self._forwarder = forwarder
         self._waits = waits
 
     def is_leader(self) -> bool:
@@ -157,7 +165,12 @@ class MasterStatus:
         return SyncFigures(keys, under, lag, queue.depth(), queue.batches, queue.batched_keys)
 
     def group_commit(self) -> GroupCommitFigures:
-        return GroupCommitFigures(self._puts.batches, self._puts.writes, self._puts.largest)
+        f = self._forwarder
+        if f is None:
+            return GroupCommitFigures(self._puts.batches, self._puts.writes, self._puts.largest)
+        return GroupCommitFigures(self._puts.batches, self._puts.writes, self._puts.largest,
+                                  f.forwarded, f.peers.links.over_links,
+                                  f.peers.links.over_grpc)
 
     def scrub(self) -> dict[str, int] | None:
         if self._scrubber is None:

@@ -176,6 +176,15 @@ class Writes:
                 return received, DataOffer(dataplane.port, ticket)
         return received, None
 
+    def offer_stage_link(self, user: str) -> DataOffer | None:
+        """An offer of the data channel for a stage link (None when this master has none)."""
+        dataplane = self.channel.offers
+        if dataplane is not None:
+            ticket = dataplane.offer_stage_link(user)
+            if ticket is not None:
+                return DataOffer(dataplane.port, ticket)
+        return None
+
     def abort(self, user: str, upload_id: str) -> None:
         self.uploads.abort(upload_id, user)
 

@@ -229,12 +229,14 @@ class StageVersionsResponse(_message.Message):
     def __init__(self, staged: _Optional[_Iterable[bool]] = ...) -> None: ...
 
 class BeginStagingRequest(_message.Message):
-    __slots__ = ("key", "epoch")
+    __slots__ = ("key", "epoch", "link")
     KEY_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
+    LINK_FIELD_NUMBER: _ClassVar[int]
     key: str
     epoch: int
-    def __init__(self, key: _Optional[str] = ..., epoch: _Optional[int] = ...) -> None: ...
+    link: bool
+    def __init__(self, key: _Optional[str] = ..., epoch: _Optional[int] = ..., link: _Optional[bool] = ...) -> None: ...
 
 class FinishStagingRequest(_message.Message):
     __slots__ = ("upload_id", "key", "epoch", "size", "digest")

@@ -20,8 +20,10 @@ from conftest import (
     followers,
     master_metadata,
     md,
+    scrape,
     store_dir,
     stub,
+    value,
     version_files,
 )
 from kazoo.client import KazooClient
@@ -285,3 +287,29 @@ def test_a_holder_with_a_full_disk_is_passed_over(fresh_cluster: LocalCluster,
             if (data / "staged").exists() else True
         for key in big:
             assert version_files(full, key) == []
+
+
+def test_forwards_ride_a_few_stage_links_not_a_call_each(cluster: LocalCluster,
+                                                          unique_key: str) -> None:
+    leader = cluster.leader()
+    holders = [m for m in cluster.masters if m is not leader]
+    before = {m.address: scrape(m) for m in cluster.masters}
+    with client_for(cluster) as c:
+        for i in range(20):
+            assert c.create(f"{unique_key}-{i}", os.urandom(4096), replication_factor=3,
+                            write_quorum=2).acknowledged
+    after = {m.address: scrape(m) for m in cluster.masters}
+
+    def grew(m: MasterProcess, name: str, **labels: str) -> float:
+        return (value(after[m.address], name, **labels)
+                - value(before[m.address], name, **labels))
+
+    # One forward per write (W-1 = 1 holder), each batch over a link, none over gRPC.
+    assert grew(leader, "blobha_forwarded_versions_total") == 20
+    assert grew(leader, "blobha_forward_calls_total", path="link") == 20
+    assert grew(leader, "blobha_forward_calls_total", path="grpc") == 0
+    for m in holders:
+        assert grew(m, "grpc_server_started_total", grpc_method="StageVersions") == 0
+    # Links are kept and reused: a handful were opened for the twenty batches.
+    opened = sum(grew(m, "blobha_data_channel_stage_links_total") for m in holders)
+    assert 1 <= opened <= 4, opened

@@ -228,31 +228,94 @@ def test_a_batch_goes_to_a_holder_in_calls_under_the_message_limit() -> None:
 def test_a_holder_with_forwards_stuck_is_passed_over_and_suspected_when_they_fail() -> None:
     import threading
 
-    from blobha.master.forward import MAX_IN_FLIGHT, Forwarder
+    from blobha.master.forward import HEDGE_SECS, MAX_IN_FLIGHT, Forwarder
 
     release = threading.Event()
+    calls: list[str] = []
 
     class Peers:
         def stage(self, holder: str, epoch: int, versions: list[object], timeout: float
                   ) -> list[bool]:
-            if holder == "stuck:1":
+            calls.append(holder)
+            if holder == "a-stuck:1":
                 release.wait(10)
                 raise Unavailable("stalled")
             return [True] * len(versions)
 
-    masters = {"me:1", "ok:1", "stuck:1"}
+    # "a-stuck:1" sorts first: each write's one forward goes to it while it is trusted.
+    masters = {"me:1", "ok:1", "a-stuck:1"}
     f = Forwarder("me:1", Peers(), lambda: masters, lambda: masters,  # type: ignore[arg-type]
                   lambda: 3, 5.0, True)
     try:
         for i in range(MAX_IN_FLIGHT + 2):
+            began = time.monotonic()
             forward = f.start([(f"k{i}", 3, 2, 1, "d", b"x")])
             assert forward is not None
-            assert forward.wait() == {f"k{i}": ("ok:1",)}  # never waits for the stuck one
+            # The spare takes over after the hedge, never after the 5 s bound.
+            assert forward.wait() == {f"k{i}": ("ok:1",)}
+            assert time.monotonic() - began < 5.0 / 2
+        # Stuck calls fill its slots: it is passed over, and later writes go straight on.
+        assert calls.count("a-stuck:1") == MAX_IN_FLIGHT
         assert f.targets("k", 3, masters, masters, time.monotonic()) == ["ok:1"]
+        began = time.monotonic()
+        forward = f.start([("later", 3, 2, 1, "d", b"x")])
+        assert forward is not None and forward.wait() == {"later": ("ok:1",)}
+        assert time.monotonic() - began < HEDGE_SECS
         release.set()
-        wait_until(lambda: not f._in_flight.get("stuck:1"), 10, "the stuck calls to fail")
+        wait_until(lambda: not f._in_flight.get("a-stuck:1"), 10, "the stuck calls to fail")
         # Its calls failed: it stays passed over for a while.
         assert f.targets("k", 3, masters, masters, time.monotonic()) == ["ok:1"]
     finally:
         release.set()
+        f.close()
+
+
+class _Holders:
+    """StageVersions answered at once: True from each holder, an error from ``failing``."""
+
+    def __init__(self, failing: frozenset[str] = frozenset()) -> None:
+        self.failing = failing
+        self.calls: list[tuple[str, list[str]]] = []
+
+    def stage(self, holder: str, epoch: int, versions: list[tuple[str, int, str, bytes]],
+              timeout: float) -> list[bool]:
+        self.calls.append((holder, [v[0] for v in versions]))
+        if holder in self.failing:
+            raise Unavailable("refused")
+        return [True] * len(versions)
+
+
+def test_a_write_is_forwarded_to_w_minus_1_holders_and_the_rest_sync() -> None:
+    from blobha.master.forward import Forwarder
+
+    masters = {"me:1", "b:1", "c:1", "d:1"}
+    holders = _Holders()
+    f = Forwarder("me:1", holders, lambda: masters, lambda: masters,  # type: ignore[arg-type]
+                  lambda: 3, 5.0, True)
+    try:
+        forward = f.start([("w2", 4, 2, 1, "d", b"x"), ("w3", 4, 3, 1, "d", b"x"),
+                           ("w1", 4, 1, 1, "d", b"x")])
+        assert forward is not None
+        assert forward.wait() == {"w2": ("b:1",), "w3": ("b:1", "c:1")}
+        # One call per holder for the whole batch; nobody gets the W=1 write, d:1 nothing.
+        assert sorted(holders.calls) == [("b:1", ["w2", "w3"]), ("c:1", ["w3"])]
+    finally:
+        f.close()
+
+
+def test_a_holder_that_fails_is_replaced_by_a_spare_at_once() -> None:
+    from blobha.master.forward import HEDGE_SECS, Forwarder
+
+    masters = {"me:1", "b:1", "c:1", "d:1"}
+    holders = _Holders(failing=frozenset({"b:1"}))
+    f = Forwarder("me:1", holders, lambda: masters, lambda: masters,  # type: ignore[arg-type]
+                  lambda: 3, 5.0, True)
+    try:
+        began = time.monotonic()
+        forward = f.start([("k", 4, 3, 1, "d", b"x")])
+        assert forward is not None
+        assert forward.wait() == {"k": ("c:1", "d:1")}
+        assert time.monotonic() - began < HEDGE_SECS  # replaced on failing, not on the hedge
+        assert sorted(h for h, _ in holders.calls) == ["b:1", "c:1", "d:1"]
+    finally:
         f.close()

@@ -43,6 +43,7 @@ from blobha.wire.dataplane import (
     time_limit,
 )
 from blobha.wire.datatls import ReloadingServerContext
+from blobha.wire.stagelink import Stage, serve_stage_link
 
 log = logging.getLogger("blobha.dataplane")
 
@@ -67,6 +68,14 @@ class _UploadGrant:
     expires: float
 
 
+@dataclass(frozen=True)
+class _LinkGrant:
+    """A stage link for ``user`` (a master forwarding writes; blobha.wire.stagelink)."""
+
+    user: str
+    expires: float
+
+
 #: How a master appends an upload's bytes (Master.append): (user, upload id, offset, data) ->
 #: bytes received in all. Raises what AppendUpload would.
 Append = Callable[[str, str, int, memoryview], int]
@@ -85,7 +94,8 @@ class DataPlane:
                  append: Append | None = None,
                  translate: Callable[[Exception], BlobError] | None = None,
                  max_tickets: int = MAX_TICKETS,
-                 tls: ReloadingServerContext | None = None) -> None:
+                 tls: ReloadingServerContext | None = None,
+                 stage: Stage | None = None) -> None:
         self.store = store
         #: With TLS, every connection is a TLS one (the master's certificate, and in mTLS mode
         #: a client certificate from its CA), before the ticket is read.
@@ -96,10 +106,11 @@ class DataPlane:
         self._ttl = ttl
         self._clock = clock
         self._append = append
+        self._stage = stage
         # An append's failure as the client should see it (service.translate_error: a full
         # disk is RESOURCE_EXHAUSTED, anything unforeseen is logged and INTERNAL).
         self._translate = translate or _as_blob_error
-        self._grants: dict[bytes, _Grant | _UploadGrant] = {}
+        self._grants: dict[bytes, _Grant | _UploadGrant | _LinkGrant] = {}
         self._lock = threading.Lock()
         self._slots = threading.BoundedSemaphore(max_connections)
         self._refusing = threading.BoundedSemaphore(max_connections)
@@ -117,6 +128,7 @@ class DataPlane:
         self.refused = 0
         self.uploads = 0
         self.bytes_received = 0
+        self.links = 0
 
     def start(self) -> None:
         """Bind (an ephemeral port for port 0, then in ``port``) and start accepting."""
@@ -160,7 +172,14 @@ class DataPlane:
             return None
         return self._issue(lambda expires: _UploadGrant(user, upload_id, offset, expires))
 
-    def _issue(self, grant: Callable[[float], _Grant | _UploadGrant]) -> bytes:
+    def offer_stage_link(self, user: str) -> bytes | None:
+        """A ticket for a stage link of ``user``, a master the caller checked; None: this
+        channel stages nothing (it was made without a ``stage``)."""
+        if self._stage is None:
+            return None
+        return self._issue(lambda expires: _LinkGrant(user, expires))
+
+    def _issue(self, grant: Callable[[float], _Grant | _UploadGrant | _LinkGrant]) -> bytes:
         ticket = secrets.token_bytes(TICKET_BYTES)
         now = self._clock()
         with self._lock:
@@ -185,7 +204,7 @@ class DataPlane:
                 return
             del self._grants[ticket]
 
-    def _take(self, ticket: bytes) -> _Grant | _UploadGrant | None:
+    def _take(self, ticket: bytes) -> _Grant | _UploadGrant | _LinkGrant | None:
         with self._lock:
             grant = self._grants.pop(ticket, None)
             if grant is None or grant.expires <= self._clock():
@@ -277,6 +296,13 @@ class DataPlane:
             return
         if isinstance(grant, _UploadGrant):
             self._receive(conn, grant)
+        elif isinstance(grant, _LinkGrant):
+            assert self._stage is not None  # no link ticket is issued without it
+            conn.sendall(MAGIC + bytes([OK]))
+            conn.settimeout(None)  # the link's own time limits (blobha.wire.stagelink)
+            with self._lock:
+                self.links += 1
+            serve_stage_link(conn, grant.user, self._stage, self._translate)
         else:
             self._send(conn, grant)
 

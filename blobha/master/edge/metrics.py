@@ -61,6 +61,8 @@ DATA_CHANNEL_COUNTERS = (
      "Upload bytes received over the data channel."),
     ("refused", "blobha_data_channel_refused",
      "Data channel connections with an unknown or expired ticket."),
+    ("links", "blobha_data_channel_stage_links",
+     "Stage links a leader opened on the data channel to forward small writes."),
 )
 
 
@@ -218,6 +220,16 @@ class MasterCollector(Collector):
         yield GaugeMetricFamily("blobha_group_commit_largest",
                                 "The most writes one group commit has carried.",
                                 value=float(f.largest))
+        yield CounterMetricFamily(
+            "blobha_forwarded_versions",
+            "Small writes this leader forwarded to other holders, once per holder.",
+            value=float(f.forwarded))
+        calls = CounterMetricFamily("blobha_forward_calls",
+                                    "Forwarded batches, by how they went to the holder.",
+                                    labels=["path"])
+        calls.add_metric(["link"], float(f.over_links))
+        calls.add_metric(["grpc"], float(f.over_grpc))
+        yield calls
 
     def _scrub(self) -> Iterator[Metric]:
         figures = self.source.scrub()

@@ -336,6 +336,11 @@ class BlobStoreServicer(pb_grpc.BlobStoreServicer):
     @unary
     def BeginStaging(self, request: pb.BeginStagingRequest, context: grpc.ServicerContext
                      ) -> pb.UploadStatus:
+        if request.link:
+            link = self.master.begin_stage_link(user_of(context), request.epoch)
+            if link is None:
+                return pb.UploadStatus()
+            return pb.UploadStatus(data_port=link.port, ticket=link.ticket)
         upload_id, offer = self.master.begin_staging(user_of(context), request.key,
                                                      request.epoch)
         if offer is None:
