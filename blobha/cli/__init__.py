@@ -48,9 +48,9 @@ from blobha.cli.output import (
     EXIT_TERMINATED,
     EXIT_USAGE,
     PROG,
-    ProgressBar,
 )
 from blobha.cli.parser import DEFAULT_BASE_PORT, build_parser
+from blobha.cli.progress import Progress
 
 # The client factory that tests replace is blobha.cli.connect.client_factory: replace it there
 # (a name re-exported here would be a copy that no command reads).
@@ -64,7 +64,7 @@ __all__ = [
     "EXIT_USAGE",
     "PROG",
     "ClientFactory",
-    "ProgressBar",
+    "Progress",
     "Terminated",
     "build_parser",
     "format_cluster",
