@@ -7,7 +7,7 @@ import os
 from collections.abc import Callable
 from typing import NoReturn
 
-from blobha.cli import admin, blobs, cluster, servers
+from blobha.cli import admin, blobs, cluster, completion, servers
 from blobha.cli.connect import DEFAULT_CLUSTER, DEFAULT_TIMEOUT, UNREACHABLE_SECS
 from blobha.cli.examples import epilog
 from blobha.cli.output import EXIT_CODES_EPILOG, PROG
@@ -308,6 +308,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lifetime", type=_positive_int, default=0, metavar="SECONDS",
                    help="job: how long the token works (default 24 hours; the cluster caps it"
                    " at auth.job.token.max.lifetime.secs)")
+
+    p = command("completion", "print the shell completion script for bash or zsh",
+                completion.cmd_completion)
+    p.add_argument("shell", choices=completion.SHELLS, metavar="bash|zsh")
+    # The script is made from this very parser.
+    p.set_defaults(root=parser)
 
     # Listed for --help; main() hands the arguments to blobha.spark.submit_main directly.
     p = command("spark-submit", "wait for blobs' replication, then run spark-submit"

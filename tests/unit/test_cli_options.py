@@ -84,7 +84,7 @@ def test_global_options_and_exit_codes_are_listed_once(
 @pytest.mark.parametrize("command", [
     "create", "put", "update", "cat", "fetch", "delete", "list", "meta", "stat", "set-acl",
     "replication", "wait-replication", "cluster", "health", "serve", "local-cluster", "token",
-    "bench"])
+    "bench", "completion"])
 def test_each_command_help_has_its_own_options_and_an_example(
         command: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main([command, "--help"]) == 0
