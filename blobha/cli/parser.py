@@ -111,6 +111,10 @@ def _add_global_options(parser: argparse.ArgumentParser, *, suppress: bool) -> N
                        help=argparse.SUPPRESS)
     group.add_argument("--token-file", metavar="FILE", default=default,
                        help="file holding your token (default: $BLOBHA_TOKEN_FILE)")
+    group.add_argument("--profile", metavar="NAME", default=default,
+                       help="the client profile whose settings stand in for unset BLOBHA_*"
+                       " variables (default: $BLOBHA_PROFILE, else [default] of"
+                       " $BLOBHA_CONFIG or ~/.config/blobha/client.toml)")
     group.add_argument("--no-progress", action="store_true", default=default,
                        help="no progress line on a terminal")
     group.add_argument("-q", "--quiet", action="store_true", default=default,

@@ -622,7 +622,7 @@ def test_the_command_line_adds_its_hints_to_the_library_messages(
      "'blobha replication --read KEY' shows how many masters hold it"),
     (errors.Unavailable("no master answered: check the cluster's addresses and that its"
                         " masters run"), "list",
-     "the addresses come from --cluster or BLOBHA_CLUSTER"),
+     "the addresses come from --cluster, BLOBHA_CLUSTER or the client profile"),
     (errors.ChecksumMismatch("corrupt"), "read", ""),
 ])
 def test_hints_by_error_class_and_situation(error: BlobError, command: str, hint: str) -> None:
