@@ -27,7 +27,7 @@ code  meaning
 14    internal error
 15    not authenticated (no or a wrong token or client certificate)
 16    TLS settings that every master's certificate proves wrong (--ca names another CA,
-      the certificate does not name the address, or TLS on the client's side only)
+      the certificate does not name the address, or TLS on one side only)
 17    busy (until the timeout, the masters refused the call: every call thread in use)
 130   interrupted (Ctrl-C)
 141   broken pipe (the reader of stdout went away, e.g. ``blobha cat k | head``)

@@ -28,7 +28,7 @@ exit codes:
   9 checksum mismatch  10 resource exhausted         11 unavailable
   12 deadline exceeded (and wait-replication not reached)
   13 upload lost       14 internal error             15 not authenticated
-  16 TLS settings that the masters' certificates prove wrong (--ca)
+  16 TLS settings that the masters prove wrong (--ca; TLS on one side only)
   17 busy: the masters kept refusing the call, every call thread taken; retry later
   130 interrupted      141 broken pipe      143 terminated (SIGTERM)
 
