@@ -35,7 +35,8 @@ exit codes:
 environment: BLOBHA_CLUSTER (default for --cluster), BLOBHA_USER (default for --user),
   BLOBHA_ADDRESS_MAP (ADVERTISED=DIAL,... to reach masters through NAT or published ports)
   BLOBHA_CA, BLOBHA_CERT, BLOBHA_KEY, BLOBHA_TOKEN_FILE (defaults for --ca, --cert,
-  --tls-key, --token-file), BLOBHA_TIMEOUT (default for --timeout)
+  --tls-key, --token-file), BLOBHA_TIMEOUT (default for --timeout), BLOBHA_PROFILE
+  (default for --profile), BLOBHA_CONFIG (the profile file)
 """
 
 

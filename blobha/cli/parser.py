@@ -116,9 +116,9 @@ def _add_global_options(parser: argparse.ArgumentParser, *, suppress: bool) -> N
                        " variables (default: $BLOBHA_PROFILE, else [default] of"
                        " $BLOBHA_CONFIG or ~/.config/blobha/client.toml)")
     group.add_argument("--no-progress", action="store_true", default=default,
-                       help="no progress line on a terminal")
+                       help="no progress bar on a terminal")
     group.add_argument("-q", "--quiet", action="store_true", default=default,
-                       help="nothing on stderr but errors: no progress line, no notes")
+                       help="nothing on stderr but errors: no progress bar, no notes")
     group.add_argument("--timeout", type=_seconds, default=default, metavar="SECONDS",
                        help="how long to wait for the cluster: for a leader, for a call, for"
                        " wait-replication (default: $BLOBHA_TIMEOUT, else 60; negative: wait"
