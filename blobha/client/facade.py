@@ -162,7 +162,7 @@ class Client:
         and line of a setting it cannot use, or the profiles it has."""
         from pathlib import Path
 
-        from blobha.core import profiles
+        from blobha.core import profiles, settings
 
         found = profiles.load(name, None if path is None else Path(path))
         env = {**found.environment(), **{k: v for k, v in os.environ.items()
@@ -176,7 +176,12 @@ class Client:
             # Below the token's user, as $BLOBHA_USER is for any client.
             kwargs["user"] = env.get("BLOBHA_USER") or None
         if "timeout" not in kwargs and env.get("BLOBHA_TIMEOUT"):
-            timeout = float(env["BLOBHA_TIMEOUT"])
+            try:
+                timeout = settings.real(env["BLOBHA_TIMEOUT"])
+            except settings.SettingError:
+                raise InvalidArgument(f"BLOBHA_TIMEOUT: expected a number of seconds, not"
+                                      f" {env['BLOBHA_TIMEOUT']!r}") from None
+            # Negative: the command line's "wait forever" for replication; calls keep 60 s.
             kwargs["timeout"] = timeout if timeout > 0 else 60.0
         return cls(cluster, credentials=credentials, **kwargs)
 

@@ -84,13 +84,17 @@ def load(name: str | None = None, path: Path | None = None,
     by ``$BLOBHA_CONFIG``."""
     env = os.environ if env is None else env
     chosen = name or env.get(ENV_PROFILE) or None
-    explicit = path is not None or bool(env.get(ENV_CONFIG))
+    if chosen:
+        why = f"profile {chosen!r} asked for"
+    elif path is not None:
+        why = "the file asked for"
+    else:
+        why = f"named by ${ENV_CONFIG}" if env.get(ENV_CONFIG) else ""
     path = path or profile_path(env)
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
-        if chosen or explicit:
-            why = f"profile {chosen!r} asked for" if chosen else f"named by ${ENV_CONFIG}"
+        if why:
             raise ProfileError(f"{path}: no such file ({why})") from None
         return Profile()
     except (OSError, UnicodeDecodeError) as exc:
