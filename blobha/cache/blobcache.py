@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     # Imported when a cache first talks to the cluster: a process served from a warm cache
     # never does, and grpc and the client's other dependencies would cost it more than the
     # lookup itself (see _cluster).
-    from blobha.client import Client
+    from blobha.client import Client, ProgressCallback
 
 __all__ = ["DEFAULT_CLEANUP_INTERVAL_SECS", "BlobCache", "default_cache_dir"]
 
@@ -223,13 +223,15 @@ class BlobCache:
         with self._lock:
             self._required[key] = max(order, self._required.get(key, order))
 
-    def get(self, key: str, *, uncompress: bool = False, owner: str | None = None) -> CachedBlob:
+    def get(self, key: str, *, uncompress: bool = False, owner: str | None = None,
+            progress: ProgressCallback | None = None) -> CachedBlob:
         """The node-local copy of ``key``'s current version, downloaded if needed.
 
         Checks with the cluster, at most every ``update_interval_secs`` per key, that this
         user may read the key (:class:`~blobha.core.errors.NotAuthorized` otherwise, even when the
         blob is cached) and whether a newer version exists (then fetched and returned).
         With ``uncompress`` the result is a directory holding the archive's contents.
+        ``progress`` hears of a download's bytes (nothing on a hit).
 
         The reference taken holds one version per owner and process: when a later ``get`` for
         the same owner in the same process returns a newer version, the older one is released
@@ -241,7 +243,7 @@ class BlobCache:
         self._check_open()
         root = self._layout.root
         try:
-            return self._get(key, uncompress, spec)
+            return self._get(key, uncompress, spec, progress)
         except (OSError, ResourceExhausted) as e:
             if isinstance(e, OSError) and e.errno not in DISK_FULL:
                 raise
@@ -256,7 +258,7 @@ class BlobCache:
             except Exception:
                 log.exception("cache cleanup failed under %s", root)
         try:
-            return self._get(key, uncompress, spec)
+            return self._get(key, uncompress, spec, progress)
         except OSError as e:
             if e.errno not in DISK_FULL:
                 raise
@@ -266,7 +268,8 @@ class BlobCache:
                 " the cache's soft limit"
             ) from None
 
-    def _get(self, key: str, uncompress: bool, spec: RefSpec) -> CachedBlob:
+    def _get(self, key: str, uncompress: bool, spec: RefSpec,
+             progress: ProgressCallback | None) -> CachedBlob:
         kd = key_dirname(key)
         with self._lock:
             required = self._required.get(key)
@@ -280,7 +283,8 @@ class BlobCache:
         check = known if asked else None
         for _attempt in range(_ATTEMPTS):
             try:
-                version, downloaded = self._obtain(key, kd, known.meta, spec, check, floor)
+                version, downloaded = self._obtain(key, kd, known.meta, spec, check, floor,
+                                                   progress)
             finally:
                 # Held until now by the process that asked, so the processes waiting for its
                 # answer also find the version installed: they need no client, even to download.
@@ -404,7 +408,7 @@ class BlobCache:
 
     def _obtain(
         self, key: str, kd: str, meta: Remote, spec: RefSpec, check: Known | None,
-        floor: Order | None,
+        floor: Order | None, progress: ProgressCallback | None,
     ) -> tuple[Version, bool]:
         """Under the key's lock: the version to serve (downloaded if missing) with a reference
         recorded, so no cleanup can remove it, and ``check`` recorded for the node if given.
@@ -419,7 +423,7 @@ class BlobCache:
             version = install.choose(scan, meta)
             downloaded = version is None
             if version is None:
-                version = self._download(key, kd, meta)
+                version = self._download(key, kd, meta, progress)
             _check_floor(key, version, meta, floor)
             now = self._clock()
             self._refs.write(kd, spec, version.version, now)
@@ -431,7 +435,8 @@ class BlobCache:
             self._janitor.tidy(kd, keep=version.version, scan=None if downloaded else scan)
         return version, downloaded
 
-    def _download(self, key: str, kd: str, meta: Remote) -> Version:
+    def _download(self, key: str, kd: str, meta: Remote,
+                  progress: ProgressCallback | None) -> Version:
         def client() -> Client:
             # What the cluster said, maybe to another process on the node: no master behind it
             # may deliver an older version.
@@ -441,7 +446,7 @@ class BlobCache:
 
         try:
             dest, name, info = install.download(self._layout, client, key, kd, meta,
-                                                self._clock)
+                                                self._clock, progress)
         except KeyNotFound:
             self._checks.mark_deleted(kd)
             raise

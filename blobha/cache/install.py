@@ -12,7 +12,7 @@ from blobha.cache.checks import Remote
 from blobha.cache.layout import KeyScan, Layout, Version, file_name, fsync_dir, rmtree, touch
 
 if TYPE_CHECKING:
-    from blobha.client import BlobInfo, Client
+    from blobha.client import BlobInfo, Client, ProgressCallback
 
 __all__ = ["UNPACK_MARGIN_BYTES", "choose", "download", "unpack_version"]
 
@@ -49,6 +49,7 @@ def download(
     kd: str,
     meta: Remote,
     now: Callable[[], float],
+    progress: ProgressCallback | None = None,
 ) -> tuple[Path, str, BlobInfo]:
     """With the key's lock held: download ``key``'s current version and install it as
     ``blobs/<kd>/v<N>``; that directory, the blob's file name and what the client fetched."""
@@ -61,7 +62,7 @@ def download(
         target = stage / "file" / name
         # Version 0 = the current one: a version pruned since get_meta cannot stall us, and an
         # update that landed meanwhile is simply the newer answer.
-        info = client().download(key, target)
+        info = client().download(key, target, progress=progress)
         target.chmod(0o444)  # shared by every job on the node: nobody may write it
         installed_at = now()
         record = {

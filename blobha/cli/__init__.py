@@ -27,7 +27,7 @@ code  meaning
 14    internal error
 15    not authenticated (no or a wrong token or client certificate)
 16    TLS settings that every master's certificate proves wrong (--ca names another CA,
-      the certificate does not name the address, or TLS on the client's side only)
+      the certificate does not name the address, or TLS on one side only)
 17    busy (until the timeout, the masters refused the call: every call thread in use)
 130   interrupted (Ctrl-C)
 141   broken pipe (the reader of stdout went away, e.g. ``blobha cat k | head``)
@@ -48,9 +48,9 @@ from blobha.cli.output import (
     EXIT_TERMINATED,
     EXIT_USAGE,
     PROG,
-    ProgressBar,
 )
 from blobha.cli.parser import DEFAULT_BASE_PORT, build_parser
+from blobha.cli.progress import Progress
 
 # The client factory that tests replace is blobha.cli.connect.client_factory: replace it there
 # (a name re-exported here would be a copy that no command reads).
@@ -64,7 +64,7 @@ __all__ = [
     "EXIT_USAGE",
     "PROG",
     "ClientFactory",
-    "ProgressBar",
+    "Progress",
     "Terminated",
     "build_parser",
     "format_cluster",

@@ -27,7 +27,9 @@ from blobha.cli.output import (
     silence_stdout,
 )
 from blobha.cli.parser import UsageError, build_parser, check_args
+from blobha.cli.profiles import WITHOUT_PROFILE, profile_environment
 from blobha.core.errors import BlobError, InternalError
+from blobha.core.profiles import ProfileError
 
 #: Commands that run masters. Their gRPC log lines (a client's failed TLS handshake, say) are
 #: how an operator sees the clients that cannot connect; local-cluster's masters inherit them.
@@ -90,7 +92,12 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["spark-submit"]:
         quiet_grpc("spark-submit")
         try:
-            return servers.run_spark_submit(argv[1:])
+            # The launcher parses its own options: the profile is $BLOBHA_PROFILE's.
+            with profile_environment(None):
+                return servers.run_spark_submit(argv[1:])
+        except ProfileError as exc:
+            fail(str(exc))
+            return EXIT_USAGE
         except BlobError as exc:
             fail(describe(exc, "spark-submit"))
             return exc.exit_code
@@ -99,12 +106,28 @@ def main(argv: list[str] | None = None) -> int:
     as_json = "--json" in argv
     try:
         args = parser.parse_args(argv)
-        check_args(args)
     except UsageError as exc:
         return _usage_error(exc, as_json)
     except SystemExit as exc:  # argparse: --help, --version
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else EXIT_USAGE)
     as_json = bool(getattr(args, "json", False))
+    profile = (contextlib.nullcontext() if args.command in WITHOUT_PROFILE
+               else profile_environment(args.profile))
+    try:
+        with profile:
+            # Checked with the profile in place: its timeout stands in for BLOBHA_TIMEOUT.
+            return _run(args, as_json)
+    except ProfileError as exc:
+        # A usage error, said in one line: the file and the line to fix.
+        report(EXIT_USAGE, str(exc), as_json)
+        return EXIT_USAGE
+
+
+def _run(args: argparse.Namespace, as_json: bool) -> int:
+    try:
+        check_args(args)
+    except UsageError as exc:
+        return _usage_error(exc, as_json)
     quiet = bool(getattr(args, "quiet", False))
     Chatter.set(progress=not (quiet or getattr(args, "no_progress", False)), notes=not quiet)
     quiet_grpc(args.command)

@@ -19,9 +19,9 @@ from blobha.cli.output import (
     iso,
     note,
     print_json,
-    progress_bar,
     report,
 )
+from blobha.cli.progress import progress_bar
 from blobha.core.acl import format_access, format_acl, parse_acl
 from blobha.core.errors import BlobError, DeadlineExceeded, KeyNotFound, NotAuthorized
 
@@ -126,7 +126,8 @@ def cmd_fetch(args: argparse.Namespace) -> int:
     with client_for(args) as c, BlobCache(cache_dir, client=c, update_interval_secs=0) as cache:
         for key in args.keys:
             try:
-                blob = cache.get(key, uncompress=args.uncompress)
+                with progress_bar(f"fetch {key}") as progress:
+                    blob = cache.get(key, uncompress=args.uncompress, progress=progress)
             except BlobError as exc:
                 if args.json:
                     fetched.append({"key": key, **error_object(exc.exit_code,

@@ -23,6 +23,7 @@ EXAMPLES: dict[str, str] = {
     "spark-submit": ("blobha spark-submit --blob model.bin --min-replication 2 --"
                      " --master yarn job.py"),
     "bench": "blobha bench --local --metrics upload_mbps,download_mbps",
+    "completion": "blobha completion bash > ~/.local/share/bash-completion/completions/blobha",
 }
 
 

@@ -14,6 +14,8 @@ from blobha.core.errors import (
     Unavailable,
 )
 
+_ADDRESSES = "the addresses come from --cluster, BLOBHA_CLUSTER or the client profile"
+
 # (class, words the message holds or "" for any, commands or () for any, hint); the first match
 # wins, so narrower rows come first.
 _HINTS: tuple[tuple[type[BlobError], str, tuple[str, ...], str], ...] = (
@@ -29,9 +31,8 @@ _HINTS: tuple[tuple[type[BlobError], str, tuple[str, ...], str], ...] = (
     (Unavailable, "may have been made", (), "'blobha meta KEY' shows whether it was"),
     (Unavailable, "no reachable master holds", (),
      "'blobha replication --read KEY' shows how many masters hold it"),
-    (Unavailable, "no master answered", (), "the addresses come from --cluster or BLOBHA_CLUSTER"),
-    (Unavailable, "masters answered (", (),
-     "the addresses come from --cluster or BLOBHA_CLUSTER; is the cluster running?"),
+    (Unavailable, "no master answered", (), _ADDRESSES),
+    (Unavailable, "masters answered (", (), f"{_ADDRESSES}; is the cluster running?"),
 )
 
 

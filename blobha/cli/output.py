@@ -1,4 +1,5 @@
-"""How the command line speaks: sizes, progress line, notes, one-line errors, exit codes."""
+"""How the command line speaks: sizes, notes, one-line errors, exit codes (the progress bar:
+blobha.cli.progress)."""
 
 from __future__ import annotations
 
@@ -6,13 +7,12 @@ import contextlib
 import json
 import os
 import sys
-import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Sequence
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, TextIO
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from blobha.client import ProgressCallback, ReplicationStatus
+    from blobha.client import ReplicationStatus
 
 PROG = "blobha"
 EXIT_USAGE = 2
@@ -28,14 +28,15 @@ exit codes:
   9 checksum mismatch  10 resource exhausted         11 unavailable
   12 deadline exceeded (and wait-replication not reached)
   13 upload lost       14 internal error             15 not authenticated
-  16 TLS settings that the masters' certificates prove wrong (--ca)
+  16 TLS settings that the masters prove wrong (--ca; TLS on one side only)
   17 busy: the masters kept refusing the call, every call thread taken; retry later
   130 interrupted      141 broken pipe      143 terminated (SIGTERM)
 
 environment: BLOBHA_CLUSTER (default for --cluster), BLOBHA_USER (default for --user),
   BLOBHA_ADDRESS_MAP (ADVERTISED=DIAL,... to reach masters through NAT or published ports)
   BLOBHA_CA, BLOBHA_CERT, BLOBHA_KEY, BLOBHA_TOKEN_FILE (defaults for --ca, --cert,
-  --tls-key, --token-file), BLOBHA_TIMEOUT (default for --timeout)
+  --tls-key, --token-file), BLOBHA_TIMEOUT (default for --timeout), BLOBHA_PROFILE
+  (default for --profile), BLOBHA_CONFIG (the profile file)
 """
 
 
@@ -67,54 +68,6 @@ def iso(ts: float) -> str:
     return datetime.fromtimestamp(ts, UTC).isoformat(timespec="seconds")
 
 
-class ProgressBar:
-    """A one-line progress display on a terminal: bytes/total, percent, rate."""
-
-    _INTERVAL = 0.1
-
-    def __init__(self, label: str, stream: TextIO, clock: Callable[[], float] = time.monotonic):
-        self._label = label
-        self._stream = stream
-        self._clock = clock
-        self._started = clock()
-        self._last_draw = 0.0
-        self._width = 0
-        self._done = 0
-        self._total = -1
-
-    def __call__(self, done: int, total: int) -> None:
-        self._done, self._total = done, total
-        now = self._clock()
-        # Redrawing on every chunk would cost more than the transfer on a fast link.
-        if now - self._last_draw >= self._INTERVAL:
-            self._last_draw = now
-            self._draw(now)
-
-    def render(self, now: float) -> str:
-        elapsed = max(now - self._started, 1e-6)
-        rate = self._done / elapsed / 1e6
-        if self._total >= 0:
-            pct = 100.0 * self._done / self._total if self._total else 100.0
-            return (
-                f"{self._label}: {human_bytes(self._done)} / {human_bytes(self._total)}"
-                f" {pct:5.1f}% {rate:7.1f} MB/s"
-            )
-        return f"{self._label}: {human_bytes(self._done)} {rate:7.1f} MB/s"
-
-    def _draw(self, now: float) -> None:
-        line = self.render(now)
-        pad = max(0, self._width - len(line))
-        self._width = len(line)
-        self._stream.write("\r" + line + " " * pad)
-        self._stream.flush()
-
-    def close(self) -> None:
-        if self._width:
-            self._draw(self._clock())
-            self._stream.write("\n")
-            self._stream.flush()
-
-
 class Chatter:
     """What a command may say on stderr besides errors (--no-progress, --quiet); set by main()
     for each command."""
@@ -125,18 +78,6 @@ class Chatter:
     @classmethod
     def set(cls, *, progress: bool, notes: bool) -> None:
         cls.progress, cls.notes = progress, notes
-
-
-@contextlib.contextmanager
-def progress_bar(label: str) -> Iterator[ProgressCallback | None]:
-    if not Chatter.progress or not sys.stderr.isatty():
-        yield None
-        return
-    bar = ProgressBar(label, sys.stderr)
-    try:
-        yield bar
-    finally:
-        bar.close()
 
 
 def note(message: str) -> None:

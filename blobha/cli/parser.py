@@ -7,7 +7,7 @@ import os
 from collections.abc import Callable
 from typing import NoReturn
 
-from blobha.cli import admin, blobs, cluster, servers
+from blobha.cli import admin, blobs, cluster, completion, servers
 from blobha.cli.connect import DEFAULT_CLUSTER, DEFAULT_TIMEOUT, UNREACHABLE_SECS
 from blobha.cli.examples import epilog
 from blobha.cli.output import EXIT_CODES_EPILOG, PROG
@@ -111,10 +111,14 @@ def _add_global_options(parser: argparse.ArgumentParser, *, suppress: bool) -> N
                        help=argparse.SUPPRESS)
     group.add_argument("--token-file", metavar="FILE", default=default,
                        help="file holding your token (default: $BLOBHA_TOKEN_FILE)")
+    group.add_argument("--profile", metavar="NAME", default=default,
+                       help="the client profile whose settings stand in for unset BLOBHA_*"
+                       " variables (default: $BLOBHA_PROFILE, else [default] of"
+                       " $BLOBHA_CONFIG or ~/.config/blobha/client.toml)")
     group.add_argument("--no-progress", action="store_true", default=default,
-                       help="no progress line on a terminal")
+                       help="no progress bar on a terminal")
     group.add_argument("-q", "--quiet", action="store_true", default=default,
-                       help="nothing on stderr but errors: no progress line, no notes")
+                       help="nothing on stderr but errors: no progress bar, no notes")
     group.add_argument("--timeout", type=_seconds, default=default, metavar="SECONDS",
                        help="how long to wait for the cluster: for a leader, for a call, for"
                        " wait-replication (default: $BLOBHA_TIMEOUT, else 60; negative: wait"
@@ -308,6 +312,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lifetime", type=_positive_int, default=0, metavar="SECONDS",
                    help="job: how long the token works (default 24 hours; the cluster caps it"
                    " at auth.job.token.max.lifetime.secs)")
+
+    p = command("completion", "print the shell completion script for bash or zsh",
+                completion.cmd_completion)
+    p.add_argument("shell", choices=completion.SHELLS, metavar="bash|zsh")
+    # The script is made from this very parser.
+    p.set_defaults(root=parser)
 
     # Listed for --help; main() hands the arguments to blobha.spark.submit_main directly.
     p = command("spark-submit", "wait for blobs' replication, then run spark-submit"

@@ -150,6 +150,41 @@ class Client:
         # None: a call waits out its timeout even while no master answers at all.
         self._router.unreachable_after = unreachable_after
 
+    @classmethod
+    def from_profile(cls, name: str | None = None, *, path: str | os.PathLike[str] | None = None,
+                     **kwargs: Any) -> Client:
+        """A client with the settings of client profile ``name`` (None: ``$BLOBHA_PROFILE``,
+        else ``[default]``) from ``path`` (None: ``$BLOBHA_CONFIG``, else
+        ``~/.config/blobha/client.toml``), as the command line takes them: the ``BLOBHA_*``
+        variables that are set win over the profile, and keyword arguments (``cluster``,
+        ``user``, ``timeout``, ``credentials`` and the others of the constructor) over both.
+        Raises :class:`~blobha.core.profiles.ProfileError` (an InvalidArgument) naming the file
+        and line of a setting it cannot use, or the profiles it has."""
+        from pathlib import Path
+
+        from blobha.core import profiles, settings
+
+        found = profiles.load(name, None if path is None else Path(path))
+        env = {**found.environment(), **{k: v for k, v in os.environ.items()
+                                         if k in profiles.ENVIRONMENT.values()}}
+        cluster = kwargs.pop("cluster", None) or env.get("BLOBHA_CLUSTER")
+        if not cluster:
+            raise InvalidArgument(f"no cluster: profile {found.name!r} names none and"
+                                  " BLOBHA_CLUSTER is not set; pass cluster=")
+        credentials = kwargs.pop("credentials", None) or Credentials.from_env(env)
+        if "user" not in kwargs and not credentials.token_user():
+            # Below the token's user, as $BLOBHA_USER is for any client.
+            kwargs["user"] = env.get("BLOBHA_USER") or None
+        if "timeout" not in kwargs and env.get("BLOBHA_TIMEOUT"):
+            try:
+                timeout = settings.real(env["BLOBHA_TIMEOUT"])
+            except settings.SettingError:
+                raise InvalidArgument(f"BLOBHA_TIMEOUT: expected a number of seconds, not"
+                                      f" {env['BLOBHA_TIMEOUT']!r}") from None
+            # Negative: the command line's "wait forever" for replication; calls keep 60 s.
+            kwargs["timeout"] = timeout if timeout > 0 else 60.0
+        return cls(cluster, credentials=credentials, **kwargs)
+
     # -- lifecycle -------------------------------------------------------------------------
 
     @property

@@ -208,6 +208,7 @@ class Router:
         cut_off: BlobError | None = None
         answered = False
         no_handshake: set[str] = set()
+        lasting = True
         unreached: dict[str, str] = {}
         with contextlib.closing(
             self.transport.probe(addresses, "ClusterSummary", pb.ClusterSummaryRequest(), timeout)
@@ -222,6 +223,7 @@ class Router:
                         unreached.update(result.errors)
                     if isinstance(result, HandshakeFailed):
                         no_handshake.update(result.addresses)
+                        lasting = lasting and result.lasting
                     # A master's own reason ("ZooKeeper is unreachable") says more than
                     # another one's silence, whichever came first.
                     if first_error is None or isinstance(first_error, DeadlineExceeded):
@@ -257,7 +259,7 @@ class Router:
                                   " may not be loaded yet)")
             raise refusal
         if isinstance(first_error, HandshakeFailed) and no_handshake.issuperset(addresses):
-            raise HandshakeFailed(str(first_error), frozenset(no_handshake))
+            raise HandshakeFailed(str(first_error), frozenset(no_handshake), lasting)
         if isinstance(first_error, DeadlineExceeded) and deadline.expired():
             # Every probe ran into the end of the caller's deadline: the caller reports why it
             # was retrying (see _retry), not that its last look for a leader was cut short.
@@ -318,7 +320,9 @@ class Router:
         if run.since is None:
             run.since = at
         run.addresses.update(exc.addresses)
-        if (at - run.since >= _REFUSAL_PATIENCE
+        # A lasting mismatch (TLS on the masters' side only) needs no patience: no reload of
+        # certificates ends it.
+        if ((exc.lasting or at - run.since >= _REFUSAL_PATIENCE)
                 and run.addresses.issuperset(self.known_addresses())):
             raise TlsMismatch(str(exc)) from None
 

@@ -15,7 +15,7 @@ import grpc
 
 from blobha.client.arguments import MiB
 from blobha.core import errors
-from blobha.core.addresses import host_of
+from blobha.core.addresses import host_of, split_host_port
 from blobha.core.errors import (
     BlobError,
     Busy,
@@ -116,16 +116,45 @@ class HandshakeFailed(Unavailable):
     the client gives up early once every master says so (see
     :meth:`blobha.client.routing.Router.give_up_on_tls`)."""
 
-    def __init__(self, message: str, addresses: frozenset[str] = frozenset()) -> None:
+    def __init__(self, message: str, addresses: frozenset[str] = frozenset(),
+                 lasting: bool = False) -> None:
         super().__init__(message)
         self.addresses = addresses
+        #: Not a certificate that a reload may replace: the master speaks TLS and the client
+        #: does not, which nothing short of a restart with other settings changes.
+        self.lasting = lasting
 
 
-def handshake_failure(address: str, details: str, tls: bool) -> Unavailable | None:
+#: How long the check that a master speaks TLS may take (see speaks_tls).
+_TLS_CHECK_SECS = 1.0
+
+
+def speaks_tls(target: str, timeout: float = _TLS_CHECK_SECS) -> bool:
+    """Whether ``target`` (host:port) completes a TLS handshake, its certificate unchecked:
+    the proof that a master closed a plain-text client's connection for want of TLS, and not a
+    proxy with no master behind it, which closes a TLS client's connection just the same."""
+    import socket
+
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    context.set_alpn_protocols(["h2"])  # as gRPC asks: a server may insist on it
+    try:
+        host, port = split_host_port(target)
+        with socket.create_connection((host, port), timeout=timeout) as raw, \
+                context.wrap_socket(raw, server_hostname=host):
+            return True
+    except (OSError, InvalidArgument):  # ssl.SSLError is an OSError
+        return False
+
+
+def handshake_failure(address: str, details: str, tls: bool,
+                      dial: str | None = None) -> Unavailable | None:
     """What to say of a connection that failed, perhaps for want of TLS agreement, with what
     to change; None for any other unavailability. Only a :class:`HandshakeFailed` is proof of
     a mismatch: a connection closed at once is also what a proxy or load balancer with no
-    master behind it does, so that is only a hint."""
+    master behind it does, so that is only a hint, unless (plain text, ``dial`` given: the
+    address dialled) the master is found to speak TLS."""
     lowered = details.lower()
     if "hostname verification check failed" in lowered:
         return HandshakeFailed(
@@ -152,6 +181,12 @@ def handshake_failure(address: str, details: str, tls: bool) -> Unavailable | No
         if tls:
             hint = ("if the masters ask for client certificates, pass --cert/--tls-key"
                     " (BLOBHA_CERT/BLOBHA_KEY) with one that their CA signed")
+        elif dial is not None and speaks_tls(dial):
+            # Told at the first attempt, not after the whole timeout of retries.
+            return HandshakeFailed(
+                f"no connection to master {address}: it uses TLS and this client does not;"
+                " pass --ca / BLOBHA_CA with the CA that signed the masters' certificates"
+                f" ({details})", frozenset({address}), lasting=True)
         else:
             hint = ("if the masters use TLS, pass --ca / BLOBHA_CA with the CA that signed their"
                     " certificates")
@@ -182,7 +217,10 @@ def no_connection(address: str, details: str) -> NoConnection | None:
     return NoConnection(f"master {address} unavailable: {details}", {address: details})
 
 
-def error_from_rpc(address: str, exc: grpc.RpcError, tls: bool = False) -> BlobError:
+def error_from_rpc(address: str, exc: grpc.RpcError, tls: bool = False,
+                   dial: str | None = None) -> BlobError:
+    """The BlobError for a failed call to ``address``; ``dial``: the address dialled for it,
+    where a connection closed at once may be checked for TLS (see handshake_failure)."""
     if not isinstance(exc, grpc.Call):
         return Unavailable(f"master {address}: {exc}")
     code = exc.code()
@@ -201,7 +239,7 @@ def error_from_rpc(address: str, exc: grpc.RpcError, tls: bool = False) -> BlobE
         # ZooKeeper: Router.refused_as_stale).
         return type(error)(f"master {address} unavailable: {error}")
     if isinstance(error, Unavailable):
-        return (handshake_failure(address, details, tls)
+        return (handshake_failure(address, details, tls, dial)
                 or no_connection(address, details)
                 or Unavailable(f"master {address} unavailable: {error}"))
     if isinstance(error, DeadlineExceeded):
@@ -287,7 +325,7 @@ class GrpcTransport:
                     " (paused or cut off); trying another master"
                 ) from None
             if isinstance(exc, grpc.RpcError):
-                raise error_from_rpc(address, exc, self._credentials.tls) from None
+                raise self._error(address, exc) from None
             raise
         finally:
             if pending is not None:
@@ -384,7 +422,11 @@ class GrpcTransport:
         except Stalled as e:
             raise Unavailable(f"{e}; moving on to another replica") from None
         except grpc.RpcError as exc:
-            raise error_from_rpc(address, exc, self._credentials.tls) from None
+            raise self._error(address, exc) from None
+
+    def _error(self, address: str, exc: grpc.RpcError) -> BlobError:
+        return error_from_rpc(address, exc, self._credentials.tls,
+                              self._address_map.get(address, address))
 
     def probe(
         self, addresses: Sequence[str], method: str, request: Any, timeout: float
@@ -397,14 +439,16 @@ class GrpcTransport:
                     request, timeout=timeout, metadata=self._metadata
                 )
                 futures.append(future)
-                future.add_done_callback(functools.partial(
-                    _probe_done, results, address, self._credentials.tls))
+                future.add_done_callback(functools.partial(_probe_done, results, address))
             for _ in addresses:
                 try:
                     # gRPC ends every call by its deadline; the margin only guards that promise.
-                    yield results.get(timeout=timeout + 5.0)
+                    address, result = results.get(timeout=timeout + 5.0)
                 except queue.Empty:
                     return
+                # Told apart here, not in gRPC's callback thread: it may check for TLS.
+                yield address, (self._error(address, result)
+                                if isinstance(result, grpc.RpcError) else result)
         finally:
             for future in futures:
                 future.cancel()
@@ -428,11 +472,11 @@ def _an_answer(exc: grpc.RpcError) -> bool:
     return code not in (None, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE)
 
 
-def _probe_done(results: queue.SimpleQueue[tuple[str, Any]], address: str, tls: bool,
+def _probe_done(results: queue.SimpleQueue[tuple[str, Any]], address: str,
                 future: Any) -> None:
     try:
         results.put((address, future.result()))
     except grpc.RpcError as exc:
-        results.put((address, error_from_rpc(address, exc, tls)))
+        results.put((address, exc))
     except grpc.FutureCancelledError:
         results.put((address, Unavailable(f"master {address}: probe cancelled")))

@@ -50,6 +50,11 @@ def host_of(address: str) -> str:
     return _split_host_port(address)[0]
 
 
+def split_host_port(text: str) -> tuple[str, int]:
+    """``"host:port"`` as (host, port); an IPv6 host without its brackets."""
+    return _split_host_port(text)
+
+
 def _split_host_port(text: str) -> tuple[str, int]:
     port_text = ""
     if text.startswith("["):

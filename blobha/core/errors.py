@@ -91,7 +91,7 @@ class Unauthenticated(NotAuthorized):
 
 class TlsMismatch(BlobError):
     """No master accepted a TLS connection with the client's settings: another CA, a
-    certificate that does not name the address dialled, or TLS on the client's side only.
+    certificate that does not name the address dialled, or TLS on one side only.
     Found by the client, never sent by a master. Not a NotAuthorized:
     it says nothing of what this user may read, and code that would, on a refusal, forget
     what the user was once allowed (the node cache) must not."""

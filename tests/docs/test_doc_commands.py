@@ -197,8 +197,14 @@ def _quote(path: Path) -> str:
 
 
 def base_env(tmp: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("BLOBHA_", "PYTEST_"))}
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("BLOBHA_", "PYTEST_")) and k != "XDG_CONFIG_HOME"}
+    home = tmp / "home"
+    home.mkdir(exist_ok=True)
     env.update({
+        # A home of the blocks' own: what they install there (a completion script, a client
+        # profile) stays out of the user's, and no profile of the user's changes a block.
+        "HOME": str(home),
         "PATH": f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}",
         "BLOBHA_CACHE_DIR": str(tmp / "node-cache-default"),
         "SPARK_LOCAL_DIRS": str(tmp / "spark-local"),

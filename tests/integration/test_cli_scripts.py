@@ -55,7 +55,10 @@ def test_every_command_speaks_json(cluster: LocalCluster, tmp_path: Path) -> Non
     src = tmp_path / "src"
     src.write_bytes(b"payload")
 
+    spoken: set[str] = set()
+
     def ok(*args: str, stdin: bytes | None = None) -> object:
+        spoken.add(args[0])
         r = run(cluster, *args, "--json", stdin=stdin)
         assert r.returncode == 0, (args, r.stdout, r.stderr)
         return json.loads(r.stdout)
@@ -93,6 +96,14 @@ def test_every_command_speaks_json(cluster: LocalCluster, tmp_path: Path) -> Non
     hashed = ok("token", "hash", stdin=made["token"].encode())
     assert isinstance(hashed, dict) and hashed["user"] == "carol" and "token" not in hashed
     assert ok("delete", key) == [{"key": key, "deleted": True}]
+    script = ok("completion", "bash")
+    assert isinstance(script, dict) and "wait-replication" in script["script"]
+
+    # Every command of "blobha --help" was heard above, but for those that run until stopped
+    # (serve, local-cluster), spark-submit (whose options are spark-submit's launcher's) and
+    # bench (tests/integration/test_bench_smoke.py reads its --json).
+    exempt = {"serve", "local-cluster", "spark-submit", "bench"}
+    assert set(_commands()) - spoken - exempt == set()
 
     # Errors: JSON on stdout, the usual exit status, nothing on stderr to parse.
     for args, status, code in ((("cat", key, "-f", str(tmp_path / "gone")), 3, "key_not_found"),
@@ -102,6 +113,18 @@ def test_every_command_speaks_json(cluster: LocalCluster, tmp_path: Path) -> Non
         assert r.returncode == status, (args, r.stdout, r.stderr)
         error = json.loads(r.stdout)["error"]
         assert (error["code"], error["exit"]) == (code, status) and error["message"]
+
+
+def _commands() -> list[str]:
+    """The commands "blobha --help" lists (aliases left out)."""
+    import argparse
+
+    from blobha.cli import build_parser
+
+    for action in build_parser()._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return [choice.dest for choice in action._choices_actions]
+    raise AssertionError("no commands")
 
 
 def test_no_master_answering_fails_fast_naming_it() -> None:

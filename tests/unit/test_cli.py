@@ -622,7 +622,7 @@ def test_the_command_line_adds_its_hints_to_the_library_messages(
      "'blobha replication --read KEY' shows how many masters hold it"),
     (errors.Unavailable("no master answered: check the cluster's addresses and that its"
                         " masters run"), "list",
-     "the addresses come from --cluster or BLOBHA_CLUSTER"),
+     "the addresses come from --cluster, BLOBHA_CLUSTER or the client profile"),
     (errors.ChecksumMismatch("corrupt"), "read", ""),
 ])
 def test_hints_by_error_class_and_situation(error: BlobError, command: str, hint: str) -> None:
@@ -782,19 +782,20 @@ def test_token_create_out_keeps_the_token_private_and_appends_only_what_it_kept(
     assert "Traceback" not in capsys.readouterr().err
 
 
-def test_progress_bar_renders_and_throttles() -> None:
-    now = [0.0]
+def test_progress_shows_mib_the_rate_and_the_time_left() -> None:
     out = io.StringIO()
-    bar = cli.ProgressBar("cat k", out, clock=lambda: now[0])
-    now[0] = 1.0
-    bar(512 * 1024, 1024 * 1024)
-    bar(600 * 1024, 1024 * 1024)  # within the redraw interval: not drawn
-    assert out.getvalue().count("\r") == 1
-    assert "512.0 KiB / 1.0 MiB  50.0%" in out.getvalue()
-    now[0] = 2.0
-    bar(1024 * 1024, -1)
+    bar = cli.Progress("cat k", out)
+    bar(0, 4 * 1024 * 1024)
+    bar(2 * 1024 * 1024, 4 * 1024 * 1024)
     bar.close()
-    assert out.getvalue().endswith("\n") and "1.0 MiB" in bar.render(2.0)
+    last = out.getvalue().rstrip("\n").split("\r")[-1]
+    assert last.startswith("cat k:  50%|") and "2.0/4.0 MiB" in last, last
+    assert re.search(r"\[\d\d:\d\d<(\d\d:\d\d|\?), (\d+\.\d\d|\?) MiB/s\]", last), last
+    unknown = io.StringIO()
+    bar = cli.Progress("put k", unknown)
+    bar(3 * 1024 * 1024, -1)
+    bar.close()
+    assert "put k: 3.0 MiB [" in unknown.getvalue() and "%" not in unknown.getvalue()
 
 
 def test_no_progress_bar_when_stderr_is_not_a_terminal(

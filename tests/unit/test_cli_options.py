@@ -84,7 +84,7 @@ def test_global_options_and_exit_codes_are_listed_once(
 @pytest.mark.parametrize("command", [
     "create", "put", "update", "cat", "fetch", "delete", "list", "meta", "stat", "set-acl",
     "replication", "wait-replication", "cluster", "health", "serve", "local-cluster", "token",
-    "bench"])
+    "bench", "completion"])
 def test_each_command_help_has_its_own_options_and_an_example(
         command: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main([command, "--help"]) == 0
@@ -95,5 +95,6 @@ def test_each_command_help_has_its_own_options_and_an_example(
     assert f"blobha {name} " in example
     # The global options and the exit codes are in "blobha --help" only.
     assert "\nexit codes:\n" not in out and "global options:\n" not in out
-    assert "--cluster HOST" not in out and "--tls-key" not in out
+    assert "--cluster HOST" not in out and "--tls-key" not in out and "--profile" not in out
+    assert "BLOBHA_TIMEOUT" not in out  # the environment list goes with the exit codes
     assert "blobha --help" in out
