@@ -13,7 +13,7 @@ from blobha.core.errors import BlobError, InvalidArgument, Unavailable
 from blobha.wire.dataplane import DataChannels, DataChannelUnusable, DataOffer
 from blobha.wire.stagelink import StageLink, Version, open_stage_link
 
-log = logging.getLogger("blobha.sync")
+log = logging.getLogger("blobha.master")  # the forwards it carries log there too
 
 #: Seconds a master whose links failed to open is sent StageVersions over gRPC instead.
 NO_LINK_SECS = 300.0
