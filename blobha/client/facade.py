@@ -487,6 +487,10 @@ class Client:
         call only."""
         peering.read_range(self._router, key, version, offset, length, prefer, on_data)
 
+    def addresses(self) -> builtins.list[str]:
+        """The masters this client knows of (given and discovered)."""
+        return self._router.known_addresses()
+
     @property
     def credentials(self) -> Credentials | None:
         """The TLS and token settings this client dials the masters with (None: a test's
