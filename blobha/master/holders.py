@@ -33,18 +33,28 @@ class Holders:
         # (key, version) -> address -> (expires, complete); dicts keep insertion order, so
         # the first entries are the oldest announcements.
         self._by: dict[tuple[str, int], dict[str, tuple[float, bool]]] = {}
+        # (key, version) -> address -> the order in which it first announced
+        self._ordinals: dict[tuple[str, int], dict[str, int]] = {}
 
-    def announce(self, key: str, version: int, address: str, complete: bool) -> None:
+    def announce(self, key: str, version: int, address: str, complete: bool) -> int:
+        """Record ``address``; how many caches announced the version before it first did."""
         now = self._clock()
         with self._lock:
             entry = self._by.pop((key, version), None) or {}
             self._by[(key, version)] = entry  # now the newest version
             entry.pop(address, None)
             entry[address] = (now + self.lifetime, complete)
+            ordinals = self._ordinals.setdefault((key, version), {})
+            ordinal = ordinals.setdefault(address, len(ordinals))
+            if len(ordinals) > MAX_PER_VERSION:
+                ordinals.clear()  # only a spread: starting over costs nothing
             while len(entry) > MAX_PER_VERSION:
                 del entry[next(iter(entry))]
             while len(self._by) > MAX_VERSIONS:
-                del self._by[next(iter(self._by))]
+                gone = next(iter(self._by))
+                del self._by[gone]
+                self._ordinals.pop(gone, None)
+        return ordinal
 
     def pick(self, key: str, version: int, exclude: str, n: int) -> list[str]:
         """Up to ``n`` live holders other than ``exclude``: complete ones first, a random

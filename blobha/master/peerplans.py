@@ -40,10 +40,9 @@ class PeerPlans:
         status = self.reads.get_replication(user, key, minimum, view)
         replicas = status.holders if status.version == info.seq else (self.identity,)
         peers = self.holders.pick(key, info.seq, address, MAX_PEERS)
-        if address:
-            self.holders.announce(key, info.seq, address, complete)
+        ordinal = self.holders.announce(key, info.seq, address, complete) if address else 0
         vkey = version_key(peer_root(self._secret()), key, info.seq, info.digest)
         grant = make_grant(vkey, user, key, info.seq, time.time() + self.grant_secs)
         return PeerPlan(key, info.seq, info.size, info.digest, created_at, info.chunk_size,
                         info.chunks, tuple(replicas), tuple(peers), vkey, grant.user,
-                        grant.expires, grant.mac)
+                        grant.expires, grant.mac, ordinal)

@@ -135,3 +135,5 @@ class PeerPlan:
     grant_user: str
     grant_expires: float
     grant_mac: str
+    #: Caches that announced the version to this master before the caller (see the proto).
+    ordinal: int = 0

@@ -41,3 +41,9 @@ def test_complete_holders_first_then_a_random_subset() -> None:
         assert len(picked) == 4 and picked[0] == "whole:1"
         seen.update(picked)
     assert len(seen) > 15  # every holder gets named, not the same few
+
+
+def test_each_cache_keeps_the_ordinal_of_its_first_announcement() -> None:
+    h = Holders()
+    assert [h.announce("k", 1, a, False) for a in ("a:1", "b:1", "a:1", "c:1")] == [0, 1, 0, 2]
+    assert h.announce("k", 2, "c:1", False) == 0

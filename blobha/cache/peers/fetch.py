@@ -30,8 +30,11 @@ __all__ = ["FetchFailed", "PeerFetch", "Totals"]
 
 log = logging.getLogger("blobha.cache.peers")
 
-#: Seconds between plans during a download: new peers are learnt, the grant renewed.
+#: Seconds between plans during a download: new peers are learnt, the grant renewed. The
+#: first come sooner: caches that start together learn of each other within a fraction of
+#: a second.
 REPLAN_SECS = 2.0
+FIRST_REPLAN_SECS = 0.25
 #: Seconds to connect to a peer, and for each of its answers.
 PEER_TIMEOUT = 5.0
 
@@ -73,7 +76,8 @@ class PeerFetch:
         self.pieces = max(1, -(-plan.size // plan.chunk_size))
         #: A piece's check (its chunk digest); replaceable by tests.
         self.check = check or self._digest_ok
-        self.sched = Scheduler(self.pieces, list(plan.replicas), random.Random())
+        self.sched = Scheduler(self.pieces, list(plan.replicas), random.Random(),
+                               ordinal=plan.ordinal if address else None)
         if use_peers:
             self.sched.add_peers(list(plan.peers))
         self.cond = threading.Condition()
@@ -139,10 +143,12 @@ class PeerFetch:
             self.cond.notify_all()
 
     def _replan(self) -> None:
+        pause = FIRST_REPLAN_SECS
         while True:
             with self.cond:
                 self.cond.wait_for(lambda: self.sched.complete() or self.error is not None,
-                                   REPLAN_SECS)
+                                   pause)
+                pause = min(REPLAN_SECS, pause * 2)
                 if self.sched.complete() or self.error is not None:
                     return
             try:
@@ -158,8 +164,11 @@ class PeerFetch:
                 self.cond.notify_all()
 
     def _master_cap(self, now: float) -> int:
-        # Once peers can serve, the masters' links are kept for pieces no peer holds yet.
-        return max(1, self.parallel // 2) if self.sched.usable_peers(now) else self.parallel
+        # Once peers can serve, one request at a time goes to the masters, for pieces no peer
+        # holds yet: the masters' links are the scarce ones.
+        # Without peers, two: a replica's link is as fast as this node's, and pieces asked
+        # for are committed to the masters, when peers may soon hold them.
+        return 1 if self.sched.usable_peers(now) else min(2, self.parallel)
 
     def _work(self) -> None:
         while True:

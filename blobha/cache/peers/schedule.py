@@ -19,13 +19,13 @@ from dataclasses import dataclass
 __all__ = ["Assignment", "Scheduler"]
 
 #: Seconds a peer's holdings are trusted before it is asked again.
-HAVE_TTL = 1.0
+HAVE_TTL = 0.25
 #: Seconds a peer that said "busy" is left alone.
 BUSY_SECS = 0.5
 #: Failures (not bad pieces: those count at once) after which a peer is dropped.
 MAX_FAILURES = 2
 #: Pieces one fetch from a replica covers at most.
-MASTER_RUN = 4
+MASTER_RUN = 2
 #: Requests in flight to one peer at most.
 PER_PEER = 2
 
@@ -39,12 +39,17 @@ class Assignment:
 
 class Scheduler:
     def __init__(self, pieces: int, masters: list[str], rng: random.Random | None = None,
-                 master_run: int = MASTER_RUN) -> None:
+                 master_run: int = MASTER_RUN, ordinal: int | None = None) -> None:
         self.rng = rng or random.Random()
         self.pieces = pieces
         self.missing = set(range(pieces))
         self.inflight: dict[int, str] = {}
-        start = self.rng.randrange(pieces) if pieces else 0
+        if ordinal is None:
+            start = self.rng.randrange(pieces) if pieces else 0
+        else:
+            # The golden ratio's sequence: the k-th cache starts as far as can be from the
+            # starts of those before it, however many there are.
+            start = int((ordinal * 0.6180339887498949) % 1 * pieces)
         self.order = [(start + i) % pieces for i in range(pieces)]
         self.masters = list(masters)
         self.master_load = {m: 0 for m in masters}
