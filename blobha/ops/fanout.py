@@ -186,6 +186,8 @@ class FanoutResult:
     peers: bool = True
     #: MiB the nodes of the all-at-once run took from other nodes' caches.
     peer_mib: float = 0.0
+    #: Nodes of the all-at-once run whose installed copy has the blob's digest.
+    copies_verified: int = 0
 
     @property
     def ratio(self) -> float:
@@ -204,6 +206,7 @@ class FanoutResult:
             "peers": self.peers,
             "from_peers_mib": round(self.peer_mib, 1),
             "from_masters_mib": round(self.nodes * self.size_mib - self.peer_mib, 1),
+            "copies_verified": self.copies_verified,
         }
 
 
@@ -214,13 +217,17 @@ _FETCH = textwrap.dedent("""
     import json, sys, time
     from blobha.cache import BlobCache
     from blobha.cache.peers.fetch import Totals
+    from blobha.core.digest import digest_stream
     cluster, cache_dir, key, peers = sys.argv[1:5]
     with BlobCache(cache_dir, cluster=cluster, user="fanout", peers=peers == "1") as cache:
         print("ready", flush=True)
         sys.stdin.readline()
         t0 = time.monotonic()
-        cache.get(key)
-        print(json.dumps({"secs": time.monotonic() - t0, "peer_bytes": Totals.peer_bytes}),
+        path = cache.get(key).path
+        secs = time.monotonic() - t0
+        with open(path, "rb") as f:  # the copy as installed, hashed again
+            digest = digest_stream(f)[0]
+        print(json.dumps({"secs": secs, "peer_bytes": Totals.peer_bytes, "digest": digest}),
               flush=True)
         sys.stdin.read()
 """)
@@ -232,9 +239,9 @@ _LOAD = textwrap.dedent("""
     cluster, key, size, masters = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
     with Client(cluster, user="fanout", timeout=120) as c:
         data = os.urandom(size)
-        c.create(key, data, replication_factor=masters)
+        meta = c.create(key, data, replication_factor=masters)
         assert c.wait_for_replication([key], masters, timeout=120).reached
-    print("loaded", flush=True)
+    print(meta.digest, flush=True)
 """)
 
 _ZK = textwrap.dedent("""
@@ -304,24 +311,25 @@ def run_fanout(nodes: int, size_mib: float, rate_mbit: float, work: Path,
                                  str(config)], work, log)
             loader = net.spawn("n1", [*_python(_LOAD), cluster, _KEY, str(size), str(masters)],
                                work, log, stdin=subprocess.PIPE)
-            _line(loader, "writing the blob", 300)
+            digest = _line(loader, "writing the blob", 300)
             one = _fetch_at_once(net, ["n1"], cluster, work / "alone", log, peers)[0][0]
             before = {m: net.tx_bytes(m) for m in names}
             done = _fetch_at_once(net, [f"n{i + 1}" for i in range(nodes)], cluster,
                                   work / "all", log, peers)
             egress = {m: (net.tx_bytes(m) - before[m]) / 2**20 for m in names}
-            secs = [t for t, _ in done]
+            secs = [t for t, _, _ in done]
             # All nodes start at one "go": the fan-out takes its slowest node's time.
             return FanoutResult(nodes, size_mib, rate_mbit, one, max(secs), secs, egress,
-                                peers, sum(b for _, b in done) / 2**20)
+                                peers, sum(b for _, b, _ in done) / 2**20,
+                                sum(d == digest for _, _, d in done))
     finally:
         log.close()
 
 
 def _fetch_at_once(net: Namespaces, hosts: list[str], cluster: str, root: Path,
-                   log: IO[bytes], peers: bool) -> list[tuple[float, int]]:
-    """Each node's fetch time and the bytes it took from peers; the nodes end after the
-    slowest one is done (they serve their peers until then)."""
+                   log: IO[bytes], peers: bool) -> list[tuple[float, int, str]]:
+    """Each node's fetch time, the bytes it took from peers and its copy's digest; the
+    nodes end after the slowest one is done (they serve their peers until then)."""
     procs = []
     for host in hosts:
         cache = root / host
@@ -338,7 +346,7 @@ def _fetch_at_once(net: Namespaces, hosts: list[str], cluster: str, root: Path,
     out = []
     for host, proc in zip(hosts, procs, strict=True):
         answer = json.loads(_line(proc, f"the fetch on {host}", 3600))
-        out.append((float(answer["secs"]), int(answer["peer_bytes"])))
+        out.append((float(answer["secs"]), int(answer["peer_bytes"]), str(answer["digest"])))
     for proc in procs:
         assert proc.stdin is not None
         proc.stdin.close()  # the node stops serving and ends
