@@ -68,3 +68,24 @@ def test_have_bitmaps_round_trip() -> None:
     assert decode_have(encode_have({0, 5, 9}, 10), 10) == {0, 5, 9}
     assert decode_have(encode_have(None, 10), 10) == set(range(10))
     assert decode_have("!!not base64", 10) == set()
+
+
+def test_with_peers_a_cache_takes_only_its_own_stripe_from_the_masters() -> None:
+    # Three caches (this one and two peers): blocks of MASTER_RUN pieces, every third ours.
+    s = Scheduler(24, MASTERS, random.Random(5), ordinal=1)
+    s.add_peers(["p:1", "q:1"])
+    s.learned("p:1", set(), 0.0)
+    s.learned("q:1", set(), 0.0)
+    taken = []
+    while (a := s.next(0.0, master_cap=1)) is not None:
+        assert a.from_master
+        taken.extend(a.pieces)
+        for p in a.pieces:
+            s.done(a, p)
+        s.finished(a)
+        if len(taken) > 24:
+            break
+    # Idle with its stripe done and nothing in flight, it would take the rest itself; here
+    # every block it took is its own.
+    own = [p for p in range(24) if (p // MASTER_RUN) % 3 == 1]
+    assert sorted(taken[:len(own)]) == own

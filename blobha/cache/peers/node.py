@@ -27,7 +27,8 @@ log = logging.getLogger("blobha.cache.peers")
 ANNOUNCE_EVERY = 20.0
 
 _lock = threading.Lock()
-_node: PeerNode | None = None
+#: One node per TLS setting (a process talking to two clusters serves each its own way).
+_nodes: dict[tuple[str | None, str | None, str | None], PeerNode] = {}
 
 
 class PeerNode:
@@ -111,15 +112,17 @@ class PeerNode:
 
 def node(settings: PeerSettings, client: Client) -> PeerNode | None:
     """This process's peer node, made on first use; None when peers are off."""
-    global _node
-    if not settings.enabled or getattr(client, "credentials", None) is None:
+    creds = getattr(client, "credentials", None)
+    if not settings.enabled or creds is None:
         # Off, or a client that dials no masters of its own (a test's fake): nothing to
         # plan with, nor certificates to serve with.
         return None
+    which = (creds.ca, creds.cert, creds.key) if creds.tls else (None, None, None)
     with _lock:
-        if _node is None:
-            _node = _make(settings, client)
-        return _node
+        made = _nodes.get(which)
+        if made is None:
+            made = _nodes[which] = _make(settings, client)
+        return made
 
 
 def _make(settings: PeerSettings, client: Client) -> PeerNode:

@@ -5,8 +5,9 @@
 - A peer whose holdings are unknown or old is asked for a missing piece (its answer, even
   "not held", tells what it holds).
 - The rest comes from the replicas, striped over them (the least busy first), a few pieces
-  per request, each node walking the pieces from a random start: nodes fetching at once take
-  different pieces from the masters and then trade them.
+  per request. Once peers are known, a cache takes from the masters only its own stripe of
+  blocks (by its ordinal among the caches it knows of) and waits for the others' stripes to
+  reach it through their caches; idle, it takes any block, so a dead peer never stalls it.
 - A piece that fails its digest marks that peer bad for this download; a peer that fails
   otherwise (dead, refused) is dropped after a few failures; the piece is simply fetched again.
 """
@@ -51,6 +52,7 @@ class Scheduler:
             # starts of those before it, however many there are.
             start = int((ordinal * 0.6180339887498949) % 1 * pieces)
         self.order = [(start + i) % pieces for i in range(pieces)]
+        self.ordinal = ordinal
         self.masters = list(masters)
         self.master_load = {m: 0 for m in masters}
         self.master_run = master_run
@@ -142,15 +144,24 @@ class Scheduler:
         if not self.masters or sum(self.master_load.values()) >= master_cap:
             return None
         held = set().union(*(self.peer_have.get(p, set()) for p in self.peer_load))
+        wanted = [p for p in self.order
+                  if p in self.missing and p not in self.inflight and p not in held]
+        if self.ordinal is not None and self.peer_load:
+            # Each cache takes its own stripe of blocks from the masters (by its ordinal
+            # among the caches it knows of) and the rest from the caches whose stripes
+            # they are: each piece leaves the masters about once, however many fetch it.
+            stripes = len(self.peer_load) + 1
+            mine = [p for p in wanted
+                    if (p // self.master_run) % stripes == self.ordinal % stripes]
+            if not mine and self.inflight:
+                return None  # the others' stripes will reach us through them
+            wanted = mine or wanted
         run: list[int] = []
-        for piece in self.order:
-            if piece in self.missing and piece not in self.inflight and piece not in held:
-                if run and piece != run[-1] + 1:
-                    break
-                run.append(piece)
-                if len(run) == self.master_run:
-                    break
-            elif run:
+        for piece in wanted:
+            if run and piece != run[-1] + 1:
+                break
+            run.append(piece)
+            if len(run) == self.master_run:
                 break
         if not run:
             if peers:

@@ -1,0 +1,58 @@
+"""Peer serving on a TLS cluster: pieces over TLS with the caches' client certificates, and
+no peers at all for a cache that has no certificate to serve with."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import FAST
+
+from blobha.cache import BlobCache
+from blobha.cache.peers.fetch import Totals
+from blobha.cache.peers.server import PeerServer, Served
+from blobha.cache.peers.settings import PeerSettings
+from blobha.client import Client
+from blobha.ops.localcluster import LocalCluster
+from blobha.wire.datatls import server_context
+
+pytestmark = pytest.mark.integration
+
+MiB = 1024 * 1024
+
+
+@pytest.fixture
+def mtls(tmp_path: Path) -> Iterator[LocalCluster]:
+    c = LocalCluster(tmp_path / "mtls", nodes=2, base_port=0, overrides=FAST, tls=True,
+                     auth="mtls")
+    try:
+        c.start()
+        yield c
+    finally:
+        c.stop()
+
+
+def test_pieces_cross_tls_between_caches_with_certificates(mtls: LocalCluster,
+                                                           tmp_path: Path) -> None:
+    data = os.urandom(4 * MiB)
+    creds = mtls.credentials("alice")
+    assert creds.cert and creds.key and creds.ca
+    with Client(mtls.cluster, user="alice", credentials=creds, timeout=30) as alice:
+        alice.create("tls-peers", data, replication_factor=2)
+        alice.wait_for_replication(["tls-peers"], min_replication=2, timeout=30)
+        peer = PeerServer(PeerSettings(), "127.0.0.1",
+                          server_context(creds.cert, creds.key, creds.ca, False))
+        try:
+            plan = alice.peer_plan("tls-peers", 0, peer.address, complete=True)
+            held = tmp_path / "held"
+            held.write_bytes(data)
+            peer.offer(Served("tls-peers", plan.version, plan.size, plan.chunk_size,
+                              plan.version_key, held, None))
+            before = Totals.peer_bytes
+            with BlobCache(tmp_path / "node", client=alice, peers=True) as cache:
+                assert cache.get("tls-peers").path.read_bytes() == data
+            assert Totals.peer_bytes > before
+        finally:
+            peer.stop()
