@@ -22,8 +22,10 @@ class PeerSettings:
     #: Bytes per second the node uploads to peers at most (``BLOBHA_CACHE_PEER_UPLOAD_BPS``):
     #: link-agnostic; lower it where a node's uplink is needed for other work.
     upload_bytes_per_sec: int = 100 * MiB
-    #: Peers served at once (``BLOBHA_CACHE_PEER_CONNECTIONS``); others are told "busy".
-    connections: int = 4
+    #: Connections served at once (``BLOBHA_CACHE_PEER_CONNECTIONS``); others are told
+    #: "busy". A requester keeps up to two open to each peer, so 8 serves four at full pace;
+    #: at 4, most requests were refused and went to the masters (docs/perf-log/).
+    connections: int = 8
     #: Pieces one download fetches at once, from peers and replicas together.
     parallel: int = 4
     #: Seconds the cache keeps telling the masters it holds a version after it last used it.
