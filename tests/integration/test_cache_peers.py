@@ -3,8 +3,13 @@ a corrupt or dying peer costs only a retry, and no peer serves without a valid g
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
+import subprocess
+import sys
+import textwrap
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -25,20 +30,6 @@ pytestmark = pytest.mark.integration
 
 MiB = 1024 * 1024
 SIZE = 6 * MiB
-
-
-class DyingServer(PeerServer):
-    """A peer that serves ``lives`` pieces, then dies (its socket and connections closed)."""
-
-    lives = 2
-
-    def _answer(self, conn: socket.socket) -> bool:
-        if self.lives <= 0:
-            self.stop()
-            conn.close()
-            return False
-        self.lives -= 1
-        return super()._answer(conn)
 
 
 def _peer(cluster: LocalCluster, key: str, path: Path, server_cls: type[PeerServer] = PeerServer
@@ -102,17 +93,64 @@ def test_a_corrupt_peer_is_detected_avoided_and_the_download_completes(
         peer.stop()
 
 
-def test_a_peer_dying_mid_transfer_costs_only_a_retry(
-        cluster: LocalCluster, tmp_path: Path, blob: tuple[str, bytes]) -> None:
+#: A peer in a process of its own, paced to 1 MiB/s so that it can be killed mid-transfer: it
+#: announces itself, then says "served" after each piece it sends.
+_PEER_PROCESS = textwrap.dedent("""
+    import sys
+    from pathlib import Path
+    from blobha.cache.peers.server import PeerServer, Served
+    from blobha.cache.peers.settings import PeerSettings
+    from blobha.client import Client
+
+    cluster, key, path = sys.argv[1:4]
+
+    class Telling(PeerServer):
+        def _answer(self, conn):
+            before = sum(s.served_bytes for s in self.served())
+            going = super()._answer(conn)
+            if sum(s.served_bytes for s in self.served()) > before:
+                print("served", flush=True)
+            return going
+
+    server = Telling(PeerSettings(upload_bytes_per_sec=1024 * 1024), "127.0.0.1")
+    with Client(cluster, user="alice", timeout=30) as alice:
+        plan = alice.peer_plan(key, 0, server.address, complete=True)
+    server.offer(Served(key, plan.version, plan.size, plan.chunk_size, plan.version_key,
+                        Path(path), None))
+    print("ready", flush=True)
+    sys.stdin.read()
+""")
+
+
+def test_a_peer_killed_mid_transfer_costs_only_a_retry(
+        cluster: LocalCluster, tmp_path: Path, blob: tuple[str, bytes],
+        caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="blobha.cache.peers")
     key, data = blob
     good = tmp_path / "good"
     good.write_bytes(data)
-    peer = _peer(cluster, key, good, DyingServer)
+    peer = subprocess.Popen([sys.executable, "-P", "-c", _PEER_PROCESS, cluster.cluster, key,
+                             str(good)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True)
     try:
-        assert _fetch(cluster, tmp_path / "node", key) == data
-        assert isinstance(peer, DyingServer) and peer.lives == 0
+        assert peer.stdout is not None
+        assert peer.stdout.readline().strip() == "ready"
+        got: list[bytes] = []
+        before = Totals.peer_bytes
+        fetch = threading.Thread(target=lambda: got.append(
+            _fetch(cluster, tmp_path / "node", key)))
+        fetch.start()
+        # Killed once it has sent a piece, while it sends the next ones (1 MiB/s).
+        assert peer.stdout.readline().strip() == "served"
+        peer.kill()
+        fetch.join(60)
+        assert not fetch.is_alive() and got == [data]
+        assert Totals.peer_bytes - before >= MiB  # the piece it sent before it died was used
+        # Its next piece (paced) or the connection for it failed: fetched elsewhere.
+        assert "fetching it elsewhere" in caplog.text or "unreachable" in caplog.text
     finally:
-        peer.stop()
+        peer.kill()
+        peer.wait(10)
 
 
 def _ask(peer: PeerServer, key: str, version: int, grant: Grant) -> wire.Answer:
