@@ -302,6 +302,12 @@ class BlobCache:
                 path = unpacked
             if not downloaded:
                 self._counters.bump(hits=1)
+                if self._peers.enabled and self._client is not None:
+                    # A hit needs no client: only a process that has one serves its hits.
+                    from blobha.cache.peers.node import serve_installed
+
+                    serve_installed(self._peers, self._client, key, version.version,
+                                    version.dir, version.file)
             if version.created_at > 0:
                 with self._lock:
                     self._served[key] = max(version.order, self._served.get(key, version.order))

@@ -80,7 +80,7 @@ def download(
             info = client().download(key, target)
         target.chmod(0o444)  # shared by every job on the node: nobody may write it
         installed_at = now()
-        record = {
+        record: dict[str, object] = {
             "key": key,
             "version": info.version,
             "size": info.size,
@@ -89,6 +89,12 @@ def download(
             "installed_at": installed_at,
             "name": name,
         }
+        if served is not None:
+            # What serving it to peers needs, for the node's later processes that find it
+            # here (blobha.cache.peers.node.serve_installed). Whoever reads this can read the
+            # blob beside it: the key lets them grant nothing more.
+            record["peer"] = {"version_key": served.version_key.hex(),
+                              "chunk_size": served.chunk_size}
         with open(stage / "meta.json", "wb") as f:
             f.write(json.dumps(record).encode())
             f.flush()

@@ -193,3 +193,43 @@ def test_no_piece_without_read_or_a_valid_grant(cluster: LocalCluster, tmp_path:
         assert peer.refusals == 3
     finally:
         peer.stop()
+
+
+#: A later process of the node: a cache hit, then it serves what it found, until stdin ends.
+_HIT_PROCESS = textwrap.dedent("""
+    import sys
+    from blobha.cache import BlobCache
+    from blobha.cache.peers.node import node
+    from blobha.cache.peers.settings import PeerSettings
+
+    cluster, root, key = sys.argv[1:4]
+    with BlobCache(root, cluster, user="alice", peers=True) as cache:
+        cache.get(key)
+        print(node(PeerSettings(), cache._cluster()).address, flush=True)
+        sys.stdin.read()
+""")
+
+
+def test_a_later_process_serves_the_versions_it_finds_installed(
+        cluster: LocalCluster, tmp_path: Path, blob: tuple[str, bytes]) -> None:
+    key, data = blob
+    root = tmp_path / "node"
+    assert _fetch(cluster, root, key) == data  # through peers: the version key is kept
+    hit = subprocess.Popen([sys.executable, "-P", "-c", _HIT_PROCESS, cluster.cluster,
+                            str(root), key], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                           text=True)
+    try:
+        assert hit.stdout is not None
+        address = hit.stdout.readline().strip()
+        with client_for(cluster, "alice") as alice:
+            plan = alice.peer_plan(key, 0)
+        host, port = address.rsplit(":", 1)
+        grant = Grant(plan.grant_user, key, plan.version, plan.grant_expires, plan.grant_mac)
+        with socket.create_connection((host, int(port)), timeout=5) as conn:
+            conn.sendall(wire.Request(key, plan.version, 2, grant).encode())
+            answer = wire.read_answer(conn)
+            assert answer.status == wire.OK and answer.have == "all"
+            assert wire.recv_exact(conn, answer.size) == data[2 * MiB:3 * MiB]
+    finally:
+        hit.kill()
+        hit.wait(10)

@@ -4,6 +4,7 @@ the versions it holds whole."""
 
 from __future__ import annotations
 
+import json
 import logging
 import ssl
 import threading
@@ -19,7 +20,7 @@ from blobha.core.errors import BlobError, ChecksumMismatch, NotAuthorized
 if TYPE_CHECKING:
     from blobha.client import BlobInfo, Client
 
-__all__ = ["PeerNode", "node"]
+__all__ = ["PeerNode", "node", "serve_installed"]
 
 log = logging.getLogger("blobha.cache.peers")
 
@@ -108,6 +109,27 @@ class PeerNode:
                     client.peer_plan(key, version, self.address, True)
                 except (BlobError, ValueError) as e:  # ValueError: a closed client
                     log.debug("announcing %r v%d failed: %s", key, version, e)
+
+
+def serve_installed(settings: PeerSettings, client: Client, key: str, version: int,
+                    version_dir: Path, path: Path) -> None:
+    """A version this process found installed (a cache hit): served to peers too when it
+    came through peers (its meta.json keeps the version key), and announced."""
+    made = node(settings, client)
+    if made is None or made.server is None:
+        return
+    if any(s.key == key and s.version == version and s.have is None and s.path == path
+           for s in made.server.served()):
+        made.used(key, version, client)
+        return
+    try:
+        record = json.loads((version_dir / "meta.json").read_bytes())
+        peer = record["peer"]
+        served = Served(key, version, int(record["size"]), int(peer["chunk_size"]),
+                        bytes.fromhex(peer["version_key"]), path, None)
+    except (OSError, ValueError, KeyError, TypeError):
+        return  # installed by a plain download, or by an older release: nothing to serve
+    made.installed(served, path, client)
 
 
 def node(settings: PeerSettings, client: Client) -> PeerNode | None:
