@@ -4,11 +4,9 @@ no peers at all for a cache that has no certificate to serve with."""
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import FAST
 
 from blobha.cache import BlobCache
 from blobha.cache.peers.fetch import Totals
@@ -21,17 +19,6 @@ from blobha.wire.datatls import server_context
 pytestmark = pytest.mark.integration
 
 MiB = 1024 * 1024
-
-
-@pytest.fixture
-def mtls(tmp_path: Path) -> Iterator[LocalCluster]:
-    c = LocalCluster(tmp_path / "mtls", nodes=2, base_port=0, overrides=FAST, tls=True,
-                     auth="mtls")
-    try:
-        c.start()
-        yield c
-    finally:
-        c.stop()
 
 
 def test_pieces_cross_tls_between_caches_with_certificates(mtls: LocalCluster,

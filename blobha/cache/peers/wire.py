@@ -22,9 +22,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from blobha.core.grants import Grant
+from blobha.wire.dataplane import recv_exact
 
 __all__ = ["BAD_REQUEST", "BUSY", "MAGIC", "NOT_HELD", "OK", "REFUSED", "Answer", "Request",
-           "decode_have", "encode_have", "read_request", "send_answer"]
+           "decode_have", "encode_have", "read_request", "recv_exact", "send_answer"]
 
 MAGIC = b"BHP1"
 OK, REFUSED, NOT_HELD, BUSY, BAD_REQUEST = 0, 1, 2, 3, 4
@@ -60,16 +61,6 @@ class Answer:
     have: str  # "all", or base64 of a bitmap
     reason: str
     size: int
-
-
-def recv_exact(conn: socket.socket, n: int) -> bytes | None:
-    buf = bytearray()
-    while len(buf) < n:
-        piece = conn.recv(n - len(buf))
-        if not piece:
-            return None
-        buf += piece
-    return bytes(buf)
 
 
 def read_request(conn: socket.socket) -> Request | None:
