@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 import pytest
+from clusters import FAST
 
 from blobha.cache import BlobCache
 from blobha.cache.peers.fetch import Totals
@@ -43,3 +44,35 @@ def test_pieces_cross_tls_between_caches_with_certificates(mtls: LocalCluster,
             assert Totals.peer_bytes > before
         finally:
             peer.stop()
+
+
+def test_without_a_certificate_a_cache_on_a_tls_cluster_uses_no_peers(
+        tmp_path: Path) -> None:
+    c = LocalCluster(tmp_path / "tls", nodes=2, base_port=0, overrides=FAST, tls=True)
+    try:
+        c.start()
+        data = os.urandom(3 * MiB)
+        creds = c.credentials("alice")  # a CA and a token: no certificate of its own
+        assert creds.ca and not creds.cert
+        with Client(c.cluster, user="alice", credentials=creds, timeout=30) as alice:
+            alice.create("tls-no-cert", data, replication_factor=2)
+            alice.wait_for_replication(["tls-no-cert"], min_replication=2, timeout=30)
+            # A plaintext peer that says it holds the version.
+            peer = PeerServer(PeerSettings(), "127.0.0.1")
+            try:
+                plan = alice.peer_plan("tls-no-cert", 0, peer.address, complete=True)
+                held = tmp_path / "held"
+                held.write_bytes(data)
+                peer.offer(Served("tls-no-cert", plan.version, plan.size, plan.chunk_size,
+                                  plan.version_key, held, None))
+                before = Totals.peer_bytes
+                with BlobCache(tmp_path / "node", client=alice, peers=True) as cache:
+                    assert cache.get("tls-no-cert").path.read_bytes() == data
+                assert Totals.peer_bytes == before  # every byte from the replicas, over TLS
+                assert sum(s.served_bytes for s in peer.served()) == 0
+                # ... and it announced no address of its own to serve from.
+                assert alice.peer_plan("tls-no-cert", 0).peers == (peer.address,)
+            finally:
+                peer.stop()
+    finally:
+        c.stop()
