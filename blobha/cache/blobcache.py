@@ -67,7 +67,9 @@ class BlobCache:
     second cleanup pass that finds it unreferenced); ``update_interval_secs`` how often a key's
     version, and the caller's right to read it, are checked with the cluster: at most once per
     interval for each user on the node, as every process reuses the answers recorded there.
-    ``clock`` (wall-clock seconds) exists for tests.
+    ``clock`` (wall-clock seconds) exists for tests. ``peers`` (default
+    ``$BLOBHA_CACHE_PEERS``, on) fetches from other nodes' caches and serves them what this
+    one holds (docs/cache.md, "Peer serving"); False turns it off for this instance.
 
     :meth:`get` records a reference to what it returns: held by ``owner`` when given (say, a
     Spark application id; dropped by :meth:`release`), else by this instance (dropped by
@@ -98,6 +100,7 @@ class BlobCache:
         client: Client | None = None,
         connect: Callable[[], Client] | None = None,
         clock: Callable[[], float] = time.time,
+        peers: bool | None = None,
     ) -> None:
         if not isinstance(soft_limit_bytes, int) or soft_limit_bytes < 0:
             raise InvalidArgument(f"soft_limit_bytes must be 0 or more, not {soft_limit_bytes!r}")
@@ -108,6 +111,9 @@ class BlobCache:
             if not value >= 0:
                 raise InvalidArgument(f"{name} must be 0 or more seconds, not {value!r}")
         self._clock = clock
+        from blobha.cache.peers.settings import PeerSettings
+
+        self._peers = PeerSettings.from_env(enabled=peers)
 
         if client is not None and connect is not None:
             raise InvalidArgument("pass a client or a way to connect, not both")
@@ -300,6 +306,12 @@ class BlobCache:
                 path = unpacked
             if not downloaded:
                 self._counters.bump(hits=1)
+                if self._peers.enabled and self._client is not None:
+                    # A hit needs no client: only a process that has one serves its hits.
+                    from blobha.cache.peers.node import serve_installed
+
+                    serve_installed(self._peers, self._client, key, version.version,
+                                    version.dir, version.file)
             if version.created_at > 0:
                 with self._lock:
                     self._served[key] = max(version.order, self._served.get(key, version.order))
@@ -446,7 +458,7 @@ class BlobCache:
 
         try:
             dest, name, info = install.download(self._layout, client, key, kd, meta,
-                                                self._clock, progress)
+                                                self._clock, progress, self._peers)
         except KeyNotFound:
             self._checks.mark_deleted(kd)
             raise

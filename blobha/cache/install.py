@@ -12,6 +12,7 @@ from blobha.cache.checks import Remote
 from blobha.cache.layout import KeyScan, Layout, Version, file_name, fsync_dir, rmtree, touch
 
 if TYPE_CHECKING:
+    from blobha.cache.peers import PeerSettings
     from blobha.client import BlobInfo, Client, ProgressCallback
 
 __all__ = ["UNPACK_MARGIN_BYTES", "choose", "download", "unpack_version"]
@@ -50,9 +51,12 @@ def download(
     meta: Remote,
     now: Callable[[], float],
     progress: ProgressCallback | None = None,
+    peers: PeerSettings | None = None,
 ) -> tuple[Path, str, BlobInfo]:
     """With the key's lock held: download ``key``'s current version and install it as
-    ``blobs/<kd>/v<N>``; that directory, the blob's file name and what the client fetched."""
+    ``blobs/<kd>/v<N>``; that directory, the blob's file name and what the client fetched.
+    With ``peers`` on, through other nodes' caches and the replicas (blobha.cache.peers),
+    else, or when no plan can be had, from one replica at a time."""
     import tempfile  # here: a worker start served from the cache never downloads
 
     stage = Path(tempfile.mkdtemp(prefix="d-", dir=layout.scratch()))
@@ -62,10 +66,22 @@ def download(
         target = stage / "file" / name
         # Version 0 = the current one: a version pruned since get_meta cannot stall us, and an
         # update that landed meanwhile is simply the newer answer.
-        info = client().download(key, target, progress=progress)
+        fetched = None
+        node = None
+        if peers is not None and peers.enabled:
+            from blobha.cache.peers.node import node as peer_node
+
+            node = peer_node(peers, client())
+            if node is not None:
+                fetched = node.fetch(client(), key, target, progress)
+        served = None
+        if fetched is not None:
+            info, served = fetched
+        else:
+            info = client().download(key, target, progress=progress)
         target.chmod(0o444)  # shared by every job on the node: nobody may write it
         installed_at = now()
-        record = {
+        record: dict[str, object] = {
             "key": key,
             "version": info.version,
             "size": info.size,
@@ -74,6 +90,12 @@ def download(
             "installed_at": installed_at,
             "name": name,
         }
+        if served is not None:
+            # What serving it to peers needs, for the node's later processes that find it
+            # here (blobha.cache.peers.node.serve_installed). Whoever reads this can read the
+            # blob beside it: the key lets them grant nothing more.
+            record["peer"] = {"version_key": served.version_key.hex(),
+                              "chunk_size": served.chunk_size}
         with open(stage / "meta.json", "wb") as f:
             f.write(json.dumps(record).encode())
             f.flush()
@@ -87,6 +109,8 @@ def download(
             layout.discard(dest)
         os.rename(stage, dest)
         fsync_dir(dest.parent)
+        if node is not None:
+            node.installed(served, dest / "file" / name, client())
     finally:
         if stage.exists():
             rmtree(stage)

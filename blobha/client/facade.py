@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from types import TracebackType
 from typing import Any, BinaryIO, Literal, overload
 
-from blobha.client import reads, writes
+from blobha.client import peering, reads, writes
 from blobha.client.arguments import (
     DEFAULT_CHUNK_SIZE,
     MIN_STALL_TIMEOUT,
@@ -63,6 +63,7 @@ from blobha.wire.convert import (
     summary_from_pb,
 )
 from blobha.wire.credentials import Credentials
+from blobha.wire.status import PeerPlan
 
 _CONSISTENCIES = {"session": View.SESSION, "linearizable": View.LINEARIZABLE}
 _CONSISTENCY_NAMES = {v: k for k, v in _CONSISTENCIES.items()}
@@ -501,6 +502,36 @@ class Client:
         if chunk_size < 1:
             raise InvalidArgument(f"chunk_size must be positive, not {chunk_size!r}")
         return reads.iter_chunks(self._router, key, chunk_size, version)
+
+    # -- node caches fetching from each other (blobha.cache.peers) ----------------------------
+
+    def peer_plan(self, key: str, version: int = 0, peer_address: str = "",
+                  complete: bool = False) -> PeerPlan:
+        """A plan to fetch ``key`` v``version`` (0: the committed one) from peers and the
+        replicas, announcing ``peer_address`` as a cache that serves it (empty: none). READ
+        is needed, as for a download. A master that predates plans answers with an error
+        (UNIMPLEMENTED): the caller then downloads as before."""
+        validate_key(key)
+        check_count("version", version)
+        return peering.peer_plan(self._router, key, version, peer_address, complete)
+
+    def read_range(self, key: str, version: int, offset: int, length: int, prefer: str,
+                   on_data: Callable[[memoryview], object]) -> None:
+        """Bytes of one version from the replica ``prefer`` first (see
+        :func:`blobha.client.peering.read_range`); ``on_data``'s views are valid during the
+        call only."""
+        peering.read_range(self._router, key, version, offset, length, prefer, on_data)
+
+    def addresses(self) -> builtins.list[str]:
+        """The masters this client knows of (given and discovered)."""
+        return self._router.known_addresses()
+
+    @property
+    def credentials(self) -> Credentials | None:
+        """The TLS and token settings this client dials the masters with (None: a test's
+        transport)."""
+        creds = getattr(self._transport, "credentials", None)
+        return creds if isinstance(creds, Credentials) else None
 
     # -- internals -------------------------------------------------------------------------
 

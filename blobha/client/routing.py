@@ -72,7 +72,8 @@ _WIRE_VIEWS = {View.SESSION: pb.READ_VIEW_SESSION, View.LINEARIZABLE: pb.READ_VI
 
 T = TypeVar("T")
 #: The reads that carry a minimum view of their key.
-R = TypeVar("R", pb.GetMetaRequest, pb.DownloadRequest, pb.GetReplicationRequest)
+R = TypeVar("R", pb.GetMetaRequest, pb.DownloadRequest, pb.GetReplicationRequest,
+              pb.PeerPlanRequest)
 
 
 class Silence:

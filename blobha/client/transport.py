@@ -403,6 +403,10 @@ class GrpcTransport:
     def data_tls(self) -> ssl.SSLContext | None:
         return self._credentials.data_tls()
 
+    @property
+    def credentials(self) -> Credentials:
+        return self._credentials
+
     def server_stream(
         self, address: str, method: str, request: Any, timeout: float | None,
         stall: float | None = None,

@@ -209,6 +209,18 @@ OPTIONS: tuple[Option, ...] = (
         " longer one asked for is cut to this. Job tokens are not issued in auth.mode 'simple'.",
     ),
     Option(
+        "blobstore.peer.grant.secs",
+        300.0,
+        "Lifetime of the grants a master hands node caches in their peer plans"
+        " (docs/cache.md, Peer serving): a peer serves a version only against an unexpired one.",
+    ),
+    Option(
+        "blobstore.peer.holder.secs",
+        60.0,
+        "How long a master remembers a node cache that announced it holds or fetches a version"
+        " (caches renew it while they run); in memory only.",
+    ),
+    Option(
         "auth.mtls.rules",
         ["cn ^(.+)$ \\1"],
         "mtls mode: rules 'cn|san REGEX REPLACEMENT' mapping a client certificate's common name"
@@ -432,6 +444,8 @@ def _validate(v: dict[str, Any]) -> dict[str, Any]:
     number("blobstore.scrub.rate.bytes.per.sec", int, 0)
     number("zookeeper.session.timeout.ms", int, 1000)
     number("auth.job.token.max.lifetime.secs", int, 1)
+    number("blobstore.peer.grant.secs", float, 1)
+    number("blobstore.peer.holder.secs", float, 1)
     flag("blobstore.sync.recursive.watch")
     flag("blobstore.write.forward")
     data_port = v["blobstore.data.port"]

@@ -40,8 +40,10 @@ from blobha.master.committer import Committer
 from blobha.master.config import Config, ConfigError
 from blobha.master.forward import Forwarder
 from blobha.master.groupcommit import GroupCommitter
+from blobha.master.holders import Holders
 from blobha.master.jobtokens import JobTokens
 from blobha.master.metadata import Metadata
+from blobha.master.peerplans import PeerPlans
 from blobha.master.reads import Reads
 from blobha.master.repairs import Repairs
 from blobha.master.rules import Authority, CommitOutcomeUnknown, PutRequest
@@ -65,7 +67,13 @@ from blobha.sync import (
 from blobha.sync.peers import Peers
 from blobha.wire.credentials import Credentials
 from blobha.wire.dataplane import DataOffer
-from blobha.wire.status import ClusterSummary, JobToken, MasterSummary, ReplicationStatus
+from blobha.wire.status import (
+    ClusterSummary,
+    JobToken,
+    MasterSummary,
+    PeerPlan,
+    ReplicationStatus,
+)
 from blobha.wire.tls import ReloadingServerCredentials
 from blobha.zk import layout as zkstate
 from blobha.zk.connection import master_client, on_session_timeout
@@ -182,6 +190,8 @@ class Master:
         self.reads = Reads(s, self.identity, self.principal, self.store, self.zk, self.meta,
                            self.authority, self.sync, self.channel)
         self.admin = Admin(self.store, self.meta, self.authority, self.sync)
+        self.peer_plans = PeerPlans(self.identity, self.reads, lambda: self.cluster.secret,
+                                    s.peer_grant_secs, Holders(s.peer_holder_secs))
         self.jobtokens = JobTokens(self.zk, self.election, self.meta, self.authority,
                                    s.auth_mode, s.job_token_max_lifetime_secs)
         if s.auth_mode != "simple":  # simple mode has no secrets, so no job tokens either
@@ -395,6 +405,10 @@ class Master:
                              abandoned: threading.Event | None = None,
                              ) -> tuple[bool, list[ReplicationStatus], float]:
         return self.waits.wait_for_replication(user, keys, minimum, timeout, abandoned)
+
+    def peer_plan(self, user: str, key: str, version: int, address: str, complete: bool,
+                  minimum: MinVersion | None = None, view: View = View.SESSION) -> PeerPlan:
+        return self.peer_plans.plan(user, key, version, address, complete, minimum, view)
 
     def set_meta(
         self, user: str, key: str, acl: list[AccessControl] | None, replication_factor: int,

@@ -218,6 +218,15 @@ class Reads:
         return info, created_at, _read_held(self.store, self.identity, key, info.seq, offset,
                                             length)
 
+    def version_for_read(self, user: str, key: str, version: int,
+                         minimum: MinVersion | None, view: View) -> tuple[VersionInfo, float]:
+        """The version ``user`` may read (READ checked; 0: the committed one) as this master
+        holds it, and the key's creation time; "not held here" when it does not."""
+        if user == self.principal:
+            # A plan is for node caches; a master reads from its peers as it always did.
+            raise InvalidArgument("masters do not plan peer fetches")
+        return self._download_version(user, key, version, 0, minimum, view)
+
     def _download_version(self, user: str, key: str, version: int, offset: int,
                           minimum: MinVersion | None, view: View
                           ) -> tuple[VersionInfo, float]:

@@ -26,6 +26,8 @@ class MasterSettings:
     auth_token_file: str
     auth_mtls_rules: tuple[str, ...]
     job_token_max_lifetime_secs: int
+    peer_grant_secs: float
+    peer_holder_secs: float
     tls_cert: str
     tls_key: str
     tls_ca: str
@@ -68,6 +70,8 @@ class MasterSettings:
             auth_token_file=config["auth.token.file"],
             auth_mtls_rules=tuple(config["auth.mtls.rules"]),
             job_token_max_lifetime_secs=config["auth.job.token.max.lifetime.secs"],
+            peer_grant_secs=config["blobstore.peer.grant.secs"],
+            peer_holder_secs=config["blobstore.peer.holder.secs"],
             tls_cert=config["tls.cert"],
             tls_key=config["tls.key"],
             tls_ca=config["tls.ca"],

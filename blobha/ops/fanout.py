@@ -10,7 +10,10 @@ on failure too (and namespaces an earlier run left behind, once its process is g
 
 Root only. ``python -P -m blobha.ops.fanout --nodes 4 --size-mib 32 --rate-mbit 100``
 prints one node's fetch time alone, then all N at once, their ratio, the median and slowest
-node, and each master's egress.
+node, each master's egress, and the bytes the nodes took from peers and from the masters.
+Node caches serve each other (docs/cache.md, "Peer serving") unless ``--no-peers`` is given
+(the baseline: every node from the masters); every node keeps serving until all are done, as
+long-lived executors would.
 """
 
 from __future__ import annotations
@@ -180,6 +183,11 @@ class FanoutResult:
     all_nodes_s: float
     node_secs: list[float]
     master_egress_mib: dict[str, float] = field(default_factory=dict)
+    peers: bool = True
+    #: MiB the nodes of the all-at-once run took from other nodes' caches.
+    peer_mib: float = 0.0
+    #: Nodes of the all-at-once run whose installed copy has the blob's digest.
+    copies_verified: int = 0
 
     @property
     def ratio(self) -> float:
@@ -195,21 +203,33 @@ class FanoutResult:
             "max_node_s": round(max(self.node_secs), 2),
             "master_egress_mib": {k: round(v, 1) for k, v in self.master_egress_mib.items()},
             "master_egress_x_blob": round(total / self.size_mib, 2),
+            "peers": self.peers,
+            "from_peers_mib": round(self.peer_mib, 1),
+            "from_masters_mib": round(self.nodes * self.size_mib - self.peer_mib, 1),
+            "copies_verified": self.copies_verified,
         }
 
 
 #: What runs in a node's namespace: one cache fetch of the blob, after a "go" on stdin, its
-#: time on stdout. The cache verifies the copy's digest as every fetch does.
+#: time and the bytes it took from peers on stdout; then it serves its peers until its stdin
+#: ends. The cache verifies the copy's digest as every fetch does.
 _FETCH = textwrap.dedent("""
-    import sys, time
+    import json, sys, time
     from blobha.cache import BlobCache
-    cluster, cache_dir, key = sys.argv[1:4]
-    with BlobCache(cache_dir, cluster=cluster, user="fanout") as cache:
+    from blobha.cache.peers.fetch import Totals
+    from blobha.core.digest import digest_stream
+    cluster, cache_dir, key, peers = sys.argv[1:5]
+    with BlobCache(cache_dir, cluster=cluster, user="fanout", peers=peers == "1") as cache:
         print("ready", flush=True)
         sys.stdin.readline()
         t0 = time.monotonic()
-        cache.get(key)
-        print(time.monotonic() - t0, flush=True)
+        path = cache.get(key).path
+        secs = time.monotonic() - t0
+        with open(path, "rb") as f:  # the copy as installed, hashed again
+            digest = digest_stream(f)[0]
+        print(json.dumps({"secs": secs, "peer_bytes": Totals.peer_bytes, "digest": digest}),
+              flush=True)
+        sys.stdin.read()
 """)
 
 #: The blob, written from the first node's namespace, replicated to every master.
@@ -219,9 +239,9 @@ _LOAD = textwrap.dedent("""
     cluster, key, size, masters = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
     with Client(cluster, user="fanout", timeout=120) as c:
         data = os.urandom(size)
-        c.create(key, data, replication_factor=masters)
+        meta = c.create(key, data, replication_factor=masters)
         assert c.wait_for_replication([key], masters, timeout=120).reached
-    print("loaded", flush=True)
+    print(meta.digest, flush=True)
 """)
 
 _ZK = textwrap.dedent("""
@@ -260,7 +280,7 @@ def _line(proc: subprocess.Popen[Any], what: str, timeout: float) -> str:
 
 
 def run_fanout(nodes: int, size_mib: float, rate_mbit: float, work: Path,
-               masters: int = 3) -> FanoutResult:
+               masters: int = 3, peers: bool = True) -> FanoutResult:
     if os.geteuid() != 0:
         raise FanoutRefused("the fan-out run builds network namespaces: run it as root")
     for tool in ("ip", "tc"):
@@ -291,25 +311,31 @@ def run_fanout(nodes: int, size_mib: float, rate_mbit: float, work: Path,
                                  str(config)], work, log)
             loader = net.spawn("n1", [*_python(_LOAD), cluster, _KEY, str(size), str(masters)],
                                work, log, stdin=subprocess.PIPE)
-            _line(loader, "writing the blob", 300)
-            one = _fetch_at_once(net, ["n1"], cluster, work / "alone", log)[0]
+            digest = _line(loader, "writing the blob", 300)
+            one = _fetch_at_once(net, ["n1"], cluster, work / "alone", log, peers)[0][0]
             before = {m: net.tx_bytes(m) for m in names}
-            secs = _fetch_at_once(net, [f"n{i + 1}" for i in range(nodes)], cluster,
-                                  work / "all", log)
+            done = _fetch_at_once(net, [f"n{i + 1}" for i in range(nodes)], cluster,
+                                  work / "all", log, peers)
             egress = {m: (net.tx_bytes(m) - before[m]) / 2**20 for m in names}
+            secs = [t for t, _, _ in done]
             # All nodes start at one "go": the fan-out takes its slowest node's time.
-            return FanoutResult(nodes, size_mib, rate_mbit, one, max(secs), secs, egress)
+            return FanoutResult(nodes, size_mib, rate_mbit, one, max(secs), secs, egress,
+                                peers, sum(b for _, b, _ in done) / 2**20,
+                                sum(d == digest for _, _, d in done))
     finally:
         log.close()
 
 
 def _fetch_at_once(net: Namespaces, hosts: list[str], cluster: str, root: Path,
-                   log: IO[bytes]) -> list[float]:
+                   log: IO[bytes], peers: bool) -> list[tuple[float, int, str]]:
+    """Each node's fetch time, the bytes it took from peers and its copy's digest; the
+    nodes end after the slowest one is done (they serve their peers until then)."""
     procs = []
     for host in hosts:
         cache = root / host
         cache.mkdir(parents=True)
-        procs.append(net.spawn(host, [*_python(_FETCH), cluster, str(cache), _KEY], root, log,
+        procs.append(net.spawn(host, [*_python(_FETCH), cluster, str(cache), _KEY,
+                                      "1" if peers else "0"], root, log,
                                stdin=subprocess.PIPE))
     for host, proc in zip(hosts, procs, strict=True):
         _line(proc, f"the cache on {host}", 120)
@@ -317,8 +343,19 @@ def _fetch_at_once(net: Namespaces, hosts: list[str], cluster: str, root: Path,
         assert proc.stdin is not None
         proc.stdin.write("go\n")
         proc.stdin.flush()
-    return [float(_line(proc, f"the fetch on {host}", 3600))
-            for host, proc in zip(hosts, procs, strict=True)]
+    out = []
+    for host, proc in zip(hosts, procs, strict=True):
+        answer = json.loads(_line(proc, f"the fetch on {host}", 3600))
+        out.append((float(answer["secs"]), int(answer["peer_bytes"]), str(answer["digest"])))
+    for proc in procs:
+        assert proc.stdin is not None
+        proc.stdin.close()  # the node stops serving and ends
+    for host, proc in zip(hosts, procs, strict=True):
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            raise RuntimeError(f"the cache on {host} did not end") from None
+    return out
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -327,11 +364,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--nodes", type=int, default=4)
     p.add_argument("--size-mib", type=float, default=32.0)
     p.add_argument("--rate-mbit", type=float, default=100.0)
+    p.add_argument("--no-peers", action="store_true",
+                   help="node caches neither serve nor use each other (the baseline)")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="blobha-fanout-") as tmp:
         try:
-            result = run_fanout(args.nodes, args.size_mib, args.rate_mbit, Path(tmp))
+            result = run_fanout(args.nodes, args.size_mib, args.rate_mbit, Path(tmp),
+                                peers=not args.no_peers)
         except FanoutRefused as e:
             print(f"blobha fanout: {e}", file=sys.stderr)
             return 2

@@ -362,6 +362,52 @@ class ReplicationStatus(_message.Message):
     holders: _containers.RepeatedScalarFieldContainer[str]
     def __init__(self, key: _Optional[str] = ..., version: _Optional[int] = ..., replication: _Optional[int] = ..., replication_factor: _Optional[int] = ..., holders: _Optional[_Iterable[str]] = ...) -> None: ...
 
+class PeerPlanRequest(_message.Message):
+    __slots__ = ("key", "version", "peer_address", "complete", "min_version", "view")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    PEER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    COMPLETE_FIELD_NUMBER: _ClassVar[int]
+    MIN_VERSION_FIELD_NUMBER: _ClassVar[int]
+    VIEW_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    version: int
+    peer_address: str
+    complete: bool
+    min_version: MinVersion
+    view: ReadView
+    def __init__(self, key: _Optional[str] = ..., version: _Optional[int] = ..., peer_address: _Optional[str] = ..., complete: _Optional[bool] = ..., min_version: _Optional[_Union[MinVersion, _Mapping]] = ..., view: _Optional[_Union[ReadView, str]] = ...) -> None: ...
+
+class PeerPlanResponse(_message.Message):
+    __slots__ = ("version", "size", "digest", "created_at", "chunk_size", "chunk_digests", "replicas", "peers", "version_key", "grant_user", "grant_expires", "grant_mac", "ordinal")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    DIGEST_FIELD_NUMBER: _ClassVar[int]
+    CREATED_AT_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_SIZE_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_DIGESTS_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    PEERS_FIELD_NUMBER: _ClassVar[int]
+    VERSION_KEY_FIELD_NUMBER: _ClassVar[int]
+    GRANT_USER_FIELD_NUMBER: _ClassVar[int]
+    GRANT_EXPIRES_FIELD_NUMBER: _ClassVar[int]
+    GRANT_MAC_FIELD_NUMBER: _ClassVar[int]
+    ORDINAL_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    size: int
+    digest: str
+    created_at: float
+    chunk_size: int
+    chunk_digests: _containers.RepeatedScalarFieldContainer[str]
+    replicas: _containers.RepeatedScalarFieldContainer[str]
+    peers: _containers.RepeatedScalarFieldContainer[str]
+    version_key: bytes
+    grant_user: str
+    grant_expires: float
+    grant_mac: str
+    ordinal: int
+    def __init__(self, version: _Optional[int] = ..., size: _Optional[int] = ..., digest: _Optional[str] = ..., created_at: _Optional[float] = ..., chunk_size: _Optional[int] = ..., chunk_digests: _Optional[_Iterable[str]] = ..., replicas: _Optional[_Iterable[str]] = ..., peers: _Optional[_Iterable[str]] = ..., version_key: _Optional[bytes] = ..., grant_user: _Optional[str] = ..., grant_expires: _Optional[float] = ..., grant_mac: _Optional[str] = ..., ordinal: _Optional[int] = ...) -> None: ...
+
 class WaitForReplicationRequest(_message.Message):
     __slots__ = ("keys", "min_replication", "timeout_secs")
     KEYS_FIELD_NUMBER: _ClassVar[int]

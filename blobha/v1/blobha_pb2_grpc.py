@@ -114,6 +114,11 @@ class BlobStoreStub:
                 request_serializer=blobha_dot_v1_dot_blobha__pb2.GetReplicationRequest.SerializeToString,
                 response_deserializer=blobha_dot_v1_dot_blobha__pb2.ReplicationStatus.FromString,
                 _registered_method=True)
+        self.PeerPlan = channel.unary_unary(
+                '/blobha.v1.BlobStore/PeerPlan',
+                request_serializer=blobha_dot_v1_dot_blobha__pb2.PeerPlanRequest.SerializeToString,
+                response_deserializer=blobha_dot_v1_dot_blobha__pb2.PeerPlanResponse.FromString,
+                _registered_method=True)
         self.WaitForReplication = channel.unary_unary(
                 '/blobha.v1.BlobStore/WaitForReplication',
                 request_serializer=blobha_dot_v1_dot_blobha__pb2.WaitForReplicationRequest.SerializeToString,
@@ -260,6 +265,15 @@ class BlobStoreServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PeerPlan(self, request, context):
+        """A node cache's plan to fetch a version from its peers and the replicas (READ, as for
+        Download): the version's chunk digests, some caches holding it, and a grant those
+        caches accept. The caller announces itself as a holder when it gives its address.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def WaitForReplication(self, request, context):
         """Answered by the server from ZooKeeper watches: returns when every key reached the minimum
         or when the deadline passes (reached=false), never earlier.
@@ -380,6 +394,11 @@ def add_BlobStoreServicer_to_server(servicer, server):
                     servicer.GetReplication,
                     request_deserializer=blobha_dot_v1_dot_blobha__pb2.GetReplicationRequest.FromString,
                     response_serializer=blobha_dot_v1_dot_blobha__pb2.ReplicationStatus.SerializeToString,
+            ),
+            'PeerPlan': grpc.unary_unary_rpc_method_handler(
+                    servicer.PeerPlan,
+                    request_deserializer=blobha_dot_v1_dot_blobha__pb2.PeerPlanRequest.FromString,
+                    response_serializer=blobha_dot_v1_dot_blobha__pb2.PeerPlanResponse.SerializeToString,
             ),
             'WaitForReplication': grpc.unary_unary_rpc_method_handler(
                     servicer.WaitForReplication,
@@ -839,6 +858,33 @@ class BlobStore:
             '/blobha.v1.BlobStore/GetReplication',
             blobha_dot_v1_dot_blobha__pb2.GetReplicationRequest.SerializeToString,
             blobha_dot_v1_dot_blobha__pb2.ReplicationStatus.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PeerPlan(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/blobha.v1.BlobStore/PeerPlan',
+            blobha_dot_v1_dot_blobha__pb2.PeerPlanRequest.SerializeToString,
+            blobha_dot_v1_dot_blobha__pb2.PeerPlanResponse.FromString,
             options,
             channel_credentials,
             insecure,

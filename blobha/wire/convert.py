@@ -16,13 +16,14 @@ from blobha.wire.status import (
     ClusterSummary,
     JobToken,
     MasterSummary,
+    PeerPlan,
     ReplicationStatus,
     WaitResult,
 )
 
 
 def min_version_from_pb(request: pb.DownloadRequest | pb.GetMetaRequest
-                        | pb.GetReplicationRequest) -> MinVersion | None:
+                        | pb.GetReplicationRequest | pb.PeerPlanRequest) -> MinVersion | None:
     """The request's minimum view of its key (None: any will do, as older clients ask)."""
     if not request.HasField("min_version"):
         return None
@@ -31,7 +32,7 @@ def min_version_from_pb(request: pb.DownloadRequest | pb.GetMetaRequest
 
 
 def view_from_pb(request: pb.DownloadRequest | pb.GetMetaRequest | pb.GetReplicationRequest
-                 ) -> View:
+                 | pb.PeerPlanRequest) -> View:
     """The request's :class:`View` (SESSION when unset, as older clients ask)."""
     try:
         return View(request.view)
@@ -126,3 +127,18 @@ def job_token_to_pb(t: JobToken) -> pb.JobToken:
 def job_token_from_pb(m: pb.JobToken) -> JobToken:
     return JobToken(token=m.token, token_id=m.token_id, expires_at=m.expires_at,
                     keys=tuple(m.keys), user=m.user)
+
+
+def peer_plan_to_pb(plan: PeerPlan) -> pb.PeerPlanResponse:
+    return pb.PeerPlanResponse(
+        version=plan.version, size=plan.size, digest=plan.digest, created_at=plan.created_at,
+        chunk_size=plan.chunk_size, chunk_digests=list(plan.chunk_digests),
+        replicas=list(plan.replicas), peers=list(plan.peers), version_key=plan.version_key,
+        grant_user=plan.grant_user, grant_expires=plan.grant_expires, grant_mac=plan.grant_mac,
+        ordinal=plan.ordinal)
+
+
+def peer_plan_from_pb(key: str, m: pb.PeerPlanResponse) -> PeerPlan:
+    return PeerPlan(key, m.version, m.size, m.digest, m.created_at, m.chunk_size,
+                    tuple(m.chunk_digests), tuple(m.replicas), tuple(m.peers),
+                    bytes(m.version_key), m.grant_user, m.grant_expires, m.grant_mac, m.ordinal)

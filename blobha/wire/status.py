@@ -113,3 +113,27 @@ class JobToken:
         # The token is a secret: never in a log line or a traceback's locals.
         return (f"JobToken(token_id={self.token_id!r}, expires_at={self.expires_at!r},"
                 f" keys={self.keys!r}, user={self.user!r})")
+
+
+@dataclass(frozen=True)
+class PeerPlan:
+    """What a node cache needs to fetch one version from its peers and the replicas."""
+
+    key: str
+    version: int
+    size: int
+    digest: str
+    created_at: float
+    chunk_size: int
+    chunk_digests: tuple[str, ...]
+    #: gRPC host:port of the live masters holding the version.
+    replicas: tuple[str, ...]
+    #: host:port of caches that hold or fetch the version (never the caller).
+    peers: tuple[str, ...]
+    #: The key grants for this version verify under (blobha.core.grants.version_key).
+    version_key: bytes
+    grant_user: str
+    grant_expires: float
+    grant_mac: str
+    #: Caches that announced the version to this master before the caller (see the proto).
+    ordinal: int = 0

@@ -45,7 +45,8 @@ PUBLIC = {
 #: Loggers operators route by name (the audit log to its own file, say). A module that moves
 #: keeps its logger's name.
 LOGGERS = {
-    "blobha.audit", "blobha.auth", "blobha.bench_spark", "blobha.cache", "blobha.dataplane",
+    "blobha.audit", "blobha.auth", "blobha.bench_spark", "blobha.cache", "blobha.cache.peers",
+    "blobha.dataplane",
     "blobha.groupcommit", "blobha.health", "blobha.interceptor", "blobha.leader.election",
     "blobha.master", "blobha.metrics", "blobha.scrub", "blobha.segments", "blobha.service",
     "blobha.spark", "blobha.stallwatch", "blobha.statuspage", "blobha.store",

@@ -62,6 +62,18 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
 
 
 @pytest.fixture
+def mtls(tmp_path: Path) -> Iterator[LocalCluster]:
+    """A 2-master cluster with TLS and client certificates (auth.mode mtls)."""
+    c = LocalCluster(tmp_path / "mtls", nodes=2, base_port=0, overrides=FAST, tls=True,
+                     auth="mtls")
+    try:
+        c.start()
+        yield c
+    finally:
+        c.stop()
+
+
+@pytest.fixture
 def fresh_cluster(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[LocalCluster]:
     """A cluster of the test's own; settings of its own come as the fixture's parameter
     (``@pytest.mark.parametrize("fresh_cluster", [{key: value}], indirect=True)``)."""

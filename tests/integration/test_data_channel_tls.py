@@ -8,11 +8,10 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from blobha.sync.peers import CHANNEL_OPTIONS
-from clusters import FAST, running_cluster
+from clusters import running_cluster
 from conftest import scrape, value, wait_until
 
 from blobha.client import Client
@@ -114,17 +113,6 @@ def test_a_client_whose_channel_handshake_fails_reads_through_grpc(
         assert "TLS certificate not trusted" in caplog.text
         assert "use the gRPC stream for the next" in caplog.text
         assert total(secure, SENT) == before
-
-
-@pytest.fixture
-def mtls(tmp_path: Path) -> Iterator[LocalCluster]:
-    c = LocalCluster(tmp_path / "mtls", nodes=2, base_port=0, overrides=FAST, tls=True,
-                     auth="mtls")
-    try:
-        c.start()
-        yield c
-    finally:
-        c.stop()
 
 
 def test_in_mtls_mode_the_channel_wants_a_client_certificate(mtls: LocalCluster) -> None:

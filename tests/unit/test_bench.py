@@ -371,3 +371,16 @@ def test_disk_write_baseline_cleans_up(tmp_path: Path) -> None:
     secs = bench.disk_write_secs(tmp_path, 3 * 1024 * 1024 + 7, block=1024 * 1024)
     assert secs > 0
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_fanout_group_runs_only_when_named_and_only_as_root(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    from blobha.ops.bench import options, runner
+
+    assert "fanout" not in options.parse_metrics("all")
+    assert options.parse_metrics("fanout") == ("fanout",)
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    assert runner.main(None, False, False, metrics="fanout") == 2
+    assert "run it as root" in capsys.readouterr().err
+    assert runner.main(None, True, False, metrics="fanout,scale") == 2
+    assert "runs alone" in capsys.readouterr().err

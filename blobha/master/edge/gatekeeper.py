@@ -54,7 +54,7 @@ def _peer_names(context: grpc.ServicerContext) -> Mapping[str, Sequence[str]]:
 #: What a job token may call: reads of keys in its scope (the request's ``key``, or all its
 #: ``keys``), and the cluster's status, which names no key. Anything else (every write, List,
 #: the masters' FetchVersions, issuing or revoking tokens) is refused.
-_SCOPED_KEY_READS = frozenset({"GetMeta", "Download", "GetReplication"})
+_SCOPED_KEY_READS = frozenset({"GetMeta", "Download", "GetReplication", "PeerPlan"})
 _SCOPED_MANY_KEY_READS = frozenset({"WaitForReplication"})
 _SCOPED_STATUS = frozenset({"ClusterSummary", "NodeStatus"})
 

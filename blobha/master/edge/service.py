@@ -36,6 +36,7 @@ from blobha.wire.convert import (
     job_token_to_pb,
     master_to_pb,
     min_version_from_pb,
+    peer_plan_to_pb,
     replication_to_pb,
     view_from_pb,
 )
@@ -400,6 +401,13 @@ class BlobStoreServicer(pb_grpc.BlobStoreServicer):
                        ) -> pb.ReplicationStatus:
         return replication_to_pb(self.master.get_replication(
             user_of(context), request.key, min_version_from_pb(request), view_from_pb(request)))
+
+    @unary
+    def PeerPlan(self, request: pb.PeerPlanRequest, context: grpc.ServicerContext
+                 ) -> pb.PeerPlanResponse:
+        return peer_plan_to_pb(self.master.peer_plan(
+            user_of(context), request.key, request.version, request.peer_address,
+            request.complete, min_version_from_pb(request), view_from_pb(request)))
 
     @unary
     def WaitForReplication(self, request: pb.WaitForReplicationRequest,

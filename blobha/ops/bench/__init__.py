@@ -60,6 +60,12 @@ Metric groups (``--metrics`` picks a subset; every metric name starts with its g
     synchronous ZooKeeper creates, the replica registrations it cannot avoid). Measured at rest:
     before the memory figures, every master must hold every key. ``scale_keys`` reports the
     count actually measured.
+``fanout`` (root; only when named, and alone: ``--metrics fanout``)
+    :mod:`blobha.ops.fanout` in network namespaces of its own (ZooKeeper, 3 masters and 8
+    nodes, 200 Mbit/s links shaped with tc): one node's cache fetches a ``--spark-size-mb``
+    blob alone, then all 8 at once with peer serving on. Reported against the one-node time:
+    the all-nodes, median and slowest node times; against the blob's size: the masters'
+    egress, in all and each. Needs no ``--local`` or ``--cluster``.
 
 A remote cluster (``--cluster``) gets the metrics that need no master process of our own; its
 ZooKeeper baselines need ``--zookeeper HOST:PORT`` (otherwise they are reported as 0, ratio

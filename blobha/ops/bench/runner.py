@@ -120,6 +120,15 @@ def main(
     tls: bool = False,
 ) -> int:
     """``blobha bench``; returns the exit status."""
+    if metrics is not None and "fanout" in {m.strip() for m in metrics.split(",")}:
+        if {m.strip() for m in metrics.split(",")} != {"fanout"}:
+            print("blobha: error: --metrics fanout runs alone (its cluster lives in network"
+                  " namespaces of its own)", file=sys.stderr)
+            return 2
+        from blobha.ops.bench.fanout import run_fanout_group
+
+        # The blob every executor's node gets: --spark-size-mb (default 256 MiB).
+        return run_fanout_group(spark_size_mb, as_json)
     if not local and not cluster:
         print("blobha: error: give --local or --cluster", file=sys.stderr)
         return 2
