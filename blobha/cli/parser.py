@@ -66,6 +66,16 @@ def _seconds(text: str) -> float:
         ) from None
 
 
+def _rate(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a positive number of Mbit/s, got {text!r}")
+    return value
+
+
 def _port(text: str) -> int:
     """A port, or 0 for "pick free ports"."""
     try:
@@ -347,9 +357,20 @@ def build_parser() -> argparse.ArgumentParser:
                         " small_ops_w2_per_s, replication_latency_w2_ms, upload_tls_mbps,"
                         " download_tls_mbps, spark, spark_env_start,"
                         " failover_term_s, failover_kill_s, failover_kill_restart_s, scale"
-                        " (default: all)")
+                        " (default: all); fanout only when named, alone (see --fanout)")
     p.add_argument("--spark-size-mb", type=_positive_int, default=256, metavar="MIB",
-                   help="size of the blob every Spark executor gets (default 256)")
+                   help="size of the blob every Spark executor gets, and every node of"
+                        " --fanout (default 256)")
+    p.add_argument("--fanout", action="store_true",
+                   help="the fan-out benchmark (root only; alone, as --metrics fanout): N node"
+                        " caches fetch one blob at once, every host in a network namespace of"
+                        " its own behind a tc-shaped link")
+    p.add_argument("--nodes", type=_positive_int, default=8, metavar="N",
+                   help="with --fanout: node caches (default 8)")
+    p.add_argument("--rate-mbit", type=_rate, default=200.0, metavar="MBIT",
+                   help="with --fanout: every link's rate, Mbit/s (default 200)")
+    p.add_argument("--no-peers", action="store_true",
+                   help="with --fanout: the caches do not serve each other (the baseline)")
     p.add_argument("--spark-env-size-mb", type=_positive_int, default=320, metavar="MIB",
                    help="size of the packed Python environment of spark_env_start"
                         " (default 320)")

@@ -67,7 +67,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return int(run(
         cluster, args.local, args.json, count=args.count, size_mb=args.size_mb,
         small_ops_seconds=args.small_ops_seconds, scale_keys=args.scale_keys,
-        repeat=args.repeat, metrics=args.metrics, zookeeper=args.zookeeper,
-        baseline_dir=args.baseline_dir, spark_size_mb=args.spark_size_mb,
-        spark_env_size_mb=args.spark_env_size_mb, tls=args.tls,
+        repeat=args.repeat, metrics="fanout" if args.fanout else args.metrics,
+        zookeeper=args.zookeeper, baseline_dir=args.baseline_dir,
+        spark_size_mb=args.spark_size_mb, spark_env_size_mb=args.spark_env_size_mb,
+        tls=args.tls, fanout_nodes=args.nodes, fanout_rate_mbit=args.rate_mbit,
+        fanout_peers=not args.no_peers,
     ))

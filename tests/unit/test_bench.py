@@ -253,6 +253,7 @@ def test_cli_bench_options_reach_main(monkeypatch: pytest.MonkeyPatch) -> None:
         "small_ops_seconds": 0.5, "scale_keys": 200, "repeat": 1,
         "metrics": "scale,upload_mbps", "zookeeper": None, "baseline_dir": None,
         "spark_size_mb": 8, "spark_env_size_mb": 16, "tls": True,
+        "fanout_nodes": 8, "fanout_rate_mbit": 200.0, "fanout_peers": True,
     }
 
 
@@ -384,3 +385,20 @@ def test_the_fanout_group_runs_only_when_named_and_only_as_root(
     assert "run it as root" in capsys.readouterr().err
     assert runner.main(None, True, False, metrics="fanout,scale") == 2
     assert "runs alone" in capsys.readouterr().err
+
+
+def test_bench_fanout_is_the_fanout_group_with_its_own_options(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from blobha.cli import main
+    from blobha.ops.bench import fanout
+
+    ran: list[tuple[object, ...]] = []
+    monkeypatch.setattr(fanout, "run_fanout_group",
+                        lambda *a: ran.append(a) or 0)  # type: ignore[func-returns-value]
+    assert main(["bench", "--fanout", "--nodes", "4", "--rate-mbit", "100",
+                 "--spark-size-mb", "32", "--no-peers", "--json"]) == 0
+    assert main(["bench", "--fanout"]) == 0
+    assert ran[0] == (32, True, 4, 100.0, False)
+    assert ran[1][0] == 256 and not ran[1][1] and ran[1][2:] == (8, 200.0, True)
+    assert main(["bench", "--fanout", "--rate-mbit", "0"]) == 2
+    assert len(ran) == 2

@@ -118,6 +118,9 @@ def main(
     spark_size_mb: int = 256,
     spark_env_size_mb: int = 320,
     tls: bool = False,
+    fanout_nodes: int = 8,
+    fanout_rate_mbit: float = 200.0,
+    fanout_peers: bool = True,
 ) -> int:
     """``blobha bench``; returns the exit status."""
     if metrics is not None and "fanout" in {m.strip() for m in metrics.split(",")}:
@@ -128,7 +131,8 @@ def main(
         from blobha.ops.bench.fanout import run_fanout_group
 
         # The blob every executor's node gets: --spark-size-mb (default 256 MiB).
-        return run_fanout_group(spark_size_mb, as_json)
+        return run_fanout_group(spark_size_mb, as_json, fanout_nodes, fanout_rate_mbit,
+                                fanout_peers)
     if not local and not cluster:
         print("blobha: error: give --local or --cluster", file=sys.stderr)
         return 2
