@@ -304,12 +304,14 @@ def test_forwards_ride_a_few_stage_links_not_a_call_each(cluster: LocalCluster,
         return (value(after[m.address], name, **labels)
                 - value(before[m.address], name, **labels))
 
-    # One forward per write (W-1 = 1 holder), each batch over a link, none over gRPC.
-    assert grew(leader, "blobha_forwarded_versions_total") == 20
-    assert grew(leader, "blobha_forward_calls_total", path="link") == 20
+    # One forward per write (W-1 = 1 holder; a hedge to the spare when the machine is slow
+    # adds one), every batch over a link, none over gRPC.
+    forwarded = grew(leader, "blobha_forwarded_versions_total")
+    assert 20 <= forwarded < 40, forwarded
+    assert grew(leader, "blobha_forward_calls_total", path="link") == forwarded
     assert grew(leader, "blobha_forward_calls_total", path="grpc") == 0
     for m in holders:
         assert grew(m, "grpc_server_started_total", grpc_method="StageVersions") == 0
     # Links are kept and reused: a handful were opened for the twenty batches.
     opened = sum(grew(m, "blobha_data_channel_stage_links_total") for m in holders)
-    assert 1 <= opened <= 4, opened
+    assert 1 <= opened <= 8, opened
