@@ -312,6 +312,7 @@ def test_forwards_ride_a_few_stage_links_not_a_call_each(cluster: LocalCluster,
     assert grew(leader, "blobha_forward_calls_total", path="grpc") == 0
     for m in holders:
         assert grew(m, "grpc_server_started_total", grpc_method="StageVersions") == 0
-    # Links are kept and reused: a handful were opened for the twenty batches.
+    # Links are kept and reused: a handful at most were opened for the twenty batches (none
+    # when an earlier test's are still open).
     opened = sum(grew(m, "blobha_data_channel_stage_links_total") for m in holders)
-    assert 1 <= opened <= 8, opened
+    assert opened <= 8, opened
