@@ -172,13 +172,17 @@ class Peers:
         return self.links.stage(address, epoch, versions, timeout)
 
     def _begin_link(self, address: str, epoch: int, timeout: float) -> DataOffer | None:
+        reply = self._begin(address, pb.BeginStagingRequest(link=True, epoch=epoch), timeout)
+        return DataOffer(reply.data_port, reply.ticket) if reply.ticket else None
+
+    def _begin(self, address: str, request: pb.BeginStagingRequest, timeout: float
+               ) -> pb.UploadStatus:
         try:
-            reply = self._stub(address).BeginStaging(
-                pb.BeginStagingRequest(link=True, epoch=epoch), timeout=timeout,
-                metadata=self._metadata)
+            reply: pb.UploadStatus = self._stub(address).BeginStaging(
+                request, timeout=timeout, metadata=self._metadata)
         except grpc.RpcError as e:
             raise _error(e) from None
-        return DataOffer(reply.data_port, reply.ticket) if reply.ticket else None
+        return reply
 
     def _stage_call(self, address: str, epoch: int,
                     versions: Sequence[tuple[str, int, str, bytes]], timeout: float
@@ -201,12 +205,7 @@ class Peers:
         """Open a staging session for a streamed upload of ``key`` on ``address`` (see
         blobha.master.streamforward): its id, and the data channel it offers for the bytes
         (None: it has none, or this master cannot reach it now)."""
-        try:
-            reply = self._stub(address).BeginStaging(
-                pb.BeginStagingRequest(key=key, epoch=epoch), timeout=timeout,
-                metadata=self._metadata)
-        except grpc.RpcError as e:
-            raise _error(e) from None
+        reply = self._begin(address, pb.BeginStagingRequest(key=key, epoch=epoch), timeout)
         if not reply.ticket or not self._data_channels.usable(address):
             return reply.upload_id, None
         return reply.upload_id, DataOffer(reply.data_port, reply.ticket)

@@ -49,18 +49,22 @@ class StageLinks:
         A reused link that failed is tried once more on a new one (staging a version twice
         keeps one copy)."""
         deadline = self._clock() + timeout
+
+        def left() -> float:
+            return max(deadline - self._clock(), 0.001)
+
         reused = self._take(address)
         if reused is not None:
             try:
                 return self._over(address, reused, epoch, versions, timeout)
             except Unavailable as e:
                 log.debug("stage link to %s failed (%s); opening another", address, e)
-        link = self._open(address, epoch, max(deadline - self._clock(), 0.001))
+        link = self._open(address, epoch, left())
         if link is None:
             with self._lock:
                 self.over_grpc += 1
-            return self._call(address, epoch, versions, max(deadline - self._clock(), 0.001))
-        return self._over(address, link, epoch, versions, max(deadline - self._clock(), 0.001))
+            return self._call(address, epoch, versions, left())
+        return self._over(address, link, epoch, versions, left())
 
     def _over(self, address: str, link: StageLink, epoch: int, versions: Sequence[Version],
               timeout: float) -> list[bool]:

@@ -201,10 +201,7 @@ class Forwarder:
         calls = [call for holder, its in per_holder.items()
                  for call in self._send(holder, its, epoch)]
         return Forward(needs, calls, now, self.bound_secs, self.suspect, spares,
-                       functools.partial(self._send_later, epoch), by_key)
-
-    def _send_later(self, epoch: int, holder: str, items: list[Item]) -> list[Call]:
-        return self._send(holder, items, epoch)
+                       lambda holder, its: self._send(holder, its, epoch), by_key)
 
     def _send(self, holder: str, items: list[Item], epoch: int) -> list[Call]:
         """StageVersions calls carrying ``items`` to ``holder``, under the batch's epoch."""

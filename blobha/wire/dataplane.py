@@ -74,7 +74,8 @@ from blobha.core.errors import (
     from_status,
 )
 
-__all__ = ["DataChannelUnusable", "DataChannels", "DataOffer", "receive", "send_upload"]
+__all__ = ["DataChannelUnusable", "DataChannels", "DataOffer", "open_channel", "receive",
+           "send_upload"]
 
 log = logging.getLogger("blobha.dataplane")
 
@@ -136,7 +137,7 @@ def recv_exact(conn: socket.socket, n: int) -> bytes | None:
     return bytes(buf)
 
 
-def _open(host: str, port: int, ticket: bytes, timeout: float,
+def open_channel(host: str, port: int, ticket: bytes, timeout: float,
           tls: ssl.SSLContext | None = None) -> socket.socket:
     """A connection to the data channel at ``host:port`` that accepted ``ticket``: blocking,
     with kernel time limits of at most :data:`IO_TIMEOUT`; over TLS with ``tls`` (see
@@ -213,7 +214,7 @@ def receive(host: str, port: int, ticket: bytes, size: int, timeout: float,
     something else or is busy; :class:`KeyNotFound` ("not held here") when the master cannot
     serve the version after all; :class:`Unavailable` when it refuses the ticket or the
     transfer stops early (what arrived was handed on, so the caller resumes after it)."""
-    with _open(host, port, ticket, timeout, tls) as conn:
+    with open_channel(host, port, ticket, timeout, tls) as conn:
         buf = bytearray(min(RECEIVE_BYTES, size))
         view = memoryview(buf)
         # Woken once this much is queued, not for every segment: a wake-up per segment cost
@@ -260,7 +261,7 @@ def send_upload(host: str, port: int, ticket: bytes, timeout: float,
     the session gone: :class:`UploadNotFound`, ...) when it refused the bytes; and
     :class:`Unavailable` when the connection broke without an answer (the caller asks
     ``GetUploadStatus`` where to resume)."""
-    with _open(host, port, ticket, timeout, tls) as conn:
+    with open_channel(host, port, ticket, timeout, tls) as conn:
         sent = 0
         framed = isinstance(conn, ssl.SSLSocket)
         # poll, not select: a client may hold more than FD_SETSIZE descriptors.

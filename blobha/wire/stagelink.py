@@ -33,7 +33,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from blobha.core.errors import BlobError, InvalidArgument, Unavailable, from_status
-from blobha.wire.dataplane import FAILED, OK, _open, recv_exact, time_limit
+from blobha.wire.dataplane import FAILED, IO_TIMEOUT, OK, open_channel, recv_exact, time_limit
 
 __all__ = ["CLIENT_IDLE_SECS", "SERVER_IDLE_SECS", "StageLink", "open_stage_link",
            "serve_stage_link"]
@@ -116,7 +116,7 @@ def open_stage_link(host: str, port: int, ticket: bytes, timeout: float,
                     tls: ssl.SSLContext | None = None) -> StageLink:
     """A link to the data channel at ``host:port`` that accepted ``ticket``. Raises what
     :func:`blobha.wire.dataplane.receive` raises for a channel it cannot use."""
-    conn = _open(host, port, ticket, timeout, tls)
+    conn = open_channel(host, port, ticket, timeout, tls)
     conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     return StageLink(conn, f"{host}:{port}")
 
@@ -157,7 +157,7 @@ def serve_stage_link(conn: socket.socket, user: str, stage: Stage,
             return served
         if n > MAX_HEADER:
             raise OSError(f"a stage link header of {n} bytes; at most {MAX_HEADER}")
-        time_limit(conn, 30.0)  # the rest of a batch comes at once
+        time_limit(conn, IO_TIMEOUT)  # the rest of a batch comes at once
         raw = recv_exact(conn, n)
         if raw is None:
             return served

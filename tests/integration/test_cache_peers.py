@@ -43,6 +43,13 @@ def _peer(cluster: LocalCluster, key: str, path: Path, server_cls: type[PeerServ
     return server
 
 
+def _good_peer(cluster: LocalCluster, key: str, data: bytes, tmp_path: Path) -> PeerServer:
+    """A peer holding a true copy of ``data``."""
+    good = tmp_path / "good"
+    good.write_bytes(data)
+    return _peer(cluster, key, good)
+
+
 @pytest.fixture
 def blob(cluster: LocalCluster, tmp_path: Path, request: pytest.FixtureRequest
          ) -> Iterator[tuple[str, bytes]]:
@@ -62,9 +69,7 @@ def _fetch(cluster: LocalCluster, root: Path, key: str, user: str = "alice") -> 
 def test_pieces_come_from_a_peer(cluster: LocalCluster, tmp_path: Path,
                                  blob: tuple[str, bytes]) -> None:
     key, data = blob
-    good = tmp_path / "good"
-    good.write_bytes(data)
-    peer = _peer(cluster, key, good)
+    peer = _good_peer(cluster, key, data, tmp_path)
     try:
         before = Totals.peer_bytes
         assert digest_bytes(_fetch(cluster, tmp_path / "node", key)) == digest_bytes(data)
@@ -163,9 +168,7 @@ def _ask(peer: PeerServer, key: str, version: int, grant: Grant) -> wire.Answer:
 def test_no_piece_without_read_or_a_valid_grant(cluster: LocalCluster, tmp_path: Path,
                                                blob: tuple[str, bytes]) -> None:
     key, data = blob
-    good = tmp_path / "good"
-    good.write_bytes(data)
-    peer = _peer(cluster, key, good)
+    peer = _good_peer(cluster, key, data, tmp_path)
     try:
         # bob may not READ: no plan, so no grant, and no download at all.
         with pytest.raises(NotAuthorized):

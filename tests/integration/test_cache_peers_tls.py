@@ -22,6 +22,15 @@ pytestmark = pytest.mark.integration
 MiB = 1024 * 1024
 
 
+def _holding(alice: Client, key: str, data: bytes, peer: PeerServer, tmp_path: Path) -> None:
+    """``peer`` holds a copy of ``key``'s current version, announced to the masters."""
+    plan = alice.peer_plan(key, 0, peer.address, complete=True)
+    held = tmp_path / "held"
+    held.write_bytes(data)
+    peer.offer(Served(key, plan.version, plan.size, plan.chunk_size, plan.version_key, held,
+                      None))
+
+
 def test_pieces_cross_tls_between_caches_with_certificates(mtls: LocalCluster,
                                                            tmp_path: Path) -> None:
     data = os.urandom(4 * MiB)
@@ -33,11 +42,7 @@ def test_pieces_cross_tls_between_caches_with_certificates(mtls: LocalCluster,
         peer = PeerServer(PeerSettings(), "127.0.0.1",
                           server_context(creds.cert, creds.key, creds.ca, False))
         try:
-            plan = alice.peer_plan("tls-peers", 0, peer.address, complete=True)
-            held = tmp_path / "held"
-            held.write_bytes(data)
-            peer.offer(Served("tls-peers", plan.version, plan.size, plan.chunk_size,
-                              plan.version_key, held, None))
+            _holding(alice, "tls-peers", data, peer, tmp_path)
             before = Totals.peer_bytes
             with BlobCache(tmp_path / "node", client=alice, peers=True) as cache:
                 assert cache.get("tls-peers").path.read_bytes() == data
@@ -60,11 +65,7 @@ def test_without_a_certificate_a_cache_on_a_tls_cluster_uses_no_peers(
             # A plaintext peer that says it holds the version.
             peer = PeerServer(PeerSettings(), "127.0.0.1")
             try:
-                plan = alice.peer_plan("tls-no-cert", 0, peer.address, complete=True)
-                held = tmp_path / "held"
-                held.write_bytes(data)
-                peer.offer(Served("tls-no-cert", plan.version, plan.size, plan.chunk_size,
-                                  plan.version_key, held, None))
+                _holding(alice, "tls-no-cert", data, peer, tmp_path)
                 before = Totals.peer_bytes
                 with BlobCache(tmp_path / "node", client=alice, peers=True) as cache:
                     assert cache.get("tls-no-cert").path.read_bytes() == data
