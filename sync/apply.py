@@ -137,6 +137,7 @@ class Executor:
         to_fetch: list[Wanted] = []
         to_register: list[tuple[str, int]] = []
         read_mark = self.view.read_mark()  # before the reads are sent
+        heard = self.view.heard_mark()
         reads = self.reader.read_many(keys, armed, listless)
         seen: list[str] = []
         for key, read in reads.items():
@@ -151,7 +152,7 @@ class Executor:
                     continue
                 seen.append(key)
                 outcome = self.settle(key, *read, read_mark=read_mark,
-                                      from_events=key in listless)
+                                      from_events=key in listless, heard=heard)
                 if isinstance(outcome, tuple):
                     to_fetch.append((key, outcome[0], outcome[1]))
                 elif outcome is not None:
@@ -203,21 +204,22 @@ class Executor:
     # ---- one key -------------------------------------------------------------------------
 
     def settle(self, key: str, data: bytes, stat: Any, names: list[str], read_mark: int = -1,
-               from_events: bool = False) -> Outcome:
+               from_events: bool = False, heard: int = -1) -> Outcome:
         """Reconcile ``key`` under its lock, from a read sent when this master's commit count
         was ``read_mark`` (-1: unknown). A commit this master made to the key since may be
         missing from the read, and acting on it could delete the new version: a key deleted
         and created again reuses its version numbers, so an old read of the same version
         number finds "our" copy wrong, removes it, and its replica node with it. Such a key is
-        looked at again, with a read sent after that commit."""
+        looked at again, with a read sent after that commit. ``heard``: the count of changes
+        announced when the read was sent (ReplicaView.heard_mark; -1: unknown)."""
         with self.guard.key_lock(key):
             if not self.view.read_is_current(key, read_mark, spend=True):
                 self.queue.put(key)  # runs once this batch lets go of the key
                 return None
-            return self._settle_read(key, data, stat, names, from_events)
+            return self._settle_read(key, data, stat, names, from_events, heard)
 
     def _settle_read(self, key: str, data: bytes, stat: Any, names: list[str],
-                     from_events: bool = False) -> Outcome:
+                     from_events: bool = False, heard: int = -1) -> Outcome:
         """Bring ``key`` in line with what ZooKeeper says, except for the slow parts, which it
         returns (see Outcome). ``from_events``: ``names`` is empty, and the replica list is
         the events held since the key's creation."""
@@ -225,7 +227,7 @@ class Executor:
         session = self.registry.session_id()
         holders, registered, unchanged = self._store_read(key, state, data, stat.version,
                                                           holders_of(names, state.seq), session,
-                                                          from_events)
+                                                          from_events, heard)
         self._deleted_since.pop(key, None)
         trusted = bool(unchanged and registered == session and session)
         own = tuple((name, parsed[1]) for name in names
@@ -238,8 +240,8 @@ class Executor:
         return self._carry_out(key, state, holders, plan)
 
     def _store_read(self, key: str, state: BlobState, data: bytes, meta_version: int,
-                    holders: tuple[str, ...], session: int, from_events: bool
-                    ) -> tuple[tuple[str, ...], int, bool]:
+                    holders: tuple[str, ...], session: int, from_events: bool,
+                    heard: int = -1) -> tuple[tuple[str, ...], int, bool]:
         """Store what a read found as the key's entry; (the holders to decide by, the session
         our node is known registered in, whether the record is as the entry had it)."""
         packed = pack(data)
@@ -260,6 +262,7 @@ class Executor:
             stored = view.entries[key] = Entry(packed, meta_version, state.seq,
                                                state.replication_factor, state.acked, holders,
                                                registered)
+            view.caught_up(key, heard)
             # Events that came while the key was read, replayed in order onto what the read
             # found: each sets one node present or absent, so those the read already saw
             # change nothing, and the result is the list as of the last event. Applied to the

@@ -106,6 +106,9 @@ class ChangeFeed:
         #: per path, and `self.on_event` makes a new object on each access (64 bytes per key
         #: held for as long as the watch is armed, on every master).
         self.watcher = self.on_event
+        # Connections made, and the one the recursive watch was last armed on (see watch_tree).
+        self._connects = 0
+        self._armed_for = 0
 
     def _has_work(self, key: str, entry: Entry, known: set[str], leader: bool) -> bool:
         return has_work(self.identity, key, entry, known, leader, session_of(self.zk))
@@ -116,6 +119,8 @@ class ChangeFeed:
         with self.view.lock:
             self.view.flight.born.clear()
         if state == KazooState.CONNECTED:
+            self._connects += 1
+            self.view.reconnected()
             # kazoo does not re-send watches after a reconnect, even within one session: look
             # at everything again, which re-arms them.
             self.wake.ask_full()
@@ -123,11 +128,17 @@ class ChangeFeed:
     def watch_tree(self) -> None:
         """Arm the persistent recursive watch on /blobstore for this connection (called before
         each full reconcile, whose reads then cover whatever changed while it was not armed)."""
+        connection = self._connects
         try:
             # Inline: on_tree takes a lock and queues, nothing more; on kazoo's callback
             # thread each of the several events per write cost a hand-over between threads.
             add_recursive_watch(self.zk, BLOBSTORE, self.on_tree,
                                 timeout=self.settings.read_timeout, inline=True)
+            if connection != self._armed_for:
+                # Changes between the reconnect and now were announced to nobody: a read sent
+                # before the watch does not bring an entry up to date, one sent after does.
+                self._armed_for = connection
+                self.view.reconnected()
         except UnimplementedError as e:
             # What a server before 3.6 answers an operation it does not know. Anything else
             # (a lost connection, a server error) is retried by the caller.
@@ -151,6 +162,8 @@ class ChangeFeed:
         key, sep, name = path[len(BLOBSTORE) + 1:].partition("/")
         view, flight = self.view, self.view.flight
         if not sep:
+            if event.type != EventType.CREATED or not self.guard.is_leader():
+                view.heard(key)
             if event.type == EventType.DELETED:
                 with view.lock:
                     flight.born.pop(key, None)
@@ -219,6 +232,7 @@ class ChangeFeed:
                     event.path, watch=self.watcher if arm else None).rawlink(
                     functools.partial(self.replicas_read, key, event.path, armed=arm))
                 return
+            self.view.heard(key)
             self.queue.put(key)
 
     def replicas_read(self, key: str, path: str, result: Any, armed: bool = False) -> None:

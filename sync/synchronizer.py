@@ -106,6 +106,11 @@ class Synchronizer:
     def views(self) -> dict[str, KeyView]:
         return self.replicas.views()
 
+    def keys_behind(self) -> tuple[int, int]:
+        """Keys whose view awaits a read of an announced change (see ReplicaView.unread),
+        and of those, the keys not read since the latest reconnect."""
+        return self.replicas.behind()
+
     def figures(self) -> tuple[int, int, int]:
         """(keys, keys with fewer holders than their replication factor, keys this master
         should hold but lacks); see ReplicaView.figures."""

@@ -23,6 +23,9 @@ class KeyView:
     state: BlobState
     #: Addresses of the masters holding ``state.seq``, sorted.
     holders: tuple[str, ...]
+    #: Whether ZooKeeper announced a change of the key that this view does not hold yet (or
+    #: the connection it was read over has dropped since, and it was not read again).
+    behind: bool = False
 
 
 #: A typical metadata record, as preset dictionary for packing records in memory: the field
@@ -70,9 +73,9 @@ class Entry:
         #: The ZooKeeper session in which our replica node of ``seq`` was verified (0: not).
         self.registered = registered
 
-    def view(self) -> KeyView:
+    def view(self, behind: bool = False) -> KeyView:
         state = BlobState.decode(unpack(self.data), self.meta_version)
-        return KeyView(state, self.holders)
+        return KeyView(state, self.holders, behind)
 
 
 # Canonical holder tuples: nearly every key has the same few holder sets (with three masters,
@@ -153,6 +156,14 @@ class ReplicaView:
         #: events held in ``flight.born`` since creating()), with its version: the commit
         #: path's follow() then queues no reconcile.
         self.made_here: dict[str, int] = {}
+        #: Changes ZooKeeper announced (a key's node created, changed or deleted) not yet
+        #: followed by a read of the key: per key, the count of announcements at the last one
+        #: (see heard, unread). While ZooKeeper is out of reach, a view with one is never served
+        #: as the latest: a newer version may have been committed and acknowledged.
+        self.announced = 0
+        self.unread: dict[str, int] = {}
+        #: The count of announcements at the latest reconnect (see reconnected).
+        self._reconnect_mark = -1
         # The last figures: (generation, masters known), when the view behind them was read
         # (monotonic clock), and the figures. Guarded by figures_lock.
         self._figures: tuple[tuple[int, frozenset[str]], float, tuple[int, int, int]] | None = (
@@ -170,7 +181,8 @@ class ReplicaView:
     def view(self, key: str) -> KeyView | None:
         with self.lock:
             entry = self.entries.get(key)
-        return entry.view() if entry is not None else None
+            behind = key in self.unread
+        return entry.view(behind) if entry is not None else None
 
     def views(self) -> dict[str, KeyView]:
         with self.lock:
@@ -180,6 +192,14 @@ class ReplicaView:
     def keys(self) -> set[str]:
         with self.lock:
             return set(self.entries)
+
+    def behind(self) -> tuple[int, int]:
+        """How many keys' entries miss an announced change (see unread), and how many of
+        those were not read since the latest reconnect (0 once its full reconcile read
+        them: the rest is the lag of changes as they come)."""
+        with self.lock:
+            mark = self._reconnect_mark
+            return len(self.unread), sum(1 for v in self.unread.values() if v <= mark)
 
     def figures(self) -> tuple[int, int, int]:
         """(keys, keys with fewer holders than their replication factor, keys this master
@@ -296,9 +316,36 @@ class ReplicaView:
                 entry.registered = 0
                 self.set_holder(entry, self.identity, False)
 
+    def heard(self, key: str) -> None:
+        """ZooKeeper announced a change of ``key``'s node: its entry is behind until a read
+        sent after now is stored (:meth:`caught_up`)."""
+        with self.lock:
+            self.announced += 1
+            self.unread[key] = self.announced
+
+    def reconnected(self) -> None:
+        """A new connection to ZooKeeper: changes made while there was none were announced to
+        nobody, so every entry is behind until read again (the reconnect's full reconcile)."""
+        with self.lock:
+            self.announced += 1
+            self._reconnect_mark = self.announced
+            self.unread.update(dict.fromkeys(self.entries, self.announced))
+
+    def heard_mark(self) -> int:
+        """The count of announcements, taken before a batch sends its reads."""
+        with self.lock:
+            return self.announced
+
+    def caught_up(self, key: str, mark: int) -> None:
+        """A read of ``key`` sent at ``mark`` (:meth:`heard_mark`) is stored (lock held): the
+        changes announced before it are in the entry; one announced since still waits."""
+        if self.unread.get(key, mark + 1) <= mark:
+            del self.unread[key]
+
     def forget(self, key: str) -> None:
         """``key`` is gone from ZooKeeper: its entry and what waited for its next reconcile."""
         with self.lock:
+            self.unread.pop(key, None)
             self.committed_here.pop(key, None)
             self.flight.arm_on_read.pop(key, None)
             if self.entries.pop(key, None) is not None:

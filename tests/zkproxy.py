@@ -21,6 +21,10 @@ class ZooKeeperProxy:
         self.address = f"127.0.0.1:{self._listener.getsockname()[1]}"
         self._passing = threading.Event()
         self._passing.set()
+        # The master's requests alone (hold_requests): ZooKeeper's answers and watch events
+        # still reach it.
+        self._asking = threading.Event()
+        self._asking.set()
         self._closed = False
         self._lock = threading.Lock()
         self._sockets: list[socket.socket] = []
@@ -30,12 +34,20 @@ class ZooKeeperProxy:
         """Stop passing bytes, in both directions, on every connection, new ones included."""
         self._passing.clear()
 
+    def hold_requests(self) -> None:
+        """Stop passing the master's bytes to ZooKeeper only: what ZooKeeper sends (a watch
+        event about a change) still arrives, and the master's reads and pings get no answer,
+        so it soon finds ZooKeeper unreachable with the news in hand but not read."""
+        self._asking.clear()
+
     def release(self) -> None:
+        self._asking.set()
         self._passing.set()
 
     def close(self) -> None:
         self._closed = True
         self._passing.set()  # wakes every pump, which then sees the proxy closed
+        self._asking.set()
         self._listener.close()
         with self._lock:
             for s in self._sockets:
@@ -56,17 +68,20 @@ class ZooKeeperProxy:
                 continue
             with self._lock:
                 self._sockets += [near, far]
-            for src, dst in ((near, far), (far, near)):
-                threading.Thread(target=self._pump, args=(src, dst), name="zk-proxy-pump",
-                                 daemon=True).start()
+            for src, dst, gates in ((near, far, (self._passing, self._asking)),
+                                    (far, near, (self._passing,))):
+                threading.Thread(target=self._pump, args=(src, dst, gates),
+                                 name="zk-proxy-pump", daemon=True).start()
 
-    def _pump(self, src: socket.socket, dst: socket.socket) -> None:
+    def _pump(self, src: socket.socket, dst: socket.socket,
+              gates: tuple[threading.Event, ...]) -> None:
         try:
             while True:
                 data = src.recv(65536)
                 if not data:
                     break
-                self._passing.wait()  # held: the bytes wait here, never sent
+                for gate in gates:
+                    gate.wait()  # held: the bytes wait here, never sent
                 if self._closed:
                     break
                 dst.sendall(data)

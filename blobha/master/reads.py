@@ -108,7 +108,8 @@ class Reads:
         ZooKeeper outage, which is when they matter most. It cannot hand out anything that was
         never committed: the synchronizer's view only holds states read from ZooKeeper, versions
         are immutable, and every byte is still checked against its digest. Without quorum no
-        newer version can commit, so the view is stale only on a master cut off alone.
+        newer version can commit, and a view with a change announced but not read (or not read
+        since a reconnect) is refused, so the view is stale only on a master cut off alone.
 
         ``minimum`` is the oldest view the client accepts (read-your-writes): a view older than
         it raises :class:`Stale`, and the client asks another master, so a master cut off
@@ -158,6 +159,15 @@ class Reads:
                 f" of {key!r}; retry shortly or read from another master"
             ) from None
         state = seen.state
+        if seen.behind:
+            # ZooKeeper announced a change this master had not read when it went out of reach
+            # (or the view predates a reconnect and was not read again): a newer version may
+            # have been acknowledged meanwhile, and an outage is no excuse to answer older.
+            # Another master that read the change serves it.
+            raise Stale(
+                f"master {self.identity}'s view of {key!r} (v{state.seq}) misses a change"
+                " ZooKeeper announced before it went out of reach; retry at another master"
+            ) from None
         if minimum is not None and minimum.newer_than(state.seq, state.created_at):
             raise Stale(
                 f"master {self.identity}'s view of {key!r} (v{state.seq}) is behind what this"

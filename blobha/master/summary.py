@@ -62,12 +62,14 @@ class StatusSummary:
     def _status(self, lag: int) -> MasterSummary:
         """This master's summary, with ``lag`` from the synchroniser's figures."""
         count, stored = self.store.counted_usage()
+        behind, since_reconnect = self.sync.keys_behind()
         return MasterSummary(
             address=self.identity, is_leader=self.election.is_leader,
             uptime_secs=time.monotonic() - self.started, version=__version__, blob_count=count,
             bytes_stored=stored, disk_free=self.store.disk_free(), lag_blobs=lag,
             reachable=True, epoch=self.election.epoch,
             zookeeper_unreachable=self.zk.state != KazooState.CONNECTED,
+            keys_behind=behind, keys_unread_since_reconnect=since_reconnect,
         )
 
     def cluster_summary(self) -> ClusterSummary:

@@ -433,7 +433,7 @@ class ClusterSummaryRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class MasterSummary(_message.Message):
-    __slots__ = ("address", "is_leader", "uptime_secs", "version", "blob_count", "bytes_stored", "disk_free", "lag_blobs", "reachable", "epoch", "zookeeper_unreachable")
+    __slots__ = ("address", "is_leader", "uptime_secs", "version", "blob_count", "bytes_stored", "disk_free", "lag_blobs", "reachable", "epoch", "zookeeper_unreachable", "keys_behind", "keys_unread_since_reconnect")
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     IS_LEADER_FIELD_NUMBER: _ClassVar[int]
     UPTIME_SECS_FIELD_NUMBER: _ClassVar[int]
@@ -445,6 +445,8 @@ class MasterSummary(_message.Message):
     REACHABLE_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     ZOOKEEPER_UNREACHABLE_FIELD_NUMBER: _ClassVar[int]
+    KEYS_BEHIND_FIELD_NUMBER: _ClassVar[int]
+    KEYS_UNREAD_SINCE_RECONNECT_FIELD_NUMBER: _ClassVar[int]
     address: str
     is_leader: bool
     uptime_secs: float
@@ -456,7 +458,9 @@ class MasterSummary(_message.Message):
     reachable: bool
     epoch: int
     zookeeper_unreachable: bool
-    def __init__(self, address: _Optional[str] = ..., is_leader: _Optional[bool] = ..., uptime_secs: _Optional[float] = ..., version: _Optional[str] = ..., blob_count: _Optional[int] = ..., bytes_stored: _Optional[int] = ..., disk_free: _Optional[int] = ..., lag_blobs: _Optional[int] = ..., reachable: _Optional[bool] = ..., epoch: _Optional[int] = ..., zookeeper_unreachable: _Optional[bool] = ...) -> None: ...
+    keys_behind: int
+    keys_unread_since_reconnect: int
+    def __init__(self, address: _Optional[str] = ..., is_leader: _Optional[bool] = ..., uptime_secs: _Optional[float] = ..., version: _Optional[str] = ..., blob_count: _Optional[int] = ..., bytes_stored: _Optional[int] = ..., disk_free: _Optional[int] = ..., lag_blobs: _Optional[int] = ..., reachable: _Optional[bool] = ..., epoch: _Optional[int] = ..., zookeeper_unreachable: _Optional[bool] = ..., keys_behind: _Optional[int] = ..., keys_unread_since_reconnect: _Optional[int] = ...) -> None: ...
 
 class ClusterSummaryResponse(_message.Message):
     __slots__ = ("masters", "leader", "epoch", "blob_count", "under_replicated", "zookeeper_unreachable")

@@ -107,7 +107,8 @@ def replication_to_pb(r: ReplicationStatus) -> pb.ReplicationStatus:
 def master_from_pb(m: pb.MasterSummary) -> MasterSummary:
     return MasterSummary(m.address, m.is_leader, m.uptime_secs, m.version, m.blob_count,
                          m.bytes_stored, m.disk_free, m.lag_blobs, m.reachable, m.epoch,
-                         m.zookeeper_unreachable)
+                         m.zookeeper_unreachable, m.keys_behind,
+                         m.keys_unread_since_reconnect)
 
 
 def master_to_pb(s: MasterSummary) -> pb.MasterSummary:
@@ -115,7 +116,8 @@ def master_to_pb(s: MasterSummary) -> pb.MasterSummary:
         address=s.address, is_leader=s.is_leader, uptime_secs=s.uptime_secs, version=s.version,
         blob_count=s.blob_count, bytes_stored=s.bytes_stored, disk_free=s.disk_free,
         lag_blobs=s.lag_blobs, reachable=s.reachable, epoch=s.epoch,
-        zookeeper_unreachable=s.zookeeper_unreachable,
+        zookeeper_unreachable=s.zookeeper_unreachable, keys_behind=s.keys_behind,
+        keys_unread_since_reconnect=s.keys_unread_since_reconnect,
     )
 
 

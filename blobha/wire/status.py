@@ -36,6 +36,12 @@ class MasterSummary:
     epoch: int
     #: The master answered but has no ZooKeeper connection (reads of what it holds only).
     zookeeper_unreachable: bool = False
+    #: Keys whose last-read state awaits a read of a change ZooKeeper announced (or predates
+    #: the latest reconnect): refused to reads while ZooKeeper is out of reach.
+    keys_behind: int = 0
+    #: Of those, the keys not read since the master's latest reconnect to ZooKeeper (0 once
+    #: its full reconcile after the reconnect read them).
+    keys_unread_since_reconnect: int = 0
 
 
 @dataclass(frozen=True)

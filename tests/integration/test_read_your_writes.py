@@ -235,3 +235,40 @@ def test_with_zookeeper_out_for_every_master_a_new_client_reads_the_last_known_v
             assert bob.get_meta(KEY).version == 1
     finally:
         c.stop()
+
+
+def test_a_change_a_master_heard_of_but_had_not_read_is_never_served_as_its_last_view(
+        tmp_path: Path) -> None:
+    """A master whose ZooKeeper goes out of reach just after telling it of a new version,
+    before its read of that version is answered: its view is behind, and even a read with no
+    minimum, or asking for the last known view, is refused there, not answered with the
+    version before the acknowledged one."""
+    c = ProxiedCluster(tmp_path / "cluster", nodes=3, base_port=0,
+                       overrides={**FAST, "blobstore.read.cutoff.secs": 600.0})
+    try:
+        c.start()
+        with client_for(c) as alice:
+            first = alice.create(KEY, b"version one", acl="u:alice:rwa,o::r",
+                                 replication_factor=3)
+            assert alice.wait_for_replication([KEY], 3, 30).reached
+            leader = c.leader()
+            behind = next(m for m in c.masters if m is not leader)
+            c.proxies[behind.index].hold_requests()
+            second = alice.update(KEY, b"version two")
+            assert second.version == first.version + 1
+            wait_until(lambda: alice.node_status(behind.address).zookeeper_unreachable, 20,
+                       "the master whose requests are held to see ZooKeeper unreachable")
+        for view in (pb.READ_VIEW_SESSION, pb.READ_VIEW_LAST_KNOWN):
+            refused = _raw(c, behind.address, "GetMeta", pb.GetMetaRequest(key=KEY, view=view))
+            assert isinstance(refused, grpc.RpcError), f"served {refused!r} for view {view}"
+            assert refused.code() == grpc.StatusCode.UNAVAILABLE
+            assert (STALE_METADATA_KEY, "1") in tuple(refused.trailing_metadata() or ())
+            assert "misses a change" in (refused.details() or "")
+        refused = _raw(c, behind.address, "Download", pb.DownloadRequest(key=KEY))
+        assert isinstance(refused, grpc.RpcError), refused
+        # A client that has seen nothing of the key, sent there first, reads version two.
+        with client_for(c, "bob") as bob:
+            for _ in range(3):
+                assert _first_at(bob, behind.address).read(KEY) == b"version two"
+    finally:
+        c.stop()

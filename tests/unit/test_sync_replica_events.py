@@ -763,7 +763,7 @@ def test_a_copy_fetched_across_a_delete_is_not_registered() -> None:
                     creator="alice", created_at=1.0, updated_at=1.0, epoch=1, acked=True)
     registered: list[tuple[str, int]] = []
     s.executor.reader.read_many = lambda keys, armed, listless: {"k": (old, (A,)), "j": (old, (A,))}  # type: ignore[method-assign,assignment,return-value]
-    s.executor.settle = lambda key, state, holders, read_mark, from_events: (state, list(holders))  # type: ignore[method-assign,assignment,misc]
+    s.executor.settle = lambda key, state, holders, **_: (state, list(holders))  # type: ignore[method-assign,assignment,misc]
 
     def fetch_all(to_fetch: Any, failures: Any, read_mark: int) -> Any:
         s.feed.on_tree(tree_event(EventType.DELETED, "/blobstore/k"))  # during the fetch
@@ -786,7 +786,7 @@ def test_a_deletion_seen_only_once_the_copy_was_registered_takes_the_registratio
     old = BlobState(seq=1, size=4, digest=digest_bytes(b"OLD!"), acl=(), replication_factor=3,
                     creator="alice", created_at=1.0, updated_at=1.0, epoch=1, acked=True)
     s.executor.reader.read_many = lambda keys, armed, listless: {"k": (old, (A,)), "j": (old, (A,))}  # type: ignore[method-assign,assignment,return-value]
-    s.executor.settle = lambda key, state, holders, read_mark, from_events: (state, list(holders))  # type: ignore[method-assign,assignment,misc]
+    s.executor.settle = lambda key, state, holders, **_: (state, list(holders))  # type: ignore[method-assign,assignment,misc]
     s.fetcher.fetch_all = lambda to_fetch, failures, read_mark: ([], [("k", 1), ("j", 1)], set())  # type: ignore[method-assign,assignment,return-value]
 
     def register_many(items: list[tuple[str, int]]) -> dict[str, Exception]:
@@ -1087,3 +1087,55 @@ def test_creation_events_are_trusted_only_while_nothing_could_be_missed(case: st
     s.executor.handle(["new"])
     assert zk.watched_reads == [("/blobstore/new", None)]  # the list is read
     assert s.replicas.entries["new"].holders == (A,)
+
+
+# ---- whether the view holds every change announced (what an outage may serve) -------------
+
+
+@pytest.mark.parametrize("recursive", [True, False])
+def test_an_announced_change_leaves_the_view_behind_until_a_read_sent_after_it_is_stored(
+        recursive: bool) -> None:
+    s, zk, _ = committed(recursive=recursive)
+    assert s.executor.handle(["new"]) == {}
+    view = s.view("new")
+    assert view is not None and not view.behind
+    changed = WatchedEvent(EventType.CHANGED, KazooState.CONNECTED, "/blobstore/new")
+    (s.feed.on_tree if recursive else s.feed.on_event)(changed)
+    view = s.view("new")
+    assert view is not None and view.behind
+    # A change announced while the read was on its way is not in what it found.
+    read_data = zk.get_async
+
+    def get_async(p: str, watch: Any = None) -> Answer:
+        (s.feed.on_tree if recursive else s.feed.on_event)(changed)
+        return read_data(p, watch)
+
+    zk.get_async = get_async  # type: ignore[method-assign]
+    s.executor.reader.multi_read = False  # reads through get_async
+    assert s.executor.handle(["new"]) == {}
+    view = s.view("new")
+    assert view is not None and view.behind
+    zk.get_async = read_data  # type: ignore[method-assign]
+    assert s.executor.handle(["new"]) == {}
+    view = s.view("new")
+    assert view is not None and not view.behind
+
+
+def test_a_reconnect_leaves_every_view_behind_until_it_is_read_again() -> None:
+    s, _, _ = committed(recursive=True)
+    assert s.executor.handle(["new"]) == {}
+    s.feed.on_state(KazooState.SUSPENDED)
+    view = s.view("new")
+    assert view is not None and not view.behind  # cut off: what it last read stands
+    s.feed.on_state(KazooState.CONNECTED)
+    view = s.view("new")
+    assert view is not None and view.behind  # changes while away were told to nobody
+    assert s.keys_behind() == (1, 1)
+    assert s.executor.handle(["new"]) == {}
+    view = s.view("new")
+    assert view is not None and not view.behind
+    assert s.keys_behind() == (0, 0)
+    s.feed.on_tree(WatchedEvent(EventType.CHANGED, KazooState.CONNECTED, "/blobstore/new"))
+    assert s.keys_behind() == (1, 0)  # behind by a change as it comes, read since the reconnect
+    s.replicas.forget("new")
+    assert s.replicas.unread == {}
