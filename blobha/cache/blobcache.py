@@ -380,6 +380,7 @@ class BlobCache:
             removed_versions=counters["removed_versions"],
             checks=counters["checks"],
             verifications=counters["verifications"],
+            bytes_from_peers=counters["bytes_from_peers"],
         )
 
     def cleanup(self) -> CleanupReport:
@@ -457,15 +458,16 @@ class BlobCache:
             return made
 
         try:
-            dest, name, info = install.download(self._layout, client, key, kd, meta,
-                                                self._clock, progress, self._peers)
+            dest, name, info, from_peers = install.download(
+                self._layout, client, key, kd, meta, self._clock, progress, self._peers)
         except KeyNotFound:
             self._checks.mark_deleted(kd)
             raise
         # The client checked the digest end to end: recorded so the node's other processes
         # need not hash it again.
         self._verifier.downloaded(kd, dest, name, info.version, info.digest)
-        self._counters.bump(downloads=1, bytes_downloaded=info.size)
+        self._counters.bump(downloads=1, bytes_downloaded=info.size,
+                            bytes_from_peers=from_peers)
         installed = self._layout.read_version(key, dest, info.version)
         if installed is None:  # pragma: no cover - we just wrote it
             raise ChecksumMismatch(f"the copy of {key!r} just installed cannot be read back")

@@ -52,9 +52,10 @@ def download(
     now: Callable[[], float],
     progress: ProgressCallback | None = None,
     peers: PeerSettings | None = None,
-) -> tuple[Path, str, BlobInfo]:
+) -> tuple[Path, str, BlobInfo, int]:
     """With the key's lock held: download ``key``'s current version and install it as
-    ``blobs/<kd>/v<N>``; that directory, the blob's file name and what the client fetched.
+    ``blobs/<kd>/v<N>``; that directory, the blob's file name, what the client fetched and
+    how many of its bytes came from other nodes' caches.
     With ``peers`` on, through other nodes' caches and the replicas (blobha.cache.peers),
     else, or when no plan can be had, from one replica at a time."""
     import tempfile  # here: a worker start served from the cache never downloads
@@ -75,8 +76,9 @@ def download(
             if node is not None:
                 fetched = node.fetch(client(), key, target, progress)
         served = None
+        from_peers = 0
         if fetched is not None:
-            info, served = fetched
+            info, served, from_peers = fetched
         else:
             info = client().download(key, target, progress=progress)
         target.chmod(0o444)  # shared by every job on the node: nobody may write it
@@ -114,7 +116,7 @@ def download(
     finally:
         if stage.exists():
             rmtree(stage)
-    return dest, name, info
+    return dest, name, info, from_peers
 
 
 def unpack_version(layout: Layout, key: str, kd: str, version: Version) -> Path | None:

@@ -26,6 +26,7 @@ _STAT_FIELDS = (
     "removed_versions",
     "checks",
     "verifications",
+    "bytes_from_peers",
 )
 
 
@@ -52,6 +53,8 @@ class CacheStats(NamedTuple):
     #: Cached files hashed again to check their digest (a file the node's cache had not
     #: checked since the node started, or that changed since).
     verifications: int = 0
+    #: Of ``bytes_downloaded``, the bytes other nodes' caches served (blobha.cache.peers).
+    bytes_from_peers: int = 0
 
 
 class CleanupReport(NamedTuple):

@@ -66,6 +66,14 @@ def _fetch(cluster: LocalCluster, root: Path, key: str, user: str = "alice") -> 
         return cache.get(key).path.read_bytes()
 
 
+def _from_peers(root: Path) -> int:
+    """The node cache's own count of the bytes peers served it (in stats.json)."""
+    with BlobCache(root, "127.0.0.1:1") as cache:
+        stats = cache.stats()
+    assert stats.bytes_from_peers <= stats.bytes_downloaded
+    return stats.bytes_from_peers
+
+
 def test_pieces_come_from_a_peer(cluster: LocalCluster, tmp_path: Path,
                                  blob: tuple[str, bytes]) -> None:
     key, data = blob
@@ -77,6 +85,7 @@ def test_pieces_come_from_a_peer(cluster: LocalCluster, tmp_path: Path,
         # Counted by the peer once its send returned, maybe after the requester had it all.
         wait_until(lambda: sum(s.served_bytes for s in peer.served())
                    == Totals.peer_bytes - before, 10)
+        assert _from_peers(tmp_path / "node") == Totals.peer_bytes - before
     finally:
         peer.stop()
 
@@ -93,6 +102,7 @@ def test_a_corrupt_peer_is_detected_avoided_and_the_download_completes(
         # Dropped at its first bad piece (a second may have been under way already).
         assert 1 <= Totals.bad_pieces - bad_before <= 2
         assert Totals.peer_bytes == peer_before
+        assert _from_peers(tmp_path / "node") == 0  # a bad piece is not a byte served
         assert sum(s.served_bytes for s in peer.served()) <= 2 * MiB
     finally:
         peer.stop()

@@ -111,3 +111,80 @@ def test_both_nodes_read_the_blob_through_their_own_cache_once(
     rows = _submit(cluster, spark, tmp_path / "second")
     assert {digest for _, _, digest in rows} == {want}
     assert master_downloads(cluster) - before == 0
+
+
+PEER_KEY = "standalone-peer-model"
+PEER_DATA = hashlib.sha256(b"peer").digest() * (16 * 1024 * 1024 // 32)  # 16 pieces of 1 MiB
+
+# One task first, on one node, then tasks on both: the second node's cache fetches while the
+# first node's process that fetched the blob still runs (Python workers are reused), serving it.
+STAGED_JOB = '''
+import hashlib, json, os, sys
+from pyspark.sql import SparkSession
+from blobha.spark import blob_path
+
+spark = SparkSession.builder.getOrCreate()
+
+def probe(i):
+    path = blob_path("model.bin")
+    with open(path, "rb") as f:
+        digest = hashlib.sha256(f.read()).hexdigest()
+    return [os.environ.get("HOME", ""), path, digest]
+
+sc = spark.sparkContext
+first = sc.parallelize([0], 1).map(probe).collect()
+rest = sc.parallelize(range(16), 16).map(probe).collect()
+with open(sys.argv[1], "w") as out:
+    json.dump({"first": first, "rest": rest}, out)
+spark.stop()
+'''
+
+
+def test_the_second_node_gets_most_of_the_blob_from_the_first_nodes_cache(
+        cluster: LocalCluster, spark: StandaloneSpark, tmp_path: Path) -> None:
+    with Client(cluster.cluster, user="alice", timeout=60) as alice:
+        alice.create(PEER_KEY, PEER_DATA, acl="u:alice:rwa", replication_factor=3)
+        alice.wait_for_replication([PEER_KEY], 3, 30)
+    def counters() -> dict[str, tuple[int, int]]:
+        """Per node cache: (bytes downloaded, of those from peers), all told."""
+        out = {}
+        for home in spark.homes:
+            stats = home / ".cache" / "blobha" / "stats.json"
+            s = json.loads(stats.read_text()) if stats.exists() else {}
+            out[str(home / ".cache" / "blobha")] = (s.get("bytes_downloaded", 0),
+                                                     s.get("bytes_from_peers", 0))
+        return out
+
+    before = counters()
+    work = tmp_path / "staged"
+    work.mkdir()
+    (work / "job.py").write_text(STAGED_JOB)
+    out = work / "rows.json"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYSPARK_", "SPARK_"))}
+    env.update(BLOBHA_CLUSTER=cluster.cluster, BLOBHA_USER="alice",
+               BLOBHA_CACHE_DIR=str(work / "driver-cache"))
+    done = subprocess.run(
+        [sys.executable, "-m", "blobha", "spark-submit", "--blob", f"{PEER_KEY}:model.bin",
+         "--min-replication", "2", "--max-wait", "60s", "--",
+         "--master", spark.url, "--deploy-mode", "client",
+         "--conf", f"spark.pyspark.python={sys.executable}",
+         "--conf", "spark.executor.memory=512m", "--conf", "spark.driver.memory=512m",
+         "--conf", "spark.cores.max=2", "--conf", "spark.ui.enabled=false",
+         str(work / "job.py"), str(out)],
+        cwd=work, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+    rows = json.loads(out.read_text())
+    want = hashlib.sha256(PEER_DATA).hexdigest()
+    assert {d for _, _, d in rows["first"] + rows["rest"]} == {want}
+    roots = {path.split("/blobs/")[0] for _, path, _ in rows["first"] + rows["rest"]}
+    assert len(roots) == 2, roots  # both nodes ran tasks
+    first = rows["first"][0][1].split("/blobs/")[0]
+    (second,) = roots - {first}
+    after = counters()
+    assert roots == set(after), (roots, after)
+    got = {root: (after[root][0] - before[root][0], after[root][1] - before[root][1])
+           for root in roots}
+    print(f"bytes downloaded / from peers per node: first {got[first]}, second {got[second]}")
+    assert got[first] == (len(PEER_DATA), 0), got  # nobody held it yet: all from the masters
+    assert got[second][0] == len(PEER_DATA), got
+    assert got[second][1] > len(PEER_DATA) // 2, got  # most of it from the first node

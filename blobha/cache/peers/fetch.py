@@ -88,6 +88,8 @@ class PeerFetch:
         self._idle: dict[str, list[socket.socket]] = {}
         self._progress = progress
         self._stored = 0
+        #: Bytes of this download that peers served (checked and stored).
+        self.peer_bytes = 0
 
     @staticmethod
     def _grant(plan: PeerPlan) -> Grant:
@@ -289,6 +291,8 @@ class PeerFetch:
                     return
                 self._store(a, piece, data)
                 Totals.add(peer=len(data))
+                with self.cond:
+                    self.peer_bytes += len(data)
                 keep = True
             elif answer.status == wire.NOT_HELD:
                 with self.cond:

@@ -51,10 +51,10 @@ class PeerNode:
 
     def fetch(self, client: Client, key: str, target: Path,
               progress: ProgressCallback | None = None
-              ) -> tuple[BlobInfo, Served | None] | None:
+              ) -> tuple[BlobInfo, Served | None, int] | None:
         """Download the key's current version into ``target`` through peers and the
-        replicas; None when plans cannot be had (an older master, say): the caller then
-        downloads as before."""
+        replicas, with the bytes peers served; None when plans cannot be had (an older
+        master, say): the caller then downloads as before."""
         try:
             plan = client.peer_plan(key, 0, self.address, False)
         except NotAuthorized:
@@ -77,7 +77,7 @@ class PeerNode:
             if job.served is not None and self.server is not None:
                 self.server.withdraw(key, plan.version)
             return None
-        return info, job.served
+        return info, job.served, job.peer_bytes
 
     def installed(self, served: Served | None, path: Path, client: Client) -> None:
         """The version ``served`` is now whole at ``path``: serve it from there, and keep
