@@ -61,7 +61,7 @@ class ChunkDigests:
         return self.done + ([str(self._h.hexdigest())] if self._fill else [])
 
 
-def chunk_digest(data: bytes | memoryview) -> str:
+def chunk_digest(data: bytes | bytearray | memoryview) -> str:
     return str(xxhash.xxh3_64_hexdigest(data))
 
 

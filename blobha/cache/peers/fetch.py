@@ -63,7 +63,7 @@ class PeerFetch:
     def __init__(self, client: Client, key: str, target: Path, plan: PeerPlan,
                  server: PeerServer | None, use_peers: bool, parallel: int,
                  peer_tls: ssl.SSLContext | None, address: str,
-                 check: Callable[[int, bytes], bool] | None = None,
+                 check: Callable[[int, bytes | bytearray], bool] | None = None,
                  progress: ProgressCallback | None = None) -> None:
         self.client = client
         self.key = key
@@ -96,7 +96,7 @@ class PeerFetch:
         return Grant(plan.grant_user, plan.key, plan.version, plan.grant_expires,
                      plan.grant_mac)
 
-    def _digest_ok(self, piece: int, data: bytes) -> bool:
+    def _digest_ok(self, piece: int, data: bytes | bytearray) -> bool:
         return chunk_digest(data) == self.plan.chunk_digests[piece]
 
     # -- the download ----------------------------------------------------------------------
@@ -279,7 +279,7 @@ class PeerFetch:
             if answer.status == wire.OK:
                 if answer.size != self._piece_len(piece):
                     raise wire.PeerProtocolError(f"a piece of {answer.size} bytes")
-                data = wire.recv_exact(conn, answer.size)
+                data = wire.recv_piece(conn, answer.size)
                 if data is None:
                     raise wire.PeerProtocolError("the peer closed mid-piece")
                 if not self.check(piece, data):
