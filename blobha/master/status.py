@@ -49,6 +49,8 @@ class SyncFigures:
     queue_depth: int
     batches: int
     batched_keys: int
+    #: Keys whose view misses an announced change (see Synchronizer.keys_behind).
+    keys_behind: int = 0
 
 
 @dataclass(frozen=True)
@@ -162,7 +164,9 @@ class MasterStatus:
     def sync(self) -> SyncFigures:
         keys, under, lag = self._sync.figures()
         queue = self._sync.queue
-        return SyncFigures(keys, under, lag, queue.depth(), queue.batches, queue.batched_keys)
+        behind, _ = self._sync.keys_behind()
+        return SyncFigures(keys, under, lag, queue.depth(), queue.batches, queue.batched_keys,
+                           behind)
 
     def group_commit(self) -> GroupCommitFigures:
         f = self._forwarder

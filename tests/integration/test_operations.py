@@ -134,6 +134,7 @@ def test_state_metrics_show_leader_zookeeper_blobs_and_under_replication(
         assert value(s, "blobha_cluster_blobs") >= 2
         assert value(s, "blobha_disk_free_bytes") > 0
         assert ("blobha_sync_queue_depth", frozenset()) in s
+        assert ("blobha_view_keys_behind", frozenset()) in s
         assert value(s, "blobha_build_info", address=m.address) == 1
         assert value(s, "blobha_uptime_seconds") > 0
         # The scrubber's counters: its first pass runs at start; nothing here is corrupt.

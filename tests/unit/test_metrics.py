@@ -27,8 +27,8 @@ def fake_master(**overrides: Any) -> MasterStatus:
         store=SimpleNamespace(counted_usage=lambda: (7, 7000), disk_free=lambda: 123456,
                               segments=SimpleNamespace(stats=lambda: (2, 9000, 6500))),
         uploads=SimpleNamespace(count=lambda: 2),
-        sync=SimpleNamespace(figures=lambda: (9, 1, 3), queue=SimpleNamespace(
-            depth=lambda: 5, batches=0, batched_keys=0)),
+        sync=SimpleNamespace(figures=lambda: (9, 1, 3), keys_behind=lambda: (4, 1),
+                             queue=SimpleNamespace(depth=lambda: 5, batches=0, batched_keys=0)),
         puts=SimpleNamespace(batches=4, writes=11, largest=6),
         scrubber=None,
     )
@@ -67,6 +67,7 @@ def test_state_is_read_at_scrape_time() -> None:
     assert s[("blobha_under_replicated_blobs", ())] == 1
     assert s[("blobha_sync_lag_blobs", ())] == 3
     assert s[("blobha_sync_queue_depth", ())] == 5
+    assert s[("blobha_view_keys_behind", ())] == 4
     assert s[("blobha_group_commits_total", ())] == 4
     assert s[("blobha_group_commit_writes_total", ())] == 11
     assert s[("blobha_group_commit_largest", ())] == 6

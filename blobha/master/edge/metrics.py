@@ -202,6 +202,12 @@ class MasterCollector(Collector):
             "blobha_sync_queue_depth", "Keys queued or in progress in this master's synchroniser.",
             value=float(f.queue_depth),
         )
+        yield GaugeMetricFamily(
+            "blobha_view_keys_behind",
+            "Keys whose state this master last read misses a change ZooKeeper announced (read"
+            " refused from them while ZooKeeper is out of reach).",
+            value=float(f.keys_behind),
+        )
         yield CounterMetricFamily(
             "blobha_sync_batches", "Batches of keys this master's synchroniser has reconciled.",
             value=float(f.batches),
