@@ -98,13 +98,14 @@ def test_both_nodes_read_the_blob_through_their_own_cache_once(
     for home, path, _ in rows:
         assert path.startswith(home + "/"), (home, path)
     # One download per node, each node's cache says; the masters served it in ranged reads
-    # (two pieces each), to one node or both, the rest going from cache to cache.
+    # (of one or two pieces), to one node or both, the rest going from cache to cache: at most
+    # one read per piece and node (3 pieces, 2 nodes), never a whole download per node twice.
     roots = {path.split("/blobs/")[0] for _, path, _ in rows}
     assert len(roots) == 2, roots
     for root in roots:
         stats = json.loads((Path(root) / "stats.json").read_text())
         assert stats["downloads"] == 1, (root, stats)
-    assert 1 <= master_downloads(cluster) - before <= 4
+    assert 1 <= master_downloads(cluster) - before <= 2 * -(-len(DATA) // (1024 * 1024))
 
     # A second application: both nodes' caches serve it, nothing is downloaded again.
     before = master_downloads(cluster)
