@@ -339,7 +339,8 @@ class ReplicaView:
     def caught_up(self, key: str, mark: int) -> None:
         """A read of ``key`` sent at ``mark`` (:meth:`heard_mark`) is stored (lock held): the
         changes announced before it are in the entry; one announced since still waits."""
-        if self.unread.get(key, mark + 1) <= mark:
+        at = self.unread.get(key)
+        if at is not None and at <= mark:
             del self.unread[key]
 
     def forget(self, key: str) -> None:

@@ -133,14 +133,19 @@ class StandaloneSpark:
                 os.killpg(p.pid, signal.SIGKILL)
                 p.wait()
 
-    def node_downloads(self) -> list[int]:
-        """Each node's cache's download count: the counters its default cache directory (under
-        the node's HOME) keeps on disk for every process on the node."""
-        counts = []
+    def node_stats(self) -> list[dict[str, int]]:
+        """Each node's cache counters: those its default cache directory (under the node's
+        HOME) keeps on disk for every process on the node ({} before its first use)."""
+        out = []
         for home in self.homes:
             stats = home / ".cache" / "blobha" / "stats.json"
-            counts.append(int(json.loads(stats.read_text())["downloads"]) if stats.exists() else 0)
-        return counts
+            out.append({k: int(v) for k, v in json.loads(stats.read_text()).items()}
+                       if stats.exists() else {})
+        return out
+
+    def node_downloads(self) -> list[int]:
+        """Each node's cache's download count (see node_stats)."""
+        return [s.get("downloads", 0) for s in self.node_stats()]
 
     def logs(self) -> str:
         """The tail of every daemon's log, for a failure report."""

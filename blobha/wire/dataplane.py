@@ -127,14 +127,24 @@ class DataOffer:
     ticket: bytes
 
 
-def recv_exact(conn: socket.socket, n: int) -> bytes | None:
-    buf = bytearray()
-    while len(buf) < n:
-        piece = conn.recv(n - len(buf))
-        if not piece:
+def recv_buffer(conn: socket.socket, n: int) -> bytearray | None:
+    """``n`` bytes received straight into one buffer (no copy per read, none at the end); None
+    if the peer closed the connection first."""
+    buf = bytearray(n)
+    view = memoryview(buf)
+    got = 0
+    while got < n:
+        k = conn.recv_into(view[got:], n - got)
+        if not k:
             return None
-        buf += piece
-    return bytes(buf)
+        got += k
+    return buf
+
+
+def recv_exact(conn: socket.socket, n: int) -> bytes | None:
+    """:func:`recv_buffer`, as bytes (hashable, immutable: for headers and tickets)."""
+    buf = recv_buffer(conn, n)
+    return None if buf is None else bytes(buf)
 
 
 def open_channel(host: str, port: int, ticket: bytes, timeout: float,

@@ -13,6 +13,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from blobha_spark_helpers import require_spark
@@ -64,15 +65,17 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StandaloneSpark]
         yield s
 
 
-def _submit(cluster: LocalCluster, spark: StandaloneSpark, work: Path) -> list[list[str]]:
+def _submit(cluster: LocalCluster, spark: StandaloneSpark, work: Path, job_text: str = JOB,
+            blob: str = f"{KEY}:lookup.bin") -> Any:
+    """Run ``job_text`` with ``blob`` through ``blobha spark-submit``; what it wrote."""
     work.mkdir(parents=True, exist_ok=True)
     job = work / "job.py"
-    job.write_text(JOB)
+    job.write_text(job_text)
     out = work / "rows.json"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYSPARK_", "SPARK_"))}
     env.update(BLOBHA_CLUSTER=cluster.cluster, BLOBHA_USER="alice",
                BLOBHA_CACHE_DIR=str(work / "driver-cache"))
-    cmd = [sys.executable, "-m", "blobha", "spark-submit", "--blob", f"{KEY}:lookup.bin",
+    cmd = [sys.executable, "-m", "blobha", "spark-submit", "--blob", blob,
            "--min-replication", "2", "--max-wait", "60s", "--",
            "--master", spark.url, "--deploy-mode", "client",
            # Every node of this cluster has blobha in this interpreter (one machine): say so,
@@ -83,7 +86,7 @@ def _submit(cluster: LocalCluster, spark: StandaloneSpark, work: Path) -> list[l
            str(job), str(out)]
     done = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
-    return list(json.loads(out.read_text()))
+    return json.loads(out.read_text())
 
 
 def test_both_nodes_read_the_blob_through_their_own_cache_once(
@@ -147,34 +150,13 @@ def test_the_second_node_gets_most_of_the_blob_from_the_first_nodes_cache(
         alice.create(PEER_KEY, PEER_DATA, acl="u:alice:rwa", replication_factor=3)
         alice.wait_for_replication([PEER_KEY], 3, 30)
     def counters() -> dict[str, tuple[int, int]]:
-        """Per node cache: (bytes downloaded, of those from peers), all told."""
-        out = {}
-        for home in spark.homes:
-            stats = home / ".cache" / "blobha" / "stats.json"
-            s = json.loads(stats.read_text()) if stats.exists() else {}
-            out[str(home / ".cache" / "blobha")] = (s.get("bytes_downloaded", 0),
-                                                     s.get("bytes_from_peers", 0))
-        return out
+        """Per node cache directory: (bytes downloaded, of those from peers), all told."""
+        return {str(home / ".cache" / "blobha"): (s.get("bytes_downloaded", 0),
+                                                   s.get("bytes_from_peers", 0))
+                for home, s in zip(spark.homes, spark.node_stats(), strict=True)}
 
     before = counters()
-    work = tmp_path / "staged"
-    work.mkdir()
-    (work / "job.py").write_text(STAGED_JOB)
-    out = work / "rows.json"
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYSPARK_", "SPARK_"))}
-    env.update(BLOBHA_CLUSTER=cluster.cluster, BLOBHA_USER="alice",
-               BLOBHA_CACHE_DIR=str(work / "driver-cache"))
-    done = subprocess.run(
-        [sys.executable, "-m", "blobha", "spark-submit", "--blob", f"{PEER_KEY}:model.bin",
-         "--min-replication", "2", "--max-wait", "60s", "--",
-         "--master", spark.url, "--deploy-mode", "client",
-         "--conf", f"spark.pyspark.python={sys.executable}",
-         "--conf", "spark.executor.memory=512m", "--conf", "spark.driver.memory=512m",
-         "--conf", "spark.cores.max=2", "--conf", "spark.ui.enabled=false",
-         str(work / "job.py"), str(out)],
-        cwd=work, env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
-    rows = json.loads(out.read_text())
+    rows = _submit(cluster, spark, tmp_path / "staged", STAGED_JOB, f"{PEER_KEY}:model.bin")
     want = hashlib.sha256(PEER_DATA).hexdigest()
     assert {d for _, _, d in rows["first"] + rows["rest"]} == {want}
     roots = {path.split("/blobs/")[0] for _, path, _ in rows["first"] + rows["rest"]}

@@ -279,7 +279,7 @@ class PeerFetch:
             if answer.status == wire.OK:
                 if answer.size != self._piece_len(piece):
                     raise wire.PeerProtocolError(f"a piece of {answer.size} bytes")
-                data = wire.recv_piece(conn, answer.size)
+                data = wire.recv_buffer(conn, answer.size)
                 if data is None:
                     raise wire.PeerProtocolError("the peer closed mid-piece")
                 if not self.check(piece, data):

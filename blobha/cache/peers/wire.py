@@ -22,10 +22,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from blobha.core.grants import Grant
-from blobha.wire.dataplane import recv_exact
+from blobha.wire.dataplane import recv_buffer, recv_exact
 
 __all__ = ["BAD_REQUEST", "BUSY", "MAGIC", "NOT_HELD", "OK", "REFUSED", "Answer", "Request",
-           "decode_have", "encode_have", "read_request", "recv_exact", "recv_piece",
+           "decode_have", "encode_have", "read_request", "recv_buffer", "recv_exact",
            "send_answer"]
 
 MAGIC = b"BHP1"
@@ -109,21 +109,6 @@ def read_answer(conn: socket.socket) -> Answer:
                       int(d.get("size", 0)))
     except (ValueError, TypeError, AttributeError) as e:
         raise PeerProtocolError(f"a malformed answer: {e}") from None
-
-
-def recv_piece(conn: socket.socket, n: int) -> bytearray | None:
-    """A piece's ``n`` bytes, received straight into one buffer (no copy per read, none at
-    the end: at fan-out scale every node's CPU goes on moving bytes); None if the peer closed
-    the connection first."""
-    buf = bytearray(n)
-    view = memoryview(buf)
-    got = 0
-    while got < n:
-        k = conn.recv_into(view[got:], n - got)
-        if not k:
-            return None
-        got += k
-    return buf
 
 
 def encode_have(have: set[int] | None, pieces: int) -> str:
