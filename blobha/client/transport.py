@@ -148,6 +148,10 @@ def speaks_tls(target: str, timeout: float = _TLS_CHECK_SECS) -> bool:
         return False
 
 
+#: What gRPC says of a connection the far side closed before any HTTP/2 frame.
+_CLOSED_AT_ONCE = ("socket closed", "connection reset by peer")
+
+
 def handshake_failure(address: str, details: str, tls: bool,
                       dial: str | None = None) -> Unavailable | None:
     """What to say of a connection that failed, perhaps for want of TLS agreement, with what
@@ -171,9 +175,11 @@ def handshake_failure(address: str, details: str, tls: bool,
                       " pass the CA that signed the masters' certificates")
         return HandshakeFailed(f"no TLS connection to master {address}: {advice} ({details})",
                                 frozenset({address}))
-    if ("failed to connect" in lowered and "socket closed" in lowered
+    if ("failed to connect" in lowered
+            and any(words in lowered for words in _CLOSED_AT_ONCE)
             and "handshake read failed" not in lowered):
-        # Closed before any HTTP/2 frame: what a TLS master does to a plain-text client, and
+        # Closed before any HTTP/2 frame (a reset when the client's first bytes were there
+        # before the close): what a TLS master does to a plain-text client, and
         # (TLS 1.3 ends the handshake before the server judges the client) a master that wants
         # a client certificate to one with none or a foreign one; but also a proxy whose
         # master is down. So it is retried like any unavailability, with the likely fix. (A

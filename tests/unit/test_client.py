@@ -910,6 +910,9 @@ _NOT_TLS = ("failed to connect to all addresses; last error: UNKNOWN: ipv4:127.0
             " routines:OPENSSL_internal:WRONG_VERSION_NUMBER")
 _CLOSED = ("failed to connect to all addresses; last error: UNAVAILABLE: ipv4:127.0.0.1:1:"
            " Socket closed")
+# The same close, when the client's first bytes had arrived before it (the kernel resets).
+_RESET = ("failed to connect to all addresses; last error: UNAVAILABLE: ipv4:127.0.0.1:1:"
+          " recvmsg:Connection reset by peer (104)")
 
 
 @pytest.mark.parametrize(("details", "advice"), [
@@ -926,14 +929,16 @@ def test_a_failed_tls_handshake_says_which_setting_to_change(details: str, advic
     assert advice in str(failure) and "m1:1" in str(failure) and details in str(failure)
 
 
+@pytest.mark.parametrize("details", [_CLOSED, _RESET])
 @pytest.mark.parametrize(("tls", "hint"), [
     (False, "if the masters use TLS, pass --ca"),
     (True, "if the masters ask for client certificates, pass --cert/--tls-key"),
 ])
-def test_a_connection_closed_at_once_only_hints_at_tls(tls: bool, hint: str) -> None:
+def test_a_connection_closed_at_once_only_hints_at_tls(tls: bool, hint: str,
+                                                       details: str) -> None:
     # What a TLS master does to a plain-text client, but also a proxy with no master behind
     # it: retried as unavailability, with the likely fix in the message.
-    failure = transport_mod.handshake_failure("m1:1", _CLOSED, tls)
+    failure = transport_mod.handshake_failure("m1:1", details, tls)
     assert isinstance(failure, Unavailable)
     assert not isinstance(failure, transport_mod.HandshakeFailed)
     assert hint in str(failure)
