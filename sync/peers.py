@@ -23,7 +23,7 @@ from blobha.v1 import blobha_pb2_grpc as pb_grpc
 from blobha.wire import chunks as chunkwire
 from blobha.wire.convert import master_from_pb
 from blobha.wire.credentials import Credentials
-from blobha.wire.dataplane import DataChannels, DataOffer, send_upload
+from blobha.wire.dataplane import DataChannels, DataOffer, FileRange, send_upload
 from blobha.wire.stallwatch import Stalled, StallWatch
 from blobha.wire.status import MasterSummary
 
@@ -211,7 +211,8 @@ class Peers:
         return reply.upload_id, DataOffer(reply.data_port, reply.ticket)
 
     def send_staging(self, address: str, offer: DataOffer,
-                     pieces: Iterable[bytes | memoryview], timeout: float) -> int:
+                     pieces: Iterable[bytes | memoryview | FileRange], timeout: float
+                     ) -> int:
         """Send ``pieces`` to a staging session over ``address``'s data channel; the bytes it
         then holds. ``timeout`` bounds the connect and each send (a stalled peer's limit)."""
         return send_upload(host_of(address), offer.port, offer.ticket, timeout, pieces,

@@ -1,64 +1,81 @@
 """The leader's forward of a streamed upload: with a write quorum above 1, the upload's bytes go
 to W-1 of the key's other holders as they arrive, each into a staging session of its own
-(BeginStaging, then its data channel, then FinishStaging) fed from a bounded queue by a thread
-of its own, so the holders write their copies while the client still sends and the commit
-waits only for their final sync.
+(BeginStaging, then its data channel, then FinishStaging) sent by a thread of its own, so the
+holders write their copies while the client still sends and the commit waits only for their
+final sync.
 
-A holder whose queue stays full past the bound (it stalled, or cannot keep up) is dropped, as is
-one whose stream fails: it fetches the version after the commit through the ordinary sync, and
-the write then waits for replica nodes as without forwarding. Fewer holders are forwarded to
-than the placement chooses (W-1, not R-1): every forwarded copy is sent by the leader, whose
-outgoing bytes would otherwise grow with R while the client's upload waits on them.
+Each holder's thread sends from the upload's temp file, each range once the upload has written
+it (``sendfile`` from the page cache in plaintext): the leader copies no byte for a forward,
+and keeps none in memory. The temp file's written bytes never change (appends only go past
+them), so a range read once written is the range the digest covers.
+
+A holder that falls more than a bound behind the upload and stays there past the stall limit
+(it stalled, or cannot keep up) is dropped, as is one whose stream fails: it fetches the
+version after the commit through the ordinary sync, and the write then waits for replica nodes
+as without forwarding. Fewer holders are forwarded to than the placement chooses (W-1, not
+R-1): every forwarded copy is sent by the leader, whose outgoing bytes would otherwise grow
+with R while the client's upload waits on them.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
-from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import Future
+from pathlib import Path
 
 from blobha.master.forward import Forwarder
+from blobha.wire.dataplane import FileRange
 
 log = logging.getLogger("blobha.master")
 
-#: Bytes queued for one holder at most: the pipeline's memory bound per holder.
-QUEUE_BYTES = 32 * 1024 * 1024
+#: Bytes a holder may trail the upload before the upload waits for it (up to the stall limit).
+LAG_BYTES = 32 * 1024 * 1024
+#: Bytes handed to the holder's socket per range at most: between ranges the sender looks for
+#: the holder's refusal.
+RANGE_BYTES = 4 * 1024 * 1024
 
 
 class _Holder:
-    """One holder's staging stream and its queue."""
+    """One holder's staging stream, fed from the upload's temp file."""
 
-    def __init__(self, address: str, max_bytes: int) -> None:
+    def __init__(self, address: str, fd: int, max_lag: int) -> None:
         self.address = address
-        self._max = max_bytes
-        self._queue: deque[bytes | tuple[int, str]] = deque()
-        self._queued = 0
+        #: The temp file, opened before the session is handed out: the commit may move it.
+        self._fd = fd
+        self._max_lag = max_lag
         self._cond = threading.Condition()
+        self._written = 0  # bytes of the temp file the upload has written
+        self._sent = 0  # bytes handed to the holder's socket
+        self._end: tuple[int, str] | None = None
         #: Set when the holder was given up: its session is never finished, and expires.
         self.dropped = False
-        #: The (size, digest) the commit gave, once the bytes are all queued.
+        #: The (size, digest) the commit gave, once every byte was sent.
         self.ending: tuple[int, str] | None = None
         #: Whether the holder keeps a synced copy matching ``ending``.
         self.outcome: Future[bool] = Future()
 
-    def pieces(self) -> Iterator[bytes]:
-        """The bytes to send, as they are queued, until the end (or the holder is dropped)."""
+    def ranges(self) -> Iterator[FileRange]:
+        """The written ranges to send, as the upload writes them, until the end (or the holder
+        is dropped)."""
         while True:
             with self._cond:
-                while not self._queue and not self.dropped:
+                while self._written <= self._sent and self._end is None and not self.dropped:
                     self._cond.wait()
                 if self.dropped:
                     return
-                piece = self._queue.popleft()
-                if isinstance(piece, tuple):
-                    self.ending = piece
+                if self._written <= self._sent:
+                    self.ending = self._end
                     return
-                self._queued -= len(piece)
+                start = self._sent
+                count = min(self._written - start, RANGE_BYTES)
+            yield FileRange(self._fd, start, count)
+            with self._cond:  # sent: asked for the next one
+                self._sent = start + count
                 self._cond.notify_all()
-            yield piece
 
     def run(self, forwarder: Forwarder, key: str, epoch: int) -> None:
         """The holder's session, from its beginning to its confirmation (its own thread)."""
@@ -67,6 +84,8 @@ class _Holder:
         except BaseException as e:
             self.drop()
             self.outcome.set_exception(e)
+        finally:
+            os.close(self._fd)
 
     def _session(self, forwarder: Forwarder, key: str, epoch: int) -> bool:
         peers, bound = forwarder.peers, forwarder.bound_secs
@@ -74,7 +93,7 @@ class _Holder:
         if offer is None:
             self.drop()  # no data channel to it: it syncs after the commit
             return False
-        received = peers.send_staging(self.address, offer, self.pieces(), bound)
+        received = peers.send_staging(self.address, offer, self.ranges(), bound)
         if self.dropped or self.ending is None:
             return False
         size, digest = self.ending
@@ -82,12 +101,12 @@ class _Holder:
             return False
         return peers.finish_staging(self.address, upload_id, key, epoch, size, digest, bound)
 
-    def put(self, piece: bytes | tuple[int, str], wait: float) -> bool:
-        """Queue ``piece``, waiting up to ``wait`` for room; False (and dropped) if none came."""
+    def advance(self, written: int, wait: float) -> bool:
+        """The upload has written ``written`` bytes; waits up to ``wait`` while the holder
+        trails by more than the bound. False (and dropped) if it still did."""
         deadline = time.monotonic() + wait
         with self._cond:
-            while (not self.dropped and isinstance(piece, bytes) and self._queued
-                   and self._queued + len(piece) > self._max):
+            while not self.dropped and self._written - self._sent > self._max_lag:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     self._drop_locked()
@@ -95,11 +114,15 @@ class _Holder:
                 self._cond.wait(left)
             if self.dropped:
                 return False
-            self._queue.append(piece)
-            if isinstance(piece, bytes):
-                self._queued += len(piece)
+            self._written = max(self._written, written)
             self._cond.notify_all()
             return True
+
+    def end(self, size: int, digest: str) -> None:
+        """Every byte is written: the stream ends once they are sent."""
+        with self._cond:
+            self._end = (size, digest)
+            self._cond.notify_all()
 
     def drop(self) -> None:
         with self._cond:
@@ -108,8 +131,6 @@ class _Holder:
     def _drop_locked(self) -> None:
         if not self.dropped:
             self.dropped = True
-            self._queue.clear()
-            self._queued = 0
             self._cond.notify_all()
 
 
@@ -124,19 +145,19 @@ class StreamForward:
         self._bound = bound_secs
         self._forwarder = forwarder
 
-    def feed(self, data: bytes) -> None:
+    def advance(self, written: int) -> None:
+        """The upload's temp file holds ``written`` bytes: send them on."""
         for h in self._holders:
-            if not h.dropped and not h.put(data, self._bound):
+            if not h.dropped and not h.advance(written, self._bound):
                 log.info("forward of %r to %s dropped: it fell %d MiB behind; it syncs after"
-                         " the commit", self.key, h.address, QUEUE_BYTES >> 20)
+                         " the commit", self.key, h.address, LAG_BYTES >> 20)
                 self._forwarder.suspect(h.address)
 
     def finish(self, size: int, digest: str) -> tuple[str, ...]:
         """End every stream with the commit's size and digest; the holders that confirmed a
         synced copy matching them within the bound."""
         for h in self._holders:
-            if not h.dropped:
-                h.put((size, digest), self._bound)
+            h.end(size, digest)
         deadline = time.monotonic() + self._bound
         confirmed: list[str] = []
         for h in self._holders:
@@ -158,9 +179,10 @@ class StreamForward:
             h.drop()
 
 
-def start_stream(forwarder: Forwarder, key: str, replication_factor: int, write_quorum: int
-                 ) -> StreamForward | None:
-    """The forwards of an upload to ``key`` (None when there are none to make)."""
+def start_stream(forwarder: Forwarder, key: str, replication_factor: int, write_quorum: int,
+                 temp: Path) -> StreamForward | None:
+    """The forwards of an upload to ``key`` whose bytes are written to ``temp`` (None when there
+    are none to make)."""
     if not forwarder.enabled or write_quorum < 2:
         return None
     now = time.monotonic()
@@ -171,7 +193,7 @@ def start_stream(forwarder: Forwarder, key: str, replication_factor: int, write_
     epoch = forwarder.epoch()
     holders: list[_Holder] = []
     for address in targets[:write_quorum - 1]:
-        h = _Holder(address, QUEUE_BYTES)
+        h = _Holder(address, os.open(temp, os.O_RDONLY | os.O_CLOEXEC), LAG_BYTES)
         threading.Thread(target=h.run, args=(forwarder, key, epoch), daemon=True,
                          name=f"forward-{address}").start()
         holders.append(h)

@@ -112,7 +112,8 @@ class Writes:
         up = self.uploads.begin(user, key, create, acl, rf, expected_version,
                                 w if create else write_quorum, tag, generation=generation)
         # Before the session is handed out, so no byte of it goes unforwarded.
-        up.forward = start_stream(self.forwarder, key, rf, w) if self.forwarder else None
+        up.forward = (start_stream(self.forwarder, key, rf, w, up.temp.path)
+                      if self.forwarder else None)
         return up.upload_id, int(self.uploads.expiration_secs), None
 
     def append(self, user: str, upload_id: str, offset: int, data: bytes | memoryview) -> int:
@@ -123,8 +124,7 @@ class Writes:
                 try:
                     new = up.temp.write_at(offset, data)
                     if new and up.forward is not None:
-                        # A copy: the data channel reuses its buffer for the next piece.
-                        up.forward.feed(bytes(memoryview(data)[len(data) - new:]))
+                        up.forward.advance(up.temp.size)
                 except InvalidArgument:  # a ValueError too: a gap, the client's to hear
                     raise
                 except ValueError:

@@ -58,7 +58,9 @@ the same. Without TLS the ticket crosses the network as the caller's token alrea
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
+import os
 import select
 import socket
 import ssl
@@ -74,8 +76,8 @@ from blobha.core.errors import (
     from_status,
 )
 
-__all__ = ["DataChannelUnusable", "DataChannels", "DataOffer", "open_channel", "receive",
-           "send_upload"]
+__all__ = ["DataChannelUnusable", "DataChannels", "DataOffer", "FileRange", "open_channel",
+           "receive", "send_upload"]
 
 log = logging.getLogger("blobha.dataplane")
 
@@ -117,6 +119,16 @@ class DataChannelUnusable(Unavailable):
     def __init__(self, message: str, lasting: bool = True) -> None:
         super().__init__(message)
         self.lasting = lasting
+
+
+@dataclass(frozen=True)
+class FileRange:
+    """``count`` bytes of the open file ``fd`` from ``offset``: a piece of an upload sent from
+    the page cache (``sendfile``) instead of from a buffer."""
+
+    fd: int
+    offset: int
+    count: int
 
 
 @dataclass(frozen=True)
@@ -259,12 +271,13 @@ def receive(host: str, port: int, ticket: bytes, size: int, timeout: float,
 
 
 def send_upload(host: str, port: int, ticket: bytes, timeout: float,
-                pieces: Iterable[bytes | memoryview], tls: ssl.SSLContext | None = None
-                ) -> int:
+                pieces: Iterable[bytes | memoryview | FileRange],
+                tls: ssl.SSLContext | None = None) -> int:
     """Send ``pieces`` over the data channel at ``host:port`` for the upload offered with
     ``ticket``, and return the bytes the master has received in all (the offset to go on
     from). An error raised while drawing a piece (the input's) goes through unchanged; the
-    master keeps what it was sent before.
+    master keeps what it was sent before. A :class:`FileRange` goes from the page cache
+    without a copy in plaintext; over TLS it is read and encrypted a frame at a time.
 
     Raises :class:`DataChannelUnusable` as :func:`receive` does (nothing was sent: the caller
     uses ``AppendUpload``); the master's own error (a full disk: :class:`ResourceExhausted`,
@@ -282,6 +295,10 @@ def send_upload(host: str, port: int, ticket: bytes, timeout: float,
                 if answer.poll(0):
                     break  # only a refusal comes before the end: stop sending, read it
                 try:
+                    if isinstance(piece, FileRange):
+                        _send_range(conn, piece, framed)
+                        sent += piece.count
+                        continue
                     if framed:
                         _send_frames(conn, piece)
                     else:
@@ -311,6 +328,21 @@ def _send_frames(conn: socket.socket, piece: bytes | memoryview) -> None:
         part = view[start:start + RECEIVE_BYTES]
         conn.sendall(len(part).to_bytes(FRAME_HEAD, "big"))
         conn.sendall(part)
+
+
+def _send_range(conn: socket.socket, piece: FileRange, framed: bool) -> None:
+    position, end = piece.offset, piece.offset + piece.count
+    buf = memoryview(bytearray(min(RECEIVE_BYTES, piece.count))) if framed else None
+    while position < end:
+        if buf is not None:
+            done = os.preadv(piece.fd, [buf[:min(len(buf), end - position)]], position)
+            if done:
+                _send_frames(conn, buf[:done])
+        else:
+            done = os.sendfile(conn.fileno(), piece.fd, position, end - position)
+        if done == 0:
+            raise OSError(errno.EIO, f"the file ended at byte {position} of {end}")
+        position += done
 
 
 class _Broken(Exception):

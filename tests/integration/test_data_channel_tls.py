@@ -76,6 +76,24 @@ def test_over_tls_uploads_downloads_and_sync_take_the_encrypted_channel(
         reaches(secure, SENT, synced + len(data))
 
 
+def test_a_w2_upload_is_forwarded_to_a_holder_over_the_encrypted_channel(
+        secure: LocalCluster) -> None:
+    data = os.urandom(9 * MiB + 5)  # several ranges of the leader's temp file
+    others = [m for m in secure.masters if m is not secure.leader()]
+    logged = {m.address: m.log_path.stat().st_size for m in others}
+
+    def forwarded_to() -> list[str]:
+        # A holder dropped from the forward would sync the version after the commit instead.
+        return [m.address for m in others if "installed the forwarded copy of 'tls-w2'"
+                in m.log_path.read_text(errors="replace")[logged[m.address]:]]
+
+    with client(secure) as alice:
+        assert alice.create("tls-w2", data, replication_factor=3, write_quorum=2).acknowledged
+        holder, = wait_until(forwarded_to, what="a holder installing the forwarded copy")
+        assert alice.read("tls-w2") == data
+    assert holder in logged
+
+
 def test_a_ticket_is_never_read_in_plaintext_nor_by_a_caller_that_does_not_trust_the_master(
         secure: LocalCluster) -> None:
     data = os.urandom(2 * MiB)
