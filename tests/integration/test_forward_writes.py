@@ -4,6 +4,7 @@ staged copies make the quorum (blobha.master.forward, blobha.master.staging)."""
 
 from __future__ import annotations
 
+import io
 import os
 import signal
 import threading
@@ -37,6 +38,7 @@ from blobha.zk.layout import EPOCH, BlobState, EpochRecord, holders, key_path
 
 pytestmark = pytest.mark.integration
 
+MiB = 1024 * 1024
 #: Below the sync's own stall limit of ten seconds, so a stalled holder shows in seconds.
 STALL = {"blobstore.sync.stall.secs": 1.5}
 
@@ -230,6 +232,89 @@ def test_a_w2_streamed_upload_is_forwarded_as_it_arrives(cluster: LocalCluster,
     assert [v.seq for v in copies] == [1] and copies[0].read_bytes() == data
     # Moved in whole, not copied: nothing of it is left staged.
     assert not [p for p in staged_files(holder) if p.suffix in (".blob", ".json", ".part")]
+
+
+class _Gated(io.RawIOBase):
+    """An upload's source (a stream, as from a pipe) that holds its bytes past ``first`` until
+    ``go`` is set, so a test can act while an upload is part way."""
+
+    def __init__(self, data: bytes, first: int, go: threading.Event) -> None:
+        self._data = memoryview(data)
+        self._first = first
+        self._go = go
+        self._at = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b: Any) -> int:
+        if self._at >= self._first:
+            assert self._go.wait(60), "the test never let the upload go on"
+        end = len(self._data) if self._at >= self._first else self._first
+        n = min(len(b), end - self._at)
+        b[:n] = self._data[self._at:self._at + n]
+        self._at += n
+        return n
+
+
+def upload_parts(m: MasterProcess) -> list[Path]:
+    """The files of the upload sessions under way at ``m`` (a streamed forward is one)."""
+    return sorted((store_dir(m) / "tmp").glob("upload-*.part"))
+
+
+def received(m: MasterProcess) -> int:
+    return sum(p.stat().st_size for p in upload_parts(m))
+
+
+@pytest.mark.parametrize("fresh_cluster", [STALL], indirect=True)
+@pytest.mark.parametrize("fault", ["paused", "killed"])
+def test_a_holder_lost_mid_forwarded_upload_is_dropped_and_the_upload_completes(
+        fresh_cluster: LocalCluster, unique_key: str, fault: str) -> None:
+    data = os.urandom(96 * MiB + 7)  # past the 32 MiB a holder may trail by
+    go = threading.Event()
+    outcome: dict[str, Any] = {}
+
+    def upload() -> None:
+        with client_for(fresh_cluster, timeout=60.0) as c:
+            try:
+                outcome["meta"] = c.create(unique_key, _Gated(data, 24 * MiB, go),
+                                           replication_factor=3, write_quorum=2)
+            except Exception as e:
+                outcome["error"] = e
+
+    uploader = threading.Thread(target=upload)
+    uploader.start()
+    try:
+        # W=2: the stream goes to one of the other masters.
+        holder, = wait_until(
+            lambda: [m for m in followers(fresh_cluster) if received(m) > 0], timeout=30,
+            what="the forward's first bytes at a holder")
+        if fault == "paused":
+            holder.signal(signal.SIGSTOP)  # past the stall limit: it never answers again
+        else:
+            holder.kill()
+        go.set()
+        uploader.join(120)
+    finally:
+        go.set()
+        holder.signal(signal.SIGCONT)
+    assert not uploader.is_alive()
+    assert "error" not in outcome, outcome
+    assert outcome["meta"].acknowledged  # by the other holder's ordinary sync
+    with zookeeper(fresh_cluster) as zk:
+        assert holder.address not in committed(zk, unique_key).confirmed
+    with client_for(fresh_cluster) as c:
+        assert c.read(unique_key) == data
+    if fault == "killed":
+        fresh_cluster.start_master(holder)
+    # The lost holder keeps nothing half-written: its unfinished staging goes (expired, or at
+    # start-up), and it syncs the version as any follower does.
+    wait_until(lambda: not upload_parts(holder), timeout=30, what="the unfinished staging gone")
+    assert not [p for p in staged_files(holder) if p.suffix == ".part"]
+    with zookeeper(fresh_cluster) as zk:
+        wait_until(lambda: holder.address in replica_holders(zk, unique_key, 1), timeout=60,
+                   what="the holder's own replica of the version")
+    assert [v.read_bytes() == data for v in version_files(holder, unique_key)] == [True]
 
 
 @contextmanager
