@@ -80,7 +80,10 @@ class _Holder:
     def run(self, forwarder: Forwarder, key: str, epoch: int) -> None:
         """The holder's session, from its beginning to its confirmation (its own thread)."""
         try:
-            self.outcome.set_result(self._session(forwarder, key, epoch))
+            confirmed = self._session(forwarder, key, epoch)
+            if not confirmed:
+                self.drop()  # nothing more is sent to it: the upload must not wait for it
+            self.outcome.set_result(confirmed)
         except BaseException as e:
             self.drop()
             self.outcome.set_exception(e)
