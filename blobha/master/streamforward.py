@@ -53,9 +53,7 @@ class _Holder:
         self._end: tuple[int, str] | None = None
         #: Set when the holder was given up: its session is never finished, and expires.
         self.dropped = False
-        #: The (size, digest) the commit gave, once every byte was sent.
-        self.ending: tuple[int, str] | None = None
-        #: Whether the holder keeps a synced copy matching ``ending``.
+        #: Whether the holder keeps a synced copy of the size and digest the commit gave.
         self.outcome: Future[bool] = Future()
 
     def ranges(self) -> Iterator[FileRange]:
@@ -65,11 +63,8 @@ class _Holder:
             with self._cond:
                 while self._written <= self._sent and self._end is None and not self.dropped:
                     self._cond.wait()
-                if self.dropped:
-                    return
-                if self._written <= self._sent:
-                    self.ending = self._end
-                    return
+                if self.dropped or self._written <= self._sent:
+                    return  # given up, or every byte sent and the end given
                 start = self._sent
                 count = min(self._written - start, RANGE_BYTES)
             yield FileRange(self._fd, start, count)
@@ -97,10 +92,10 @@ class _Holder:
             self.drop()  # no data channel to it: it syncs after the commit
             return False
         received = peers.send_staging(self.address, offer, self.ranges(), bound)
-        if self.dropped or self.ending is None:
+        if self.dropped or self._end is None:
             return False
-        size, digest = self.ending
-        if received != size:
+        size, digest = self._end
+        if received != size:  # the holder has fewer bytes than the commit names
             return False
         return peers.finish_staging(self.address, upload_id, key, epoch, size, digest, bound)
 

@@ -67,7 +67,7 @@ import ssl
 import struct
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 from blobha.core.errors import (
@@ -77,7 +77,7 @@ from blobha.core.errors import (
 )
 
 __all__ = ["DataChannelUnusable", "DataChannels", "DataOffer", "FileRange", "open_channel",
-           "receive", "send_upload"]
+           "receive", "send_file_range", "send_upload"]
 
 log = logging.getLogger("blobha.dataplane")
 
@@ -296,8 +296,10 @@ def send_upload(host: str, port: int, ticket: bytes, timeout: float,
                     break  # only a refusal comes before the end: stop sending, read it
                 try:
                     if isinstance(piece, FileRange):
-                        _send_range(conn, piece, framed)
-                        sent += piece.count
+                        buf = (memoryview(bytearray(min(RECEIVE_BYTES, piece.count)))
+                               if framed else None)
+                        sent += sum(send_file_range(conn, piece.fd, piece.offset, piece.count,
+                                                    buf, lambda b: _send_frames(conn, b)))
                         continue
                     if framed:
                         _send_frames(conn, piece)
@@ -330,19 +332,29 @@ def _send_frames(conn: socket.socket, piece: bytes | memoryview) -> None:
         conn.sendall(part)
 
 
-def _send_range(conn: socket.socket, piece: FileRange, framed: bool) -> None:
-    position, end = piece.offset, piece.offset + piece.count
-    buf = memoryview(bytearray(min(RECEIVE_BYTES, piece.count))) if framed else None
+def send_file_range(conn: socket.socket, fd: int, position: int, count: int,
+                    buf: memoryview | None, send_buffer: Callable[[memoryview], object],
+                    socket_errors: Callable[[], contextlib.AbstractContextManager[object]]
+                    = contextlib.nullcontext) -> Iterator[int]:
+    """Send bytes ``[position, position + count)`` of the file ``fd`` on ``conn``, yielding
+    the bytes each step sent: ``sendfile`` from the page cache, or, with ``buf`` (TLS, whose
+    socket ``sendfile`` would bypass), read into it and handed to ``send_buffer``. Socket
+    calls run inside ``socket_errors()`` (a caller may tell their errors from the file's);
+    a file shorter than the range raises EIO."""
+    end = position + count
     while position < end:
         if buf is not None:
-            done = os.preadv(piece.fd, [buf[:min(len(buf), end - position)]], position)
+            done = os.preadv(fd, [buf[:min(len(buf), end - position)]], position)
             if done:
-                _send_frames(conn, buf[:done])
+                with socket_errors():
+                    send_buffer(buf[:done])
         else:
-            done = os.sendfile(conn.fileno(), piece.fd, position, end - position)
+            with socket_errors():
+                done = os.sendfile(conn.fileno(), fd, position, end - position)
         if done == 0:
             raise OSError(errno.EIO, f"the file ended at byte {position} of {end}")
         position += done
+        yield done
 
 
 class _Broken(Exception):

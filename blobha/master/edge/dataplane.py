@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import logging
-import os
 import secrets
 import socket
 import ssl
@@ -40,6 +39,7 @@ from blobha.wire.dataplane import (
     WAKE_BYTES,
     fill,
     recv_exact,
+    send_file_range,
     time_limit,
 )
 from blobha.wire.datatls import ReloadingServerContext
@@ -381,7 +381,6 @@ class DataPlane:
         # timeout stats the file, builds a selector and polls before every system call.
         conn.settimeout(None)
         time_limit(conn, IO_TIMEOUT)
-        out = conn.fileno()
 
         def opened() -> None:
             nonlocal started
@@ -394,21 +393,8 @@ class DataPlane:
 
         def send(f: BinaryIO, position: int, count: int) -> None:
             nonlocal sent
-            end = position + count
-            while position < end:
-                if buf is not None:
-                    # sendfile would send the file as it is: read, then encrypt and send.
-                    done = os.preadv(f.fileno(), [buf[:min(len(buf), end - position)]],
-                                     position)
-                    if done:
-                        with _client_errors():
-                            conn.sendall(buf[:done])
-                else:
-                    with _client_errors():
-                        done = os.sendfile(out, f.fileno(), position, end - position)
-                if done == 0:  # shorter than the chunk just checked: changed under us
-                    raise OSError(errno.EIO, f"the file ended at byte {position}")
-                position += done
+            for done in send_file_range(conn, f.fileno(), position, count, buf, conn.sendall,
+                                        _client_errors):
                 sent += done
 
         def not_held() -> None:
