@@ -120,20 +120,34 @@ class Reads:
         read with no minimum on a master cut off longer than ``read_cutoff_secs``, which
         SESSION refuses as :class:`Stale` (see :meth:`_last_seen`)."""
         if view == View.LINEARIZABLE:
-            return self._confirmed(key), None
+            return self._at_least(key, self._confirmed(key), minimum), None
         try:
             if minimum is None:
                 return self.meta.state_or_404(key), None
             state = self.meta.read_state(key)
             if state is None or minimum.newer_than(state.seq, state.created_at):
                 # Older than what the client saw committed: this master's ZooKeeper server may
-                # trail. A synced read is the latest committed state, whatever the minimum.
+                # trail. A synced read is the latest committed state.
                 state = self.meta.read_state_synced(key)
         except (Unavailable, *UNREACHABLE):
             return self._last_seen(key, minimum, view)
         if state is None:
             raise no_such_key(key)
-        return state, None
+        return self._at_least(key, state, minimum), None
+
+    def _at_least(self, key: str, state: BlobState, minimum: MinVersion | None) -> BlobState:
+        """``state`` (read after a ``sync``) if it is not older than ``minimum``. Older, this
+        ZooKeeper server lost or skipped a change the client saw committed: the guarantee is
+        never to answer older, whatever the source, so the client asks another master."""
+        if minimum is None or not minimum.newer_than(state.seq, state.created_at):
+            return state
+        log.warning("ZooKeeper shows v%d of %r after a sync, older than %s a client has seen"
+                    " committed; refused the read", state.seq, key, minimum.describe())
+        raise Stale(
+            f"master {self.identity}'s ZooKeeper server shows v{state.seq} of {key!r} even after"
+            f" a sync, older than what this client has seen ({minimum.describe()}); retry at"
+            " another master"
+        )
 
     def _confirmed(self, key: str) -> BlobState:
         """The latest committed state of ``key``: read after a ``sync``, which brings this
