@@ -6,6 +6,7 @@ replica fails, the next resumes at the byte where it stopped, pinned to the vers
 from __future__ import annotations
 
 import functools
+import logging
 
 from blobha.client.arguments import MiB
 from blobha.client.retry import Deadline, gave_up
@@ -30,6 +31,8 @@ from blobha.wire.dataplane import DataOffer
 # segments are larger: fewer streams, fewer ramp-ups.
 _DOWNLOAD_SEGMENT_BYTES = 64 * MiB
 _NOT_HELD_PREFIX = "not held here"
+
+log = logging.getLogger("blobha.client")
 
 
 class DownloadJob:
@@ -225,6 +228,8 @@ class DownloadJob:
                 if not message.HasField("info"):
                     raise InternalError(f"master {address} sent data before the blob info")
                 self._check_info(address, info_from_pb(message.info))
+                log.debug("reading %r v%d from %s", self.key, message.info.version, address,
+                          extra={"master": address})
                 # Monotonic reads: no later read of this client accepts an older view.
                 self.router.seen.saw(self.key, message.info.version, message.info.created_at)
                 seen_info = True

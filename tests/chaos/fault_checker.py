@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import io
 import itertools
+import logging
 import random
 import threading
 import time
@@ -50,6 +51,8 @@ class Op:
     version: int = 0
     digest: str = ""
     error: str = ""
+    #: The master that served a read (its first bytes), for placing a problem.
+    source: str = ""
 
 
 @dataclass
@@ -91,6 +94,19 @@ class History:
         return sum(1 for o in self.snapshot() if o.kind == "write" and o.outcome == OK)
 
 
+class _Sources(logging.Handler):
+    """The master each worker thread's latest download came from, as the client logs it."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.latest: dict[str, str] = {}
+
+    def emit(self, record: logging.LogRecord) -> None:
+        master = getattr(record, "master", None)
+        if master is not None:
+            self.latest[threading.current_thread().name] = str(master)
+
+
 class RandomWorkload:
     """``writers`` writer and ``readers`` reader threads, each its own client, until stopped
     (bounded by ``max_secs``)."""
@@ -109,6 +125,9 @@ class RandomWorkload:
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self.errors: list[str] = []
+        self._sources = _Sources()
+        self._logger = logging.getLogger("blobha.client")
+        self._logger_was = (self._logger.level, self._logger.propagate)
 
     def keys(self, writer: int) -> list[str]:
         return [f"rf-{writer}-{k}" for k in range(self.keys_per_writer)]
@@ -117,6 +136,10 @@ class RandomWorkload:
         return f"rf-{writer}-gone"
 
     def __enter__(self) -> RandomWorkload:
+        # Which master served each read; kept out of the test's own log capture.
+        self._logger.addHandler(self._sources)
+        self._logger.setLevel(logging.DEBUG)
+        self._logger.propagate = False
         started = time.monotonic()
         for i in range(self.writers):
             self._spawn(f"writer-{i}", self._writer, i, started)
@@ -131,6 +154,9 @@ class RandomWorkload:
         self._stop.set()
         for t in self._threads:
             t.join(self.op_timeout + 30)
+        self._logger.removeHandler(self._sources)
+        self._logger.setLevel(self._logger_was[0])
+        self._logger.propagate = self._logger_was[1]
         assert not any(t.is_alive() for t in self._threads), "workload threads did not stop"
 
     def _spawn(self, name: str, target: object, index: int, started: float) -> None:
@@ -149,6 +175,7 @@ class RandomWorkload:
 
     def _read(self, client: Client, name: str, key: str) -> None:
         out = io.BytesIO()
+        self._sources.latest.pop(name, None)
         t0 = time.monotonic()
         try:
             info = client.download(key, out)  # the client checks the digest end to end
@@ -160,7 +187,8 @@ class RandomWorkload:
                                 error=f"{type(e).__name__}: {e}"))
             return
         self.history.add(Op(name, "read", key, t0, time.monotonic(), OK, info.version,
-                            digest(out.getvalue())))
+                            digest(out.getvalue()),
+                            source=self._sources.latest.pop(name, "")))
 
     def _write(self, client: Client, name: str, key: str, data: bytes, create: bool) -> bool:
         d = digest(data)
@@ -251,6 +279,7 @@ def check_history(ops: list[Op]) -> list[str]:
                     problems.append(f"{name} read {o.key} v{o.version} after deleting it")
                 if o.version < newest.get(o.key, 0):
                     problems.append(f"{name} read {o.key} v{o.version} after it had written or"
-                                    f" read v{newest[o.key]} (at {o.start:.2f})")
+                                    f" read v{newest[o.key]} (at {o.start:.2f}"
+                                    f"{f', from {o.source}' if o.source else ''})")
             newest[o.key] = max(newest.get(o.key, 0), o.version)
     return problems
