@@ -46,6 +46,7 @@ PUBLIC = {
 #: keeps its logger's name.
 LOGGERS = {
     "blobha.audit", "blobha.auth", "blobha.bench_spark", "blobha.cache", "blobha.cache.peers",
+    "blobha.client",
     "blobha.dataplane",
     "blobha.groupcommit", "blobha.health", "blobha.interceptor", "blobha.leader.election",
     "blobha.master", "blobha.metrics", "blobha.scrub", "blobha.segments", "blobha.service",
