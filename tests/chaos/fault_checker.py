@@ -51,7 +51,7 @@ class Op:
     version: int = 0
     digest: str = ""
     error: str = ""
-    #: The master that served a read (its first bytes), for placing a problem.
+    #: The master that served a read (the last one, if it failed over), for placing a problem.
     source: str = ""
 
 
