@@ -136,9 +136,11 @@ class Reads:
         return self._at_least(key, state, minimum), None
 
     def _at_least(self, key: str, state: BlobState, minimum: MinVersion | None) -> BlobState:
-        """``state`` (read after a ``sync``) if it is not older than ``minimum``. Older, this
-        ZooKeeper server lost or skipped a change the client saw committed: the guarantee is
-        never to answer older, whatever the source, so the client asks another master."""
+        """``state`` if it is not older than ``minimum``. Older, it was read after a ``sync``
+        (see the callers), so this ZooKeeper server lost or skipped a change the client saw
+        committed: the guarantee is never to answer older, whatever the source, so the client
+        asks another master. Checked outside the callers' ``try``: a Stale raised there would
+        be taken for ZooKeeper out of reach and answered from the last view."""
         if minimum is None or not minimum.newer_than(state.seq, state.created_at):
             return state
         log.warning("ZooKeeper shows v%d of %r after a sync, older than %s a client has seen"
