@@ -23,6 +23,19 @@ Metric groups (``--metrics`` picks a subset; every metric name starts with its g
 ``replication_1g_s``
     From the big blob's acknowledgement to 3 replicas. Baseline: writing twice its size with
     fdatasync (the two followers write one copy each to the same disk).
+``upload_w2_mbps``
+    The ``--size-mb`` upload with a write quorum of 2 (the leader forwards the bytes to a second
+    holder as they arrive), against the same upload with W=1, alternating which goes first.
+    ``upload_w2_disk_mbps``: the disk's share, a dd-style write of that size with fdatasync
+    alone (the baseline, as for ``upload_mbps``) and two at once (the value), as two masters
+    sharing a disk write W=2's copies. Where W=1 runs at the disk's pace, W=2's ratio follows
+    this one.
+``small_ops_w2_per_s`` / ``replication_latency_w2_ms``
+    The 4 KiB creates (1 and 8 clients) and the time to 3 replicas of ``small_ops_per_s`` and
+    ``replication_latency_ms`` with W=2, each against W=1 measured alongside.
+``upload_tls_mbps`` / ``download_tls_mbps`` (``--local``)
+    The big upload and download against a TLS cluster started beside the plaintext one,
+    alternating. Baselines: the plaintext figures of the same rounds.
 ``spark`` (needs pyspark)
     The Spark comparison of :mod:`blobha.ops.bench_spark`: from job start until every executor
     (two separate executor processes) holds a ``--spark-size-mb`` blob (default 256 MiB),

@@ -17,6 +17,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -142,6 +143,17 @@ def disk_write_secs(directory: Path, size: int, block: int = MiB) -> float:
         path.unlink(missing_ok=True)
 
 
+def disk_writes_at_once_secs(directory: Path, size: int, writers: int) -> float:
+    """:func:`disk_write_secs` in ``writers`` threads at once (a write lets go of the GIL),
+    each its own file, as that many masters sharing the disk write their copies: the seconds
+    until the last is synced."""
+    with ThreadPoolExecutor(writers, thread_name_prefix="bench-dd") as pool:
+        t0 = time.perf_counter()
+        for f in [pool.submit(disk_write_secs, directory, size) for _ in range(writers)]:
+            f.result()
+        return time.perf_counter() - t0
+
+
 _RAW_SERVICE = "blobha.ops.bench.Raw"
 _RAW_METHOD = f"/{_RAW_SERVICE}/Stream"
 
@@ -150,8 +162,6 @@ def raw_grpc_server_main(chunk: int = CHUNK_SIZE) -> None:
     """A gRPC server streaming N bytes (the request, in ASCII) in ``chunk`` pieces: no disk, no
     hashing, no protobuf. Run in a child process so it does not share our GIL, as a master
     would not. Prints its port, exits when its stdin closes."""
-    from concurrent.futures import ThreadPoolExecutor
-
     block = os.urandom(chunk)
 
     def stream(request: bytes, context: grpc.ServicerContext) -> Iterator[bytes]:

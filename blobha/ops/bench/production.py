@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from blobha.client import Client
-from blobha.ops.bench.baselines import pattern
+from blobha.ops.bench.baselines import disk_write_secs, disk_writes_at_once_secs, pattern
 from blobha.ops.bench.bigblob import download_secs
 from blobha.ops.bench.context import Bench
 from blobha.ops.bench.driver import bench_client
@@ -29,10 +29,13 @@ _LATENCY_ROUNDS_MAX = 100
 
 
 def upload_w2(bench: Bench) -> None:
-    """A big upload with W=2 and with W=1, alternating which goes first in each round."""
+    """A big upload with W=2 and with W=1, alternating which goes first in each round; and
+    the disk's share: one copy written with fdatasync, and two at once, as W=2's two copies
+    are written when the masters share a disk."""
     size = bench.opts.size_mb * MiB
     data = pattern(size)
     secs: dict[int, list[float]] = {1: [], 2: []}
+    disk: dict[int, list[float]] = {1: [], 2: []}
     keys: list[str] = []
     with bench.client() as c:
         c.cluster_summary()
@@ -49,10 +52,21 @@ def upload_w2(bench: Bench) -> None:
                     raise RuntimeError(f"{key} did not reach 3 replicas")
             bench.log.say(f"round {r + 1}/{bench.opts.repeat} of {size // MiB} MiB: upload"
                           f" W=2 {secs[2][-1]:.2f} s, W=1 {secs[1][-1]:.2f} s")
+        # After the uploads, not between them: a deleted file sets the disk trimming it
+        # (ext4 mounted with discard), and an upload right after would measure that.
+        for r in range(bench.opts.repeat):
+            disk[1].append(disk_write_secs(bench.disk_dir, size))
+            disk[2].append(disk_writes_at_once_secs(bench.disk_dir, size, 2))
+            bench.log.say(f"round {r + 1}/{bench.opts.repeat} of {size // MiB} MiB: disk, one"
+                          f" copy {disk[1][-1]:.2f} s, two at once {disk[2][-1]:.2f} s")
         _remove(bench, c, keys)
     med = statistics.median
     bench.add("upload_w2_mbps", mb_per_s(size, med(secs[2])), "MB/s", "upload_w1_mbps",
               mb_per_s(size, med(secs[1])))
+    # What two writers at once get of the disk, against one: where W=1 runs at the disk's
+    # pace, W=2's ratio follows this one.
+    bench.add("upload_w2_disk_mbps", mb_per_s(size, med(disk[2])), "MB/s",
+              "disk_fdatasync_write_mbps", mb_per_s(size, med(disk[1])))
 
 
 def small_ops_w2(bench: Bench) -> None:
