@@ -9,6 +9,7 @@ import json
 import math
 import os
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -371,6 +372,26 @@ def test_pattern_has_the_size_asked_for() -> None:
 def test_disk_write_baseline_cleans_up(tmp_path: Path) -> None:
     secs = bench.disk_write_secs(tmp_path, 3 * 1024 * 1024 + 7, block=1024 * 1024)
     assert secs > 0
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_writes_at_once_each_write_a_file_of_their_own(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from blobha.ops.bench import baselines
+
+    made: list[str] = []
+    real_open = os.open
+
+    def recording(path: str, flags: int, mode: int = 0o777) -> int:
+        made.append(os.path.basename(path))
+        return real_open(path, flags, mode)
+
+    monkeypatch.setattr(os, "open", recording)
+    # A coarse clock must not give two writers one name (each file is made exclusively).
+    monkeypatch.setattr(time, "monotonic_ns", lambda: 42)
+    secs = baselines.disk_writes_at_once_secs(tmp_path, 2 * 1024 * 1024 + 3, 3)
+    assert secs > 0
+    assert len(made) == 3 and len(set(made)) == 3, made
     assert list(tmp_path.iterdir()) == []
 
 

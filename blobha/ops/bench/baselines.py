@@ -15,6 +15,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -129,7 +130,9 @@ def disk_write_secs(directory: Path, size: int, block: int = MiB) -> float:
     """dd bs=1M conv=fdatasync, in Python: write ``size`` bytes in ``block`` buffers, fdatasync,
     and return the seconds it took. The file is deleted afterwards."""
     buf = os.urandom(block)
-    path = directory / f".blobha-bench-dd-{os.getpid()}-{time.monotonic_ns()}"
+    # The thread too: writers at once (disk_writes_at_once_secs) may read one clock value.
+    path = directory / (f".blobha-bench-dd-{os.getpid()}-{threading.get_ident()}"
+                        f"-{time.monotonic_ns()}")
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:
         t0 = time.perf_counter()
