@@ -145,6 +145,61 @@ def test_rss_of_this_process_is_positive() -> None:
     assert bench.rss_kib(os.getpid()) > 0
 
 
+_DISKSTATS = (
+    " 254       0 vda 9100 12 812340 2201 51200 9 4194304 88123 0 61234 90321 0 0 0 0 0 0\n"
+    " 254       1 vda1 9000 12 810000 2190 51100 9 4194000 88100 0 61200 90300\n"
+    "   7       0 loop0 0 0 0 0 0 0 0 0 0 0 0\n"
+    "   8      16 sdb 1 2 3\n"
+)
+
+
+def test_parse_diskstats_reads_sectors_written_and_busy_time() -> None:
+    from blobha.ops.bench.baselines import DiskCounters, parse_diskstats
+
+    # Sectors are 512 bytes whatever the device's block size; io_ticks is the 13th field.
+    assert parse_diskstats(_DISKSTATS, 254, 0) == DiskCounters(4194304 * 512, 61234)
+    assert parse_diskstats(_DISKSTATS, 254, 1) == DiskCounters(4194000 * 512, 61200)
+    assert parse_diskstats(_DISKSTATS, 254, 2) is None  # no such device
+    assert parse_diskstats(_DISKSTATS, 8, 16) is None  # a line too short to read
+
+
+def test_disk_counters_are_those_of_the_device_holding_the_path(tmp_path: Path) -> None:
+    from blobha.ops.bench.baselines import DiskCounters, disk_counters
+
+    dev = os.stat(tmp_path).st_dev
+    proc = tmp_path / "proc"
+    proc.mkdir()
+    other = f" {os.major(dev) + 1} {os.minor(dev)} other 1 0 8 1 7 0 64 5 0 11 40\n"
+    (proc / "diskstats").write_text(
+        other + f" {os.major(dev)} {os.minor(dev)} mine 1 0 8 1 7 0 96 5 0 33 40\n")
+    assert disk_counters(tmp_path, proc) == DiskCounters(96 * 512, 33)
+    (proc / "diskstats").write_text(other)  # a file system with no device (tmpfs)
+    assert disk_counters(tmp_path, proc) is None
+    assert disk_counters(tmp_path / "missing", proc) is None
+    assert disk_counters(tmp_path, tmp_path / "no-proc") is None
+
+
+def test_parse_cpu_secs_counts_user_and_system_time_past_the_command() -> None:
+    from blobha.ops.bench.baselines import parse_cpu_secs
+
+    # The command may hold spaces and parentheses: fields are counted after the last ")".
+    stat = "4242 (python (x) y) S 1 4242 4242 0 -1 4194560 900 0 3 0 250 75 0 0 20 0 12 0"
+    assert parse_cpu_secs(stat, 100) == pytest.approx(3.25)
+    with pytest.raises(ValueError):
+        parse_cpu_secs("4242 (short) S 1 2", 100)
+
+
+def test_cpu_secs_of_a_process_grow_with_the_work_it_does() -> None:
+    from blobha.ops.bench.baselines import cpu_secs
+
+    before = cpu_secs(os.getpid())
+    deadline = time.monotonic() + 5.0
+    spent = time.process_time()
+    while time.process_time() - spent < 0.3 and time.monotonic() < deadline:
+        sum(range(10_000))
+    assert cpu_secs(os.getpid()) - before >= 0.2
+
+
 def test_cpus_allowed_reads_the_kernels_list(tmp_path: Path) -> None:
     (tmp_path / "42").mkdir()
     (tmp_path / "42" / "status").write_text(

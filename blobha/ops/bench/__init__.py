@@ -29,7 +29,12 @@ Metric groups (``--metrics`` picks a subset; every metric name starts with its g
     ``upload_w2_disk_mbps``: the disk's share, a dd-style write of that size with fdatasync
     alone (the baseline, as for ``upload_mbps``) and two at once (the value), as two masters
     sharing a disk write W=2's copies. Where W=1 runs at the disk's pace, W=2's ratio follows
-    this one.
+    this one. With ``--local``, each upload is accounted for: ``upload_w2_cpu_s`` and
+    ``upload_w2_leader_cpu_s``, the CPU seconds of all masters and of the leader alone;
+    ``upload_w2_disk_written_mb``, what the masters' disk wrote while the upload ran (both
+    copies land on it); ``upload_w2_disk_ceiling_mbps``, the disk's best pace in the group
+    (any upload or dd-style write) over the bytes a W=2 upload puts on it: W=2 cannot beat it
+    here, so its ratio to W=1 is W=2's ceiling on this machine. Each beside the W=1 figure.
 ``small_ops_w2_per_s`` / ``replication_latency_w2_ms``
     The 4 KiB creates (1 and 8 clients) and the time to 3 replicas of ``small_ops_per_s`` and
     ``replication_latency_ms`` with W=2, each against W=1 measured alongside.

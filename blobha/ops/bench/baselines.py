@@ -19,6 +19,7 @@ import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -238,6 +239,49 @@ def read_file_into_cache(path: Path) -> None:
     with open(path, "rb", buffering=0) as f:
         while f.read(8 * MiB):
             pass
+
+
+@dataclass(frozen=True)
+class DiskCounters:
+    """A block device's totals since boot, from ``/proc/diskstats``."""
+
+    written: int  #: bytes written
+    busy_ms: int  #: milliseconds with a request in flight (``io_ticks``)
+
+
+def parse_diskstats(text: str, major: int, minor: int) -> DiskCounters | None:
+    """The counters of device ``major:minor`` in the text of ``/proc/diskstats``; None if the
+    text has no line for it."""
+    for line in text.splitlines():
+        f = line.split()
+        if len(f) >= 13 and f[0] == str(major) and f[1] == str(minor):
+            return DiskCounters(written=int(f[9]) * 512, busy_ms=int(f[12]))
+    return None
+
+
+def disk_counters(path: Path, proc: Path = Path("/proc")) -> DiskCounters | None:
+    """The counters of the block device holding ``path``; None where its file system has no
+    block device of its own (tmpfs, overlay, btrfs) or the kernel does not say."""
+    try:
+        dev = os.stat(path).st_dev
+        text = (proc / "diskstats").read_text()
+    except OSError:
+        return None
+    return parse_diskstats(text, os.major(dev), os.minor(dev))
+
+
+def parse_cpu_secs(stat_text: str, ticks_per_sec: int) -> float:
+    """User plus system CPU seconds of every thread of a process, from the text of
+    ``/proc/<pid>/stat`` (fields 14 and 15, counted after the command's closing parenthesis,
+    which may itself hold spaces)."""
+    fields = stat_text.rpartition(")")[2].split()
+    if len(fields) < 13:
+        raise ValueError(f"unexpected /proc/<pid>/stat text: {stat_text[:200]!r}")
+    return (int(fields[11]) + int(fields[12])) / ticks_per_sec
+
+
+def cpu_secs(pid: int) -> float:
+    return parse_cpu_secs(Path(f"/proc/{pid}/stat").read_text(), os.sysconf("SC_CLK_TCK"))
 
 
 def rss_kib(pid: int) -> int:
