@@ -354,8 +354,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--metrics", metavar="NAME[,NAME...]",
                    help="run only these: upload_mbps, replication_1g_s, download_mbps,"
                         " replication_latency_ms, small_ops_per_s, upload_w2_mbps,"
-                        " small_ops_w2_per_s, replication_latency_w2_ms, upload_tls_mbps,"
-                        " download_tls_mbps, spark, spark_env_start,"
+                        " upload_w2_apart_mbps, small_ops_w2_per_s, replication_latency_w2_ms,"
+                        " upload_tls_mbps, download_tls_mbps, spark, spark_env_start,"
                         " failover_term_s, failover_kill_s, failover_kill_restart_s, scale"
                         " (default: all); fanout only when named, alone (see --fanout)")
     p.add_argument("--spark-size-mb", type=_positive_int, default=256, metavar="MIB",

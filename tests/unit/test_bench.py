@@ -189,6 +189,63 @@ def test_parse_cpu_secs_counts_user_and_system_time_past_the_command() -> None:
         parse_cpu_secs("4242 (short) S 1 2", 100)
 
 
+def test_file_system_type_is_that_of_the_longest_mount_point_holding_the_path(
+        tmp_path: Path) -> None:
+    from blobha.ops.bench.apart import file_system_type
+
+    mounts = tmp_path / "mounts"
+    mounts.write_text(
+        "/dev/vda / ext4 rw 0 0\n"
+        "tmpfs /dev/shm tmpfs rw 0 0\n"
+        "tmpfs /dev/shm/with\\040space tmpfs rw 0 0\n"
+        "shm /dev/shmem overlay rw 0 0\n"
+        "broken\n"
+    )
+    assert file_system_type(Path("/dev/shm"), mounts) == "tmpfs"
+    assert file_system_type(Path("/dev/shm/x/y"), mounts) == "tmpfs"
+    assert file_system_type(Path("/dev/shmem/x"), mounts) == "overlay"  # not under /dev/shm
+    assert file_system_type(Path("/dev/shm/with space/z"), mounts) == "tmpfs"
+    assert file_system_type(Path("/srv/data"), mounts) == "ext4"
+    assert file_system_type(Path("/srv"), tmp_path / "no-mounts") is None
+
+
+def test_pin_process_moves_every_thread_of_a_process(tmp_path: Path) -> None:
+    from blobha.ops.bench.apart import pin_process
+
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        pytest.skip("one CPU: nothing to pin to but what every thread already has")
+    release = threading.Event()
+    ready = threading.Event()
+
+    def wait() -> None:
+        ready.set()
+        release.wait(10)
+
+    t = threading.Thread(target=wait)
+    t.start()
+    ready.wait(10)
+    before = os.sched_getaffinity(0)
+    try:
+        pin_process(os.getpid(), {cpus[1]})
+        for tid in os.listdir("/proc/self/task"):
+            assert os.sched_getaffinity(int(tid)) == {cpus[1]}, tid
+    finally:
+        pin_process(os.getpid(), before)
+        release.set()
+        t.join()
+    assert os.sched_getaffinity(0) == before
+
+
+def test_warm_memory_gives_back_what_it_touched() -> None:
+    from blobha.ops.bench.apart import warm_memory
+
+    before = bench.rss_kib(os.getpid())
+    warm_memory(256 * 1024 * 1024 + 5)
+    warm_memory(0)
+    assert bench.rss_kib(os.getpid()) < before + 32 * 1024
+
+
 def test_cpu_secs_of_a_process_grow_with_the_work_it_does() -> None:
     from blobha.ops.bench.baselines import cpu_secs
 
@@ -286,7 +343,7 @@ def test_options_validation() -> None:
     with pytest.raises(ValueError, match="at least 1"):
         BenchOptions(spark_env_size_mb=0).check(True, False)
     assert {"failover_term_s", "failover_kill_s", "failover_kill_restart_s", "scale",
-            "upload_tls_mbps", "download_tls_mbps"} == LOCAL_ONLY
+            "upload_tls_mbps", "download_tls_mbps", "upload_w2_apart_mbps"} == LOCAL_ONLY
     with pytest.raises(ValueError, match="--tls starts a TLS cluster of its own"):
         BenchOptions(tls=True).check(False, False)
     BenchOptions(tls=True).check(True, False)

@@ -35,6 +35,12 @@ Metric groups (``--metrics`` picks a subset; every metric name starts with its g
     copies land on it); ``upload_w2_disk_ceiling_mbps``, the disk's best pace in the group
     (any upload or dd-style write) over the bytes a W=2 upload puts on it: W=2 cannot beat it
     here, so its ratio to W=1 is W=2's ceiling on this machine. Each beside the W=1 figure.
+``upload_w2_apart_mbps`` (``--local``)
+    The same pair of uploads on a cluster of its own whose followers keep their data in
+    memory and run on a CPU of their own, the leader and the client sharing the other, with
+    memory warmed before each upload (:mod:`blobha.ops.bench.apart`): the forward's cost where
+    each master has a disk and CPUs of its own. ``upload_w2_apart_disk_written_mb`` shows that
+    only the leader's copy reaches the disk. Baseline: W=1 on that cluster.
 ``small_ops_w2_per_s`` / ``replication_latency_w2_ms``
     The 4 KiB creates (1 and 8 clients) and the time to 3 replicas of ``small_ops_per_s`` and
     ``replication_latency_ms`` with W=2, each against W=1 measured alongside.

@@ -31,6 +31,7 @@ METRIC_GROUPS: tuple[str, ...] = (
     "replication_latency_ms",
     "small_ops_per_s",
     "upload_w2_mbps",
+    "upload_w2_apart_mbps",
     "small_ops_w2_per_s",
     "replication_latency_w2_ms",
     "upload_tls_mbps",
@@ -47,8 +48,8 @@ METRIC_GROUPS: tuple[str, ...] = (
 EXPLICIT_GROUPS: tuple[str, ...] = ("fanout",)
 #: Groups that kill, restart or inspect master processes: only a cluster we started.
 LOCAL_ONLY = frozenset({"failover_term_s", "failover_kill_s", "failover_kill_restart_s", "scale",
-                        # Beside the run's cluster, one of the other kind is started.
-                        "upload_tls_mbps", "download_tls_mbps"})
+                        # Beside the run's cluster, another is started.
+                        "upload_tls_mbps", "download_tls_mbps", "upload_w2_apart_mbps"})
 
 
 def parse_metrics(text: str | None) -> tuple[str, ...]:

@@ -7,7 +7,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from blobha.ops.bench import bigblob, failover, production, scale, smallops, spark
+from blobha.ops.bench import apart, bigblob, failover, production, scale, smallops, spark
 from blobha.ops.bench.baselines import unjournaled_ext4
 from blobha.ops.bench.context import Bench
 from blobha.ops.bench.options import (
@@ -31,6 +31,8 @@ def run_groups(bench: Bench) -> list[Metric]:
         smallops.small_ops(bench)
     if "upload_w2_mbps" in groups:
         production.upload_w2(bench)
+    if "upload_w2_apart_mbps" in groups and bench.lc is not None:
+        apart.upload_w2_apart(bench)
     if "small_ops_w2_per_s" in groups:
         production.small_ops_w2(bench)
     if "replication_latency_w2_ms" in groups:
