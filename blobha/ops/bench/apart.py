@@ -72,6 +72,8 @@ def upload_w2_apart(bench: Bench) -> None:
                     if not c.wait_for_replication([key], 3,
                                                   timeout=max(600.0, size / 20e6)).reached:
                         raise RuntimeError(f"{key} did not reach 3 replicas")
+                    # At once, unlike upload_w2_mbps: the followers' copies take memory.
+                    # The disk's trim of the leader's copy falls on both quorums alike.
                     c.delete(key)
                 bench.log.say(f"round {r + 1}/{bench.opts.repeat} of {size // MiB} MiB, the"
                               f" holder's copy apart: upload W=2 {secs[2][-1]:.2f} s, W=1"
