@@ -3,14 +3,13 @@ with its memory arenas and CPUs set as configured."""
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import signal
 import threading
-from pathlib import Path
 
 from blobha.core import logs
+from blobha.core.affinity import pin_threads
 from blobha.core.errors import BlobError
 from blobha.master.assembly import MasterServer
 from blobha.master.config import ConfigError, format_cpu_list, load_config, parse_cpu_list
@@ -49,13 +48,8 @@ def confine_to_cpus(text: str) -> frozenset[int]:
             f"master.cpus {text!r} names CPU {format_cpu_list(wanted - allowed)}, which this"
             f" master may not use (it may use {format_cpu_list(allowed)}); pick from those"
             " or leave it empty")
-    # Each thread has its own mask: set it on all that exist (a library may have started
-    # one already); those started later inherit it from their starter.
-    tasks = Path("/proc/self/task")
-    tids = [int(t.name) for t in tasks.iterdir()] if tasks.is_dir() else [0]
-    for tid in tids:
-        with contextlib.suppress(ProcessLookupError):  # a thread that ended meanwhile
-            os.sched_setaffinity(tid, wanted)
+    # A library may have started a thread already: every one is set.
+    pin_threads(os.getpid(), wanted)
     return wanted
 
 

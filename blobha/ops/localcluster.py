@@ -195,9 +195,13 @@ class LocalCluster:
         """The value for ``--cluster`` / ``BLOBHA_CLUSTER``."""
         return ",".join(m.address for m in self.masters)
 
+    def store_dir(self, m: MasterProcess) -> Path:
+        """Where master ``m`` keeps its blobs (``blobstore.dir``)."""
+        return self.data_dir / f"master-{m.index + 1}"
+
     def write_config(self, m: MasterProcess) -> None:
         values: dict[str, Any] = {
-            "blobstore.dir": str(self.data_dir / f"master-{m.index + 1}"),
+            "blobstore.dir": str(self.store_dir(m)),
             "zookeeper.servers": self.zk.connect_string,
             "zookeeper.session.timeout.ms": 6000,
             "master.listen": m.address,

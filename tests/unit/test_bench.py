@@ -209,8 +209,8 @@ def test_file_system_type_is_that_of_the_longest_mount_point_holding_the_path(
     assert file_system_type(Path("/srv"), tmp_path / "no-mounts") is None
 
 
-def test_pin_process_moves_every_thread_of_a_process(tmp_path: Path) -> None:
-    from blobha.ops.bench.apart import pin_process
+def test_pin_threads_moves_every_thread_of_a_process(tmp_path: Path) -> None:
+    from blobha.core.affinity import pin_threads
 
     cpus = sorted(os.sched_getaffinity(0))
     if len(cpus) < 2:
@@ -227,11 +227,11 @@ def test_pin_process_moves_every_thread_of_a_process(tmp_path: Path) -> None:
     ready.wait(10)
     before = os.sched_getaffinity(0)
     try:
-        pin_process(os.getpid(), {cpus[1]})
+        pin_threads(os.getpid(), {cpus[1]})
         for tid in os.listdir("/proc/self/task"):
             assert os.sched_getaffinity(int(tid)) == {cpus[1]}, tid
     finally:
-        pin_process(os.getpid(), before)
+        pin_threads(os.getpid(), before)
         release.set()
         t.join()
     assert os.sched_getaffinity(0) == before

@@ -21,14 +21,15 @@ import os
 import shutil
 import statistics
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from blobha.ops.bench.baselines import disk_counters, pattern
+from blobha.core.affinity import pin_threads
+from blobha.ops.bench.baselines import pattern
 from blobha.ops.bench.context import Bench
 from blobha.ops.bench.driver import bench_client
 from blobha.ops.bench.options import SESSION_TIMEOUT_MS, MiB
+from blobha.ops.bench.production import Upload, measured_upload
 from blobha.ops.bench.report import mb_per_s
 from blobha.ops.localcluster import LocalCluster, MasterProcess
 
@@ -48,13 +49,12 @@ def upload_w2_apart(bench: Bench) -> None:
         return
     size = bench.opts.size_mb * MiB
     data = pattern(size)
-    secs: dict[int, list[float]] = {1: [], 2: []}
-    written: dict[int, list[int]] = {1: [], 2: []}
+    uploads: dict[int, list[Upload]] = {1: [], 2: []}
     with _apart_cluster(bench) as (lc, leader), _pinned_self({cpus[0]}):
-        pin_process(leader.pid, {cpus[0]})
+        pin_threads(leader.pid, {cpus[0]})
         for m in lc.masters:
             if m is not leader:
-                pin_process(m.pid, {cpus[1]})
+                pin_threads(m.pid, {cpus[1]})
         credentials = lc.credentials("admin") if lc.tls else None
         with bench_client(lc.cluster, credentials) as c:
             c.cluster_summary()
@@ -62,25 +62,18 @@ def upload_w2_apart(bench: Bench) -> None:
                 for quorum in (1, 2) if r % 2 == 0 else (2, 1):
                     key = f"{bench.prefix}-apart-w{quorum}-{r}"
                     warm_memory(min(WARM_UPLOADS * size, available_memory() // 2))
-                    before = disk_counters(lc.data_dir)
-                    t0 = time.perf_counter()
-                    c.create(key, data, replication_factor=3, write_quorum=quorum)
-                    secs[quorum].append(time.perf_counter() - t0)
-                    after = disk_counters(lc.data_dir)
-                    if before is not None and after is not None:
-                        written[quorum].append(after.written - before.written)
-                    if not c.wait_for_replication([key], 3,
-                                                  timeout=max(600.0, size / 20e6)).reached:
-                        raise RuntimeError(f"{key} did not reach 3 replicas")
+                    uploads[quorum].append(
+                        measured_upload(c, key, data, quorum, lc.data_dir, pids=()))
                     # At once, unlike upload_w2_mbps: the followers' copies take memory.
                     # The disk's trim of the leader's copy falls on both quorums alike.
                     c.delete(key)
                 bench.log.say(f"round {r + 1}/{bench.opts.repeat} of {size // MiB} MiB, the"
-                              f" holder's copy apart: upload W=2 {secs[2][-1]:.2f} s, W=1"
-                              f" {secs[1][-1]:.2f} s")
+                              f" holder's copy apart: upload W=2 {uploads[2][-1].secs:.2f} s,"
+                              f" W=1 {uploads[1][-1].secs:.2f} s")
     med = statistics.median
-    bench.add("upload_w2_apart_mbps", mb_per_s(size, med(secs[2])), "MB/s",
-              "upload_w1_apart_mbps", mb_per_s(size, med(secs[1])))
+    bench.add("upload_w2_apart_mbps", mb_per_s(size, med(u.secs for u in uploads[2])), "MB/s",
+              "upload_w1_apart_mbps", mb_per_s(size, med(u.secs for u in uploads[1])))
+    written = {q: [u.written for u in uploads[q] if u.written is not None] for q in (1, 2)}
     if written[1] and written[2]:
         # One copy on the leader's disk for either quorum: the set-up does what it says.
         bench.add("upload_w2_apart_disk_written_mb", med(written[2]) / 1e6, "MB",
@@ -116,7 +109,7 @@ def _apart_cluster(bench: Bench) -> Iterator[tuple[LocalCluster, MasterProcess]]
 def _move_data(lc: LocalCluster, m: MasterProcess, to: Path) -> None:
     """Restart follower ``m`` with its (still empty) data directory in ``to``."""
     m.terminate()
-    data = lc.data_dir / f"master-{m.index + 1}"
+    data = lc.store_dir(m)
     shutil.rmtree(data, ignore_errors=True)
     (to / data.name).mkdir()
     data.symlink_to(to / data.name)
@@ -127,20 +120,11 @@ def _move_data(lc: LocalCluster, m: MasterProcess, to: Path) -> None:
 def _pinned_self(cpus: set[int]) -> Iterator[None]:
     """Every thread of this process on ``cpus`` (the client's, with the leader), then back."""
     before = os.sched_getaffinity(0)
-    pin_process(os.getpid(), cpus)
+    pin_threads(os.getpid(), cpus)
     try:
         yield
     finally:
-        pin_process(os.getpid(), before)
-
-
-def pin_process(pid: int, cpus: set[int]) -> None:
-    """Every thread of process ``pid`` on ``cpus`` (``sched_setaffinity`` moves one thread;
-    threads made later take their maker's). Twice over, for a thread made meanwhile."""
-    for _ in range(2):
-        for tid in os.listdir(f"/proc/{pid}/task"):
-            with contextlib.suppress(ProcessLookupError):  # the thread ended
-                os.sched_setaffinity(int(tid), cpus)
+        pin_threads(os.getpid(), before)
 
 
 def warm_memory(size: int) -> None:

@@ -9,7 +9,8 @@ import os
 import statistics
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from blobha.client import Client
@@ -35,6 +36,40 @@ _SLICES = 4
 _LATENCY_ROUNDS_MAX = 100
 
 
+@dataclass(frozen=True)
+class Upload:
+    """One timed upload, and what the machine did meanwhile."""
+
+    secs: float
+    #: CPU seconds of each process watched (see :func:`measured_upload`).
+    cpu: list[float]
+    #: Bytes the disk watched wrote, and its milliseconds busy; None without its counters.
+    written: int | None
+    busy_ms: int | None
+
+
+def measured_upload(c: Client, key: str, data: bytes | bytearray, quorum: int,
+                    disk: Path | None, pids: Sequence[int]) -> Upload:
+    """Create ``key`` with three replicas and write quorum ``quorum``, timed, accounting for
+    the disk holding ``disk`` and the CPU of processes ``pids``; then wait until every copy
+    is made, so none competes with the next upload."""
+    before, cpu0 = _counters(disk), [cpu_secs(p) for p in pids]
+    t0 = time.perf_counter()
+    c.create(key, data, replication_factor=3, write_quorum=quorum)
+    took = time.perf_counter() - t0
+    after, cpu1 = _counters(disk), [cpu_secs(p) for p in pids]
+    if not c.wait_for_replication([key], 3, timeout=max(600.0, len(data) / 20e6)).reached:
+        raise RuntimeError(f"{key} did not reach 3 replicas")
+    cpu = [b - a for a, b in zip(cpu0, cpu1, strict=True)]
+    if before is None or after is None:
+        return Upload(took, cpu, None, None)
+    return Upload(took, cpu, after.written - before.written, after.busy_ms - before.busy_ms)
+
+
+def _counters(path: Path | None) -> DiskCounters | None:
+    return disk_counters(path) if path is not None else None
+
+
 def upload_w2(bench: Bench) -> None:
     """A big upload with W=2 and with W=1, alternating which goes first in each round; and
     the disk's share: one copy written with fdatasync, and two at once, as W=2's two copies
@@ -45,11 +80,8 @@ def upload_w2(bench: Bench) -> None:
     bounds what W=2 can reach here, since every copy it waits for lands on that disk."""
     size = bench.opts.size_mb * MiB
     data = pattern(size)
-    secs: dict[int, list[float]] = {1: [], 2: []}
+    uploads: dict[int, list[Upload]] = {1: [], 2: []}
     disk: dict[int, list[float]] = {1: [], 2: []}
-    written: dict[int, list[int]] = {1: [], 2: []}
-    cpu: dict[int, list[float]] = {1: [], 2: []}  # all masters'
-    leader_cpu: dict[int, list[float]] = {1: [], 2: []}
     paces: list[float] = []  # bytes per second the disk wrote, in each timed write
     where = bench.lc.data_dir if bench.lc is not None else None
     pids: list[int] = []
@@ -63,31 +95,19 @@ def upload_w2(bench: Bench) -> None:
         for r in range(bench.opts.repeat):
             for quorum in (1, 2) if r % 2 == 0 else (2, 1):
                 key = f"{bench.prefix}-w{quorum}-{r}"
-                before, cpu0 = _counters(where), [cpu_secs(p) for p in pids]
-                t0 = time.perf_counter()
-                c.create(key, data, replication_factor=3, write_quorum=quorum)
-                took = time.perf_counter() - t0
-                after, cpu1 = _counters(where), [cpu_secs(p) for p in pids]
-                secs[quorum].append(took)
-                if pids:
-                    cpu[quorum].append(sum(cpu1) - sum(cpu0))
-                    leader_cpu[quorum].append(cpu1[0] - cpu0[0])
-                if before is not None and after is not None:
-                    written[quorum].append(after.written - before.written)
-                    paces.append(written[quorum][-1] / took)
-                    bench.log.say(f"W={quorum}: {took:.2f} s; the disk wrote"
-                                  f" {written[quorum][-1] / MiB:.0f} MiB at"
-                                  f" {paces[-1] / 1e6:.0f} MB/s, busy"
-                                  f" {(after.busy_ms - before.busy_ms) / 1000 / took:.0%} of"
-                                  f" the time; the masters used {cpu[quorum][-1]:.2f} CPU-s,"
-                                  f" the leader {leader_cpu[quorum][-1]:.2f}")
                 keys.append(key)
                 bench.created.append(key)
-                # Every copy made before the next upload, so none competes with it.
-                if not c.wait_for_replication([key], 3, timeout=max(600.0, size / 20e6)).reached:
-                    raise RuntimeError(f"{key} did not reach 3 replicas")
+                u = measured_upload(c, key, data, quorum, where, pids)
+                uploads[quorum].append(u)
+                if u.written is not None and u.busy_ms is not None:
+                    paces.append(u.written / u.secs)
+                    bench.log.say(f"W={quorum}: {u.secs:.2f} s; the disk wrote"
+                                  f" {u.written / MiB:.0f} MiB at {paces[-1] / 1e6:.0f} MB/s,"
+                                  f" busy {u.busy_ms / 1000 / u.secs:.0%} of the time; the"
+                                  f" masters used {sum(u.cpu):.2f} CPU-s, the leader"
+                                  f" {u.cpu[0]:.2f}")
             bench.log.say(f"round {r + 1}/{bench.opts.repeat} of {size // MiB} MiB: upload"
-                          f" W=2 {secs[2][-1]:.2f} s, W=1 {secs[1][-1]:.2f} s")
+                          f" W=2 {uploads[2][-1].secs:.2f} s, W=1 {uploads[1][-1].secs:.2f} s")
         # After the uploads, not between them: a deleted file sets the disk trimming it
         # (ext4 mounted with discard), and an upload right after would measure that.
         for r in range(bench.opts.repeat):
@@ -98,17 +118,19 @@ def upload_w2(bench: Bench) -> None:
                           f" copy {disk[1][-1]:.2f} s, two at once {disk[2][-1]:.2f} s")
         _remove(bench, c, keys)
     med = statistics.median
-    w1_mbps = mb_per_s(size, med(secs[1]))
-    bench.add("upload_w2_mbps", mb_per_s(size, med(secs[2])), "MB/s", "upload_w1_mbps",
-              w1_mbps)
+    w1_mbps = mb_per_s(size, med(u.secs for u in uploads[1]))
+    bench.add("upload_w2_mbps", mb_per_s(size, med(u.secs for u in uploads[2])), "MB/s",
+              "upload_w1_mbps", w1_mbps)
     # What two writers at once get of the disk, against one: where W=1 runs at the disk's
     # pace, W=2's ratio follows this one.
     bench.add("upload_w2_disk_mbps", mb_per_s(size, med(disk[2])), "MB/s",
               "disk_fdatasync_write_mbps", mb_per_s(size, med(disk[1])))
     if pids:
-        bench.add("upload_w2_cpu_s", med(cpu[2]), "s", "upload_w1_cpu_s", med(cpu[1]))
-        bench.add("upload_w2_leader_cpu_s", med(leader_cpu[2]), "s", "upload_w1_leader_cpu_s",
-                  med(leader_cpu[1]))
+        bench.add("upload_w2_cpu_s", med(sum(u.cpu) for u in uploads[2]), "s",
+                  "upload_w1_cpu_s", med(sum(u.cpu) for u in uploads[1]))
+        bench.add("upload_w2_leader_cpu_s", med(u.cpu[0] for u in uploads[2]), "s",
+                  "upload_w1_leader_cpu_s", med(u.cpu[0] for u in uploads[1]))
+    written = {q: [u.written for u in uploads[q] if u.written is not None] for q in (1, 2)}
     if written[1] and written[2]:
         bench.add("upload_w2_disk_written_mb", med(written[2]) / 1e6, "MB",
                   "upload_w1_disk_written_mb", med(written[1]) / 1e6)
@@ -116,10 +138,6 @@ def upload_w2(bench: Bench) -> None:
         # than the disk's best pace in this run over them. Its ratio is W=2's ceiling here.
         bench.add("upload_w2_disk_ceiling_mbps", max(paces) * size / med(written[2]) / 1e6,
                   "MB/s", "upload_w1_mbps", w1_mbps)
-
-
-def _counters(path: Path | None) -> DiskCounters | None:
-    return disk_counters(path) if path is not None else None
 
 
 def small_ops_w2(bench: Bench) -> None:

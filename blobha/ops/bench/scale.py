@@ -108,7 +108,7 @@ def _fill_and_measure(bench: Bench, lc: LocalCluster, zk: KazooClient, target: i
     new = followers[0]
     bench.log.say(f"scale: wiping {new.address}'s data and restarting it")
     new.terminate()
-    wiped = lc.data_dir / f"master-{new.index + 1}"
+    wiped = lc.store_dir(new)
     # Renamed aside, not removed: removing that many key directories can stall the disk
     # (ext4 with discard) long enough to end the other masters' ZooKeeper sessions, which
     # then reconcile every key during the catch-up measured here. It goes with the
