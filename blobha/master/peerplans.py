@@ -1,5 +1,6 @@
-"""Plans for node caches fetching from each other: the version, its chunk digests, the
-replicas, some peers, and a grant the peers accept (see blobha.core.grants)."""
+"""Plans for node caches fetching from each other: the version, its chunk digests (SHA-256,
+which pieces from peers are checked against), the replicas, some peers, and a grant the peers
+accept (see blobha.core.grants)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from collections.abc import Callable
 from blobha.core.consistency import MinVersion, View
 from blobha.core.errors import InvalidArgument
 from blobha.core.grants import GRANT_SECS, make_grant, peer_root, version_key
+from blobha.master.chunkhashes import ChunkHashes
 from blobha.master.holders import Holders
 from blobha.master.reads import Reads
 from blobha.wire.status import PeerPlan
@@ -29,6 +31,7 @@ class PeerPlans:
         self._secret = secret  # asked per plan: loaded from ZooKeeper after start
         self.grant_secs = grant_secs
         self.holders = holders or Holders()
+        self.hashes = ChunkHashes(reads.store.read)
 
     def plan(self, user: str, key: str, version: int, address: str, complete: bool,
              minimum: MinVersion | None = None, view: View = View.SESSION) -> PeerPlan:
@@ -43,6 +46,8 @@ class PeerPlans:
         ordinal = self.holders.announce(key, info.seq, address, complete) if address else 0
         vkey = version_key(peer_root(self._secret()), key, info.seq, info.digest)
         grant = make_grant(vkey, user, key, info.seq, time.time() + self.grant_secs)
+        # From this master's own bytes: a cache trusts the masters, never another cache.
+        sha256 = self.hashes.get(key, info.seq, info.digest)
         return PeerPlan(key, info.seq, info.size, info.digest, created_at, info.chunk_size,
                         info.chunks, tuple(replicas), tuple(peers), vkey, grant.user,
-                        grant.expires, grant.mac, ordinal)
+                        grant.expires, grant.mac, ordinal, sha256)

@@ -379,7 +379,7 @@ class PeerPlanRequest(_message.Message):
     def __init__(self, key: _Optional[str] = ..., version: _Optional[int] = ..., peer_address: _Optional[str] = ..., complete: _Optional[bool] = ..., min_version: _Optional[_Union[MinVersion, _Mapping]] = ..., view: _Optional[_Union[ReadView, str]] = ...) -> None: ...
 
 class PeerPlanResponse(_message.Message):
-    __slots__ = ("version", "size", "digest", "created_at", "chunk_size", "chunk_digests", "replicas", "peers", "version_key", "grant_user", "grant_expires", "grant_mac", "ordinal")
+    __slots__ = ("version", "size", "digest", "created_at", "chunk_size", "chunk_digests", "replicas", "peers", "version_key", "grant_user", "grant_expires", "grant_mac", "ordinal", "chunk_sha256")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     SIZE_FIELD_NUMBER: _ClassVar[int]
     DIGEST_FIELD_NUMBER: _ClassVar[int]
@@ -393,6 +393,7 @@ class PeerPlanResponse(_message.Message):
     GRANT_EXPIRES_FIELD_NUMBER: _ClassVar[int]
     GRANT_MAC_FIELD_NUMBER: _ClassVar[int]
     ORDINAL_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_SHA256_FIELD_NUMBER: _ClassVar[int]
     version: int
     size: int
     digest: str
@@ -406,7 +407,8 @@ class PeerPlanResponse(_message.Message):
     grant_expires: float
     grant_mac: str
     ordinal: int
-    def __init__(self, version: _Optional[int] = ..., size: _Optional[int] = ..., digest: _Optional[str] = ..., created_at: _Optional[float] = ..., chunk_size: _Optional[int] = ..., chunk_digests: _Optional[_Iterable[str]] = ..., replicas: _Optional[_Iterable[str]] = ..., peers: _Optional[_Iterable[str]] = ..., version_key: _Optional[bytes] = ..., grant_user: _Optional[str] = ..., grant_expires: _Optional[float] = ..., grant_mac: _Optional[str] = ..., ordinal: _Optional[int] = ...) -> None: ...
+    chunk_sha256: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, version: _Optional[int] = ..., size: _Optional[int] = ..., digest: _Optional[str] = ..., created_at: _Optional[float] = ..., chunk_size: _Optional[int] = ..., chunk_digests: _Optional[_Iterable[str]] = ..., replicas: _Optional[_Iterable[str]] = ..., peers: _Optional[_Iterable[str]] = ..., version_key: _Optional[bytes] = ..., grant_user: _Optional[str] = ..., grant_expires: _Optional[float] = ..., grant_mac: _Optional[str] = ..., ordinal: _Optional[int] = ..., chunk_sha256: _Optional[_Iterable[bytes]] = ...) -> None: ...
 
 class WaitForReplicationRequest(_message.Message):
     __slots__ = ("keys", "min_replication", "timeout_secs")

@@ -137,10 +137,11 @@ def peer_plan_to_pb(plan: PeerPlan) -> pb.PeerPlanResponse:
         chunk_size=plan.chunk_size, chunk_digests=list(plan.chunk_digests),
         replicas=list(plan.replicas), peers=list(plan.peers), version_key=plan.version_key,
         grant_user=plan.grant_user, grant_expires=plan.grant_expires, grant_mac=plan.grant_mac,
-        ordinal=plan.ordinal)
+        ordinal=plan.ordinal, chunk_sha256=list(plan.chunk_sha256))
 
 
 def peer_plan_from_pb(key: str, m: pb.PeerPlanResponse) -> PeerPlan:
     return PeerPlan(key, m.version, m.size, m.digest, m.created_at, m.chunk_size,
                     tuple(m.chunk_digests), tuple(m.replicas), tuple(m.peers),
-                    bytes(m.version_key), m.grant_user, m.grant_expires, m.grant_mac, m.ordinal)
+                    bytes(m.version_key), m.grant_user, m.grant_expires, m.grant_mac, m.ordinal,
+                    tuple(bytes(d) for d in m.chunk_sha256))

@@ -143,3 +143,6 @@ class PeerPlan:
     grant_mac: str
     #: Caches that announced the version to this master before the caller (see the proto).
     ordinal: int = 0
+    #: SHA-256 of each chunk, from the masters' own bytes: what a piece from a peer must match
+    #: (the xxh3 ``chunk_digests`` can be forged on purpose). Empty from an older master.
+    chunk_sha256: tuple[bytes, ...] = ()

@@ -1,9 +1,11 @@
 """One download of one version through peers and the replicas: pieces in parallel, each
-checked against its chunk digest before use, the whole checked against the blob's digest."""
+checked before use (a peer's against the SHA-256 the masters computed, a master's against its
+xxh3 chunk digest), the whole checked against the blob's digest."""
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import os
 import random
@@ -11,7 +13,7 @@ import socket
 import ssl
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -63,8 +65,9 @@ class PeerFetch:
     def __init__(self, client: Client, key: str, target: Path, plan: PeerPlan,
                  server: PeerServer | None, use_peers: bool, parallel: int,
                  peer_tls: ssl.SSLContext | None, address: str,
-                 check: Callable[[int, bytes | bytearray], bool] | None = None,
-                 progress: ProgressCallback | None = None) -> None:
+                 check: Callable[[int, bytes | bytearray, bool], bool] | None = None,
+                 progress: ProgressCallback | None = None,
+                 distrust: Iterable[str] = ()) -> None:
         self.client = client
         self.key = key
         self.target = target
@@ -75,10 +78,14 @@ class PeerFetch:
         self.peer_tls = peer_tls
         self.address = address
         self.pieces = max(1, -(-plan.size // plan.chunk_size))
-        #: A piece's check (its chunk digest); replaceable by tests.
+        #: A piece's check, ``check(piece, data, from_peer)``; replaceable by tests.
         self.check = check or self._digest_ok
         self.sched = Scheduler(self.pieces, list(plan.replicas), random.Random(),
                                ordinal=plan.ordinal if address else None)
+        for liar in distrust:  # caught serving a forged piece before: never asked again
+            self.sched.drop(liar)
+        #: Peers that served a piece failing its SHA-256 in this download.
+        self.liars: set[str] = set()
         if use_peers:
             self.sched.add_peers(list(plan.peers))
         self.cond = threading.Condition()
@@ -96,7 +103,11 @@ class PeerFetch:
         return Grant(plan.grant_user, plan.key, plan.version, plan.grant_expires,
                      plan.grant_mac)
 
-    def _digest_ok(self, piece: int, data: bytes | bytearray) -> bool:
+    def _digest_ok(self, piece: int, data: bytes | bytearray, from_peer: bool) -> bool:
+        if from_peer:
+            # Another cache is not trusted: xxh3 can be forged on purpose, SHA-256 cannot.
+            return hashlib.sha256(data).digest() == self.plan.chunk_sha256[piece]
+        # A master's bytes, over the authenticated channel: xxh3 guards against accidents.
         return chunk_digest(data) == self.plan.chunk_digests[piece]
 
     # -- the download ----------------------------------------------------------------------
@@ -229,7 +240,7 @@ class PeerFetch:
                 n = self._piece_len(piece)
                 got = bytes(buf[:n])
                 del buf[:n]
-                if not self.check(piece, got):
+                if not self.check(piece, got, False):
                     raise ChecksumMismatch(f"master {a.source} sent piece {piece} of"
                                            f" {self.key!r} with a wrong digest")
                 self._store(a, piece, got)
@@ -282,11 +293,12 @@ class PeerFetch:
                 data = wire.recv_buffer(conn, answer.size)
                 if data is None:
                     raise wire.PeerProtocolError("the peer closed mid-piece")
-                if not self.check(piece, data):
+                if not self.check(piece, data, True):
                     log.warning("peer %s sent piece %d of %r with a wrong digest: no more"
                                 " pieces from it for this download", peer, piece, self.key)
                     Totals.add(bad=1)
                     with self.cond:
+                        self.liars.add(peer)
                         self.sched.failed(peer, bad_piece=True)
                     return
                 self._store(a, piece, data)

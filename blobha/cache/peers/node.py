@@ -20,12 +20,15 @@ from blobha.core.errors import BlobError, ChecksumMismatch, NotAuthorized
 if TYPE_CHECKING:
     from blobha.client import BlobInfo, Client, ProgressCallback
 
-__all__ = ["PeerNode", "node", "serve_installed"]
+__all__ = ["PeerNode", "distrusted_peers", "node", "serve_installed"]
 
 log = logging.getLogger("blobha.cache.peers")
 
 #: Seconds between a cache's announcements of what it holds (the masters forget after 60).
 ANNOUNCE_EVERY = 20.0
+#: Seconds a peer that served a piece failing its SHA-256 is asked for nothing at all: no
+#: accident makes a piece read from a verified file miss it, so it lied.
+DISTRUST_SECS = 3600.0
 
 _lock = threading.Lock()
 #: One node per TLS setting (a process talking to two clusters serves each its own way).
@@ -41,6 +44,8 @@ class PeerNode:
         self.use_peers = use_peers
         # (key, version) -> (last use, client to announce with)
         self._held: dict[tuple[str, int], tuple[float, Client]] = {}
+        # peer address -> until when it is distrusted (monotonic)
+        self._liars: dict[str, float] = {}
         self._wake = threading.Event()
         threading.Thread(target=self._announce, name="blobha-peer-announce",
                          daemon=True).start()
@@ -62,13 +67,16 @@ class PeerNode:
         except BlobError as e:
             log.info("no peer plan for %r (%s): downloading from the masters", key, e)
             return None
-        if plan.chunk_size <= 0 or (len(plan.chunk_digests) != max(
-                1, -(-plan.size // plan.chunk_size)) and plan.size):
+        pieces = max(1, -(-plan.size // plan.chunk_size)) if plan.chunk_size > 0 else 0
+        if plan.chunk_size <= 0 or (plan.size and (
+                len(plan.chunk_digests) != pieces or len(plan.chunk_sha256) != pieces)):
+            # No SHA-256 of the chunks (an older master): nothing to check a peer's piece
+            # against that a peer cannot forge, so none is taken.
             return None
         log.info("plan for %r: peers %s replicas %s", key, plan.peers, plan.replicas)
         job = PeerFetch(client, key, target, plan, self.server, self.use_peers,
                         self.settings.parallel, self.peer_tls, self.address,
-                        progress=progress)
+                        progress=progress, distrust=self.distrusted())
         try:
             info = job.run()
         except (FetchFailed, ChecksumMismatch) as e:
@@ -77,7 +85,26 @@ class PeerNode:
             if job.served is not None and self.server is not None:
                 self.server.withdraw(key, plan.version)
             return None
+        finally:
+            self._distrust(job.liars, key)
         return info, job.served, job.peer_bytes
+
+    def distrusted(self) -> set[str]:
+        """Peers caught serving forged pieces, asked for nothing until their time is up."""
+        now = time.monotonic()
+        with _lock:
+            for peer in [p for p, until in self._liars.items() if until <= now]:
+                del self._liars[peer]
+            return set(self._liars)
+
+    def _distrust(self, liars: set[str], key: str) -> None:
+        for peer in liars:
+            log.warning("peer %s served a forged piece of %r (its SHA-256 differs from the"
+                        " masters'): none of its pieces is taken for %d s", peer, key,
+                        DISTRUST_SECS)
+        with _lock:
+            for peer in liars:
+                self._liars[peer] = time.monotonic() + DISTRUST_SECS
 
     def installed(self, served: Served | None, path: Path, client: Client) -> None:
         """The version ``served`` is now whole at ``path``: serve it from there, and keep
@@ -111,6 +138,13 @@ class PeerNode:
                     client.peer_plan(key, version, self.address, True)
                 except (BlobError, ValueError) as e:  # ValueError: a closed client
                     log.debug("announcing %r v%d failed: %s", key, version, e)
+
+
+def distrusted_peers() -> set[str]:
+    """Peers this process caught serving forged pieces, still distrusted."""
+    with _lock:
+        nodes = list(_nodes.values())
+    return set().union(*(n.distrusted() for n in nodes))
 
 
 def serve_installed(settings: PeerSettings, client: Client, key: str, version: int,
