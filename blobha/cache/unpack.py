@@ -20,7 +20,7 @@ import time
 import zipfile
 import zlib
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from blobha.cache.archives import ARCHIVE_SUFFIXES
 from blobha.core.digest import CHUNK_SIZE
@@ -41,6 +41,14 @@ _EOCD = struct.Struct("<4s4H2LH")  # end of central directory record
 _EOCD64_LOCATOR = struct.Struct("<4sLQL")
 _EOCD64 = struct.Struct("<4sQ2H2L4Q")
 
+#: Largest tar extension header (a GNU long name or link, or a pax record set) read: tarfile
+#: reads each whole into memory, and a few hundred bytes of gzip can claim gigabytes of one.
+MAX_TAR_HEADER = 1024 * 1024
+#: Extension headers' bytes read over a whole archive (global pax headers pile up).
+MAX_TAR_HEADERS = 16 * 1024 * 1024
+_TAR_EXTENSIONS = (tarfile.GNUTYPE_LONGNAME, tarfile.GNUTYPE_LONGLINK, tarfile.XHDTYPE,
+                   tarfile.XGLTYPE, tarfile.SOLARIS_XHDTYPE)
+
 _DRIVE = re.compile(r"^[A-Za-z]:")
 _TAR_ERRORS: tuple[type[BaseException], ...] = (
     tarfile.TarError,
@@ -53,12 +61,50 @@ _TAR_ERRORS: tuple[type[BaseException], ...] = (
 )
 
 
+class _HeaderTooLarge(Exception):
+    def __init__(self, size: int, limit: int) -> None:
+        super().__init__(size, limit)
+        self.size = size
+        self.limit = limit
+
+
+class _BoundedTarInfo(tarfile.TarInfo):
+    """A member header whose extension headers are sized before tarfile reads them whole."""
+
+    def _proc_member(self, tarfile_: tarfile.TarFile) -> tarfile.TarInfo:
+        if self.type == tarfile.GNUTYPE_SPARSE:
+            # Its map runs on in 512-byte blocks that tarfile gathers without a bound.
+            raise _HeaderTooLarge(-1, 0)
+        if self.type in _TAR_EXTENSIONS:
+            if self.size > MAX_TAR_HEADER:
+                raise _HeaderTooLarge(self.size, MAX_TAR_HEADER)
+            seen = getattr(tarfile_, "_blobha_header_bytes", 0) + self.size
+            if seen > MAX_TAR_HEADERS:
+                raise _HeaderTooLarge(seen, MAX_TAR_HEADERS)
+            tarfile_._blobha_header_bytes = seen  # type: ignore[attr-defined]
+        member: tarfile.TarInfo = super()._proc_member(tarfile_)  # type: ignore[misc]
+        return member
+
+
+def _open_tar(path: Path) -> tarfile.TarFile:
+    return tarfile.open(path, "r:*", tarinfo=_BoundedTarInfo)
+
+
+def _is_tar(path: Path) -> bool:
+    # tarfile.is_tarfile reads the first member with the unbounded header reader.
+    try:
+        with _open_tar(path):
+            return True
+    except tarfile.TarError:
+        return False
+
+
 def _archive_kind(key: str, path: Path) -> str:
     """``"tar"`` or ``"zip"``: by the key's extension, else by content."""
     lower = key.lower()
     for suffix, kind in ARCHIVE_SUFFIXES.items():
         if lower.endswith(suffix):
-            ok = zipfile.is_zipfile(path) if kind == "zip" else tarfile.is_tarfile(path)
+            ok = zipfile.is_zipfile(path) if kind == "zip" else _is_tar(path)
             if not ok:
                 raise InvalidArgument(
                     f"cannot unpack {key!r}: its name ends in {suffix} but its content is not a"
@@ -67,7 +113,7 @@ def _archive_kind(key: str, path: Path) -> str:
             return kind
     if zipfile.is_zipfile(path):
         return "zip"
-    if tarfile.is_tarfile(path):
+    if _is_tar(path):
         return "tar"
     raise InvalidArgument(
         f"cannot unpack {key!r}: it is neither a tar (.tar, .tgz, .tar.gz) nor a zip (.zip,"
@@ -243,7 +289,7 @@ class _Extractor:
 
 
 def _unpack_tar(archive: Path, ex: _Extractor) -> None:
-    with tarfile.open(archive, "r:*") as tf:
+    with _open_tar(archive) as tf:
         while (member := tf.next()) is not None:
             # tarfile keeps every member read (about 450 bytes each): forgotten here, an archive
             # of a million members costs no more memory than one of ten.
@@ -269,32 +315,51 @@ def _unpack_tar(archive: Path, ex: _Extractor) -> None:
                 )
 
 
+#: zipfile's own finder of the end record (private, but what ZipFile will read).
+_find_end_record: Any = getattr(zipfile, "_EndRecData", None)
+
+
 def _zip_directory(archive: Path) -> tuple[int, int] | None:
-    """(entries, bytes) of the zip's central directory, as its end records give them; None
-    when they cannot be found (zipfile then says what is wrong)."""
+    """(entries, bytes) of the zip's central directory, from the very end record zipfile will
+    use (its own finder, so the two cannot disagree); None when there is none (zipfile then
+    says what is wrong)."""
     with open(archive, "rb") as f:
-        end = f.seek(0, os.SEEK_END)
-        start = max(0, end - _EOCD.size - 0xFFFF)  # the record ends with a comment of < 64 KiB
-        f.seek(start)
-        tail = f.read(end - start)
+        if _find_end_record is not None:
+            endrec = _find_end_record(f)
+            if endrec is None:
+                return None
+            # _ECD_ENTRIES_TOTAL and _ECD_SIZE of zipfile's list
+            return int(endrec[4]), int(endrec[5])
+        return _zip_directory_of(f)
+
+
+def _zip_directory_of(f: IO[bytes]) -> tuple[int, int] | None:
+    """The same as zipfile finds it (an interpreter without its finder): a record that ends
+    the file with no comment first, else the last signature within a comment's reach."""
+    end = f.seek(0, os.SEEK_END)
+    start = max(0, end - _EOCD.size - 0xFFFF)  # the record ends with a comment of < 64 KiB
+    f.seek(start)
+    tail = f.read(end - start)
+    at = len(tail) - _EOCD.size
+    if not (at >= 0 and tail[at:at + 4] == b"PK\x05\x06" and tail[-2:] == b"\0\0"):
         at = tail.rfind(b"PK\x05\x06")
-        if at < 0 or at + _EOCD.size > len(tail):
-            return None
-        _, _, _, _, entries, size, _, _ = _EOCD.unpack_from(tail, at)
-        if entries != 0xFFFF and size != 0xFFFFFFFF:
-            return entries, size
-        # Zip64: the locator just before the record points at the 64-bit record.
-        if at < _EOCD64_LOCATOR.size:
-            return None
-        sig, _, offset, _ = _EOCD64_LOCATOR.unpack_from(tail, at - _EOCD64_LOCATOR.size)
-        if sig != b"PK\x06\x07" or offset + _EOCD64.size > end:
-            return None
-        f.seek(offset)
-        record = f.read(_EOCD64.size)
-        if len(record) < _EOCD64.size or record[:4] != b"PK\x06\x06":
-            return None
-        fields = _EOCD64.unpack(record)
-        return fields[7], fields[8]
+    if at < 0 or at + _EOCD.size > len(tail):
+        return None
+    _, _, _, _, entries, size, _, _ = _EOCD.unpack_from(tail, at)
+    if entries != 0xFFFF and size != 0xFFFFFFFF:
+        return entries, size
+    # Zip64: the locator just before the record points at the 64-bit record.
+    if at < _EOCD64_LOCATOR.size:
+        return None
+    sig, _, offset, _ = _EOCD64_LOCATOR.unpack_from(tail, at - _EOCD64_LOCATOR.size)
+    if sig != b"PK\x06\x07" or offset + _EOCD64.size > end:
+        return None
+    f.seek(offset)
+    record = f.read(_EOCD64.size)
+    if len(record) < _EOCD64.size or record[:4] != b"PK\x06\x06":
+        return None
+    fields = _EOCD64.unpack(record)
+    return fields[7], fields[8]
 
 
 def _unpack_zip(archive: Path, ex: _Extractor) -> None:
@@ -340,9 +405,10 @@ def unpack(archive: Path, key: str, dest: Path, max_bytes: int | None = None,
     """Unpack ``archive`` into the existing empty directory ``dest``; the bytes written. At
     most ``max_bytes`` (None: no limit) in at most ``max_members`` members. Every failure is
     a :class:`BlobError` naming the key (the caller removes ``dest``)."""
-    kind = _archive_kind(key, archive)
     ex = _Extractor(dest, key, max_bytes, max_members)
+    kind = "tar"
     try:
+        kind = _archive_kind(key, archive)
         if kind == "zip":
             _unpack_zip(archive, ex)
         else:
@@ -350,6 +416,16 @@ def unpack(archive: Path, key: str, dest: Path, max_bytes: int | None = None,
         ex.finish()
     except BlobError:
         raise
+    except _HeaderTooLarge as exc:
+        if exc.size < 0:
+            raise InvalidArgument(
+                f"refusing to unpack {key!r}: it has an old GNU sparse member, which is not"
+                " unpacked; nothing was unpacked (make the archive without --sparse, or fetch"
+                " it without uncompress)") from None
+        raise InvalidArgument(
+            f"refusing to unpack {key!r}: it has tar extension headers (long names or pax"
+            f" records) of {exc.size:,} bytes, more than the {exc.limit:,} read; nothing was"
+            " unpacked (fetch it without uncompress)") from None
     except _TAR_ERRORS as exc:
         raise InvalidArgument(f"cannot unpack {key!r}: broken {kind} archive ({exc})") from None
     except OSError as exc:
