@@ -42,6 +42,16 @@ _MAX_NAME_BYTES = 200
 # --------------------------------------------------------------------------------------------
 
 
+def _keep_private(root: Path) -> None:
+    """No other OS account may enter the cache: the blobs in it are whatever their users may
+    read, and its ``meta.json`` files hold the keys peers' grants verify under. A group may
+    (0750), for accounts that share a cache on purpose; others lose access here when this
+    account owns the root (a root an earlier release made 0755)."""
+    st = os.stat(root)
+    if st.st_mode & 0o007 and st.st_uid == os.geteuid():
+        os.chmod(root, stat.S_IMODE(st.st_mode) & ~0o007)
+
+
 # Every Python worker of a Spark job opens the cache, so what a cache hit runs keeps to light
 # modules: no secrets (hashlib, hmac, random), tempfile or shutil (bz2, lzma).
 
@@ -218,7 +228,8 @@ class Layout:
 
     def open(self) -> None:
         """Check (or write) the format marker and make the top directories."""
-        self.root.mkdir(parents=True, exist_ok=True)
+        self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        _keep_private(self.root)
         layout = self.root / "LAYOUT"
         try:
             found = layout.read_text().strip()

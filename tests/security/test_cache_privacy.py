@@ -1,0 +1,57 @@
+"""Another OS account on a node reads nothing of the node cache: the blobs are whatever their
+users may read, and each version's meta.json holds the key peers' grants verify under."""
+
+from __future__ import annotations
+
+import os
+import pwd
+import stat
+import subprocess
+from pathlib import Path
+
+import pytest
+from conftest import client_for
+
+from blobha.cache import BlobCache
+from blobha.ops.localcluster import LocalCluster
+
+
+def _nobody() -> int:
+    try:
+        return pwd.getpwnam("nobody").pw_uid
+    except KeyError:
+        pytest.fail("no 'nobody' account to play the other OS account")
+
+
+def _can_read_as(uid: int, path: Path) -> bool:
+    """Whether a process of OS account ``uid`` can read ``path`` (needs root to switch)."""
+    proc = subprocess.run(["head", "-c", "1", str(path)], capture_output=True, timeout=60,
+                          user=uid, cwd="/")
+    return proc.returncode == 0
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="switching to another OS account needs root")
+def test_another_os_account_reads_no_cached_blob_nor_its_meta(
+        cluster: LocalCluster, tmp_path: Path) -> None:
+    key = f"private-{os.getpid()}"
+    with client_for(cluster, "alice") as alice:
+        alice.create(key, b"secret model weights", acl="u:alice:rwa")
+    tmp_path.chmod(0o755)  # the account can reach the cache's parent, as under /var
+    root = tmp_path / "cache"
+    with BlobCache(root, cluster.cluster, user="alice") as cache:
+        blob = cache.get(key)
+    meta = next(root.rglob("meta.json"))
+    assert stat.S_IMODE(root.stat().st_mode) == 0o700
+    nobody = _nobody()
+    assert not _can_read_as(nobody, blob.path)
+    assert not _can_read_as(nobody, meta)
+    assert _can_read_as(0, blob.path)  # the check itself can succeed
+
+
+def test_a_root_an_older_release_left_open_is_closed_to_others(tmp_path: Path) -> None:
+    root = tmp_path / "cache"
+    root.mkdir(mode=0o755)
+    root.chmod(0o775)
+    with BlobCache(root, "127.0.0.1:1"):
+        pass
+    assert stat.S_IMODE(root.stat().st_mode) == 0o770  # a group keeps what it had
