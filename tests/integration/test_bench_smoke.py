@@ -33,7 +33,7 @@ EXPECTED = {
     "upload_w2_mbps", "upload_w2_disk_mbps", "upload_w2_cpu_s", "upload_w2_leader_cpu_s",
     "small_ops_w2_per_s_create_c1", "small_ops_w2_per_s_create_c8",
     "replication_latency_w2_ms_p50", "replication_latency_w2_ms_p99",
-    "upload_tls_mbps", "download_tls_mbps",
+    "upload_tls_mbps", "download_tls_mbps", "sha256_mbps", "peer_plan_first_s",
     "spark_first_app_blob_ready_s", "spark_second_app_blob_ready_s",
     "spark_second_app_blob_ready_client_loaded_s",
     "spark_env_start_first_app_s", "spark_env_start_second_app_s", "spark_env_start_third_app_s",

@@ -36,6 +36,7 @@ METRIC_GROUPS: tuple[str, ...] = (
     "replication_latency_w2_ms",
     "upload_tls_mbps",
     "download_tls_mbps",
+    "peer_plan_s",
     "spark",
     "spark_env_start",
     "failover_term_s",

@@ -7,7 +7,16 @@ import sys
 import tempfile
 from pathlib import Path
 
-from blobha.ops.bench import apart, bigblob, failover, production, scale, smallops, spark
+from blobha.ops.bench import (
+    apart,
+    bigblob,
+    failover,
+    peerplan,
+    production,
+    scale,
+    smallops,
+    spark,
+)
 from blobha.ops.bench.baselines import unjournaled_ext4
 from blobha.ops.bench.context import Bench
 from blobha.ops.bench.options import (
@@ -39,6 +48,8 @@ def run_groups(bench: Bench) -> list[Metric]:
         production.replication_latency_w2(bench)
     if groups & {"upload_tls_mbps", "download_tls_mbps"} and bench.lc is not None:
         production.tls_transfers(bench, groups)
+    if "peer_plan_s" in groups:
+        peerplan.peer_plan(bench)
     if "spark" in groups:
         spark.spark(bench)
     if "spark_env_start" in groups:
