@@ -322,6 +322,14 @@ class BlobCache:
             f" disk under {self._layout.root}"
         )
 
+    def has_sha256(self, blob: CachedBlob, sha256: str) -> bool:
+        """Whether ``blob``, as :meth:`get` returned it without ``uncompress``, holds bytes
+        whose SHA-256 is ``sha256`` (64 lower-case hex digits): for content pinned by a
+        cryptographic hash, which the store's own digest is not. Hashed once per node and
+        boot; later calls trust a record beside the file while the file is unchanged."""
+        self._check_open()
+        return self._verifier.has_sha256(blob.path, blob.path.parent.parent, blob.size, sha256)
+
     def batched_counters(self) -> contextlib.AbstractContextManager[None]:
         """Gets made meanwhile update the node's counters (see :meth:`stats`) once, at the
         end, not once each: for a process that makes a few gets and ends, such as the Spark

@@ -33,6 +33,9 @@ _BOOT_ID = boot_id()
 # does with its index, a record written in the same clock tick as the file's last change
 # proves nothing (a change later in that tick would leave the same time) and is not trusted.
 _VERIFIED = "verified"
+#: ``v<N>/sha256``: the same record for the file's SHA-256, which a caller pinned (the job's
+#: code, pinned by its launcher: xxh3 proves no intent).
+_SHA256 = "sha256"
 
 
 def _same_file(a: os.stat_result, b: os.stat_result) -> bool:
@@ -97,6 +100,31 @@ class Verifier:
                                       _verification_record(st or os.stat(file), digest))
         except OSError as exc:  # only costs the next process a hash
             log.debug("cannot record the verification of %s: %s", file, exc)
+
+    def has_sha256(self, file: Path, vdir: Path, size: int, sha256: str) -> bool:
+        """Whether ``file`` (of version directory ``vdir``) holds ``size`` bytes whose SHA-256
+        is ``sha256``: hashed on the node's first use in a boot, then vouched for by a record
+        as the digest check is (see _verified_on_node)."""
+        if _verified_on_node(file, vdir / _SHA256, sha256, size):
+            return True
+        import hashlib  # here: a warm worker start finds the record
+
+        from blobha.core.digest import CHUNK_SIZE
+
+        try:
+            with open(file, "rb") as f:
+                st = os.fstat(f.fileno())
+                h = hashlib.sha256()
+                while data := f.read(CHUNK_SIZE):
+                    h.update(data)
+        except FileNotFoundError:
+            return False
+        if h.hexdigest() != sha256 or st.st_size != size:
+            return False
+        with contextlib.suppress(OSError):
+            if _same_file(os.stat(file), st):
+                self._layout.write_atomic(vdir / _SHA256, _verification_record(st, sha256))
+        return True
 
     def downloaded(self, kd: str, vdir: Path, name: str, version: int, digest: str) -> None:
         """A download the client checked end to end: recorded so the node's other processes

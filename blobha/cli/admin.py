@@ -1,5 +1,6 @@
-"""The administration commands: set-acl, replication and token (user tokens made here, job
-tokens issued and revoked by the leader)."""
+"""The administration commands: set-acl, replication, token (user tokens made here, job
+tokens issued and revoked by the leader) and admin (the cluster secret rotated by the
+leader)."""
 
 from __future__ import annotations
 
@@ -48,6 +49,17 @@ def cmd_replication(args: argparse.Namespace) -> int:
             note(f"replication factor of {meta.key} is now {meta.replication_factor}")
             if args.json:
                 print_json(meta_dict(meta), indent=2)
+    return 0
+
+
+def cmd_admin(args: argparse.Namespace) -> int:
+    # One action so far; argparse's choices refuse any other.
+    with client_for(args) as c:
+        generation, old_secs = c.rotate_cluster_secret()
+    note(f"cluster secret rotated (generation {generation}); the masters accept the old one for"
+         f" {old_secs:.0f} s more, then refuse it")
+    if args.json:
+        print_json({"generation": generation, "old_accepted_secs": old_secs})
     return 0
 
 

@@ -60,6 +60,8 @@ def _export_credentials(args: argparse.Namespace) -> None:
         value = getattr(args, option, None)
         if value:
             os.environ[env] = value
+    if getattr(args, "require_tls", False):
+        os.environ["BLOBHA_REQUIRE_TLS"] = "1"
 
 
 class Terminated(KeyboardInterrupt):

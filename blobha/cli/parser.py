@@ -121,6 +121,9 @@ def _add_global_options(parser: argparse.ArgumentParser, *, suppress: bool) -> N
                        help=argparse.SUPPRESS)
     group.add_argument("--token-file", metavar="FILE", default=default,
                        help="file holding your token (default: $BLOBHA_TOKEN_FILE)")
+    group.add_argument("--require-tls", action="store_true", default=default,
+                       help="refuse to talk to the cluster without TLS, so that a token is"
+                       " never sent in clear (default: $BLOBHA_REQUIRE_TLS)")
     group.add_argument("--profile", metavar="NAME", default=default,
                        help="the client profile whose settings stand in for unset BLOBHA_*"
                        " variables (default: $BLOBHA_PROFILE, else [default] of"
@@ -322,6 +325,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lifetime", type=_positive_int, default=0, metavar="SECONDS",
                    help="job: how long the token works (default 24 hours; the cluster caps it"
                    " at auth.job.token.max.lifetime.secs)")
+
+    p = command("admin", "cluster administration by an admin: rotate-secret replaces the"
+                " secret the masters prove themselves to each other with", admin.cmd_admin)
+    p.add_argument("action", choices=("rotate-secret",),
+                   help="rotate-secret: a new cluster secret (the leader writes it; every"
+                   " master still accepts the old one for twice its ZooKeeper session timeout)")
 
     p = command("completion", "print the shell completion script for bash or zsh",
                 completion.cmd_completion)

@@ -353,6 +353,13 @@ class Client:
                                  missing_ok_on_retry=True)
         return token_id
 
+    def rotate_cluster_secret(self) -> tuple[int, float]:
+        """Replace the cluster secret the masters prove themselves with (admins only; see
+        docs/security.md): its generation, and the seconds the old one is still accepted."""
+        answer = self._router.leader_call("rotate the cluster secret", "RotateClusterSecret",
+                                          pb.RotateClusterSecretRequest())
+        return int(answer.generation), float(answer.old_accepted_secs)
+
     def delete(self, key: str) -> None:
         """Delete ``key`` and all its versions. Raises :class:`KeyNotFound` if absent."""
         writes.delete(self._router, key, self._timeout)

@@ -13,9 +13,10 @@ locks themselves out by mistake.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from blobha.core import keys
 from blobha.core.errors import InvalidArgument
 
 READ = 1
@@ -257,3 +258,26 @@ def allowed(acl: Iterable[AccessControl], user: str, access: int) -> bool:
 
 def describe(access: int) -> str:
     return "+".join(name for bit, name in _NAMES.items() if access & bit)
+
+
+def code_acl_refusal(key: str, acl: Iterable[AccessControl],
+                     exempt: Callable[[str], bool]) -> str | None:
+    """Why ``acl`` may not be given to ``key``, a code key (see
+    :func:`blobha.core.keys.code_owner`); None if it may. Only the key's owner and ``exempt``
+    users (the cluster's admins and the masters, who may do anything anyway) may hold WRITE
+    or ADMIN there: an entry granting them to anyone else would never be honoured, and is
+    refused rather than stored as a promise the masters do not keep."""
+    owner = keys.code_owner(key)
+    if owner is None:
+        return None
+    for e in acl:
+        if not e.access & (WRITE | ADMIN):
+            continue
+        if e.type == "u" and (keys.owns_code_key(e.name, key) or exempt(e.name)):
+            continue
+        who = f"user {e.name!r}" if e.type == "u" else "everyone ('o')"
+        return (f"keys under {keys.CODE_PREFIX + owner + '.'!r} are written and administered"
+                f" by their owner only: the ACL of {key!r} may grant others READ at most, not"
+                f" {describe(e.access & (WRITE | ADMIN))} to {who}; drop the w and a of"
+                f" {str(e)!r} (e.g. {e.type}:{e.name}:r)")
+    return None

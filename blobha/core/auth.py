@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Protocol
 
 from blobha.core.acl import name_problem
+from blobha.core.admission import PeerCaps, costly
 from blobha.core.errors import Unauthenticated
 
 log = logging.getLogger("blobha.auth")
@@ -56,8 +57,10 @@ MODES = ("simple", "token", "mtls")
 # might add by hand; verified tokens are remembered (by their SHA-256) so calls stay cheap.
 _SCRYPT_N, _SCRYPT_R, _SCRYPT_P, _SCRYPT_LEN = 2**14, 8, 1, 32
 _SCHEME = "scrypt"
-# Bounds the CPU and memory an attacker can burn with wrong tokens.
-_VERIFY_SLOTS = threading.BoundedSemaphore(2)
+# Bounds the CPU and memory an attacker can burn with wrong tokens: checks beyond are refused at
+# once as busy (a waiting check would hold a call thread), and one connection gets one at a
+# time, one host all but one, so that a flood from one place leaves room for everyone else.
+_SCRYPT_CHECKS = PeerCaps("checking tokens", total=4, per_connection=1, per_host=3)
 _CACHE_SIZE = 4096
 _RELOAD_CHECK_SECS = 1.0
 
@@ -227,13 +230,16 @@ class TokenAuthenticator:
                 self._verified.move_to_end(fingerprint)
                 return known
             candidates = list(self._hashes.get(user, ()))
-        with _VERIFY_SLOTS:
-            ok = any(h.matches(secret) for h in candidates)
+        if not candidates:
+            ok = False  # an unknown user: nothing to check, nothing to bound
+        else:
+            with costly(_SCRYPT_CHECKS):
+                ok = any(h.matches(secret) for h in candidates)
         if not ok and self._reloaded_now():
             # A token appended a moment ago works on its first use, not a second later.
             with self._lock:
                 candidates = list(self._hashes.get(user, ()))
-            with _VERIFY_SLOTS:
+            with costly(_SCRYPT_CHECKS):
                 ok = any(h.matches(secret) for h in candidates)
         if not ok:
             raise Unauthenticated(
@@ -391,11 +397,14 @@ class ServerAuthentication:
 
     def __init__(self, authenticator: Authenticator, principal: str,
                  cluster_secret: Callable[[], str],
-                 job_tokens: JobTokenVerifier | None = None) -> None:
+                 job_tokens: JobTokenVerifier | None = None,
+                 previous_secret: Callable[[], str] | None = None) -> None:
         self.authenticator = authenticator
         self.principal = principal
         self._cluster_secret = cluster_secret
         self.job_tokens = job_tokens
+        #: The secret a rotation just replaced, while other masters may still send it ("").
+        self._previous_secret = previous_secret
 
     def authenticate(self, metadata: Mapping[str, str], peer: Mapping[str, Sequence[str]]
                      ) -> str:
@@ -412,6 +421,9 @@ class ServerAuthentication:
         if presented is not None:
             secret = self._cluster_secret()
             if secret and hmac.compare_digest(presented.encode(), secret.encode()):
+                return Caller(self.principal)
+            old = self._previous_secret() if self._previous_secret is not None else ""
+            if old and hmac.compare_digest(presented.encode(), old.encode()):
                 return Caller(self.principal)
             raise Unauthenticated("the cluster secret is wrong; only masters may send one")
         header = metadata.get(AUTHORIZATION_METADATA_KEY, "")

@@ -1,4 +1,4 @@
-"""Blob keys: Storm's key rules, and a safe on-disk name for each key.
+"""Blob keys: Storm's key rules, a safe on-disk name for each key, and whose a code key is.
 
 A key is made of letters, digits, ``_``, ``.``, ``-`` and space (it matches
 ``[\\w ._-]+``; ``\\w`` is Unicode-aware, so ``données_2024`` is valid), is not ``.`` or
@@ -8,6 +8,10 @@ ZooKeeper: control characters (Storm's rule allows tab), and characters beyond U
 emoji, which Java stores as surrogate pairs. The rules exclude ``/`` (which would nest znodes
 or escape the blob directory) and ``:`` (which would collide with the ``host:port-seq``
 replica node names).
+
+Keys under ``code.<segment>.`` hold job code (``blobha spark-submit``) and belong to the one
+user whose name :func:`code_segment` spells as ``<segment>``; the masters let only that user
+create, write or administer them (:func:`code_key_refusal`).
 """
 
 from __future__ import annotations
@@ -106,3 +110,101 @@ def key_of_dirname(name: str) -> str | None:
         return None
     # The round trip rejects what quoting never makes (lower-case escapes, a bare '%').
     return key if key and key_dirname(key) == name else None
+
+
+# --------------------------------------------------------------------------------------------
+# Code keys: ``code.<segment>.…`` belongs to the one user whose name encodes to <segment>
+# --------------------------------------------------------------------------------------------
+
+#: Keys under this prefix hold users' job code (``blobha spark-submit``), one user's each.
+CODE_PREFIX = "code."
+#: Longest segment spelled out; a longer one is replaced by a SHA-256 of the name.
+_MAX_SEGMENT = 96
+_PLAIN = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-")
+_HEX = frozenset("0123456789abcdef")
+
+
+def code_segment(user: str) -> str:
+    """The segment naming ``user`` in its code keys, ``code.<segment>.<digest>.<name>``.
+
+    One-to-one, so that no two users share a prefix: ASCII letters, digits and ``-`` stay,
+    ``_`` becomes ``__`` and any other character ``_<hex code point>_`` (never a ``.``, which
+    ends the segment). A segment longer than 96 characters becomes ``_h`` and the SHA-256 of
+    the name, which no spelled-out segment starts with (``_`` is followed by ``_`` or a hex
+    digit there).
+
+    >>> code_segment("alice"), code_segment("svc_etl"), code_segment("alice@EXAMPLE.COM")
+    ('alice', 'svc__etl', 'alice_40_EXAMPLE_2e_COM')
+    """
+    parts = []
+    for c in user:
+        if c in _PLAIN:
+            parts.append(c)
+        elif c == "_":
+            parts.append("__")
+        else:
+            parts.append(f"_{ord(c):x}_")
+    segment = "".join(parts)
+    if len(segment) > _MAX_SEGMENT:
+        import hashlib  # here: the Spark worker hook loads this module, and needs no hash
+
+        segment = "_h" + hashlib.sha256(user.encode("utf-8", "surrogatepass")).hexdigest()
+    return segment
+
+
+def code_segment_user(segment: str) -> str | None:
+    """The user name :func:`code_segment` spells as ``segment``; None for a hashed segment
+    and for one it never makes."""
+    out: list[str] = []
+    i = 0
+    while i < len(segment):
+        c = segment[i]
+        if c in _PLAIN:
+            out.append(c)
+            i += 1
+            continue
+        if c != "_" or i + 1 >= len(segment):
+            return None
+        if segment[i + 1] == "_":
+            out.append("_")
+            i += 2
+            continue
+        end = segment.find("_", i + 1)
+        digits = segment[i + 1:end] if end > 0 else ""
+        if not digits or not set(digits) <= _HEX or len(digits) > 6:
+            return None
+        point = int(digits, 16)
+        if point > 0x10FFFF:
+            return None
+        out.append(chr(point))
+        i = end + 1
+    user = "".join(out)
+    # Only a segment code_segment gives: a non-canonical spelling belongs to nobody.
+    return user if user and code_segment(user) == segment else None
+
+
+def code_owner(key: str) -> str | None:
+    """The segment owning ``key`` when it is a code key (under ``code.``), else None. The
+    segment runs to the next ``.`` or the key's end (``code.`` alone has ``""``: nobody's)."""
+    if not key.startswith(CODE_PREFIX):
+        return None
+    return key[len(CODE_PREFIX):].split(".", 1)[0]
+
+
+def owns_code_key(user: str, key: str) -> bool:
+    """Whether ``key`` is a code key of ``user``'s (``code.<code_segment(user)>.…``)."""
+    owner = code_owner(key)
+    return owner is not None and owner != "" and owner == code_segment(user)
+
+
+def code_key_refusal(user: str, key: str) -> str | None:
+    """Why ``user`` may not create, write or administer ``key``, a code key of another user;
+    None when it may (the key is not a code key, or it is ``user``'s own)."""
+    owner = code_owner(key)
+    if owner is None or owns_code_key(user, key):
+        return None
+    name = code_segment_user(owner)
+    whose = f"user {name!r}" if name is not None else "one user (not you)"
+    return (f"keys under {CODE_PREFIX + owner + '.'!r} belong to {whose}: only they (or an"
+            f" admin) may create, write or administer {key!r}, which user {user!r} may at most"
+            f" read; store your own code under {CODE_PREFIX + code_segment(user) + '.'!r}")

@@ -44,6 +44,7 @@ ENVIRONMENT: dict[str, str] = {
     "tls_key": "BLOBHA_KEY",
     "token_file": "BLOBHA_TOKEN_FILE",
     "timeout": "BLOBHA_TIMEOUT",
+    "require_tls": "BLOBHA_REQUIRE_TLS",
 }
 _PATHS = frozenset({"ca", "cert", "tls_key", "token_file"})
 
@@ -176,6 +177,11 @@ def _setting(doc: _Document, table: str, key: str, value: object) -> str:
         except settings.SettingError:
             raise doc.error(table, key, f"[{table}] timeout: expected a number of seconds,"
                             f" not {value!r}") from None
+    if key == "require_tls":
+        if not isinstance(value, bool):
+            raise doc.error(table, key, f"[{table}] require_tls: expected true or false, not"
+                            f" {value!r}")
+        return "1" if value else "0"
     if key == "cluster" and isinstance(value, list) and all(isinstance(v, str) for v in value):
         value = ",".join(value)
     if not isinstance(value, str) or not value.strip():

@@ -75,6 +75,7 @@ class Admin:
             new = state
             if acl is not None:
                 new = replace(new, acl=tuple(acls.normalize_for_set(acl, user)))
+                self.authority.require_acl(key, new.acl)
             if replication_factor:
                 new = replace(new, replication_factor=replication_factor)
             fitting(key, new)

@@ -62,7 +62,9 @@ class MasterServer:
     def _serve(self) -> None:
         threads = self.config["master.rpc.threads"]
         self.gatekeeper = Gatekeeper(self.master.authentication,
-                                     self.config["master.max.calls.per.client"], threads)
+                                     self.config["master.max.calls.per.client"], threads,
+                                     receive_secs=self.config["master.request.receive.secs"],
+                                     metrics=self.metrics.rpc)
         server = new_server(
             [self.gatekeeper],
             [("grpc.max_concurrent_streams", self.config["master.max.streams.per.connection"])],

@@ -6,6 +6,8 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import threading
+import time
 import uuid
 from contextlib import AbstractContextManager
 from typing import Any
@@ -44,6 +46,10 @@ class ClusterIdentity:
         self.session_timeout = session_timeout
         self._zk_hosts = servers + chroot
         self._cluster_secret = ""
+        # The secret before the last rotation, accepted until then (monotonic).
+        self._previous_secret = ""
+        self._previous_until = 0.0
+        self._secret_lock = threading.Lock()
         self._cluster_id_ok = False
         self._cluster_id = ""
         self._identity_alarm = False
@@ -51,6 +57,22 @@ class ClusterIdentity:
     @property
     def secret(self) -> str:
         return self._cluster_secret
+
+    @property
+    def previous_secret(self) -> str:
+        """The secret a rotation replaced, while masters that have not seen the rotation yet
+        may still send it; "" after."""
+        with self._secret_lock:
+            if time.monotonic() < self._previous_until:
+                return self._previous_secret
+            return ""
+
+    @property
+    def old_secret_secs(self) -> float:
+        """How long a replaced secret is still accepted: a master that has not seen the
+        rotation within twice its session timeout was cut from ZooKeeper long enough to lose
+        its session (ha-rule 5 c), and its watch reads the secret again when it reconnects."""
+        return 2 * self.session_timeout
 
     def _answer(self, pending: Any) -> Any:
         return pending.get(timeout=self.session_timeout)
@@ -119,8 +141,26 @@ class ClusterIdentity:
         master creates it; under lock-down only masters can read it."""
         with contextlib.suppress(NodeExistsError):
             self.zk.create(MASTER_SECRET, new_cluster_secret().encode())
-        self._cluster_secret = self.zk.get(MASTER_SECRET)[0].decode()
-        self.peers.set_cluster_secret(self._cluster_secret)
+        self._set_secret(self.zk.get(MASTER_SECRET)[0].decode())
+        # A rotation (blobha admin rotate-secret, or a lock-down of an open tree) reaches every
+        # master through this watch.
+        self.zk.DataWatch(MASTER_SECRET, self._secret_changed)
+
+    def _secret_changed(self, data: bytes | None, stat: Any) -> None:
+        if data:
+            self._set_secret(data.decode())
+
+    def _set_secret(self, secret: str) -> None:
+        with self._secret_lock:
+            if secret == self._cluster_secret:
+                return
+            if self._cluster_secret:
+                self._previous_secret = self._cluster_secret
+                self._previous_until = time.monotonic() + self.old_secret_secs
+                log.warning("the cluster secret was rotated; the old one is accepted for %.0f s"
+                            " more", self.old_secret_secs)
+            self._cluster_secret = secret
+        self.peers.set_cluster_secret(secret)
 
     def ensure_chroot(self) -> None:
         # A chrooted client cannot create its own root; do it once without the chroot, and

@@ -293,6 +293,14 @@ OPTIONS: tuple[Option, ...] = (
         " cluster gives each master one CPU.",
     ),
     Option(
+        "master.request.receive.secs",
+        10.0,
+        "Seconds a master waits for a call's request message once its headers have come and"
+        " the caller is admitted (it is authenticated from the headers, before the message);"
+        " a call whose message has not come by then is ended (DEADLINE_EXCEEDED), so that"
+        " calls that never send it cannot hold the master's call threads.",
+    ),
+    Option(
         "master.max.streams.per.connection",
         64,
         "Concurrent gRPC streams one client connection may open (grpc.max_concurrent_streams).",
@@ -485,6 +493,7 @@ def _validate(v: dict[str, Any]) -> dict[str, Any]:
     number("master.max.calls.per.client", int, 1)
     number("master.max.streams.per.connection", int, 1)
     number("master.rpc.threads", int, 4)
+    number("master.request.receive.secs", float, 0.1)
     number("master.stop.linger.secs", float, 0)
     if not isinstance(v["master.cpus"], str):
         raise ConfigError(f"master.cpus must be a CPU list like \"0\" or \"0,2-3\", got"

@@ -48,6 +48,7 @@ from blobha.master.reads import Reads
 from blobha.master.repairs import Repairs
 from blobha.master.rules import Authority, CommitOutcomeUnknown, PutRequest
 from blobha.master.scrub import Scrubber
+from blobha.master.secretrotation import SecretRotation
 from blobha.master.settings import MasterSettings
 from blobha.master.staging import Staging
 from blobha.master.status import MasterStatus
@@ -106,6 +107,7 @@ class Master:
             self.authentication = ServerAuthentication(
                 make_authenticator(s.auth_mode, s.auth_token_file, s.auth_mtls_rules),
                 self.principal, lambda: self.cluster.secret,
+                previous_secret=lambda: self.cluster.previous_secret,
             )
             self.server_tls = (
                 ReloadingServerCredentials(s.tls_cert, s.tls_key, s.tls_ca,
@@ -196,6 +198,7 @@ class Master:
                                    s.auth_mode, s.job_token_max_lifetime_secs)
         if s.auth_mode != "simple":  # simple mode has no secrets, so no job tokens either
             self.authentication.job_tokens = self.jobtokens
+        self.rotation = SecretRotation(self.zk, self.election, self.meta, self.authority)
         self.repairs = Repairs(s, self.identity, self.store, self.election, self.meta,
                                self.acks, self.membership, self.peers, self.sync)
         self.summary = StatusSummary(self.identity, self.store, self.zk, self.election,
@@ -321,8 +324,8 @@ class Master:
     def privileged(self, user: str) -> bool:
         return self.authority.privileged(user)
 
-    def access(self, user: str, acl: Sequence[AccessControl]) -> int:
-        return self.authority.access(user, acl)
+    def access(self, user: str, acl: Sequence[AccessControl], key: str = "") -> int:
+        return self.authority.access(user, acl, key)
 
     def begin_upload(
         self, user: str, key: str, create: bool, acl: list[AccessControl], replication_factor: int,
@@ -424,6 +427,11 @@ class Master:
 
     def revoke_job_token(self, user: str, token_or_id: str) -> str:
         return self.jobtokens.revoke(user, token_or_id)
+
+    def rotate_cluster_secret(self, user: str) -> tuple[int, float]:
+        """A new cluster secret (admins only): its generation, and the seconds the old one
+        is still accepted."""
+        return self.rotation.rotate(user), self.cluster.old_secret_secs
 
     def node_status(self) -> MasterSummary:
         return self.summary.node_status()

@@ -27,6 +27,7 @@ from kazoo.exceptions import NoNodeError
 from kazoo.protocol.states import WatchedEvent
 
 from blobha.core import acl as acls
+from blobha.core.admission import PeerCaps, costly
 from blobha.core.auth import (
     Caller,
     job_token_hash,
@@ -91,7 +92,10 @@ class JobTokens:
         self.max_lifetime_secs = max_lifetime_secs
         self.clock = clock
         self._lock = threading.Lock()
-        self._lookup_slots = threading.BoundedSemaphore(LOOKUP_SLOTS)
+        # Beyond these, a look-up is refused at once as busy rather than wait on a call thread;
+        # one connection gets one at a time, one host all but one.
+        self._lookups = PeerCaps("checking job tokens", total=LOOKUP_SLOTS, per_connection=1,
+                                 per_host=LOOKUP_SLOTS - 1)
         # id -> (time.monotonic() when read, record)
         self._cache: OrderedDict[str, tuple[float, JobTokenRecord]] = OrderedDict()
 
@@ -122,7 +126,7 @@ class JobTokens:
                 return hit[1]
         try:
             self.meta.require_zk()
-            with self._lookup_slots:
+            with costly(self._lookups):
                 data = self._read(token_id)
                 if data is None:
                     # Issued just now through the leader's session, perhaps not yet seen by

@@ -216,7 +216,7 @@ class Reads:
         state, seen = self.state_for_read(key, minimum, view)
         if not any_access:
             self.authority.require(user, state.acl, acls.READ, key)
-        elif not self.authority.access(user, state.acl):
+        elif not self.authority.access(user, state.acl, key):
             raise NotAuthorized(
                 f"user {user!r} has no permission on {key!r} (any of READ, WRITE or ADMIN shows"
                 " its metadata); ask a user with ADMIN on it to grant access"

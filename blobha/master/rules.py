@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 
 from blobha.core import acl as acls
+from blobha.core import keys
 from blobha.core.acl import AccessControl
 from blobha.core.digest import is_digest
 from blobha.core.errors import (
@@ -144,7 +145,9 @@ def commit_error(key: str, error: Exception, metadata: bool) -> BlobError:
 
 class Authority:
     """Who may do what: the cluster's administrators and the masters' own principal may do
-    anything; everyone else as a key's ACL says."""
+    anything; a code key (``code.<user>.…``, :func:`blobha.core.keys.code_owner`) is its
+    owner's alone to create, write and administer, whatever its ACL says, and others may at
+    most read it; everyone else as a key's ACL says."""
 
     def __init__(self, admins: frozenset[str], principal: str) -> None:
         self.admins = admins
@@ -155,16 +158,49 @@ class Authority:
 
     def require(self, user: str, acl: tuple[AccessControl, ...] | list[AccessControl],
                 access: int, key: str) -> None:
-        if self.privileged(user) or acls.allowed(acl, user, access):
+        if self.privileged(user):
+            return
+        if access & (acls.WRITE | acls.ADMIN):
+            # Before the ACL: one granting another user WRITE (stored before the masters kept
+            # code keys to their owners) must not let them swap the owner's code.
+            refusal = keys.code_key_refusal(user, key)
+            if refusal:
+                raise NotAuthorized(refusal)
+        if keys.owns_code_key(user, key) or acls.allowed(acl, user, access):
             return
         raise NotAuthorized(
             f"user {user!r} lacks {acls.describe(access)} permission on {key!r}; ask a user"
             " with ADMIN on it to grant access"
         )
 
-    def access(self, user: str, acl: Sequence[AccessControl]) -> int:
-        """The permission bits ``user`` holds on a key with ``acl``."""
-        return acls.ALL if self.privileged(user) else acls.access_of(acl, user)
+    def require_create(self, user: str, key: str,
+                       acl: tuple[AccessControl, ...] | list[AccessControl]) -> None:
+        """``user`` may create ``key`` with ``acl`` (as the create will store it): anyone may
+        create a key, but a code key only its owner, with an ACL that grants nobody else
+        WRITE or ADMIN."""
+        if not self.privileged(user):
+            refusal = keys.code_key_refusal(user, key)
+            if refusal:
+                raise NotAuthorized(refusal)
+        self.require_acl(key, acl)
+
+    def require_acl(self, key: str,
+                    acl: tuple[AccessControl, ...] | list[AccessControl]) -> None:
+        """``acl`` may be stored for ``key``: a code key's grants nobody but its owner (and
+        the privileged) WRITE or ADMIN (:func:`acl.code_acl_refusal`)."""
+        refusal = acls.code_acl_refusal(key, acl, self.privileged)
+        if refusal:
+            raise NotAuthorized(refusal)
+
+    def access(self, user: str, acl: Sequence[AccessControl], key: str = "") -> int:
+        """The permission bits ``user`` holds on ``key`` with ``acl`` (without ``key``: as
+        the ACL says, for a key that is no code key)."""
+        if self.privileged(user):
+            return acls.ALL
+        if keys.owns_code_key(user, key):
+            return acls.ALL
+        have = acls.access_of(acl, user)
+        return have & acls.READ if keys.code_owner(key) is not None else have
 
 
 def quorum(write_quorum: int, rf: int, default: int, key: str = "") -> int:
@@ -210,6 +246,8 @@ def next_state(authority: Authority, user: str, key: str, create: bool,
     if create:
         if state is not None:
             raise KeyAlreadyExists(f"key {key!r} already exists")
+        # Checked when the write began too; here again, as every commit's last word.
+        authority.require_create(user, key, acl)
         new = BlobState(
             seq=1, size=size, digest=digest, acl=acl, replication_factor=replication_factor,
             creator=user, created_at=now, updated_at=now, epoch=epoch, acked=False,

@@ -97,9 +97,12 @@ class Writes:
                     " quorum; retry shortly")
             return "", 0, self.acks.acknowledge(key, retried(key, prior, user))
         if create:
+            acl = acls.normalize_for_create(acl, user)
+            # Before the key's existence is told: a code key of another user's is none of
+            # the caller's business to probe for.
+            self.authority.require_create(user, key, acl)
             if state is not None:
                 raise KeyAlreadyExists(f"key {key!r} already exists")
-            acl = acls.normalize_for_create(acl, user)
         else:
             state = check_update(self.authority, user, key, state, expected_version)
             rf = state.replication_factor
@@ -151,6 +154,8 @@ class Writes:
         check_digest(digest)
         if create:
             acl = acls.normalize_for_create(acl, user)
+            # Before a byte is taken: another user's code key, or an ACL sharing its writes.
+            self.authority.require_create(user, key, acl)
             self.committer.check_quorum(w)
         self.store.reserve(len(data))
         tag = tag_of(user, write_id)

@@ -55,6 +55,8 @@ NOTES: dict[str, str] = {
     " expiring; ended at once when the data directory recorded it), and then refuses to"
     " start, naming the other master's pid and host.",
     "master.rpc.threads": "At least 4.",
+    "master.request.receive.secs": "At least 0.1. A call's request normally comes with its"
+    " headers; this bounds only the calls whose message lags or never comes.",
     "master.cpus": "Applied by `blobha serve` at start, to every thread; a CPU this master may"
     " not use is refused at start. The local cluster (`blobha local-cluster`,"
     " `blobha bench --local`) gives each master one CPU in turn; `BLOBHA_MASTER_CPUS=`"

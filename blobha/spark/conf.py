@@ -124,8 +124,9 @@ OPTIONS: tuple[SparkOption, ...] = (
     SparkOption(
         CONF_CODE_MAP,
         "(set by blobha spark-submit)",
-        "JSON list of [key, kind, name]: the job's --py-files, --files and --archives as"
-        " blobs, laid out in each executor's working directory by the blobha-python hook.",
+        "JSON list of [key, kind, name, version, sha256]: the job's --py-files, --files and"
+        " --archives as blobs, laid out in each executor's working directory by the"
+        " blobha-python hook only at that version and with that SHA-256.",
     ),
     SparkOption(
         CONF_USER,

@@ -3,10 +3,14 @@
 content-addressed blob, and take them out of what Spark ships.
 
 Key scheme: ``code.<user>.<xxh3-128 hex of the content>.<basename>``. Keys may not hold
-``/`` (see :mod:`blobha.core.keys`), so the parts are joined with dots; characters a key may
-not hold become ``_`` (with a short hash of the user's real name appended when that changed
-it, so two users never share a key). The basename comes last because the node cache tells an
-archive's kind by the key's ending. Loaded by the launcher only, never in a Spark worker.
+``/`` (see :mod:`blobha.core.keys`), so the parts are joined with dots; ``<user>`` is
+:func:`~blobha.core.keys.code_segment` of the user's name (one-to-one: two users never share
+a prefix), and the masters let only that user create, write or administer keys under it. The
+basename comes last because the node cache tells an archive's kind by the key's ending.
+
+Each blob goes into the code map with the version the launcher stored or found and the
+SHA-256 of the launcher's own file: executors link and import nothing else. Loaded by the
+launcher only, never in a Spark worker.
 """
 
 from __future__ import annotations
@@ -21,11 +25,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
-import xxhash
-
-from blobha.core.digest import digest_stream
+from blobha.core.digest import CHUNK_SIZE, Digester, digest_stream
 from blobha.core.errors import InvalidArgument, KeyAlreadyExists, KeyNotFound
-from blobha.core.keys import MAX_KEY_BYTES, validate_key
+from blobha.core.keys import MAX_KEY_BYTES, code_segment, validate_key
 from blobha.spark.blobmap import check_local_name
 from blobha.spark.codemap import KIND_ARCHIVE, KIND_FILE, KIND_PYFILE, CodeSpec
 from blobha.spark.conf import CONF_JOB_TOKEN, ENV_CA_PEM, ENV_JOB_TOKEN, ENV_PYTHON
@@ -45,6 +47,7 @@ __all__ = [
     "CODE_OPTIONS",
     "REDACTION",
     "CodeFile",
+    "FileDigests",
     "TakenCode",
     "check_archive",
     "code_confs",
@@ -52,6 +55,7 @@ __all__ = [
     "deploy_mode_of",
     "digest_path",
     "driver_pythonpath",
+    "hash_path",
     "hook_path",
     "insert_options",
     "redacted",
@@ -100,11 +104,8 @@ def code_key(user: str, digest: str, basename: str) -> str:
     >>> code_key("alice", "0123456789abcdef0123456789abcdef", "lib.zip")
     'code.alice.0123456789abcdef0123456789abcdef.lib.zip'
     """
-    safe_user = _safe(user)
-    if safe_user != user:
-        safe_user += "-" + xxhash.xxh3_64_hexdigest(user.encode("utf-8"))[:8]
     name = _safe(basename)
-    key = f"code.{safe_user}.{digest}.{name}"
+    key = f"code.{code_segment(user)}.{digest}.{name}"
     if len(key.encode("utf-8")) > MAX_KEY_BYTES:
         # Keep the name's end: it tells an archive's kind.
         key = key[: MAX_KEY_BYTES - 64] + "." + name[-60:]
@@ -225,6 +226,35 @@ def digest_path(path: str) -> str:
         raise InvalidArgument(f"{path}: cannot read it ({exc.strerror or exc})") from None
 
 
+class FileDigests(NamedTuple):
+    """A local file's xxh3-128 (the store's digest, which names its key) and SHA-256 (what
+    executors check it by: xxh3 is no cryptographic hash)."""
+
+    digest: str
+    sha256: str
+
+
+def hash_path(path: str) -> FileDigests:
+    """Both digests of a local file, in one read; errors as :func:`digest_path`."""
+    import hashlib
+
+    try:
+        with open(path, "rb") as f:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                raise InvalidArgument(f"{path}: not a regular file (a directory? zip it first)")
+            xxh3, sha = Digester(), hashlib.sha256()
+            while data := f.read(CHUNK_SIZE):
+                xxh3.update(data)
+                sha.update(data)
+            return FileDigests(xxh3.hexdigest(), sha.hexdigest())
+    except FileNotFoundError:
+        raise InvalidArgument(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise InvalidArgument(f"{path}: not a regular file (a directory? zip it first)") from None
+    except OSError as exc:
+        raise InvalidArgument(f"{path}: cannot read it ({exc.strerror or exc})") from None
+
+
 def check_archive(path: str, name: str) -> None:
     """Unpack ``path`` into a scratch directory with the node cache's own rules, so an archive
     an executor would refuse fails here, before launch, naming the file."""
@@ -241,26 +271,27 @@ def check_archive(path: str, name: str) -> None:
 
 
 def upload_code(client: Client, user: str, files: Sequence[CodeFile],
-                digests: Mapping[str, str] | None = None) -> list[CodeSpec]:
-    """Store every file as a content-addressed blob owned by ``user`` (readable by that user
-    only), uploading only content the store does not hold yet; the code map entries.
+                digests: Mapping[str, FileDigests] | None = None) -> list[CodeSpec]:
+    """Store every file as a content-addressed blob owned by ``user`` (readable and writable
+    by that user only), uploading only content the store does not hold yet; the code map
+    entries, each pinned to the version stored and the SHA-256 of the local file.
 
-    ``digests`` (path to digest) spares reading a file again. An archive is checked against
+    ``digests`` (path to digests) spares reading a file again. An archive is checked against
     the node cache's unpacking rules before it is uploaded: content already stored passed
     that check when it was, so a large environment is neither read nor unpacked again."""
     specs: list[CodeSpec] = []
-    done: set[str] = set()
+    done: dict[str, int] = {}
     for f in files:
-        digest = (digests or {}).get(f.path) or digest_path(f.path)
-        key = code_key(user, digest, os.path.basename(f.path))
+        hashes = (digests or {}).get(f.path) or hash_path(f.path)
+        key = code_key(user, hashes.digest, os.path.basename(f.path))
         if key not in done:
-            _ensure(client, f, key, digest, user)
-            done.add(key)
-        specs.append(CodeSpec(key, f.kind, f.name))
+            done[key] = _ensure(client, f, key, hashes.digest, user)
+        specs.append(CodeSpec(key, f.kind, f.name, done[key], hashes.sha256))
     return specs
 
 
-def _ensure(client: Client, f: CodeFile, key: str, digest: str, user: str) -> None:
+def _ensure(client: Client, f: CodeFile, key: str, digest: str, user: str) -> int:
+    """The version of ``key`` holding ``f``'s content, created if absent."""
     path = f.path
     try:
         meta = client.get_meta(key)
@@ -269,14 +300,25 @@ def _ensure(client: Client, f: CodeFile, key: str, digest: str, user: str) -> No
         if f.kind == KIND_ARCHIVE:
             check_archive(path, f.name)
         try:
+            # Nobody else gets anything: the masters keep the key's writes to ``user``, and
+            # its readers are the job's (through ``user``'s own job token).
             meta = client.create(key, Path(path), acl=f"u:{user}:rwa")
             log.info("uploaded %s as %s (%d bytes)", path, key, meta.size)
         except KeyAlreadyExists:
             meta = client.get_meta(key)  # a concurrent launch won: fine if it is the same
+    if meta.creator != user:
+        # Made by someone else before the masters kept code keys to their owners: the
+        # executors' SHA-256 check would catch other bytes, but such a key is no one's to
+        # trust. Its owner may delete it (the masters let them).
+        raise InvalidArgument(
+            f"{path}: blob {key!r} was created by {meta.creator!r}, not by {user!r}; delete it"
+            f" (blobha delete {key}) and launch again"
+        )
     if meta.digest != digest:
         raise InvalidArgument(
             f"{path}: blob {key!r} holds other content (digest {meta.digest}); delete it"
         )
+    return int(meta.version)
 
 
 # --------------------------------------------------------------------------------------------

@@ -35,12 +35,13 @@ from blobha.spark.conf import (
 )
 from blobha.spark.driver import check_access, job_user, wait_for_replication
 from blobha.spark.jobcode import (
+    FileDigests,
     TakenCode,
     check_archive,
     code_confs,
     deploy_mode_of,
-    digest_path,
     driver_pythonpath,
+    hash_path,
     hook_path,
     insert_options,
     redacted,
@@ -271,7 +272,7 @@ def submit_main(argv: list[str]) -> int:
         spark_submit = find_spark_submit(args.spark_submit, os.environ)
         conf = effective_conf(submit, os.environ, spark_submit)
         taken: TakenCode | None = None
-        digests: dict[str, str] = {}
+        digests: dict[str, FileDigests] = {}
         if deploy_mode_of(submit, conf, os.environ) == "client":
             taken = take_code(rest, conf)
             if not taken.files:
@@ -281,7 +282,7 @@ def submit_main(argv: list[str]) -> int:
         settings = _settings_from_args(args, conf, has_code=taken is not None)
         if taken is not None:
             # A missing or unreadable file fails here, before anything is uploaded.
-            digests = {f.path: digest_path(f.path) for f in taken.files}
+            digests = {f.path: hash_path(f.path) for f in taken.files}
         if args.dry_run:
             for f in taken.files if taken is not None else ():
                 if f.kind == KIND_ARCHIVE:
@@ -327,7 +328,7 @@ def submit_main(argv: list[str]) -> int:
 
 
 def _store_code_and_token(
-    settings: SparkBlobSettings, taken: TakenCode | None, digests: Mapping[str, str],
+    settings: SparkBlobSettings, taken: TakenCode | None, digests: Mapping[str, FileDigests],
     lifetime: float,
 ) -> tuple[SparkBlobSettings, list[str]]:
     """Upload the code that is not stored yet; with a user token, obtain the executors' job

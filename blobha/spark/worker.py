@@ -11,6 +11,10 @@ for (``$BLOBHA_PYSPARK_PYTHON``, relative to the working directory for ``./env/b
 else this one): the worker keeps this process's id, and with it the cache references taken
 here, for as long as it runs.
 
+Nothing is linked before every blob checks out against the code map's pins: the version the
+launcher stored, and the SHA-256 of the launcher's own file (hashed once per node, see
+:meth:`BlobCache.has_sha256`). Another version, or other bytes, stop the worker with one line.
+
 Every Python worker start pays for its imports: it loads the cache, and the client (grpc) only
 when something must be downloaded.
 """
@@ -21,14 +25,18 @@ import os
 import sys
 from collections.abc import MutableMapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from blobha.core.errors import BlobError
+from blobha.core.errors import BlobError, ChecksumMismatch, VersionConflict
 from blobha.spark import executor
-from blobha.spark.codemap import KIND_ARCHIVE, KIND_PYFILE
+from blobha.spark.codemap import KIND_ARCHIVE, KIND_PYFILE, CodeSpec
 from blobha.spark.conf import ENV_CONF, ENV_PYTHON
 from blobha.spark.settings import SparkBlobSettings
 
-__all__ = ["lay_out", "main", "real_python"]
+if TYPE_CHECKING:
+    from blobha.cache import BlobCache
+
+__all__ = ["lay_out", "main", "pinned_path", "real_python"]
 
 
 def real_python(env: MutableMapping[str, str]) -> str:
@@ -70,15 +78,16 @@ def lay_out(env: MutableMapping[str, str], cwd: Path) -> None:
     try:
         # One write of the node's counters for the few gets below: this process ends here.
         with cache.batched_counters():
-            for spec in settings.code:
-                executor.require_seen(cache, settings, spec.key)
-                blob = cache.get(spec.key, uncompress=spec.kind == KIND_ARCHIVE, owner=owner)
-                link = cwd / spec.name
-                _link(str(blob.path), link)
-                if spec.kind == KIND_PYFILE:
-                    entry = str(cwd) if spec.name.endswith(".py") else str(link)
-                    if entry not in paths:
-                        paths.append(entry)
+            # Every blob checked before anything is linked: a job runs all its code or none.
+            targets = [(spec, pinned_path(cache, settings, spec, owner))
+                       for spec in settings.code]
+        for spec, target in targets:
+            link = cwd / spec.name
+            _link(str(target), link)
+            if spec.kind == KIND_PYFILE:
+                entry = str(cwd) if spec.name.endswith(".py") else str(link)
+                if entry not in paths:
+                    paths.append(entry)
     finally:
         # The application's references stay: they name this process, whose id the worker
         # exec'd next keeps. Closing removes this instance's scratch space, which every cache
@@ -88,6 +97,35 @@ def lay_out(env: MutableMapping[str, str], cwd: Path) -> None:
     if paths:
         old = env.get("PYTHONPATH", "")
         env["PYTHONPATH"] = os.pathsep.join([*paths, *([old] if old else [])])
+
+
+def pinned_path(cache: BlobCache, settings: SparkBlobSettings, spec: CodeSpec,
+                owner: str) -> Path:
+    """The node's copy of ``spec``'s blob (its unpacked tree for an archive), only if it is
+    the version pinned and its bytes have the SHA-256 pinned; else ``VersionConflict`` or
+    ``ChecksumMismatch`` saying what to do."""
+    executor.require_seen(cache, settings, spec.key)
+    blob = cache.get(spec.key, owner=owner)
+    if blob.version != spec.version:
+        raise VersionConflict(
+            f"code blob {spec.key!r} ({spec.name}) is at version {blob.version} here, but the"
+            f" job was launched with version {spec.version}: it changed since the launch;"
+            " nothing was run, launch the job again")
+    if not cache.has_sha256(blob, spec.sha256):
+        raise ChecksumMismatch(
+            f"code blob {spec.key!r} ({spec.name}) version {blob.version} is not the file the"
+            f" job was launched with (its SHA-256 differs from the pinned {spec.sha256[:16]}...);"
+            " nothing was run: check who may write the key, then launch the job again")
+    if spec.kind != KIND_ARCHIVE:
+        return blob.path
+    tree = cache.get(spec.key, uncompress=True, owner=owner)
+    # The tree of the very version directory whose archive was checked: versions are
+    # installed whole by one rename and never changed in place.
+    if tree.version != blob.version or tree.path.parent != blob.path.parent.parent:
+        raise VersionConflict(
+            f"code blob {spec.key!r} ({spec.name}) changed to version {tree.version} while"
+            f" version {blob.version} was checked; nothing was run, launch the job again")
+    return tree.path
 
 
 def main() -> None:

@@ -517,3 +517,15 @@ class RevokeJobTokenResponse(_message.Message):
     TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
     token_id: str
     def __init__(self, token_id: _Optional[str] = ...) -> None: ...
+
+class RotateClusterSecretRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class RotateClusterSecretResponse(_message.Message):
+    __slots__ = ("generation", "old_accepted_secs")
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    OLD_ACCEPTED_SECS_FIELD_NUMBER: _ClassVar[int]
+    generation: int
+    old_accepted_secs: float
+    def __init__(self, generation: _Optional[int] = ..., old_accepted_secs: _Optional[float] = ...) -> None: ...

@@ -144,6 +144,11 @@ class BlobStoreStub:
                 request_serializer=blobha_dot_v1_dot_blobha__pb2.RevokeJobTokenRequest.SerializeToString,
                 response_deserializer=blobha_dot_v1_dot_blobha__pb2.RevokeJobTokenResponse.FromString,
                 _registered_method=True)
+        self.RotateClusterSecret = channel.unary_unary(
+                '/blobha.v1.BlobStore/RotateClusterSecret',
+                request_serializer=blobha_dot_v1_dot_blobha__pb2.RotateClusterSecretRequest.SerializeToString,
+                response_deserializer=blobha_dot_v1_dot_blobha__pb2.RotateClusterSecretResponse.FromString,
+                _registered_method=True)
 
 
 class BlobStoreServicer:
@@ -312,6 +317,15 @@ class BlobStoreServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RotateClusterSecret(self, request, context):
+        """Leader only; admins only. A new cluster secret (the masters' proof of identity to each
+        other) replaces the old one, which every master still accepts for twice its ZooKeeper
+        session timeout so that calls between masters in flight are not refused.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_BlobStoreServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -424,6 +438,11 @@ def add_BlobStoreServicer_to_server(servicer, server):
                     servicer.RevokeJobToken,
                     request_deserializer=blobha_dot_v1_dot_blobha__pb2.RevokeJobTokenRequest.FromString,
                     response_serializer=blobha_dot_v1_dot_blobha__pb2.RevokeJobTokenResponse.SerializeToString,
+            ),
+            'RotateClusterSecret': grpc.unary_unary_rpc_method_handler(
+                    servicer.RotateClusterSecret,
+                    request_deserializer=blobha_dot_v1_dot_blobha__pb2.RotateClusterSecretRequest.FromString,
+                    response_serializer=blobha_dot_v1_dot_blobha__pb2.RotateClusterSecretResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1020,6 +1039,33 @@ class BlobStore:
             '/blobha.v1.BlobStore/RevokeJobToken',
             blobha_dot_v1_dot_blobha__pb2.RevokeJobTokenRequest.SerializeToString,
             blobha_dot_v1_dot_blobha__pb2.RevokeJobTokenResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RotateClusterSecret(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/blobha.v1.BlobStore/RotateClusterSecret',
+            blobha_dot_v1_dot_blobha__pb2.RotateClusterSecretRequest.SerializeToString,
+            blobha_dot_v1_dot_blobha__pb2.RotateClusterSecretResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -33,6 +33,9 @@ ENV_CA = "BLOBHA_CA"
 ENV_CERT = "BLOBHA_CERT"
 ENV_KEY = "BLOBHA_KEY"
 ENV_TOKEN_FILE = "BLOBHA_TOKEN_FILE"
+#: "1" (or true, yes, on): refuse to talk to a cluster without TLS.
+ENV_REQUIRE_TLS = "BLOBHA_REQUIRE_TLS"
+_TRUE = frozenset({"1", "true", "yes", "on"})
 
 # (ca, cert, key) -> (the files' stamp, the data channel's TLS made from them): a context
 # loads its files once, not per transfer.
@@ -46,13 +49,15 @@ class Credentials:
     a client certificate (TLS, for ``auth.mode = "mtls"``); ``token_file``: a file holding a
     token from ``blobha token create`` or ``blobha token job`` (for ``auth.mode = "token"``);
     ``bearer``: such a token given directly instead (a job token an executor got from its
-    Spark configuration), never shown by ``repr``."""
+    Spark configuration), never shown by ``repr``; ``require_tls``: refuse to make a client
+    without TLS, so that a token is never sent in clear by mistake (a forgotten ``--ca``)."""
 
     ca: str | None = None
     cert: str | None = None
     key: str | None = None
     token_file: str | None = None
     bearer: str | None = field(default=None, repr=False)
+    require_tls: bool = False
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Credentials:
@@ -60,6 +65,7 @@ class Credentials:
         return cls(
             ca=env.get(ENV_CA) or None, cert=env.get(ENV_CERT) or None,
             key=env.get(ENV_KEY) or None, token_file=env.get(ENV_TOKEN_FILE) or None,
+            require_tls=env.get(ENV_REQUIRE_TLS, "").strip().lower() in _TRUE,
         )
 
     @property
@@ -68,6 +74,12 @@ class Credentials:
 
     def check(self) -> Credentials:
         """Raise InvalidArgument naming the problem if the files cannot be used."""
+        if self.require_tls and not self.tls:
+            # Before a token is even read: nothing is sent anywhere.
+            raise InvalidArgument(
+                "TLS is required (--require-tls, BLOBHA_REQUIRE_TLS or the profile's"
+                " require_tls) but no CA is given: pass --ca FILE (BLOBHA_CA) with the CA of"
+                " the masters' certificates")
         if bool(self.cert) != bool(self.key):
             raise InvalidArgument("a client certificate needs both --cert and --tls-key"
                                   " (BLOBHA_CERT and BLOBHA_KEY)")

@@ -22,6 +22,9 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import NoAuthError, NoNodeError
 from kazoo.security import ACL, make_digest_acl
 
+from blobha.core.auth import new_cluster_secret
+from blobha.zk.layout import MASTER_SECRET
+
 log = logging.getLogger("blobha.zkauth")
 
 
@@ -125,6 +128,13 @@ def ensure_locked_chroot(servers: str, chroot: str, creds: ZkCredentials | None,
             changed = lock_down(root, chroot, creds.acl)
             log.warning("ZooKeeper lock-down: set the masters-only ACL on %d znodes under %s",
                         changed, chroot)
+            # Whoever read the cluster secret while the tree was open could still call as a
+            # master: a new one, which running masters learn through their watch.
+            secret = chroot.rstrip("/") + MASTER_SECRET
+            if root.exists(secret) is not None:
+                root.set(secret, new_cluster_secret().encode())
+                log.warning("ZooKeeper lock-down: rotated the cluster secret, readable by"
+                            " anyone while the tree was open")
     finally:
         root.stop()
         root.close()

@@ -98,6 +98,11 @@ def test_every_command_speaks_json(cluster: LocalCluster, tmp_path: Path) -> Non
     assert ok("delete", key) == [{"key": key, "deleted": True}]
     script = ok("completion", "bash")
     assert isinstance(script, dict) and "wait-replication" in script["script"]
+    # Only an admin may rotate the cluster secret (this cluster has none): refused, in JSON.
+    r = run(cluster, "admin", "rotate-secret", "--json")
+    assert r.returncode == 5, (r.stdout, r.stderr)
+    assert json.loads(r.stdout)["error"]["code"] == "not_authorized"
+    spoken.add("admin")
 
     # Every command of "blobha --help" was heard above, but for those that run until stopped
     # (serve, local-cluster), spark-submit (whose options are spark-submit's launcher's) and

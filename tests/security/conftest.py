@@ -50,3 +50,11 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if "tests/security/" in str(item.fspath).replace(os.sep, "/"):
             item.add_marker(pytest.mark.integration)
+
+
+
+# Every helper of the harness under this module's name too: when tests/integration and this
+# directory are both named on the command line, pytest loads both conftest files before it
+# imports a test module, and ``from conftest import ...`` there finds this one.
+globals().update({name: value for name, value in vars(harness).items()
+                  if not name.startswith("__") and name not in globals()})

@@ -5,6 +5,7 @@ and the worker hook's layout of the working directory."""
 from __future__ import annotations
 
 import errno
+import hashlib
 import io
 import os
 import tarfile
@@ -13,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from waiting import wait_until
 
 from blobha.core.errors import InvalidArgument, KeyAlreadyExists, KeyNotFound
 from blobha.core.keys import validate_key
@@ -34,13 +36,17 @@ from blobha.spark.settings import SparkBlobSettings
 DIGEST = "0123456789abcdef0123456789abcdef"
 
 
+def _sha(data: bytes | str) -> str:
+    return hashlib.sha256(data.encode() if isinstance(data, str) else data).hexdigest()
+
+
 def test_code_keys_are_valid_and_derived_from_user_digest_and_name() -> None:
     assert code_key("alice", DIGEST, "lib.zip") == f"code.alice.{DIGEST}.lib.zip"
-    # Characters a key may not hold become '_', and the user's real name is hashed in, so
-    # 'a@b' and 'a_b' never share a key.
+    # The user's name is spelled one-to-one (blobha.core.keys.code_segment), so 'a@b' and
+    # 'a_b' never share a key; characters a key may not hold become '_' in the file's name.
     odd = code_key("a@b", DIGEST, "my lib:1.tar.gz")
     assert validate_key(odd) == odd
-    assert odd.startswith("code.a_b-") and odd.endswith(".my_lib_1.tar.gz")
+    assert odd.startswith("code.a_40_b.") and odd.endswith(".my_lib_1.tar.gz")
     assert code_key("a_b", DIGEST, "x") != code_key("a@b", DIGEST, "x")
     # A long name keeps its ending, which tells an archive's kind.
     long = code_key("alice", DIGEST, "x" * 600 + ".tgz")
@@ -134,13 +140,15 @@ def test_an_unsafe_archive_fails_before_launch(tmp_path: Path) -> None:
 class _FakeClient:
     def __init__(self, race: bool = False) -> None:
         self.blobs: dict[str, str] = {}
+        self.creators: dict[str, str] = {}
         self.created: list[str] = []
         self.race = race
 
     def get_meta(self, key: str) -> Any:
         if key not in self.blobs:
             raise KeyNotFound(key)
-        return type("M", (), {"digest": self.blobs[key], "size": 1})()
+        return type("M", (), {"digest": self.blobs[key], "size": 1, "version": 1,
+                              "creator": self.creators.get(key, "bob")})()
 
     def create(self, key: str, path: str, acl: str) -> Any:
         from blobha.spark.jobcode import digest_path
@@ -165,6 +173,8 @@ def test_content_is_uploaded_once(tmp_path: Path) -> None:
     second = upload_code(client, "bob", [CodeFile(str(copy / "lib.zip"), "file", "x.zip")])  # type: ignore[arg-type]
     assert len(client.created) == 1
     assert first[0].key == second[0].key == code_key("bob", digest_path(str(lib)), "lib.zip")
+    # Pinned: the version stored and the SHA-256 of the launcher's own file.
+    assert first[0][3:] == second[0][3:] == (1, _sha(b"zip bytes"))
     # A concurrent creator of the same content is a success.
     raced = upload_code(_FakeClient(race=True), "bob", files)  # type: ignore[arg-type]
     assert raced == first
@@ -176,6 +186,18 @@ def test_a_key_holding_other_content_is_refused(tmp_path: Path) -> None:
     client = _FakeClient()
     client.blobs[code_key("bob", digest_path(str(lib)), "lib.zip")] = DIGEST
     with pytest.raises(InvalidArgument, match="holds other content"):
+        upload_code(client, "bob", [CodeFile(str(lib), "pyfile", "lib.zip")])  # type: ignore[arg-type]
+
+
+def test_a_key_someone_else_created_is_not_reused(tmp_path: Path) -> None:
+    lib = tmp_path / "lib.zip"
+    lib.write_bytes(b"zip bytes")
+    key = code_key("bob", digest_path(str(lib)), "lib.zip")
+    client = _FakeClient()
+    client.blobs[key] = digest_path(str(lib))  # the same content...
+    client.creators[key] = "mallory"  # ...made by another (before the masters refused it)
+    with pytest.raises(InvalidArgument, match=f"^{lib}: blob '{key}' was created by 'mallory',"
+                       " not by 'bob'; delete it"):
         upload_code(client, "bob", [CodeFile(str(lib), "pyfile", "lib.zip")])  # type: ignore[arg-type]
 
 
@@ -194,27 +216,53 @@ def test_the_driver_imports_the_py_files_from_their_local_paths() -> None:
 
 
 def test_code_maps_round_trip_through_the_settings() -> None:
-    specs = (CodeSpec("code.bob.x.lib.zip", "pyfile", "lib.zip"),)
+    specs = (CodeSpec("code.bob.x.lib.zip", "pyfile", "lib.zip", 3, _sha("x")),)
     assert parse_code_map(code_map_json(specs)) == specs
     settings = SparkBlobSettings(cluster="m:1", code=specs)
     assert SparkBlobSettings.from_json(settings.to_json()).code == specs
+    pin = f'1, "{_sha("x")}"'
     with pytest.raises(InvalidArgument, match="named 'a'"):
-        parse_code_map('[["k1", "file", "a"], ["k2", "archive", "a"]]')
+        parse_code_map(f'[["k1", "file", "a", {pin}], ["k2", "archive", "a", {pin}]]')
     with pytest.raises(InvalidArgument, match="plain file name"):
-        parse_code_map('[["k1", "file", "../a"]]')
+        parse_code_map(f'[["k1", "file", "../a", {pin}]]')
+
+
+@pytest.mark.parametrize("entry", ['"k1", "file", "a", 0, "{sha}"',
+                                   '"k1", "file", "a", true, "{sha}"',
+                                   '"k1", "file", "a", 1, "{sha}0"',
+                                   '"k1", "file", "a", 1, "ABC"', '"k1", "file", "a", 1'])
+def test_a_pin_that_is_no_version_and_sha256_is_refused(entry: str) -> None:
+    with pytest.raises(InvalidArgument, match=r"expected \[key, kind, name, version, sha256\]"):
+        parse_code_map("[[" + entry.replace("{sha}", _sha("x")) + "]]")
+
+
+def test_a_code_map_without_pins_is_refused_with_what_to_do() -> None:
+    # A launcher before pins: its code could be anyone's, so executors run none of it.
+    with pytest.raises(InvalidArgument, match=r"pins no version and SHA-256 .* launch the job"
+                       r" again with this blobha's 'blobha spark-submit'"):
+        parse_code_map('[["code.bob.x.lib.zip", "pyfile", "lib.zip"]]')
 
 
 class _FakeCache:
+    """The node cache's layout (``<key>/file/<key>``, ``<key>/unpacked``), each blob's
+    content its key, at version 1."""
+
     def __init__(self, root: Path) -> None:
         self.root = root
 
-    def get(self, key: str, *, uncompress: bool, owner: str) -> Any:
-        path = self.root / (key + (".d" if uncompress else ""))
+    def get(self, key: str, *, uncompress: bool = False, owner: str) -> Any:
+        from blobha.cache import CachedBlob
+
+        path = self.root / key / ("unpacked" if uncompress else f"file/{key}")
         if uncompress:
-            path.mkdir(exist_ok=True)
+            path.mkdir(parents=True, exist_ok=True)
         else:
+            path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(key)
-        return type("B", (), {"path": path})()
+        return CachedBlob(key, 1, len(key), "", path)
+
+    def has_sha256(self, blob: Any, sha256: str) -> bool:
+        return _sha(blob.path.read_bytes()) == sha256
 
     def batched_counters(self) -> Any:
         import contextlib
@@ -233,8 +281,9 @@ def test_the_hook_links_the_code_into_the_working_directory(
     cache_root = tmp_path / "cache"
     cache_root.mkdir()
     monkeypatch.setattr(executor, "open_cache", lambda settings: _FakeCache(cache_root))
-    specs = (CodeSpec("k-lib.zip", "pyfile", "lib.zip"), CodeSpec("k-mod.py", "pyfile", "m.py"),
-             CodeSpec("k-f.txt", "file", "f.txt"), CodeSpec("k-env.tgz", "archive", "env"))
+    specs = tuple(CodeSpec(key, kind, name, 1, _sha(key)) for key, kind, name in (
+        ("k-lib.zip", "pyfile", "lib.zip"), ("k-mod.py", "pyfile", "m.py"),
+        ("k-f.txt", "file", "f.txt"), ("k-env.tgz", "archive", "env")))
     env = {ENV_CONF: SparkBlobSettings(cluster="m:1", code=specs, app_id="app-1").to_json(),
            "PYTHONPATH": "/spark/python"}
     cwd = tmp_path / "work"
@@ -243,9 +292,9 @@ def test_the_hook_links_the_code_into_the_working_directory(
     for _ in range(2):  # a second worker of the executor finds it all in place
         run_env = dict(env)
         worker.lay_out(run_env, cwd)
-    assert os.readlink(cwd / "lib.zip") == str(cache_root / "k-lib.zip")
+    assert os.readlink(cwd / "lib.zip") == str(cache_root / "k-lib.zip" / "file" / "k-lib.zip")
     assert (cwd / "f.txt").read_text() == "k-f.txt"
-    assert (cwd / "env").resolve() == cache_root / "k-env.tgz.d"
+    assert (cwd / "env").resolve() == cache_root / "k-env.tgz" / "unpacked"
     assert run_env["PYTHONPATH"] == os.pathsep.join([str(cwd / "lib.zip"), str(cwd),
                                                      "/spark/python"])
     assert not [p for p in os.listdir(cwd) if p.startswith(".")], "no temporary link is left"
@@ -353,13 +402,15 @@ def test_the_hooks_warm_start_loads_only_what_it_uses(tmp_path: Path) -> None:
     from blobha.cache import BlobCache
 
     blobs = {"k-lib.zip": _zip_bytes(), "k-f.txt": b"x", "k-env.tgz": _tgz_bytes()}
-    specs = (CodeSpec("k-lib.zip", "pyfile", "lib.zip"), CodeSpec("k-f.txt", "file", "f.txt"),
-             CodeSpec("k-env.tgz", "archive", "env"))
+    specs = tuple(CodeSpec(key, kind, name, 1, _sha(blobs[key])) for key, kind, name in (
+        ("k-lib.zip", "pyfile", "lib.zip"), ("k-f.txt", "file", "f.txt"),
+        ("k-env.tgz", "archive", "env")))
     cache_dir = tmp_path / "cache"
     with BlobCache(cache_dir, client=_OneUserCluster(blobs),  # type: ignore[arg-type]
                    update_interval_secs=3600) as cache:
-        for spec in specs:  # a worker of an earlier application fetched them
+        for spec in specs:  # a worker of an earlier application fetched and checked them
             cache.get(spec.key, uncompress=spec.kind == "archive", owner="app-0")
+            _check_until_recorded(cache, cache.get(spec.key, owner="app-0"), spec.sha256)
     settings = SparkBlobSettings(cluster="127.0.0.1:1", user="alice", code=specs,
                                  cache_dir=str(cache_dir), app_id="app-1",
                                  update_interval_secs=3600)
@@ -378,6 +429,15 @@ def test_the_hooks_warm_start_loads_only_what_it_uses(tmp_path: Path) -> None:
     for spec in specs:
         refs = os.listdir(cache_dir / "blobs" / spec.key / "refs")
         assert [r for r in refs if r.startswith("o=app-1@")], spec.key
+
+
+def _check_until_recorded(cache: Any, blob: Any, sha256: str) -> None:
+    record = blob.path.parent.parent / "sha256"
+    # A record written in the clock tick of the file's install is not trusted (see
+    # blobha.cache.verify): each check writes it again until one is.
+    wait_until(lambda: cache.has_sha256(blob, sha256)
+               and record.stat().st_mtime_ns > blob.path.stat().st_ctime_ns,
+               what="a trusted SHA-256 record")
 
 
 def _zip_bytes() -> bytes:

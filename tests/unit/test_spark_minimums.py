@@ -164,12 +164,15 @@ def test_an_executor_reads_at_least_the_version_the_driver_saw(node: FakeCluster
 
 def test_the_worker_hook_lays_out_code_at_least_at_the_version_seen(
         node: FakeCluster, tmp_path: Path) -> None:
+    import hashlib
+
     from blobha.spark import worker
     from blobha.spark.codemap import CodeSpec
     from blobha.spark.conf import ENV_CONF
 
     created = node.blobs[KEY].created_at
-    settings = _settings().replace(code=(CodeSpec(KEY, "file", "lib.py"),),
+    pin = (2, hashlib.sha256(b"two").hexdigest())
+    settings = _settings().replace(code=(CodeSpec(KEY, "file", "lib.py", *pin),),
                                    min_versions=(SeenVersion(KEY, 2, created),))
     cwd = tmp_path / "work"
     cwd.mkdir()

@@ -1,12 +1,19 @@
 """The piece server of a node cache: one per process, serving 1 MiB pieces of the versions it
 holds whole and of the one it downloads (pieces written and verified), to requesters with a
-grant that verifies under the version's key. Limited in connections and bytes per second."""
+grant that verifies under the version's key. Limited in connections and bytes per second.
+
+A connection gets a thread only once its first bytes have come (until then it waits, with
+others, in the accepting thread's selector, for a few seconds at most), threads are capped, and
+a request is checked against its grant before it takes a serving slot: idle or slow connections
+cannot take every thread or slot, and a request without a valid grant is refused the same
+whether this process holds the version or not, so it learns nothing of what it holds."""
 
 from __future__ import annotations
 
 import contextlib
 import logging
 import os
+import selectors
 import socket
 import ssl
 import threading
@@ -24,6 +31,12 @@ log = logging.getLogger("blobha.cache.peers")
 
 #: Seconds a requester may take to send its next request, or stall a piece.
 IO_TIMEOUT = 30.0
+#: Seconds from a connection's accept to its first request (and TLS handshake) read whole.
+FIRST_REQUEST_SECS = 5.0
+#: Connections that have sent nothing yet, kept at once; beyond, the oldest is closed.
+MAX_WAITING = 256
+#: The one answer to a grant that does not verify, and to a request for a version not served.
+_NO_GRANT = "grant refused: the grant does not verify"
 
 
 @dataclass
@@ -79,6 +92,12 @@ class PeerServer:
         self._versions: dict[tuple[str, int], Served] = {}
         self._lock = threading.Lock()
         self._slots = threading.BoundedSemaphore(settings.connections)
+        # Threads for connections: those served, and as many that are being refused or have
+        # not shown a valid grant yet. A connection beyond is closed, not given a thread.
+        self._threads = threading.BoundedSemaphore(2 * settings.connections)
+        # A connection's first request, read (and its grant checked) before it took a slot,
+        # for _answer to take instead of reading the next.
+        self._first = threading.local()
         self._bucket = _Bucket(settings.upload_bytes_per_sec)
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -123,54 +142,129 @@ class PeerServer:
     # -- serving ---------------------------------------------------------------------------
 
     def _accept(self) -> None:
-        while not self._stopped.is_set():
+        # Until a connection has sent something, it costs a descriptor here, not a thread.
+        waiting: dict[socket.socket, float] = {}
+        with selectors.DefaultSelector() as sel:
+            sel.register(self._sock, selectors.EVENT_READ)
             try:
-                conn, _ = self._sock.accept()
+                while not self._stopped.is_set():
+                    self._accept_round(sel, waiting)
             except OSError:
-                return
-            threading.Thread(target=self._serve, args=(conn,), name="blobha-peer-conn",
-                             daemon=True).start()
+                if not self._stopped.is_set():
+                    log.exception("peer server: accepting failed; no more peers served")
+            finally:
+                for conn in waiting:
+                    conn.close()
 
-    def _serve(self, raw: socket.socket) -> None:
-        conn: socket.socket = raw
+    def _accept_round(self, sel: selectors.BaseSelector,
+                      waiting: dict[socket.socket, float]) -> None:
+        now = time.monotonic()
+        for conn in [c for c, due in waiting.items() if due <= now]:
+            sel.unregister(conn)
+            del waiting[conn]
+            conn.close()  # nothing sent in time
+        soonest = min(waiting.values(), default=now + 0.5)
+        for key, _ in sel.select(timeout=max(0.0, min(0.5, soonest - now))):
+            if key.fileobj is self._sock:
+                try:
+                    conn, _ = self._sock.accept()
+                except BlockingIOError:
+                    continue
+                except OSError as e:
+                    if self._stopped.is_set():
+                        return
+                    # Out of descriptors, say: keep listening, without spinning.
+                    log.warning("peer server: accept failed (%s); still listening", e)
+                    self._stopped.wait(0.1)
+                    continue
+                if len(waiting) >= MAX_WAITING:
+                    oldest = next(iter(waiting))
+                    sel.unregister(oldest)
+                    del waiting[oldest]
+                    oldest.close()
+                sel.register(conn, selectors.EVENT_READ)
+                waiting[conn] = time.monotonic() + FIRST_REQUEST_SECS
+                continue
+            conn = key.fileobj  # type: ignore[assignment]
+            sel.unregister(conn)
+            deadline = waiting.pop(conn)
+            self._start(conn, deadline)
+
+    def _start(self, conn: socket.socket, deadline: float) -> None:
+        if not self._threads.acquire(blocking=False):
+            conn.close()  # a flood: no thread for each
+            return
         try:
-            raw.settimeout(IO_TIMEOUT)
+            threading.Thread(target=self._serve, args=(conn, deadline),
+                             name="blobha-peer-conn", daemon=True).start()
+        except RuntimeError as e:  # no thread to be had: this peer is refused, not the rest
+            log.warning("peer server: cannot start a thread (%s); a connection is closed", e)
+            self._threads.release()
+            conn.close()
+
+    def _serve(self, raw: socket.socket, deadline: float) -> None:
+        conn: socket.socket = raw
+        slot = False
+        try:
+            raw.settimeout(max(0.1, deadline - time.monotonic()))
             if self.tls is not None:
                 conn = self.tls.wrap_socket(raw, server_side=True)
+            request = wire.read_request(conn)
+            if request is None or self._granted(conn, request) is None:
+                return
+            # A slot only for a request with a valid grant: others cannot take them all.
             if not self._slots.acquire(blocking=False):
-                wire.read_request(conn)
                 wire.send_answer(conn, wire.BUSY, "", "busy: too many peers at once")
                 return
-            try:
-                while self._answer(conn):
-                    pass
-            finally:
-                self._slots.release()
+            slot = True
+            conn.settimeout(IO_TIMEOUT)
+            self._first.request = request
+            while self._answer(conn):
+                pass
         except (OSError, ssl.SSLError, wire.PeerProtocolError) as e:
             log.debug("peer connection ended: %s", e)
         finally:
+            if slot:
+                self._slots.release()
             with contextlib.suppress(OSError):
                 conn.close()
+            self._threads.release()
 
-    def _answer(self, conn: socket.socket) -> bool:
-        """Answer one request; False when the connection is to end."""
-        request = wire.read_request(conn)
-        if request is None:
-            return False
+    def _granted(self, conn: socket.socket, request: wire.Request) -> Served | None:
+        """What ``request`` asks for, if its grant verifies; else REFUSED is sent and None
+        returned. A version not served has no key to check a grant under: refused too, in the
+        same words, so that a requester without a grant learns nothing of what is held."""
         with self._lock:
             served = self._versions.get((request.key, request.version))
-        if served is None or not served.path.exists():
-            if served is not None:
-                self.withdraw(served.key, served.version)  # evicted, or moved
-            wire.send_answer(conn, wire.NOT_HELD, "",
-                             f"this cache does not serve {request.key!r} v{request.version}")
-            return True
         try:
+            if served is None:
+                raise GrantRefused("not served")
             check_grant(served.version_key, request.grant, request.key, request.version)
         except GrantRefused as e:
             self.refusals += 1
-            wire.send_answer(conn, wire.REFUSED, "", f"grant refused: {e}")
+            log.debug("peer request for %r v%d refused: %s", request.key, request.version, e)
+            # An expiry is told only when the grant verified: its holder had it from a master.
+            why = str(e) if str(e).startswith("the grant expired") else ""
+            wire.send_answer(conn, wire.REFUSED, "", f"grant refused: {why}" if why else _NO_GRANT)
+            return None
+        return served
+
+    def _answer(self, conn: socket.socket) -> bool:
+        """Answer one request; False when the connection is to end."""
+        request: wire.Request | None = getattr(self._first, "request", None)
+        self._first.request = None
+        if request is None:
+            request = wire.read_request(conn)
+            if request is None:
+                return False
+        served = self._granted(conn, request)
+        if served is None:
             return False
+        if not served.path.exists():
+            self.withdraw(served.key, served.version)  # evicted, or moved
+            wire.send_answer(conn, wire.NOT_HELD, "",
+                             f"this cache does not serve {request.key!r} v{request.version}")
+            return True
         with self._lock:
             have = None if served.have is None else set(served.have)
         bitmap = wire.encode_have(have, served.pieces)

@@ -1,6 +1,14 @@
-"""The gRPC server interceptor in front of every blob-store call: authenticates the caller, keeps
-a job token to its scope (:func:`scope_refusal`), and caps how many calls one user, and all users
-together, may have running at once, before any handler runs.
+"""The gRPC server interceptor in front of every call: authenticates the caller, keeps a job token
+to its scope (:func:`scope_refusal`), and caps how many calls one user, and all users together,
+may have running at once, before any handler runs.
+
+It does so from the call's headers, before its request message is read: every method is served
+as one with a stream of requests, so that the handler runs as the headers arrive, refuses an
+unknown caller at once, and reads the message only for one admitted, within
+``master.request.receive.secs`` (:mod:`blobha.master.edge.receiving`). Otherwise a call whose
+message never comes would hold a call thread with no credential at all. The services that take
+no credential (health, reflection) get a few threads of their own, capped per connection and
+host.
 
 Handlers learn the authenticated user from :func:`authenticated_user`; they never read the user
 from metadata themselves, so no call can skip authentication.
@@ -14,9 +22,12 @@ from typing import Any
 
 import grpc
 
-from blobha.core.auth import ServerAuthentication
-from blobha.core.errors import BUSY_METADATA_KEY, BlobError, Unauthenticated, to_status
+from blobha.core.admission import CALLER_PEER, PeerCaps
+from blobha.core.auth import Caller, ServerAuthentication
+from blobha.core.errors import BUSY_METADATA_KEY, BlobError, Busy, Unauthenticated, to_status
 from blobha.master.edge import audit
+from blobha.master.edge.metrics import RpcMetrics
+from blobha.master.edge.receiving import CancelTimer, receive_one
 
 #: Calls of this service are authenticated; others (health checks, reflection) are not ours.
 SERVICE_PREFIX = "/blobha.v1.BlobStore/"
@@ -98,44 +109,79 @@ def status_call_threads(threads: int) -> int:
     return max(1, (threads - client_call_threads(threads)) // 2)
 
 
+def service_call_threads(threads: int) -> int:
+    """Of a master's ``threads``, those the health service may hold at once (it takes no
+    credential, so anyone may call it): enough for probes, within the masters' share."""
+    return max(1, status_call_threads(threads) // 2)
+
+
+#: How long a master waits for a call's request message after its headers, by default.
+RECEIVE_SECS = 10.0
+_HEALTH = "/grpc.health.v1.Health/"
+
+
+def _abort(context: grpc.ServicerContext, error: BlobError) -> None:
+    code, details, trailers = to_status(error)
+    if trailers:
+        context.set_trailing_metadata(trailers)
+    context.abort(code, details)
+    raise AssertionError("unreachable")  # abort raises
+
+
 class Gatekeeper(grpc.ServerInterceptor):  # type: ignore[type-arg]
     def __init__(self, auth: ServerAuthentication, max_calls_per_client: int,
-                 threads: int) -> None:
+                 threads: int, receive_secs: float = RECEIVE_SECS,
+                 metrics: RpcMetrics | None = None) -> None:
         self.auth = auth
         self.max_calls = max_calls_per_client
         #: Calls of all users together (masters apart) on a server of ``threads`` call
         #: threads. Status checks may go ``max_status_calls`` past it.
         self.max_client_calls = client_call_threads(threads)
         self.max_status_calls = status_call_threads(threads)
+        self.receive_secs = receive_secs
+        self._metrics = metrics
+        self._timer = CancelTimer()
+        # The services without credentials: health checks, and the rest (reflection, whose
+        # stream holds its thread while open) fewer still.
+        health = service_call_threads(threads)
+        self._health = PeerCaps("health checks", health, per_connection=max(1, health // 2),
+                                per_host=max(1, health - 1))
+        self._other = PeerCaps("calls of its other services", 2, per_connection=1, per_host=1)
         self._running: dict[str, int] = {}
         self._all_running = 0
         self._lock = threading.Lock()
 
     # ---- admission ---------------------------------------------------------------------------
 
-    def _admit(self, method: str, context: grpc.ServicerContext, request: Any = None) -> str:
-        """The caller's user, once authenticated, within its job token's scope if it used one,
-        and admitted; ``request``: the call's request (None for a stream of them)."""
+    def _identify(self, method: str, context: grpc.ServicerContext) -> Caller:
+        """Who calls, from the headers alone; refused (aborted) if unknown."""
         metadata = {
             str(k).lower(): v for k, v in (context.invocation_metadata() or ())
             if isinstance(v, str)
         }
+        token = CALLER_PEER.set(context.peer())
         try:
-            caller = self.auth.identify(metadata, _peer_names(context))
+            return self.auth.identify(metadata, _peer_names(context))
         except BlobError as e:  # Unauthenticated; Unavailable if a job token cannot be checked
             if isinstance(e, Unauthenticated):
                 audit.refused(method, context.peer(), str(e))
-            code, details, _ = to_status(e)
-            context.abort(code, details)
-            raise AssertionError("unreachable") from None  # abort raises
-        user = caller.user
-        if caller.scope is not None:
-            why = scope_refusal(method, request, caller.scope)
-            if why:
-                audit.record(audit.AuditRecord(
-                    user, method, "", result="PERMISSION_DENIED",
-                    detail=f"job token {caller.token_id}: {why}"[:200]))
-                context.abort(grpc.StatusCode.PERMISSION_DENIED, why)
+            _abort(context, e)
+            raise AssertionError("unreachable") from None
+        finally:
+            CALLER_PEER.reset(token)
+
+    def _check_scope(self, method: str, caller: Caller, request: Any,
+                     context: grpc.ServicerContext) -> None:
+        if caller.scope is None:
+            return
+        why = scope_refusal(method, request, caller.scope)
+        if why:
+            audit.record(audit.AuditRecord(
+                caller.user, method, "", result="PERMISSION_DENIED",
+                detail=f"job token {caller.token_id}: {why}"[:200]))
+            context.abort(grpc.StatusCode.PERMISSION_DENIED, why)
+
+    def _take(self, user: str, method: str, context: grpc.ServicerContext) -> str:
         if user == self.auth.principal:
             # Masters are trusted and their sync fans out over many keys at once.
             return user
@@ -157,6 +203,13 @@ class Gatekeeper(grpc.ServerInterceptor):  # type: ignore[type-arg]
             context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, refusal)
         return user
 
+    def _admit(self, method: str, context: grpc.ServicerContext, request: Any = None) -> str:
+        """The caller's user, once authenticated, within its job token's scope if it used one,
+        and admitted; ``request``: the call's request (None for a stream of them)."""
+        caller = self._identify(method, context)
+        self._check_scope(method, caller, request, context)
+        return self._take(caller.user, method, context)
+
     def _release(self, user: str) -> None:
         if user == self.auth.principal:
             return
@@ -172,9 +225,36 @@ class Gatekeeper(grpc.ServerInterceptor):  # type: ignore[type-arg]
         with self._lock:
             return self._running.get(user, 0)
 
+    def _receive(self, requests: Iterator[Any], context: grpc.ServicerContext,
+                 method: str) -> Any:
+        awaiting = self._metrics.awaiting_request if self._metrics is not None else None
+        if awaiting is not None:
+            awaiting.inc()
+        try:
+            return receive_one(requests, context, self._timer, self.receive_secs, method)
+        except BlobError as e:
+            _abort(context, e)
+        finally:
+            if awaiting is not None:
+                awaiting.dec()
+
+    def _admitted(self, method: str, requests: Iterator[Any], context: grpc.ServicerContext
+                  ) -> tuple[str, Any]:
+        """Admit the caller from the headers, then read the request: (user, request)."""
+        caller = self._identify(method, context)
+        user = self._take(caller.user, method, context)
+        try:
+            request = self._receive(requests, context, method)
+            self._check_scope(method, caller, request, context)
+        except BaseException:
+            self._release(user)
+            raise
+        return user, request
+
     # ---- wrapping handlers -------------------------------------------------------------------
 
     def _unary_response(self, method: str, behavior: Callable[..., Any]) -> Callable[..., Any]:
+        """For a method with a stream of requests: they are read by the handler."""
         def wrapped(request: Any, context: grpc.ServicerContext) -> Any:
             user = self._admit(method, context, request)
             try:
@@ -195,22 +275,87 @@ class Gatekeeper(grpc.ServerInterceptor):  # type: ignore[type-arg]
                 self._release(user)
         return wrapped
 
+    def _one_then_unary(self, method: str, behavior: Callable[..., Any]) -> Callable[..., Any]:
+        """For a method of one request: served with a stream of them, read once admitted."""
+        def wrapped(requests: Iterator[Any], context: grpc.ServicerContext) -> Any:
+            user, request = self._admitted(method, requests, context)
+            try:
+                return behavior(request, AuthenticatedContext(context, user))
+            finally:
+                self._release(user)
+        return wrapped
+
+    def _one_then_stream(self, method: str, behavior: Callable[..., Iterator[Any]]
+                         ) -> Callable[..., Iterator[Any]]:
+        def wrapped(requests: Iterator[Any], context: grpc.ServicerContext) -> Iterator[Any]:
+            user, request = self._admitted(method, requests, context)
+            try:
+                yield from behavior(request, AuthenticatedContext(context, user))
+            finally:
+                self._release(user)
+        return wrapped
+
+    def _open(self, caps: PeerCaps, context: grpc.ServicerContext) -> str:
+        try:
+            return caps.take(context.peer())
+        except Busy as e:
+            _abort(context, e)
+            raise AssertionError("unreachable") from None
+
+    def _open_service(self, caps: PeerCaps, method: str, handler: Any) -> Any:
+        """A handler of a service without credentials, holding a place of ``caps`` while it
+        runs; one of a single request reads it within the time limit."""
+        kw = {"request_deserializer": handler.request_deserializer,
+              "response_serializer": handler.response_serializer}
+        behavior = (handler.unary_unary or handler.unary_stream or handler.stream_unary
+                    or handler.stream_stream)
+        one = handler.unary_unary is not None or handler.unary_stream is not None
+        non_blocking = bool(getattr(behavior, "experimental_non_blocking", False))
+
+        def run(requests: Any, context: grpc.ServicerContext, *more: Any) -> Any:
+            place = self._open(caps, context)
+            try:
+                request = self._receive(requests, context, method) if one else requests
+                return behavior(request, context, *more)
+            finally:
+                caps.give(place)
+
+        def run_stream(requests: Any, context: grpc.ServicerContext) -> Iterator[Any]:
+            place = self._open(caps, context)
+            try:
+                request = self._receive(requests, context, method) if one else requests
+                yield from behavior(request, context)
+            finally:
+                caps.give(place)
+
+        if handler.unary_unary is not None or handler.stream_unary is not None:
+            return grpc.stream_unary_rpc_method_handler(run, **kw)
+        if non_blocking:
+            # grpcio hands these (the health service's Watch) a send-callback and lets them
+            # return at once: the place is held while the request is awaited, not the watch.
+            run.experimental_non_blocking = True  # type: ignore[attr-defined]
+            return grpc.stream_stream_rpc_method_handler(run, **kw)
+        return grpc.stream_stream_rpc_method_handler(run_stream, **kw)
+
     def intercept_service(self, continuation: Callable[[Any], Any], details: Any) -> Any:
         handler = continuation(details)
         method = str(details.method)
-        if handler is None or not method.startswith(SERVICE_PREFIX):
+        if handler is None:
             return handler
+        if not method.startswith(SERVICE_PREFIX):
+            caps = self._health if method.startswith(_HEALTH) else self._other
+            return self._open_service(caps, method, handler)
         name = method[len(SERVICE_PREFIX):]
         kw = {"request_deserializer": handler.request_deserializer,
               "response_serializer": handler.response_serializer}
         if handler.unary_unary is not None:
-            return grpc.unary_unary_rpc_method_handler(
-                self._unary_response(name, handler.unary_unary), **kw)
+            return grpc.stream_unary_rpc_method_handler(
+                self._one_then_unary(name, handler.unary_unary), **kw)
         if handler.stream_unary is not None:
             return grpc.stream_unary_rpc_method_handler(
                 self._unary_response(name, handler.stream_unary), **kw)
         if handler.unary_stream is not None:
-            return grpc.unary_stream_rpc_method_handler(
-                self._stream_response(name, handler.unary_stream), **kw)
+            return grpc.stream_stream_rpc_method_handler(
+                self._one_then_stream(name, handler.unary_stream), **kw)
         return grpc.stream_stream_rpc_method_handler(
             self._stream_response(name, handler.stream_stream), **kw)

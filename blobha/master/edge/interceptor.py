@@ -84,12 +84,14 @@ class _Call:
         # that finds every thread taken after the interceptors have seen it, and that call
         # would count as started and never as handled.
         self.metrics.started.labels(*self.labels).inc()
+        self.metrics.in_progress.labels(*self.labels).inc()
         self._previous_id = logs.set_request_id(self.request_id)
 
     def leave(self) -> None:
         logs.set_request_id(self._previous_id)
 
     def finish(self, context: grpc.ServicerContext, error: BaseException | None) -> None:
+        self.metrics.in_progress.labels(*self.labels).dec()
         code = _code_of(context, error)
         elapsed = time.perf_counter() - self.started
         labels = (*self.labels, code.name)

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 from prometheus_client import (
     CollectorRegistry,
     Counter,
+    Gauge,
     Histogram,
     disable_created_metrics,
     generate_latest,
@@ -89,6 +90,15 @@ class RpcMetrics:
         self.sent_bytes = Counter(
             "blobha_rpc_sent_bytes", "Response message bytes sent (downloads are most).",
             labels, registry=registry,
+        )
+        self.in_progress = Gauge(
+            "blobha_rpc_in_progress", "RPCs whose handler runs now (each holds a call thread).",
+            labels, registry=registry,
+        )
+        self.awaiting_request = Gauge(
+            "blobha_rpc_awaiting_request",
+            "RPCs admitted and waiting for their request message (master.request.receive.secs).",
+            registry=registry,
         )
 
 

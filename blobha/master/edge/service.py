@@ -213,7 +213,7 @@ class BlobStoreServicer(pb_grpc.BlobStoreServicer):
 
     def _meta(self, user: str, key: str, state: BlobState, replication: int) -> pb.BlobMeta:
         """A key's metadata as ``user`` is answered it: with the permissions it holds."""
-        return meta_to_pb(key, state, replication, self.master.access(user, state.acl))
+        return meta_to_pb(key, state, replication, self.master.access(user, state.acl, key))
 
     @unary
     def BeginUpload(self, request: pb.BeginUploadRequest, context: grpc.ServicerContext
@@ -448,6 +448,15 @@ class BlobStoreServicer(pb_grpc.BlobStoreServicer):
             token_id = self.master.revoke_job_token(user, request.token_or_id)
             rec.detail = f"job token {token_id}"
         return pb.RevokeJobTokenResponse(token_id=token_id)
+
+    @unary
+    def RotateClusterSecret(self, request: pb.RotateClusterSecretRequest,
+                            context: grpc.ServicerContext) -> pb.RotateClusterSecretResponse:
+        user = user_of(context)
+        with audited(user, "rotate-secret", "") as rec:
+            generation, old_secs = self.master.rotate_cluster_secret(user)
+            rec.detail = f"generation {generation}"
+        return pb.RotateClusterSecretResponse(generation=generation, old_accepted_secs=old_secs)
 
     @unary
     def ClusterSummary(self, request: pb.ClusterSummaryRequest, context: grpc.ServicerContext

@@ -1,0 +1,95 @@
+"""Whoever read the cluster secret (from an open ZooKeeper tree, a backup, a departed
+operator's notes) can call any master as the masters themselves. A rotation by an admin, and
+the lock-down of an open tree, replace it: the old one is refused once every master could
+have seen the change, and the cluster goes on replicating with the new one."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import grpc
+import pytest
+from conftest import client_for, make_cluster, md, stub, wait_until
+from kazoo.client import KazooClient
+
+from blobha.client import Client
+from blobha.core.auth import MASTER_SECRET_METADATA_KEY
+from blobha.core.errors import NotAuthorized
+from blobha.ops.localcluster import LocalCluster
+from blobha.v1 import blobha_pb2 as pb
+
+BLOBHA = str(Path(sys.executable).with_name("blobha"))
+
+
+def _read_secret(cluster: LocalCluster) -> str:
+    """The secret as anyone reaching an open ZooKeeper tree reads it."""
+    intruder = KazooClient(hosts=cluster.zk.connect_string + "/blobha")
+    intruder.start(timeout=15)
+    try:
+        return str(intruder.get("/master-secret")[0].decode())
+    finally:
+        intruder.stop()
+        intruder.close()
+
+
+def _as_master(cluster: LocalCluster, secret: str) -> grpc.StatusCode:
+    """What a master answers a call made as the masters' principal with ``secret``."""
+    metadata = (*md("blobha-master"), (MASTER_SECRET_METADATA_KEY, secret))
+    try:
+        stub(cluster.masters[1].address).NodeStatus(pb.NodeStatusRequest(), metadata=metadata,
+                                                   timeout=10)
+    except grpc.RpcError as e:
+        return e.code()  # type: ignore[no-any-return]
+    return grpc.StatusCode.OK
+
+
+def _replicates(cluster: LocalCluster, key: str) -> None:
+    with client_for(cluster, "alice") as alice:
+        alice.create(key, os.urandom(64 * 1024), acl="u:alice:rwa", replication_factor=3,
+                     write_quorum=2)
+        assert alice.wait_for_replication([key], min_replication=3, timeout=30).reached
+
+
+def test_a_leaked_cluster_secret_is_refused_after_rotation_and_after_lock_down(
+        tmp_path: Path) -> None:
+    cluster = make_cluster(tmp_path / "cluster", admins=["admin"])
+    try:
+        cluster.start()
+        leaked = _read_secret(cluster)
+        assert _as_master(cluster, leaked) is grpc.StatusCode.OK
+
+        with client_for(cluster, "alice") as alice, pytest.raises(NotAuthorized,
+                                                                 match="only the cluster's"):
+            alice.rotate_cluster_secret()
+        proc = subprocess.run([BLOBHA, "--cluster", cluster.cluster, "--user", "admin", "--json",
+                               "admin", "rotate-secret"], capture_output=True, text=True,
+                              timeout=60)
+        assert proc.returncode == 0, proc.stderr
+        answer = json.loads(proc.stdout)
+        assert answer["generation"] == 1
+        assert _read_secret(cluster) != leaked
+        # Refused once every master could have seen the rotation (twice the session).
+        wait_until(lambda: _as_master(cluster, leaked) is grpc.StatusCode.UNAUTHENTICATED,
+                   answer["old_accepted_secs"] + 15)
+        assert _as_master(cluster, _read_secret(cluster)) is grpc.StatusCode.OK
+        _replicates(cluster, "after-rotation")
+
+        # The lock-down of this open tree: the secret it exposed is replaced there too.
+        leaked = _read_secret(cluster)
+        for m in cluster.masters:
+            m.terminate()
+        cluster.zk_lockdown = True
+        cluster.prepare_security()
+        for m in cluster.masters:
+            cluster.start_master(m)
+        cluster.wait_ready(60)
+        assert _as_master(cluster, leaked) is grpc.StatusCode.UNAUTHENTICATED
+        _replicates(cluster, "after-lock-down")
+        with Client(cluster.cluster, user="alice", timeout=30) as alice:
+            assert alice.read("after-rotation")
+    finally:
+        cluster.stop()
