@@ -192,12 +192,23 @@ def test_a_listener_that_never_answers_is_unusable(monkeypatch: pytest.MonkeyPat
 
 def test_a_busy_master_sends_the_client_to_grpc_for_this_download_only(
         plane: DataPlane) -> None:
-    # Both slots taken by connections that have not presented a ticket yet.
-    held = [socket.create_connection(("127.0.0.1", plane.port)) for _ in range(2)]
+    # Both slots taken, as by two transfers under way.
+    for _ in range(2):
+        assert plane._slots.acquire(blocking=False)
     try:
         with pytest.raises(DataChannelUnusable, match="too many transfers") as e:
             fetch(plane, grant(plane, 0, 10), 10)
         assert not e.value.lasting
+    finally:
+        for _ in range(2):
+            plane._slots.release()
+
+
+def test_connections_that_send_nothing_take_no_slot(plane: DataPlane) -> None:
+    # More idle connections than slots and threads: a client with a ticket is still served.
+    held = [socket.create_connection(("127.0.0.1", plane.port)) for _ in range(10)]
+    try:
+        assert fetch(plane, grant(plane, 0, 10), 10)[0] == DATA[:10]
     finally:
         for s in held:
             s.close()

@@ -9,6 +9,7 @@ import contextlib
 import errno
 import logging
 import secrets
+import selectors
 import socket
 import ssl
 import threading
@@ -85,9 +86,19 @@ class _ClientGone(Exception):
     """The socket failed while sending: the client went away or stalled."""
 
 
+#: Connections that have sent nothing yet, kept at once; beyond, the oldest is closed.
+MAX_WAITING = 256
+
+
 class DataPlane:
     """A master's data channel: a listening socket, a thread accepting on it, and one thread per
-    connection (at most ``max_connections`` at once; more are told BUSY and use gRPC)."""
+    connection that has sent its first bytes (at most ``max_connections`` transfers at once;
+    more are told BUSY and use gRPC).
+
+    Nothing is given to a connection before it shows a valid ticket: until its first bytes
+    come (within CONNECT_TIMEOUT) it waits in the accepting thread's selector, its ticket is
+    read within CONNECT_TIMEOUT too, and only a valid one takes a transfer slot. Idle or slow
+    connections, from anyone who can reach the port, cannot take every slot or thread."""
 
     def __init__(self, store: LocalStore, host: str, port: int, max_connections: int = 64,
                  ttl: float = TICKET_TTL, clock: Callable[[], float] = time.monotonic,
@@ -113,7 +124,8 @@ class DataPlane:
         self._grants: dict[bytes, _Grant | _UploadGrant | _LinkGrant] = {}
         self._lock = threading.Lock()
         self._slots = threading.BoundedSemaphore(max_connections)
-        self._refusing = threading.BoundedSemaphore(max_connections)
+        # Threads for connections: the transfers, and as many reading a ticket or refusing.
+        self._threads = threading.BoundedSemaphore(2 * max_connections)
         # Chunk checks run here, each beside its transfer's sends (LocalStore.send_verified).
         self._checker = ThreadPoolExecutor(max_connections, thread_name_prefix="send-verify")
         # Live connections and their threads, so stop() ends them before the store closes.
@@ -214,31 +226,64 @@ class DataPlane:
 
     def _accept_loop(self) -> None:
         assert self._sock is not None
-        while not self._stopping.is_set():
+        # Until a connection has sent something, it costs a descriptor here, not a thread.
+        waiting: dict[socket.socket, float] = {}
+        with selectors.DefaultSelector() as sel:
+            sel.register(self._sock, selectors.EVENT_READ)
             try:
-                conn, _ = self._sock.accept()
-            except OSError:
-                if self._stopping.is_set():
-                    return
-                log.exception("data channel: accept failed; still listening")
-                self._stopping.wait(0.1)  # e.g. out of file descriptors: do not spin
-                continue
-            if self._slots.acquire(blocking=False):
-                self._spawn(conn, self._serve, self._slots)
-            elif self._refusing.acquire(blocking=False):
-                self._spawn(conn, self._refuse, self._refusing)
-            else:  # a flood: no thread for each (the client sees a reset and streams)
-                conn.close()
+                while not self._stopping.is_set():
+                    try:
+                        self._accept_round(sel, waiting)
+                    except OSError:
+                        if self._stopping.is_set():
+                            return
+                        log.exception("data channel: accept failed; still listening")
+                        self._stopping.wait(0.1)  # e.g. out of file descriptors: do not spin
+            finally:
+                for conn in waiting:
+                    conn.close()
 
-    def _spawn(self, conn: socket.socket, handle: Callable[[socket.socket], None],
-               slot: threading.BoundedSemaphore) -> None:
+    def _accept_round(self, sel: selectors.BaseSelector,
+                      waiting: dict[socket.socket, float]) -> None:
+        assert self._sock is not None
+        now = time.monotonic()
+        for conn in [c for c, due in waiting.items() if due <= now]:
+            sel.unregister(conn)
+            del waiting[conn]
+            conn.close()  # nothing sent in time
+        soonest = min(waiting.values(), default=now + 0.5)
+        for key, _ in sel.select(timeout=max(0.0, min(0.5, soonest - now))):
+            if key.fileobj is self._sock:
+                try:
+                    conn, _ = self._sock.accept()
+                except BlockingIOError:
+                    continue
+                if len(waiting) >= MAX_WAITING:
+                    oldest = next(iter(waiting))
+                    sel.unregister(oldest)
+                    del waiting[oldest]
+                    oldest.close()
+                sel.register(conn, selectors.EVENT_READ)
+                waiting[conn] = time.monotonic() + CONNECT_TIMEOUT
+                continue
+            conn = key.fileobj  # type: ignore[assignment]
+            sel.unregister(conn)
+            del waiting[conn]
+            self._spawn(conn)
+
+    def _spawn(self, conn: socket.socket) -> None:
+        if not self._threads.acquire(blocking=False):
+            conn.close()  # a flood: no thread for each (the client sees a reset and streams)
+            return
+
         def run() -> None:
             try:
                 with conn:
+                    conn.setblocking(True)
                     secure = self._secure(conn)
                     if secure is not None:
                         with secure:
-                            handle(secure)
+                            self._handle(secure)
             except BlobError:  # an OSError too (KeyNotFound, Unavailable...), not the socket's
                 log.exception("data channel: transfer failed")
             except OSError as e:
@@ -250,12 +295,19 @@ class DataPlane:
                     for end in [c for c, t in self._conns.items()
                                 if t is threading.current_thread()]:
                         del self._conns[end]
-                slot.release()
+                self._threads.release()
 
         thread = threading.Thread(target=run, name="data-transfer", daemon=True)
         with self._lock:
             self._conns[conn] = thread
-        thread.start()
+        try:
+            thread.start()
+        except RuntimeError as e:  # no thread to be had: this client streams, the rest go on
+            log.warning("data channel: cannot start a thread (%s); a connection is closed", e)
+            with self._lock:
+                self._conns.pop(conn, None)
+            self._threads.release()
+            conn.close()
 
     def _secure(self, conn: socket.socket) -> socket.socket | None:
         """``conn``, over TLS when the channel has it; None when its handshake fails (a client
@@ -276,20 +328,26 @@ class DataPlane:
                 self._conns[secure] = thread
         return secure
 
-    def _refuse(self, conn: socket.socket) -> None:
-        # The ticket is read first: closing with it unread would reset the connection, and
-        # the client might lose the answer.
+    def _handle(self, conn: socket.socket) -> None:
+        # The ticket within the connect time: a client sends it at once; a slow sender holds
+        # this thread no longer, and no slot at all.
         conn.settimeout(CONNECT_TIMEOUT)
-        recv_exact(conn, len(MAGIC) + TICKET_BYTES)
-        _answer(conn, BUSY, "too many transfers at once; use the gRPC stream")
-
-    def _serve(self, conn: socket.socket) -> None:
-        conn.settimeout(IO_TIMEOUT)
-        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         hello = recv_exact(conn, len(MAGIC) + TICKET_BYTES)
         if hello is None or hello[:len(MAGIC)] != MAGIC:
             return  # not a blobha client: nothing to say to it
-        grant = self._take(hello[len(MAGIC):])
+        if not self._slots.acquire(blocking=False):
+            # The ticket stays unused: the client asks the gRPC stream for the same range.
+            _answer(conn, BUSY, "too many transfers at once; use the gRPC stream")
+            return
+        try:
+            self._serve(conn, hello[len(MAGIC):])
+        finally:
+            self._slots.release()
+
+    def _serve(self, conn: socket.socket, ticket: bytes) -> None:
+        conn.settimeout(IO_TIMEOUT)
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        grant = self._take(ticket)
         if grant is None:
             _answer(conn, REFUSED, "unknown or expired ticket: ask for another (Download, or"
                     " GetUploadStatus for an upload)")
