@@ -93,6 +93,20 @@ def scope_refusal(method: str, request: Any, scope: frozenset[str]) -> str:
 #: Calls admitted past the cap on all users' calls, up to a small cap of their own: a status
 #: check is how a client tells a busy master from a paused one.
 _PAST_THE_CAP = frozenset({"NodeStatus"})
+#: Calls that may wait as long as their caller likes (without a deadline, until the replicas
+#: come). They count against the caps on all calls, and against tighter ones of their own, so
+#: that one user's waits, or all users' together, leave call threads for everything else.
+_LONG_WAITS = frozenset({"WaitForReplication"})
+
+
+def wait_calls_per_user(max_calls_per_client: int) -> int:
+    """Long waits one user may hold at once: a quarter of the calls a user may hold."""
+    return max(1, max_calls_per_client // 4)
+
+
+def wait_call_threads(threads: int) -> int:
+    """Long waits all users may hold at once: half of the call threads open to users."""
+    return max(1, client_call_threads(threads) // 2)
 
 
 def client_call_threads(threads: int) -> int:
@@ -128,6 +142,14 @@ def _abort(context: grpc.ServicerContext, error: BlobError) -> None:
     raise AssertionError("unreachable")  # abort raises
 
 
+def _less(counts: dict[str, int], user: str) -> None:
+    left = counts.get(user, 1) - 1
+    if left > 0:
+        counts[user] = left
+    else:
+        counts.pop(user, None)
+
+
 class Gatekeeper(grpc.ServerInterceptor):  # type: ignore[type-arg]
     def __init__(self, auth: ServerAuthentication, max_calls_per_client: int,
                  threads: int, receive_secs: float = RECEIVE_SECS,
@@ -149,6 +171,10 @@ class Gatekeeper(grpc.ServerInterceptor):  # type: ignore[type-arg]
         self._other = PeerCaps("calls of its other services", 2, per_connection=1, per_host=1)
         self._running: dict[str, int] = {}
         self._all_running = 0
+        self.max_waits = wait_calls_per_user(max_calls_per_client)
+        self.max_all_waits = wait_call_threads(threads)
+        self._waiting: dict[str, int] = {}
+        self._all_waiting = 0
         self._lock = threading.Lock()
 
     # ---- admission ---------------------------------------------------------------------------
@@ -195,9 +221,19 @@ class Gatekeeper(grpc.ServerInterceptor):  # type: ignore[type-arg]
                     self.max_status_calls if method in _PAST_THE_CAP else 0):
                 refusal = (f"this master is busy: users' calls hold all {self.max_client_calls}"
                            " of its call threads open to them (master.rpc.threads); retry")
+            elif method in _LONG_WAITS and self._waiting.get(user, 0) >= self.max_waits:
+                refusal = (f"user {user!r} already has {self.max_waits} waits in progress on"
+                           " this master (a quarter of master.max.calls.per.client); wait for"
+                           " some to finish, or wait for several keys in one call")
+            elif method in _LONG_WAITS and self._all_waiting >= self.max_all_waits:
+                refusal = (f"this master is busy: users' waits hold all {self.max_all_waits} of"
+                           " the call threads open to waits; retry")
             else:
                 self._running[user] = running + 1
                 self._all_running += 1
+                if method in _LONG_WAITS:
+                    self._waiting[user] = self._waiting.get(user, 0) + 1
+                    self._all_waiting += 1
         if refusal:
             context.set_trailing_metadata(((BUSY_METADATA_KEY, "1"),))
             context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, refusal)
@@ -210,16 +246,15 @@ class Gatekeeper(grpc.ServerInterceptor):  # type: ignore[type-arg]
         self._check_scope(method, caller, request, context)
         return self._take(caller.user, method, context)
 
-    def _release(self, user: str) -> None:
+    def _release(self, user: str, method: str) -> None:
         if user == self.auth.principal:
             return
         with self._lock:
             self._all_running -= 1
-            left = self._running.get(user, 1) - 1
-            if left > 0:
-                self._running[user] = left
-            else:
-                self._running.pop(user, None)
+            _less(self._running, user)
+            if method in _LONG_WAITS:
+                self._all_waiting -= 1
+                _less(self._waiting, user)
 
     def running(self, user: str) -> int:
         with self._lock:
@@ -247,7 +282,7 @@ class Gatekeeper(grpc.ServerInterceptor):  # type: ignore[type-arg]
             request = self._receive(requests, context, method)
             self._check_scope(method, caller, request, context)
         except BaseException:
-            self._release(user)
+            self._release(user, method)
             raise
         return user, request
 
@@ -260,7 +295,7 @@ class Gatekeeper(grpc.ServerInterceptor):  # type: ignore[type-arg]
             try:
                 return behavior(request, AuthenticatedContext(context, user))
             finally:
-                self._release(user)
+                self._release(user, method)
         return wrapped
 
     def _stream_response(self, method: str, behavior: Callable[..., Iterator[Any]]
@@ -272,7 +307,7 @@ class Gatekeeper(grpc.ServerInterceptor):  # type: ignore[type-arg]
             try:
                 yield from behavior(request, AuthenticatedContext(context, user))
             finally:
-                self._release(user)
+                self._release(user, method)
         return wrapped
 
     def _one_then_unary(self, method: str, behavior: Callable[..., Any]) -> Callable[..., Any]:
@@ -282,7 +317,7 @@ class Gatekeeper(grpc.ServerInterceptor):  # type: ignore[type-arg]
             try:
                 return behavior(request, AuthenticatedContext(context, user))
             finally:
-                self._release(user)
+                self._release(user, method)
         return wrapped
 
     def _one_then_stream(self, method: str, behavior: Callable[..., Iterator[Any]]
@@ -292,7 +327,7 @@ class Gatekeeper(grpc.ServerInterceptor):  # type: ignore[type-arg]
             try:
                 yield from behavior(request, AuthenticatedContext(context, user))
             finally:
-                self._release(user)
+                self._release(user, method)
         return wrapped
 
     def _open(self, caps: PeerCaps, context: grpc.ServicerContext) -> str:
