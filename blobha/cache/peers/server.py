@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import selectors
 import socket
 import ssl
 import threading
@@ -24,6 +23,7 @@ from pathlib import Path
 from blobha.cache.peers import wire
 from blobha.cache.peers.settings import PeerSettings
 from blobha.core.grants import GrantRefused, check_grant
+from blobha.wire.accepting import Doorway
 
 __all__ = ["PeerServer", "Served", "advertised_host"]
 
@@ -33,8 +33,6 @@ log = logging.getLogger("blobha.cache.peers")
 IO_TIMEOUT = 30.0
 #: Seconds from a connection's accept to its first request (and TLS handshake) read whole.
 FIRST_REQUEST_SECS = 5.0
-#: Connections that have sent nothing yet, kept at once; beyond, the oldest is closed.
-MAX_WAITING = 256
 #: The one answer to a grant that does not verify, and to a request for a version not served.
 _NO_GRANT = "grant refused: the grant does not verify"
 
@@ -142,53 +140,8 @@ class PeerServer:
     # -- serving ---------------------------------------------------------------------------
 
     def _accept(self) -> None:
-        # Until a connection has sent something, it costs a descriptor here, not a thread.
-        waiting: dict[socket.socket, float] = {}
-        with selectors.DefaultSelector() as sel:
-            sel.register(self._sock, selectors.EVENT_READ)
-            try:
-                while not self._stopped.is_set():
-                    self._accept_round(sel, waiting)
-            except OSError:
-                if not self._stopped.is_set():
-                    log.exception("peer server: accepting failed; no more peers served")
-            finally:
-                for conn in waiting:
-                    conn.close()
-
-    def _accept_round(self, sel: selectors.BaseSelector,
-                      waiting: dict[socket.socket, float]) -> None:
-        now = time.monotonic()
-        for conn in [c for c, due in waiting.items() if due <= now]:
-            sel.unregister(conn)
-            del waiting[conn]
-            conn.close()  # nothing sent in time
-        soonest = min(waiting.values(), default=now + 0.5)
-        for key, _ in sel.select(timeout=max(0.0, min(0.5, soonest - now))):
-            if key.fileobj is self._sock:
-                try:
-                    conn, _ = self._sock.accept()
-                except BlockingIOError:
-                    continue
-                except OSError as e:
-                    if self._stopped.is_set():
-                        return
-                    # Out of descriptors, say: keep listening, without spinning.
-                    log.warning("peer server: accept failed (%s); still listening", e)
-                    self._stopped.wait(0.1)
-                    continue
-                if len(waiting) >= MAX_WAITING:
-                    oldest = next(iter(waiting))
-                    sel.unregister(oldest)
-                    del waiting[oldest]
-                    oldest.close()
-                sel.register(conn, selectors.EVENT_READ)
-                waiting[conn] = time.monotonic() + FIRST_REQUEST_SECS
-                continue
-            conn = key.fileobj  # type: ignore[assignment]
-            sel.unregister(conn)
-            deadline = waiting.pop(conn)
-            self._start(conn, deadline)
+        Doorway(self._sock, FIRST_REQUEST_SECS, log, "peer server").run(self._stopped,
+                                                                         self._start)
 
     def _start(self, conn: socket.socket, deadline: float) -> None:
         if not self._threads.acquire(blocking=False):

@@ -9,7 +9,6 @@ import contextlib
 import errno
 import logging
 import secrets
-import selectors
 import socket
 import ssl
 import threading
@@ -21,6 +20,7 @@ from typing import BinaryIO
 
 from blobha.core.errors import BlobError, ChecksumMismatch, InternalError, KeyNotFound
 from blobha.store.local import LocalStore, VersionInfo
+from blobha.wire.accepting import Doorway
 from blobha.wire.dataplane import (
     _REASON_MAX,
     BUSY,
@@ -84,10 +84,6 @@ Append = Callable[[str, str, int, memoryview], int]
 
 class _ClientGone(Exception):
     """The socket failed while sending: the client went away or stalled."""
-
-
-#: Connections that have sent nothing yet, kept at once; beyond, the oldest is closed.
-MAX_WAITING = 256
 
 
 class DataPlane:
@@ -226,50 +222,8 @@ class DataPlane:
 
     def _accept_loop(self) -> None:
         assert self._sock is not None
-        # Until a connection has sent something, it costs a descriptor here, not a thread.
-        waiting: dict[socket.socket, float] = {}
-        with selectors.DefaultSelector() as sel:
-            sel.register(self._sock, selectors.EVENT_READ)
-            try:
-                while not self._stopping.is_set():
-                    try:
-                        self._accept_round(sel, waiting)
-                    except OSError:
-                        if self._stopping.is_set():
-                            return
-                        log.exception("data channel: accept failed; still listening")
-                        self._stopping.wait(0.1)  # e.g. out of file descriptors: do not spin
-            finally:
-                for conn in waiting:
-                    conn.close()
-
-    def _accept_round(self, sel: selectors.BaseSelector,
-                      waiting: dict[socket.socket, float]) -> None:
-        assert self._sock is not None
-        now = time.monotonic()
-        for conn in [c for c, due in waiting.items() if due <= now]:
-            sel.unregister(conn)
-            del waiting[conn]
-            conn.close()  # nothing sent in time
-        soonest = min(waiting.values(), default=now + 0.5)
-        for key, _ in sel.select(timeout=max(0.0, min(0.5, soonest - now))):
-            if key.fileobj is self._sock:
-                try:
-                    conn, _ = self._sock.accept()
-                except BlockingIOError:
-                    continue
-                if len(waiting) >= MAX_WAITING:
-                    oldest = next(iter(waiting))
-                    sel.unregister(oldest)
-                    del waiting[oldest]
-                    oldest.close()
-                sel.register(conn, selectors.EVENT_READ)
-                waiting[conn] = time.monotonic() + CONNECT_TIMEOUT
-                continue
-            conn = key.fileobj  # type: ignore[assignment]
-            sel.unregister(conn)
-            del waiting[conn]
-            self._spawn(conn)
+        Doorway(self._sock, CONNECT_TIMEOUT, log, "data channel").run(
+            self._stopping, lambda conn, _deadline: self._spawn(conn))
 
     def _spawn(self, conn: socket.socket) -> None:
         if not self._threads.acquire(blocking=False):
