@@ -58,6 +58,7 @@ _TAR_ERRORS: tuple[type[BaseException], ...] = (
     UnicodeDecodeError,
     NotImplementedError,
     RuntimeError,  # zipfile: encrypted members
+    ValueError,  # tarfile: numbers in headers or pax records it cannot read
 )
 
 
@@ -84,6 +85,17 @@ class _BoundedTarInfo(tarfile.TarInfo):
             tarfile_._blobha_header_bytes = seen  # type: ignore[attr-defined]
         member: tarfile.TarInfo = super()._proc_member(tarfile_)  # type: ignore[misc]
         return member
+
+    # The GNU sparse formats told by pax records: tarfile reads their maps, from the records
+    # or from the member's data, without a bound. Nothing here unpacks sparse files.
+    def _proc_gnusparse_00(self, *args: object) -> None:
+        raise _HeaderTooLarge(-1, 0)
+
+    def _proc_gnusparse_01(self, *args: object) -> None:
+        raise _HeaderTooLarge(-1, 0)
+
+    def _proc_gnusparse_10(self, *args: object) -> None:
+        raise _HeaderTooLarge(-1, 0)
 
 
 def _open_tar(path: Path) -> tarfile.TarFile:
@@ -419,7 +431,7 @@ def unpack(archive: Path, key: str, dest: Path, max_bytes: int | None = None,
     except _HeaderTooLarge as exc:
         if exc.size < 0:
             raise InvalidArgument(
-                f"refusing to unpack {key!r}: it has an old GNU sparse member, which is not"
+                f"refusing to unpack {key!r}: it has a GNU sparse member, which is not"
                 " unpacked; nothing was unpacked (make the archive without --sparse, or fetch"
                 " it without uncompress)") from None
         raise InvalidArgument(

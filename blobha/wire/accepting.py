@@ -10,11 +10,12 @@ from __future__ import annotations
 import logging
 import selectors
 import socket
+import ssl
 import threading
 import time
 from collections.abc import Callable
 
-__all__ = ["MAX_WAITING", "Doorway"]
+__all__ = ["MAX_WAITING", "Doorway", "handshake_by", "recv_exact_by"]
 
 #: Connections that have sent nothing yet, kept at once.
 MAX_WAITING = 256
@@ -78,3 +79,45 @@ class Doorway:
             conn = key.fileobj  # type: ignore[assignment]
             sel.unregister(conn)
             ready(conn, waiting.pop(conn))
+
+
+def handshake_by(context: ssl.SSLContext, conn: socket.socket, deadline: float
+                 ) -> ssl.SSLSocket:
+    """``conn`` wrapped in server-side TLS, its handshake done by ``deadline`` (monotonic),
+    whatever the pace of the other end: a socket time-out bounds each wait for bytes, so a
+    client sending its hello a byte at a time would hold the thread much longer. Raises
+    TimeoutError past the deadline, or what the handshake raises."""
+    conn.setblocking(False)
+    secure = context.wrap_socket(conn, server_side=True, do_handshake_on_connect=False)
+    while True:
+        try:
+            secure.do_handshake()
+            break
+        except ssl.SSLWantReadError:
+            events = selectors.EVENT_READ
+        except ssl.SSLWantWriteError:
+            events = selectors.EVENT_WRITE
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("the TLS handshake did not end in time")
+        with selectors.DefaultSelector() as sel:
+            sel.register(secure, events)
+            sel.select(left)
+    secure.setblocking(True)
+    return secure
+
+
+def recv_exact_by(conn: socket.socket, n: int, deadline: float) -> bytes | None:
+    """Exactly ``n`` bytes by ``deadline`` (monotonic), however they are paced; None if the
+    other end closed first. Raises TimeoutError past the deadline."""
+    buf = bytearray()
+    while len(buf) < n:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError(f"{n} bytes did not come in time")
+        conn.settimeout(left)
+        data = conn.recv(n - len(buf))
+        if not data:
+            return None
+        buf += data
+    return bytes(buf)

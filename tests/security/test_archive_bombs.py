@@ -166,3 +166,25 @@ def test_the_node_cache_refuses_a_tar_bomb_from_the_store(cluster: LocalCluster,
             cache.get(key, uncompress=True)
         # The archive itself is still there to fetch as it is.
         assert cache.get(key).path.stat().st_size == archive.stat().st_size
+
+
+def test_a_pax_sparse_map_bomb_is_refused_before_its_map_is_read(tmp_path: Path) -> None:
+    """GNU sparse 1.0, told by pax records: tarfile reads the member's data as the sparse map,
+    a number a line, with no bound. A few KiB of gzip hold millions of lines."""
+    archive = tmp_path / "sparse.tgz"
+    lines = 2_000_000
+    data = b"%d\n" % lines + b"0\n" * (2 * lines)
+    with tarfile.open(archive, "w:gz", format=tarfile.PAX_FORMAT) as tf:
+        info = tarfile.TarInfo("sparse.bin")
+        info.size = len(data)
+        info.pax_headers = {"GNU.sparse.major": "1", "GNU.sparse.minor": "0",
+                            "GNU.sparse.name": "sparse.bin", "GNU.sparse.realsize": "1"}
+        tf.addfile(info, io.BytesIO(data))
+    assert archive.stat().st_size < MiB
+    dest = tmp_path / "out"
+    dest.mkdir()
+    from blobha.cache.unpack import unpack
+
+    with pytest.raises(InvalidArgument, match="GNU sparse member"):
+        unpack(archive, "sparse.tgz", dest)
+    assert list(dest.iterdir()) == []

@@ -458,3 +458,33 @@ def test_an_input_error_goes_through_and_what_was_sent_is_kept(uploads: DataPlan
     # The master saw the connection end and appended what had arrived: the client resumes
     # from there (GetUploadStatus), or aborts.
     wait_until(lambda: sessions.temp.size == 2 * CHUNK_SIZE, what="the two pieces appended")
+
+
+def test_a_ticket_sent_a_byte_at_a_time_holds_a_thread_no_longer_than_the_connect_time(
+        plane: DataPlane) -> None:
+    import time
+
+    conn = socket.create_connection(("127.0.0.1", plane.port))
+    conn.settimeout(0.1)
+    start = time.monotonic()
+    closed = False
+    try:
+        # 20 bytes, one every 0.5 s: each wait for bytes is short, the whole is not.
+        for byte in (dataplane.MAGIC + b"\0" * dataplane.TICKET_BYTES):
+            try:
+                conn.sendall(bytes([byte]))
+                if conn.recv(1) == b"":
+                    closed = True
+                    break
+            except TimeoutError:
+                pass
+            except OSError:
+                closed = True
+                break
+            if time.monotonic() - start > 2 * dataplane.CONNECT_TIMEOUT + 1:
+                break
+            threading.Event().wait(0.5)
+    finally:
+        conn.close()
+    assert closed, "the master kept reading a trickled ticket"
+    assert time.monotonic() - start < 2 * dataplane.CONNECT_TIMEOUT + 1

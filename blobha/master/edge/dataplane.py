@@ -20,7 +20,7 @@ from typing import BinaryIO
 
 from blobha.core.errors import BlobError, ChecksumMismatch, InternalError, KeyNotFound
 from blobha.store.local import LocalStore, VersionInfo
-from blobha.wire.accepting import Doorway
+from blobha.wire.accepting import Doorway, handshake_by, recv_exact_by
 from blobha.wire.dataplane import (
     _REASON_MAX,
     BUSY,
@@ -222,10 +222,13 @@ class DataPlane:
 
     def _accept_loop(self) -> None:
         assert self._sock is not None
-        Doorway(self._sock, CONNECT_TIMEOUT, log, "data channel").run(
-            self._stopping, lambda conn, _deadline: self._spawn(conn))
+        Doorway(self._sock, CONNECT_TIMEOUT, log, "data channel").run(self._stopping,
+                                                                       self._spawn)
 
-    def _spawn(self, conn: socket.socket) -> None:
+    def _spawn(self, conn: socket.socket, first: float) -> None:
+        """Serve ``conn``, whose first bytes came before ``first`` (monotonic): its TLS
+        handshake and ticket must come within CONNECT_TIMEOUT of that, however paced."""
+        deadline = first + CONNECT_TIMEOUT
         if not self._threads.acquire(blocking=False):
             conn.close()  # a flood: no thread for each (the client sees a reset and streams)
             return
@@ -234,10 +237,10 @@ class DataPlane:
             try:
                 with conn:
                     conn.setblocking(True)
-                    secure = self._secure(conn)
+                    secure = self._secure(conn, deadline)
                     if secure is not None:
                         with secure:
-                            self._handle(secure)
+                            self._handle(secure, deadline)
             except BlobError:  # an OSError too (KeyNotFound, Unavailable...), not the socket's
                 log.exception("data channel: transfer failed")
             except OSError as e:
@@ -263,15 +266,14 @@ class DataPlane:
             self._threads.release()
             conn.close()
 
-    def _secure(self, conn: socket.socket) -> socket.socket | None:
+    def _secure(self, conn: socket.socket, deadline: float) -> socket.socket | None:
         """``conn``, over TLS when the channel has it; None when its handshake fails (a client
         without the CA's trust or certificate, or one speaking plaintext: nothing it sent, a
         ticket included, is read)."""
         if self.tls is None:
             return conn
-        conn.settimeout(CONNECT_TIMEOUT)
         try:
-            secure = self.tls.current().wrap_socket(conn, server_side=True)
+            secure = handshake_by(self.tls.current(), conn, deadline)
         except (ssl.SSLError, OSError) as e:
             log.info("data channel: TLS handshake failed: %s", e)
             return None
@@ -282,11 +284,10 @@ class DataPlane:
                 self._conns[secure] = thread
         return secure
 
-    def _handle(self, conn: socket.socket) -> None:
-        # The ticket within the connect time: a client sends it at once; a slow sender holds
-        # this thread no longer, and no slot at all.
-        conn.settimeout(CONNECT_TIMEOUT)
-        hello = recv_exact(conn, len(MAGIC) + TICKET_BYTES)
+    def _handle(self, conn: socket.socket, deadline: float) -> None:
+        # The ticket by the deadline: a client sends it at once; a slow sender holds this
+        # thread no longer, and no slot at all.
+        hello = recv_exact_by(conn, len(MAGIC) + TICKET_BYTES, deadline)
         if hello is None or hello[:len(MAGIC)] != MAGIC:
             return  # not a blobha client: nothing to say to it
         if not self._slots.acquire(blocking=False):

@@ -93,10 +93,11 @@ def scope_refusal(method: str, request: Any, scope: frozenset[str]) -> str:
 #: Calls admitted past the cap on all users' calls, up to a small cap of their own: a status
 #: check is how a client tells a busy master from a paused one.
 _PAST_THE_CAP = frozenset({"NodeStatus"})
-#: Calls that may wait as long as their caller likes (without a deadline, until the replicas
-#: come). They count against the caps on all calls, and against tighter ones of their own, so
-#: that one user's waits, or all users' together, leave call threads for everything else.
-_LONG_WAITS = frozenset({"WaitForReplication"})
+#: Calls that may last as long as their caller likes: a wait without a deadline (until the
+#: replicas come), an upload stream whose next chunk may come when its source has it. They
+#: count against the caps on all calls, and against tighter ones of their own, so that one
+#: user's, or all users' together, leave call threads for everything else.
+_LONG_WAITS = frozenset({"WaitForReplication", "AppendUpload"})
 
 
 def wait_calls_per_user(max_calls_per_client: int) -> int:
@@ -222,12 +223,13 @@ class Gatekeeper(grpc.ServerInterceptor):  # type: ignore[type-arg]
                 refusal = (f"this master is busy: users' calls hold all {self.max_client_calls}"
                            " of its call threads open to them (master.rpc.threads); retry")
             elif method in _LONG_WAITS and self._waiting.get(user, 0) >= self.max_waits:
-                refusal = (f"user {user!r} already has {self.max_waits} waits in progress on"
-                           " this master (a quarter of master.max.calls.per.client); wait for"
-                           " some to finish, or wait for several keys in one call")
+                refusal = (f"user {user!r} already has {self.max_waits} waits for replication"
+                           " or upload streams in progress on this master (a quarter of"
+                           " master.max.calls.per.client); wait for some to finish, or wait"
+                           " for several keys in one call")
             elif method in _LONG_WAITS and self._all_waiting >= self.max_all_waits:
-                refusal = (f"this master is busy: users' waits hold all {self.max_all_waits} of"
-                           " the call threads open to waits; retry")
+                refusal = (f"this master is busy: users' waits and upload streams hold all"
+                           f" {self.max_all_waits} of the call threads open to them; retry")
             else:
                 self._running[user] = running + 1
                 self._all_running += 1
