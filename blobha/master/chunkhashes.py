@@ -13,10 +13,17 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 
+from blobha.core.errors import ResourceExhausted
+
 __all__ = ["MAX_DIGESTS", "ChunkHashes"]
 
-#: Chunk digests kept at most (32 bytes each, 32 MiB in all): 32 TiB of 1 MiB chunks.
+#: Chunk digests kept at most (32 bytes each, 32 MiB in all): 32 TiB of 1 MiB chunks. Each
+#: version counts as one at least, so empty ones are bounded too.
 MAX_DIGESTS = 1024 * 1024
+#: Versions hashed at once: any reader may ask a plan of any version it may read, and each
+#: first plan reads the whole version; more wait for none of it and are told "busy" (the cache
+#: then downloads from the masters).
+MAX_HASHING = 2
 
 
 class _Entry:
@@ -31,7 +38,7 @@ class ChunkHashes:
     for it at the same time."""
 
     def __init__(self, read: Callable[[str, int], Iterator[bytes]],
-                 max_digests: int = MAX_DIGESTS) -> None:
+                 max_digests: int = MAX_DIGESTS, max_hashing: int = MAX_HASHING) -> None:
         #: ``read(key, seq)`` yields a version's chunks, each verified against its stored
         #: digest (LocalStore.read).
         self._read = read
@@ -41,6 +48,7 @@ class ChunkHashes:
         # again under the same number from the one hashed before.
         self._entries: OrderedDict[tuple[str, int, str], _Entry] = OrderedDict()
         self._held = 0
+        self._hashing = threading.BoundedSemaphore(max_hashing)
         #: Versions hashed since start (for tests and metrics).
         self.computed = 0
 
@@ -53,6 +61,10 @@ class ChunkHashes:
             entry = self._entries.get(ident)
             owner = entry is None
             if entry is None:
+                if not self._hashing.acquire(blocking=False):
+                    raise ResourceExhausted(
+                        "this master is hashing other versions for peer plans; retry, or"
+                        " download from the masters")
                 entry = self._entries[ident] = _Entry()
             else:
                 self._entries.move_to_end(ident)
@@ -70,12 +82,14 @@ class ChunkHashes:
                     del self._entries[ident]
             entry.ready.set()
             raise
+        finally:
+            self._hashing.release()
         entry.digests = digests
         entry.ready.set()
         with self._lock:
             self.computed += 1
             if self._entries.get(ident) is entry:
-                self._held += len(digests)
+                self._held += _weight(digests)
                 self._evict()
         return digests
 
@@ -88,4 +102,8 @@ class ChunkHashes:
                     return
                 continue
             del self._entries[ident]
-            self._held -= len(old.digests)
+            self._held -= _weight(old.digests)
+
+
+def _weight(digests: tuple[bytes, ...]) -> int:
+    return max(1, len(digests))

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from blobha.core.errors import ChecksumMismatch
+from blobha.core.errors import ChecksumMismatch, ResourceExhausted
 from blobha.master.chunkhashes import ChunkHashes
 
 
@@ -90,3 +90,35 @@ def test_the_memory_is_bounded() -> None:
     assert store.reads == reads
     hashes.get("k", 0, "d")  # the oldest is not
     assert store.reads == reads + 1
+
+
+def test_empty_versions_count_towards_the_bound() -> None:
+    store = Store()
+    for seq in range(20):
+        store.versions[("k", seq)] = []
+    hashes = ChunkHashes(store.read, max_digests=5)
+    for seq in range(20):
+        hashes.get("k", seq, "d")
+    reads = store.reads
+    hashes.get("k", 0, "d")
+    assert store.reads == reads + 1  # evicted: empty versions are not kept without bound
+
+
+def test_versions_hashed_at_once_are_bounded() -> None:
+    store = Store()
+    for seq in range(3):
+        store.versions[("k", seq)] = [b"x"]
+    store.gate.clear()
+    hashes = ChunkHashes(store.read, max_hashing=2)
+    threads = [threading.Thread(target=hashes.get, args=("k", seq, "d")) for seq in range(2)]
+    for t in threads:
+        t.start()
+    from waiting import wait_until
+
+    wait_until(lambda: store.reads == 2, 10)
+    with pytest.raises(ResourceExhausted, match="hashing other versions"):
+        hashes.get("k", 2, "d")
+    store.gate.set()
+    for t in threads:
+        t.join(10)
+    assert hashes.get("k", 2, "d") == (hashlib.sha256(b"x").digest(),)
