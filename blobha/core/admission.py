@@ -17,8 +17,22 @@ CALLER_PEER: ContextVar[str] = ContextVar("blobha_caller_peer", default="")
 
 
 def host_of_peer(peer: str) -> str:
-    """``ipv4:10.0.0.1:5000`` -> ``10.0.0.1``; ``ipv6:[::1]:5000`` -> ``[::1]``."""
-    return peer.partition(":")[2].rpartition(":")[0] or peer
+    """The host a cap counts a connection against: ``ipv4:10.0.0.1:5000`` -> ``10.0.0.1``;
+    an IPv4 address in IPv6 form as that IPv4 address; any other IPv6 address as its /64,
+    which one machine or customer usually holds whole (so it cannot take a place per address
+    of its own)."""
+    host = peer.partition(":")[2].rpartition(":")[0] or peer
+    if not peer.startswith("ipv6:"):
+        return host
+    import ipaddress
+
+    try:
+        address = ipaddress.IPv6Address(host.strip("[]").split("%", 1)[0])
+    except ValueError:
+        return host
+    if address.ipv4_mapped is not None:
+        return str(address.ipv4_mapped)
+    return str(ipaddress.IPv6Network((address, 64), strict=False))
 
 
 class PeerCaps:

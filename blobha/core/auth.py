@@ -191,9 +191,14 @@ class TokenAuthenticator:
                       self.path, e)
             return
         with self._lock:
+            # A token verified before stays verified while its user's lines are unchanged:
+            # a reload does not send every user through scrypt again, whose places (capped,
+            # see _SCRYPT_CHECKS) a flood of wrong tokens may hold at that moment.
+            kept = [(fp, u) for fp, u in self._verified.items()
+                    if hashes.get(u) == self._hashes.get(u)]
+            self._verified = OrderedDict(kept)
             self._hashes = hashes
             self._stamp = stamp
-            self._verified.clear()
         if not initial:
             log.info("token file %s reloaded: %d users", self.path, len(hashes))
 

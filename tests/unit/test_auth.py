@@ -297,13 +297,13 @@ def test_users_calls_together_leave_threads_for_the_masters() -> None:
     def admit(method: str, user: str) -> str:
         return keeper._admit(method, _Context({USER_METADATA_KEY: user}))
 
-    held = [admit("WaitForReplication", f"user-{i}") for i in range(6)]
+    held = [admit("GetMeta", f"user-{i}") for i in range(6)]
     refused = _Context({USER_METADATA_KEY: "someone-else"})
     with pytest.raises(_Refused, match=r"RESOURCE_EXHAUSTED.*master\.rpc\.threads"):
         keeper._admit("GetMeta", refused)
     assert refused.trailers == ((BUSY_METADATA_KEY, "1"),)  # busy: the client retries
     # A status check still gets in, but only so many: they may not take the masters' share.
-    held.append(admit("NodeStatus", "someone-else"))
+    status = admit("NodeStatus", "someone-else")
     with pytest.raises(_Refused, match=r"master\.rpc\.threads"):
         admit("NodeStatus", "another")
     # The other masters are not counted, nor capped.
@@ -311,7 +311,63 @@ def test_users_calls_together_leave_threads_for_the_masters() -> None:
         keeper._admit("FetchVersions", _Context({MASTER_SECRET_METADATA_KEY: secret}))
     # Calls that end give their place back.
     for user in held:
-        keeper._release(user)
+        keeper._release(user, "GetMeta")
+    keeper._release(status, "NodeStatus")
     assert admit("GetMeta", "someone-else") == "someone-else"
-    keeper._release("someone-else")
+    keeper._release("someone-else", "GetMeta")
     assert keeper._all_running == 0 and keeper._running == {}
+
+
+def test_long_calls_leave_threads_for_the_rest() -> None:
+    from blobha.master.edge.gatekeeper import Gatekeeper
+
+    keeper = Gatekeeper(ServerAuthentication(SimpleAuthenticator(), "blobha-master",
+                                             auth.new_cluster_secret),
+                        max_calls_per_client=8, threads=16)
+    assert (keeper.max_waits, keeper.max_all_waits) == (2, 6)
+
+    def admit(method: str, user: str) -> str:
+        return keeper._admit(method, _Context({USER_METADATA_KEY: user}))
+
+    held = [admit("WaitForReplication", "alice"), admit("AppendUpload", "alice")]
+    with pytest.raises(_Refused, match="waits for replication or upload streams"):
+        admit("WaitForReplication", "alice")
+    held += [admit(m, u) for u in ("bob", "carol") for m in ("AppendUpload",) * 2]
+    with pytest.raises(_Refused, match="users' waits and upload streams hold all 6"):
+        admit("WaitForReplication", "dave")
+    assert admit("GetMeta", "dave") == "dave"  # everything else still gets in
+    keeper._release("dave", "GetMeta")
+    keeper._release(held[0], "WaitForReplication")
+    keeper._release(held[1], "AppendUpload")
+    for user in held[2:]:
+        keeper._release(user, "AppendUpload")
+    assert keeper._all_waiting == 0 and keeper._waiting == {}
+    assert keeper._all_running == 0
+
+
+def test_costly_checks_are_capped_per_ipv4_address_and_ipv6_network() -> None:
+    from blobha.core.admission import host_of_peer
+
+    assert host_of_peer("ipv4:10.0.0.1:5000") == "10.0.0.1"
+    # One IPv4 address whether it comes as IPv4 or in IPv6 form.
+    assert host_of_peer("ipv6:[::ffff:10.0.0.1]:5000") == "10.0.0.1"
+    # Every address of a /64 is one host: it cannot take a place per address it holds.
+    assert host_of_peer("ipv6:[2001:db8:1:2::7]:1") == host_of_peer("ipv6:[2001:db8:1:2::8]:2")
+    assert host_of_peer("ipv6:[2001:db8:1:3::7]:1") != host_of_peer("ipv6:[2001:db8:1:2::7]:1")
+
+
+def test_a_reload_keeps_the_tokens_verified_of_users_whose_lines_did_not_change(
+        tmp_path: Path) -> None:
+    alice, bob = new_token("alice"), new_token("bob")
+    path = tmp_path / "tokens"
+    alice_line = hash_token(alice)  # salted: a line made again would differ
+    path.write_text(alice_line + "\n" + hash_token(bob) + "\n")
+    authenticator = TokenAuthenticator(str(path))
+    for token in (alice, bob):
+        authenticator.authenticate({AUTHORIZATION_METADATA_KEY: f"Bearer {token}"}, {})
+    bob2 = new_token("bob")
+    path.write_text(alice_line + "\n" + hash_token(bob2) + "\n")
+    later = path.stat().st_mtime_ns + 10**9
+    os.utime(path, ns=(later, later))  # a change the reload sees, however fast the writes
+    authenticator._load()
+    assert set(authenticator._verified.values()) == {"alice"}
