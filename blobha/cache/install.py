@@ -94,10 +94,10 @@ def download(
         }
         if served is not None:
             # What serving it to peers needs, for the node's later processes that find it
-            # here (blobha.cache.peers.node.serve_installed). Whoever reads this can read the
-            # blob beside it: the key lets them grant nothing more.
-            record["peer"] = {"version_key": served.version_key.hex(),
-                              "chunk_size": served.chunk_size}
+            # here (blobha.cache.peers.node.serve_installed). Not the key grants are checked
+            # under: that is per serving address, and a later process gets its own from the
+            # masters when it announces the version.
+            record["peer"] = {"chunk_size": served.chunk_size}
         with open(stage / "meta.json", "wb") as f:
             f.write(json.dumps(record).encode())
             f.flush()

@@ -87,12 +87,7 @@ def cmd_token(args: argparse.Namespace) -> int:
     if args.action == "create" and args.out:
         # The token first: a hash appended for a token that could not be kept would be a
         # credential nobody holds.
-        fd = os.open(args.out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            # The mode given to open applies only to a new file; one that existed keeps its
-            # own (often 0644) unless changed, before the token is in it.
-            os.fchmod(f.fileno(), 0o600)
-            f.write(token + "\n")
+        _write_private(args.out, token)
     if args.append:
         with open(args.append, "a") as f:
             f.write(line + "\n")
@@ -114,16 +109,35 @@ def cmd_token(args: argparse.Namespace) -> int:
     return 0
 
 
+def _write_private(path: str, token: str) -> None:
+    """``token`` alone in the file ``path``, mode 600 (the clients refuse a token file other
+    accounts can read)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        # The mode given to open applies only to a new file; one that existed keeps its
+        # own (often 0644) unless changed, before the token is in it.
+        os.fchmod(f.fileno(), 0o600)
+        f.write(token + "\n")
+
+
 def _job_token(args: argparse.Namespace) -> int:
     with client_for(args) as c:
         issued = c.issue_job_token(args.names, args.lifetime)
     expires = datetime.fromtimestamp(issued.expires_at, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    if args.out:
+        _write_private(args.out, issued.token)
     if args.json:
-        print(json.dumps({"token": issued.token, "token_id": issued.token_id,
+        # The token only where it was not written to --out, as for 'token create'.
+        shown = {} if args.out else {"token": issued.token}
+        print(json.dumps({**shown, "token_id": issued.token_id,
                           "expires_at": issued.expires_at, "expires": expires,
-                          "keys": list(issued.keys), "user": issued.user}, indent=2))
+                          "keys": list(issued.keys), "user": issued.user,
+                          "token_file": args.out}, indent=2))
         return 0
     note(f"job token {issued.token_id} for {issued.user!r}: READ on {len(issued.keys)} keys"
          f" until {expires} (shown once; revoke with 'blobha token revoke {issued.token_id}')")
-    print(issued.token)
+    if args.out:
+        note(f"token written to {args.out}; pass it with --token-file")
+    else:
+        print(issued.token)
     return 0

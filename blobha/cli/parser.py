@@ -321,7 +321,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--append", metavar="TOKEN_FILE",
                    help="append the line to this token file (the masters' auth.token.file)")
     p.add_argument("--out", metavar="FILE",
-                   help="write the new token to FILE (mode 600) instead of stdout")
+                   help="create, job: write the new token to FILE (mode 600) instead of"
+                   " stdout")
     p.add_argument("--lifetime", type=_positive_int, default=0, metavar="SECONDS",
                    help="job: how long the token works (default 24 hours; the cluster caps it"
                    " at auth.job.token.max.lifetime.secs)")
@@ -439,9 +440,11 @@ def _check_token_args(args: argparse.Namespace) -> None:
         args.parser.error("'token job' needs the KEY... the job token may read")
     if action == "revoke" and len(names) != 1:
         args.parser.error("'token revoke' needs one TOKEN_OR_ID")
-    if action in ("job", "revoke") and (args.out or args.append):
-        args.parser.error(f"'token {action}' takes no --out or --append (job tokens live in"
-                          " ZooKeeper, not in token files)")
+    if action == "revoke" and args.out:
+        args.parser.error("'token revoke' takes no --out")
+    if action in ("job", "revoke") and args.append:
+        args.parser.error(f"'token {action}' takes no --append (job tokens live in"
+                          " ZooKeeper, not in the masters' token file)")
     if action != "job" and args.lifetime:
         args.parser.error("--lifetime goes with 'token job'")
 

@@ -28,6 +28,7 @@ from blobha.zk.layout import (
     MASTER_SECRET,
 )
 from blobha.zk.lockdown import ZkCredentials, ensure_locked_chroot
+from blobha.zk.tls import ZkTls
 
 log = logging.getLogger("blobha.master")
 
@@ -36,13 +37,15 @@ class ClusterIdentity:
     """What ties this master's store to one cluster in ZooKeeper."""
 
     def __init__(self, zk: KazooClient, store: LocalStore, peers: Peers, servers: str,
-                 chroot: str, credentials: ZkCredentials | None, session_timeout: float) -> None:
+                 chroot: str, credentials: ZkCredentials | None, session_timeout: float,
+                 tls: ZkTls | None = None) -> None:
         self.zk = zk
         self.store = store
         self.peers = peers
         self._servers = servers
         self._chroot = chroot
         self.zk_credentials = credentials
+        self.zk_tls = tls
         self.session_timeout = session_timeout
         self._zk_hosts = servers + chroot
         self._cluster_secret = ""
@@ -166,7 +169,7 @@ class ClusterIdentity:
         # A chrooted client cannot create its own root; do it once without the chroot, and
         # lock the tree down there (migrating an open one) when ZooKeeper auth is on.
         ensure_locked_chroot(self._servers, self._chroot,
-                             self.zk_credentials, max(15.0, self.session_timeout))
+                             self.zk_credentials, max(15.0, self.session_timeout), self.zk_tls)
 
     def end_session(self, session: int, password: bytes) -> bool:
         """Reconnect to a dead predecessor's session and close it (see SessionRecord); False
@@ -177,6 +180,7 @@ class ClusterIdentity:
             client_id=(session, password),
             connection_retry=KazooRetry(max_tries=2, max_delay=1.0),
             **(self.zk_credentials.kazoo_args() if self.zk_credentials else {}),
+            **(self.zk_tls.kazoo_args() if self.zk_tls else {}),
         )
         try:
             # Short: ZooKeeper was reached a moment ago, and this comes out of the wait for

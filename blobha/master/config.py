@@ -200,7 +200,8 @@ OPTIONS: tuple[Option, ...] = (
         "auth.token.file",
         "",
         "Token mode: file of 'user:scrypt$salt$hash' lines ('blobha token create' makes them);"
-        " re-read when it changes.",
+        " re-read when it changes. A master refuses one that other accounts can read, or that"
+        " its group can change (600, or 640 for a group).",
     ),
     Option(
         "auth.job.token.max.lifetime.secs",
@@ -232,7 +233,8 @@ OPTIONS: tuple[Option, ...] = (
         "PEM certificate of this master; with tls.key, the master serves TLS only. Re-read when"
         " it changes.",
     ),
-    Option("tls.key", "", "PEM private key of tls.cert."),
+    Option("tls.key", "", "PEM private key of tls.cert (mode 600: a master refuses one other"
+           " accounts can read)."),
     Option(
         "tls.ca",
         "",
@@ -249,7 +251,38 @@ OPTIONS: tuple[Option, ...] = (
         "zookeeper.auth.file",
         "",
         "File holding the masters' ZooKeeper digest credentials as one 'user:password' line"
-        " (keep it readable by the master only).",
+        " (mode 600: a master refuses one other accounts can read).",
+    ),
+    Option(
+        "zookeeper.ssl.enabled",
+        False,
+        "Reach ZooKeeper over TLS, at its secureClientPort (zookeeper.servers names those"
+        " ports). The digest password, the cluster secret and job-token records cross this"
+        " link: without TLS, in clear.",
+    ),
+    Option(
+        "zookeeper.ssl.ca",
+        "",
+        "PEM CA certificate(s) ZooKeeper's certificate must be signed by; empty: the system's"
+        " trusted CAs.",
+    ),
+    Option(
+        "zookeeper.ssl.cert",
+        "",
+        "PEM client certificate for a ZooKeeper that requires one (its ssl.clientAuth, 'need'"
+        " by default); with zookeeper.ssl.key.",
+    ),
+    Option(
+        "zookeeper.ssl.key",
+        "",
+        "PEM private key of zookeeper.ssl.cert (mode 600: a master refuses one other accounts"
+        " can read).",
+    ),
+    Option(
+        "zookeeper.ssl.verify.hostname",
+        True,
+        "Check that ZooKeeper's certificate names the host zookeeper.servers dials (a DNS"
+        " name or IP address in its subject alternative names).",
     ),
     Option(
         "blobstore.list.visibility",
@@ -550,9 +583,30 @@ def _validate_security(v: dict[str, Any]) -> None:
     if v["zookeeper.auth.scheme"] == "digest" and v["zookeeper.chroot"] == "/":
         raise ConfigError("zookeeper.auth.scheme 'digest' needs a zookeeper.chroot below /: the"
                           " lock-down never touches ZooKeeper's own root")
+    _validate_zookeeper_tls(v)
     if v["blobstore.list.visibility"] not in ("readable", "all"):
         raise ConfigError(f"blobstore.list.visibility must be 'readable' or 'all', got"
                           f" {v['blobstore.list.visibility']!r}")
+
+
+def _validate_zookeeper_tls(v: dict[str, Any]) -> None:
+    for key in ("zookeeper.ssl.enabled", "zookeeper.ssl.verify.hostname"):
+        try:
+            v[key] = settings.flag(v[key])
+        except settings.SettingError:
+            raise ConfigError(f"{key} must be true or false, got {v[key]!r}") from None
+    files = ("zookeeper.ssl.ca", "zookeeper.ssl.cert", "zookeeper.ssl.key")
+    for key in files:
+        if not isinstance(v[key], str):
+            raise ConfigError(f"{key} must be a file path (a string), got {v[key]!r}")
+    if bool(v["zookeeper.ssl.cert"]) != bool(v["zookeeper.ssl.key"]):
+        raise ConfigError("zookeeper.ssl.cert and zookeeper.ssl.key go together: set both or"
+                          " neither")
+    named = [key for key in files if v[key]]
+    if named and not v["zookeeper.ssl.enabled"]:
+        # Files set but TLS off would look secure and send everything in clear.
+        raise ConfigError(f"{named[0]} is set but zookeeper.ssl.enabled is false; set it to"
+                          " true to reach ZooKeeper over TLS (or unset the zookeeper.ssl files)")
 
 
 def parse_cpu_list(text: str) -> frozenset[int]:

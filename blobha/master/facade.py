@@ -80,6 +80,7 @@ from blobha.zk import layout as zkstate
 from blobha.zk.connection import master_client, on_session_timeout
 from blobha.zk.layout import BlobState
 from blobha.zk.lockdown import ZkCredentials, ZooKeeperAuthError
+from blobha.zk.tls import ZooKeeperTlsError
 
 __all__ = ["CommitOutcomeUnknown", "Master"]
 
@@ -100,10 +101,12 @@ class Master:
         self.identity = s.identity
         self.principal = s.principal
         self.session_timeout = s.session_timeout
-        self.store = LocalStore(s.data_dir, s.disk_reserved_bytes)
         try:
+            s.refuse_exposed_secrets()
             self.zk_credentials = (ZkCredentials.from_file(s.zk_auth_file)
                                    if s.zk_auth_scheme == "digest" else None)
+            if s.zk_tls is not None:
+                s.zk_tls.context()  # unusable files fail here, naming their setting
             self.authentication = ServerAuthentication(
                 make_authenticator(s.auth_mode, s.auth_token_file, s.auth_mtls_rules),
                 self.principal, lambda: self.cluster.secret,
@@ -114,16 +117,19 @@ class Master:
                                            require_client_cert=s.auth_mode == "mtls")
                 if s.tls_cert else None
             )
-        except (ValueError, ZooKeeperAuthError) as e:
+        except (ValueError, ZooKeeperAuthError, ZooKeeperTlsError) as e:
             raise ConfigError(str(e)) from None
+        # After the checks above: a master refused for its settings leaves no data directory.
+        self.store = LocalStore(s.data_dir, s.disk_reserved_bytes)
         self.zk = master_client(s.zk_servers + s.zk_chroot, self.session_timeout,
-                                self.zk_credentials)
+                                self.zk_credentials, s.zk_tls)
         # Masters reach each other with this master's own certificate as client certificate.
         self.peers = Peers(self.principal, Credentials(
             ca=s.tls_ca or None, cert=s.tls_cert or None, key=s.tls_key or None,
         ) if s.tls_cert else None, stall_secs=s.sync_stall_secs)
         self.cluster = ClusterIdentity(self.zk, self.store, self.peers, s.zk_servers,
-                                       s.zk_chroot, self.zk_credentials, self.session_timeout)
+                                       s.zk_chroot, self.zk_credentials, self.session_timeout,
+                                       s.zk_tls)
         self.uploads = UploadManager(self.store, s.upload_expiration_secs, s.upload_max_per_user)
         self.election = LeaderElection(
             self.zk, self.identity, self.session_timeout, self._on_elected, self._on_deposed
@@ -215,7 +221,7 @@ class Master:
         try:
             self.cluster.ensure_chroot()
             self.zk.start(timeout=max(15.0, self.session_timeout))
-        except ZooKeeperAuthError as e:
+        except (ZooKeeperAuthError, ZooKeeperTlsError) as e:
             raise ConfigError(str(e)) from None
         except Exception as e:
             raise Unavailable(

@@ -30,20 +30,22 @@ class Holders:
         self._clock = clock
         self._rng = rng or random.Random()
         self._lock = threading.Lock()
-        # (key, version) -> address -> (expires, complete); dicts keep insertion order, so
-        # the first entries are the oldest announcements.
-        self._by: dict[tuple[str, int], dict[str, tuple[float, bool]]] = {}
+        # (key, version) -> address -> (expires, complete, user who announced it); dicts keep
+        # insertion order, so the first entries are the oldest announcements.
+        self._by: dict[tuple[str, int], dict[str, tuple[float, bool, str]]] = {}
         # (key, version) -> address -> the order in which it first announced
         self._ordinals: dict[tuple[str, int], dict[str, int]] = {}
 
-    def announce(self, key: str, version: int, address: str, complete: bool) -> int:
-        """Record ``address``; how many caches announced the version before it first did."""
+    def announce(self, key: str, version: int, address: str, complete: bool,
+                 user: str = "") -> int:
+        """Record ``address``, announced by ``user``; how many caches announced the version
+        before it first did."""
         now = self._clock()
         with self._lock:
             entry = self._by.pop((key, version), None) or {}
             self._by[(key, version)] = entry  # now the newest version
             entry.pop(address, None)
-            entry[address] = (now + self.lifetime, complete)
+            entry[address] = (now + self.lifetime, complete, user)
             ordinals = self._ordinals.setdefault((key, version), {})
             ordinal = ordinals.setdefault(address, len(ordinals))
             if len(ordinals) > MAX_PER_VERSION:
@@ -64,16 +66,22 @@ class Holders:
             entry = self._by.get((key, version))
             if not entry:
                 return []
-            for address in [a for a, (until, _) in entry.items() if until <= now]:
+            for address in [a for a, (until, _, _) in entry.items() if until <= now]:
                 del entry[address]
             if not entry:
                 del self._by[(key, version)]
                 return []
-            complete = [a for a, (_, c) in entry.items() if c and a != exclude]
-            partial = [a for a, (_, c) in entry.items() if not c and a != exclude]
+            complete = [a for a, (_, c, _) in entry.items() if c and a != exclude]
+            partial = [a for a, (_, c, _) in entry.items() if not c and a != exclude]
         chosen = self._rng.sample(complete, min(n, len(complete)))
         rest = n - len(chosen)
         return chosen + self._rng.sample(partial, min(rest, len(partial)))
+
+    def announcer(self, key: str, version: int, address: str) -> str | None:
+        """The user who last announced ``address`` for the version; None if none did."""
+        with self._lock:
+            found = self._by.get((key, version), {}).get(address)
+        return None if found is None else found[2]
 
     def count(self) -> int:
         with self._lock:

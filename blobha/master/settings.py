@@ -5,7 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from blobha.core.secretfiles import TOKEN_FILE_MODE_MASK, refuse_exposed
 from blobha.master.config import Config
+from blobha.zk.tls import ZkTls
 
 
 @dataclass(frozen=True)
@@ -22,6 +24,8 @@ class MasterSettings:
     zk_chroot: str
     zk_auth_scheme: str
     zk_auth_file: str
+    #: TLS towards ZooKeeper (zookeeper.ssl.*); None: plaintext.
+    zk_tls: ZkTls | None
     auth_mode: str
     auth_token_file: str
     auth_mtls_rules: tuple[str, ...]
@@ -66,6 +70,9 @@ class MasterSettings:
             zk_chroot=config["zookeeper.chroot"],
             zk_auth_scheme=config["zookeeper.auth.scheme"],
             zk_auth_file=config["zookeeper.auth.file"],
+            zk_tls=ZkTls(config["zookeeper.ssl.ca"], config["zookeeper.ssl.cert"],
+                         config["zookeeper.ssl.key"], config["zookeeper.ssl.verify.hostname"])
+            if config["zookeeper.ssl.enabled"] else None,
             auth_mode=config["auth.mode"],
             auth_token_file=config["auth.token.file"],
             auth_mtls_rules=tuple(config["auth.mtls.rules"]),
@@ -97,3 +104,14 @@ class MasterSettings:
             read_cutoff_secs=config["blobstore.read.cutoff.secs"],
             scrub_rate_bytes_per_sec=config["blobstore.scrub.rate.bytes.per.sec"],
         )
+
+    def refuse_exposed_secrets(self) -> None:
+        """Refuse to start with a key or token file other accounts can read, as ssh does
+        (:class:`blobha.core.secretfiles.ExposedSecretFile`); zookeeper.auth.file is checked
+        where it is read."""
+        if self.tls_key:
+            refuse_exposed(self.tls_key, "tls.key")
+        if self.zk_tls is not None and self.zk_tls.key:
+            refuse_exposed(self.zk_tls.key, "zookeeper.ssl.key")
+        if self.auth_mode == "token" and self.auth_token_file:
+            refuse_exposed(self.auth_token_file, "auth.token.file", TOKEN_FILE_MODE_MASK)

@@ -20,7 +20,7 @@ from typing import Any
 
 import grpc
 
-from blobha.ops.zkserver import EmbeddedZooKeeper
+from blobha.ops.zkserver import EmbeddedZooKeeper, ServerTls
 from blobha.sync.peers import CHANNEL_OPTIONS
 from blobha.v1 import blobha_pb2 as pb
 from blobha.v1 import blobha_pb2_grpc as pb_grpc
@@ -139,7 +139,11 @@ class LocalCluster:
 
     ``tls=True`` makes the secure set-up under ``data_dir/secure`` (kept across runs): a
     throwaway CA and a certificate per master, credentials for :data:`SECURE_USERS` (tokens, or
-    client certificates with ``auth="mtls"``), and ZooKeeper locked down to the masters.
+    client certificates with ``auth="mtls"``), and ZooKeeper locked down to the masters and
+    serving TLS only: its own certificate from that CA, and each master's certificate as its
+    client certificate towards ZooKeeper (no plaintext port: then nothing, the digest password
+    and cluster secret included, crosses the loopback in clear, and a tool that forgets TLS
+    fails instead of quietly working). ``zk_tls`` overrides that choice.
     :meth:`credentials` gives what a client of that user passes.
 
     ``spread_cpus=True`` gives each master one CPU of those this process may use, in turn
@@ -160,6 +164,7 @@ class LocalCluster:
         auth: str | None = None,
         zk_lockdown: bool | None = None,
         spread_cpus: bool = False,
+        zk_tls: bool | None = None,
     ) -> None:
         if nodes < 1:
             raise ValueError("a cluster needs at least one master")
@@ -173,8 +178,14 @@ class LocalCluster:
             raise ValueError("mtls authentication needs tls=True")
         self.zk_lockdown = tls if zk_lockdown is None else zk_lockdown
         self.secure_dir = self.data_dir / "secure"
-        self.zk = EmbeddedZooKeeper(self.data_dir / "zookeeper", zookeeper_home=zookeeper_home,
-                                    tick_ms=zk_tick_ms)
+        self.zk_tls = tls if zk_tls is None else zk_tls
+        if self.zk_tls and not tls:
+            raise ValueError("ZooKeeper over TLS (zk_tls) needs tls=True, which makes the CA")
+        d = self.secure_dir
+        self.zk = EmbeddedZooKeeper(
+            self.data_dir / "zookeeper", zookeeper_home=zookeeper_home, tick_ms=zk_tick_ms,
+            tls=ServerTls(d / "zookeeper.pem", d / "zookeeper-key.pem", d / "ca.pem")
+            if self.zk_tls else None)
         self._auto_ports = base_port == 0
         if self._auto_ports:
             free = _free_ports(2 * nodes)
@@ -234,6 +245,12 @@ class LocalCluster:
             name = f"master-{m.index + 1}"
             out.update({"tls.ca": str(d / "ca.pem"), "tls.cert": str(d / f"{name}.pem"),
                         "tls.key": str(d / f"{name}-key.pem")})
+        if self.zk_tls:
+            name = f"master-{m.index + 1}"
+            # ZooKeeper asks for a client certificate (ssl.clientAuth need): the master's own.
+            out.update({"zookeeper.ssl.enabled": True, "zookeeper.ssl.ca": str(d / "ca.pem"),
+                        "zookeeper.ssl.cert": str(d / f"{name}.pem"),
+                        "zookeeper.ssl.key": str(d / f"{name}-key.pem")})
         if self.auth == "token":
             out["auth.token.file"] = str(d / "tokens.txt")
         if self.zk_lockdown:
@@ -265,6 +282,9 @@ class LocalCluster:
                 if not (d / f"master-{m.index + 1}.pem").exists():
                     certgen.issue(ca, d, f"master-{m.index + 1}", m.address,
                                   hosts=[host, "localhost"])
+            if self.zk_tls and not (d / "zookeeper.pem").exists():
+                certgen.issue(ca, d, "zookeeper", "zookeeper",
+                              hosts=[self.zk.host, "localhost"])
             if self.auth == "mtls":
                 for user in SECURE_USERS:
                     if not (d / f"{user}.pem").exists():
@@ -458,7 +478,8 @@ def main(nodes: int, data_dir: str | None, base_port: int, zookeeper_home: str |
     # Ctrl-C must still stop everything.
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     summary = cluster.summary()
-    print(f"ZooKeeper: {cluster.zk.connect_string} (chroot /blobha)")
+    over = " over TLS only" if cluster.zk_tls else ""
+    print(f"ZooKeeper: {cluster.zk.connect_string}{over} (chroot /blobha)")
     for m in cluster.masters:
         role = "leader" if m.address == summary.leader else "follower"
         print(f"master {m.index + 1}: {m.address} pid {m.pid} ({role}, CPU"

@@ -3,6 +3,8 @@
 Nothing here imitates ZooKeeper: it finds the jars of an installed ZooKeeper (a tarball under
 ``ZOOKEEPER_HOME``, Debian's ``zookeeper`` package, or the copy shipped inside the ``pyspark``
 wheel), writes a standalone ``zoo.cfg`` and runs ``QuorumPeerMain`` on the machine's Java.
+With :class:`ServerTls` it serves TLS only (a ``secureClientPort`` and no plaintext port),
+from PEM files, through ZooKeeper's Netty connection factory.
 
 >>> with EmbeddedZooKeeper(Path("/tmp/zk")) as zk:  # doctest: +SKIP
 ...     client = KazooClient(zk.connect_string)
@@ -18,21 +20,26 @@ import os
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import threading
 import time
 import weakref
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 __all__ = [
     "EmbeddedZooKeeper",
     "JavaNotFound",
+    "ServerTls",
     "ZooKeeperNotFound",
     "ZooKeeperStartError",
     "find_java",
     "find_zookeeper_classpath",
     "four_letter_word",
+    "tls_client_args",
 ]
 
 MAIN_CLASS = "org.apache.zookeeper.server.quorum.QuorumPeerMain"
@@ -175,14 +182,42 @@ def _free_port(host: str) -> int:
         return int(s.getsockname()[1])
 
 
-def four_letter_word(host: str, port: int, word: str, timeout: float = 2.0) -> str:
-    """Send a ZooKeeper four-letter command and return the whole answer ('' if refused)."""
-    with socket.create_connection((host, port), timeout=timeout) as s:
-        s.sendall(word.encode("ascii"))
-        parts: list[bytes] = []
-        while chunk := s.recv(4096):
-            parts.append(chunk)
+def four_letter_word(host: str, port: int, word: str, timeout: float = 2.0,
+                     context: ssl.SSLContext | None = None) -> str:
+    """Send a ZooKeeper four-letter command and return the whole answer ('' if refused);
+    over TLS with ``context`` (a secure client port)."""
+    with socket.create_connection((host, port), timeout=timeout) as raw:
+        s = context.wrap_socket(raw, server_hostname=host) if context else raw
+        with s:
+            s.sendall(word.encode("ascii"))
+            parts: list[bytes] = []
+            while chunk := s.recv(4096):
+                parts.append(chunk)
     return b"".join(parts).decode("utf-8", "replace")
+
+
+@dataclass(frozen=True)
+class ServerTls:
+    """PEM files of a server that serves TLS only: its certificate and key, and the CA its
+    clients' certificates must be signed by. ``client_auth`` is ZooKeeper's ssl.clientAuth:
+    'need' (its default: every client shows a certificate), 'want' or 'none'. The server's
+    own certificate must be usable as a client certificate too: its probes present it."""
+
+    cert: Path
+    key: Path
+    ca: Path
+    client_auth: str = "need"
+
+    def client_args(self) -> dict[str, Any]:
+        """KazooClient arguments of a client trusting the CA and presenting the server's
+        certificate (for tests and tools; masters have their own)."""
+        return {"use_ssl": True, "ca": str(self.ca), "certfile": str(self.cert),
+                "keyfile": str(self.key), "check_hostname": True}
+
+    def client_context(self) -> ssl.SSLContext:
+        ctx = ssl.create_default_context(cafile=str(self.ca))
+        ctx.load_cert_chain(str(self.cert), str(self.key))
+        return ctx
 
 
 # Servers still running when the interpreter exits are stopped, so an aborted test run or a
@@ -197,12 +232,24 @@ def _stop_all() -> None:
             zk.stop()
 
 
+def tls_client_args(connect_string: str) -> dict[str, Any]:
+    """KazooClient arguments for reaching the embedded server of this process that serves
+    ``connect_string`` (chroot allowed): its TLS client arguments, or none for a plaintext or
+    unknown server. Lets tools that are handed only a connect string reach a TLS server."""
+    address = connect_string.split("/", 1)[0]
+    for zk in list(_LIVE):
+        if zk.tls is not None and zk.port and zk.connect_string == address:
+            return zk.tls.client_args()
+    return {}
+
+
 class EmbeddedZooKeeper:
     """A standalone ZooKeeper server in a child process, with its files in ``data_dir``.
 
     ``data_dir`` holds ``zoo.cfg``, ``zookeeper.log`` (the server's output) and ``data/`` (its
     snapshots and transaction log), so a stopped server restarted on the same directory keeps
     its znodes. ``port=0`` picks a free port once; a restart reuses it so clients reconnect.
+    With ``tls`` that port is a secure client port, and the only one.
     """
 
     def __init__(
@@ -212,9 +259,13 @@ class EmbeddedZooKeeper:
         host: str = "127.0.0.1",
         zookeeper_home: str | None = None,
         tick_ms: int = 2000,
+        tls: ServerTls | None = None,
     ) -> None:
         if tick_ms < 1:
             raise ValueError(f"tick_ms must be positive, got {tick_ms}")
+        if tls is not None and tls.client_auth not in ("need", "want", "none"):
+            raise ValueError(f"client_auth must be need, want or none, got {tls.client_auth!r}")
+        self.tls = tls
         self.data_dir = Path(data_dir)
         self.host = host
         self.tick_ms = tick_ms
@@ -263,12 +314,33 @@ class EmbeddedZooKeeper:
 
     # ---- life cycle -------------------------------------------------------------------------
 
+    def _listen_config(self) -> list[str]:
+        if self.tls is None:
+            return [f"clientPort={self._port}", f"clientPortAddress={self.host}"]
+        # ZooKeeper's PEM key store holds the key and its certificate in one file; written at
+        # each start, so a renewed certificate is taken, and private as the key is.
+        keystore = self.data_dir.resolve() / "keystore.pem"
+        fd = os.open(keystore, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(self.tls.key.read_bytes() + b"\n" + self.tls.cert.read_bytes())
+        return [
+            # No clientPort: nothing is served in clear, four-letter words included.
+            f"secureClientPort={self._port}",
+            f"secureClientPortAddress={self.host}",
+            # Only Netty's connection factory serves TLS.
+            "serverCnxnFactory=org.apache.zookeeper.server.NettyServerCnxnFactory",
+            f"ssl.keyStore.location={keystore}",
+            "ssl.keyStore.type=PEM",
+            f"ssl.trustStore.location={self.tls.ca.resolve()}",
+            "ssl.trustStore.type=PEM",
+            f"ssl.clientAuth={self.tls.client_auth}",
+        ]
+
     def _write_config(self) -> None:
         lines = [
             f"tickTime={self.tick_ms}",
             f"dataDir={self.data_dir.resolve() / 'data'}",
-            f"clientPort={self._port}",
-            f"clientPortAddress={self.host}",
+            *self._listen_config(),
             "admin.enableServer=false",
             "4lw.commands.whitelist=*",
             f"minSessionTimeout={self.min_session_timeout_ms}",
@@ -346,14 +418,20 @@ class EmbeddedZooKeeper:
             self._terminate(proc)
             raise
 
+    def command(self, word: str, timeout: float = 2.0) -> str:
+        """A four-letter command to this server (``mntr``, ``wchs``...), over TLS if it
+        serves TLS; the whole answer."""
+        context = self.tls.client_context() if self.tls is not None else None
+        return four_letter_word(self.host, self._port, word, timeout, context)
+
     def _answers(self) -> bool:
         try:
-            if four_letter_word(self.host, self._port, "ruok", timeout=1.0) != "imok":
+            if self.command("ruok", timeout=1.0) != "imok":
                 return False
             # Another server could already own the port while ours is still starting (and
             # about to die on the bind); only our own data directory proves it is this one.
-            conf = four_letter_word(self.host, self._port, "conf", timeout=1.0)
-        except OSError:
+            conf = self.command("conf", timeout=1.0)
+        except OSError:  # ssl.SSLError included: a server still starting its TLS
             return False
         expected = str(self.data_dir.resolve() / "data")
         return any(

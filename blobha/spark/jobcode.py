@@ -59,7 +59,7 @@ __all__ = [
     "hook_path",
     "insert_options",
     "redacted",
-    "secret_confs",
+    "secret_properties",
     "take_code",
     "upload_code",
 ]
@@ -382,17 +382,18 @@ def insert_options(args: Sequence[str], extra: Sequence[str]) -> list[str]:
     return [*args[:i], *extra, *args[i:]]
 
 
-def secret_confs(token: str, ca: str | None) -> list[str]:
+def secret_properties(token: str, ca: str | None) -> dict[str, str]:
     """The job token for the driver and the executors, under names Spark redacts, and the CA
-    certificate's content when the cluster uses TLS."""
-    out = ["--conf", f"{CONF_JOB_TOKEN}={token}",
-           "--conf", f"spark.executorEnv.{ENV_JOB_TOKEN}={token}"]
+    certificate's content when the cluster uses TLS: for a private properties file, never
+    spark-submit's command line, which every account on the machine can read in ``ps``
+    (executors get ``spark.executorEnv.*`` in their environment, not their command line)."""
+    out = {CONF_JOB_TOKEN: token, f"spark.executorEnv.{ENV_JOB_TOKEN}": token}
     if ca:
         try:
             pem = Path(ca).read_text()
         except OSError as exc:
             raise InvalidArgument(f"cannot read the CA {ca}: {exc.strerror or exc}") from None
-        out += ["--conf", f"spark.executorEnv.{ENV_CA_PEM}={pem}"]
+        out[f"spark.executorEnv.{ENV_CA_PEM}"] = pem
     return out
 
 

@@ -10,7 +10,7 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
@@ -45,7 +45,7 @@ from blobha.spark.jobcode import (
     hook_path,
     insert_options,
     redacted,
-    secret_confs,
+    secret_properties,
     take_code,
     upload_code,
 )
@@ -55,8 +55,11 @@ from blobha.spark.submitconf import (
     effective_conf,
     find_spark_submit,
     interpreter_env,
+    properties_layer,
     pyspark_submit_path,
     scan_submit_args,
+    with_properties_file,
+    write_properties,
 )
 
 if TYPE_CHECKING:
@@ -296,8 +299,10 @@ def submit_main(argv: list[str]) -> int:
             return 0
         # Settings have blobs or code (else _settings_from_args refused them): one client
         # stores the code, obtains the job token and waits for replication.
-        settings, secrets_conf = _store_code_and_token(
-            settings, taken, digests, args.token_lifetime)
+        settings, secrets = _store_code_and_token(settings, taken, digests, args.token_lifetime)
+        # Spark reads one properties file: the one it would have read comes along, under ours.
+        props = {**properties_layer(submit, os.environ, spark_submit), **secrets} if secrets \
+            else None
     except BlobError as exc:
         log.error("%s", " ".join(str(exc).split()))
         return exc.exit_code
@@ -308,7 +313,7 @@ def submit_main(argv: list[str]) -> int:
     # Our interpreter only where the executors run on this machine (see interpreter_env):
     # PYSPARK_PYTHON travels to every executor, and other nodes lack this path.
     env.update(interpreter_env(submit, conf, env, sys.executable))
-    extra = list(secrets_conf)
+    extra: list[str] = []
     if taken is not None:
         rest = list(taken.args)
         extra += code_confs(submit, conf, env, hook_path(submit, conf, env))
@@ -318,22 +323,45 @@ def submit_main(argv: list[str]) -> int:
             # would have let it; they are not served to anyone.
             env["PYTHONPATH"] = os.pathsep.join(
                 [driver_path, *([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])])
-    command = build_submit_command(settings, spark_submit, insert_options(rest, extra))
-    log.info("running %s", shlex.join([*command[:1], "(blobha --conf ...)", *rest]))
+    submit_args = insert_options(rest, extra)
+    with contextlib.ExitStack() as stack:
+        if props is not None:
+            path = stack.enter_context(_private_properties(props))
+            submit_args = with_properties_file(submit_args, path, secrets)
+            rest = with_properties_file(rest, path, secrets)
+        command = build_submit_command(settings, spark_submit, submit_args)
+        log.info("running %s", shlex.join([*command[:1], "(blobha --conf ...)", *rest]))
+        try:
+            return _run(command, env)
+        except OSError as exc:
+            log.error("cannot run %s: %s", spark_submit, exc.strerror or exc)
+            return 1
+
+
+@contextlib.contextmanager
+def _private_properties(entries: Mapping[str, str]) -> Iterator[str]:
+    """A properties file of ``entries``, mode 600 in a directory of its own (0700), for as
+    long as spark-submit runs: removed when it exits, fails or is interrupted. (A launcher
+    killed outright leaves it in the temporary directory, readable by this account only.)"""
+    import shutil
+    import tempfile
+
+    directory = tempfile.mkdtemp(prefix="blobha-submit-")  # mode 0700
     try:
-        return _run(command, env)
-    except OSError as exc:
-        log.error("cannot run %s: %s", spark_submit, exc.strerror or exc)
-        return 1
+        path = os.path.join(directory, "spark-submit.properties")
+        write_properties(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), entries)
+        yield path
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 def _store_code_and_token(
     settings: SparkBlobSettings, taken: TakenCode | None, digests: Mapping[str, FileDigests],
     lifetime: float,
-) -> tuple[SparkBlobSettings, list[str]]:
+) -> tuple[SparkBlobSettings, dict[str, str]]:
     """Upload the code that is not stored yet; with a user token, obtain the executors' job
     token for exactly the job's keys; wait for their replication. The settings with the code
-    map, and the secret confs."""
+    map, and the secret conf entries (none without a job token)."""
     from blobha.client import Client
     from blobha.core.auth import is_job_token, job_token_id
     from blobha.wire.credentials import Credentials
@@ -344,12 +372,12 @@ def _store_code_and_token(
         if taken is not None:
             specs = upload_code(c, c.user, taken.files, digests)
             settings = settings.replace(code=tuple(specs))
-        confs: list[str] = []
+        confs: dict[str, str] = {}
         token = creds.token()
         if token and not is_job_token(token):
             job = c.issue_job_token(settings.all_keys, max(1, int(lifetime)))
             log.info("job token %s for %d key(s)", job_token_id(job.token), len(settings.all_keys))
-            confs += secret_confs(job.token, creds.ca)
+            confs = secret_properties(job.token, creds.ca)
         report = wait_for_replication(settings.all_keys, settings.min_replication,
                                       settings.max_wait_secs, on_timeout=settings.on_timeout,
                                       client=c)

@@ -9,7 +9,7 @@ import importlib.util
 import os
 import re
 import shutil
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
@@ -25,9 +25,12 @@ __all__ = [
     "find_spark_submit",
     "interpreter_env",
     "is_local_master",
+    "properties_layer",
     "pyspark_submit_path",
     "read_properties",
     "scan_submit_args",
+    "with_properties_file",
+    "write_properties",
 ]
 
 CONF_PYTHON = "spark.pyspark.python"
@@ -249,6 +252,72 @@ def read_properties(path: str | Path) -> dict[str, str]:
         assert m is not None  # the pattern matches any line
         out[_unescape(m.group(1))] = _unescape(m.group(2)).strip()
     return out
+
+
+def _escape(text: str, key: bool) -> str:
+    out: list[str] = []
+    for i, c in enumerate(text):
+        if c == "\\":
+            out.append("\\\\")
+        elif c in "\n\r\t\f":
+            out.append("\\" + "nrtf"["\n\r\t\f".index(c)])
+        elif ord(c) < 0x20 or ord(c) == 0x7F:
+            out.append(f"\\u{ord(c):04x}")
+        elif (key and c in "=: #!") or (c == " " and i == 0):
+            out.append("\\" + c)
+        else:
+            out.append(c)
+    return "".join(out)
+
+
+def write_properties(fd: int, entries: Mapping[str, str]) -> None:
+    """``entries`` as a Java properties file, read back by :func:`read_properties` and by
+    Spark (UTF-8) as they are, written to the open file ``fd``, which is closed."""
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        for key, value in entries.items():
+            f.write(f"{_escape(key, True)}={_escape(value, False)}\n")
+
+
+def properties_layer(
+    submit: SubmitArgs, env: Mapping[str, str], spark_submit: str
+) -> dict[str, str]:
+    """The entries of the one properties file spark-submit reads: ``--properties-file``,
+    else ``spark-defaults.conf`` (which a ``--properties-file`` replaces, so a file given in
+    its stead must carry them)."""
+    if submit.properties_file is not None:
+        return read_properties(submit.properties_file)
+    default = default_properties_file(env, spark_submit)
+    return read_properties(default) if default is not None else {}
+
+
+def with_properties_file(args: Sequence[str], path: str, keys: Iterable[str]) -> list[str]:
+    """spark-submit's ``args`` reading the properties file ``path`` instead of any the user
+    named, without their ``--conf`` settings of ``keys`` (a ``--conf`` would win over the
+    file, as the launcher's own ``--conf`` used to win over the user's)."""
+    ours = frozenset(keys)
+    out: list[str] = []
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if not arg.startswith("-"):
+            out.append("--properties-file")
+            out.append(path)
+            out.extend(args[i:])  # the application and its own arguments
+            return out
+        name, eq, inline = arg.partition("=")
+        if eq and name.startswith("--"):
+            value: str | None = inline
+            step = 1
+        elif arg in _CONF_FLAGS or arg in TAKES_VALUE:
+            name, value, step = arg, (args[i + 1] if i + 1 < len(args) else None), 2
+        else:
+            name, value, step = arg, None, 1
+        dropped = name == "--properties-file" or (
+            name in _CONF_FLAGS and value is not None and value.partition("=")[0] in ours)
+        if not dropped:
+            out.extend(args[i : i + step])
+        i += step
+    return [*out, "--properties-file", path]
 
 
 def effective_conf(

@@ -379,7 +379,7 @@ class PeerPlanRequest(_message.Message):
     def __init__(self, key: _Optional[str] = ..., version: _Optional[int] = ..., peer_address: _Optional[str] = ..., complete: _Optional[bool] = ..., min_version: _Optional[_Union[MinVersion, _Mapping]] = ..., view: _Optional[_Union[ReadView, str]] = ...) -> None: ...
 
 class PeerPlanResponse(_message.Message):
-    __slots__ = ("version", "size", "digest", "created_at", "chunk_size", "chunk_digests", "replicas", "peers", "version_key", "grant_user", "grant_expires", "grant_mac", "ordinal", "chunk_sha256")
+    __slots__ = ("version", "size", "digest", "created_at", "chunk_size", "chunk_digests", "replicas", "peers", "serve_key", "grant_user", "grant_expires", "ordinal", "chunk_sha256", "grant_requester", "peer_grants")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     SIZE_FIELD_NUMBER: _ClassVar[int]
     DIGEST_FIELD_NUMBER: _ClassVar[int]
@@ -388,12 +388,13 @@ class PeerPlanResponse(_message.Message):
     CHUNK_DIGESTS_FIELD_NUMBER: _ClassVar[int]
     REPLICAS_FIELD_NUMBER: _ClassVar[int]
     PEERS_FIELD_NUMBER: _ClassVar[int]
-    VERSION_KEY_FIELD_NUMBER: _ClassVar[int]
+    SERVE_KEY_FIELD_NUMBER: _ClassVar[int]
     GRANT_USER_FIELD_NUMBER: _ClassVar[int]
     GRANT_EXPIRES_FIELD_NUMBER: _ClassVar[int]
-    GRANT_MAC_FIELD_NUMBER: _ClassVar[int]
     ORDINAL_FIELD_NUMBER: _ClassVar[int]
     CHUNK_SHA256_FIELD_NUMBER: _ClassVar[int]
+    GRANT_REQUESTER_FIELD_NUMBER: _ClassVar[int]
+    PEER_GRANTS_FIELD_NUMBER: _ClassVar[int]
     version: int
     size: int
     digest: str
@@ -402,13 +403,22 @@ class PeerPlanResponse(_message.Message):
     chunk_digests: _containers.RepeatedScalarFieldContainer[str]
     replicas: _containers.RepeatedScalarFieldContainer[str]
     peers: _containers.RepeatedScalarFieldContainer[str]
-    version_key: bytes
+    serve_key: bytes
     grant_user: str
     grant_expires: float
-    grant_mac: str
     ordinal: int
     chunk_sha256: _containers.RepeatedScalarFieldContainer[bytes]
-    def __init__(self, version: _Optional[int] = ..., size: _Optional[int] = ..., digest: _Optional[str] = ..., created_at: _Optional[float] = ..., chunk_size: _Optional[int] = ..., chunk_digests: _Optional[_Iterable[str]] = ..., replicas: _Optional[_Iterable[str]] = ..., peers: _Optional[_Iterable[str]] = ..., version_key: _Optional[bytes] = ..., grant_user: _Optional[str] = ..., grant_expires: _Optional[float] = ..., grant_mac: _Optional[str] = ..., ordinal: _Optional[int] = ..., chunk_sha256: _Optional[_Iterable[bytes]] = ...) -> None: ...
+    grant_requester: str
+    peer_grants: _containers.RepeatedCompositeFieldContainer[PeerGrant]
+    def __init__(self, version: _Optional[int] = ..., size: _Optional[int] = ..., digest: _Optional[str] = ..., created_at: _Optional[float] = ..., chunk_size: _Optional[int] = ..., chunk_digests: _Optional[_Iterable[str]] = ..., replicas: _Optional[_Iterable[str]] = ..., peers: _Optional[_Iterable[str]] = ..., serve_key: _Optional[bytes] = ..., grant_user: _Optional[str] = ..., grant_expires: _Optional[float] = ..., ordinal: _Optional[int] = ..., chunk_sha256: _Optional[_Iterable[bytes]] = ..., grant_requester: _Optional[str] = ..., peer_grants: _Optional[_Iterable[_Union[PeerGrant, _Mapping]]] = ...) -> None: ...
+
+class PeerGrant(_message.Message):
+    __slots__ = ("address", "mac")
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    MAC_FIELD_NUMBER: _ClassVar[int]
+    address: str
+    mac: str
+    def __init__(self, address: _Optional[str] = ..., mac: _Optional[str] = ...) -> None: ...
 
 class WaitForReplicationRequest(_message.Message):
     __slots__ = ("keys", "min_replication", "timeout_secs")

@@ -135,13 +135,16 @@ def peer_plan_to_pb(plan: PeerPlan) -> pb.PeerPlanResponse:
     return pb.PeerPlanResponse(
         version=plan.version, size=plan.size, digest=plan.digest, created_at=plan.created_at,
         chunk_size=plan.chunk_size, chunk_digests=list(plan.chunk_digests),
-        replicas=list(plan.replicas), peers=list(plan.peers), version_key=plan.version_key,
-        grant_user=plan.grant_user, grant_expires=plan.grant_expires, grant_mac=plan.grant_mac,
-        ordinal=plan.ordinal, chunk_sha256=list(plan.chunk_sha256))
+        replicas=list(plan.replicas), peers=list(plan.peers), serve_key=plan.serve_key,
+        grant_user=plan.grant_user, grant_expires=plan.grant_expires,
+        ordinal=plan.ordinal, chunk_sha256=list(plan.chunk_sha256),
+        grant_requester=plan.grant_requester,
+        peer_grants=[pb.PeerGrant(address=a, mac=m) for a, m in plan.peer_grants])
 
 
 def peer_plan_from_pb(key: str, m: pb.PeerPlanResponse) -> PeerPlan:
     return PeerPlan(key, m.version, m.size, m.digest, m.created_at, m.chunk_size,
                     tuple(m.chunk_digests), tuple(m.replicas), tuple(m.peers),
-                    bytes(m.version_key), m.grant_user, m.grant_expires, m.grant_mac, m.ordinal,
-                    tuple(bytes(d) for d in m.chunk_sha256))
+                    bytes(m.serve_key), m.grant_user, m.grant_expires, m.ordinal,
+                    tuple(bytes(d) for d in m.chunk_sha256), m.grant_requester,
+                    tuple((g.address, g.mac) for g in m.peer_grants))

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import ssl
+import stat
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -36,6 +37,10 @@ ENV_TOKEN_FILE = "BLOBHA_TOKEN_FILE"
 #: "1" (or true, yes, on): refuse to talk to a cluster without TLS.
 ENV_REQUIRE_TLS = "BLOBHA_REQUIRE_TLS"
 _TRUE = frozenset({"1", "true", "yes", "on"})
+#: Permission bits a private key or token file may not have, as ssh judges its keys: the
+#: token is a bearer credential in clear, as much a secret as the key; whoever may change the
+#: file can swap in a token of their own.
+SECRET_MODE_MASK = 0o077
 
 # (ca, cert, key) -> (the files' stamp, the data channel's TLS made from them): a context
 # loads its files once, not per transfer.
@@ -87,6 +92,10 @@ class Credentials:
                            ("token file", self.token_file)):
             if path and not os.access(path, os.R_OK):
                 raise InvalidArgument(f"cannot read the {what} {path!r}")
+        for option, path in (("--tls-key (BLOBHA_KEY)", self.key),
+                             ("--token-file (BLOBHA_TOKEN_FILE)", self.token_file)):
+            if path:
+                refuse_exposed(path, option)
         if self.token_file or self.bearer is not None:
             self.token()
         return self
@@ -171,3 +180,22 @@ class Credentials:
             except OSError:
                 out.append(-1.0)
         return tuple(out)
+
+
+def refuse_exposed(path: str, option: str) -> None:
+    """Raise InvalidArgument if the secret file ``path`` (given as ``option``) is open to
+    other accounts, as ssh refuses an unprotected private key.
+
+    Like ssh, only a file of this account is judged: one that another account (root, a
+    provisioning tool, a Kubernetes secret mounted 0440 for a group) shares with us on purpose
+    is theirs to decide, and we could not chmod it anyway."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return  # reading it reports that better
+    mode = stat.S_IMODE(st.st_mode)
+    if st.st_uid != os.geteuid() or not mode & SECRET_MODE_MASK:
+        return
+    raise InvalidArgument(
+        f"{option} {path} is open to other accounts (mode {mode:04o}); run 'chmod 600 {path}'"
+        " and try again")

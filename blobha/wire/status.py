@@ -136,13 +136,17 @@ class PeerPlan:
     replicas: tuple[str, ...]
     #: host:port of caches that hold or fetch the version (never the caller).
     peers: tuple[str, ...]
-    #: The key grants for this version verify under (blobha.core.grants.version_key).
-    version_key: bytes
+    #: The key the caller's cache checks grants under when it serves this version at the
+    #: address it announced (blobha.core.grants.serve_key); empty when it announced none.
+    serve_key: bytes
     grant_user: str
     grant_expires: float
-    grant_mac: str
     #: Caches that announced the version to this master before the caller (see the proto).
     ordinal: int = 0
     #: SHA-256 of each chunk, from the masters' own bytes: what a piece from a peer must match
     #: (the xxh3 ``chunk_digests`` can be forged on purpose). Empty from an older master.
     chunk_sha256: tuple[bytes, ...] = ()
+    #: The host the grants are bound to (the address the master saw the plan's call from).
+    grant_requester: str = ""
+    #: (peer address, grant MAC) for the peers the caller may ask, each under that peer's key.
+    peer_grants: tuple[tuple[str, str], ...] = ()

@@ -47,6 +47,7 @@ from kazoo.protocol.states import EVENT_TYPE_MAP, Callback, WatchedEvent, ZnodeS
 from kazoo.retry import KazooRetry
 
 from blobha.zk.lockdown import ZkCredentials
+from blobha.zk.tls import ZkTls
 
 log = logging.getLogger("blobha.zkclient")
 
@@ -83,9 +84,15 @@ def poll_select(rlist: Sequence[Any], wlist: Sequence[Any], xlist: Sequence[Any]
     poller = select.poll()
     for fd, events in wanted.items():
         poller.register(fd, events)
+    # A TLS socket may hold decrypted bytes its descriptor no longer shows (a second reply
+    # read along with the first): it is ready now, whatever poll says.
+    buffered = [obj for obj in rlist if not isinstance(obj, int)
+                and getattr(obj, "pending", None) is not None and obj.pending() > 0]
+    if buffered:
+        timeout = 0
     # Rounded up: a wait shorter than a millisecond must not become a busy loop.
     ready = dict(poller.poll(None if timeout is None else math.ceil(timeout * 1000)))
-    readable = [obj for obj in rlist if ready.get(_fd(obj), 0) & ~_WRITE]
+    readable = [obj for obj in rlist if ready.get(_fd(obj), 0) & ~_WRITE or obj in buffered]
     writable = [obj for obj in wlist if ready.get(_fd(obj), 0) & ~_READ]
     return readable, writable, []
 
@@ -323,10 +330,11 @@ __all__ = ["UNREACHABLE", "PollHandler", "ReadResult", "add_recursive_watch", "p
            "read_many_async"]
 
 
-def master_client(hosts: str, timeout: float, credentials: ZkCredentials | None) -> KazooClient:
-    """A master's ZooKeeper client. It reconnects forever, but never lets kazoo retry an
-    *operation* across sessions: a leader write must not land on a fresh session after
-    leadership was lost (ha-rule 3)."""
+def master_client(hosts: str, timeout: float, credentials: ZkCredentials | None,
+                  tls: ZkTls | None = None) -> KazooClient:
+    """A master's ZooKeeper client, over TLS with ``tls``. It reconnects forever, but never
+    lets kazoo retry an *operation* across sessions: a leader write must not land on a fresh
+    session after leadership was lost (ha-rule 3)."""
     return KazooClient(
         hosts=hosts,
         timeout=timeout,
@@ -334,4 +342,5 @@ def master_client(hosts: str, timeout: float, credentials: ZkCredentials | None)
         command_retry=KazooRetry(max_tries=0, ignore_expire=False),
         handler=PollHandler(),
         **(credentials.kazoo_args() if credentials else {}),
+        **(tls.kazoo_args() if tls else {}),
     )

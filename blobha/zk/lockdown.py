@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import os
-import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,7 +22,9 @@ from kazoo.exceptions import NoAuthError, NoNodeError
 from kazoo.security import ACL, make_digest_acl
 
 from blobha.core.auth import new_cluster_secret
+from blobha.core.secretfiles import ExposedSecretFile, refuse_exposed
 from blobha.zk.layout import MASTER_SECRET
+from blobha.zk.tls import ZkTls, start_explained
 
 log = logging.getLogger("blobha.zkauth")
 
@@ -43,8 +44,12 @@ class ZkCredentials:
     def from_file(cls, path: str | os.PathLike[str]) -> ZkCredentials:
         p = Path(path)
         try:
+            # Refused, not warned about: whoever reads it can do anything to blobha's znodes.
+            refuse_exposed(os.fspath(path), "zookeeper.auth.file")
+        except ExposedSecretFile as e:
+            raise ZooKeeperAuthError(str(e)) from None
+        try:
             text = p.read_text().strip()
-            mode = p.stat().st_mode
         except OSError as e:
             raise ZooKeeperAuthError(
                 f"cannot read zookeeper.auth.file {os.fspath(path)!r}: {e.strerror}"
@@ -54,9 +59,6 @@ class ZkCredentials:
             raise ZooKeeperAuthError(
                 f"zookeeper.auth.file {os.fspath(path)!r} must hold one 'user:password' line"
             )
-        if mode & (stat.S_IRWXG | stat.S_IRWXO):
-            log.warning("zookeeper.auth.file %s is readable by others than its owner; chmod 600"
-                        " it", path)
         return cls(user, password)
 
     @property
@@ -104,12 +106,14 @@ def lock_down(zk: KazooClient, path: str, wanted: list[ACL]) -> int:
 
 
 def ensure_locked_chroot(servers: str, chroot: str, creds: ZkCredentials | None,
-                         timeout: float) -> None:
+                         timeout: float, tls: ZkTls | None = None) -> None:
     """Create the chroot if missing; with credentials, lock the tree below it (migrating an
-    open tree once). Without credentials, fail clearly if the tree is already locked."""
-    kwargs = creds.kazoo_args() if creds else {}
+    open tree once). Without credentials, fail clearly if the tree is already locked. A TLS
+    mismatch with the server (``tls``) raises :class:`blobha.zk.tls.ZooKeeperTlsError`."""
+    kwargs = {**(creds.kazoo_args() if creds else {}), **(tls.kazoo_args() if tls else {})}
     root = KazooClient(hosts=servers, timeout=timeout, **kwargs)
-    root.start(timeout=timeout)
+    # The first connection of a master's start: where a TLS mismatch shows, and is explained.
+    start_explained(root, servers, tls, timeout)
     try:
         try:
             root.ensure_path(chroot)

@@ -127,7 +127,8 @@ def master_metadata(cluster: LocalCluster) -> tuple[tuple[str, str], ...]:
     from blobha.core.auth import MASTER_SECRET_METADATA_KEY
     from blobha.zk.layout import MASTER_SECRET
 
-    zk = KazooClient(hosts=cluster.zk.connect_string + "/blobha")
+    tls = cluster.zk.tls.client_args() if cluster.zk.tls is not None else {}
+    zk = KazooClient(hosts=cluster.zk.connect_string + "/blobha", **tls)
     zk.start()
     try:
         secret = zk.get(MASTER_SECRET)[0].decode()

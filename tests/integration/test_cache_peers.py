@@ -25,6 +25,7 @@ from blobha.core.digest import digest_bytes
 from blobha.core.errors import NotAuthorized
 from blobha.core.grants import Grant, make_grant
 from blobha.ops.localcluster import LocalCluster
+from blobha.wire.status import PeerPlan
 
 pytestmark = pytest.mark.integration
 
@@ -38,9 +39,17 @@ def _peer(cluster: LocalCluster, key: str, path: Path, server_cls: type[PeerServ
     server = server_cls(PeerSettings(), "127.0.0.1")
     with client_for(cluster, "alice") as alice:
         plan = alice.peer_plan(key, 0, server.address, complete=True)
-    server.offer(Served(key, plan.version, plan.size, plan.chunk_size, plan.version_key,
+    server.offer(Served(key, plan.version, plan.size, plan.chunk_size, plan.serve_key,
                         path, None))
     return server
+
+
+def _grant_for(plan: PeerPlan, peer: str) -> Grant:
+    """The plan's grant for asking ``peer``."""
+    macs = dict(plan.peer_grants)
+    assert peer in macs, (peer, plan.peers)
+    return Grant(plan.grant_user, plan.key, plan.version, plan.grant_expires,
+                 plan.grant_requester, macs[peer])
 
 
 def _good_peer(cluster: LocalCluster, key: str, data: bytes, tmp_path: Path) -> PeerServer:
@@ -130,7 +139,7 @@ _PEER_PROCESS = textwrap.dedent("""
     server = Telling(PeerSettings(upload_bytes_per_sec=1024 * 1024), "127.0.0.1")
     with Client(cluster, user="alice", timeout=30) as alice:
         plan = alice.peer_plan(key, 0, server.address, complete=True)
-    server.offer(Served(key, plan.version, plan.size, plan.chunk_size, plan.version_key,
+    server.offer(Served(key, plan.version, plan.size, plan.chunk_size, plan.serve_key,
                         Path(path), None))
     print("ready", flush=True)
     sys.stdin.read()
@@ -188,19 +197,22 @@ def test_no_piece_without_read_or_a_valid_grant(cluster: LocalCluster, tmp_path:
         assert sum(s.served_bytes for s in peer.served()) == 0
         with client_for(cluster, "alice") as alice:
             plan = alice.peer_plan(key, 0)
+            # The key the peer checks grants under (its holder's, for its address).
+            peer_key = alice.peer_plan(key, 0, peer.address, complete=True).serve_key
+        real = _grant_for(plan, peer.address)
+        assert real.requester == "127.0.0.1"  # the host the master saw the plan asked from
         # A grant bob made up, and alice's grant presented as bob's: refused.
-        forged = Grant("bob", key, plan.version, plan.grant_expires, "00" * 32)
+        forged = Grant("bob", key, plan.version, plan.grant_expires, "127.0.0.1", "00" * 32)
         answer = _ask(peer, key, plan.version, forged)
         assert (answer.status, answer.reason) == (wire.REFUSED,
                                                   "grant refused: the grant does not verify")
-        stolen = Grant("bob", key, plan.version, plan.grant_expires, plan.grant_mac)
+        stolen = Grant("bob", key, plan.version, plan.grant_expires, real.requester, real.mac)
         assert _ask(peer, key, plan.version, stolen).status == wire.REFUSED
         # A grant past its lifetime, made under the right key: refused as expired.
-        expired = make_grant(plan.version_key, "alice", key, plan.version, 1)
+        expired = make_grant(peer_key, "alice", key, plan.version, 1, "127.0.0.1")
         answer = _ask(peer, key, plan.version, expired)
         assert answer.status == wire.REFUSED and "expired" in answer.reason
         # The real grant gets the piece.
-        real = Grant(plan.grant_user, key, plan.version, plan.grant_expires, plan.grant_mac)
         answer = _ask(peer, key, plan.version, real)
         assert answer.status == wire.OK and answer.size == MiB
         assert peer.refusals == 3
@@ -234,15 +246,24 @@ def test_a_later_process_serves_the_versions_it_finds_installed(
     try:
         assert hit.stdout is not None
         address = hit.stdout.readline().strip()
-        with client_for(cluster, "alice") as alice:
-            plan = alice.peer_plan(key, 0)
         host, port = address.rsplit(":", 1)
-        grant = Grant(plan.grant_user, key, plan.version, plan.grant_expires, plan.grant_mac)
-        with socket.create_connection((host, int(port)), timeout=5) as conn:
-            conn.sendall(wire.Request(key, plan.version, 2, grant).encode())
-            answer = wire.read_answer(conn)
-            assert answer.status == wire.OK and answer.have == "all"
-            assert wire.recv_exact(conn, answer.size) == data[2 * MiB:3 * MiB]
+
+        def piece() -> bytes | None:
+            # Named in plans, and serving, once its announcement brought its key.
+            with client_for(cluster, "alice") as alice:
+                plan = alice.peer_plan(key, 0)
+            if address not in dict(plan.peer_grants):
+                return None
+            with socket.create_connection((host, int(port)), timeout=5) as conn:
+                conn.sendall(wire.Request(key, plan.version, 2,
+                                          _grant_for(plan, address)).encode())
+                answer = wire.read_answer(conn)
+                if answer.status != wire.OK:
+                    return None
+                assert answer.have == "all"
+                return wire.recv_exact(conn, answer.size)
+
+        assert wait_until(piece, 20, "the later process serving") == data[2 * MiB:3 * MiB]
     finally:
         hit.kill()
         hit.wait(10)

@@ -27,7 +27,7 @@ def _holding(alice: Client, key: str, data: bytes, peer: PeerServer, tmp_path: P
     plan = alice.peer_plan(key, 0, peer.address, complete=True)
     held = tmp_path / "held"
     held.write_bytes(data)
-    peer.offer(Served(key, plan.version, plan.size, plan.chunk_size, plan.version_key, held,
+    peer.offer(Served(key, plan.version, plan.size, plan.chunk_size, plan.serve_key, held,
                       None))
 
 

@@ -199,6 +199,7 @@ def test_the_cli_issues_and_revokes_job_tokens(secure: LocalCluster, tmp_path: P
     assert out["keys"] == KEYS and out["user"] == "alice" and out["token"].startswith("bjt1.")
     assert out["token_id"] == split_job_token(out["token"])[0]
     (tmp_path / "job.token").write_text(out["token"] + "\n")
+    (tmp_path / "job.token").chmod(0o600)  # the client refuses one other accounts can read
     as_job = [sys.executable, "-m", "blobha", "--cluster", secure.cluster, "--ca",
               creds.ca or "", "--token-file", str(tmp_path / "job.token")]
     r = subprocess.run([*as_job, "cat", "jt-a"], capture_output=True, timeout=60, env=env,

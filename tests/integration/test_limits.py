@@ -18,6 +18,7 @@ from blobha import InvalidArgument, KeyNotFound, NotAuthorized, ResourceExhauste
 from blobha.client import Client
 from blobha.core.digest import digest_bytes
 from blobha.core.errors import REFUSED_METADATA_KEY
+from blobha.master.edge.gatekeeper import client_call_threads, wait_call_threads
 from blobha.ops.localcluster import LocalCluster
 from blobha.v1 import blobha_pb2 as pb
 
@@ -180,13 +181,14 @@ def test_a_user_holding_too_many_unfinished_uploads_is_refused_and_others_are_no
 
 def test_users_calls_cannot_take_every_thread_of_a_master(tmp_path: Path) -> None:
     # Long calls (replication waits, here, each from another user) could take every call thread
-    # of a master. Users' calls together may take only some of them: beyond that they are
-    # refused at once as busy, and the client retries; the rest stay for the other masters'
-    # replication and for status checks, so the master still answers one (a client that gets
-    # none gives up on the master as paused). A waiting caller that goes away gives its
-    # thread back.
+    # of a master. They may take only some of the threads open to users: beyond that they are
+    # refused at once as busy, and the client retries; the rest stay for users' other calls,
+    # the other masters' replication and status checks, so the master still answers one (a
+    # client that gets none gives up on the master as paused). A waiting caller that goes away
+    # gives its thread back.
     threads = 8
-    users_share = threads - 2  # blobha.master.edge.gatekeeper.client_call_threads
+    waits_share = wait_call_threads(threads)
+    assert waits_share < client_call_threads(threads)
     cluster = make_cluster(tmp_path / "c", nodes=2, **{"master.rpc.threads": threads})
     cluster.start()
     try:
@@ -197,28 +199,30 @@ def test_users_calls_cannot_take_every_thread_of_a_master(tmp_path: Path) -> Non
             # Replication 3 on a cluster of two: each waits its whole 600 s.
             request = pb.WaitForReplicationRequest(keys=["held"], min_replication=3,
                                                    timeout_secs=600)
+            probe = pb.WaitForReplicationRequest(keys=["held"], min_replication=3,
+                                                 timeout_secs=0)
             waits: list[Any] = []
             try:
 
-                def users_share_taken() -> bool:
+                def waits_share_taken() -> bool:
                     # Until the share is full, a wait refused because another call briefly
                     # held a slot is sent again.
                     waits[:] = [w for w in waits if not w.done()]
-                    while len(waits) < users_share:
+                    while len(waits) < waits_share:
                         waits.append(master.WaitForReplication.future(
                             request, timeout=900, metadata=md(f"waiter-{len(waits)}")))
                     try:
-                        master.GetMeta(pb.GetMetaRequest(key="held"), timeout=5,
-                                       metadata=md("alice"))
+                        master.WaitForReplication(probe, timeout=5, metadata=md("alice"))
                     except grpc.RpcError as e:
                         assert e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, e
-                        assert "master.rpc.threads" in (e.details() or ""), e
+                        assert "waits and upload streams hold all" in (e.details() or ""), e
                         return True
                     return False
 
-                wait_until(users_share_taken, timeout=30,
-                           what="a user's call refused at once as busy")
-                # The master still answers a status check.
+                wait_until(waits_share_taken, timeout=30,
+                           what="a user's wait refused at once as busy")
+                # Users' other calls, and status checks, are still answered.
+                master.GetMeta(pb.GetMetaRequest(key="held"), timeout=5, metadata=md("alice"))
                 assert master.NodeStatus(pb.NodeStatusRequest(), timeout=5,
                                          metadata=md("alice")).address == leader.address
                 pauses: list[float] = []

@@ -1,5 +1,5 @@
-"""PeerPlan against a real cluster: READ checked, peers announced and named, grants that
-verify under the plan's version key."""
+"""PeerPlan against a real cluster: READ checked, peers announced and named, a grant per peer
+that verifies under that peer's own key only."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from conftest import client_for as client
 
 from blobha.core.digest import chunk_digest
 from blobha.core.errors import NotAuthorized
-from blobha.core.grants import Grant, check_grant
+from blobha.core.grants import Grant, GrantRefused, check_grant
 from blobha.ops.localcluster import LocalCluster
 
 pytestmark = pytest.mark.integration
@@ -27,10 +27,17 @@ def test_a_plan_names_peers_and_carries_a_grant(cluster: LocalCluster) -> None:
         second = alice.peer_plan("plan-key", peer_address="10.0.0.2:7000", complete=True)
         assert second.peers == ("10.0.0.1:7000",)
         assert alice.peer_plan("plan-key").peers != ()
+        # A grant for the one peer it names, under that peer's own key, bound to the host
+        # the master saw the call from.
+        assert [p for p, _ in second.peer_grants] == ["10.0.0.1:7000"]
         grant = Grant(second.grant_user, "plan-key", second.version, second.grant_expires,
-                      second.grant_mac)
-        assert grant.user == "alice"
-        check_grant(first.version_key, grant, "plan-key", second.version)
+                      second.grant_requester, second.peer_grants[0][1])
+        assert grant.user == "alice" and grant.requester == "127.0.0.1"
+        check_grant(first.serve_key, grant, "plan-key", second.version, "127.0.0.1")
+        # The caller's own key is for its own address: it verifies no grant for another.
+        with pytest.raises(GrantRefused, match="does not verify"):
+            check_grant(second.serve_key, grant, "plan-key", second.version, "127.0.0.1")
+        assert alice.peer_plan("plan-key").serve_key == b""  # no address: nothing to serve
         with pytest.raises(NotAuthorized):
             bob.peer_plan("plan-key", peer_address="10.0.0.3:7000")
         # bob announced nothing: refused before it was recorded.

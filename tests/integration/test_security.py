@@ -299,6 +299,7 @@ def test_no_token_and_wrong_tokens_are_unauthenticated(secure: LocalCluster,
     for name, token in cases.items():
         path = tmp_path / f"{name}.token"
         path.write_text(token + "\n")
+        path.chmod(0o600)  # the client refuses a token file other accounts can read
         with Client(secure.cluster, timeout=5,
                     credentials=Credentials(ca=ca, token_file=str(path))) as c:
             with pytest.raises(Unauthenticated, match="token was refused"):
@@ -321,6 +322,7 @@ def test_a_write_without_a_valid_token_fails_at_once(secure: LocalCluster,
     ca = secure.credentials().ca
     wrong = tmp_path / "wrong.token"
     wrong.write_text("alice:" + "A" * 43 + "\n")
+    wrong.chmod(0o600)  # a token file open to others is refused before anything is sent
     timeout = 60.0
     for credentials, reason in ((Credentials(ca=ca), "no token given"),
                                 (Credentials(ca=ca, token_file=str(wrong)), "token was refused")):
@@ -451,8 +453,12 @@ def test_zookeeper_refuses_forged_writes_on_every_blobha_path(secure: LocalClust
         alice.create("zk-target", b"x", acl="u:alice:rwa", replication_factor=3)
         alice.wait_for_replication(["zk-target"], min_replication=3, timeout=20)
     user, password = (secure.secure_dir / "zookeeper.auth").read_text().strip().split(":", 1)
+    # ZooKeeper serves TLS only, and wants a client certificate from the cluster's CA: these
+    # clients (the intruders below too) hold one, as another application of that CA would.
+    assert secure.zk.tls is not None
+    tls = secure.zk.tls.client_args()
     masters = KazooClient(hosts=secure.zk.connect_string,
-                          auth_data=[("digest", f"{user}:{password}")])
+                          auth_data=[("digest", f"{user}:{password}")], **tls)
     masters.start(timeout=15)
     try:
         paths = _blobha_paths(masters)
@@ -470,7 +476,7 @@ def test_zookeeper_refuses_forged_writes_on_every_blobha_path(secure: LocalClust
     assert any(p.startswith("/blobha/masters/") for p in paths)
     for auth_data in (None, [("digest", f"{user}:wrong-password")]):
         label = "unauthenticated" if auth_data is None else "wrong password"
-        intruder = KazooClient(hosts=secure.zk.connect_string, auth_data=auth_data)
+        intruder = KazooClient(hosts=secure.zk.connect_string, auth_data=auth_data, **tls)
         intruder.start(timeout=15)
         try:
             zk = intruder

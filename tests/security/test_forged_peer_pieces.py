@@ -56,7 +56,7 @@ def test_a_reader_serving_forged_pieces_is_caught_and_the_true_bytes_installed(
         assert [chunk_digest(forged[i:i + plan.chunk_size])
                 for i in range(0, SIZE, plan.chunk_size)] == list(plan.chunk_digests)
         (tmp_path / "forged").write_bytes(forged)
-        liar.offer(Served(key, plan.version, plan.size, plan.chunk_size, plan.version_key,
+        liar.offer(Served(key, plan.version, plan.size, plan.chunk_size, plan.serve_key,
                           tmp_path / "forged", None))
 
         bad_before = Totals.bad_pieces

@@ -267,7 +267,7 @@ def test_idle_connections_do_not_stop_a_requester_of_the_peer_server(tmp_path: P
         # threads for: none sends a request.
         for _ in range(64):
             idle.append(socket.create_connection((host, int(port)), timeout=5))
-        grant = make_grant(vkey, "alice", KEY, VERSION, time.time() + 60)
+        grant = make_grant(vkey, "alice", KEY, VERSION, time.time() + 60, "127.0.0.1")
 
         def served_now() -> bool:
             return _ask(server.address, KEY, VERSION, 1, grant).status == wire.OK
@@ -284,16 +284,18 @@ def test_the_peer_server_tells_nothing_to_a_request_without_a_valid_grant(
     server = PeerServer(PeerSettings(), "127.0.0.1")
     try:
         server.offer(_served(tmp_path, vkey))
-        forged = make_grant(os.urandom(32), "mallory", KEY, VERSION, time.time() + 60)
+        forged = make_grant(os.urandom(32), "mallory", KEY, VERSION, time.time() + 60,
+                            "127.0.0.1")
         guesses = [(KEY, VERSION), (KEY, VERSION + 1), ("another-key", 1)]
         for key, version in guesses:
-            grant = make_grant(os.urandom(32), "mallory", key, version, time.time() + 60)
+            grant = make_grant(os.urandom(32), "mallory", key, version, time.time() + 60,
+                               "127.0.0.1")
             answer = _ask(server.address, key, version, 0, grant)
             # Held or not, the same answer: no grant, nothing learnt.
             assert (answer.status, answer.have) == (wire.REFUSED, ""), (key, version, answer)
         answer = _ask(server.address, KEY, VERSION, 0, forged)
         assert answer.status == wire.REFUSED
-        good = make_grant(vkey, "alice", KEY, VERSION, time.time() + 60)
+        good = make_grant(vkey, "alice", KEY, VERSION, time.time() + 60, "127.0.0.1")
         assert _ask(server.address, KEY, VERSION, 0, good).status == wire.OK
     finally:
         server.stop()

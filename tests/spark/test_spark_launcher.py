@@ -281,6 +281,7 @@ def test_a_token_names_the_user_when_none_is_given(
 
     token_file = tmp_path / "alice.token"
     token_file.write_text(new_token("alice") + "\n")
+    token_file.chmod(0o600)  # the client refuses a token file other accounts can read
     monkeypatch.setenv("BLOBHA_TOKEN_FILE", str(token_file))
     monkeypatch.delenv("BLOBHA_USER", raising=False)
     monkeypatch.setenv("SPARK_USER", "someone-else")
@@ -305,6 +306,7 @@ def test_the_driver_side_prepare_names_the_user_the_same_way(
     assert spark_driver.job_user(lambda: "spark-user") == "spark-user"
     token_file = tmp_path / "alice.token"
     token_file.write_text(new_token("alice") + "\n")
+    token_file.chmod(0o600)  # the client refuses a token file other accounts can read
     monkeypatch.setenv("BLOBHA_TOKEN_FILE", str(token_file))
     assert spark_driver.job_user(lambda: "spark-user") == "alice"
     monkeypatch.setenv("BLOBHA_USER", "bob")

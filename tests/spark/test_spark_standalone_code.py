@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from blobha_spark_helpers import env_archive, job_files, require_spark
+from blobha_spark_helpers import CommandLineWatch, env_archive, job_files, require_spark
 from clusters import running_cluster
 from standalone import StandaloneSpark, master_downloads
 from waiting import wait_until
@@ -51,6 +51,25 @@ from pyspark.sql import SparkSession
 import jobhelper  # client mode: the driver imports the py-files as plain spark-submit allows
 
 LEAKED = json.load(open(sys.argv[2]))  # read on the driver; the tasks get it in their closure
+
+def exposed():
+    """Every process on this machine whose command line shows a job token (shown by its id
+    only), and how many executor JVMs there are: read while this task runs, so with the
+    executors, their Python workers, the driver and spark-submit all alive."""
+    hits, executors = [], 0
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                line = f.read().replace(b"\\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if "bjt1." in line:
+            # bjt1.ID.SECRET shown as bjt1.ID.<secret> (22 characters make "bjt1.ID.")
+            hits.append(pid + ": " + " ".join(
+                w[:w.index("bjt1.") + 22] + "<secret>" if "bjt1." in w else w
+                for w in line.split()))
+        executors += "CoarseGrainedExecutorBackend" in line
+    return hits, executors
 
 def task(i):
     import jobhelper
@@ -89,7 +108,9 @@ def task(i):
                 refusals[what] = ""
             except BlobError as e:
                 refusals[what] = type(e).__name__ + ": " + str(e)
+    shown, executors = exposed()
     return {
+        "exposed": shown, "executors": executors,
         "value": jobhelper.triple(i) * factor + sum(values) + side,
         "home": os.environ.get("HOME", ""),
         "module": os.path.realpath(jobhelper.__file__.split(".zip")[0] + ".zip"),
@@ -204,8 +225,16 @@ def test_job_code_and_side_file_reach_each_node_once_with_a_job_token(
         secure: LocalCluster, spark: StandaloneSpark, tmp_path: Path) -> None:
     files = job_files(tmp_path / "job", JOB)
     leaked = _expired_and_revoked_tokens(secure, tmp_path / "leaked.json")
-    first, printed = _submit(secure, spark, files["job"], _code_args(files),
-                             tmp_path / "first", (leaked,))
+    with CommandLineWatch() as watch:
+        first, printed = _submit(secure, spark, files["job"], _code_args(files),
+                                 tmp_path / "first", (leaked,))
+    # No job token on any command line of the machine (what every account reads in ps): not
+    # spark-submit's, the driver's, nor the executors' or their Python workers', read from a
+    # thread here all along the launch and from inside each task, with all of them alive.
+    assert watch.exposed == {}, watch.exposed
+    assert watch.seen == set(watch.markers) and watch.scans > 10, (watch.seen, watch.scans)
+    for row in first["rows"]:
+        assert row["exposed"] == [] and row["executors"] >= 2, row
 
     # 3*i*10 + (1+2+3) + 100: from the zip, the file, the archive and the side blob.
     assert sorted(r["value"] for r in first["rows"]) == [30 * i + 106 for i in range(8)]

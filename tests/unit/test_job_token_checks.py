@@ -422,7 +422,7 @@ def test_the_gatekeeper_enforces_the_scope() -> None:
                         max_calls_per_client=8, threads=16)
     ctx = _Context(_bearer(JOB))
     assert keeper._admit("GetMeta", ctx, pb.GetMetaRequest(key="job-a")) == "alice"
-    keeper._release("alice")
+    keeper._release("alice", "GetMeta")
     with pytest.raises(_Refused, match=r"PERMISSION_DENIED.*does not grant access to .x."):
         keeper._admit("GetMeta", ctx, pb.GetMetaRequest(key="x"))
     with pytest.raises(_Refused, match=r"PERMISSION_DENIED.*Delete is refused"):
@@ -438,6 +438,7 @@ def test_the_gatekeeper_enforces_the_scope() -> None:
 def test_credentials_carry_a_job_token_from_a_file_or_directly(tmp_path: Path) -> None:
     token, _ = new_job_token()
     (tmp_path / "job.token").write_text(token + "\n")
+    (tmp_path / "job.token").chmod(0o600)  # the client refuses one other accounts can read
     from_file = Credentials(token_file=str(tmp_path / "job.token")).check()
     direct = Credentials(bearer=token).check()
     for creds in (from_file, direct):

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import stat
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -406,3 +408,120 @@ def test_a_bad_time_string_is_a_usage_error(
     assert status == 2
     assert "argument --max-wait: 'soon': expected a duration such as" in capsys.readouterr().err
 
+
+
+# --------------------------------------------------------------------------------------------
+# Secrets in a private properties file, never on spark-submit's command line
+# --------------------------------------------------------------------------------------------
+
+PEM = "-----BEGIN CERTIFICATE-----\nMIIB+zCCAaGg\nAwIBAgIU==\n-----END CERTIFICATE-----\n"
+
+
+def test_properties_are_written_as_java_and_spark_read_them(tmp_path: Path) -> None:
+    entries = {
+        "spark.executorEnv.BLOBHA_CA_PEM": PEM.strip(),  # Spark trims values: so do we
+        "key = with: all#the!specials": " leading space, = : # ! \\ back\\slash",
+        "spark.unicode": "été ✓",
+        "spark.controls": "a\tb\rc\fd\x01e",
+        "spark.empty": "",
+        "#not a comment": "!nor this",
+    }
+    path = tmp_path / "out.properties"
+    submitconf.write_properties(
+        os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), entries)
+    assert submitconf.read_properties(path) == {
+        **entries, "key = with: all#the!specials": entries["key = with: all#the!specials"].strip()}
+    assert path.read_text(encoding="utf-8").count("\n") == len(entries)  # one line each
+
+
+def test_the_properties_file_replaces_the_users_and_takes_the_secret_confs_out() -> None:
+    secret = ["spark.executorEnv.BLOBHA_JOB_TOKEN"]
+    args = ["--master", "yarn", "--properties-file", "theirs.conf", "-c", "a=1",
+            "--conf", "spark.executorEnv.BLOBHA_JOB_TOKEN=bjt1.theirs", "--verbose",
+            "--properties-file=also.conf", "--conf=spark.executorEnv.BLOBHA_JOB_TOKEN=x",
+            "job.py", "--properties-file", "the job's own argument"]
+    assert submitconf.with_properties_file(args, "/p/ours", secret) == [
+        "--master", "yarn", "-c", "a=1", "--verbose", "--properties-file", "/p/ours",
+        "job.py", "--properties-file", "the job's own argument"]
+    assert submitconf.with_properties_file(["--class", "Main"], "/p", secret) == [
+        "--class", "Main", "--properties-file", "/p"]
+
+
+@pytest.fixture
+def token_launch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Launch:
+    """A launch whose launcher obtained a job token (and the cluster uses TLS); its fake
+    spark-submit records, while it runs, the properties file it was given and its modes."""
+    launch = Launch(tmp_path, monkeypatch)
+    launch.script.write_text(
+        f"#!{sys.executable}\n"
+        "import json, os, stat, sys\n"
+        "argv = sys.argv[1:]\n"
+        "path = argv[argv.index('--properties-file') + 1]\n"
+        "mode = lambda p: stat.S_IMODE(os.stat(p).st_mode)\n"
+        f"json.dump({{'argv': argv, 'env': dict(os.environ), 'path': path,\n"
+        "           'text': open(path, encoding='utf-8').read(), 'mode': mode(path),\n"
+        "           'dir_mode': mode(os.path.dirname(path))},\n"
+        f"          open({str(launch.record)!r}, 'w'))\n"
+        "sys.exit(int(os.environ.get('FAKE_SUBMIT_STATUS', '0')))\n")
+
+    def store(settings: SparkBlobSettings, *args: Any) -> Any:
+        return settings, {"spark.blobha.job.token": "bjt1.0123456789abcdef.s3cr3t",
+                          "spark.executorEnv.BLOBHA_JOB_TOKEN": "bjt1.0123456789abcdef.s3cr3t",
+                          "spark.executorEnv.BLOBHA_CA_PEM": PEM.strip()}
+
+    monkeypatch.setattr(spark_submit, "_store_code_and_token", store)
+    return launch
+
+
+def test_the_job_token_and_ca_go_in_a_private_properties_file_removed_after(
+    token_launch: Launch, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    conf_dir = tmp_path / "conf"
+    conf_dir.mkdir()
+    (conf_dir / "spark-defaults.conf").write_text(
+        "spark.eventLog.enabled true\nspark.executorEnv.BLOBHA_JOB_TOKEN old\n")
+    monkeypatch.setenv("SPARK_CONF_DIR", str(conf_dir))
+    got = token_launch("--blob", "geo", "--", "--master", "yarn", "job.py")
+    assert not any("bjt1." in a or "BEGIN CERTIFICATE" in a for a in got["argv"]), got["argv"]
+    assert "bjt1." not in json.dumps(got["env"])
+    # The file spark-submit reads instead of spark-defaults.conf carries it: theirs, then ours.
+    props = got["text"]
+    assert props.index("spark.eventLog.enabled") < props.index("BLOBHA_JOB_TOKEN")
+    written = tmp_path / "seen.properties"
+    written.write_text(props, encoding="utf-8")
+    assert submitconf.read_properties(written) == {
+        "spark.eventLog.enabled": "true",
+        "spark.blobha.job.token": "bjt1.0123456789abcdef.s3cr3t",
+        "spark.executorEnv.BLOBHA_JOB_TOKEN": "bjt1.0123456789abcdef.s3cr3t",
+        "spark.executorEnv.BLOBHA_CA_PEM": PEM.strip()}
+    assert (got["mode"], got["dir_mode"]) == (0o600, 0o700)
+    assert not Path(got["path"]).parent.exists()  # gone with spark-submit
+
+    # A --properties-file of the user's replaces spark-defaults.conf: its entries come along.
+    theirs = tmp_path / "theirs.conf"
+    theirs.write_text("spark.theirs x\n")
+    got = token_launch("--blob", "geo", "--", "--properties-file", str(theirs), "job.py")
+    assert str(theirs) not in got["argv"] and got["argv"].count("--properties-file") == 1
+    assert got["text"].startswith("spark.theirs=x\n") and "eventLog" not in got["text"]
+
+    # Removed when spark-submit fails, and when it cannot even start.
+    monkeypatch.setenv("FAKE_SUBMIT_STATUS", "3")
+    status = spark_submit.submit_main([
+        "--cluster", "127.0.0.1:1", "--user", "bob", "--spark-submit",
+        str(token_launch.script), "--blob", "geo", "--", "job.py"])
+    assert status == 3
+    assert not Path(json.loads(token_launch.record.read_text())["path"]).parent.exists()
+    made: list[str] = []
+    real = spark_submit._private_properties
+
+    def spy(entries: Any) -> Any:
+        made.append("called")
+        return real(entries)
+
+    monkeypatch.setattr(spark_submit, "_private_properties", spy)
+    before = set(Path(tempfile.gettempdir()).glob("blobha-submit-*"))
+    status = spark_submit.submit_main([
+        "--cluster", "127.0.0.1:1", "--user", "bob", "--spark-submit",
+        str(tmp_path / "no-such-spark-submit"), "--blob", "geo", "--", "job.py"])
+    assert status == 1 and made
+    assert set(Path(tempfile.gettempdir()).glob("blobha-submit-*")) == before

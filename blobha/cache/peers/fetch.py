@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from blobha.client import BlobInfo, Client, ProgressCallback
     from blobha.wire.status import PeerPlan
 
-__all__ = ["FetchFailed", "PeerFetch", "Totals"]
+__all__ = ["FetchFailed", "PeerFetch", "Totals", "piece_deadline"]
 
 log = logging.getLogger("blobha.cache.peers")
 
@@ -37,8 +37,22 @@ log = logging.getLogger("blobha.cache.peers")
 #: a second.
 REPLAN_SECS = 2.0
 FIRST_REPLAN_SECS = 0.25
-#: Seconds to connect to a peer, and for each of its answers.
+#: Seconds to connect to a peer.
 PEER_TIMEOUT = 5.0
+#: A piece from a peer must arrive whole within PIECE_BASE_SECS plus its size at
+#: PIECE_MIN_BYTES_PER_SEC (:func:`piece_deadline`; 9 s for 1 MiB), else it is fetched
+#: elsewhere and the peer counts a failure: a peer that sends a byte now and then cannot hold
+#: a piece for longer. The base covers connecting, the TLS handshake and the peer's wait for
+#: its upload limit before it answers; the rate is far below any link peers are worth using
+#: over (100 Mbit/s shared by a peer's 8 connections is 1.5 MB/s each), so an honest peer
+#: misses it only when a replica would serve the piece sooner anyway.
+PIECE_BASE_SECS = 5.0
+PIECE_MIN_BYTES_PER_SEC = 256 * 1024
+
+
+def piece_deadline(size: int) -> float:
+    """Seconds a piece of ``size`` bytes from a peer may take, from asking to the last byte."""
+    return PIECE_BASE_SECS + size / PIECE_MIN_BYTES_PER_SEC
 
 
 class Totals:
@@ -86,11 +100,12 @@ class PeerFetch:
             self.sched.drop(liar)
         #: Peers that served a piece failing its SHA-256 in this download.
         self.liars: set[str] = set()
-        if use_peers:
-            self.sched.add_peers(list(plan.peers))
         self.cond = threading.Condition()
         self.error: BaseException | None = None
-        self.grant = self._grant(plan)
+        #: The grant for each peer, made for this node under that peer's key (re-plans bring
+        #: new ones, and renew them).
+        self.grants: dict[str, Grant] = {}
+        self._take_grants(plan)
         self.served: Served | None = None
         self._idle: dict[str, list[socket.socket]] = {}
         self._progress = progress
@@ -98,10 +113,14 @@ class PeerFetch:
         #: Bytes of this download that peers served (checked and stored).
         self.peer_bytes = 0
 
-    @staticmethod
-    def _grant(plan: PeerPlan) -> Grant:
-        return Grant(plan.grant_user, plan.key, plan.version, plan.grant_expires,
-                     plan.grant_mac)
+    def _take_grants(self, plan: PeerPlan) -> None:
+        """The plan's grants, and its peers that have one (a peer is asked only with its own
+        grant: no other would verify)."""
+        for peer, mac in plan.peer_grants:
+            self.grants[peer] = Grant(plan.grant_user, self.key, plan.version,
+                                      plan.grant_expires, plan.grant_requester, mac)
+        if self.use_peers:
+            self.sched.add_peers([p for p in plan.peers if p in self.grants])
 
     def _digest_ok(self, piece: int, data: bytes | bytearray, from_peer: bool) -> bool:
         if from_peer:
@@ -120,7 +139,7 @@ class PeerFetch:
             f.truncate(plan.size)
         if self.server is not None:
             self.served = self.server.offer(Served(
-                self.key, plan.version, plan.size, plan.chunk_size, plan.version_key,
+                self.key, plan.version, plan.size, plan.chunk_size, plan.serve_key,
                 self.target))
         self._fd = os.open(self.target, os.O_RDWR)
         try:
@@ -173,10 +192,10 @@ class PeerFetch:
                 log.debug("re-planning %r failed: %s", self.key, e)
                 continue
             with self.cond:
-                if self.use_peers:
-                    self.sched.add_peers(list(plan.peers))
+                self._take_grants(plan)
                 self.sched.set_masters(list(plan.replicas))
-                self.grant = self._grant(plan)
+                if self.served is not None and plan.serve_key:
+                    self.served.serve_key = plan.serve_key  # another after a rotated secret
                 self.cond.notify_all()
 
     def _master_cap(self, now: float) -> int:
@@ -272,6 +291,14 @@ class PeerFetch:
 
     def _from_peer(self, a: Assignment) -> None:
         peer, piece = a.source, a.pieces[0]
+        # For the whole piece, connecting included: the time a trickle of bytes can hold it.
+        deadline = time.monotonic() + piece_deadline(self._piece_len(piece))
+        with self.cond:
+            grant = self.grants.get(peer)
+        if grant is None:  # not a peer a plan gave a grant for: nothing it would accept
+            with self.cond:
+                self.sched.drop(peer)
+            return
         try:
             conn = self._connect(peer)
         except (OSError, ssl.SSLError) as e:
@@ -281,8 +308,9 @@ class PeerFetch:
             return
         keep = False
         try:
-            conn.sendall(wire.Request(self.key, self.plan.version, piece, self.grant).encode())
-            answer = wire.read_answer(conn)
+            conn.settimeout(max(0.01, min(PEER_TIMEOUT, deadline - time.monotonic())))
+            conn.sendall(wire.Request(self.key, self.plan.version, piece, grant).encode())
+            answer = wire.read_answer(conn, deadline)
             have = wire.decode_have(answer.have, self.pieces) if answer.have else None
             if have is not None:
                 with self.cond:
@@ -290,7 +318,7 @@ class PeerFetch:
             if answer.status == wire.OK:
                 if answer.size != self._piece_len(piece):
                     raise wire.PeerProtocolError(f"a piece of {answer.size} bytes")
-                data = wire.recv_buffer(conn, answer.size)
+                data = wire.recv_by(conn, answer.size, deadline)
                 if data is None:
                     raise wire.PeerProtocolError("the peer closed mid-piece")
                 if not self.check(piece, data, True):
@@ -318,6 +346,12 @@ class PeerFetch:
                             answer.reason, wire.NAMES.get(answer.status, answer.status))
                 with self.cond:
                     self.sched.drop(peer)
+        except wire.TooSlow as e:
+            log.info("peer %s missed the deadline of piece %d of %r (%.1f s: %s); fetching"
+                     " it elsewhere", peer, piece, self.key,
+                     piece_deadline(self._piece_len(piece)), e)
+            with self.cond:
+                self.sched.failed(peer, bad_piece=False)
         except (OSError, ssl.SSLError, wire.PeerProtocolError) as e:
             log.info("peer %s failed piece %d of %r: %s; fetching it elsewhere", peer, piece,
                      self.key, e)

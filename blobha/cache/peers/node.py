@@ -112,7 +112,7 @@ class PeerNode:
         if served is None or self.server is None:
             return
         self.server.offer(Served(served.key, served.version, served.size, served.chunk_size,
-                                 served.version_key, path, None))
+                                 served.serve_key, path, None))
         self.used(served.key, served.version, client)
         self._wake.set()
 
@@ -135,9 +135,13 @@ class PeerNode:
                         self._held.pop((key, version), None)
                     continue
                 try:
-                    client.peer_plan(key, version, self.address, True)
+                    plan = client.peer_plan(key, version, self.address, True)
                 except (BlobError, ValueError) as e:  # ValueError: a closed client
                     log.debug("announcing %r v%d failed: %s", key, version, e)
+                    continue
+                # The key for this process's address: the first for a version found
+                # installed (none before), a new one after the cluster secret was rotated.
+                self.server.rekey(key, version, plan.serve_key)
 
 
 def distrusted_peers() -> set[str]:
@@ -150,7 +154,8 @@ def distrusted_peers() -> set[str]:
 def serve_installed(settings: PeerSettings, client: Client, key: str, version: int,
                     version_dir: Path, path: Path) -> None:
     """A version this process found installed (a cache hit): served to peers too when it
-    came through peers (its meta.json keeps the version key), and announced."""
+    came through peers (its meta.json says so), and announced: the announcement brings the
+    key grants are checked under, for this process's address; until then all are refused."""
     made = node(settings, client)
     if made is None or made.server is None:
         return
@@ -161,8 +166,8 @@ def serve_installed(settings: PeerSettings, client: Client, key: str, version: i
     try:
         record = json.loads((version_dir / "meta.json").read_bytes())
         peer = record["peer"]
-        served = Served(key, version, int(record["size"]), int(peer["chunk_size"]),
-                        bytes.fromhex(peer["version_key"]), path, None)
+        served = Served(key, version, int(record["size"]), int(peer["chunk_size"]), b"",
+                        path, None)
     except (OSError, ValueError, KeyError, TypeError):
         return  # installed by a plain download, or by an older release: nothing to serve
     made.installed(served, path, client)

@@ -1,6 +1,7 @@
 """The piece server of a node cache: one per process, serving 1 MiB pieces of the versions it
 holds whole and of the one it downloads (pieces written and verified), to requesters with a
-grant that verifies under the version's key. Limited in connections and bytes per second.
+grant made under this process's key for the version (blobha.core.grants.serve_key), for
+requests from the host the connection comes from. Limited in connections and bytes per second.
 
 A connection gets a thread only once its first bytes have come (until then it waits, with
 others, in the accepting thread's selector, for a few seconds at most), threads are capped, and
@@ -22,7 +23,7 @@ from pathlib import Path
 
 from blobha.cache.peers import wire
 from blobha.cache.peers.settings import PeerSettings
-from blobha.core.grants import GrantRefused, check_grant
+from blobha.core.grants import NOT_VERIFIED, GrantRefused, check_grant, host_key
 from blobha.wire.accepting import Doorway
 
 __all__ = ["PeerServer", "Served", "advertised_host"]
@@ -34,7 +35,7 @@ IO_TIMEOUT = 30.0
 #: Seconds from a connection's accept to its first request (and TLS handshake) read whole.
 FIRST_REQUEST_SECS = 5.0
 #: The one answer to a grant that does not verify, and to a request for a version not served.
-_NO_GRANT = "grant refused: the grant does not verify"
+_NO_GRANT = f"grant refused: {NOT_VERIFIED}"
 
 
 @dataclass
@@ -45,7 +46,10 @@ class Served:
     version: int
     size: int
     chunk_size: int
-    version_key: bytes
+    #: The key grants for this version are checked under: this process's, for the address it
+    #: announced (blobha.core.grants.serve_key); b"" until a master gave it, refusing all.
+    #: Replaced when a plan brings another (the cluster secret was rotated).
+    serve_key: bytes
     path: Path
     have: set[int] | None = field(default_factory=set)
     #: Bytes this process served of it.
@@ -127,6 +131,14 @@ class PeerServer:
             if served.have is not None:
                 served.have.add(piece)
 
+    def rekey(self, key: str, version: int, serve_key: bytes) -> None:
+        """Check grants for ``key`` v``version`` under ``serve_key`` from now on (a plan brought
+        it: the first for a version found installed, another after a rotated secret)."""
+        with self._lock:
+            served = self._versions.get((key, version))
+            if served is not None and serve_key:
+                served.serve_key = serve_key
+
     def served(self) -> list[Served]:
         with self._lock:
             return list(self._versions.values())
@@ -184,21 +196,23 @@ class PeerServer:
             self._threads.release()
 
     def _granted(self, conn: socket.socket, request: wire.Request) -> Served | None:
-        """What ``request`` asks for, if its grant verifies; else REFUSED is sent and None
-        returned. A version not served has no key to check a grant under: refused too, in the
-        same words, so that a requester without a grant learns nothing of what is held."""
+        """What ``request`` asks for, if its grant verifies and is for the host the connection
+        comes from; else REFUSED is sent and None returned. A version not served has no key
+        to check a grant under: refused too, in the same words, so that a requester without a
+        grant learns nothing of what is held."""
         with self._lock:
             served = self._versions.get((request.key, request.version))
         try:
             if served is None:
                 raise GrantRefused("not served")
-            check_grant(served.version_key, request.grant, request.key, request.version)
+            check_grant(served.serve_key, request.grant, request.key, request.version,
+                        host_key(str(conn.getpeername()[0])))
         except GrantRefused as e:
             self.refusals += 1
             log.debug("peer request for %r v%d refused: %s", request.key, request.version, e)
-            # An expiry is told only when the grant verified: its holder had it from a master.
-            why = str(e) if str(e).startswith("the grant expired") else ""
-            wire.send_answer(conn, wire.REFUSED, "", f"grant refused: {why}" if why else _NO_GRANT)
+            # Why is told only when the grant verified: its holder had it from a master.
+            wire.send_answer(conn, wire.REFUSED, "",
+                             f"grant refused: {e}" if e.told else _NO_GRANT)
             return None
         return served
 

@@ -3,14 +3,19 @@
 ::
 
     requester -> peer   MAGIC, header length (4 bytes, big-endian), JSON header:
-                        {"key", "version", "piece", "grant": {"user", "expires", "mac"}}
+                        {"key", "version", "piece",
+                         "grant": {"user", "expires", "requester", "mac"}}
     peer -> requester   status (1 byte), header length (4 bytes), JSON header
                         {"have": base64 bitmap of the pieces it holds, or "all";
                          "reason": why not, when not OK; "size": bytes that follow}
                         then, when OK, exactly "size" bytes: the piece
 
-The requester checks every piece against the version's chunk digest; the peer checks the
-grant (blobha.core.grants) under the version's key. A refusal closes the connection."""
+The requester checks every piece against the version's SHA-256 from the plan, and reads each
+answer and piece by a deadline (:func:`recv_by`); the peer checks the grant
+(blobha.core.grants) under its own key, and that it is for the host the connection comes
+from. A refusal closes the connection. MAGIC names the version of the request: BHP1 grants
+(one key per version, no requester) are refused by BHP2 peers and the other way round, as a
+request that is not a blobha peer's, so a mixed fleet fetches from the masters."""
 
 from __future__ import annotations
 
@@ -18,6 +23,7 @@ import base64
 import json
 import socket
 import struct
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,10 +31,10 @@ from blobha.core.grants import Grant
 from blobha.wire.dataplane import recv_buffer, recv_exact
 
 __all__ = ["BAD_REQUEST", "BUSY", "MAGIC", "NOT_HELD", "OK", "REFUSED", "Answer", "Request",
-           "decode_have", "encode_have", "read_request", "recv_buffer", "recv_exact",
-           "send_answer"]
+           "TooSlow", "decode_have", "encode_have", "read_answer", "read_request", "recv_buffer",
+           "recv_by", "recv_exact", "send_answer"]
 
-MAGIC = b"BHP1"
+MAGIC = b"BHP2"
 OK, REFUSED, NOT_HELD, BUSY, BAD_REQUEST = 0, 1, 2, 3, 4
 NAMES = {OK: "ok", REFUSED: "refused", NOT_HELD: "not held", BUSY: "busy",
          BAD_REQUEST: "bad request"}
@@ -41,6 +47,32 @@ class PeerProtocolError(Exception):
     """The other end broke the protocol (or is not a blobha peer)."""
 
 
+class TooSlow(PeerProtocolError):
+    """The other end did not send what was asked by its deadline."""
+
+
+def recv_by(conn: socket.socket, n: int, deadline: float) -> bytearray | None:
+    """``n`` bytes by ``deadline`` (time.monotonic()), however they trickle in: each read may
+    wait only for what is left of the time, so a byte now and then cannot stretch it. None if
+    the other end closed first; :class:`TooSlow` at the deadline."""
+    buf = bytearray(n)
+    view = memoryview(buf)
+    got = 0
+    while got < n:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TooSlow(f"{got} of {n} bytes by the deadline")
+        conn.settimeout(left)
+        try:
+            k = conn.recv_into(view[got:], n - got)
+        except TimeoutError:
+            raise TooSlow(f"{got} of {n} bytes by the deadline") from None
+        if not k:
+            return None
+        got += k
+    return buf
+
+
 @dataclass(frozen=True)
 class Request:
     key: str
@@ -51,8 +83,8 @@ class Request:
     def encode(self) -> bytes:
         g = self.grant
         head = json.dumps({"key": self.key, "version": self.version, "piece": self.piece,
-                           "grant": {"user": g.user, "expires": g.expires, "mac": g.mac}}
-                          ).encode()
+                           "grant": {"user": g.user, "expires": g.expires,
+                                     "requester": g.requester, "mac": g.mac}}).encode()
         return MAGIC + _LEN.pack(len(head)) + head
 
 
@@ -80,8 +112,10 @@ def read_request(conn: socket.socket) -> Request | None:
     try:
         d: Any = json.loads(raw)
         g = d["grant"]
+        # The expiry as sent (NaN and infinities included): check_grant refuses what has no
+        # one text, with the same answer as any grant that does not verify.
         grant = Grant(str(g["user"]), str(d["key"]), int(d["version"]), float(g["expires"]),
-                      str(g["mac"]))
+                      str(g["requester"]), str(g["mac"]))
         return Request(str(d["key"]), int(d["version"]), int(d["piece"]), grant)
     except (ValueError, KeyError, TypeError) as e:
         raise PeerProtocolError(f"a malformed request: {e}") from None
@@ -93,14 +127,19 @@ def send_answer(conn: socket.socket, status: int, have: str, reason: str = "",
     conn.sendall(bytes([status]) + _LEN.pack(len(head)) + head)
 
 
-def read_answer(conn: socket.socket) -> Answer:
-    head = recv_exact(conn, 1 + _LEN.size)
+def read_answer(conn: socket.socket, deadline: float | None = None) -> Answer:
+    """The peer's answer; with ``deadline`` (time.monotonic()), read by then (:func:`recv_by`)
+    or :class:`TooSlow`."""
+    def take(n: int) -> bytes | bytearray | None:
+        return recv_exact(conn, n) if deadline is None else recv_by(conn, n, deadline)
+
+    head = take(1 + _LEN.size)
     if head is None:
         raise PeerProtocolError("the peer closed the connection")
     (n,) = _LEN.unpack(head[1:])
     if n > MAX_HEADER:
         raise PeerProtocolError(f"an answer header of {n} bytes")
-    raw = recv_exact(conn, n)
+    raw = take(n)
     if raw is None:
         raise PeerProtocolError("the peer closed the connection")
     try:

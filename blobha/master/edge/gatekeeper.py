@@ -101,8 +101,9 @@ _LONG_WAITS = frozenset({"WaitForReplication", "AppendUpload"})
 
 
 def wait_calls_per_user(max_calls_per_client: int) -> int:
-    """Long waits one user may hold at once: a quarter of the calls a user may hold."""
-    return max(1, max_calls_per_client // 4)
+    """Long calls one user may hold at once: a quarter of the calls a user may hold, and at
+    least three (a launcher waits for its blobs while it uploads its code), within the cap."""
+    return max(min(max_calls_per_client, 3), max_calls_per_client // 4)
 
 
 def wait_call_threads(threads: int) -> int:
@@ -225,8 +226,8 @@ class Gatekeeper(grpc.ServerInterceptor):  # type: ignore[type-arg]
             elif method in _LONG_WAITS and self._waiting.get(user, 0) >= self.max_waits:
                 refusal = (f"user {user!r} already has {self.max_waits} waits for replication"
                            " or upload streams in progress on this master (a quarter of"
-                           " master.max.calls.per.client); wait for some to finish, or wait"
-                           " for several keys in one call")
+                           " master.max.calls.per.client, at least 3); wait for some to finish,"
+                           " or wait for several keys in one call")
             elif method in _LONG_WAITS and self._all_waiting >= self.max_all_waits:
                 refusal = (f"this master is busy: users' waits and upload streams hold all"
                            f" {self.max_all_waits} of the call threads open to them; retry")

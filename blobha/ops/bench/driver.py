@@ -20,6 +20,7 @@ from kazoo.client import KazooClient
 
 from blobha.client import Client
 from blobha.ops.bench.options import USER, ZK_NODE_BYTES
+from blobha.ops.zkserver import tls_client_args
 from blobha.wire.credentials import Credentials
 
 C = TypeVar("C")
@@ -167,7 +168,9 @@ def client_driver(cluster: str, op: Callable[[Client, int], object],
 
 
 def zk_open(connect: str) -> KazooClient:
-    zk = KazooClient(hosts=connect)
+    # A local TLS cluster's ZooKeeper serves TLS only: its baselines go over TLS, as the
+    # masters' requests do.
+    zk = KazooClient(hosts=connect, **tls_client_args(connect))
     zk.start(timeout=15)
     return zk
 

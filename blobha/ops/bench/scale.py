@@ -14,7 +14,6 @@ from blobha.ops.bench.driver import zk_close, zk_open
 from blobha.ops.bench.options import CATCHUP_TIMEOUT, CHROOT, CONCURRENT_CLIENTS, SCALE_BLOB
 from blobha.ops.bench.report import Log
 from blobha.ops.localcluster import LocalCluster, MasterProcess
-from blobha.ops.zkserver import four_letter_word
 from blobha.zk.layout import BLOBSTORE
 
 
@@ -73,7 +72,7 @@ def _fill_and_measure(bench: Bench, lc: LocalCluster, zk: KazooClient, target: i
                   " last create")
 
     # 3. Memory.
-    zk_stats = parse_mntr(four_letter_word(lc.zk.host, lc.zk.port, "mntr"))
+    zk_stats = parse_mntr(lc.zk.command("mntr"))
     znodes = int(zk_stats["zk_znode_count"])
     zk_bytes_per_znode = int(zk_stats["zk_approximate_data_size"]) / max(znodes, 1)
     added = max(keys - before_keys, 1)
@@ -87,7 +86,7 @@ def _fill_and_measure(bench: Bench, lc: LocalCluster, zk: KazooClient, target: i
                   "zk_data_bytes_per_znode", zk_bytes_per_znode)
 
     # 4. ZooKeeper load.
-    wchs = four_letter_word(lc.zk.host, lc.zk.port, "wchs")
+    wchs = lc.zk.command("wchs")
     bench.add("scale_zk_watches", parse_wchs(wchs), "watches", "zk_znodes", znodes)
     bench.add("scale_zk_znodes", znodes, "znodes", "keys", keys)
 

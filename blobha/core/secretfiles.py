@@ -1,0 +1,37 @@
+"""Start-time checks of the modes of a master's secret files, as ssh checks its keys: a file
+other accounts can read (or change) is refused, with the ``chmod`` that fixes it."""
+
+from __future__ import annotations
+
+import os
+import stat
+
+__all__ = ["KEY_MODE_MASK", "TOKEN_FILE_MODE_MASK", "ExposedSecretFile", "refuse_exposed"]
+
+#: Private keys and passwords: no access at all for the group or others.
+KEY_MODE_MASK = 0o077
+#: The token file holds only scrypt hashes, which a group may read (ops sharing it on purpose);
+#: but whoever may change it adds a token of their own, and others may not even read it (the
+#: hashes of short tokens someone chose by hand can be guessed offline).
+TOKEN_FILE_MODE_MASK = 0o027
+
+
+class ExposedSecretFile(ValueError):
+    """A secret file other accounts can reach; the message names it and the fix."""
+
+
+def refuse_exposed(path: str, setting: str, mask: int = KEY_MODE_MASK) -> None:
+    """Raise :class:`ExposedSecretFile` if the file ``path`` (the value of ``setting``) has a
+    permission bit of ``mask``. A file that cannot be examined is left to whoever reads it,
+    which reports that better."""
+    try:
+        mode = stat.S_IMODE(os.stat(path).st_mode)
+    except OSError:
+        return
+    if not mode & mask:
+        return
+    others = "read" if mode & mask & 0o044 else "changed"
+    allowed = " (or 640, to share it with a group)" if not mask & 0o040 else ""
+    raise ExposedSecretFile(
+        f"{setting} {path} can be {others} by other accounts (mode {mode:04o}); run"
+        f" 'chmod 600 {path}'{allowed} and start again")
