@@ -213,7 +213,8 @@ OPTIONS: tuple[Option, ...] = (
         "blobstore.peer.grant.secs",
         300.0,
         "Lifetime of the grants a master hands node caches in their peer plans"
-        " (docs/cache.md, Peer serving): a peer serves a version only against an unexpired one.",
+        " (docs/cache.md, Peer serving): a peer serves a version only against an unexpired one."
+        " At most 600 s is used, and peers refuse a grant ending more than 900 s ahead.",
     ),
     Option(
         "blobstore.peer.holder.secs",

@@ -15,15 +15,16 @@ launcher only, never in a Spark worker.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
 import stat
 import sys
 import urllib.parse
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, BinaryIO, NamedTuple
 
 from blobha.core.digest import CHUNK_SIZE, Digester, digest_stream
 from blobha.core.errors import InvalidArgument, KeyAlreadyExists, KeyNotFound
@@ -210,20 +211,28 @@ def _check_names(files: Iterable[CodeFile]) -> None:
         seen[f.name] = f.path
 
 
-def digest_path(path: str) -> str:
-    """xxh3-128 of a local file's content, the store's own digest; a missing, unreadable or
-    non-regular file is an :class:`InvalidArgument` naming it."""
+@contextlib.contextmanager
+def _regular_file(path: str) -> Iterator[BinaryIO]:
+    """``path`` open for reading; a missing, unreadable or non-regular file is an
+    :class:`InvalidArgument` naming it."""
     try:
         with open(path, "rb") as f:
             if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
                 raise InvalidArgument(f"{path}: not a regular file (a directory? zip it first)")
-            return digest_stream(f)[0]
+            yield f
     except FileNotFoundError:
         raise InvalidArgument(f"{path}: no such file") from None
     except IsADirectoryError:
         raise InvalidArgument(f"{path}: not a regular file (a directory? zip it first)") from None
     except OSError as exc:
         raise InvalidArgument(f"{path}: cannot read it ({exc.strerror or exc})") from None
+
+
+def digest_path(path: str) -> str:
+    """xxh3-128 of a local file's content, the store's own digest; errors as
+    :func:`_regular_file`."""
+    with _regular_file(path) as f:
+        return digest_stream(f)[0]
 
 
 class FileDigests(NamedTuple):
@@ -235,24 +244,15 @@ class FileDigests(NamedTuple):
 
 
 def hash_path(path: str) -> FileDigests:
-    """Both digests of a local file, in one read; errors as :func:`digest_path`."""
+    """Both digests of a local file, in one read; errors as :func:`_regular_file`."""
     import hashlib
 
-    try:
-        with open(path, "rb") as f:
-            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-                raise InvalidArgument(f"{path}: not a regular file (a directory? zip it first)")
-            xxh3, sha = Digester(), hashlib.sha256()
-            while data := f.read(CHUNK_SIZE):
-                xxh3.update(data)
-                sha.update(data)
-            return FileDigests(xxh3.hexdigest(), sha.hexdigest())
-    except FileNotFoundError:
-        raise InvalidArgument(f"{path}: no such file") from None
-    except IsADirectoryError:
-        raise InvalidArgument(f"{path}: not a regular file (a directory? zip it first)") from None
-    except OSError as exc:
-        raise InvalidArgument(f"{path}: cannot read it ({exc.strerror or exc})") from None
+    with _regular_file(path) as f:
+        xxh3, sha = Digester(), hashlib.sha256()
+        while data := f.read(CHUNK_SIZE):
+            xxh3.update(data)
+            sha.update(data)
+        return FileDigests(xxh3.hexdigest(), sha.hexdigest())
 
 
 def check_archive(path: str, name: str) -> None:
