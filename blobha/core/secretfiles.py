@@ -6,7 +6,8 @@ from __future__ import annotations
 import os
 import stat
 
-__all__ = ["KEY_MODE_MASK", "TOKEN_FILE_MODE_MASK", "ExposedSecretFile", "refuse_exposed"]
+__all__ = ["KEY_MODE_MASK", "TOKEN_FILE_MODE_MASK", "ExposedSecretFile", "exposed_mode",
+           "refuse_exposed"]
 
 #: Private keys and passwords: no access at all for the group or others.
 KEY_MODE_MASK = 0o077
@@ -20,15 +21,26 @@ class ExposedSecretFile(ValueError):
     """A secret file other accounts can reach; the message names it and the fix."""
 
 
+def exposed_mode(path: str, mask: int = KEY_MODE_MASK, owner_only: bool = False) -> int | None:
+    """The permission bits of the file ``path`` when it has one of ``mask``; None when it has
+    none, or cannot be examined (whoever reads it reports that better), or, with
+    ``owner_only``, another account owns it (as ssh's client leaves a file shared with it on
+    purpose to its owner)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    mode = stat.S_IMODE(st.st_mode)
+    if not mode & mask or (owner_only and st.st_uid != os.geteuid()):
+        return None
+    return mode
+
+
 def refuse_exposed(path: str, setting: str, mask: int = KEY_MODE_MASK) -> None:
     """Raise :class:`ExposedSecretFile` if the file ``path`` (the value of ``setting``) has a
-    permission bit of ``mask``. A file that cannot be examined is left to whoever reads it,
-    which reports that better."""
-    try:
-        mode = stat.S_IMODE(os.stat(path).st_mode)
-    except OSError:
-        return
-    if not mode & mask:
+    permission bit of ``mask``."""
+    mode = exposed_mode(path, mask)
+    if mode is None:
         return
     others = "read" if mode & mask & 0o044 else "changed"
     allowed = " (or 640, to share it with a group)" if not mask & 0o040 else ""

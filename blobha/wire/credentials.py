@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import ssl
-import stat
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -29,6 +28,7 @@ from blobha.core.auth import (
     split_token,
 )
 from blobha.core.errors import InvalidArgument, Unauthenticated
+from blobha.core.secretfiles import KEY_MODE_MASK, exposed_mode
 
 ENV_CA = "BLOBHA_CA"
 ENV_CERT = "BLOBHA_CERT"
@@ -37,10 +37,6 @@ ENV_TOKEN_FILE = "BLOBHA_TOKEN_FILE"
 #: "1" (or true, yes, on): refuse to talk to a cluster without TLS.
 ENV_REQUIRE_TLS = "BLOBHA_REQUIRE_TLS"
 _TRUE = frozenset({"1", "true", "yes", "on"})
-#: Permission bits a private key or token file may not have, as ssh judges its keys: the
-#: token is a bearer credential in clear, as much a secret as the key; whoever may change the
-#: file can swap in a token of their own.
-SECRET_MODE_MASK = 0o077
 
 # (ca, cert, key) -> (the files' stamp, the data channel's TLS made from them): a context
 # loads its files once, not per transfer.
@@ -189,13 +185,8 @@ def refuse_exposed(path: str, option: str) -> None:
     Like ssh, only a file of this account is judged: one that another account (root, a
     provisioning tool, a Kubernetes secret mounted 0440 for a group) shares with us on purpose
     is theirs to decide, and we could not chmod it anyway."""
-    try:
-        st = os.stat(path)
-    except OSError:
-        return  # reading it reports that better
-    mode = stat.S_IMODE(st.st_mode)
-    if st.st_uid != os.geteuid() or not mode & SECRET_MODE_MASK:
-        return
-    raise InvalidArgument(
-        f"{option} {path} is open to other accounts (mode {mode:04o}); run 'chmod 600 {path}'"
-        " and try again")
+    mode = exposed_mode(path, KEY_MODE_MASK, owner_only=True)
+    if mode is not None:
+        raise InvalidArgument(
+            f"{option} {path} is open to other accounts (mode {mode:04o}); run"
+            f" 'chmod 600 {path}' and try again")
