@@ -4,8 +4,6 @@ service, metrics, the status page and the data channel), started and stopped in 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
-from typing import Any
 
 import grpc
 
@@ -20,34 +18,9 @@ from blobha.master.edge.metrics import MasterMetrics
 from blobha.master.edge.service import add_to_server, new_server, translate_error
 from blobha.master.edge.statuspage import StatusServer
 from blobha.master.facade import Master
-from blobha.master.peerplans import PLAN_CALLER
 from blobha.wire.datatls import ReloadingServerContext
 
 log = logging.getLogger("blobha.master")
-
-
-class PlanCaller(grpc.ServerInterceptor):  # type: ignore[type-arg]
-    """Tells the peer planner the address a PeerPlan call came from
-    (:data:`blobha.master.peerplans.PLAN_CALLER`): the grants in the plan are bound to its
-    host. The innermost interceptor: it runs in the call's own thread, around the handler."""
-
-    def intercept_service(self, continuation: Callable[[Any], Any], details: Any) -> Any:
-        handler = continuation(details)
-        if (handler is None or handler.unary_unary is None
-                or not str(details.method).endswith("/PeerPlan")):
-            return handler
-        behavior = handler.unary_unary
-
-        def run(request: Any, context: grpc.ServicerContext) -> Any:
-            token = PLAN_CALLER.set(context.peer())
-            try:
-                return behavior(request, context)
-            finally:
-                PLAN_CALLER.reset(token)
-
-        return grpc.unary_unary_rpc_method_handler(
-            run, request_deserializer=handler.request_deserializer,
-            response_serializer=handler.response_serializer)
 
 
 class MasterServer:
@@ -93,7 +66,7 @@ class MasterServer:
                                      receive_secs=self.config["master.request.receive.secs"],
                                      metrics=self.metrics.rpc)
         server = new_server(
-            [self.gatekeeper, PlanCaller()],
+            [self.gatekeeper],
             [("grpc.max_concurrent_streams", self.config["master.max.streams.per.connection"])],
             metrics=self.metrics.rpc,
             threads=threads,

@@ -416,8 +416,10 @@ class Master:
         return self.waits.wait_for_replication(user, keys, minimum, timeout, abandoned)
 
     def peer_plan(self, user: str, key: str, version: int, address: str, complete: bool,
-                  minimum: MinVersion | None = None, view: View = View.SESSION) -> PeerPlan:
-        return self.peer_plans.plan(user, key, version, address, complete, minimum, view)
+                  minimum: MinVersion | None = None, view: View = View.SESSION,
+                  caller: str = "") -> PeerPlan:
+        return self.peer_plans.plan(user, key, version, address, complete, minimum, view,
+                                    caller)
 
     def set_meta(
         self, user: str, key: str, acl: list[AccessControl] | None, replication_factor: int,

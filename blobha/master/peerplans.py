@@ -8,7 +8,6 @@ from __future__ import annotations
 import time
 import urllib.parse
 from collections.abc import Callable
-from contextvars import ContextVar
 
 from blobha.core.consistency import MinVersion, View
 from blobha.core.errors import InvalidArgument
@@ -25,7 +24,7 @@ from blobha.master.holders import Holders
 from blobha.master.reads import Reads
 from blobha.wire.status import PeerPlan
 
-__all__ = ["LONGEST_GRANT_SECS", "MAX_PEERS", "PLAN_CALLER", "PeerPlans", "caller_host"]
+__all__ = ["LONGEST_GRANT_SECS", "MAX_PEERS", "PeerPlans", "caller_host"]
 
 #: Peers one plan names at most: enough sources to fill a link, few enough that every peer
 #: of a large fleet is named about as often as the others.
@@ -35,11 +34,6 @@ _MAX_ADDRESS = 300
 #: one ending more than MAX_GRANT_SECS ahead of their clock, and this leaves a peer's clock
 #: GRANT_SECS of room behind the master's.
 LONGEST_GRANT_SECS = MAX_GRANT_SECS - GRANT_SECS
-
-#: The gRPC peer (``ipv4:10.0.0.1:5000``) of the PeerPlan call being answered, set around the
-#: call by the server (blobha.master.assembly): grants are bound to the host it names.
-PLAN_CALLER: ContextVar[str] = ContextVar("blobha_plan_caller", default="")
-
 
 def caller_host(peer: str) -> str:
     """The host of a gRPC peer string as grants name it (blobha.core.grants.host_key); ""
@@ -63,8 +57,9 @@ class PeerPlans:
 
     def plan(self, user: str, key: str, version: int, address: str, complete: bool,
              minimum: MinVersion | None = None, view: View = View.SESSION,
-             caller: str | None = None) -> PeerPlan:
-        """``caller``: the gRPC peer the call came from (default: :data:`PLAN_CALLER`)."""
+             caller: str = "") -> PeerPlan:
+        """``caller``: the gRPC peer the call came from (``ipv4:10.0.0.1:5000``); grants are
+        bound to the host it names ("": none are made)."""
         if len(address) > _MAX_ADDRESS or (address and ":" not in address):
             raise InvalidArgument(f"peer_address must be host:port, not {address[:80]!r}")
         # READ is checked here, as for Download; the version must be held by this master
@@ -83,7 +78,7 @@ class PeerPlans:
         # Bound to the host this master saw the call come from, not to one the caller names:
         # a grant taken elsewhere (a sniffed request, say) is refused by every peer. None
         # when the host is unknown: the caller then fetches from the replicas only.
-        requester = caller_host(PLAN_CALLER.get() if caller is None else caller)
+        requester = caller_host(caller)
         expires = float(int(time.time() + self.grant_secs))
         grants: list[tuple[str, str]] = []
         for p in peers if requester else ():

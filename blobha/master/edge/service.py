@@ -407,7 +407,8 @@ class BlobStoreServicer(pb_grpc.BlobStoreServicer):
                  ) -> pb.PeerPlanResponse:
         return peer_plan_to_pb(self.master.peer_plan(
             user_of(context), request.key, request.version, request.peer_address,
-            request.complete, min_version_from_pb(request), view_from_pb(request)))
+            request.complete, min_version_from_pb(request), view_from_pb(request),
+            caller=context.peer()))
 
     @unary
     def WaitForReplication(self, request: pb.WaitForReplicationRequest,
