@@ -257,11 +257,8 @@ class Executor:
                 del view.committed_here[key]
                 if committed == (state.seq, session) and self.identity in holders:
                     registered = session  # the commit's own transaction registered it
-            if not (unchanged and old is not None and old.holders == holders):
-                view.generation += 1
-            stored = view.entries[key] = Entry(packed, meta_version, state.seq,
-                                               state.replication_factor, state.acked, holders,
-                                               registered)
+            stored = view.put(key, Entry.of(packed, meta_version, state, holders, registered),
+                              moved=not (unchanged and old is not None and old.holders == holders))
             view.caught_up(key, heard)
             # Events that came while the key was read, replayed in order onto what the read
             # found: each sets one node present or absent, so those the read already saw

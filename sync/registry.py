@@ -202,9 +202,8 @@ class ReplicaRegistry:
             if state is not None and record and held is not None and entry is None and session:
                 # The commit made the key: its entry is what the commit wrote (a new znode's
                 # version is 0), held here alone, replayed with what registered since.
-                entry = view.put(key, Entry(
-                    pack(record), 0, seq, state.replication_factor, state.acked,
-                    (sys.intern(self.identity),), session))
+                entry = view.put(key, Entry.of(pack(record), 0, state,
+                                               (sys.intern(self.identity),), session))
                 for change in held:
                     view.apply_replica(entry, *change)
                 view.made_here[key] = seq

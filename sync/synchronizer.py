@@ -30,7 +30,7 @@ from blobha.sync.protocols import ClusterGuard, LeaderDuties
 from blobha.sync.reads import KeyReader
 from blobha.sync.registry import ReplicaRegistry, SyncDeferred
 from blobha.sync.settings import SyncSettings
-from blobha.sync.view import KeyView, ReplicaView
+from blobha.sync.view import KeyView, ReplicaView, Usage
 from blobha.sync.workqueue import WorkQueue
 from kazoo.client import KazooClient
 
@@ -105,6 +105,14 @@ class Synchronizer:
 
     def views(self) -> dict[str, KeyView]:
         return self.replicas.views()
+
+    def seen(self, key: str) -> tuple[float, int] | None:
+        """(the creation time, the version) of ``key`` in this master's view (quotas)."""
+        return self.replicas.seen(key)
+
+    def usage(self, user: str) -> Usage:
+        """What the keys ``user`` created hold, as this master's view has it (quotas)."""
+        return self.replicas.usage(user)
 
     def keys_behind(self) -> tuple[int, int]:
         """Keys whose view awaits a read of an announced change (see ReplicaView.unread),

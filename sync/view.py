@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from blobha.sync.decide import chosen
 
+from blobha.core.acl import format_acl
 from blobha.zk import layout as zkstate
 from blobha.zk.layout import BlobState
 
@@ -58,10 +59,12 @@ class Entry:
     during a ZooKeeper outage); the fields the figures need on every status call are kept
     decoded."""
 
-    __slots__ = ("acked", "data", "holders", "meta_version", "registered", "rf", "seq")
+    __slots__ = ("acked", "acl_bytes", "created_at", "data", "holders", "meta_version", "owner",
+                 "registered", "rf", "seq", "size")
 
     def __init__(self, data: bytes, meta_version: int, seq: int, rf: int, acked: bool,
-                 holders: tuple[str, ...], registered: int) -> None:
+                 holders: tuple[str, ...], registered: int, owner: str = "", size: int = 0,
+                 acl_bytes: int = 0, created_at: float = 0.0) -> None:
         #: The metadata znode's bytes, packed (pack).
         self.data = data
         self.meta_version = meta_version
@@ -72,10 +75,42 @@ class Entry:
         self.holders = holders
         #: The ZooKeeper session in which our replica node of ``seq`` was verified (0: not).
         self.registered = registered
+        #: What the key costs its creator's quotas (:class:`Usage`): the creator (interned: a
+        #: handful of distinct names), the current version's size and the ACL's stored bytes;
+        #: and when this incarnation of the key was created (a key deleted and created again
+        #: starts its versions anew).
+        self.owner = owner
+        self.size = size
+        self.acl_bytes = acl_bytes
+        self.created_at = created_at
+
+    @classmethod
+    def of(cls, data: bytes, meta_version: int, state: BlobState, holders: tuple[str, ...],
+           registered: int) -> Entry:
+        """The entry of ``state``, whose record ``data`` is packed already (pack)."""
+        return cls(data, meta_version, state.seq, state.replication_factor, state.acked,
+                   holders, registered, sys.intern(state.creator), state.size,
+                   acl_bytes(state), state.created_at)
 
     def view(self, behind: bool = False) -> KeyView:
         state = BlobState.decode(unpack(self.data), self.meta_version)
         return KeyView(state, self.holders, behind)
+
+
+def acl_bytes(state: BlobState) -> int:
+    """The bytes ``state``'s ACL takes in its record, as quotas count them."""
+    return len(format_acl(state.acl).encode())
+
+
+@dataclass
+class Usage:
+    """What one user's keys hold in ZooKeeper and on the masters, as this master's view has
+    it: the keys the user created, the sizes of their current versions, and their ACLs'
+    bytes (the part of a record its writer sizes)."""
+
+    keys: int = 0
+    bytes: int = 0
+    acl_bytes: int = 0
 
 
 # Canonical holder tuples: nearly every key has the same few holder sets (with three masters,
@@ -140,6 +175,8 @@ class ReplicaView:
         #: Guards the entries, the commit bookkeeping below and ``flight``.
         self.lock = threading.Lock()
         self.entries: dict[str, Entry] = {}
+        #: Per creator, what the entries cost (kept with them: see put and forget).
+        self._usage: dict[str, Usage] = {}
         self.flight = InFlight()
         #: Bumped on every change of the entries, so figures() recomputes only when something
         #: moved.
@@ -192,6 +229,28 @@ class ReplicaView:
     def keys(self) -> set[str]:
         with self.lock:
             return set(self.entries)
+
+    def seen(self, key: str) -> tuple[float, int] | None:
+        """(the creation time, the version) of what this view has of ``key``; None: nothing."""
+        with self.lock:
+            entry = self.entries.get(key)
+            return (entry.created_at, entry.seq) if entry is not None else None
+
+    def usage(self, user: str) -> Usage:
+        """What ``user``'s keys cost, as of now (a copy)."""
+        with self.lock:
+            u = self._usage.get(user)
+            return Usage(u.keys, u.bytes, u.acl_bytes) if u is not None else Usage()
+
+    def _count(self, entry: Entry, sign: int) -> None:
+        u = self._usage.get(entry.owner)
+        if u is None:
+            u = self._usage[entry.owner] = Usage()
+        u.keys += sign
+        u.bytes += sign * entry.size
+        u.acl_bytes += sign * entry.acl_bytes
+        if u.keys <= 0:
+            del self._usage[entry.owner]
 
     def behind(self) -> tuple[int, int]:
         """How many keys' entries miss an announced change (see unread), and how many of
@@ -268,10 +327,16 @@ class ReplicaView:
 
     # ---- changing it ---------------------------------------------------------------------
 
-    def put(self, key: str, entry: Entry) -> Entry:
-        """Store ``entry`` for ``key`` (lock held), as the view's news."""
+    def put(self, key: str, entry: Entry, moved: bool = True) -> Entry:
+        """Store ``entry`` for ``key`` (lock held); ``moved``: as the view's news. The only
+        way an entry is stored, so that the usage counts follow every change."""
+        old = self.entries.get(key)
+        if old is not None:
+            self._count(old, -1)
         self.entries[key] = entry
-        self.generation += 1
+        self._count(entry, 1)
+        if moved:
+            self.generation += 1
         return entry
 
     def apply_replica(self, entry: Entry, holder: str, seq: int, present: bool) -> bool:
@@ -349,7 +414,9 @@ class ReplicaView:
             self.unread.pop(key, None)
             self.committed_here.pop(key, None)
             self.flight.arm_on_read.pop(key, None)
-            if self.entries.pop(key, None) is not None:
+            old = self.entries.pop(key, None)
+            if old is not None:
+                self._count(old, -1)
                 self.generation += 1
 
     def read_is_current(self, key: str, read_mark: int, spend: bool = False) -> bool:
@@ -371,5 +438,5 @@ class ReplicaView:
             return self.commits
 
 
-__all__ = ["Change", "Entry", "InFlight", "KeyView", "ReplicaView", "canonical", "holders_of",
-           "pack", "unpack"]
+__all__ = ["Change", "Entry", "InFlight", "KeyView", "ReplicaView", "Usage", "acl_bytes",
+           "canonical", "holders_of", "pack", "unpack"]

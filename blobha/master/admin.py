@@ -21,12 +21,13 @@ from blobha.core.errors import (
 from blobha.core.keys import validate_key
 from blobha.leader import Deposed
 from blobha.master.metadata import Metadata
+from blobha.master.quotas import Quotas
 from blobha.master.rules import (
     Authority,
     fitting,
 )
 from blobha.store.local import LocalStore
-from blobha.sync import Synchronizer
+from blobha.sync import Synchronizer, acl_bytes
 from blobha.zk.layout import (
     BlobState,
 )
@@ -38,11 +39,12 @@ class Admin:
     """Metadata changes and deletes, each under the key's lock and fenced."""
 
     def __init__(self, store: LocalStore, meta: Metadata, authority: Authority,
-                 sync: Synchronizer) -> None:
+                 sync: Synchronizer, quotas: Quotas) -> None:
         self.store = store
         self.meta = meta
         self.authority = authority
         self.sync = sync
+        self.quotas = quotas
 
     def set_meta(
         self, user: str, key: str, acl: list[AccessControl] | None, replication_factor: int,
@@ -76,6 +78,7 @@ class Admin:
             if acl is not None:
                 new = replace(new, acl=tuple(acls.normalize_for_set(acl, user)))
                 self.authority.require_acl(key, new.acl)
+                self.quotas.check_acl(user, state.creator, acl_bytes(state), acl_bytes(new))
             if replication_factor:
                 new = replace(new, replication_factor=replication_factor)
             fitting(key, new)
@@ -122,6 +125,7 @@ class Admin:
             except Deposed as e:
                 raise Unavailable(f"not the leader any more ({e}); nothing was deleted, retry"
                                   " (the client finds the new leader)") from None
+            self.quotas.deleted(state, key, acl_bytes)
             log.info("deleted %r (was v%d) for %r", key, state.seq, user)
             return
         raise Unavailable(f"{key!r} kept changing while being deleted; retry")

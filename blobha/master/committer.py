@@ -31,6 +31,7 @@ from blobha.leader import Deposed, LeaderElection, is_failure
 from blobha.master.forward import Forwarder
 from blobha.master.groupcommit import Later
 from blobha.master.metadata import Metadata
+from blobha.master.quotas import Quotas
 from blobha.master.rules import (
     AlreadyWritten,
     Authority,
@@ -44,7 +45,7 @@ from blobha.master.rules import (
 from blobha.master.settings import MasterSettings
 from blobha.master.uploads import Upload, UploadManager
 from blobha.store.local import LocalStore
-from blobha.sync import Membership, Synchronizer
+from blobha.sync import Membership, Synchronizer, acl_bytes
 from blobha.zk import layout as zkstate
 from blobha.zk.layout import (
     BlobState,
@@ -75,7 +76,7 @@ class Committer:
     def __init__(self, settings: MasterSettings, identity: str, store: LocalStore,
                  election: LeaderElection, meta: Metadata, authority: Authority,
                  sync: Synchronizer, membership: Membership, uploads: UploadManager,
-                 forwarder: Forwarder | None = None) -> None:
+                 quotas: Quotas, forwarder: Forwarder | None = None) -> None:
         self.settings = settings
         self.identity = identity
         self.store = store
@@ -85,6 +86,7 @@ class Committer:
         self.sync = sync
         self.membership = membership
         self.uploads = uploads
+        self.quotas = quotas
         self.forwarder = forwarder
 
     def commit_puts(self, batch: Sequence[PutRequest]) -> list[BlobState | BaseException | Later]:
@@ -125,6 +127,7 @@ class Committer:
         except BlobError as e:
             return [e] * len(batch)
         news: dict[int, BlobState] = {}
+        olds: dict[int, BlobState | None] = {}
         now = time.time()
         fresh = {p.key for p in batch if p.create and self.nothing_here(p.key)}
         for i, (p, state) in enumerate(zip(batch, self.meta.states_for_commit(batch, fresh),
@@ -132,6 +135,7 @@ class Committer:
             try:
                 if isinstance(state, BaseException):
                     raise state
+                olds[i] = state
                 news[i] = new = self.next_state(
                     p.user, p.key, p.create, p.acl, p.replication_factor, p.write_quorum,
                     p.expected_version, len(p.data), p.digest, state, now, p.write_tag)
@@ -166,6 +170,8 @@ class Committer:
                 [(batch[i].key, batch[i].create, news[i]) for i in live], fresh)
             for i, committed in zip(live, results, strict=True):
                 out[i] = committed
+                if isinstance(committed, BlobState):
+                    self.quotas.committed(olds[i], committed, batch[i].key, acl_bytes)
         finally:
             for i in live:
                 self.drop_uncommitted(batch[i].key, news[i].seq, out[i])
@@ -288,11 +294,14 @@ class Committer:
                    replication_factor: int, write_quorum: int, expected_version: int,
                    size: int, digest: str, state: BlobState | None, now: float,
                    tag: str = "") -> BlobState:
-        """:func:`rules.next_state` in this leader's epoch, with the configured defaults."""
-        return next_state(self.authority, user, key, create, acl, replication_factor,
-                          write_quorum, expected_version, size, digest, state, now, tag,
-                          epoch=self.election.epoch, default_quorum=self.settings.write_quorum,
-                          versions_retained=self.settings.versions_retained)
+        """:func:`rules.next_state` in this leader's epoch, with the configured defaults,
+        within the quotas of the key's creator."""
+        new = next_state(self.authority, user, key, create, acl, replication_factor,
+                         write_quorum, expected_version, size, digest, state, now, tag,
+                         epoch=self.election.epoch, default_quorum=self.settings.write_quorum,
+                         versions_retained=self.settings.versions_retained)
+        self.quotas.check_write(user, state, new, acl_bytes)
+        return new
 
     def commit_once(self, key: str, tag: str, user: str, commit: Callable[[], BlobState]
                      ) -> BlobState:
@@ -363,6 +372,7 @@ class Committer:
                 self.drop_uncommitted(key, new.seq, result)
             if isinstance(result, BaseException):
                 raise result
+            self.quotas.committed(state, result, key, acl_bytes)
         return result
 
     def check_quorum(self, w: int) -> None:

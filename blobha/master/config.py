@@ -74,6 +74,34 @@ OPTIONS: tuple[Option, ...] = (
         " expire. 0 = no limit.",
     ),
     Option(
+        "blobstore.quota.user.keys",
+        1_000_000,
+        "Keys one user may have created and not deleted (each costs ZooKeeper memory on every"
+        " server and an entry on every master); a create past it is refused with"
+        " RESOURCE_EXHAUSTED. Admins (auth.admins) are exempt. 0 = no limit.",
+    ),
+    Option(
+        "blobstore.quota.user.bytes",
+        0,
+        "Bytes the current versions of one user's keys may hold (each copy counted once);"
+        " a create or update past it is refused with RESOURCE_EXHAUSTED. Admins are exempt."
+        " 0 = no limit (blobstore.disk.reserved.bytes still guards the disk).",
+    ),
+    Option(
+        "blobstore.quota.user.acl.bytes",
+        64 * 1024 * 1024,
+        "Bytes the ACLs of one user's keys may take in ZooKeeper, together (ACLs are the part"
+        " of a key's record its writer sizes: up to 1 MB each); a create or ACL change past"
+        " it is refused with RESOURCE_EXHAUSTED. Admins are exempt. 0 = no limit.",
+    ),
+    Option(
+        "blobstore.quota.user.upload.bytes",
+        0,
+        "Bytes one user's unfinished uploads may hold on the leader's disk together; an"
+        " upload that would pass it is refused with RESOURCE_EXHAUSTED (blobha's clients then"
+        " abort it, which frees its bytes). Admins are exempt. 0 = no limit.",
+    ),
+    Option(
         "blobstore.disk.reserved.bytes",
         256 * 1024 * 1024,
         "Free space an upload or a sync may never eat into; refused with RESOURCE_EXHAUSTED.",
@@ -208,6 +236,13 @@ OPTIONS: tuple[Option, ...] = (
         7 * 24 * 3600,
         "Longest lifetime of a job token ('blobha token job'; docs/security.md, Job tokens): a"
         " longer one asked for is cut to this. Job tokens are not issued in auth.mode 'simple'.",
+    ),
+    Option(
+        "auth.job.token.max.per.user",
+        1000,
+        "Live (unexpired, unrevoked) job tokens one user may hold; another is refused with"
+        " RESOURCE_EXHAUSTED until some expire or are revoked ('blobha token revoke'). Each"
+        " is a ZooKeeper record of up to 1 MB. Admins are exempt. 0 = no limit.",
     ),
     Option(
         "blobstore.peer.grant.secs",
@@ -471,6 +506,9 @@ def _validate(v: dict[str, Any]) -> dict[str, Any]:
     number("blobstore.upload.expiration.secs", int, 1)
     number("blobstore.upload.max.per.user", int, 0)
     number("blobstore.disk.reserved.bytes", int, 0)
+    for quota in ("keys", "bytes", "acl.bytes", "upload.bytes"):
+        number(f"blobstore.quota.user.{quota}", int, 0)
+    number("auth.job.token.max.per.user", int, 0)
     number("blobstore.sync.period.secs", float, 0.1)
     number("blobstore.sync.periodic.keys.per.sec", int, 1)
     number("blobstore.replica.grace.secs", float, 0)

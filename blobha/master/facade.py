@@ -44,6 +44,7 @@ from blobha.master.holders import Holders
 from blobha.master.jobtokens import JobTokens
 from blobha.master.metadata import Metadata
 from blobha.master.peerplans import PeerPlans
+from blobha.master.quotas import QuotaLimits, Quotas
 from blobha.master.reads import Reads
 from blobha.master.repairs import Repairs
 from blobha.master.rules import Authority, CommitOutcomeUnknown, PutRequest
@@ -184,24 +185,27 @@ class Master:
             # own timeout: a forward must not make a write that could have failed in time
             # fail late.
             min(s.sync_stall_secs, s.write_timeout_secs), s.write_forward)
+        self.quotas = Quotas(QuotaLimits.of(s), self.authority, self.sync.usage,
+                             self.sync.seen)
         self.committer = Committer(s, self.identity, self.store, self.election, self.meta,
                                    self.authority, self.sync, self.membership, self.uploads,
-                                   self.forwarder)
+                                   self.quotas, self.forwarder)
         self.puts: GroupCommitter[PutRequest, BlobState] = GroupCommitter(
             self.committer.commit_puts, key=lambda p: p.key, name="put-commit",
             weight=lambda p: len(p.data), max_weight=PUT_BATCH_BYTES,
         )
         self.writes = Writes(s, self.store, self.uploads, self.puts, self.meta, self.authority,
-                             self.committer, self.acks, self.channel, self.forwarder)
+                             self.committer, self.acks, self.channel, self.quotas,
+                             self.forwarder)
         self.staging = Staging(self.principal, self.store, self._epoch_seen, self.uploads,
                                self.writes.offer_upload, self.writes.offer_stage_link)
         self.reads = Reads(s, self.identity, self.principal, self.store, self.zk, self.meta,
                            self.authority, self.sync, self.channel)
-        self.admin = Admin(self.store, self.meta, self.authority, self.sync)
+        self.admin = Admin(self.store, self.meta, self.authority, self.sync, self.quotas)
         self.peer_plans = PeerPlans(self.identity, self.reads, lambda: self.cluster.secret,
                                     s.peer_grant_secs, Holders(s.peer_holder_secs))
         self.jobtokens = JobTokens(self.zk, self.election, self.meta, self.authority,
-                                   s.auth_mode, s.job_token_max_lifetime_secs)
+                                   s.auth_mode, s.job_token_max_lifetime_secs, self.quotas)
         if s.auth_mode != "simple":  # simple mode has no secrets, so no job tokens either
             self.authentication.job_tokens = self.jobtokens
         self.rotation = SecretRotation(self.zk, self.election, self.meta, self.authority)

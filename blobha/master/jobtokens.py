@@ -45,6 +45,7 @@ from blobha.core.errors import (
 from blobha.core.keys import validate_key
 from blobha.leader import Deposed, LeaderElection
 from blobha.master.metadata import Metadata
+from blobha.master.quotas import Quotas
 from blobha.master.rules import Authority, no_such_key
 from blobha.wire.status import JobToken
 from blobha.zk.connection import UNREACHABLE
@@ -69,6 +70,8 @@ LOOKUP_SLOTS = 4
 #: Records a leader looks at for expiry after each issue: more than one, so the expired ones
 #: are removed faster than new ones come, and a bounded cost per call.
 _SWEEP = 32
+#: Records read at once when the leader counts the live tokens of every user.
+_READ_AHEAD = 256
 _REFUSED = ("the job token was refused (unknown, revoked or altered); ask the job's submitter"
             " for a valid one")
 
@@ -83,8 +86,9 @@ class JobTokens:
 
     def __init__(self, zk: KazooClient, election: LeaderElection, meta: Metadata,
                  authority: Authority, auth_mode: str, max_lifetime_secs: int,
-                 clock: Callable[[], float] = time.time) -> None:
+                 quotas: Quotas, clock: Callable[[], float] = time.time) -> None:
         self.zk = zk
+        self.quotas = quotas
         self.election = election
         self.meta = meta
         self.authority = authority
@@ -98,6 +102,13 @@ class JobTokens:
                                  per_host=LOOKUP_SLOTS - 1)
         # id -> (time.monotonic() when read, record)
         self._cache: OrderedDict[str, tuple[float, JobTokenRecord]] = OrderedDict()
+        # The leader's count of live tokens per user, for auth.job.token.max.per.user: user ->
+        # {id: expiry}, read from /job-tokens once in each leadership term (the epoch it was
+        # read in), then kept by this leader's issues and revokes. Held across a check and its
+        # issue, so that concurrent issues cannot pass the limit together.
+        self._live: dict[str, dict[str, float]] = {}
+        self._live_epoch = -1
+        self._issuing = threading.Lock()
 
     def _record_changed(self, event: WatchedEvent) -> None:
         # A watch on one record (set by the read that cached it), not on /job-tokens: a
@@ -182,6 +193,14 @@ class JobTokens:
             if state is None:
                 raise no_such_key(key)
             self.authority.require(user, state.acl, acls.READ, key)
+        with self._issuing:
+            if self.quotas.limits.job_tokens and not self.quotas.exempt(user):
+                self.quotas.check_job_token(user, self._live_count(user))
+            issued = self._issue(user, wanted, lifetime_secs)
+        self._sweep()
+        return issued
+
+    def _issue(self, user: str, wanted: list[str], lifetime_secs: int) -> JobToken:
         lifetime = min(lifetime_secs or DEFAULT_LIFETIME_SECS, self.max_lifetime_secs)
         token, token_id = new_job_token()
         now = self.clock()
@@ -202,9 +221,10 @@ class JobTokens:
         except Deposed as e:
             raise Unavailable(f"not the leader any more ({e}); no token was issued, retry (the"
                               " client finds the new leader)") from None
+        if self._live_epoch == self.election.epoch:
+            self._live.setdefault(user, {})[token_id] = record.expires_at
         log.info("job token %s issued to %r for %d keys until %s", token_id, user, len(wanted),
                  _when(record.expires_at))
-        self._sweep()
         return JobToken(token, token_id, record.expires_at, tuple(wanted), user)
 
     def revoke(self, user: str, token_or_id: str) -> str:
@@ -240,8 +260,36 @@ class JobTokens:
                               " (the client finds the new leader)") from None
         with self._lock:
             self._cache.pop(token_id, None)
+        with self._issuing:
+            self._live.get(owner, {}).pop(token_id, None)
         log.info("job token %s revoked by %r", token_id, user)
         return token_id
+
+    def _live_count(self, user: str) -> int:
+        """``user``'s unexpired tokens (``_issuing`` held); the records are read once per
+        leadership term, pipelined."""
+        epoch = self.election.epoch
+        if self._live_epoch != epoch:
+            live: dict[str, dict[str, float]] = {}
+            names = self.meta.answer_write(self.zk.get_children_async(JOB_TOKENS))
+            for start in range(0, len(names), _READ_AHEAD):
+                batch = names[start:start + _READ_AHEAD]
+                pending = [(n, self.zk.get_async(job_token_path(n))) for n in batch]
+                for name, result in pending:
+                    try:
+                        data, _ = self.meta.answer_write(result)
+                        record = JobTokenRecord.decode(data)
+                    except NoNodeError:
+                        continue  # revoked or swept meanwhile
+                    except ValueError:
+                        continue  # unreadable: counted for nobody (it verifies for nobody)
+                    live.setdefault(record.user, {})[name] = record.expires_at
+            self._live, self._live_epoch = live, epoch
+        now = self.clock()
+        mine = self._live.get(user, {})
+        for token_id in [t for t, until in mine.items() if until <= now]:
+            del mine[token_id]
+        return len(mine)
 
     def _sweep(self) -> None:
         """Remove some expired records (best effort: a failure only leaves them longer)."""

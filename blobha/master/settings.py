@@ -44,6 +44,12 @@ class MasterSettings:
     list_visibility: str
     upload_expiration_secs: float
     upload_max_per_user: int
+    #: Per-user quotas (blobstore.quota.user.*, auth.job.token.max.per.user); 0: none.
+    quota_keys: int
+    quota_bytes: int
+    quota_acl_bytes: int
+    quota_upload_bytes: int
+    quota_job_tokens: int
     replica_grace_secs: float
     delete_grace_secs: float
     sync_period_secs: float
@@ -91,6 +97,11 @@ class MasterSettings:
             list_visibility=config["blobstore.list.visibility"],
             upload_expiration_secs=config["blobstore.upload.expiration.secs"],
             upload_max_per_user=config["blobstore.upload.max.per.user"],
+            quota_keys=config["blobstore.quota.user.keys"],
+            quota_bytes=config["blobstore.quota.user.bytes"],
+            quota_acl_bytes=config["blobstore.quota.user.acl.bytes"],
+            quota_upload_bytes=config["blobstore.quota.user.upload.bytes"],
+            quota_job_tokens=config["auth.job.token.max.per.user"],
             replica_grace_secs=config["blobstore.replica.grace.secs"],
             delete_grace_secs=config["blobstore.delete.grace.secs"],
             sync_period_secs=config["blobstore.sync.period.secs"],

@@ -132,6 +132,11 @@ class UploadManager:
                     f" expire ({self.expiration_secs:g} s idle)")
         return None
 
+    def open_bytes(self, user: str) -> int:
+        """What ``user``'s unfinished sessions hold on disk, together (quotas)."""
+        with self._guard:
+            return sum(u.temp.size for u in self._uploads.values() if u.user == user)
+
     def key_of(self, upload_id: str) -> str:
         with self._guard:
             up = self._uploads.get(upload_id)

@@ -20,6 +20,7 @@ from blobha.master.committer import Committer
 from blobha.master.forward import Forwarder
 from blobha.master.groupcommit import GroupCommitter
 from blobha.master.metadata import Metadata
+from blobha.master.quotas import Quotas
 from blobha.master.rules import (
     Authority,
     PutRequest,
@@ -47,7 +48,7 @@ class Writes:
     def __init__(self, settings: MasterSettings, store: LocalStore, uploads: UploadManager,
                  puts: GroupCommitter[PutRequest, BlobState], meta: Metadata,
                  authority: Authority, committer: Committer, acks: Acknowledger,
-                 channel: Channel, forwarder: Forwarder | None = None) -> None:
+                 channel: Channel, quotas: Quotas, forwarder: Forwarder | None = None) -> None:
         self.settings = settings
         self.store = store
         self.uploads = uploads
@@ -57,6 +58,7 @@ class Writes:
         self.committer = committer
         self.acks = acks
         self.channel = channel
+        self.quotas = quotas
         self.forwarder = forwarder
 
     def _write_settings(self, key: str, acl: Sequence[AccessControl], replication_factor: int,
@@ -109,6 +111,9 @@ class Writes:
             w = quorum(write_quorum, state.replication_factor, self.settings.write_quorum, key)
         self.committer.check_quorum(w)
         if size_hint >= 0:
+            self.quotas.check_begin(user, state.creator if state is not None else user,
+                                    self.uploads.open_bytes(user), size_hint,
+                                    state.size if state is not None else 0)
             self.store.reserve(size_hint)
         # An update's quorum is kept as asked: the commit checks it against the key's factor
         # then (Committer.next_state), which may have changed meanwhile.
@@ -123,6 +128,8 @@ class Writes:
         up = self.uploads.get(upload_id, user)
         with up.lock:
             if data:
+                self.quotas.check_upload(user, self.uploads.open_bytes(user),
+                                         offset + len(data) - up.temp.size)
                 self.store.reserve(len(data))
                 try:
                     new = up.temp.write_at(offset, data)

@@ -10,11 +10,14 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from blobha.sync import Usage
+
 from blobha.master.acks import Acknowledger
 from blobha.master.channel import Channel
 from blobha.master.committer import Committer
 from blobha.master.config import Config
 from blobha.master.metadata import Metadata
+from blobha.master.quotas import QuotaLimits, Quotas
 from blobha.master.reads import Reads
 from blobha.master.repairs import Repairs
 from blobha.master.rules import Authority
@@ -52,12 +55,14 @@ class Node:
         self.waits = ReplicationWaits(zk, self.election, self.meta, self.authority,
                                       threading.Event())
         self.acks = Acknowledger(self.settings, self.store, self.meta, self.waits, self.sync)
+        self.quotas = Quotas(QuotaLimits(), self.authority, lambda user: Usage(),
+                             lambda key: None)
         self.committer = Committer(self.settings, self.identity, self.store, self.election,
                                    self.meta, self.authority, self.sync, self.membership,
-                                   uploads)
+                                   uploads, self.quotas)
         self.uploads = uploads
         self.writes = Writes(self.settings, self.store, uploads, SimpleNamespace(), self.meta,
-                             self.authority, self.committer, self.acks, Channel())
+                             self.authority, self.committer, self.acks, Channel(), self.quotas)
         # In touch with ZooKeeper as far as the read rules go; fake sessions have no states.
         self.reads = Reads(self.settings, self.identity, "blobha-master", self.store, zk,
                            self.meta, self.authority, self.sync, Channel(),

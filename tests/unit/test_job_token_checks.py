@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from blobha.sync import Usage
 from kazoo.protocol.states import EventType, KeeperState, WatchedEvent
 
 from blobha.core import acl as acls
@@ -31,6 +32,7 @@ from blobha.core.errors import (
     InvalidArgument,
     KeyNotFound,
     NotAuthorized,
+    ResourceExhausted,
     Unauthenticated,
     Unavailable,
 )
@@ -39,6 +41,7 @@ from blobha.master.config import Config, ConfigError
 from blobha.master.edge.gatekeeper import Gatekeeper, scope_refusal
 from blobha.master.jobtokens import JobTokens
 from blobha.master.metadata import Metadata
+from blobha.master.quotas import QuotaLimits, Quotas
 from blobha.master.rules import Authority
 from blobha.v1 import blobha_pb2 as pb
 from blobha.wire.credentials import Credentials
@@ -179,6 +182,7 @@ class _Election:
 
     def __init__(self, zk: _Zk) -> None:
         self.zk = zk
+        self.epoch = 1
 
     def fenced(self, build: Any, changed: tuple[str, ...] = ()) -> list[Any]:
         txn = _Txn(self.zk)
@@ -227,15 +231,17 @@ def _blob(zk: _Zk, key: str, acl: str) -> None:
     zk.nodes[key_path(key)] = (state.encode(), 0)
 
 
-def _part(mode: str = "token", max_lifetime: int = 7 * 24 * 3600
+def _part(mode: str = "token", max_lifetime: int = 7 * 24 * 3600, per_user: int = 0
           ) -> tuple[JobTokens, _Zk, _Clock]:
     zk, clock = _Zk(), _Clock()
     _blob(zk, "job-a", "u:alice:rwa")
     _blob(zk, "job-b", "u:alice:r")
     _blob(zk, "bobs", "u:bob:rwa")
     fake: Any = (zk, _Election(zk), _Meta(zk))
-    part = JobTokens(*fake, Authority(frozenset({"root"}), "blobha-master"), mode, max_lifetime,
-                     clock=clock)
+    authority = Authority(frozenset({"root"}), "blobha-master")
+    quotas = Quotas(QuotaLimits(job_tokens=per_user), authority, lambda user: Usage(),
+                    lambda key: None)
+    part = JobTokens(*fake, authority, mode, max_lifetime, quotas, clock=clock)
     return part, zk, clock
 
 
@@ -448,3 +454,22 @@ def test_credentials_carry_a_job_token_from_a_file_or_directly(tmp_path: Path) -
     assert token not in repr(direct)
     with pytest.raises(InvalidArgument, match=r"bjt1\.ID\.SECRET"):
         Credentials(bearer="bjt1.broken").check()
+
+
+def test_live_tokens_per_user_are_capped_counted_from_zookeeper_by_each_new_leader() -> None:
+    part, _, clock = _part(per_user=2)
+    first = part.issue("alice", ["job-a"], 60)
+    part.issue("alice", ["job-a"], 3600)
+    with pytest.raises(ResourceExhausted, match=r"auth\.job\.token\.max\.per\.user"):
+        part.issue("alice", ["job-a"], 0)
+    part.issue("bob", ["bobs"], 0)  # bob's count is his own
+    part.issue("root", ["job-a"], 0)  # an admin is exempt
+    part.revoke("alice", first.token)
+    part.issue("alice", ["job-a"], 60)
+    clock.now += 61  # an expired token counts no more, removed or not
+    part.issue("alice", ["job-a"], 0)
+    # A new leadership term reads the records again: the revoked and expired do not count,
+    # the two live ones do.
+    part.election.epoch += 1
+    with pytest.raises(ResourceExhausted, match="holds 2"):
+        part.issue("alice", ["job-a"], 0)
