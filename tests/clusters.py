@@ -19,6 +19,10 @@ FAST: dict[str, Any] = {
     "blobstore.replica.grace.secs": 2.0,
     "blobstore.sync.period.secs": 5.0,
     "blobstore.disk.reserved.bytes": 0,
+    # A stopping leader keeps its session 1 s by default, for its successor's first writes
+    # at 100,000s of keys; test clusters hold a few, and stop 100s of leaders. The tests of
+    # the linger set it.
+    "master.stop.linger.secs": 0,
     "admins": ["admin"],
 }
 

@@ -25,7 +25,11 @@ from clusters import running_cluster
 from blobha.ops.localcluster import LocalCluster
 
 ROOT = Path(__file__).resolve().parents[2]
-DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+#: docs/perf-log/ is left out: its pages record what was run, with the figures it gave (a bench
+#: of the whole machine for minutes), and are not instructions (docs/perf-log/README.md).
+DOCS = [ROOT / "README.md",
+        *sorted(p for p in (ROOT / "docs").rglob("*.md")
+                if not p.is_relative_to(ROOT / "docs" / "perf-log"))]
 VENV_BIN = Path(sys.executable).parent
 RUNNABLE = {"sh", "python"}
 NEEDS = {"spark"}
