@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import grpc
 import pytest
-from conftest import client_for, md, stub
+from conftest import client_for, md, scrape, stub, value, wait_until
 
 from blobha.ops.localcluster import LocalCluster
 from blobha.v1 import blobha_pb2 as pb
@@ -52,6 +52,11 @@ def test_long_waits_leave_call_threads_for_everyone_else(
     waiters = [f"waiter{i}" for i in range(ALL_USERS // PER_USER)]
     for user in waiters:
         held.extend(_wait(address, key, user) for _ in range(PER_USER))
+    # Sent as futures: all of them admitted before the next, which must then find the caps full.
+    leader = cluster.leader()
+    wait_until(lambda: value(scrape(leader), "blobha_rpc_in_progress",
+                             grpc_method="WaitForReplication") >= ALL_USERS,
+               timeout=20, what="the held waits admitted")
     # One more of the same user's is refused at once, as busy; so is any user's past the
     # cap on all users' waits.
     assert _refused_busy(_wait(address, key, waiters[0]))
