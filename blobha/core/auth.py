@@ -137,6 +137,12 @@ class TokenHash:
         return hmac.compare_digest(_scrypt(secret, self.salt), self.digest)
 
 
+#: What a token of a user the file does not name is checked against: a hash nothing matches
+#: (random, made once), so that an unknown user costs the same scrypt, under the same cap, as
+#: a known one with a wrong token, and the time of a refusal does not tell who has an account.
+_NOBODY = (TokenHash(os.urandom(16), os.urandom(_SCRYPT_LEN)),)
+
+
 def parse_token_file(text: str, source: str) -> dict[str, list[TokenHash]]:
     """Parse a token file: ``user:scrypt$<salt>$<hash>`` per line; ``#`` comments and blank
     lines are ignored; a user may have several lines (to rotate tokens without downtime)."""
@@ -235,17 +241,12 @@ class TokenAuthenticator:
                 self._verified.move_to_end(fingerprint)
                 return known
             candidates = list(self._hashes.get(user, ()))
-        if not candidates:
-            ok = False  # an unknown user: nothing to check, nothing to bound
-        else:
-            with costly(_SCRYPT_CHECKS):
-                ok = any(h.matches(secret) for h in candidates)
+        ok = _check(candidates, secret)
         if not ok and self._reloaded_now():
             # A token appended a moment ago works on its first use, not a second later.
             with self._lock:
                 candidates = list(self._hashes.get(user, ()))
-            with costly(_SCRYPT_CHECKS):
-                ok = any(h.matches(secret) for h in candidates)
+            ok = _check(candidates, secret)
         if not ok:
             raise Unauthenticated(
                 "the token was refused (unknown, revoked or mistyped); ask an administrator for"
@@ -256,6 +257,14 @@ class TokenAuthenticator:
             while len(self._verified) > _CACHE_SIZE:
                 self._verified.popitem(last=False)
         return user
+
+
+def _check(candidates: Sequence[TokenHash], secret: str) -> bool:
+    """Whether ``secret`` matches one of a user's hashes; a user with none (unknown) is checked
+    against :data:`_NOBODY`, in the same capped place, and never matches."""
+    with costly(_SCRYPT_CHECKS):
+        matched = any(h.matches(secret) for h in candidates or _NOBODY)
+    return matched and bool(candidates)
 
 
 # ---- job tokens --------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ import pytest
 
 from blobha.client import Client
 from blobha.core import auth
+from blobha.core.admission import CALLER_PEER
 from blobha.core.auth import (
     AUTHORIZATION_METADATA_KEY,
     MASTER_SECRET_METADATA_KEY,
@@ -25,7 +26,7 @@ from blobha.core.auth import (
     parse_token_file,
     split_token,
 )
-from blobha.core.errors import InvalidArgument, Unauthenticated
+from blobha.core.errors import Busy, InvalidArgument, Unauthenticated
 from blobha.master.config import Config, ConfigError
 from blobha.master.edge.audit import AuditRecord
 from blobha.ops import certgen
@@ -102,6 +103,43 @@ def test_a_token_added_just_now_works_on_its_first_use(tmp_path: Path) -> None:
     assert a.authenticate(bearer(carol), NO_PEER) == "carol"
     with pytest.raises(Unauthenticated, match="refused"):
         a.authenticate(bearer(new_token("dave")), NO_PEER)
+
+
+def test_an_unknown_user_pays_the_same_capped_scrypt_check_as_a_known_one(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A refusal that came at once for an unknown user, and after scrypt for a known one,
+    # would tell an attacker who has an account. Both go through one scrypt, in the capped
+    # place, so they cost the same (asserted on the path taken, not on the clock).
+    path = tmp_path / "tokens"
+    path.write_text(hash_token(new_token("alice")) + "\n")
+    a = TokenAuthenticator(path)
+    checks: list[str] = []
+    scrypt = auth._scrypt
+
+    def counted(secret: str, salt: bytes) -> bytes:
+        checks.append(secret)
+        return scrypt(secret, salt)
+
+    monkeypatch.setattr(auth, "_scrypt", counted)
+    for user in ("alice", "mallory"):
+        checks.clear()
+        with pytest.raises(Unauthenticated, match="token was refused"):
+            a.authenticate(bearer(f"{user}:{'x' * 43}"), NO_PEER)
+        assert len(checks) == 1, f"{user}: {len(checks)} scrypt checks"
+    # With every place of the caller's host taken, both are told to retry, as busy.
+    host = "ipv4:10.9.9.9"
+    held = [auth._SCRYPT_CHECKS.take(f"{host}:{port}") for port in (1, 2, 3)]
+    caller = CALLER_PEER.set(f"{host}:4")
+    try:
+        for user in ("alice", "mallory"):
+            checks.clear()
+            with pytest.raises(Busy):
+                a.authenticate(bearer(f"{user}:{'x' * 43}"), NO_PEER)
+            assert checks == []
+    finally:
+        CALLER_PEER.reset(caller)
+        for place in held:
+            auth._SCRYPT_CHECKS.give(place)
 
 
 def test_bad_token_files_are_refused_at_start(tmp_path: Path) -> None:
