@@ -46,10 +46,36 @@ def _keep_private(root: Path) -> None:
     """No other OS account may enter the cache: the blobs in it are whatever their users may
     read, and its ``meta.json`` files hold the keys peers' grants verify under. A group may
     (0750), for accounts that share a cache on purpose; others lose access here when this
-    account owns the root (a root an earlier release made 0755)."""
+    account owns the root (a root an earlier release made 0755).
+
+    A root another account owns is refused, as ssh refuses a ``~/.ssh`` it does not own:
+    whoever made it (in a shared path such as /tmp, before us) could read and change all
+    that is cached there. root may own it (an administrator's shared cache), as long as it
+    does not let every account change it."""
     st = os.stat(root)
-    if st.st_mode & 0o007 and st.st_uid == os.geteuid():
-        os.chmod(root, stat.S_IMODE(st.st_mode) & ~0o007)
+    me = os.geteuid()
+    mode = stat.S_IMODE(st.st_mode)
+    if st.st_uid not in (me, 0):
+        raise InvalidArgument(
+            f"the cache directory {root} belongs to another account ({_account(st.st_uid)}),"
+            " which can read and change whatever is cached there; use a directory of your own"
+            " (--cache-dir, BLOBHA_CACHE_DIR or spark.blobha.cache.dir: a new path, which the"
+            " cache makes), or have that one removed")
+    if st.st_uid != me and mode & 0o002:
+        raise InvalidArgument(
+            f"the cache directory {root} can be changed by every account (mode {mode:04o});"
+            f" have its owner run 'chmod o-rwx {root}', or use a directory of your own")
+    if mode & 0o007 and st.st_uid == me:
+        os.chmod(root, mode & ~0o007)
+
+
+def _account(uid: int) -> str:
+    import pwd
+
+    try:
+        return f"{pwd.getpwuid(uid).pw_name!r}, uid {uid}"
+    except KeyError:
+        return f"uid {uid}"
 
 
 # Every Python worker of a Spark job opens the cache, so what a cache hit runs keeps to light

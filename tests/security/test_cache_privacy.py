@@ -7,6 +7,7 @@ import os
 import pwd
 import stat
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,8 @@ from conftest import client_for
 
 from blobha.cache import BlobCache
 from blobha.ops.localcluster import LocalCluster
+
+BLOBHA = str(Path(sys.executable).with_name("blobha"))
 
 
 def _nobody() -> int:
@@ -55,3 +58,26 @@ def test_a_root_an_older_release_left_open_is_closed_to_others(tmp_path: Path) -
     with BlobCache(root, "127.0.0.1:1"):
         pass
     assert stat.S_IMODE(root.stat().st_mode) == 0o770  # a group keeps what it had
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a directory of another OS account needs root")
+def test_a_cache_root_another_account_made_first_is_refused(tmp_path: Path) -> None:
+    # The attack: another account makes the cache's path first (a shared /tmp path), open to
+    # it, with a LAYOUT that makes it look like a cache. Used, it would read every blob this
+    # account caches there and could swap them.
+    tmp_path.chmod(0o1777)
+    root = tmp_path / "blobha-cache"
+    root.mkdir()
+    (root / "LAYOUT").write_text("blobha-cache 1\n")
+    nobody = _nobody()
+    os.chown(root / "LAYOUT", nobody, nobody)
+    os.chown(root, nobody, nobody)
+    root.chmod(0o777)
+    proc = subprocess.run([BLOBHA, "--cluster", "127.0.0.1:1", "--user", "alice", "fetch", "k",
+                           "--cache-dir", str(root)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 6, proc.stderr  # invalid argument, at start
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert f"{root} belongs to another account ('nobody'" in lines[0]
+    assert "--cache-dir" in lines[0]
+    assert os.listdir(root) == ["LAYOUT"]  # nothing of ours went in

@@ -1290,6 +1290,41 @@ def test_a_foreign_directory_is_not_adopted(fake: FakeCluster, tmp_path: Path) -
         BlobCache(tmp_path / "other", client=fake.client())  # type: ignore[arg-type]
 
 
+def test_a_cache_root_another_account_owns_is_refused(
+        fake: FakeCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Made by someone else before us (a shared path under /tmp): whoever owns it reads and
+    # changes what we cache there, so it is refused before anything in it is looked at.
+    root = tmp_path / "cache"
+    root.mkdir(mode=0o700)
+    (root / "LAYOUT").write_text("blobha-cache 1\n")  # planted: looks like a cache
+    if os.geteuid() == 0:
+        os.chown(root, 65534, 65534)  # nobody
+    else:
+        # Our own directory seen by another account: the same check, from its side.
+        me = os.geteuid()
+        monkeypatch.setattr(os, "geteuid", lambda: me + 1)
+    with pytest.raises(InvalidArgument) as refused:
+        BlobCache(root, client=fake.client())  # type: ignore[arg-type]
+    message = str(refused.value)
+    assert f"{root} belongs to another account" in message and "--cache-dir" in message
+    assert sorted(os.listdir(root)) == ["LAYOUT"]  # nothing made in it
+
+
+def test_a_root_owned_shared_cache_root_is_used_unless_everyone_may_change_it(
+        fake: FakeCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("a directory that root owns needs root to make")
+    root = tmp_path / "shared"
+    root.mkdir()
+    root.chmod(0o770)  # an administrator's cache for a group, owned by root
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)  # seen by a member of the group
+    with BlobCache(root, client=fake.client()):  # type: ignore[arg-type]
+        pass
+    root.chmod(0o777)
+    with pytest.raises(InvalidArgument, match=r"changed by every account \(mode 0777\)"):
+        BlobCache(root, client=fake.client())  # type: ignore[arg-type]
+
+
 def test_bad_keys_and_owners_are_refused(fake: FakeCluster, make: Any) -> None:
     cache = make()
     with pytest.raises(InvalidArgument):
