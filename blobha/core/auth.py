@@ -40,6 +40,7 @@ from typing import Protocol
 from blobha.core.acl import name_problem
 from blobha.core.admission import PeerCaps, costly
 from blobha.core.errors import Unauthenticated
+from blobha.core.secretfiles import TOKEN_FILE_MODE_MASK, exposure
 
 log = logging.getLogger("blobha.auth")
 
@@ -176,23 +177,34 @@ class TokenAuthenticator:
         self.path = Path(path)
         self._lock = threading.Lock()
         self._hashes: dict[str, list[TokenHash]] = {}
-        self._stamp: tuple[int, int] | None = None
+        self._stamp: tuple[int, int, int] | None = None
+        # The last version of the file that could not be used (it is not read again).
+        self._refused: tuple[int, int, int] | None = None
         self._checked = 0.0
         # sha256(token) -> user, for tokens verified against the current file.
         self._verified: OrderedDict[bytes, str] = OrderedDict()
         self._load(initial=True)
 
     def _load(self, initial: bool = False) -> None:
+        stamp: tuple[int, int, int] | None = None
         try:
             st = self.path.stat()
-            stamp = (st.st_mtime_ns, st.st_size)
-            if stamp == self._stamp:
+            # The mode too: the chmod that fixes a file refused for it brings the file in.
+            stamp = (st.st_mtime_ns, st.st_size, st.st_mode)
+            if stamp in (self._stamp, self._refused):
                 return
+            # As at start (MasterSettings.refuse_exposed_secrets): whoever may change the
+            # file adds a token of their own, so a reload takes no file open to that.
+            problem = exposure(str(self.path), "auth.token.file", TOKEN_FILE_MODE_MASK)
+            if problem is not None and not initial:
+                raise ValueError(problem)
             hashes = parse_token_file(self.path.read_text(), str(self.path))
         except (OSError, ValueError) as e:
             if initial:
                 raise ValueError(f"cannot use the token file: {e}") from None
-            # Keep serving with the previous tokens rather than locking everyone out.
+            # Keep serving with the previous tokens rather than locking everyone out; said
+            # once per change of the file.
+            self._refused = stamp
             log.error("token file %s not reloaded (%s); still using the previous one",
                       self.path, e)
             return

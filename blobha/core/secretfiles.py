@@ -1,5 +1,6 @@
-"""Start-time checks of the modes of a master's secret files, as ssh checks its keys: a file
-other accounts can read (or change) is refused, with the ``chmod`` that fixes it."""
+"""Checks of the modes of a master's secret files, as ssh checks its keys: a file other
+accounts can read (or change) is refused, with the ``chmod`` that fixes it, at start and again
+whenever a changed file is read again (a reload keeps the previous one)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import os
 import stat
 
 __all__ = ["KEY_MODE_MASK", "TOKEN_FILE_MODE_MASK", "ExposedSecretFile", "exposed_mode",
-           "refuse_exposed"]
+           "exposure", "refuse_exposed"]
 
 #: Private keys and passwords: no access at all for the group or others.
 KEY_MODE_MASK = 0o077
@@ -36,14 +37,21 @@ def exposed_mode(path: str, mask: int = KEY_MODE_MASK, owner_only: bool = False)
     return mode
 
 
+def exposure(path: str, setting: str, mask: int = KEY_MODE_MASK) -> str | None:
+    """What is wrong with the mode of the file ``path`` (the value of ``setting``) and the
+    ``chmod`` that fixes it, when it has a permission bit of ``mask``; None when it has none."""
+    mode = exposed_mode(path, mask)
+    if mode is None:
+        return None
+    others = "read" if mode & mask & 0o044 else "changed"
+    allowed = " (or 640, to share it with a group)" if not mask & 0o040 else ""
+    return (f"{setting} {path} can be {others} by other accounts (mode {mode:04o}); run"
+            f" 'chmod 600 {path}'{allowed}")
+
+
 def refuse_exposed(path: str, setting: str, mask: int = KEY_MODE_MASK) -> None:
     """Raise :class:`ExposedSecretFile` if the file ``path`` (the value of ``setting``) has a
     permission bit of ``mask``."""
-    mode = exposed_mode(path, mask)
-    if mode is None:
-        return
-    others = "read" if mode & mask & 0o044 else "changed"
-    allowed = " (or 640, to share it with a group)" if not mask & 0o040 else ""
-    raise ExposedSecretFile(
-        f"{setting} {path} can be {others} by other accounts (mode {mode:04o}); run"
-        f" 'chmod 600 {path}'{allowed} and start again")
+    problem = exposure(path, setting, mask)
+    if problem is not None:
+        raise ExposedSecretFile(f"{problem} and start again")

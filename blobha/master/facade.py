@@ -21,9 +21,11 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import tempfile
 import threading
 import time
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 
 from blobha.core.acl import AccessControl
 from blobha.core.addresses import status_url
@@ -78,10 +80,10 @@ from blobha.wire.status import (
 )
 from blobha.wire.tls import ReloadingServerCredentials
 from blobha.zk import layout as zkstate
-from blobha.zk.connection import master_client, on_session_timeout
+from blobha.zk.connection import before_each_connection, master_client, on_session_timeout
 from blobha.zk.layout import BlobState
 from blobha.zk.lockdown import ZkCredentials, ZooKeeperAuthError
-from blobha.zk.tls import ZooKeeperTlsError
+from blobha.zk.tls import PinnedZkTls, ZooKeeperTlsError
 
 __all__ = ["CommitOutcomeUnknown", "Master"]
 
@@ -108,6 +110,12 @@ class Master:
                                    if s.zk_auth_scheme == "digest" else None)
             if s.zk_tls is not None:
                 s.zk_tls.context()  # unusable files fail here, naming their setting
+            # kazoo reads its TLS files at every connection: it gets a copy, taken again only
+            # when the files pass these checks again.
+            self.zk_tls_files = (
+                PinnedZkTls(s.zk_tls, Path(tempfile.mkdtemp(prefix="blobha-zk-tls-")))
+                if s.zk_tls is not None and s.zk_tls.cert else None)
+            zk_tls = self.zk_tls_files.pinned if self.zk_tls_files is not None else s.zk_tls
             self.authentication = ServerAuthentication(
                 make_authenticator(s.auth_mode, s.auth_token_file, s.auth_mtls_rules),
                 self.principal, lambda: self.cluster.secret,
@@ -123,14 +131,16 @@ class Master:
         # After the checks above: a master refused for its settings leaves no data directory.
         self.store = LocalStore(s.data_dir, s.disk_reserved_bytes)
         self.zk = master_client(s.zk_servers + s.zk_chroot, self.session_timeout,
-                                self.zk_credentials, s.zk_tls)
+                                self.zk_credentials, zk_tls)
+        if self.zk_tls_files is not None:
+            before_each_connection(self.zk, self.zk_tls_files.refresh)
         # Masters reach each other with this master's own certificate as client certificate.
         self.peers = Peers(self.principal, Credentials(
             ca=s.tls_ca or None, cert=s.tls_cert or None, key=s.tls_key or None,
         ) if s.tls_cert else None, stall_secs=s.sync_stall_secs)
         self.cluster = ClusterIdentity(self.zk, self.store, self.peers, s.zk_servers,
                                        s.zk_chroot, self.zk_credentials, self.session_timeout,
-                                       s.zk_tls)
+                                       zk_tls)
         self.uploads = UploadManager(self.store, s.upload_expiration_secs, s.upload_max_per_user)
         self.election = LeaderElection(
             self.zk, self.identity, self.session_timeout, self._on_elected, self._on_deposed
@@ -293,6 +303,8 @@ class Master:
             self.zk.close()
         except Exception:
             log.debug("ZooKeeper close failed", exc_info=True)
+        if self.zk_tls_files is not None:
+            self.zk_tls_files.close()
         self.store.close()
 
     # ---- election and membership callbacks -------------------------------------------------

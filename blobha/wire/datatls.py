@@ -19,17 +19,28 @@ log = logging.getLogger("blobha.tls")
 RELOAD_CHECK_SECS = 1.0
 
 
-def file_stamps(paths: Sequence[str]) -> tuple[tuple[int, int], ...]:
-    """(mtime_ns, size) of each file, (0, -1) for one that cannot be read: what tells a
-    reloading reader that certificate files changed."""
+def file_stamps(paths: Sequence[str]) -> tuple[tuple[int, int, int], ...]:
+    """(mtime_ns, size, mode) of each file, (0, -1, 0) for one that cannot be read: what
+    tells a reloading reader that certificate files changed. The mode is in it so that the
+    ``chmod`` which fixes a key refused for its mode brings the key in."""
     out = []
     for p in paths:
         try:
             st = os.stat(p)
-            out.append((st.st_mtime_ns, st.st_size))
+            out.append((st.st_mtime_ns, st.st_size, st.st_mode))
         except OSError:
-            out.append((0, -1))
+            out.append((0, -1, 0))
     return tuple(out)
+
+
+def refuse_exposed_key(key: str) -> None:
+    """Raise ValueError if the key file ``key`` (``tls.key``) has become readable by other
+    accounts: a reload takes no key that the start-up check would have refused."""
+    from blobha.core.secretfiles import exposure
+
+    problem = exposure(key, "tls.key")
+    if problem is not None:
+        raise ValueError(problem)
 
 
 def server_context(cert: str, key: str, ca: str, require_client_cert: bool) -> ssl.SSLContext:
@@ -77,9 +88,10 @@ class ReloadingServerContext:
             if stamp != self._stamp:
                 self._stamp = stamp
                 try:
+                    refuse_exposed_key(self._args[1])
                     self._context = server_context(*self._args)
                     log.info("data channel: TLS certificate reloaded from %s", self._args[0])
-                except (OSError, ssl.SSLError) as e:
+                except (OSError, ssl.SSLError, ValueError) as e:
                     log.error("data channel: TLS files changed but cannot be used (%s);"
                               " keeping the previous ones", e)
             return self._context

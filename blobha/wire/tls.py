@@ -15,7 +15,7 @@ from pathlib import Path
 
 import grpc
 
-from blobha.wire.datatls import file_stamps
+from blobha.wire.datatls import file_stamps, refuse_exposed_key
 
 log = logging.getLogger("blobha.tls")
 
@@ -31,8 +31,9 @@ class ReloadingServerCredentials:
     """Server credentials whose certificate, key and CA are re-read when their files change.
 
     gRPC asks the fetcher before each new TLS handshake; existing connections keep the
-    certificate they negotiated. A half-written or broken set of files is refused with an error
-    in the log and the previous certificates stay in use."""
+    certificate they negotiated. A half-written or broken set of files, or a key file other
+    accounts can read, is refused with an error in the log and the previous certificates stay
+    in use."""
 
     def __init__(self, cert: str, key: str, ca: str, require_client_cert: bool) -> None:
         if require_client_cert and not ca:
@@ -49,8 +50,12 @@ class ReloadingServerCredentials:
             require_client_authentication=require_client_cert,
         )
 
-    def _read(self) -> tuple[grpc.ServerCertificateConfiguration, tuple[tuple[int, int], ...]]:
+    def _read(self) -> tuple[grpc.ServerCertificateConfiguration,
+                             tuple[tuple[int, int, int], ...]]:
         stamp = file_stamps(self._paths)
+        # As at start (MasterSettings.refuse_exposed_secrets): a key file others can read is
+        # not taken, here at a reload, which keeps the previous pair.
+        refuse_exposed_key(self._key)
         pair = (read_file(self._key, "TLS key (tls.key)"),
                 read_file(self._cert, "TLS certificate (tls.cert)"))
         ca = read_file(self._ca, "TLS CA (tls.ca)") if self._ca else None

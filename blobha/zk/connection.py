@@ -277,6 +277,22 @@ def on_session_timeout(zk: KazooClient, callback: Callable[[float], None]) -> No
     connection._connect = connected
 
 
+def before_each_connection(zk: KazooClient, callback: Callable[[], None]) -> None:
+    """Call ``callback`` on kazoo's connection thread before each attempt to connect, before
+    kazoo reads its TLS files for it (a failing callback is logged; the attempt goes on)."""
+    connection = zk._connection
+    connect = connection._connect
+
+    def connecting(host: str, hostip: str, port: int) -> Any:
+        try:
+            callback()
+        except Exception:
+            log.exception("callback before a connection to ZooKeeper failed")
+        return connect(host, hostip, port)
+
+    connection._connect = connecting
+
+
 _hooks_lock = threading.Lock()
 
 
@@ -326,8 +342,8 @@ def add_recursive_watch(zk: KazooClient, path: str, callback: Callable[[WatchedE
         raise
 
 
-__all__ = ["UNREACHABLE", "PollHandler", "ReadResult", "add_recursive_watch", "poll_select",
-           "read_many_async"]
+__all__ = ["UNREACHABLE", "PollHandler", "ReadResult", "add_recursive_watch",
+           "before_each_connection", "poll_select", "read_many_async"]
 
 
 def master_client(hosts: str, timeout: float, credentials: ZkCredentials | None,

@@ -8,16 +8,25 @@ anyone on the path reads them.
 from __future__ import annotations
 
 import contextlib
+import logging
+import os
+import shutil
 import socket
 import ssl
+import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 from kazoo.client import KazooClient
 from kazoo.handlers.threading import KazooTimeoutError
 
-__all__ = ["ZkTls", "ZooKeeperTlsError", "diagnose", "start_explained"]
+from blobha.core.secretfiles import exposure
+
+__all__ = ["PinnedZkTls", "ZkTls", "ZooKeeperTlsError", "diagnose", "start_explained"]
+
+log = logging.getLogger("blobha.tls")
 
 #: How long a connection may take before :func:`start_explained` looks for a TLS mismatch:
 #: a healthy one comes up in milliseconds, and a mismatched one never does (kazoo retries
@@ -64,6 +73,83 @@ class ZkTls:
                     f"cannot use zookeeper.ssl.cert {self.cert!r} with zookeeper.ssl.key"
                     f" {self.key!r}: {_why(e)}") from None
         return ctx
+
+
+class PinnedZkTls:
+    """kazoo loads ``zookeeper.ssl.cert`` and ``zookeeper.ssl.key`` anew at every connection
+    to ZooKeeper. A master gives it a private copy instead (one PEM file holding both, in
+    ``directory``, mode 0700), made again before a connection (:meth:`refresh`, see
+    :func:`blobha.zk.connection.before_each_connection`) when the files changed and pass the
+    checks of the master's start again: a renewed certificate is taken without a restart, and
+    files that fail them (a key other accounts can read, a key that does not match its
+    certificate, a file half written) are refused with one log line, the copy in use staying
+    until they are fixed."""
+
+    def __init__(self, tls: ZkTls, directory: Path) -> None:
+        self.source = tls
+        self._directory = directory
+        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.chmod(directory, 0o700)
+        self._pair = directory / "client.pem"
+        #: What to give kazoo: the copy as certificate and key alike.
+        self.pinned = replace(tls, cert=str(self._pair), key=str(self._pair))
+        self._stamp = self._stamps()
+        try:
+            self._copy()  # at start: what fails is refused (ZooKeeperTlsError), naming it
+        except BaseException:
+            self.close()
+            raise
+
+    def _stamps(self) -> tuple[tuple[int, int, int], ...]:
+        out = []
+        for path in (self.source.cert, self.source.key):
+            try:
+                st = os.stat(path)
+                # The mode too: the chmod that fixes a refused key brings it in.
+                out.append((st.st_mtime_ns, st.st_size, st.st_mode))
+            except OSError:
+                out.append((0, -1, 0))
+        return tuple(out)
+
+    def refresh(self) -> None:
+        """Copy the files again if they changed and pass the checks; else keep the copy."""
+        stamp = self._stamps()
+        if stamp == self._stamp:
+            return
+        self._stamp = stamp
+        try:
+            self._copy()
+        except ZooKeeperTlsError as e:
+            log.error("%s; keeping the previous zookeeper.ssl.cert and zookeeper.ssl.key", e)
+            return
+        log.info("ZooKeeper TLS certificate reloaded from %s", self.source.cert)
+
+    def _copy(self) -> None:
+        problem = exposure(self.source.key, "zookeeper.ssl.key")
+        if problem is not None:
+            raise ZooKeeperTlsError(problem)
+        try:
+            with open(self.source.key, "rb") as f:
+                key = f.read()
+            with open(self.source.cert, "rb") as f:
+                cert = f.read()
+            fd, tmp = tempfile.mkstemp(prefix=".client-", dir=self._directory)  # mode 0600
+            try:
+                with os.fdopen(fd, "wb") as out:
+                    out.write(cert.rstrip(b"\n") + b"\n" + key)
+                ssl.create_default_context().load_cert_chain(tmp)  # the pair belongs together
+                os.replace(tmp, self._pair)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+                raise
+        except (OSError, ssl.SSLError) as e:
+            raise ZooKeeperTlsError(
+                f"cannot use zookeeper.ssl.cert {self.source.cert!r} with zookeeper.ssl.key"
+                f" {self.source.key!r}: {_why(e)}") from None
+
+    def close(self) -> None:
+        shutil.rmtree(self._directory, ignore_errors=True)
 
 
 def _why(e: BaseException) -> str:

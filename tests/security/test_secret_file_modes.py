@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import os
+import socket
+import ssl
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -14,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from clusters import running_cluster
+from conftest import wait_until
 from test_require_tls import Listener
 
 from blobha.client import Client
@@ -131,3 +134,46 @@ def test_token_job_out_writes_the_token_mode_600(secure: LocalCluster, tmp_path:
                         "--token-file", str(out), "cat", "modes-k"],
                        capture_output=True, timeout=60, env=_env())
     assert r.returncode == 0 and r.stdout == b"hello", r.stderr
+
+
+def _served_certificate(address: str, ca: str) -> bytes:
+    """The certificate a master's gRPC port presents to a new TLS connection (DER)."""
+    host, port = address.rsplit(":", 1)
+    ctx = ssl.create_default_context(cafile=ca)
+    ctx.set_alpn_protocols(["h2"])
+    with socket.create_connection((host, int(port)), timeout=10) as raw, \
+            ctx.wrap_socket(raw, server_hostname=host) as conn:
+        der = conn.getpeercert(binary_form=True)
+    assert der is not None
+    return der
+
+
+def test_a_renewed_tls_key_other_accounts_can_read_is_not_taken_by_a_running_master(
+        secure: LocalCluster, tmp_path: Path) -> None:
+    # At start such a key is refused; a renewal that leaves it open is refused the same way
+    # while the master runs: the old pair serves on, one log line says why and what to run.
+    from blobha.ops import certgen
+
+    m = secure.masters[0]
+    d = secure.secure_dir
+    cert, key, ca = d / "master-1.pem", d / "master-1-key.pem", str(d / "ca.pem")
+    served = _served_certificate(m.address, ca)
+    renewed = certgen.issue(certgen.CertFiles(d / "ca.pem", d / "ca-key.pem"), tmp_path,
+                            "renewed", m.address, hosts=["127.0.0.1", "localhost"])
+    key.chmod(0o644)
+    key.write_bytes(renewed.key.read_bytes())
+    cert.write_bytes(renewed.cert.read_bytes())
+    said = (f"tls.key {key} can be read by other accounts (mode 0644); run 'chmod 600 {key}'")
+
+    def refused() -> bool:
+        assert _served_certificate(m.address, ca) == served  # each handshake looks again
+        return said in m.log_path.read_text()
+
+    wait_until(refused, 30, "the master to refuse the key, in its log")
+    with Client(secure.cluster, credentials=secure.credentials("alice"), timeout=30) as c:
+        c.create("modes-served-on", b"still served", acl="u:alice:rwa")
+
+    key.chmod(0o600)  # the fix the line names: the renewed pair comes in, no restart
+    new = ssl.PEM_cert_to_DER_cert(renewed.cert.read_text())
+    wait_until(lambda: _served_certificate(m.address, ca) == new, 30,
+               "the renewed certificate served")

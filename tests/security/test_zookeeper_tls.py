@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import FAST, client_for
+from conftest import FAST, client_for, wait_until
 from kazoo.client import KazooClient
 
 from blobha.ops import certgen
@@ -331,3 +331,43 @@ def test_a_master_refuses_a_secret_file_other_accounts_can_reach(
     assert f"{setting} {path} can be" in line and f"by other accounts (mode {mode:04o})" in line
     assert f"'chmod 600 {path}'" in line
     assert not (tmp_path / "data").exists()  # refused before it made anything
+
+
+def test_a_zookeeper_key_made_readable_by_others_is_not_taken_at_a_reconnection(
+        tmp_path: Path) -> None:
+    # kazoo loads zookeeper.ssl.key at every connection. A renewal that leaves the key open
+    # to other accounts must not come in at the next one: the master reconnects with what it
+    # had, says so in one line, and takes the renewal once the key is chmodded.
+    from zkproxy import ProxiedCluster
+
+    cluster = ProxiedCluster(tmp_path / "cluster", nodes=1, base_port=0, overrides=FAST,
+                             tls=True)
+    try:
+        cluster.start()
+        m = cluster.masters[0]
+        d = cluster.secure_dir
+        cert, key = d / "master-1.pem", d / "master-1-key.pem"  # its zookeeper.ssl.* too
+        renewed = certgen.issue(certgen.CertFiles(d / "ca.pem", d / "ca-key.pem"), tmp_path,
+                                "renewed", m.address, hosts=["127.0.0.1", "localhost"])
+        key.chmod(0o644)
+        key.write_bytes(renewed.key.read_bytes())
+        cert.write_bytes(renewed.cert.read_bytes())
+        said = f"zookeeper.ssl.key {key} can be read by other accounts (mode 0644)"
+        proxy = cluster.proxies[m.index]
+        proxy.hold()  # the connection drops, and kazoo connects again (through the proxy)
+        wait_until(lambda: said in m.log_path.read_text(), 30,
+                   "the master to refuse the key at a new connection")
+        proxy.release()
+        with client_for(cluster, "alice", credentials=cluster.credentials("alice")) as alice:
+            alice.create("zk-key-refused", b"x", acl="u:alice:rwa")  # ZooKeeper reached
+        assert "ZooKeeper TLS certificate reloaded" not in m.log_path.read_text()
+
+        key.chmod(0o600)
+        proxy.hold()
+        wait_until(lambda: "ZooKeeper TLS certificate reloaded" in m.log_path.read_text(), 30,
+                   "the fixed key taken at the next connection")
+        proxy.release()
+        with client_for(cluster, "alice", credentials=cluster.credentials("alice")) as alice:
+            alice.create("zk-key-taken", b"x", acl="u:alice:rwa")
+    finally:
+        cluster.stop()

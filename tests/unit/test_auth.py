@@ -3,6 +3,7 @@ a network (the integration tests in test_security.py run them against real maste
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 
@@ -30,6 +31,7 @@ from blobha.core.errors import Busy, InvalidArgument, Unauthenticated
 from blobha.master.config import Config, ConfigError
 from blobha.master.edge.audit import AuditRecord
 from blobha.ops import certgen
+from blobha.wire import datatls
 from blobha.wire.credentials import Credentials
 from blobha.wire.tls import ReloadingServerCredentials
 from blobha.zk.lockdown import ZkCredentials, ZooKeeperAuthError
@@ -79,6 +81,7 @@ def test_token_file_reloads_and_survives_a_broken_edit(tmp_path: Path,
     alice, carol = new_token("alice"), new_token("carol")
     path = tmp_path / "tokens"
     path.write_text(hash_token(alice) + "\n")
+    path.chmod(0o600)  # as a master requires; a reload checks it again
     a = TokenAuthenticator(path)
     with pytest.raises(Unauthenticated):
         a.authenticate(bearer(carol), NO_PEER)
@@ -96,6 +99,7 @@ def test_a_token_added_just_now_works_on_its_first_use(tmp_path: Path) -> None:
     alice, carol = new_token("alice"), new_token("carol")
     path = tmp_path / "tokens"
     path.write_text(hash_token(alice) + "\n")
+    path.chmod(0o600)  # as a master requires; a reload checks it again
     a = TokenAuthenticator(path)
     assert a.authenticate(bearer(alice), NO_PEER) == "alice"
     with path.open("a") as f:
@@ -140,6 +144,31 @@ def test_an_unknown_user_pays_the_same_capped_scrypt_check_as_a_known_one(
         CALLER_PEER.reset(caller)
         for place in held:
             auth._SCRYPT_CHECKS.give(place)
+
+
+def test_a_token_file_opened_to_others_is_not_taken_at_a_reload(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    # At start a master refuses it (MasterSettings.refuse_exposed_secrets); later, whoever
+    # may change it could add a token of their own, so a reload does not take it either.
+    alice, carol = new_token("alice"), new_token("carol")
+    path = tmp_path / "tokens"
+    path.write_text(hash_token(alice) + "\n")
+    path.chmod(0o600)
+    a = TokenAuthenticator(path)
+    path.chmod(0o666)
+    with path.open("a") as f:
+        f.write(hash_token(carol) + "\n")
+    with caplog.at_level(logging.ERROR, logger="blobha.auth"):
+        for _ in range(2):
+            with pytest.raises(Unauthenticated, match="refused"):
+                a.authenticate(bearer(carol), NO_PEER)
+    said = [r.getMessage() for r in caplog.records if "not reloaded" in r.getMessage()]
+    assert len(said) == 1, said  # once per change of the file, not once per call
+    assert (f"auth.token.file {path} can be read by other accounts (mode 0666); run 'chmod 600"
+            f" {path}'") in said[0]
+    assert a.authenticate(bearer(alice), NO_PEER) == "alice"  # the previous file serves
+    path.chmod(0o640)  # the fix: taken at once, with nothing else changed
+    assert a.authenticate(bearer(carol), NO_PEER) == "carol"
 
 
 def test_bad_token_files_are_refused_at_start(tmp_path: Path) -> None:
@@ -243,6 +272,37 @@ def test_server_certificates_reload_only_when_usable(tmp_path: Path) -> None:
         ReloadingServerCredentials(str(first.cert), str(first.key), "", False)
     with pytest.raises(ValueError, match=r"tls\.ca"):
         ReloadingServerCredentials(str(other.cert), str(other.key), "", True)
+
+
+def test_a_key_other_accounts_can_read_is_not_taken_at_a_reload(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # At start such a key is refused (MasterSettings.refuse_exposed_secrets); a renewal that
+    # leaves it open must not bring it in later. Both the gRPC side and the data channel keep
+    # what they serve, say why in one line, and take the files once they are chmodded.
+    monkeypatch.setattr(datatls, "RELOAD_CHECK_SECS", 0.0)
+    ca = certgen.make_ca(tmp_path)
+    first = certgen.issue(ca, tmp_path, "m", "m", hosts=["127.0.0.1"])
+    grpc_side = ReloadingServerCredentials(str(first.cert), str(first.key), str(ca.cert),
+                                           require_client_cert=False)
+    data_side = datatls.ReloadingServerContext(str(first.cert), str(first.key), str(ca.cert),
+                                               require_client_cert=False)
+    served = data_side.current()
+    renewed = certgen.issue(ca, tmp_path / "renewed", "m", "m", hosts=["127.0.0.1"])
+    first.key.chmod(0o644)
+    first.key.write_bytes(renewed.key.read_bytes())
+    first.cert.write_bytes(renewed.cert.read_bytes())
+    with caplog.at_level(logging.ERROR, logger="blobha.tls"):
+        assert grpc_side._fetch() is None
+        assert data_side.current() is served
+    assert grpc_side.reloads == 0
+    said = (f"tls.key {first.key} can be read by other accounts (mode 0644); run"
+            f" 'chmod 600 {first.key}'")
+    lines = [r.getMessage() for r in caplog.records]
+    assert len([m for m in lines if said in m and "keeping the previous ones" in m]) == 2, lines
+    first.key.chmod(0o600)  # the fix the line names, and nothing else: taken at the next look
+    assert grpc_side._fetch() is not None and grpc_side.reloads == 1
+    assert data_side.current() is not served
 
 
 # ---- configuration, ZooKeeper credentials, audit -------------------------------------------------
@@ -402,6 +462,7 @@ def test_a_reload_keeps_the_tokens_verified_of_users_whose_lines_did_not_change(
     path = tmp_path / "tokens"
     alice_line = hash_token(alice)  # salted: a line made again would differ
     path.write_text(alice_line + "\n" + hash_token(bob) + "\n")
+    path.chmod(0o600)  # as a master requires; a reload checks it again
     authenticator = TokenAuthenticator(str(path))
     for token in (alice, bob):
         authenticator.authenticate({AUTHORIZATION_METADATA_KEY: f"Bearer {token}"}, {})

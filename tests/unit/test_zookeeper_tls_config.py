@@ -3,6 +3,7 @@ checks of its secret files, without processes."""
 
 from __future__ import annotations
 
+import logging
 import re
 import socket
 from pathlib import Path
@@ -14,7 +15,7 @@ from blobha.master.config import Config, ConfigError
 from blobha.master.settings import MasterSettings
 from blobha.ops import certgen
 from blobha.zk.lockdown import ZkCredentials, ZooKeeperAuthError
-from blobha.zk.tls import ZkTls, ZooKeeperTlsError, diagnose
+from blobha.zk.tls import PinnedZkTls, ZkTls, ZooKeeperTlsError, diagnose
 
 
 @pytest.mark.parametrize(("overrides", "message"), [
@@ -105,3 +106,45 @@ def test_zookeeper_credentials_readable_by_others_are_refused(tmp_path: Path) ->
     path.chmod(0o644)
     with pytest.raises(ZooKeeperAuthError, match=re.escape(f"chmod 600 {path}")):
         ZkCredentials.from_file(path)
+
+
+def test_kazoo_gets_a_copy_of_the_zookeeper_tls_files_renewed_only_when_they_pass(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    # kazoo loads zookeeper.ssl.cert and .key at every connection: a key made readable by
+    # others (or not matching its certificate) after the start must not come in that way.
+    ca = certgen.make_ca(tmp_path / "ca")
+    mine = certgen.issue(ca, tmp_path / "mine", "m", "m")
+    pinned = PinnedZkTls(ZkTls(str(ca.cert), str(mine.cert), str(mine.key)), tmp_path / "copy")
+    try:
+        copy = Path(pinned.pinned.cert)
+        assert pinned.pinned.key == pinned.pinned.cert and pinned.pinned.ca == str(ca.cert)
+        assert copy.stat().st_mode & 0o077 == 0 and (tmp_path / "copy").stat().st_mode & 0o077 == 0
+        pinned.pinned.context()  # what kazoo loads: certificate and key, from the one file
+        first = copy.read_bytes()
+        assert mine.key.read_bytes() in first
+
+        renewed = certgen.issue(ca, tmp_path / "renewed", "m", "m")
+        mine.key.chmod(0o644)
+        mine.key.write_bytes(renewed.key.read_bytes())
+        mine.cert.write_bytes(renewed.cert.read_bytes())
+        with caplog.at_level(logging.ERROR, logger="blobha.tls"):
+            pinned.refresh()
+            pinned.refresh()  # said once per change, not at every connection
+        said = [r.getMessage() for r in caplog.records]
+        assert len(said) == 1 and (f"zookeeper.ssl.key {mine.key} can be read by other accounts"
+                                   f" (mode 0644); run 'chmod 600 {mine.key}'") in said[0]
+        assert "keeping the previous" in said[0]
+        assert copy.read_bytes() == first
+
+        mine.key.chmod(0o600)  # the fix: taken at the next connection
+        pinned.refresh()
+        assert renewed.key.read_bytes() in copy.read_bytes()
+        pinned.pinned.context()
+
+        other = certgen.issue(ca, tmp_path / "other", "o", "o")
+        mine.key.write_bytes(other.key.read_bytes())  # a renewal half done: not a pair
+        pinned.refresh()
+        assert renewed.key.read_bytes() in copy.read_bytes()
+    finally:
+        pinned.close()
+    assert not (tmp_path / "copy").exists()
