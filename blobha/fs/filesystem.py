@@ -14,6 +14,7 @@ or is discarded leaves nothing visible.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import errno
 import fnmatch
@@ -47,8 +48,9 @@ class BlobhaFileSystem(AbstractFileSystem):  # type: ignore[misc]
 
     ``cluster`` (default ``$BLOBHA_CLUSTER``), ``user`` (default ``$BLOBHA_USER`` or the token's
     owner), ``ca``, ``cert``, ``tls_key`` and ``token_file`` (default: the ``BLOBHA_*``
-    environment, as for the command line) and ``timeout`` are the storage options; or pass a
-    ready ``client``.
+    environment, as for the command line), ``require_tls`` (default: ``$BLOBHA_REQUIRE_TLS``,
+    else the client profile's ``require_tls``: no token is sent without TLS) and ``timeout``
+    are the storage options; or pass a ready ``client``.
     """
 
     protocol = "blobha"
@@ -56,8 +58,8 @@ class BlobhaFileSystem(AbstractFileSystem):  # type: ignore[misc]
 
     def __init__(self, cluster: str | None = None, user: str | None = None, *,
                  ca: str | None = None, cert: str | None = None, tls_key: str | None = None,
-                 token_file: str | None = None, timeout: float = 60.0,
-                 client: Client | None = None, **kwargs: Any) -> None:
+                 token_file: str | None = None, require_tls: bool | None = None,
+                 timeout: float = 60.0, client: Client | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         if client is None:
             import os
@@ -66,9 +68,15 @@ class BlobhaFileSystem(AbstractFileSystem):  # type: ignore[misc]
             if not addresses:
                 raise ValueError("no cluster given: pass storage_options={'cluster':"
                                  " 'HOST:PORT,...'} or set BLOBHA_CLUSTER")
-            given = ca or cert or tls_key or token_file
-            credentials = (Credentials(ca=ca, cert=cert, key=tls_key, token_file=token_file)
-                           if given else None)
+            if require_tls is not None and not isinstance(require_tls, bool):
+                raise ValueError(f"the require_tls storage option is True or False, not"
+                                 f" {require_tls!r}")
+            # Not given, whether TLS is required is the environment's or the profile's
+            # (Credentials decides that for every client path).
+            credentials = Credentials.from_env(require_tls=require_tls)
+            if ca or cert or tls_key or token_file:  # given, they stand in for all of BLOBHA_*
+                credentials = dataclasses.replace(credentials, ca=ca, cert=cert, key=tls_key,
+                                                  token_file=token_file)
             client = Client(addresses, user=user, timeout=timeout, credentials=credentials)
         self.client = client
 

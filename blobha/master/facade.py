@@ -135,9 +135,12 @@ class Master:
         if self.zk_tls_files is not None:
             before_each_connection(self.zk, self.zk_tls_files.refresh)
         # Masters reach each other with this master's own certificate as client certificate.
+        # Whether that is TLS is tls.*, never a client's BLOBHA_REQUIRE_TLS (or profile) that
+        # the environment a master was started from may hold.
         self.peers = Peers(self.principal, Credentials(
             ca=s.tls_ca or None, cert=s.tls_cert or None, key=s.tls_key or None,
-        ) if s.tls_cert else None, stall_secs=s.sync_stall_secs)
+            require_tls=False,
+        ), stall_secs=s.sync_stall_secs)
         self.cluster = ClusterIdentity(self.zk, self.store, self.peers, s.zk_servers,
                                        s.zk_chroot, self.zk_credentials, self.session_timeout,
                                        zk_tls)

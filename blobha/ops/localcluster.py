@@ -304,6 +304,9 @@ class LocalCluster:
         :data:`SECURE_USERS`)."""
         d = self.secure_dir
         return Credentials(
+            # This cluster's own set-up, not a client profile's requirement (which would stop
+            # `blobha local-cluster` at its first status call, or with a broken profile file).
+            require_tls=self.tls,
             ca=str(d / "ca.pem") if self.tls else None,
             cert=str(d / f"{user}.pem") if self.auth == "mtls" else None,
             key=str(d / f"{user}-key.pem") if self.auth == "mtls" else None,

@@ -233,9 +233,12 @@ def job_credentials(cache_dir: str) -> Credentials | None:
 
     own = Credentials.from_env()
     ca = _ca_file(pem, cache_dir) if pem.strip() else own.ca
+    # TLS required by the node (its environment or profile) or by the launcher (which passes
+    # BLOBHA_REQUIRE_TLS on when it required it): no job token goes out without it.
     if token:
-        return Credentials(ca=ca, bearer=token)
-    return Credentials(ca=ca, cert=own.cert, key=own.key, token_file=own.token_file)
+        return Credentials(ca=ca, bearer=token, require_tls=own.require_tls)
+    return Credentials(ca=ca, cert=own.cert, key=own.key, token_file=own.token_file,
+                       require_tls=own.require_tls)
 
 
 def open_cache(settings: SparkBlobSettings) -> BlobCache:

@@ -382,12 +382,18 @@ def insert_options(args: Sequence[str], extra: Sequence[str]) -> list[str]:
     return [*args[:i], *extra, *args[i:]]
 
 
-def secret_properties(token: str, ca: str | None) -> dict[str, str]:
+def secret_properties(token: str, ca: str | None, require_tls: bool = False
+                      ) -> dict[str, str]:
     """The job token for the driver and the executors, under names Spark redacts, and the CA
     certificate's content when the cluster uses TLS: for a private properties file, never
     spark-submit's command line, which every account on the machine can read in ``ps``
-    (executors get ``spark.executorEnv.*`` in their environment, not their command line)."""
+    (executors get ``spark.executorEnv.*`` in their environment, not their command line).
+    With ``require_tls`` (the launcher's own requirement), the executors require TLS too."""
     out = {CONF_JOB_TOKEN: token, f"spark.executorEnv.{ENV_JOB_TOKEN}": token}
+    if require_tls:
+        from blobha.wire.credentials import ENV_REQUIRE_TLS
+
+        out[f"spark.executorEnv.{ENV_REQUIRE_TLS}"] = "1"
     if ca:
         try:
             pem = Path(ca).read_text()

@@ -377,7 +377,7 @@ def _store_code_and_token(
         if token and not is_job_token(token):
             job = c.issue_job_token(settings.all_keys, max(1, int(lifetime)))
             log.info("job token %s for %d key(s)", job_token_id(job.token), len(settings.all_keys))
-            confs = secret_properties(job.token, creds.ca)
+            confs = secret_properties(job.token, creds.ca, creds.require_tls)
         report = wait_for_replication(settings.all_keys, settings.min_replication,
                                       settings.max_wait_secs, on_timeout=settings.on_timeout,
                                       client=c)

@@ -5,6 +5,12 @@
 cache, the Spark integration) picks them up without code changes. With a CA or a certificate the
 connection uses TLS and verifies the master's certificate; otherwise it is plain text.
 
+Whether TLS is required is decided here, for every client path at once (the CLI, fsspec, the
+node cache, Spark's executors): unless it is given, ``require_tls`` is
+``$BLOBHA_REQUIRE_TLS``, else the ``require_tls`` of the client profile in use
+(:func:`tls_required`), and a client that requires TLS makes no channel without it
+(:meth:`Credentials.channel`), so no token, password or job token is sent in clear.
+
 The token, from the file or given directly (``bearer``), is a user token (``USER:SECRET``) or a
 job token (``bjt1.ID.SECRET``, docs/security.md); either goes as ``authorization: Bearer ...``.
 """
@@ -44,43 +50,71 @@ _DATA_TLS: dict[tuple[str | None, ...], tuple[tuple[float, ...], ssl.SSLContext]
 _DATA_TLS_LOCK = threading.Lock()
 
 
+def tls_required(env: Mapping[str, str] | None = None) -> bool:
+    """Whether clients must use TLS: ``BLOBHA_REQUIRE_TLS`` of ``env`` (None: this process's
+    environment) when set, whatever its value (``0`` turns a profile's requirement off, as
+    every variable wins over the profile); else, for this process's environment, the
+    ``require_tls`` of the client profile it names (``$BLOBHA_PROFILE``, else ``[default]``
+    of ``$BLOBHA_CONFIG`` or ``~/.config/blobha/client.toml``). A profile file that cannot
+    be read raises its :class:`~blobha.core.profiles.ProfileError`: a requirement it may
+    hold is not dropped unseen."""
+    source = os.environ if env is None else env
+    value = source.get(ENV_REQUIRE_TLS, "").strip().lower()
+    if value or env is not None:
+        return value in _TRUE
+    from blobha.core import profiles  # here: a client given its settings never reads the file
+
+    return profiles.load(env=os.environ).values.get("require_tls") == "1"
+
+
+_TLS_REQUIRED = (
+    "TLS is required (--require-tls, BLOBHA_REQUIRE_TLS, the profile's require_tls or the"
+    " require_tls storage option) but no CA is given, so the token would cross the network in"
+    " clear: pass --ca FILE (BLOBHA_CA, the ca storage option) with the CA of the masters'"
+    " certificates")
+
+
 @dataclass(frozen=True)
 class Credentials:
     """``ca``: CA file that signed the masters' certificates (turns TLS on); ``cert``/``key``:
     a client certificate (TLS, for ``auth.mode = "mtls"``); ``token_file``: a file holding a
     token from ``blobha token create`` or ``blobha token job`` (for ``auth.mode = "token"``);
     ``bearer``: such a token given directly instead (a job token an executor got from its
-    Spark configuration), never shown by ``repr``; ``require_tls``: refuse to make a client
-    without TLS, so that a token is never sent in clear by mistake (a forgotten ``--ca``)."""
+    Spark configuration), never shown by ``repr``; ``require_tls``: refuse to make a channel
+    without TLS, so that a token is never sent in clear by mistake (a forgotten ``--ca``);
+    not given, it is :func:`tls_required` (the environment, else the client profile)."""
 
     ca: str | None = None
     cert: str | None = None
     key: str | None = None
     token_file: str | None = None
     bearer: str | None = field(default=None, repr=False)
-    require_tls: bool = False
+    require_tls: bool = field(default_factory=tls_required)
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None) -> Credentials:
-        env = os.environ if env is None else env
+    def from_env(cls, env: Mapping[str, str] | None = None, *,
+                 require_tls: bool | None = None) -> Credentials:
+        """The credentials of ``env`` (None: this process's environment); ``require_tls``
+        given wins over :func:`tls_required`."""
         return cls(
-            ca=env.get(ENV_CA) or None, cert=env.get(ENV_CERT) or None,
-            key=env.get(ENV_KEY) or None, token_file=env.get(ENV_TOKEN_FILE) or None,
-            require_tls=env.get(ENV_REQUIRE_TLS, "").strip().lower() in _TRUE,
+            ca=_get(env, ENV_CA), cert=_get(env, ENV_CERT), key=_get(env, ENV_KEY),
+            token_file=_get(env, ENV_TOKEN_FILE),
+            require_tls=tls_required(env) if require_tls is None else require_tls,
         )
 
     @property
     def tls(self) -> bool:
         return bool(self.ca or self.cert)
 
+    def refuse_plaintext(self) -> None:
+        """Raise InvalidArgument if TLS is required and these credentials have none: the one
+        place every client path asks, before a channel (and so a byte) exists."""
+        if self.require_tls and not self.tls:
+            raise InvalidArgument(_TLS_REQUIRED)
+
     def check(self) -> Credentials:
         """Raise InvalidArgument naming the problem if the files cannot be used."""
-        if self.require_tls and not self.tls:
-            # Before a token is even read: nothing is sent anywhere.
-            raise InvalidArgument(
-                "TLS is required (--require-tls, BLOBHA_REQUIRE_TLS or the profile's"
-                " require_tls) but no CA is given: pass --ca FILE (BLOBHA_CA) with the CA of"
-                " the masters' certificates")
+        self.refuse_plaintext()  # before a token is even read: nothing is sent anywhere
         if bool(self.cert) != bool(self.key):
             raise InvalidArgument("a client certificate needs both --cert and --tls-key"
                                   " (BLOBHA_CERT and BLOBHA_KEY)")
@@ -136,6 +170,9 @@ class Credentials:
 
     def channel(self, address: str, options: Sequence[tuple[str, object]]) -> grpc.Channel:
         if not self.tls:
+            # Here too, not only in check(): a transport given credentials that were never
+            # checked must not send their token in clear either.
+            self.refuse_plaintext()
             return grpc.insecure_channel(address, options=list(options))
         # Only here: blobha.wire.tls loads cryptography (tens of milliseconds), which a client of a
         # plain-text cluster (a Spark task checking a blob's version, say) has no use for.
@@ -176,6 +213,10 @@ class Credentials:
             except OSError:
                 out.append(-1.0)
         return tuple(out)
+
+
+def _get(env: Mapping[str, str] | None, name: str) -> str | None:
+    return (os.environ if env is None else env).get(name) or None
 
 
 def refuse_exposed(path: str, option: str) -> None:

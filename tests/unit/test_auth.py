@@ -250,6 +250,31 @@ def test_client_credentials_from_the_environment(tmp_path: Path) -> None:
         Credentials(token_file=str(tmp_path / "empty")).check()
 
 
+def test_whether_tls_is_required_is_decided_for_every_credential(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in [n for n in os.environ if n.startswith("BLOBHA_")]:
+        monkeypatch.delenv(name)
+    profile = tmp_path / "client.toml"
+    profile.write_text("[default]\nrequire_tls = true\n")
+    monkeypatch.setenv("BLOBHA_CONFIG", str(profile))
+    assert Credentials().require_tls  # however made: the profile's requirement
+    assert Credentials(bearer="bjt1.x").require_tls and Credentials.from_env().require_tls
+    assert not Credentials.from_env({}).require_tls  # a mapping given is all there is
+    monkeypatch.setenv("BLOBHA_REQUIRE_TLS", "0")
+    assert not Credentials().require_tls  # the variable wins over the profile, as always
+    monkeypatch.setenv("BLOBHA_REQUIRE_TLS", "1")
+    token = tmp_path / "t"
+    token.write_text(new_token("alice") + "\n")
+    # Never checked (a transport given them directly): still no channel in clear.
+    with pytest.raises(InvalidArgument, match="TLS is required"):
+        Credentials(token_file=str(token)).channel("127.0.0.1:1", [])
+    Credentials(token_file=str(token), require_tls=False).channel("127.0.0.1:1", []).close()
+    profile.write_text("[default]\nrequire_tls = 'yes'\n")
+    monkeypatch.delenv("BLOBHA_REQUIRE_TLS")
+    with pytest.raises(InvalidArgument, match=r"client\.toml, line 2: .*require_tls"):
+        Credentials()  # a requirement it cannot read is not dropped unseen
+
+
 # ---- TLS -----------------------------------------------------------------------------------------
 
 
