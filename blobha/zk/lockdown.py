@@ -129,16 +129,29 @@ def ensure_locked_chroot(servers: str, chroot: str, creds: ZkCredentials | None,
                 " credentials"
             ) from None
         if not is_locked(acls, creds.acl):
-            changed = lock_down(root, chroot, creds.acl)
-            log.warning("ZooKeeper lock-down: set the masters-only ACL on %d znodes under %s",
-                        changed, chroot)
-            # Whoever read the cluster secret while the tree was open could still call as a
-            # master: a new one, which running masters learn through their watch.
-            secret = chroot.rstrip("/") + MASTER_SECRET
-            if root.exists(secret) is not None:
-                root.set(secret, new_cluster_secret().encode())
-                log.warning("ZooKeeper lock-down: rotated the cluster secret, readable by"
-                            " anyone while the tree was open")
+            lock_down_tree(root, chroot, creds)
+            rotate_exposed_secret(root, chroot)
     finally:
         root.stop()
         root.close()
+
+
+def lock_down_tree(zk: KazooClient, chroot: str, creds: ZkCredentials) -> int:
+    """Lock-down's first step: the masters-only ACL on every node of the open tree below
+    ``chroot`` (``zk`` has no chroot). Returns how many nodes changed."""
+    changed = lock_down(zk, chroot, creds.acl)
+    log.warning("ZooKeeper lock-down: set the masters-only ACL on %d znodes under %s",
+                changed, chroot)
+    return changed
+
+
+def rotate_exposed_secret(zk: KazooClient, chroot: str) -> bool:
+    """Lock-down's second step: whoever read the cluster secret while the tree was open could
+    still call as a master; a new one, which running masters learn through their watch."""
+    secret = chroot.rstrip("/") + MASTER_SECRET
+    if zk.exists(secret) is None:
+        return False
+    zk.set(secret, new_cluster_secret().encode())
+    log.warning("ZooKeeper lock-down: rotated the cluster secret, readable by anyone while the"
+                " tree was open")
+    return True
