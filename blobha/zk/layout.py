@@ -8,6 +8,8 @@
     /epoch                            the fencing token, bumped by every new leader
     /masters/<host:port>              ephemeral membership of live masters
     /master-secret                    the cluster secret masters prove themselves with
+    /master-secret-exposed            while it exists, the secret was readable by anyone (an
+                                      open tree being locked down): the next start rotates it
     /blobstore-id                     the cluster id (a wiped ZooKeeper is not this cluster)
     /journal                          the last keys the leader created (JSON, see JournalRecord)
     /job-tokens/<id>                  a job token's hashed record (JSON, see JobTokenRecord)
@@ -32,6 +34,9 @@ ELECTION = "/election"
 EPOCH = "/epoch"
 MASTERS = "/masters"
 MASTER_SECRET = "/master-secret"
+#: Made by lock-down before it locks anything, removed with the rotation that follows it in one
+#: transaction: a crash in between leaves it, and the next master to start rotates.
+SECRET_EXPOSED = "/master-secret-exposed"
 JOURNAL = "/journal"
 JOB_TOKENS = "/job-tokens"
 ALL_ROOTS = (BLOBSTORE, ELECTION, MASTERS, JOURNAL, JOB_TOKENS)

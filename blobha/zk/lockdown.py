@@ -6,11 +6,14 @@ With ``zookeeper.auth.scheme = "digest"`` every master session authenticates wit
 credentials in ``zookeeper.auth.file`` and every znode it creates (the chroot included) gets
 ``digest:<user>:<hash>:cdrwa`` and nothing else. An existing open tree is migrated at start:
 :func:`lock_down` sets the ACL on every node, the chroot last, so an interrupted migration is
-resumed by the next start.
+resumed by the next start; then the cluster secret, which anyone could read until then, is
+replaced. A marker node made before the first ACL changes and removed with that rotation makes
+the rotation survive a crash in between: the next master to start does it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from dataclasses import dataclass
@@ -18,12 +21,12 @@ from pathlib import Path
 from typing import Any
 
 from kazoo.client import KazooClient
-from kazoo.exceptions import NoAuthError, NoNodeError
+from kazoo.exceptions import NoAuthError, NodeExistsError, NoNodeError
 from kazoo.security import ACL, make_digest_acl
 
 from blobha.core.auth import new_cluster_secret
 from blobha.core.secretfiles import ExposedSecretFile, refuse_exposed
-from blobha.zk.layout import MASTER_SECRET
+from blobha.zk.layout import MASTER_SECRET, SECRET_EXPOSED
 from blobha.zk.tls import ZkTls, start_explained
 
 log = logging.getLogger("blobha.zkauth")
@@ -130,7 +133,9 @@ def ensure_locked_chroot(servers: str, chroot: str, creds: ZkCredentials | None,
             ) from None
         if not is_locked(acls, creds.acl):
             lock_down_tree(root, chroot, creds)
-            rotate_exposed_secret(root, chroot)
+        # Every start, not only the one that locked the tree: a lock-down cut short by a crash
+        # left its marker, and the secret anyone could read is still the cluster's.
+        rotate_exposed_secret(root, chroot)
     finally:
         root.stop()
         root.close()
@@ -138,7 +143,13 @@ def ensure_locked_chroot(servers: str, chroot: str, creds: ZkCredentials | None,
 
 def lock_down_tree(zk: KazooClient, chroot: str, creds: ZkCredentials) -> int:
     """Lock-down's first step: the masters-only ACL on every node of the open tree below
-    ``chroot`` (``zk`` has no chroot). Returns how many nodes changed."""
+    ``chroot`` (``zk`` has no chroot). Returns how many nodes changed.
+
+    Before any ACL changes, the marker :data:`SECRET_EXPOSED` is made (locked from the
+    start): from then on, a crash before :func:`rotate_exposed_secret` leaves it, and the next
+    master to start rotates the secret anyone could read while the tree was open."""
+    with contextlib.suppress(NodeExistsError):
+        zk.create(chroot.rstrip("/") + SECRET_EXPOSED, b"", acl=creds.acl)
     changed = lock_down(zk, chroot, creds.acl)
     log.warning("ZooKeeper lock-down: set the masters-only ACL on %d znodes under %s",
                 changed, chroot)
@@ -146,12 +157,23 @@ def lock_down_tree(zk: KazooClient, chroot: str, creds: ZkCredentials) -> int:
 
 
 def rotate_exposed_secret(zk: KazooClient, chroot: str) -> bool:
-    """Lock-down's second step: whoever read the cluster secret while the tree was open could
-    still call as a master; a new one, which running masters learn through their watch."""
-    secret = chroot.rstrip("/") + MASTER_SECRET
-    if zk.exists(secret) is None:
+    """Lock-down's second step, run at every master's start: while the marker of
+    :func:`lock_down_tree` exists, whoever read the cluster secret while the tree was open
+    could still call as a master. A new secret (running masters learn it through their
+    watch) and the marker's removal, in one transaction: a crash leaves both or neither.
+    False when there was no marker, or another master starting at the same moment rotated
+    first."""
+    base = chroot.rstrip("/")
+    marker = base + SECRET_EXPOSED
+    if zk.exists(marker) is None:
         return False
-    zk.set(secret, new_cluster_secret().encode())
+    txn = zk.transaction()
+    if zk.exists(base + MASTER_SECRET) is not None:
+        # None yet: the first master makes it, in the locked tree, and nobody else read it.
+        txn.set_data(base + MASTER_SECRET, new_cluster_secret().encode())
+    txn.delete(marker)
+    if any(isinstance(r, Exception) for r in txn.commit()):
+        return False  # the marker went meanwhile: another master's rotation
     log.warning("ZooKeeper lock-down: rotated the cluster secret, readable by anyone while the"
                 " tree was open")
     return True
