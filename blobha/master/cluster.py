@@ -6,8 +6,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import threading
-import time
 import uuid
 from contextlib import AbstractContextManager
 from typing import Any
@@ -19,14 +17,11 @@ from kazoo.exceptions import (
 )
 from kazoo.retry import KazooRetry
 
-from blobha.core.auth import new_cluster_secret
 from blobha.leader import LeaderElection
+from blobha.master.clustersecret import ClusterSecret
 from blobha.store.local import LocalStore
 from blobha.sync.peers import Peers
-from blobha.zk.layout import (
-    BLOBSTORE,
-    MASTER_SECRET,
-)
+from blobha.zk.layout import BLOBSTORE
 from blobha.zk.lockdown import ZkCredentials, ensure_locked_chroot
 from blobha.zk.tls import ZkTls
 
@@ -48,33 +43,35 @@ class ClusterIdentity:
         self.zk_tls = tls
         self.session_timeout = session_timeout
         self._zk_hosts = servers + chroot
-        self._cluster_secret = ""
-        # The secret before the last rotation, accepted until then (monotonic).
-        self._previous_secret = ""
-        self._previous_until = 0.0
-        self._secret_lock = threading.Lock()
+        self._secret = ClusterSecret(zk, peers.set_cluster_secret, self.old_secret_secs,
+                                     read_timeout=session_timeout)
         self._cluster_id_ok = False
         self._cluster_id = ""
         self._identity_alarm = False
 
     @property
     def secret(self) -> str:
-        return self._cluster_secret
+        """The secret this master sends (and signs peers' grants under)."""
+        return self._secret.current
+
+    @property
+    def accepted_secret(self) -> str:
+        """The secret a caller may prove it is a master with: the current one, while this
+        master can vouch for it (see blobha.master.clustersecret); "" otherwise."""
+        return self._secret.accepted()[0]
 
     @property
     def previous_secret(self) -> str:
         """The secret a rotation replaced, while masters that have not seen the rotation yet
-        may still send it; "" after."""
-        with self._secret_lock:
-            if time.monotonic() < self._previous_until:
-                return self._previous_secret
-            return ""
+        may still send it; "" after, and whenever the current one is not accepted."""
+        return self._secret.accepted()[1]
 
     @property
     def old_secret_secs(self) -> float:
         """How long a replaced secret is still accepted: a master that has not seen the
         rotation within twice its session timeout was cut from ZooKeeper long enough to lose
-        its session (ha-rule 5 c), and its watch reads the secret again when it reconnects."""
+        its session (ha-rule 5 c). Such a master, cut that long, accepts no secret at all
+        until it has read the secret again (blobha.master.clustersecret)."""
         return 2 * self.session_timeout
 
     def _answer(self, pending: Any) -> Any:
@@ -140,30 +137,14 @@ class ClusterIdentity:
         return False
 
     def load_secret(self) -> None:
-        """The secret masters prove themselves to each other with (see blobha.core.auth). The first
-        master creates it; under lock-down only masters can read it."""
-        with contextlib.suppress(NodeExistsError):
-            self.zk.create(MASTER_SECRET, new_cluster_secret().encode())
-        self._set_secret(self.zk.get(MASTER_SECRET)[0].decode())
-        # A rotation (blobha admin rotate-secret, or a lock-down of an open tree) reaches every
-        # master through this watch.
-        self.zk.DataWatch(MASTER_SECRET, self._secret_changed)
+        """The secret masters prove themselves to each other with (see blobha.core.auth). The
+        first master creates it; under lock-down only masters can read it. A rotation
+        (blobha admin rotate-secret, or a lock-down of an open tree) reaches every master
+        through the watch this sets."""
+        self._secret.load()
 
-    def _secret_changed(self, data: bytes | None, stat: Any) -> None:
-        if data:
-            self._set_secret(data.decode())
-
-    def _set_secret(self, secret: str) -> None:
-        with self._secret_lock:
-            if secret == self._cluster_secret:
-                return
-            if self._cluster_secret:
-                self._previous_secret = self._cluster_secret
-                self._previous_until = time.monotonic() + self.old_secret_secs
-                log.warning("the cluster secret was rotated; the old one is accepted for %.0f s"
-                            " more", self.old_secret_secs)
-            self._cluster_secret = secret
-        self.peers.set_cluster_secret(secret)
+    def close(self) -> None:
+        self._secret.close()
 
     def ensure_chroot(self) -> None:
         # A chrooted client cannot create its own root; do it once without the chroot, and

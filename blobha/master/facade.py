@@ -118,7 +118,7 @@ class Master:
             zk_tls = self.zk_tls_files.pinned if self.zk_tls_files is not None else s.zk_tls
             self.authentication = ServerAuthentication(
                 make_authenticator(s.auth_mode, s.auth_token_file, s.auth_mtls_rules),
-                self.principal, lambda: self.cluster.secret,
+                self.principal, lambda: self.cluster.accepted_secret,
                 previous_secret=lambda: self.cluster.previous_secret,
             )
             self.server_tls = (
@@ -301,6 +301,7 @@ class Master:
             log.info("keeping the ZooKeeper session %.1f s (master.stop.linger.secs)",
                      self.settings.stop_linger_secs)
             time.sleep(self.settings.stop_linger_secs)
+        self.cluster.close()
         try:
             self.zk.stop()
             self.zk.close()

@@ -1,8 +1,9 @@
 """Whoever read the cluster secret (from an open ZooKeeper tree, a backup, a departed
 operator's notes) can call any master as the masters themselves. A rotation by an admin, and
 the lock-down of an open tree, replace it: the old one is refused once every master could
-have seen the change, and the cluster goes on replicating with the new one; a lock-down cut
-short by a crash before its rotation is finished by the next start."""
+have seen the change, and the cluster goes on replicating with the new one. A master cut
+from ZooKeeper, which does not see the change, stops accepting it all the same; and a
+lock-down cut short by a crash before its rotation is finished by the next start."""
 
 from __future__ import annotations
 
@@ -14,8 +15,9 @@ from pathlib import Path
 
 import grpc
 import pytest
-from conftest import client_for, make_cluster, md, stub, wait_until
+from conftest import FAST, SESSION_TIMEOUT_MS, client_for, make_cluster, md, stub, wait_until
 from kazoo.client import KazooClient
+from zkproxy import ProxiedCluster
 
 from blobha.client import Client
 from blobha.core.auth import MASTER_SECRET_METADATA_KEY
@@ -24,6 +26,13 @@ from blobha.ops.localcluster import LocalCluster, MasterProcess
 from blobha.v1 import blobha_pb2 as pb
 from blobha.zk.layout import MASTER_SECRET, SECRET_EXPOSED
 from blobha.zk.lockdown import ZkCredentials, lock_down_tree
+
+SESSION = SESSION_TIMEOUT_MS / 1000
+#: How long a master accepts a replaced secret, and one it could not confirm
+#: (ClusterIdentity.old_secret_secs).
+WINDOW = 2 * SESSION
+#: A cut noticed (kazoo's read timeout, 2/3 of the session), plus scheduling on two cores.
+NOTICED = SESSION * 2 / 3 + 3.0
 
 BLOBHA = str(Path(sys.executable).with_name("blobha"))
 
@@ -136,6 +145,46 @@ def test_a_lock_down_cut_short_before_its_rotation_is_finished_by_the_next_start
             zk.stop()
             zk.close()
         _replicates_on_two(cluster, "after-crashed-lock-down")
+    finally:
+        cluster.stop()
+
+
+def test_a_master_cut_from_zookeeper_stops_accepting_a_secret_it_cannot_confirm(
+        tmp_path: Path) -> None:
+    cluster = ProxiedCluster(tmp_path / "cluster", nodes=2, base_port=0, overrides=FAST)
+    try:
+        cluster.start()
+        leader = cluster.leader()
+        cut = next(m for m in cluster.masters if m is not leader)
+        proxy = cluster.proxies[cut.index]
+        leaked = _read_secret(cluster)
+        assert _as_master_at(cut, leaked) is grpc.StatusCode.OK
+
+        # Cut off, it does not see the rotation: the replaced secret is refused there too,
+        # within the window of the loss of its connection, though it is still all it knows.
+        proxy.hold()
+        with Client(leader.address, user="admin", timeout=30) as admin:
+            admin.rotate_cluster_secret()
+        rotated = _read_secret(cluster)
+        wait_until(lambda: _as_master_at(cut, leaked) is grpc.StatusCode.UNAUTHENTICATED,
+                   NOTICED + WINDOW + 3, "the cut master to refuse the replaced secret")
+        assert _as_master_at(cut, rotated) is grpc.StatusCode.UNAUTHENTICATED
+        # Back, on a new session (the old one expired): it reads the secret before trusting.
+        proxy.release()
+        wait_until(lambda: _as_master_at(cut, rotated) is grpc.StatusCode.OK, 30,
+                   "the new secret read on the new session")
+        assert _as_master_at(cut, leaked) is grpc.StatusCode.UNAUTHENTICATED
+
+        # Cut again with no rotation: what it holds cannot be confirmed either, and is
+        # trusted again once read again, though it did not change (kazoo's DataWatch does
+        # not call back then).
+        proxy.hold()
+        wait_until(lambda: _as_master_at(cut, rotated) is grpc.StatusCode.UNAUTHENTICATED,
+                   NOTICED + WINDOW + 3, "the cut master to refuse the secret it holds")
+        proxy.release()
+        wait_until(lambda: _as_master_at(cut, rotated) is grpc.StatusCode.OK, 30,
+                   "the unchanged secret confirmed again")
+        _replicates_on_two(cluster, "after-the-cuts")
     finally:
         cluster.stop()
 
