@@ -151,7 +151,11 @@ def test_fsspec_that_requires_tls_sends_nothing_to_a_plaintext_cluster(
     monkeypatch.delenv("BLOBHA_REQUIRE_TLS", raising=False)
     (tmp_path / "no-profile.toml").write_text("[default]\n")
     options["require_tls"] = False
-    assert f"fs-tls-{how}" in fsspec.filesystem("blobha", **options).ls("", detail=False)
+    fs = fsspec.filesystem("blobha", **options)
+    try:
+        assert f"fs-tls-{how}" in fs.ls("", detail=False)
+    finally:
+        fs.client.close()
     assert token_file.read_text().strip().encode() in recording.captured
 
 

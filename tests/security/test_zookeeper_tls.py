@@ -83,6 +83,8 @@ class RecordingProxy:
 
     def stop(self) -> None:
         self._stopped.set()
+        with contextlib.suppress(OSError):
+            self._listener.shutdown(socket.SHUT_RDWR)  # wakes the accept: close alone does not
         self._listener.close()
         with self._lock:
             sockets = list(self._sockets)
