@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from blobha import _moved
 from blobha.core.lazy import lazy_attributes
 
 if TYPE_CHECKING:
@@ -65,10 +64,6 @@ _EXPORTS = {
     "VersionConflict": "blobha.core.errors",
     "__version__": "blobha.core.version",
 }
-
-
-# Old module paths (blobha.errors, blobha.zkstate, ...) keep working for one release.
-_moved.install()
 
 
 __getattr__, __dir__ = lazy_attributes("blobha", _EXPORTS, globals())

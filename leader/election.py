@@ -21,7 +21,6 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from blobha.leader.journal import ChangeJournal
 from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import (
     ConnectionLoss,
@@ -35,6 +34,7 @@ from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.interfaces import IAsyncResult
 from kazoo.protocol.states import WatchedEvent
 
+from blobha.leader.journal import ChangeJournal
 from blobha.zk.layout import ELECTION, EPOCH, JOURNAL, EpochRecord
 
 log = logging.getLogger("blobha.leader.election")

@@ -18,6 +18,10 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from kazoo.client import KazooClient
+from kazoo.exceptions import NoNodeError
+
+from blobha.store.local import LocalStore
 from blobha.sync.decide import Action, Facts, Local, Plan, decide, has_work
 from blobha.sync.feed import KEY_LIST, ChangeFeed
 from blobha.sync.fetcher import Fetcher, Wanted
@@ -25,10 +29,6 @@ from blobha.sync.reads import KeyReader
 from blobha.sync.registry import ReplicaRegistry
 from blobha.sync.view import Entry, KeyView, ReplicaView, holders_of, pack
 from blobha.sync.workqueue import WorkQueue
-from kazoo.client import KazooClient
-from kazoo.exceptions import NoNodeError
-
-from blobha.store.local import LocalStore
 from blobha.zk.layout import BlobState, key_path, parse_replica, replica_path
 
 if TYPE_CHECKING:

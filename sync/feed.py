@@ -23,15 +23,15 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-from blobha.sync.decide import has_work, in_motion
-from blobha.sync.settings import SyncSettings
-from blobha.sync.view import Entry, ReplicaView, holders_of
-from blobha.sync.workqueue import WorkQueue
 from kazoo.client import KazooClient, KazooState
 from kazoo.exceptions import NoNodeError, UnimplementedError
 from kazoo.protocol.states import EventType, WatchedEvent
 
 from blobha.store.local import LocalStore
+from blobha.sync.decide import has_work, in_motion
+from blobha.sync.settings import SyncSettings
+from blobha.sync.view import Entry, ReplicaView, holders_of
+from blobha.sync.workqueue import WorkQueue
 from blobha.zk.connection import add_recursive_watch
 from blobha.zk.layout import BLOBSTORE, JOURNAL, JournalRecord, key_path, parse_replica
 

@@ -17,15 +17,15 @@ import threading
 import time
 from typing import TYPE_CHECKING, Protocol
 
+from kazoo.client import KazooState
+from kazoo.exceptions import KazooException
+
+from blobha.core.errors import BlobError
 from blobha.sync.feed import Wake, describe
 from blobha.sync.membership import IdentityInUse
 from blobha.sync.registry import SyncDeferred
 from blobha.sync.view import ReplicaView
 from blobha.sync.workqueue import WorkQueue
-from kazoo.client import KazooState
-from kazoo.exceptions import KazooException
-
-from blobha.core.errors import BlobError
 from blobha.zk.connection import UNREACHABLE
 
 if TYPE_CHECKING:

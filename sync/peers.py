@@ -12,15 +12,15 @@ import time
 from collections.abc import Iterable, Sequence
 
 import grpc
-from blobha.sync.stagelinks import StageLinks
 
 from blobha.core.addresses import host_of
 from blobha.core.auth import MASTER_SECRET_METADATA_KEY, USER_METADATA_KEY
 from blobha.core.errors import BlobError, ChecksumMismatch, Unavailable, from_status
 from blobha.store.local import BlobBuffer, TempBlob
+from blobha.sync.stagelinks import StageLinks
 from blobha.v1 import blobha_pb2 as pb
 from blobha.v1 import blobha_pb2_grpc as pb_grpc
-from blobha.wire import chunks as chunkwire
+from blobha.wire import chunks
 from blobha.wire.convert import master_from_pb
 from blobha.wire.credentials import Credentials
 from blobha.wire.dataplane import DataChannels, DataOffer, FileRange, send_upload
@@ -84,9 +84,9 @@ class Peers:
             stub = self._stubs.get(address)
             if stub is None:
                 channel = self._credentials.channel(
-                    address, [*CHANNEL_OPTIONS, chunkwire.CALLER_THREAD_STREAMS])
+                    address, [*CHANNEL_OPTIONS, chunks.CALLER_THREAD_STREAMS])
                 self._channels[address] = channel
-                stub = self._stubs[address] = chunkwire.stub(channel)
+                stub = self._stubs[address] = chunks.stub(channel)
             return stub
 
     def close(self) -> None:

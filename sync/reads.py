@@ -5,10 +5,10 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
-from blobha.sync.feed import describe
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError, UnimplementedError, ZookeeperError
 
+from blobha.sync.feed import describe
 from blobha.zk.connection import ReadResult, read_many_async
 from blobha.zk.layout import key_path
 

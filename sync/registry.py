@@ -8,12 +8,12 @@ import time
 from contextlib import suppress
 from typing import TYPE_CHECKING
 
-from blobha.sync.feed import session_of
-from blobha.sync.view import Entry, ReplicaView, pack
-from blobha.sync.workqueue import WorkQueue
 from kazoo.client import KazooClient
 from kazoo.exceptions import KazooException, NodeExistsError, NoNodeError
 
+from blobha.sync.feed import session_of
+from blobha.sync.view import Entry, ReplicaView, pack
+from blobha.sync.workqueue import WorkQueue
 from blobha.zk.layout import BlobState, replica_path
 
 if TYPE_CHECKING:

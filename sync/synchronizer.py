@@ -20,6 +20,9 @@ the cluster guard) and the replica view.
 
 from __future__ import annotations
 
+from kazoo.client import KazooClient
+
+from blobha.store.local import LocalStore
 from blobha.sync.apply import Executor
 from blobha.sync.feed import ChangeFeed, Wake
 from blobha.sync.fetcher import Fetcher
@@ -32,9 +35,6 @@ from blobha.sync.registry import ReplicaRegistry, SyncDeferred
 from blobha.sync.settings import SyncSettings
 from blobha.sync.view import KeyView, ReplicaView, Usage
 from blobha.sync.workqueue import WorkQueue
-from kazoo.client import KazooClient
-
-from blobha.store.local import LocalStore
 from blobha.zk.layout import BlobState
 
 

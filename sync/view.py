@@ -9,10 +9,9 @@ import zlib
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from blobha.sync.decide import chosen
-
 from blobha.core.acl import format_acl
-from blobha.zk import layout as zkstate
+from blobha.sync.decide import chosen
+from blobha.zk import layout
 from blobha.zk.layout import BlobState
 
 if TYPE_CHECKING:
@@ -126,7 +125,7 @@ def canonical(holders: tuple[str, ...]) -> tuple[str, ...]:
 
 def holders_of(names: list[str], seq: int) -> tuple[str, ...]:
     """The holders of ``seq`` among replica node ``names``, sorted and shared (canonical)."""
-    return canonical(tuple(sys.intern(a) for a in zkstate.holders(names, seq)))
+    return canonical(tuple(sys.intern(a) for a in layout.holders(names, seq)))
 
 
 #: One replica-node event: (holder, version, present).

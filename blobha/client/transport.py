@@ -25,7 +25,7 @@ from blobha.core.errors import (
     Unavailable,
 )
 from blobha.v1 import blobha_pb2 as pb
-from blobha.wire import chunks as chunkwire
+from blobha.wire import chunks
 from blobha.wire.credentials import Credentials
 from blobha.wire.stallwatch import CallWatch, Pending, Stalled, StallWatch
 
@@ -49,7 +49,7 @@ _CHANNEL_OPTIONS: tuple[tuple[str, int], ...] = (
     # Likewise a reconnection to such a master gives up after this long instead of 20 s.
     ("grpc.min_reconnect_backoff_ms", 3000),
     ("grpc.http2.max_pings_without_data", 0),
-    chunkwire.CALLER_THREAD_STREAMS,
+    chunks.CALLER_THREAD_STREAMS,
 )
 
 
@@ -292,7 +292,7 @@ class GrpcTransport:
                     options.append(("grpc.ssl_target_name_override", host_of(address)))
                 channel = self._credentials.channel(target, options)
                 self._channels[address] = channel
-                stub = self._stubs[address] = chunkwire.stub(channel)
+                stub = self._stubs[address] = chunks.stub(channel)
             return stub
 
     def unary(self, address: str, method: str, request: Any, timeout: float | None,

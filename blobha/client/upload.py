@@ -32,7 +32,7 @@ from blobha.core.errors import (
     UploadNotFound,
 )
 from blobha.v1 import blobha_pb2 as pb
-from blobha.wire import chunks as chunkwire
+from blobha.wire.chunks import UploadPiece
 from blobha.wire.convert import meta_from_pb
 from blobha.wire.dataplane import MIN_BYTES as _DATA_CHANNEL_MIN_BYTES
 from blobha.wire.dataplane import DataChannelUnusable, send_upload
@@ -302,14 +302,14 @@ class UploadJob:
         self.source_error = None
 
         def chunks(start: int = offset, data: bytes | memoryview = first
-                   ) -> Iterator[chunkwire.UploadPiece]:
+                   ) -> Iterator[UploadPiece]:
             nonlocal sent
             # gRPC pulls this iterator on its own thread and reports failures inside it only
             # as a cancelled call, so keep the real error to raise it ourselves.
             pos = start
             try:
                 while data:
-                    yield chunkwire.UploadPiece(self.upload_id, pos, memoryview(data))
+                    yield UploadPiece(self.upload_id, pos, memoryview(data))
                     pos += len(data)
                     sent = pos
                     if self.progress is not None:

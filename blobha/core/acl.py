@@ -52,7 +52,7 @@ MAX_ENTRIES = 1000
 #: Most bytes an ACL may take as stored (its text form, in the key's JSON record). The entry
 #: and name limits do not bound it: 1,000 names of 256 four-byte characters take 1 MB. It
 #: leaves the rest of the record (history, creator) and its transaction room below
-#: ZooKeeper's 1 MB (zkstate.MAX_STATE_BYTES).
+#: ZooKeeper's 1 MB (blobha.zk.layout.MAX_STATE_BYTES).
 MAX_STORED_BYTES = 900_000
 
 

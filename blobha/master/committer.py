@@ -46,7 +46,7 @@ from blobha.master.settings import MasterSettings
 from blobha.master.uploads import Upload, UploadManager
 from blobha.store.local import LocalStore
 from blobha.sync import Membership, Synchronizer, acl_bytes
-from blobha.zk import layout as zkstate
+from blobha.zk import layout
 from blobha.zk.layout import (
     BlobState,
     key_path,
@@ -181,7 +181,7 @@ class Committer:
                          fresh: AbstractSet[str]) -> list[BlobState | BaseException]:
         """Commit ``writes`` (key, create?, new state) in as few fenced transactions as fit in
         ZooKeeper's request limit (one, unless their records take more than
-        :data:`zkstate.MAX_STATE_BYTES` together: a request over it is refused by dropping
+        :data:`layout.MAX_STATE_BYTES` together: a request over it is refused by dropping
         the connection). One result per write: its state, or its error. ``fresh``: the
         created keys this master held nothing of before their install (:meth:`nothing_here`).
         """
@@ -190,7 +190,7 @@ class Committer:
         size = 0
         for write in writes:
             n = record_bytes(write[2])
-            if chunk and size + n > zkstate.MAX_STATE_BYTES:
+            if chunk and size + n > layout.MAX_STATE_BYTES:
                 out.extend(self._commit_transaction(chunk, fresh))
                 chunk, size = [], 0
             chunk.append(write)

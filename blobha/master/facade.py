@@ -79,7 +79,7 @@ from blobha.wire.status import (
     ReplicationStatus,
 )
 from blobha.wire.tls import ReloadingServerCredentials
-from blobha.zk import layout as zkstate
+from blobha.zk import layout
 from blobha.zk.connection import before_each_connection, master_client, on_session_timeout
 from blobha.zk.layout import BlobState
 from blobha.zk.lockdown import ZkCredentials, ZooKeeperAuthError
@@ -245,7 +245,7 @@ class Master:
                 f"cannot reach ZooKeeper at {self.settings.zk_servers} ({e}); check"
                 " zookeeper.servers and that the ensemble runs"
             ) from None
-        for root in zkstate.ALL_ROOTS:
+        for root in layout.ALL_ROOTS:
             self.zk.ensure_path(root)
         self.cluster.check()
         self.cluster.load_secret()

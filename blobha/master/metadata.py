@@ -30,7 +30,7 @@ from blobha.master.rules import (
     replication_status,
 )
 from blobha.wire.status import ReplicationStatus
-from blobha.zk import layout as zkstate
+from blobha.zk import layout
 from blobha.zk.layout import (
     BLOBSTORE,
     BlobState,
@@ -227,7 +227,7 @@ class Metadata:
             names = self.answer(self.zk.get_children_async(key_path(key)))
         except NoNodeError:
             names = []
-        return replication_status(key, state, zkstate.holders(names, state.seq), live)
+        return replication_status(key, state, layout.holders(names, state.seq), live)
 
     def sorted_keys(self) -> list[str]:
         """Every key, sorted; re-read only when the key list changed (ZooKeeper bumps the

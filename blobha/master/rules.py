@@ -24,7 +24,7 @@ from blobha.core.errors import (
     VersionConflict,
 )
 from blobha.wire.status import ReplicationStatus
-from blobha.zk import layout as zkstate
+from blobha.zk import layout
 from blobha.zk.layout import BlobState, write_tag
 
 log = logging.getLogger("blobha.master")
@@ -70,15 +70,15 @@ def check_digest(digest: str) -> None:
 
 
 def fitting(key: str, state: BlobState) -> BlobState:
-    """``state``, if its record fits in ZooKeeper (:data:`zkstate.MAX_STATE_BYTES`); else
+    """``state``, if its record fits in ZooKeeper (:data:`layout.MAX_STATE_BYTES`); else
     InvalidArgument, before anything is written. The ACL's own bound (acl.MAX_STORED_BYTES)
     leaves room for the rest; this catches what it cannot: a setter or creator entry added
     to an ACL at that bound, or a long history of retained versions."""
     size = record_bytes(state)
-    if size > zkstate.MAX_STATE_BYTES:
+    if size > layout.MAX_STATE_BYTES:
         raise InvalidArgument(
             f"the metadata of {key!r} would take {size:,} bytes, more than the"
-            f" {zkstate.MAX_STATE_BYTES:,} ZooKeeper has room for: give access to fewer users"
+            f" {layout.MAX_STATE_BYTES:,} ZooKeeper has room for: give access to fewer users"
             " or use shorter names in its ACL"
         )
     return state
@@ -90,7 +90,7 @@ def record_bytes(state: BlobState) -> int:
     encoding nearly every write once more to measure it, which costs far more; for a large one,
     the exact size."""
     bound = state.size_bound()
-    return bound if bound <= zkstate.MAX_STATE_BYTES // 64 else len(state.encode())
+    return bound if bound <= layout.MAX_STATE_BYTES // 64 else len(state.encode())
 
 
 class CommitOutcomeUnknown(Unavailable):

@@ -32,7 +32,7 @@ from blobha.master.rules import (
     replication_status,
 )
 from blobha.wire.status import ReplicationStatus
-from blobha.zk import layout as zkstate
+from blobha.zk import layout
 from blobha.zk.layout import (
     BlobState,
     key_path,
@@ -190,7 +190,7 @@ class ReplicationWaits:
                         names = answer(names_read)
                     except NoNodeError:
                         names = []
-                    infos.append(replication_status(key, state, zkstate.holders(names, state.seq)))
+                    infos.append(replication_status(key, state, layout.holders(names, state.seq)))
             first = False
             if all(i.replication >= minimum for i in infos):
                 return True, infos

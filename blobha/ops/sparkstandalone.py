@@ -93,7 +93,8 @@ class StandaloneSpark:
     def _alive(self) -> bool:
         try:
             return int(self.state().get("aliveworkers", 0)) == self.workers
-        except OSError:
+        except (OSError, ValueError):
+            # ValueError: a master starting up has answered /json/ with its HTML page.
             return False
 
     def start(self) -> None:

@@ -1,12 +1,11 @@
 """The surface users build on, pinned: the public names of each entry package, their lazy
-loading, the old module paths kept for one release, and the logger names operators route."""
+loading, and the logger names operators route."""
 
 from __future__ import annotations
 
 import ast
 import subprocess
 import sys
-import warnings
 from pathlib import Path
 
 import pytest
@@ -70,27 +69,6 @@ def test_the_package_loads_its_public_names_on_first_use() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, cwd="/")
     assert out.stdout.split() == ["False", "True"]
-
-
-@pytest.mark.parametrize(("old", "new"), [
-    ("blobha.errors", "blobha.core.errors"),
-    ("blobha.zkstate", "blobha.zk.layout"),
-    ("blobha.segments", "blobha.store.segments"),
-    ("blobha.localcluster", "blobha.ops.localcluster"),
-])
-def test_old_module_paths_still_import_for_one_release(old: str, new: str) -> None:
-    import importlib
-
-    with warnings.catch_warnings(record=True):
-        warnings.simplefilter("always")
-        assert importlib.import_module(old) is importlib.import_module(new)
-
-
-def test_an_old_module_path_warns() -> None:
-    code = ("import warnings; warnings.simplefilter('error'); "
-            "import blobha.digest")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd="/")
-    assert out.returncode != 0 and "moved to blobha.core.digest" in out.stderr
 
 
 def _logger_names() -> set[str]:

@@ -24,7 +24,6 @@ from typing import Any
 
 import grpc
 import xxhash
-from blobha.sync.peers import CHANNEL_OPTIONS, USER_METADATA_KEY
 from docker.errors import APIError
 from testcontainers.core.container import DockerContainer
 from testcontainers.core.network import Network
@@ -33,6 +32,7 @@ from waiting import wait_until
 from blobha.client import Client
 from blobha.core.errors import BlobError, KeyAlreadyExists
 from blobha.ops.zkserver import four_letter_word
+from blobha.sync.peers import CHANNEL_OPTIONS, USER_METADATA_KEY
 from blobha.v1 import blobha_pb2 as pb
 from blobha.v1 import blobha_pb2_grpc as pb_grpc
 

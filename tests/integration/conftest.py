@@ -17,7 +17,6 @@ from typing import Any, TypeVar
 
 import grpc
 import pytest
-from blobha.sync.peers import CHANNEL_OPTIONS, USER_METADATA_KEY
 from clusters import FAST, SESSION_TIMEOUT_MS
 from failures import failed
 from prometheus_client.parser import text_string_to_metric_families
@@ -27,6 +26,7 @@ from blobha.client import Client
 from blobha.core.keys import key_dirname
 from blobha.ops.localcluster import LocalCluster, MasterProcess
 from blobha.store.segments import scan
+from blobha.sync.peers import CHANNEL_OPTIONS, USER_METADATA_KEY
 from blobha.v1 import blobha_pb2_grpc as pb_grpc
 
 __all__ = ["FAST", "SESSION_TIMEOUT_MS", "wait_until"]

@@ -10,12 +10,12 @@ import os
 from collections.abc import Iterator
 
 import pytest
-from blobha.sync.peers import CHANNEL_OPTIONS
 from clusters import running_cluster
 from conftest import scrape, value, wait_until
 
 from blobha.client import Client
 from blobha.ops.localcluster import LocalCluster
+from blobha.sync.peers import CHANNEL_OPTIONS
 from blobha.v1 import blobha_pb2 as pb
 from blobha.v1 import blobha_pb2_grpc as pb_grpc
 from blobha.wire.dataplane import DataChannelUnusable, receive

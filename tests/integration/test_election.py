@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from blobha.leader.election import LeaderElection
 from kazoo.client import KazooClient
 from kazoo.exceptions import ConnectionLoss
 from kazoo.handlers.threading import KazooTimeoutError
@@ -19,6 +18,7 @@ from kazoo.protocol.serialization import Transaction
 from outage import Outage, into_outage
 from waiting import wait_until
 
+from blobha.leader.election import LeaderElection
 from blobha.ops.zkserver import EmbeddedZooKeeper
 from blobha.zk.layout import ELECTION, JOURNAL
 

@@ -26,7 +26,6 @@ from typing import Any
 
 import grpc
 import pytest
-from blobha.sync.peers import CHANNEL_OPTIONS
 from conftest import md, store_dir, wait_until
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
@@ -34,6 +33,7 @@ from hypothesis.control import currently_in_test_context
 
 from blobha.core.digest import digest_bytes
 from blobha.ops.localcluster import LocalCluster
+from blobha.sync.peers import CHANNEL_OPTIONS
 from blobha.v1 import blobha_pb2 as pb
 from blobha.v1 import blobha_pb2_grpc as pb_grpc
 

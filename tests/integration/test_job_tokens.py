@@ -15,13 +15,13 @@ from typing import Any
 
 import grpc
 import pytest
-from blobha.sync.peers import CHANNEL_OPTIONS
 from conftest import FAST, _dump_logs, wait_until
 
 from blobha.client import Client
 from blobha.core.auth import split_job_token
 from blobha.core.errors import InvalidArgument, NotAuthorized, Unauthenticated
 from blobha.ops.localcluster import LocalCluster
+from blobha.sync.peers import CHANNEL_OPTIONS
 from blobha.v1 import blobha_pb2 as pb
 from blobha.v1 import blobha_pb2_grpc as pb_grpc
 from blobha.wire.credentials import Credentials

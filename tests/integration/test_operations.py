@@ -16,7 +16,6 @@ from typing import Any
 import grpc
 import pytest
 import xxhash
-from blobha.sync.peers import CHANNEL_OPTIONS
 from conftest import (
     FAST,
     SESSION_TIMEOUT_MS,
@@ -39,6 +38,7 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
 
 from blobha.client import Client
 from blobha.ops.localcluster import LocalCluster, MasterProcess, _free_ports, cpus_allowed
+from blobha.sync.peers import CHANNEL_OPTIONS
 from blobha.v1 import blobha_pb2 as pb
 
 pytestmark = pytest.mark.integration

@@ -13,7 +13,6 @@ from typing import Any
 
 import grpc
 import pytest
-from blobha.sync.peers import CHANNEL_OPTIONS
 from clusters import FAST
 from conftest import client_for, wait_until
 from steer import Steer
@@ -22,6 +21,7 @@ from zkproxy import ProxiedCluster, ZooKeeperProxy
 from blobha.client import Client
 from blobha.core.errors import STALE_METADATA_KEY, KeyNotFound
 from blobha.ops.localcluster import LocalCluster, MasterProcess
+from blobha.sync.peers import CHANNEL_OPTIONS
 from blobha.v1 import blobha_pb2 as pb
 from blobha.v1 import blobha_pb2_grpc as pb_grpc
 

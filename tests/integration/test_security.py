@@ -22,7 +22,6 @@ from typing import Any
 
 import grpc
 import pytest
-from blobha.sync.peers import CHANNEL_OPTIONS
 from conftest import FAST, _dump_logs, followers, md, stub, wait_until
 from cryptography import x509
 from kazoo.client import KazooClient
@@ -41,6 +40,7 @@ from blobha.core.errors import (
 )
 from blobha.ops import certgen
 from blobha.ops.localcluster import LocalCluster
+from blobha.sync.peers import CHANNEL_OPTIONS
 from blobha.v1 import blobha_pb2 as pb
 from blobha.v1 import blobha_pb2_grpc as pb_grpc
 from blobha.wire.credentials import Credentials

@@ -12,7 +12,6 @@ import time
 from typing import Any
 
 import pytest
-from blobha.sync.peers import Peers
 from conftest import (
     SESSION_TIMEOUT_MS,
     client_for,
@@ -31,6 +30,7 @@ from blobha.core.errors import Unavailable
 from blobha.core.placement import choose
 from blobha.ops.localcluster import LocalCluster
 from blobha.store.local import BlobBuffer
+from blobha.sync.peers import Peers
 
 pytestmark = pytest.mark.integration
 

@@ -16,7 +16,6 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from blobha.sync import KeyView
 from kazoo.handlers.threading import KazooTimeoutError
 from outage import Outage, into_outage
 
@@ -31,6 +30,7 @@ from blobha.master.settings import MasterSettings
 from blobha.master.status import MasterStatus
 from blobha.ops.zkserver import EmbeddedZooKeeper
 from blobha.store.local import LocalStore
+from blobha.sync import KeyView
 from blobha.zk.layout import BLOBSTORE, MASTERS, BlobState, key_path
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]

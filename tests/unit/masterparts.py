@@ -10,8 +10,6 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from blobha.sync import Usage
-
 from blobha.master.acks import Acknowledger
 from blobha.master.channel import Channel
 from blobha.master.committer import Committer
@@ -25,6 +23,7 @@ from blobha.master.settings import MasterSettings
 from blobha.master.waits import ReplicationWaits
 from blobha.master.writes import Writes
 from blobha.store.local import LocalStore
+from blobha.sync import Usage
 
 
 class Node:

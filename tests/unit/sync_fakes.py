@@ -7,9 +7,10 @@ import threading
 from types import SimpleNamespace
 from typing import Any
 
+from kazoo.exceptions import NoNodeError
+
 from blobha.sync.settings import SyncSettings
 from blobha.sync.view import KeyView
-from kazoo.exceptions import NoNodeError
 
 ME, A, B = "m1:6627", "m2:6627", "m3:6627"
 SESSION = 77

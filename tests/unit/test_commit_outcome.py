@@ -10,7 +10,6 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from blobha.sync import KeyView
 from kazoo.client import KazooState
 from kazoo.exceptions import ConnectionLoss, NoNodeError, SessionMovedError
 from kazoo.handlers.threading import KazooTimeoutError
@@ -22,6 +21,7 @@ from blobha.core.errors import Unavailable
 from blobha.master.groupcommit import GroupCommitter
 from blobha.master.repairs import ROLLBACK_MIN_RATE
 from blobha.master.rules import CommitOutcomeUnknown, PutRequest
+from blobha.sync import KeyView
 from blobha.zk.layout import MAX_STATE_BYTES, BlobState, PastVersion, write_tag
 
 

@@ -242,9 +242,8 @@ def test_log_format_is_text_or_json() -> None:
 def test_the_peer_stall_limit_is_a_setting(tmp_path: Path) -> None:
     # It was a constant: a site whose healthy masters can fall silent for longer (a slow link,
     # long disk syncs) had its fetches thrown away every 10 s.
-    from blobha.sync.peers import STALL_SECS
-
     from blobha.master.facade import Master
+    from blobha.sync.peers import STALL_SECS
 
     assert Config.of()["blobstore.sync.stall.secs"] == STALL_SECS
     cfg = load_config(None, env={"BLOBHA_BLOBSTORE_SYNC_STALL_SECS": "42.5",

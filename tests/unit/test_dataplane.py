@@ -10,7 +10,6 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import pytest
-from blobha.sync.peers import Peers
 from waiting import wait_until
 
 from blobha.client.sources import BufferSink
@@ -28,6 +27,7 @@ from blobha.core.keys import key_dirname
 from blobha.master.edge.dataplane import DataPlane
 from blobha.master.edge.service import translate_error
 from blobha.store.local import BlobBuffer, LocalStore
+from blobha.sync.peers import Peers
 from blobha.v1 import blobha_pb2 as pb
 from blobha.wire import dataplane
 from blobha.wire.chunks import Chunk

@@ -6,8 +6,9 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
-from blobha.leader.election import LeaderElection
 from kazoo.client import KazooState
+
+from blobha.leader.election import LeaderElection
 
 
 def _leading_election() -> Any:

@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from blobha.sync import Usage
 from kazoo.protocol.states import EventType, KeeperState, WatchedEvent
 
 from blobha.core import acl as acls
@@ -43,6 +42,7 @@ from blobha.master.jobtokens import JobTokens
 from blobha.master.metadata import Metadata
 from blobha.master.quotas import QuotaLimits, Quotas
 from blobha.master.rules import Authority
+from blobha.sync import Usage
 from blobha.v1 import blobha_pb2 as pb
 from blobha.wire.credentials import Credentials
 from blobha.zk.layout import (

@@ -5,9 +5,9 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
-from blobha.leader.journal import JOURNAL_ENTRIES, JOURNAL_MAX_BYTES, ChangeJournal
 from kazoo.exceptions import NoNodeError
 
+from blobha.leader.journal import JOURNAL_ENTRIES, JOURNAL_MAX_BYTES, ChangeJournal
 from blobha.zk.layout import JournalRecord
 
 

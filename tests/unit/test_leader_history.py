@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from blobha.leader import LeaderHistory
-
 from blobha.zk.layout import EpochRecord
 
 

@@ -7,10 +7,10 @@ import time
 from types import SimpleNamespace
 from typing import Any
 
-from blobha.leader import LeaderHistory
 from prometheus_client.parser import text_string_to_metric_families
 
 from blobha.core.addresses import status_url
+from blobha.leader import LeaderHistory
 from blobha.master.channel import Channel
 from blobha.master.edge.metrics import MasterMetrics
 from blobha.master.status import MasterStatus

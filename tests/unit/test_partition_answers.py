@@ -12,8 +12,6 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from blobha.leader import Deposed
-from blobha.leader.election import LeaderElection, answer_within
 from kazoo.client import KazooState
 from kazoo.exceptions import ConnectionLoss
 from kazoo.handlers.threading import AsyncResult, KazooTimeoutError, SequentialThreadingHandler
@@ -21,6 +19,8 @@ from masterparts import Node
 
 from blobha.core.digest import digest_bytes
 from blobha.core.errors import Refused, Unavailable
+from blobha.leader import Deposed
+from blobha.leader.election import LeaderElection, answer_within
 from blobha.master.metadata import Metadata
 from blobha.master.rules import CommitOutcomeUnknown, PutRequest
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from blobha.sync import Usage, acl_bytes
 
 from blobha.core.acl import parse_acl
 from blobha.core.errors import ResourceExhausted
 from blobha.master.quotas import QuotaLimits, Quotas
 from blobha.master.rules import Authority
+from blobha.sync import Usage, acl_bytes
 from blobha.zk.layout import BlobState
 
 LIMITS = QuotaLimits(keys=3, bytes=1000, acl_bytes=40, upload_bytes=500, job_tokens=2)

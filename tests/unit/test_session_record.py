@@ -11,9 +11,10 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from kazoo.exceptions import NodeExistsError, NoNodeError
+
 from blobha.sync import IdentityInUse, Membership, SessionRecord
 from blobha.sync import membership as membership_mod
-from kazoo.exceptions import NodeExistsError, NoNodeError
 
 ME = "m1:6627"
 

@@ -8,10 +8,10 @@ import threading
 from collections.abc import Iterator, Sequence
 
 import pytest
-from blobha.sync.stagelinks import StageLinks
 from waiting import wait_until
 
 from blobha.core.errors import BlobError, InvalidArgument, NotLeader, Unavailable
+from blobha.sync.stagelinks import StageLinks
 from blobha.wire.dataplane import DataChannels, DataOffer
 from blobha.wire.stagelink import StageLink, Version, serve_stage_link
 

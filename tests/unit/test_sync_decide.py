@@ -7,10 +7,10 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from blobha.sync.decide import Action, Facts, Local, Plan, decide, has_work, in_motion
-from blobha.sync.view import Entry
 
 from blobha.core import placement
+from blobha.sync.decide import Action, Facts, Local, Plan, decide, has_work, in_motion
+from blobha.sync.view import Entry
 
 ME, A, B = "m1:6627", "m2:6627", "m3:6627"
 MASTERS = frozenset({ME, A, B})

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import os
 
-from blobha.sync.view import Entry, ReplicaView, Usage, acl_bytes, pack, unpack
-
 from blobha.core.acl import format_acl, parse_acl
+from blobha.sync.view import Entry, ReplicaView, Usage, acl_bytes, pack, unpack
 from blobha.zk.layout import BlobState, PastVersion
 
 

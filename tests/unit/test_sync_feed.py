@@ -8,12 +8,12 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 
 import pytest
-from blobha.sync.feed import ChangeFeed, Wake
-from blobha.sync.view import Entry, ReplicaView, holders_of
-from blobha.sync.workqueue import WorkQueue
 from kazoo.protocol.states import EventType, KazooState, WatchedEvent
 from sync_fakes import ME, SESSION, A, B, FakeZk, Guard, settings
 
+from blobha.sync.feed import ChangeFeed, Wake
+from blobha.sync.view import Entry, ReplicaView, holders_of
+from blobha.sync.workqueue import WorkQueue
 from blobha.zk.layout import JOURNAL, JournalRecord
 
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from blobha.sync.fetcher import Fetcher
-from blobha.sync.registry import SyncDeferred
 from sync_fakes import ME, A, B, Guard, settings
 
 from blobha.core.errors import Unavailable
+from blobha.sync.fetcher import Fetcher
+from blobha.sync.registry import SyncDeferred
 from blobha.zk.layout import BlobState
 
 

@@ -13,13 +13,6 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from blobha.sync.feed import Wake
-from blobha.sync.loop import SyncLoop
-from blobha.sync.membership import Membership
-from blobha.sync.settings import UNREACHABLE_REPORT_SECS
-from blobha.sync.synchronizer import SyncDeferred, Synchronizer
-from blobha.sync.view import Entry, ReplicaView, holders_of
-from blobha.sync.workqueue import WorkQueue
 from kazoo.exceptions import ConnectionLoss, NodeExistsError, NoNodeError, SessionExpiredError
 from kazoo.protocol.states import EventType, KazooState, WatchedEvent
 from sync_fakes import (
@@ -39,6 +32,13 @@ from blobha.core import placement
 from blobha.core.digest import digest_bytes
 from blobha.core.errors import BlobError
 from blobha.store.local import LocalStore
+from blobha.sync.feed import Wake
+from blobha.sync.loop import SyncLoop
+from blobha.sync.membership import Membership
+from blobha.sync.settings import UNREACHABLE_REPORT_SECS
+from blobha.sync.synchronizer import SyncDeferred, Synchronizer
+from blobha.sync.view import Entry, ReplicaView, holders_of
+from blobha.sync.workqueue import WorkQueue
 from blobha.zk.layout import BlobState, replica_path
 
 
@@ -612,8 +612,9 @@ def test_with_the_recursive_watch_departures_read_no_list() -> None:
 
 def test_the_recursive_watch_falls_back_to_the_journal_when_zookeeper_refuses_it(
         monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
-    from blobha.sync import feed as feed_module
     from kazoo.exceptions import NoAuthError, UnimplementedError
+
+    from blobha.sync import feed as feed_module
 
     answers: list[Exception] = [ConnectionLoss(), NoAuthError(), UnimplementedError()]
 

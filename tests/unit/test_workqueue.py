@@ -6,9 +6,10 @@ import threading
 import time
 
 import pytest
+from waiting import wait_until
+
 from blobha.sync import workqueue
 from blobha.sync.workqueue import HURRIED_LINGER, WorkQueue
-from waiting import wait_until
 
 
 def test_get_batch_takes_up_to_the_limit_in_order() -> None:
