@@ -6,9 +6,17 @@ from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Sequence
 
-__all__ = ["KEY_MODE_MASK", "TOKEN_FILE_MODE_MASK", "ExposedSecretFile", "exposed_mode",
-           "exposure", "refuse_exposed"]
+__all__ = [
+    "KEY_MODE_MASK",
+    "TOKEN_FILE_MODE_MASK",
+    "ExposedSecretFile",
+    "exposed_mode",
+    "exposure",
+    "file_stamps",
+    "refuse_exposed",
+]
 
 #: Private keys and passwords: no access at all for the group or others.
 KEY_MODE_MASK = 0o077
@@ -55,3 +63,17 @@ def refuse_exposed(path: str, setting: str, mask: int = KEY_MODE_MASK) -> None:
     problem = exposure(path, setting, mask)
     if problem is not None:
         raise ExposedSecretFile(f"{problem} and start again")
+
+
+def file_stamps(paths: Sequence[str]) -> tuple[tuple[int, int, int], ...]:
+    """(mtime_ns, size, mode) of each file, (0, -1, 0) for one that cannot be read: what
+    tells a reloading reader that certificate files changed. The mode is in it so that the
+    ``chmod`` which fixes a key refused for its mode brings the key in."""
+    out = []
+    for p in paths:
+        try:
+            st = os.stat(p)
+            out.append((st.st_mtime_ns, st.st_size, st.st_mode))
+        except OSError:
+            out.append((0, -1, 0))
+    return tuple(out)

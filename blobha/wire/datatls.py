@@ -7,30 +7,16 @@ when it moves bytes over TLS."""
 from __future__ import annotations
 
 import logging
-import os
 import ssl
 import threading
 import time
-from collections.abc import Sequence
+
+from blobha.core.secretfiles import file_stamps
 
 log = logging.getLogger("blobha.tls")
 
 #: Seconds between looks at the certificate files of a master's data channel.
 RELOAD_CHECK_SECS = 1.0
-
-
-def file_stamps(paths: Sequence[str]) -> tuple[tuple[int, int, int], ...]:
-    """(mtime_ns, size, mode) of each file, (0, -1, 0) for one that cannot be read: what
-    tells a reloading reader that certificate files changed. The mode is in it so that the
-    ``chmod`` which fixes a key refused for its mode brings the key in."""
-    out = []
-    for p in paths:
-        try:
-            st = os.stat(p)
-            out.append((st.st_mtime_ns, st.st_size, st.st_mode))
-        except OSError:
-            out.append((0, -1, 0))
-    return tuple(out)
 
 
 def refuse_exposed_key(key: str) -> None:

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import grpc
 
-from blobha.wire.datatls import file_stamps, refuse_exposed_key
+from blobha.core.secretfiles import file_stamps
+from blobha.wire.datatls import refuse_exposed_key
 
 log = logging.getLogger("blobha.tls")
 

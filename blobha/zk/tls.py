@@ -22,7 +22,7 @@ from typing import Any
 from kazoo.client import KazooClient
 from kazoo.handlers.threading import KazooTimeoutError
 
-from blobha.core.secretfiles import exposure
+from blobha.core.secretfiles import exposure, file_stamps
 
 __all__ = ["PinnedZkTls", "ZkTls", "ZooKeeperTlsError", "diagnose", "start_explained"]
 
@@ -101,15 +101,7 @@ class PinnedZkTls:
             raise
 
     def _stamps(self) -> tuple[tuple[int, int, int], ...]:
-        out = []
-        for path in (self.source.cert, self.source.key):
-            try:
-                st = os.stat(path)
-                # The mode too: the chmod that fixes a refused key brings it in.
-                out.append((st.st_mtime_ns, st.st_size, st.st_mode))
-            except OSError:
-                out.append((0, -1, 0))
-        return tuple(out)
+        return file_stamps((self.source.cert, self.source.key))
 
     def refresh(self) -> None:
         """Copy the files again if they changed and pass the checks; else keep the copy."""
