@@ -384,6 +384,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--spark-env-size-mb", type=_positive_int, default=320, metavar="MIB",
                    help="size of the packed Python environment of spark_env_start"
                         " (default 320)")
+    p.add_argument("--session-timeout-ms", type=_positive_int, default=None, metavar="MS",
+                   help="with --local: the ZooKeeper session timeout of the clusters the run"
+                        " starts, which failover_kill_s waits out and is set against"
+                        " (default 6000; at least 1000)")
     p.add_argument("--zookeeper", metavar="HOST:PORT",
                    help="a remote cluster's ZooKeeper, for the ZooKeeper baselines")
     p.add_argument("--baseline-dir", metavar="DIR",

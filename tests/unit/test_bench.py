@@ -347,6 +347,10 @@ def test_options_validation() -> None:
     with pytest.raises(ValueError, match="--tls starts a TLS cluster of its own"):
         BenchOptions(tls=True).check(False, False)
     BenchOptions(tls=True).check(True, False)
+    assert BenchOptions().session_timeout_ms == 6000
+    BenchOptions(session_timeout_ms=1000).check(True, False)
+    with pytest.raises(ValueError, match="--session-timeout-ms must be at least 1000"):
+        BenchOptions(session_timeout_ms=999).check(True, False)
 
 
 def test_cli_bench_options_reach_main(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -360,13 +364,14 @@ def test_cli_bench_options_reach_main(monkeypatch: pytest.MonkeyPatch) -> None:
     assert cli.main(["bench", "--local", "--json", "--size-mb", "4", "--count", "5",
                      "--small-ops-seconds", "0.5", "--scale-keys", "200", "--repeat", "1",
                      "--metrics", "scale,upload_mbps", "--spark-size-mb", "8",
-                     "--spark-env-size-mb", "16", "--tls"]) == 0
+                     "--spark-env-size-mb", "16", "--tls", "--session-timeout-ms", "2000"]) == 0
     assert seen == {
         "cluster": None, "local": True, "as_json": True, "count": 5, "size_mb": 4,
         "small_ops_seconds": 0.5, "scale_keys": 200, "repeat": 1,
         "metrics": "scale,upload_mbps", "zookeeper": None, "baseline_dir": None,
         "spark_size_mb": 8, "spark_env_size_mb": 16, "tls": True,
         "fanout_nodes": 8, "fanout_rate_mbit": 200.0, "fanout_peers": True,
+        "session_timeout_ms": 2000,
     }
 
 
@@ -378,6 +383,7 @@ def test_cli_bench_defaults_are_the_full_benchmark(monkeypatch: pytest.MonkeyPat
     assert (seen["size_mb"], seen["count"], seen["scale_keys"]) == (1024, 100, 100_000)
     assert seen["repeat"] == 3
     assert seen["small_ops_seconds"] == 10.0 and seen["metrics"] is None
+    assert seen["session_timeout_ms"] is None  # the bench's own default
 
 
 @pytest.mark.parametrize("argv", [
@@ -396,6 +402,11 @@ def test_main_usage_errors_before_touching_any_cluster(capsys: pytest.CaptureFix
     assert "unknown metric nope" in capsys.readouterr().err
     assert bench.main("m1:6627", local=False, as_json=False, metrics="scale") == 2
     assert "scale: only with a cluster of our own; add --local" in capsys.readouterr().err
+    assert bench.main("m1:6627", local=False, as_json=False, session_timeout_ms=2000) == 2
+    assert "--session-timeout-ms sets the local cluster's: add --local" in (
+        capsys.readouterr().err)
+    assert bench.main(None, local=True, as_json=False, session_timeout_ms=500) == 2
+    assert "--session-timeout-ms must be at least 1000" in capsys.readouterr().err
 
 
 # ---- load driver and machine baselines ---------------------------------------------------

@@ -60,7 +60,8 @@ Metric groups (``--metrics`` picks a subset; every metric name starts with its g
     --archives`` in the same run.
 ``failover_term_s`` / ``failover_kill_s`` (``--local``)
     From SIGTERM or SIGKILL of the leader to the first successful write through the client.
-    Baseline: the configured ZooKeeper session timeout.
+    Baseline: the configured ZooKeeper session timeout (``--session-timeout-ms``, 6 s by
+    default, for every cluster the run starts), which a killed leader's session takes to end.
 ``failover_kill_restart_s`` (``--local``)
     From SIGKILL of the leader, restarted at once on its data directory (as systemd's
     ``Restart=`` or a container's restart policy would), to the first successful write. The

@@ -28,7 +28,7 @@ from blobha.core.affinity import pin_threads
 from blobha.ops.bench.baselines import pattern
 from blobha.ops.bench.context import Bench
 from blobha.ops.bench.driver import bench_client
-from blobha.ops.bench.options import SESSION_TIMEOUT_MS, MiB
+from blobha.ops.bench.options import MiB
 from blobha.ops.bench.production import Upload, measured_upload
 from blobha.ops.bench.report import mb_per_s
 from blobha.ops.localcluster import LocalCluster, MasterProcess
@@ -88,7 +88,7 @@ def _apart_cluster(bench: Bench) -> Iterator[tuple[LocalCluster, MasterProcess]]
     with tempfile.TemporaryDirectory(prefix="blobha-bench-", dir=bench.lc.data_dir.parent) as tmp, \
             tempfile.TemporaryDirectory(prefix="blobha-bench-", dir=MEMORY_DIR) as memory:
         lc = LocalCluster(Path(tmp) / "apart", nodes=3, base_port=0, overrides={
-            "zookeeper.session.timeout.ms": SESSION_TIMEOUT_MS,
+            "zookeeper.session.timeout.ms": bench.opts.session_timeout_ms,
             "blobstore.disk.reserved.bytes": 0,
         }, tls=bench.lc.tls)
         bench.log.say("starting a local cluster whose followers keep their data in memory")

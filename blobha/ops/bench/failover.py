@@ -6,7 +6,6 @@ import signal
 import time
 
 from blobha.ops.bench.context import Bench
-from blobha.ops.bench.options import SESSION_TIMEOUT_MS
 
 
 def failover(bench: Bench, name: str, sig: int, restart: bool = False) -> None:
@@ -41,4 +40,4 @@ def failover(bench: Bench, name: str, sig: int, restart: bool = False) -> None:
         leader.wait(30)
         lc.start_master(leader)
     lc.wait_ready(120, expect=len(lc.masters))
-    bench.add(name, secs, "s", "session_timeout_s", SESSION_TIMEOUT_MS / 1000)
+    bench.add(name, secs, "s", "session_timeout_s", bench.opts.session_timeout_ms / 1000)

@@ -5,7 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 MiB = 1024 * 1024
+#: ZooKeeper session timeout of the local clusters a run starts, unless --session-timeout-ms.
 SESSION_TIMEOUT_MS = 6000
+#: The least a master accepts (``zookeeper.session.timeout.ms``).
+MIN_SESSION_TIMEOUT_MS = 1000
 #: The chroot a local cluster's masters use (the configuration default).
 CHROOT = "/blobha"
 USER = "blobha-bench"
@@ -90,6 +93,9 @@ class BenchOptions:
     #: The local cluster serves TLS (token authentication); a remote one's TLS comes from
     #: the client's own options.
     tls: bool = False
+    #: ZooKeeper session timeout of the local clusters the run starts (``--local``): how long
+    #: ``failover_kill_s`` waits for a killed leader's session to end, and its baseline.
+    session_timeout_ms: int = SESSION_TIMEOUT_MS
 
     def check(self, local: bool, explicit_metrics: bool) -> None:
         """Raise ValueError for a combination that cannot run."""
@@ -97,6 +103,8 @@ class BenchOptions:
                self.spark_env_size_mb) < 1:
             raise ValueError("--size-mb, --count, --scale-keys, --repeat, --spark-size-mb and"
                              " --spark-env-size-mb must be at least 1")
+        if self.session_timeout_ms < MIN_SESSION_TIMEOUT_MS:
+            raise ValueError(f"--session-timeout-ms must be at least {MIN_SESSION_TIMEOUT_MS}")
         if not self.small_ops_seconds > 0:
             raise ValueError("--small-ops-seconds must be positive")
         if self.tls and not local:

@@ -25,7 +25,7 @@ from blobha.ops.bench.baselines import (
 from blobha.ops.bench.bigblob import download_secs
 from blobha.ops.bench.context import Bench
 from blobha.ops.bench.driver import bench_client
-from blobha.ops.bench.options import CONCURRENT_CLIENTS, SESSION_TIMEOUT_MS, SMALL_BLOB, MiB
+from blobha.ops.bench.options import CONCURRENT_CLIENTS, SMALL_BLOB, MiB
 from blobha.ops.bench.report import mb_per_s, percentile
 from blobha.ops.localcluster import LocalCluster
 from blobha.wire.credentials import Credentials
@@ -237,7 +237,7 @@ def _other_cluster(bench: Bench) -> Iterator[LocalCluster]:
     assert bench.lc is not None
     with tempfile.TemporaryDirectory(prefix="blobha-bench-") as tmp:
         lc = LocalCluster(Path(tmp) / "other", nodes=3, base_port=0, overrides={
-            "zookeeper.session.timeout.ms": SESSION_TIMEOUT_MS,
+            "zookeeper.session.timeout.ms": bench.opts.session_timeout_ms,
             "blobstore.disk.reserved.bytes": 0,
         }, spread_cpus=True, tls=not bench.lc.tls)
         kind = "TLS" if lc.tls else "plaintext"

@@ -71,7 +71,7 @@ def run(cluster_addr: str | None, local: bool, opts: BenchOptions, log: Log) -> 
         disk_dir = Path(opts.baseline_dir or tmp)
         if local:
             lc = LocalCluster(Path(tmp) / "cluster", nodes=3, base_port=0, overrides={
-                "zookeeper.session.timeout.ms": SESSION_TIMEOUT_MS,
+                "zookeeper.session.timeout.ms": opts.session_timeout_ms,
                 "blobstore.disk.reserved.bytes": 0,
             }, spread_cpus=True, tls=opts.tls)
             log.say(f"starting a local {'TLS ' if opts.tls else ''}cluster of 3 masters in"
@@ -134,6 +134,7 @@ def main(
     fanout_nodes: int = 8,
     fanout_rate_mbit: float = 200.0,
     fanout_peers: bool = True,
+    session_timeout_ms: int | None = None,
 ) -> int:
     """``blobha bench``; returns the exit status."""
     if metrics is not None and "fanout" in {m.strip() for m in metrics.split(",")}:
@@ -149,6 +150,10 @@ def main(
     if not local and not cluster:
         print("blobha: error: give --local or --cluster", file=sys.stderr)
         return 2
+    if not local and session_timeout_ms is not None:
+        print("blobha: error: --session-timeout-ms sets the local cluster's: add --local",
+              file=sys.stderr)
+        return 2
     try:
         opts = BenchOptions(
             size_mb=size_mb, count=count, small_ops_seconds=small_ops_seconds,
@@ -157,6 +162,8 @@ def main(
             zookeeper=zookeeper,
             baseline_dir=baseline_dir,
             tls=tls,
+            session_timeout_ms=(SESSION_TIMEOUT_MS if session_timeout_ms is None
+                                else session_timeout_ms),
         )
         opts.check(local, explicit_metrics=metrics is not None)
     except ValueError as e:
@@ -177,7 +184,8 @@ def main(
         print(f"blobha bench against {where}: --size-mb {opts.size_mb} --count {opts.count}"
               f" --small-ops-seconds {opts.small_ops_seconds:g} --scale-keys {opts.scale_keys}"
               f" --repeat {opts.repeat} --spark-size-mb {opts.spark_size_mb}"
-              f" --spark-env-size-mb {opts.spark_env_size_mb}")
+              f" --spark-env-size-mb {opts.spark_env_size_mb}"
+              + (f" --session-timeout-ms {opts.session_timeout_ms}" if local else ""))
         print(format_table(results))
         for n in log.notes:
             print(f"note: {n}")
