@@ -384,6 +384,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--spark-env-size-mb", type=_positive_int, default=320, metavar="MIB",
                    help="size of the packed Python environment of spark_env_start"
                         " (default 320)")
+    p.add_argument("--spark-java-options", default="", metavar="OPTS",
+                   help="JVM options for every Spark JVM of spark and spark_env_start (drivers,"
+                        " executors, the standalone cluster's daemons), both sides alike; with"
+                        " an equals sign: --spark-java-options=-XX:TieredStopAtLevel=1"
+                        " (default none)")
     p.add_argument("--session-timeout-ms", type=_positive_int, default=None, metavar="MS",
                    help="with --local: the ZooKeeper session timeout of the clusters the run"
                         " starts, which failover_kill_s waits out and is set against"

@@ -72,4 +72,5 @@ def cmd_bench(args: argparse.Namespace) -> int:
         spark_size_mb=args.spark_size_mb, spark_env_size_mb=args.spark_env_size_mb,
         tls=args.tls, fanout_nodes=args.nodes, fanout_rate_mbit=args.rate_mbit,
         fanout_peers=not args.no_peers, session_timeout_ms=args.session_timeout_ms,
+        spark_java_options=args.spark_java_options,
     ))

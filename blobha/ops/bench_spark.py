@@ -139,17 +139,21 @@ def _addfile_ready(name: str) -> Any:
 class _App:
     """One Spark application with its executors registered and Python workers started."""
 
-    def __init__(self, master: str, name: str, executors: int) -> None:
+    def __init__(self, master: str, name: str, executors: int, java_options: str = "") -> None:
         from pyspark.sql import SparkSession
 
         self.executors = executors
-        self.spark = (
+        builder = (
             SparkSession.builder.master(master)
             .appName(name)
             .config("spark.ui.enabled", "false")
             .config("spark.ui.showConsoleProgress", "false")
-            .getOrCreate()
         )
+        if java_options:
+            # The driver's take effect where it starts: with this process's first application.
+            builder = (builder.config("spark.driver.extraJavaOptions", java_options)
+                       .config("spark.executor.extraJavaOptions", java_options))
+        self.spark = builder.getOrCreate()
         self.sc = self.spark.sparkContext
         self.sc.setLogLevel("ERROR")
         tracker = self.sc.statusTracker()
@@ -248,7 +252,8 @@ def _compile_blobha() -> None:
 
 
 def _one_round(
-    cluster: str, user: str, master: str, executors: int, size: int, root: Path
+    cluster: str, user: str, master: str, executors: int, size: int, root: Path,
+    java_options: str = "",
 ) -> dict[tuple[int, str], float]:
     """Both applications once, with a new key and an empty node cache."""
     key = f"bench-spark-{uuid.uuid4().hex[:12]}"
@@ -264,7 +269,7 @@ def _one_round(
         # 1: empty cache; 2: cached; 3: cached, and the workers already have the blobha client
         # library loaded (apps 1 and 2 count its import, as a job's first task pays it).
         for app_no in (1, 2, 3):
-            app = _App(master, f"blobha-bench-app{app_no}", executors)
+            app = _App(master, f"blobha-bench-app{app_no}", executors, java_options)
             try:
                 # Sets the workers' environment: done before the warm-up, so the measured job
                 # reuses the warmed Python workers (a new environment means new ones).
@@ -315,10 +320,12 @@ def run_spark_bench(
     user: str | None = None,
     master: str | None = None,
     work_dir: str | None = None,
+    java_options: str = "",
 ) -> list[dict[str, object]]:
     """Time "every executor has the blob" for blobha and ``sc.addFile``, in a first and in a
     second application; see the module docstring. With ``rounds`` > 1 each figure is the
-    median of that many rounds (each with a new key and an empty cache).
+    median of that many rounds (each with a new key and an empty cache). ``java_options``
+    go to the driver's JVM (if this process starts it) and every executor's.
 
     >>> for m in run_spark_bench("127.0.0.1:6627", 64 * 1024 * 1024):  # doctest: +SKIP
     ...     print(m["name"], m["value"], m["baseline_value"], m["ratio"])
@@ -337,7 +344,8 @@ def run_spark_bench(
         with _environment(env):
             for n in range(rounds):
                 results.append(
-                    _one_round(cluster, user, master, executors, size_bytes, root / f"r{n}")
+                    _one_round(cluster, user, master, executors, size_bytes, root / f"r{n}",
+                               java_options)
                 )
     finally:
         shutil.rmtree(root, ignore_errors=True)

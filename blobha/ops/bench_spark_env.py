@@ -115,12 +115,16 @@ def build_env_archive(root: Path, size_bytes: int, mark: str) -> Path:
     return archive
 
 
-def _spark_args(spark: StandaloneSpark, archive: Path | None) -> list[str]:
+def _spark_args(spark: StandaloneSpark, archive: Path | None, java_options: str = ""
+                ) -> list[str]:
     args = ["--master", spark.url, "--deploy-mode", "client",
             "--conf", "spark.executor.memory=512m", "--conf", "spark.driver.memory=512m",
             "--conf", f"spark.cores.max={EXECUTORS}", "--conf", "spark.ui.enabled=false",
             # Client mode: the driver runs here, where ./env does not exist.
             "--conf", f"spark.pyspark.driver.python={sys.executable}"]
+    if java_options:
+        args += ["--conf", f"spark.driver.extraJavaOptions={java_options}",
+                 "--conf", f"spark.executor.extraJavaOptions={java_options}"]
     if archive is None:
         return [*args, "--conf", f"spark.pyspark.python={sys.executable}"]
     return [*args, "--archives", f"{archive}#env",
@@ -167,9 +171,12 @@ def run_env_start_bench(
     *,
     user: str | None = None,
     work_dir: str | None = None,
+    java_options: str = "",
 ) -> list[dict[str, object]]:
     """Time three applications each way; see the module docstring. ``cluster`` is the blob
-    store's address; credentials come from the ``BLOBHA_*`` environment, as the launcher's do."""
+    store's address; credentials come from the ``BLOBHA_*`` environment, as the launcher's do.
+    ``java_options`` go to every Spark JVM: the daemons, each application's driver and
+    executors."""
     if size_bytes < 1:
         raise ValueError("size_bytes must be positive")
     user = user or "blobha-bench"
@@ -192,11 +199,12 @@ def run_env_start_bench(
         submit = [str(spark_home() / "bin" / "spark-submit")]
         launcher = [sys.executable, "-m", "blobha", "spark-submit", "--"]
         timings: dict[tuple[int, str], float] = {}
-        with StandaloneSpark(root / "spark", workers=EXECUTORS) as spark:
-            floor = _run_app([*submit, *_spark_args(spark, None)], plain_env, root / "floor",
-                             job, spark, None)
+        with StandaloneSpark(root / "spark", workers=EXECUTORS,
+                             java_options=java_options) as spark:
+            floor = _run_app([*submit, *_spark_args(spark, None, java_options)], plain_env,
+                             root / "floor", job, spark, None)
             for app_no in range(1, APPLICATIONS + 1):
-                args = _spark_args(spark, archive)
+                args = _spark_args(spark, archive, java_options)
                 timings[app_no, "archives"] = _run_app(
                     [*submit, *args], plain_env, root / f"plain{app_no}", job, spark, mark)
                 timings[app_no, "blobha"] = _run_app(

@@ -68,10 +68,13 @@ def node_env(home: Path) -> dict[str, str]:
 class StandaloneSpark:
     """``with StandaloneSpark(root, workers=2) as spark:`` ... ``spark.url``."""
 
-    def __init__(self, root: Path, workers: int = 2, worker_memory: str = "1g") -> None:
+    def __init__(self, root: Path, workers: int = 2, worker_memory: str = "1g",
+                 java_options: str = "") -> None:
         self.root = root
         self.workers = workers
         self.worker_memory = worker_memory
+        #: JVM options of the master and worker daemons (not of the applications' JVMs).
+        self.java_options = java_options
         self.master_port, self.ui_port, *self._worker_ports = _free_ports(2 + 2 * workers)
         self.url = f"spark://127.0.0.1:{self.master_port}"
         #: Each node's HOME; its work directory (executor logs, Spark's own copies) is beside.
@@ -79,6 +82,8 @@ class StandaloneSpark:
         self._procs: list[subprocess.Popen[bytes]] = []
 
     def _start(self, name: str, args: list[str], env: dict[str, str]) -> None:
+        if self.java_options:
+            env = {**env, "SPARK_DAEMON_JAVA_OPTS": self.java_options}
         log = open(self.root / f"{name}.log", "wb")  # noqa: SIM115 - kept open for the child
         cmd = [str(spark_home() / "bin" / "spark-class"), *args]
         self._procs.append(subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,

@@ -364,14 +364,15 @@ def test_cli_bench_options_reach_main(monkeypatch: pytest.MonkeyPatch) -> None:
     assert cli.main(["bench", "--local", "--json", "--size-mb", "4", "--count", "5",
                      "--small-ops-seconds", "0.5", "--scale-keys", "200", "--repeat", "1",
                      "--metrics", "scale,upload_mbps", "--spark-size-mb", "8",
-                     "--spark-env-size-mb", "16", "--tls", "--session-timeout-ms", "2000"]) == 0
+                     "--spark-env-size-mb", "16", "--tls", "--session-timeout-ms", "2000",
+                     "--spark-java-options=-XX:TieredStopAtLevel=1"]) == 0
     assert seen == {
         "cluster": None, "local": True, "as_json": True, "count": 5, "size_mb": 4,
         "small_ops_seconds": 0.5, "scale_keys": 200, "repeat": 1,
         "metrics": "scale,upload_mbps", "zookeeper": None, "baseline_dir": None,
         "spark_size_mb": 8, "spark_env_size_mb": 16, "tls": True,
         "fanout_nodes": 8, "fanout_rate_mbit": 200.0, "fanout_peers": True,
-        "session_timeout_ms": 2000,
+        "session_timeout_ms": 2000, "spark_java_options": "-XX:TieredStopAtLevel=1",
     }
 
 
@@ -384,6 +385,7 @@ def test_cli_bench_defaults_are_the_full_benchmark(monkeypatch: pytest.MonkeyPat
     assert seen["repeat"] == 3
     assert seen["small_ops_seconds"] == 10.0 and seen["metrics"] is None
     assert seen["session_timeout_ms"] is None  # the bench's own default
+    assert seen["spark_java_options"] == ""  # the JVMs' own defaults
 
 
 @pytest.mark.parametrize("argv", [
@@ -546,3 +548,33 @@ def test_bench_fanout_is_the_fanout_group_with_its_own_options(
     assert ran[1][0] == 256 and not ran[1][1] and ran[1][2:] == (8, 200.0, True)
     assert main(["bench", "--fanout", "--rate-mbit", "0"]) == 2
     assert len(ran) == 2
+
+
+def test_spark_java_options_reach_every_spark_jvm_of_the_env_group(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each application's driver and executors (both sides' spark-submit arguments), and the
+    standalone cluster's daemons; none without the option."""
+    from blobha.ops import bench_spark_env, sparkstandalone
+
+    opts = "-XX:TieredStopAtLevel=1 -Xss1m"
+    spark = sparkstandalone.StandaloneSpark(tmp_path, workers=2, java_options=opts)
+    for archive in (None, tmp_path / "env.tgz"):
+        args = bench_spark_env._spark_args(spark, archive, opts)
+        confs = {args[i + 1] for i, a in enumerate(args) if a == "--conf"}
+        assert {f"spark.driver.extraJavaOptions={opts}",
+                f"spark.executor.extraJavaOptions={opts}"} <= confs
+        assert "extraJavaOptions" not in " ".join(bench_spark_env._spark_args(spark, archive))
+
+    started: list[dict[str, str]] = []
+
+    class Recorded:
+        def __init__(self, cmd: list[str], env: dict[str, str], **kw: object) -> None:
+            started.append(env)
+
+    monkeypatch.setattr(sparkstandalone, "spark_home", lambda: tmp_path)
+    monkeypatch.setattr(sparkstandalone.subprocess, "Popen", Recorded)
+    spark._start("master", [], {"HOME": str(tmp_path)})
+    plain = sparkstandalone.StandaloneSpark(tmp_path, workers=2)
+    plain._start("worker-1", [], {"HOME": str(tmp_path)})
+    assert started[0] == {"HOME": str(tmp_path), "SPARK_DAEMON_JAVA_OPTS": opts}
+    assert started[1] == {"HOME": str(tmp_path)}

@@ -58,6 +58,10 @@ Metric groups (``--metrics`` picks a subset; every metric name starts with its g
     interpreter is a ``--spark-env-size-mb`` packed Python environment (default 320 MiB), for
     three consecutive applications: ``blobha spark-submit`` against plain ``spark-submit
     --archives`` in the same run.
+
+    Both Spark groups give ``--spark-java-options`` (none by default) to every Spark JVM they
+    start, on both sides: each application's driver and executors, the standalone cluster's
+    daemons.
 ``failover_term_s`` / ``failover_kill_s`` (``--local``)
     From SIGTERM or SIGKILL of the leader to the first successful write through the client.
     Baseline: the configured ZooKeeper session timeout (``--session-timeout-ms``, 6 s by

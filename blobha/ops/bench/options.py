@@ -96,6 +96,9 @@ class BenchOptions:
     #: ZooKeeper session timeout of the local clusters the run starts (``--local``): how long
     #: ``failover_kill_s`` waits for a killed leader's session to end, and its baseline.
     session_timeout_ms: int = SESSION_TIMEOUT_MS
+    #: JVM options for every Spark JVM the spark groups start (each application's driver and
+    #: executors, the standalone cluster's daemons), blobha's side and the baseline's alike.
+    spark_java_options: str = ""
 
     def check(self, local: bool, explicit_metrics: bool) -> None:
         """Raise ValueError for a combination that cannot run."""

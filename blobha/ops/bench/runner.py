@@ -135,6 +135,7 @@ def main(
     fanout_rate_mbit: float = 200.0,
     fanout_peers: bool = True,
     session_timeout_ms: int | None = None,
+    spark_java_options: str = "",
 ) -> int:
     """``blobha bench``; returns the exit status."""
     if metrics is not None and "fanout" in {m.strip() for m in metrics.split(",")}:
@@ -164,6 +165,7 @@ def main(
             tls=tls,
             session_timeout_ms=(SESSION_TIMEOUT_MS if session_timeout_ms is None
                                 else session_timeout_ms),
+            spark_java_options=spark_java_options,
         )
         opts.check(local, explicit_metrics=metrics is not None)
     except ValueError as e:
@@ -185,7 +187,9 @@ def main(
               f" --small-ops-seconds {opts.small_ops_seconds:g} --scale-keys {opts.scale_keys}"
               f" --repeat {opts.repeat} --spark-size-mb {opts.spark_size_mb}"
               f" --spark-env-size-mb {opts.spark_env_size_mb}"
-              + (f" --session-timeout-ms {opts.session_timeout_ms}" if local else ""))
+              + (f" --session-timeout-ms {opts.session_timeout_ms}" if local else "")
+              + (f" --spark-java-options={opts.spark_java_options!r}"
+                 if opts.spark_java_options else ""))
         print(format_table(results))
         for n in log.notes:
             print(f"note: {n}")

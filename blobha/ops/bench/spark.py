@@ -24,7 +24,7 @@ def spark(bench: Bench) -> None:
     bench.log.say(f"Spark: every executor gets a {bench.opts.spark_size_mb} MiB blob, blobha"
                   " against sc.addFile, first and second application")
     for m in run_spark_bench(bench.cluster, size, executors=SPARK_EXECUTORS,
-                             user=bench_user()):
+                             user=bench_user(), java_options=bench.opts.spark_java_options):
         bench.add(str(m["name"]), float(cast(float, m["value"])), str(m["unit"]),
                   str(m["baseline_name"]), float(cast(float, m["baseline_value"])))
 
@@ -40,6 +40,6 @@ def spark_env_start(bench: Bench) -> None:
     bench.log.say(f"Spark: applications with a {bench.opts.spark_env_size_mb} MiB packed Python"
                   " environment, blobha spark-submit against spark-submit --archives")
     for m in run_env_start_bench(bench.cluster, bench.opts.spark_env_size_mb * MiB,
-                                 user=bench_user()):
+                                 user=bench_user(), java_options=bench.opts.spark_java_options):
         bench.add(str(m["name"]), float(cast(float, m["value"])), str(m["unit"]),
                   str(m["baseline_name"]), float(cast(float, m["baseline_value"])))
