@@ -1,6 +1,13 @@
 """``blobha bench --local --json`` end to end, tiny sizes: every metric is there, with a
 baseline and a ratio. Structure only: how fast things are belongs to the benchmark itself, not
-to a pass/fail test on a shared, noisy machine."""
+to a pass/fail test on a shared, noisy machine.
+
+One run over every group (:func:`local_run`) serves the tests that read its figures: the
+structure of every metric, and the accounting of the W=2 uploads, whose blobs are one
+:data:`COPY_MB` each. Its knobs keep it short without leaving anything out: a short ZooKeeper
+session timeout (``failover_kill_s`` waits one out) and Spark JVMs without the optimising JIT
+(most of a Spark application's start here is its JVMs starting).
+"""
 
 from __future__ import annotations
 
@@ -10,6 +17,7 @@ import os
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -52,27 +60,58 @@ ON_A_DEVICE = {"upload_w2_disk_written_mb", "upload_w2_disk_ceiling_mbps"}
 # The holder's copy kept apart needs two CPUs and memory to keep it in.
 APART = {"upload_w2_apart_mbps"}
 APART_ON_A_DEVICE = {"upload_w2_apart_disk_written_mb"}
-#: One copy of the accounting tests' 48 MiB upload, in MB.
-COPY_MB = 48 * 1024 * 1024 / 1e6
+#: The size of the run's big blobs, in MiB; one copy of it, in MB.
+SIZE_MIB = 48
+COPY_MB = SIZE_MIB * 1024 * 1024 / 1e6
+#: The run's ZooKeeper session timeout, which failover_kill_s waits out (the bench's default
+#: is 6 s). Not much below the test clusters' 4 s: the masters' sessions must outlast the
+#: Spark groups' JVMs starting on both CPUs.
+SESSION_TIMEOUT_MS = 3000
 
 
-def test_bench_local_json_reports_every_metric_with_baseline_and_ratio(tmp_path: Path) -> None:
+@dataclass(frozen=True)
+class LocalRun:
+    """What the shared ``blobha bench --local`` run left: its directory, log and figures."""
+
+    tmp_path: Path
+    stderr: str
+    metrics: list[dict[str, Any]]
+    #: The run's own directories in memory (/dev/shm) are the ones not there before it.
+    memory_dirs_before: set[Path]
+
+    @property
+    def by_name(self) -> dict[str, dict[str, Any]]:
+        return {m["name"]: m for m in self.metrics}
+
+
+@pytest.fixture(scope="module")
+def local_run(tmp_path_factory: pytest.TempPathFactory) -> LocalRun:
+    tmp_path = tmp_path_factory.mktemp("bench")
+    memory_dirs_before = set(MEMORY_DIR.glob("blobha-bench-*"))
     started = time.monotonic()
     proc = subprocess.run(
-        [BLOBHA, "bench", "--local", "--json", "--size-mb", "4", "--count", "5",
-         "--small-ops-seconds", "0.5", "--scale-keys", "150", "--repeat", "1",
-         "--spark-size-mb", "4", "--spark-env-size-mb", "2"],
+        [BLOBHA, "bench", "--local", "--json", "--size-mb", str(SIZE_MIB), "--count", "5",
+         "--small-ops-seconds", "0.3", "--scale-keys", "150", "--repeat", "1",
+         "--spark-size-mb", "4", "--spark-env-size-mb", "2",
+         "--session-timeout-ms", str(SESSION_TIMEOUT_MS),
+         "--spark-java-options=-XX:TieredStopAtLevel=1"],
         capture_output=True, text=True, timeout=900, cwd=tmp_path,
         env={**os.environ, "TMPDIR": str(tmp_path)},
     )
+    print(f"bench smoke took {time.monotonic() - started:.1f} s")
     assert proc.returncode == 0, proc.stderr[-4000:]
-    metrics = json.loads(proc.stdout)
-    by_name = {m["name"]: m for m in metrics}
+    return LocalRun(tmp_path, proc.stderr, json.loads(proc.stdout), memory_dirs_before)
+
+
+def test_bench_local_json_reports_every_metric_with_baseline_and_ratio(local_run: LocalRun
+                                                                       ) -> None:
+    tmp_path, metrics, by_name = local_run.tmp_path, local_run.metrics, local_run.by_name
+    stderr = local_run.stderr
     on_device = disk_counters(tmp_path) is not None
     apart = _can_keep_apart()
     expected = (EXPECTED | (ON_A_DEVICE if on_device else set()) | (APART if apart else set())
                 | (APART_ON_A_DEVICE if apart and on_device else set()))
-    assert set(by_name) == expected, proc.stderr[-2000:]
+    assert set(by_name) == expected, stderr[-2000:]
     assert len(metrics) == len(by_name)  # one object per metric
     for m in metrics:
         assert set(m) == {"name", "value", "unit", "baseline_name", "baseline_value", "ratio"}
@@ -89,12 +128,14 @@ def test_bench_local_json_reports_every_metric_with_baseline_and_ratio(tmp_path:
         assert isinstance(m["ratio"], (int, float)), m
         assert m["ratio"] == pytest.approx(m["value"] / m["baseline_value"], rel=1e-3, abs=1e-4)
     assert by_name["scale_keys"]["value"] >= 150
+    # Every failover group is set against the session timeout its clusters were given.
+    for name in ("failover_term_s", "failover_kill_s", "failover_kill_restart_s"):
+        assert by_name[name]["baseline_value"] == SESSION_TIMEOUT_MS / 1000, by_name[name]
     # The note on an ext4 without a journal comes exactly where the kernel says it is one.
-    noted = "ext4 without a journal" in proc.stderr
-    assert noted == (unjournaled_ext4(tmp_path) is not None), proc.stderr[-2000:]
+    noted = "ext4 without a journal" in stderr
+    assert noted == (unjournaled_ext4(tmp_path) is not None), stderr[-2000:]
     # The run cleans up after itself: the throw-away cluster's directory is gone.
     assert not list(tmp_path.glob("blobha-bench-*"))
-    print(f"bench smoke took {time.monotonic() - started:.1f} s")
 
 
 def test_bench_local_tls_measures_over_tls_against_a_plaintext_cluster(tmp_path: Path) -> None:
@@ -146,12 +187,12 @@ def test_bench_runs_against_a_secure_cluster_with_the_given_credentials(tmp_path
         lc.stop()
 
 
-def test_bench_accounts_for_each_upload_on_the_masters_disk(tmp_path: Path) -> None:
+def test_bench_accounts_for_each_upload_on_the_masters_disk(local_run: LocalRun) -> None:
     """W=2 waits for two copies on the one disk the local masters share, W=1 for one: the
     disk's counters over each upload show it, and the ceiling they give bounds W=2."""
-    if disk_counters(tmp_path) is None:
-        pytest.skip(f"{tmp_path} is on a file system with no block device of its own")
-    stderr, by_name = _one_copy_bench(tmp_path, "upload_w2_mbps")
+    if disk_counters(local_run.tmp_path) is None:
+        pytest.skip(f"{local_run.tmp_path} is on a file system with no block device of its own")
+    stderr, by_name = local_run.stderr, local_run.by_name
     written = by_name["upload_w2_disk_written_mb"]
     assert written["baseline_name"] == "upload_w1_disk_written_mb"
     # Each copy is 48 MiB (50.3 MB): W=1 waits for one, W=2 for two (the third holder syncs
@@ -167,32 +208,19 @@ def test_bench_accounts_for_each_upload_on_the_masters_disk(tmp_path: Path) -> N
     assert leader["value"] <= cpu["value"] and leader["baseline_value"] <= cpu["baseline_value"]
 
 
-def _one_copy_bench(tmp_path: Path, group: str) -> tuple[str, dict[str, dict[str, Any]]]:
-    """``group`` run once with uploads of one :data:`COPY_MB`: its log and metrics by name."""
-    proc = subprocess.run(
-        [BLOBHA, "bench", "--local", "--json", "--size-mb", "48", "--repeat", "1",
-         "--metrics", group],
-        capture_output=True, text=True, timeout=300, cwd=tmp_path,
-        env={**os.environ, "TMPDIR": str(tmp_path)},
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return proc.stderr, {m["name"]: m for m in json.loads(proc.stdout)}
-
-
 def _can_keep_apart() -> bool:
     return len(os.sched_getaffinity(0)) >= 2 and file_system_type(MEMORY_DIR) == "tmpfs"
 
 
-def test_bench_keeps_the_holders_copy_apart_off_the_masters_disk(tmp_path: Path) -> None:
+def test_bench_keeps_the_holders_copy_apart_off_the_masters_disk(local_run: LocalRun) -> None:
     """upload_w2_apart_mbps: only the leader's copy reaches the disk, for either quorum."""
-    if disk_counters(tmp_path) is None or not _can_keep_apart():
+    if disk_counters(local_run.tmp_path) is None or not _can_keep_apart():
         pytest.skip("needs a block device under the tmp directory, two CPUs and /dev/shm")
-    mine_before = set(MEMORY_DIR.glob("blobha-bench-*"))
-    stderr, by_name = _one_copy_bench(tmp_path, "upload_w2_apart_mbps")
+    stderr, by_name = local_run.stderr, local_run.by_name
     assert by_name["upload_w2_apart_mbps"]["baseline_name"] == "upload_w1_apart_mbps"
     written = by_name["upload_w2_apart_disk_written_mb"]
     assert COPY_MB <= written["baseline_value"] < 2 * COPY_MB, written
     assert COPY_MB <= written["value"] < 2 * COPY_MB, written  # W=2's second copy is elsewhere
     assert "followers keep their data in memory" in stderr
     # The followers' data lived in a directory of the run's own, gone with it.
-    assert set(MEMORY_DIR.glob("blobha-bench-*")) <= mine_before
+    assert set(MEMORY_DIR.glob("blobha-bench-*")) <= local_run.memory_dirs_before
