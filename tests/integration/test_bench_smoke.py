@@ -98,6 +98,8 @@ def local_run(tmp_path_factory: pytest.TempPathFactory) -> LocalRun:
         capture_output=True, text=True, timeout=900, cwd=tmp_path,
         env={**os.environ, "TMPDIR": str(tmp_path)},
     )
+    # Its progress lines, for `pytest -s` and for a failure's report: where the time went.
+    print(proc.stderr, end="")
     print(f"bench smoke took {time.monotonic() - started:.1f} s")
     assert proc.returncode == 0, proc.stderr[-4000:]
     return LocalRun(tmp_path, proc.stderr, json.loads(proc.stdout), memory_dirs_before)

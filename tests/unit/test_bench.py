@@ -578,3 +578,19 @@ def test_spark_java_options_reach_every_spark_jvm_of_the_env_group(
     plain._start("worker-1", [], {"HOME": str(tmp_path)})
     assert started[0] == {"HOME": str(tmp_path), "SPARK_DAEMON_JAVA_OPTS": opts}
     assert started[1] == {"HOME": str(tmp_path)}
+
+
+def test_the_spark_benchmarks_lines_join_the_runs_progress_while_a_spark_group_runs() -> None:
+    import io
+    import logging
+
+    from blobha.ops.bench import Log, spark
+
+    stream = io.StringIO()
+    logger = logging.getLogger(spark.SPARK_LOGGER)
+    with spark._progress(Log(stream)):
+        logger.info("application %d: blobha %.2f s", 1, 0.5)
+    logger.info("after the group")
+    lines = stream.getvalue().splitlines()
+    assert len(lines) == 1 and lines[0].endswith("s]   application 1: blobha 0.50 s"), lines
+    assert logger.handlers == [] and logger.level == logging.NOTSET
