@@ -20,6 +20,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -102,11 +103,28 @@ class StandaloneSpark:
             # ValueError: a master starting up has answered /json/ with its HTML page.
             return False
 
+    def _master_alive(self) -> bool:
+        try:
+            return self.state().get("status") == "ALIVE"
+        except (OSError, ValueError):
+            return False
+
+    def _wait(self, ready: Callable[[], bool], what: str, deadline: float) -> None:
+        while not ready():
+            if time.monotonic() > deadline or any(p.poll() is not None for p in self._procs):
+                raise RuntimeError(f"{what} within {_REGISTER_SECS:.0f} s; see the logs in"
+                                   f" {self.root}")
+            time.sleep(0.2)
+
     def start(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
+        deadline = time.monotonic() + _REGISTER_SECS
         self._start("master", ["org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
                                "--port", str(self.master_port), "--webui-port",
                                str(self.ui_port)], node_env(self.root / "master-home"))
+        # The workers only once the master leads: a worker that reaches it sooner is not
+        # registered, and tries again only 5-15 s later.
+        self._wait(self._master_alive, "the Spark master did not come up", deadline)
         for i, home in enumerate(self.homes):
             port, ui = self._worker_ports[2 * i], self._worker_ports[2 * i + 1]
             work = self.work_dir(i)
@@ -116,12 +134,7 @@ class StandaloneSpark:
                 "--port", str(port), "--webui-port", str(ui), "--work-dir", str(work),
                 "--cores", "1", "--memory", self.worker_memory, self.url,
             ], node_env(home))
-        deadline = time.monotonic() + _REGISTER_SECS
-        while not self._alive():
-            if time.monotonic() > deadline or any(p.poll() is not None for p in self._procs):
-                raise RuntimeError(f"{self.workers} Spark workers did not register within"
-                                   f" {_REGISTER_SECS:.0f} s; see the logs in {self.root}")
-            time.sleep(0.2)
+        self._wait(self._alive, f"{self.workers} Spark workers did not register", deadline)
 
     def work_dir(self, node: int) -> Path:
         """Node ``node``'s (0-based) Spark work directory: one directory per application."""

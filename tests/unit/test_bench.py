@@ -594,3 +594,33 @@ def test_the_spark_benchmarks_lines_join_the_runs_progress_while_a_spark_group_r
     lines = stream.getvalue().splitlines()
     assert len(lines) == 1 and lines[0].endswith("s]   application 1: blobha 0.50 s"), lines
     assert logger.handlers == [] and logger.level == logging.NOTSET
+
+
+def test_the_standalone_spark_workers_start_once_the_master_leads(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker that reaches a master not yet leading tries again only 5-15 s later; a
+    starting master's status page may answer with nothing at all."""
+    from blobha.ops import sparkstandalone
+
+    spark = sparkstandalone.StandaloneSpark(tmp_path / "spark", workers=2)
+    started: list[str] = []
+    answers: list[Any] = [OSError("refused"), json.JSONDecodeError("empty", "", 0),
+                          {"status": "STANDBY"}, {"status": "ALIVE", "aliveworkers": 0}]
+
+    asked: list[list[str]] = []  # what had started at each question
+
+    def state() -> dict[str, Any]:
+        asked.append(list(started))
+        answer = answers.pop(0) if answers else {"status": "ALIVE", "aliveworkers": 2}
+        if isinstance(answer, Exception):
+            raise answer
+        return dict(answer)
+
+    monkeypatch.setattr(sparkstandalone, "spark_home", lambda: tmp_path)
+    monkeypatch.setattr(spark, "_start", lambda name, args, env: started.append(name))
+    monkeypatch.setattr(spark, "state", state)
+    spark.start()
+    assert started == ["master", "worker-1", "worker-2"] and not answers
+    # The master alone until it said ALIVE (the fourth answer), the workers after.
+    assert asked[:4] == [["master"]] * 4
+    assert asked[4:] == [["master", "worker-1", "worker-2"]] * (len(asked) - 4)
