@@ -69,6 +69,7 @@ def test_create_wait_cat_cluster_then_kill_the_leader(fresh_cluster: LocalCluste
         assert r.stdout == path.read_bytes()
 
 
+@pytest.mark.smoke
 def test_commands_and_exit_codes(cluster: LocalCluster, tmp_path: Path) -> None:
     r = run(cluster, "create", "cli-key", "-a", "u:alice:rwa,o::r", stdin=b"from stdin")
     assert r.returncode == 0, r.stderr

@@ -37,6 +37,7 @@ def _new_leader(cluster: LocalCluster, old: str) -> str:
     return wait_until(check, SESSION + 10, "a new leader")
 
 
+@pytest.mark.smoke
 def test_leader_sigkill_keeps_every_acknowledged_blob(fresh_cluster: LocalCluster) -> None:
     blobs = {f"k{i}": os.urandom(200_000 + i) for i in range(10)}
     with client_for(fresh_cluster) as c:

@@ -78,6 +78,7 @@ def _get_meta_on(c: LocalCluster, address: str, token: str, key: str) -> grpc.St
         channel.close()
 
 
+@pytest.mark.smoke
 def test_a_job_token_reads_exactly_its_keys_on_every_master(secure: LocalCluster) -> None:
     with _user(secure, "alice") as alice:
         issued = alice.issue_job_token(KEYS, lifetime_secs=600)
@@ -94,6 +95,7 @@ def test_a_job_token_reads_exactly_its_keys_on_every_master(secure: LocalCluster
         assert _get_meta_on(secure, m.address, issued.token, "jt-a") is grpc.StatusCode.OK
 
 
+@pytest.mark.smoke
 def test_a_job_token_cannot_write_or_touch_other_keys(secure: LocalCluster) -> None:
     with _user(secure, "alice") as alice:
         token = alice.issue_job_token(KEYS, lifetime_secs=600).token

@@ -50,6 +50,7 @@ def _holders(c: Client, key: str) -> list[str]:
     return sorted(c.get_replication(key).holders)
 
 
+@pytest.mark.smoke
 def test_create_and_update_replicate_to_three(alice: Client, unique_key: str) -> None:
     alice.create(unique_key, b"one", replication_factor=3)
     assert alice.wait_for_replication([unique_key], 3, timeout=10).reached
@@ -59,6 +60,7 @@ def test_create_and_update_replicate_to_three(alice: Client, unique_key: str) ->
     assert result.statuses[0].version == 2
 
 
+@pytest.mark.smoke
 def test_a_blob_larger_than_a_background_flush_lands_whole_on_every_master(
         cluster: LocalCluster, alice: Client, unique_key: str) -> None:
     """The leader's upload and each follower's copy go through temp files flushed in the

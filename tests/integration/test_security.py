@@ -266,6 +266,7 @@ def secure(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
         c.stop()
 
 
+@pytest.mark.smoke
 def test_secure_cluster_works_end_to_end_with_tokens(secure: LocalCluster) -> None:
     assert secure.auth == "token" and secure.zk_lockdown
     with _client(secure, "alice") as alice:
@@ -280,6 +281,7 @@ def test_secure_cluster_works_end_to_end_with_tokens(secure: LocalCluster) -> No
     REFUSED["secure: read another user's private blob"] += 1
 
 
+@pytest.mark.smoke
 def test_no_token_and_wrong_tokens_are_unauthenticated(secure: LocalCluster,
                                                        tmp_path: Path) -> None:
     ca = secure.credentials().ca
