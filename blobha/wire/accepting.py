@@ -39,7 +39,12 @@ class Doorway:
         waiting: dict[socket.socket, float] = {}
         try:
             with selectors.DefaultSelector() as sel:
-                sel.register(self.listener, selectors.EVENT_READ)
+                try:
+                    sel.register(self.listener, selectors.EVENT_READ)
+                except (ValueError, OSError):
+                    if stopped.is_set():
+                        return  # stopped, and the listener closed, before this thread ran
+                    raise
                 while not stopped.is_set():
                     try:
                         self._round(sel, waiting, ready)
