@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
 
+from blobha.core.blobstate import BlobState
 from blobha.store.local import LocalStore
 from blobha.sync.decide import Action, Facts, Local, Plan, decide, has_work
 from blobha.sync.feed import KEY_LIST, ChangeFeed
@@ -29,7 +30,7 @@ from blobha.sync.reads import KeyReader
 from blobha.sync.registry import ReplicaRegistry
 from blobha.sync.view import Entry, KeyView, ReplicaView, holders_of, pack
 from blobha.sync.workqueue import WorkQueue
-from blobha.zk.layout import BlobState, key_path, parse_replica, replica_path
+from blobha.zk.layout import key_path, parse_replica, replica_path
 
 if TYPE_CHECKING:
     from blobha.sync.membership import Membership

@@ -9,12 +9,12 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import ExitStack
 from typing import TYPE_CHECKING
 
+from blobha.core.blobstate import BlobState
 from blobha.core.errors import BlobError
 from blobha.store.local import BlobBuffer, LocalStore, TempBlob
-from blobha.sync.peers import Peers
 from blobha.sync.registry import SyncDeferred
 from blobha.sync.view import ReplicaView
-from blobha.zk.layout import BlobState
+from blobha.wire.peers import Peers
 
 if TYPE_CHECKING:
     from blobha.sync.protocols import ClusterGuard

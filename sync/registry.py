@@ -11,10 +11,11 @@ from typing import TYPE_CHECKING
 from kazoo.client import KazooClient
 from kazoo.exceptions import KazooException, NodeExistsError, NoNodeError
 
+from blobha.core.blobstate import BlobState
 from blobha.sync.feed import session_of
 from blobha.sync.view import Entry, ReplicaView, pack
 from blobha.sync.workqueue import WorkQueue
-from blobha.zk.layout import BlobState, replica_path
+from blobha.zk.layout import replica_path
 
 if TYPE_CHECKING:
     from blobha.sync.feed import ChangeFeed

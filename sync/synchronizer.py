@@ -22,20 +22,20 @@ from __future__ import annotations
 
 from kazoo.client import KazooClient
 
+from blobha.core.blobstate import BlobState
 from blobha.store.local import LocalStore
 from blobha.sync.apply import Executor
 from blobha.sync.feed import ChangeFeed, Wake
 from blobha.sync.fetcher import Fetcher
 from blobha.sync.loop import SyncLoop
 from blobha.sync.membership import Membership
-from blobha.sync.peers import Peers
 from blobha.sync.protocols import ClusterGuard, LeaderDuties
 from blobha.sync.reads import KeyReader
 from blobha.sync.registry import ReplicaRegistry, SyncDeferred
 from blobha.sync.settings import SyncSettings
 from blobha.sync.view import KeyView, ReplicaView, Usage
 from blobha.sync.workqueue import WorkQueue
-from blobha.zk.layout import BlobState
+from blobha.wire.peers import Peers
 
 
 class Synchronizer:

@@ -10,9 +10,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from blobha.core.acl import format_acl
+from blobha.core.blobstate import BlobState
 from blobha.sync.decide import chosen
 from blobha.zk import layout
-from blobha.zk.layout import BlobState
 
 if TYPE_CHECKING:
     from blobha.sync.membership import Membership

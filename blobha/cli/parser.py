@@ -13,6 +13,7 @@ from blobha.cli.examples import epilog
 from blobha.cli.output import EXIT_CODES_EPILOG, PROG
 from blobha.core import settings
 from blobha.core.addresses import parse_cluster
+from blobha.core.auth import MODES
 from blobha.core.errors import InvalidArgument
 
 DEFAULT_BASE_PORT = 6627
@@ -305,7 +306,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tls", action="store_true",
                    help="secure set-up: a throwaway CA, TLS everywhere, token authentication"
                    " (unless --auth says otherwise) and ZooKeeper locked down to the masters")
-    p.add_argument("--auth", choices=("simple", "token", "mtls"), default=None,
+    p.add_argument("--auth", choices=MODES, default=None,
                    help="authentication (default: token with --tls, else simple; mtls needs"
                    " --tls)")
 

@@ -25,7 +25,7 @@ from blobha.core.errors import (
 )
 from blobha.v1 import blobha_pb2 as pb
 from blobha.wire.convert import info_from_pb
-from blobha.wire.dataplane import DataOffer
+from blobha.wire.datachannel import DataOffer
 
 # Downloads keep nothing in memory, and each new stream pays a flow-control ramp-up, so their
 # segments are larger: fewer streams, fewer ramp-ups.

@@ -41,7 +41,7 @@ from blobha.core.errors import (
 )
 from blobha.v1 import blobha_pb2 as pb
 from blobha.wire.convert import min_version_to_pb
-from blobha.wire.dataplane import DataChannels
+from blobha.wire.datachannel import DataChannels
 
 # One round of leader discovery; ClusterSummary itself asks every master, so allow it time.
 PROBE_TIMEOUT = 10.0

@@ -88,7 +88,7 @@ class Transport(Protocol):
         ...
 
     def data_host(self, address: str) -> str | None:
-        """The host to dial for the data channel of ``address`` (blobha.wire.dataplane), or None
+        """The host to dial for the data channel of ``address`` (blobha.wire.datachannel), or None
         when transfers must stay in gRPC."""
         ...
 

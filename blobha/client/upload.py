@@ -34,8 +34,8 @@ from blobha.core.errors import (
 from blobha.v1 import blobha_pb2 as pb
 from blobha.wire.chunks import UploadPiece
 from blobha.wire.convert import meta_from_pb
-from blobha.wire.dataplane import MIN_BYTES as _DATA_CHANNEL_MIN_BYTES
-from blobha.wire.dataplane import DataChannelUnusable, send_upload
+from blobha.wire.datachannel import MIN_BYTES as _DATA_CHANNEL_MIN_BYTES
+from blobha.wire.datachannel import DataChannelUnusable, send_upload
 
 # Transfers move in segments, one RPC each: a segment is the unit of resumption (an upload
 # segment is acknowledged as a whole, so a non-seekable source needs to keep at most one segment
@@ -254,7 +254,7 @@ class UploadJob:
     def _channel_segment(self, offset: int, first: bytes | memoryview, deadline: Deadline
                          ) -> int | None:
         """Send a segment from ``offset`` (whose first piece is ``first``) over the leader's
-        data channel (blobha.wire.dataplane); the bytes the leader then holds, or None when the
+        data channel (blobha.wire.datachannel); the bytes the leader then holds, or None when the
         channel cannot be used and the segment goes in an ``AppendUpload`` stream."""
         channels = self.router.data_channels
         if not self.channel or not channels.usable(self.leader):

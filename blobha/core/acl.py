@@ -121,7 +121,7 @@ def check_entries(acl: Iterable[AccessControl]) -> list[AccessControl]:
 
 def stored_size(acl: Iterable[AccessControl]) -> int:
     """The bytes ``acl`` takes in the key's record: its text form as a JSON string (UTF-8,
-    quotes and escapes included), as :meth:`blobha.zk.layout.BlobState.encode` writes it."""
+    quotes and escapes included), as :meth:`blobha.core.blobstate.BlobState.encode` writes it."""
     return len(json.dumps(format_acl(acl), ensure_ascii=False).encode())
 
 

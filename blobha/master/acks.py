@@ -11,6 +11,7 @@ from kazoo.exceptions import (
     BadVersionError,
 )
 
+from blobha.core.blobstate import BlobState
 from blobha.core.errors import (
     DeadlineExceeded,
     KeyNotFound,
@@ -26,9 +27,6 @@ from blobha.master.waits import ReplicationWaits
 from blobha.store.local import LocalStore
 from blobha.sync import Synchronizer
 from blobha.wire.status import ReplicationStatus
-from blobha.zk.layout import (
-    BlobState,
-)
 
 log = logging.getLogger("blobha.master")
 

@@ -13,6 +13,7 @@ from kazoo.exceptions import (
 
 from blobha.core import acl as acls
 from blobha.core.acl import AccessControl
+from blobha.core.blobstate import BlobState
 from blobha.core.errors import (
     KeyNotFound,
     Unavailable,
@@ -28,9 +29,6 @@ from blobha.master.rules import (
 )
 from blobha.store.local import LocalStore
 from blobha.sync import Synchronizer, acl_bytes
-from blobha.zk.layout import (
-    BlobState,
-)
 
 log = logging.getLogger("blobha.master")
 

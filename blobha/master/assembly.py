@@ -8,10 +8,11 @@ import logging
 import grpc
 
 from blobha.core.addresses import host_of, status_url
+from blobha.core.auth import AuthMode
 from blobha.core.errors import BlobError
 from blobha.core.version import __version__
 from blobha.master.config import Config, ConfigError, data_port
-from blobha.master.edge.dataplane import DataPlane
+from blobha.master.edge.datachannel import DataChannelServer
 from blobha.master.edge.gatekeeper import Gatekeeper
 from blobha.master.edge.health import MasterHealth
 from blobha.master.edge.metrics import MasterMetrics
@@ -35,7 +36,7 @@ class MasterServer:
         self.metrics = MasterMetrics(self.master.status)
         self.status_server: StatusServer | None = None
         self.server: grpc.Server | None = None
-        self.dataplane: DataPlane | None = None
+        self.datachannel: DataChannelServer | None = None
         self.gatekeeper: Gatekeeper | None = None
 
     def start(self) -> None:
@@ -87,37 +88,37 @@ class MasterServer:
         server.start()
         self.server = server
         asked = int(listen.rsplit(":", 1)[1])
-        self._start_dataplane(host_of(listen),
+        self._start_datachannel(host_of(listen),
                               data_port(self.config["blobstore.data.port"], port, asked))
 
-    def _start_dataplane(self, host: str, port: int) -> None:
+    def _start_datachannel(self, host: str, port: int) -> None:
         if port < 0:
             return
         master = self.master
         s = master.settings
         tls = (ReloadingServerContext(s.tls_cert, s.tls_key, s.tls_ca,
-                                      require_client_cert=s.auth_mode == "mtls")
+                                      require_client_cert=s.auth_mode is AuthMode.MTLS)
                if master.server_tls is not None else None)
-        dataplane = DataPlane(
+        datachannel = DataChannelServer(
             master.store, host, port, append=master.append,
             translate=lambda e: translate_error(master.identity, "an upload on the data channel",
                                                 e),
             tls=tls, stage=master.stage_versions)
         try:
-            dataplane.start()
+            datachannel.start()
         except OSError as e:
             raise ConfigError(f"cannot listen on blobstore.data.port {port} on {host}: {e}"
                               " (set another port, +N for the gRPC port plus N, 0 for any free"
                               " one, or -1 for none)") from None
-        self.dataplane = dataplane
-        master.channel.offers = dataplane
-        log.info("data channel on port %d%s", dataplane.port, " (TLS)" if tls else "")
+        self.datachannel = datachannel
+        master.channel.offers = datachannel
+        log.info("data channel on port %d%s", datachannel.port, " (TLS)" if tls else "")
 
     def _stop_serving(self, grace: float) -> None:
         if self.server is not None:
             self.server.stop(grace).wait(grace + 1.0)
-        if self.dataplane is not None:
-            self.dataplane.stop()
+        if self.datachannel is not None:
+            self.datachannel.stop()
 
     def stop(self) -> None:
         """Graceful stop: report NOT_SERVING, resign leadership at once, drain the calls in

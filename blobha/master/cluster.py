@@ -20,7 +20,7 @@ from kazoo.retry import KazooRetry
 from blobha.leader import LeaderElection
 from blobha.master.clustersecret import ClusterSecret
 from blobha.store.local import LocalStore
-from blobha.sync.peers import Peers
+from blobha.wire.peers import Peers
 from blobha.zk.layout import BLOBSTORE
 from blobha.zk.lockdown import ZkCredentials, ensure_locked_chroot
 from blobha.zk.tls import ZkTls
@@ -137,7 +137,7 @@ class ClusterIdentity:
         return False
 
     def load_secret(self) -> None:
-        """The secret masters prove themselves to each other with (see blobha.core.auth). The
+        """The secret masters prove themselves to each other with (see blobha.wire.authn). The
         first master creates it; under lock-down only masters can read it. A rotation
         (blobha admin rotate-secret, or a lock-down of an open tree) reaches every master
         through the watch this sets."""

@@ -1,5 +1,5 @@
 """The cluster secret as one master holds it, and which secrets it accepts from a caller that
-claims to be a master (:class:`blobha.core.auth.ServerAuthentication`).
+claims to be a master (:class:`blobha.wire.authn.ServerAuthentication`).
 
 A rotation (``blobha admin rotate-secret``, or the lock-down of an open tree) reaches a master
 through its watch on ``/master-secret``; a master cut from ZooKeeper does not see it. So what

@@ -19,6 +19,7 @@ from kazoo.exceptions import (
 from kazoo.handlers.threading import KazooTimeoutError
 
 from blobha.core.acl import AccessControl
+from blobha.core.blobstate import BlobState
 from blobha.core.errors import (
     BlobError,
     ChecksumMismatch,
@@ -47,11 +48,7 @@ from blobha.master.uploads import Upload, UploadManager
 from blobha.store.local import LocalStore
 from blobha.sync import Membership, Synchronizer, acl_bytes
 from blobha.zk import layout
-from blobha.zk.layout import (
-    BlobState,
-    key_path,
-    replica_path,
-)
+from blobha.zk.layout import key_path, replica_path
 
 log = logging.getLogger("blobha.master")
 

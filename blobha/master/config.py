@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from blobha.core import settings
+from blobha.core.auth import MODES, AuthMode
 
 
 class ConfigError(ValueError):
@@ -209,7 +210,7 @@ OPTIONS: tuple[Option, ...] = (
         "blobstore.data.port",
         "+10",
         "Port of the data channel, which carries downloads and uploads outside gRPC with fewer"
-        " copies of each byte (blobha.wire.dataplane), on master.listen's host: a port, '+N'"
+        " copies of each byte (blobha.wire.datachannel), on master.listen's host: a port, '+N'"
         " for the gRPC port plus N (the default, 6637 beside 6627: one fixed port to open in a"
         " firewall), 0 for any free port (clients learn it from each offer), -1 for none. With"
         " TLS it is TLS too, with the master's certificate and client verification. Clients"
@@ -598,9 +599,9 @@ def _validate_security(v: dict[str, Any]) -> None:
         if not isinstance(v[key], str):
             raise ConfigError(f"{key} must be a file path (a string), got {v[key]!r}")
     mode = v["auth.mode"]
-    if mode not in ("simple", "token", "mtls"):
+    if mode not in MODES:
         raise ConfigError(f"auth.mode must be 'simple', 'token' or 'mtls', got {mode!r}")
-    if mode == "token" and not v["auth.token.file"]:
+    if mode == AuthMode.TOKEN and not v["auth.token.file"]:
         raise ConfigError("auth.mode 'token' needs auth.token.file (make lines with"
                           " 'blobha token create')")
     rules = v["auth.mtls.rules"]
@@ -608,7 +609,7 @@ def _validate_security(v: dict[str, Any]) -> None:
         raise ConfigError(f"auth.mtls.rules must be a list of strings, got {rules!r}")
     if bool(v["tls.cert"]) != bool(v["tls.key"]):
         raise ConfigError("tls.cert and tls.key go together: set both or neither")
-    if mode == "mtls" and not (v["tls.cert"] and v["tls.ca"]):
+    if mode == AuthMode.MTLS and not (v["tls.cert"] and v["tls.ca"]):
         raise ConfigError("auth.mode 'mtls' needs TLS: set tls.cert, tls.key and tls.ca")
     if v["tls.ca"] and not v["tls.cert"]:
         raise ConfigError("tls.ca is set but tls.cert/tls.key are not; a master serves TLS only"

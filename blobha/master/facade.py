@@ -29,7 +29,8 @@ from pathlib import Path
 
 from blobha.core.acl import AccessControl
 from blobha.core.addresses import status_url
-from blobha.core.auth import ServerAuthentication, make_authenticator
+from blobha.core.auth import AuthMode
+from blobha.core.blobstate import BlobState
 from blobha.core.consistency import MinVersion, View
 from blobha.core.errors import Unavailable
 from blobha.core.version import __version__
@@ -68,9 +69,10 @@ from blobha.sync import (
     Synchronizer,
     SyncSettings,
 )
-from blobha.sync.peers import Peers
+from blobha.wire.authn import ServerAuthentication, make_authenticator
 from blobha.wire.credentials import Credentials
-from blobha.wire.dataplane import DataOffer
+from blobha.wire.datachannel import DataOffer
+from blobha.wire.peers import Peers
 from blobha.wire.status import (
     ClusterSummary,
     JobToken,
@@ -81,7 +83,6 @@ from blobha.wire.status import (
 from blobha.wire.tls import ReloadingServerCredentials
 from blobha.zk import layout
 from blobha.zk.connection import before_each_connection, master_client, on_session_timeout
-from blobha.zk.layout import BlobState
 from blobha.zk.lockdown import ZkCredentials, ZooKeeperAuthError
 from blobha.zk.tls import PinnedZkTls, ZooKeeperTlsError
 
@@ -123,7 +124,7 @@ class Master:
             )
             self.server_tls = (
                 ReloadingServerCredentials(s.tls_cert, s.tls_key, s.tls_ca,
-                                           require_client_cert=s.auth_mode == "mtls")
+                                           require_client_cert=s.auth_mode is AuthMode.MTLS)
                 if s.tls_cert else None
             )
         except (ValueError, ZooKeeperAuthError, ZooKeeperTlsError) as e:
@@ -219,7 +220,7 @@ class Master:
                                     s.peer_grant_secs, Holders(s.peer_holder_secs))
         self.jobtokens = JobTokens(self.zk, self.election, self.meta, self.authority,
                                    s.auth_mode, s.job_token_max_lifetime_secs, self.quotas)
-        if s.auth_mode != "simple":  # simple mode has no secrets, so no job tokens either
+        if s.auth_mode is not AuthMode.SIMPLE:  # simple mode: no secrets, so no job tokens
             self.authentication.job_tokens = self.jobtokens
         self.rotation = SecretRotation(self.zk, self.election, self.meta, self.authority)
         self.repairs = Repairs(s, self.identity, self.store, self.election, self.meta,
@@ -249,7 +250,7 @@ class Master:
             self.zk.ensure_path(root)
         self.cluster.check()
         self.cluster.load_secret()
-        if self.zk_credentials is None and self.settings.auth_mode != "simple":
+        if self.zk_credentials is None and self.settings.auth_mode is not AuthMode.SIMPLE:
             log.warning("ZooKeeper is not locked down (zookeeper.auth.scheme = 'none'): whoever"
                         " reaches ZooKeeper can read the cluster secret and forge blobha state")
         self.history.watch(self.zk)

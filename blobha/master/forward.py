@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 
 from blobha.core import placement
-from blobha.sync.peers import Peers
+from blobha.wire.peers import Peers
 
 log = logging.getLogger("blobha.master")
 

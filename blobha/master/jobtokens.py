@@ -28,13 +28,7 @@ from kazoo.protocol.states import WatchedEvent
 
 from blobha.core import acl as acls
 from blobha.core.admission import PeerCaps, costly
-from blobha.core.auth import (
-    Caller,
-    job_token_hash,
-    job_token_id,
-    new_job_token,
-    split_job_token,
-)
+from blobha.core.auth import AuthMode, job_token_hash, job_token_id, new_job_token, split_job_token
 from blobha.core.errors import (
     InvalidArgument,
     KeyNotFound,
@@ -47,14 +41,10 @@ from blobha.leader import Deposed, LeaderElection
 from blobha.master.metadata import Metadata
 from blobha.master.quotas import Quotas
 from blobha.master.rules import Authority, no_such_key
+from blobha.wire.authn import Caller
 from blobha.wire.status import JobToken
 from blobha.zk.connection import UNREACHABLE
-from blobha.zk.layout import (
-    JOB_TOKENS,
-    MAX_STATE_BYTES,
-    JobTokenRecord,
-    job_token_path,
-)
+from blobha.zk.layout import JOB_TOKENS, MAX_STATE_BYTES, JobTokenRecord, job_token_path
 
 log = logging.getLogger("blobha.master")
 
@@ -82,17 +72,17 @@ def _when(epoch_secs: float) -> str:
 
 class JobTokens:
     """Issue and revoke (the leader), verify (every master: a
-    :class:`blobha.core.auth.JobTokenVerifier`)."""
+    :class:`blobha.wire.authn.JobTokenVerifier`)."""
 
     def __init__(self, zk: KazooClient, election: LeaderElection, meta: Metadata,
-                 authority: Authority, auth_mode: str, max_lifetime_secs: int,
+                 authority: Authority, auth_mode: AuthMode | str, max_lifetime_secs: int,
                  quotas: Quotas, clock: Callable[[], float] = time.time) -> None:
         self.zk = zk
         self.quotas = quotas
         self.election = election
         self.meta = meta
         self.authority = authority
-        self.auth_mode = auth_mode
+        self.auth_mode = AuthMode(auth_mode)
         self.max_lifetime_secs = max_lifetime_secs
         self.clock = clock
         self._lock = threading.Lock()
@@ -175,7 +165,7 @@ class JobTokens:
     def issue(self, user: str, keys: Sequence[str], lifetime_secs: int) -> JobToken:
         """A new job token for ``user``: READ on ``keys`` (each of which ``user`` must be able
         to read now) for ``lifetime_secs`` (0: the default), cut to the cluster's cap."""
-        if self.auth_mode == "simple":
+        if self.auth_mode is AuthMode.SIMPLE:
             raise InvalidArgument(
                 "job tokens are not issued in auth.mode 'simple', where a client names its user"
                 " and holds no secret; use auth.mode 'token' or 'mtls'")

@@ -17,6 +17,7 @@ from kazoo.exceptions import (
 )
 from kazoo.handlers.threading import KazooTimeoutError
 
+from blobha.core.blobstate import BlobState
 from blobha.core.errors import (
     NotLeader,
     Refused,
@@ -31,11 +32,7 @@ from blobha.master.rules import (
 )
 from blobha.wire.status import ReplicationStatus
 from blobha.zk import layout
-from blobha.zk.layout import (
-    BLOBSTORE,
-    BlobState,
-    key_path,
-)
+from blobha.zk.layout import BLOBSTORE, key_path
 
 log = logging.getLogger("blobha.master")
 

@@ -18,11 +18,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from blobha.core.blobstate import BlobState
 from blobha.core.errors import ResourceExhausted
 from blobha.master.rules import Authority
 from blobha.master.settings import MasterSettings
 from blobha.sync import Usage
-from blobha.zk.layout import BlobState
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ from kazoo.exceptions import (
 )
 
 from blobha.core import acl as acls
+from blobha.core.blobstate import BlobState
 from blobha.core.consistency import MinVersion, View
 from blobha.core.digest import PUT_MAX_BYTES
 from blobha.core.errors import (
@@ -36,14 +37,11 @@ from blobha.master.rules import (
 from blobha.master.settings import MasterSettings
 from blobha.store.local import LocalStore, VersionInfo
 from blobha.sync import KeyView, Synchronizer
-from blobha.wire.dataplane import MIN_BYTES, DataOffer
+from blobha.wire.datachannel import MIN_BYTES, DataOffer
 from blobha.wire.status import ReplicationStatus
 from blobha.zk.connection import UNREACHABLE
 from blobha.zk.contact import CutOffClock
-from blobha.zk.layout import (
-    BlobState,
-    key_path,
-)
+from blobha.zk.layout import key_path
 
 log = logging.getLogger("blobha.master")
 
@@ -238,9 +236,9 @@ class Reads:
         master syncing), for the client to remember with the version."""
         info, created_at = self._download_version(user, key, version, offset, minimum, view)
         end = info.size if length == 0 else min(info.size, offset + length)
-        dataplane = self.channel.offers
-        if data_channel and dataplane is not None and end - offset >= MIN_BYTES:
-            return info, created_at, DataOffer(dataplane.port, dataplane.offer(info, offset, end))
+        server = self.channel.offers
+        if data_channel and server is not None and end - offset >= MIN_BYTES:
+            return info, created_at, DataOffer(server.port, server.offer(info, offset, end))
         return info, created_at, _read_held(self.store, self.identity, key, info.seq, offset,
                                             length)
 
@@ -259,7 +257,7 @@ class Reads:
         validate_key(key)
         if user == self.principal and version:
             # Masters syncing from each other may ask for any version this master keeps; the
-            # principal is authenticated by the cluster secret (blobha.core.auth), never claimed.
+            # principal is authenticated by the cluster secret (blobha.wire.authn), never claimed.
             info = self.store.info(key, version)
             if info is None:
                 raise KeyNotFound(f"not held here: {self.identity} has no v{version} of {key!r}")

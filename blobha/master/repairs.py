@@ -7,6 +7,7 @@ import logging
 import time
 from dataclasses import replace
 
+from blobha.core.blobstate import BlobState, PastVersion
 from blobha.core.errors import (
     BlobError,
     ChecksumMismatch,
@@ -17,12 +18,8 @@ from blobha.master.metadata import Metadata
 from blobha.master.settings import MasterSettings
 from blobha.store.local import LocalStore, VersionInfo
 from blobha.sync import KeyView, Membership, Synchronizer
-from blobha.sync.peers import Peers
+from blobha.wire.peers import Peers
 from blobha.zk.connection import UNREACHABLE
-from blobha.zk.layout import (
-    BlobState,
-    PastVersion,
-)
 
 log = logging.getLogger("blobha.master")
 

@@ -13,6 +13,7 @@ from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 from blobha.core import acl as acls
 from blobha.core import keys
 from blobha.core.acl import AccessControl
+from blobha.core.blobstate import BlobState, write_tag
 from blobha.core.digest import is_digest
 from blobha.core.errors import (
     BlobError,
@@ -25,7 +26,6 @@ from blobha.core.errors import (
 )
 from blobha.wire.status import ReplicationStatus
 from blobha.zk import layout
-from blobha.zk.layout import BlobState, write_tag
 
 log = logging.getLogger("blobha.master")
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from blobha.core.auth import AuthMode
 from blobha.core.secretfiles import TOKEN_FILE_MODE_MASK, refuse_exposed
 from blobha.master.config import Config
 from blobha.zk.tls import ZkTls
@@ -26,7 +27,7 @@ class MasterSettings:
     zk_auth_file: str
     #: TLS towards ZooKeeper (zookeeper.ssl.*); None: plaintext.
     zk_tls: ZkTls | None
-    auth_mode: str
+    auth_mode: AuthMode
     auth_token_file: str
     auth_mtls_rules: tuple[str, ...]
     job_token_max_lifetime_secs: int
@@ -79,7 +80,7 @@ class MasterSettings:
             zk_tls=ZkTls(config["zookeeper.ssl.ca"], config["zookeeper.ssl.cert"],
                          config["zookeeper.ssl.key"], config["zookeeper.ssl.verify.hostname"])
             if config["zookeeper.ssl.enabled"] else None,
-            auth_mode=config["auth.mode"],
+            auth_mode=AuthMode(config["auth.mode"]),
             auth_token_file=config["auth.token.file"],
             auth_mtls_rules=tuple(config["auth.mtls.rules"]),
             job_token_max_lifetime_secs=config["auth.job.token.max.lifetime.secs"],
@@ -124,5 +125,5 @@ class MasterSettings:
             refuse_exposed(self.tls_key, "tls.key")
         if self.zk_tls is not None and self.zk_tls.key:
             refuse_exposed(self.zk_tls.key, "zookeeper.ssl.key")
-        if self.auth_mode == "token" and self.auth_token_file:
+        if self.auth_mode is AuthMode.TOKEN and self.auth_token_file:
             refuse_exposed(self.auth_token_file, "auth.token.file", TOKEN_FILE_MODE_MASK)

@@ -12,7 +12,7 @@ from blobha.core.errors import InvalidArgument, NotAuthorized, NotLeader
 from blobha.core.keys import validate_key
 from blobha.master.uploads import UploadManager
 from blobha.store.local import LocalStore
-from blobha.wire.dataplane import DataOffer
+from blobha.wire.datachannel import DataOffer
 
 log = logging.getLogger("blobha.master")
 

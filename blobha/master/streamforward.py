@@ -28,7 +28,7 @@ from concurrent.futures import Future
 from pathlib import Path
 
 from blobha.master.forward import Forwarder
-from blobha.wire.dataplane import FileRange
+from blobha.wire.datachannel import FileRange
 
 log = logging.getLogger("blobha.master")
 

@@ -22,13 +22,9 @@ from blobha.core.version import __version__
 from blobha.leader import LeaderElection
 from blobha.store.local import LocalStore
 from blobha.sync import Membership, Synchronizer
-from blobha.sync.peers import Peers
+from blobha.wire.peers import Peers
 from blobha.wire.status import ClusterSummary, MasterSummary
-from blobha.zk.layout import (
-    BLOBSTORE,
-    EPOCH,
-    EpochRecord,
-)
+from blobha.zk.layout import BLOBSTORE, EPOCH, EpochRecord
 
 log = logging.getLogger("blobha.master")
 

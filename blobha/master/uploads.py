@@ -42,7 +42,7 @@ class Upload:
     #: check against the key's replication factor as it is then.
     write_quorum: int
     temp: TempBlob
-    #: The write's tag (blobha.zk.layout.write_tag), stored with the version it commits.
+    #: The write's tag (blobha.core.blobstate.write_tag), stored with the version it commits.
     write_tag: str = ""
     last_active: float = field(default_factory=time.monotonic)
     #: Held while a chunk stream or the commit uses the session, so they never interleave.

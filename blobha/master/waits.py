@@ -17,6 +17,7 @@ from kazoo.exceptions import (
 from kazoo.protocol.states import WatchedEvent
 
 from blobha.core import acl as acls
+from blobha.core.blobstate import BlobState
 from blobha.core.errors import (
     InvalidArgument,
     KeyNotFound,
@@ -33,10 +34,7 @@ from blobha.master.rules import (
 )
 from blobha.wire.status import ReplicationStatus
 from blobha.zk import layout
-from blobha.zk.layout import (
-    BlobState,
-    key_path,
-)
+from blobha.zk.layout import key_path
 
 log = logging.getLogger("blobha.master")
 

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 
 from blobha.core import acl as acls
 from blobha.core.acl import AccessControl
+from blobha.core.blobstate import BlobState
 from blobha.core.digest import PUT_MAX_BYTES
 from blobha.core.errors import (
     InvalidArgument,
@@ -34,10 +35,7 @@ from blobha.master.settings import MasterSettings
 from blobha.master.streamforward import start_stream
 from blobha.master.uploads import UploadManager
 from blobha.store.local import LocalStore
-from blobha.wire.dataplane import DataOffer
-from blobha.zk.layout import (
-    BlobState,
-)
+from blobha.wire.datachannel import DataOffer
 
 log = logging.getLogger("blobha.master")
 
@@ -181,20 +179,20 @@ class Writes:
         """Bytes received so far, and an offer of the data channel for the rest from there
         on (None when this master has none)."""
         received = self.upload_status(user, upload_id)
-        dataplane = self.channel.offers
-        if dataplane is not None:
-            ticket = dataplane.offer_upload(user, upload_id, received)
+        datachannel = self.channel.offers
+        if datachannel is not None:
+            ticket = datachannel.offer_upload(user, upload_id, received)
             if ticket is not None:
-                return received, DataOffer(dataplane.port, ticket)
+                return received, DataOffer(datachannel.port, ticket)
         return received, None
 
     def offer_stage_link(self, user: str) -> DataOffer | None:
         """An offer of the data channel for a stage link (None when this master has none)."""
-        dataplane = self.channel.offers
-        if dataplane is not None:
-            ticket = dataplane.offer_stage_link(user)
+        datachannel = self.channel.offers
+        if datachannel is not None:
+            ticket = datachannel.offer_stage_link(user)
             if ticket is not None:
-                return DataOffer(dataplane.port, ticket)
+                return DataOffer(datachannel.port, ticket)
         return None
 
     def abort(self, user: str, upload_id: str) -> None:

@@ -20,11 +20,12 @@ from typing import Any
 
 import grpc
 
+from blobha.core.auth import AuthMode
 from blobha.ops.zkserver import EmbeddedZooKeeper, ServerTls
-from blobha.sync.peers import CHANNEL_OPTIONS
 from blobha.v1 import blobha_pb2 as pb
 from blobha.v1 import blobha_pb2_grpc as pb_grpc
 from blobha.wire.credentials import Credentials
+from blobha.wire.peers import CHANNEL_OPTIONS
 
 DEFAULT_BASE_PORT = 6627
 #: Users a secure local cluster makes credentials for; "admin" is in the masters' admins.
@@ -173,8 +174,8 @@ class LocalCluster:
         self.overrides = dict(overrides or {})
         self.spread_cpus = spread_cpus
         self.tls = tls
-        self.auth = auth or ("token" if tls else "simple")
-        if self.auth == "mtls" and not tls:
+        self.auth = AuthMode(auth or (AuthMode.TOKEN if tls else AuthMode.SIMPLE))
+        if self.auth is AuthMode.MTLS and not tls:
             raise ValueError("mtls authentication needs tls=True")
         self.zk_lockdown = tls if zk_lockdown is None else zk_lockdown
         self.secure_dir = self.data_dir / "secure"
@@ -239,7 +240,7 @@ class LocalCluster:
     def _security_config(self, m: MasterProcess) -> dict[str, Any]:
         d = self.secure_dir
         out: dict[str, Any] = {"auth.mode": self.auth}
-        if self.tls or self.auth != "simple" or self.zk_lockdown:
+        if self.tls or self.auth is not AuthMode.SIMPLE or self.zk_lockdown:
             out["admins"] = ["admin"]
         if self.tls:
             name = f"master-{m.index + 1}"
@@ -251,7 +252,7 @@ class LocalCluster:
             out.update({"zookeeper.ssl.enabled": True, "zookeeper.ssl.ca": str(d / "ca.pem"),
                         "zookeeper.ssl.cert": str(d / f"{name}.pem"),
                         "zookeeper.ssl.key": str(d / f"{name}-key.pem")})
-        if self.auth == "token":
+        if self.auth is AuthMode.TOKEN:
             out["auth.token.file"] = str(d / "tokens.txt")
         if self.zk_lockdown:
             out.update({"zookeeper.auth.scheme": "digest",
@@ -265,7 +266,7 @@ class LocalCluster:
         from blobha.ops import certgen
 
         d = self.secure_dir
-        if not (self.tls or self.auth != "simple" or self.zk_lockdown):
+        if not (self.tls or self.auth is not AuthMode.SIMPLE or self.zk_lockdown):
             return
         d.mkdir(parents=True, exist_ok=True)
         os.chmod(d, 0o700)
@@ -285,11 +286,11 @@ class LocalCluster:
             if self.zk_tls and not (d / "zookeeper.pem").exists():
                 certgen.issue(ca, d, "zookeeper", "zookeeper",
                               hosts=[self.zk.host, "localhost"])
-            if self.auth == "mtls":
+            if self.auth is AuthMode.MTLS:
                 for user in SECURE_USERS:
                     if not (d / f"{user}.pem").exists():
                         certgen.issue(ca, d, user, user)
-        if self.auth == "token":
+        if self.auth is AuthMode.TOKEN:
             lines = []
             for user in SECURE_USERS:
                 path = d / f"{user}.token"
@@ -308,9 +309,9 @@ class LocalCluster:
             # `blobha local-cluster` at its first status call, or with a broken profile file).
             require_tls=self.tls,
             ca=str(d / "ca.pem") if self.tls else None,
-            cert=str(d / f"{user}.pem") if self.auth == "mtls" else None,
-            key=str(d / f"{user}-key.pem") if self.auth == "mtls" else None,
-            token_file=str(d / f"{user}.token") if self.auth == "token" else None,
+            cert=str(d / f"{user}.pem") if self.auth is AuthMode.MTLS else None,
+            key=str(d / f"{user}-key.pem") if self.auth is AuthMode.MTLS else None,
+            token_file=str(d / f"{user}.token") if self.auth is AuthMode.TOKEN else None,
         )
 
     def start(self, timeout: float = 60) -> None:
@@ -367,7 +368,7 @@ class LocalCluster:
                 ) -> pb.ClusterSummaryResponse:
         targets = [via] if via else [m for m in self.masters if m.alive()]
         last: Exception | None = None
-        user = "admin" if self.auth != "simple" else "blobha-local"
+        user = "admin" if self.auth is not AuthMode.SIMPLE else "blobha-local"
         creds = self.credentials(user)
         for m in targets:
             with creds.channel(m.address, CHANNEL_OPTIONS) as ch:
@@ -494,7 +495,7 @@ def main(nodes: int, data_dir: str | None, base_port: int, zookeeper_home: str |
                        ("BLOBHA_KEY", creds.key), ("BLOBHA_TOKEN_FILE", creds.token_file)):
         if value:
             print(f"  export {env}={value}")
-    if cluster.auth != "simple":
+    if cluster.auth is not AuthMode.SIMPLE:
         print(f"  # you are alice; other users' credentials are in {cluster.secure_dir}"
               f" ({', '.join(SECURE_USERS)}; admin may do anything)")
     print("  blobha cluster\n")

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from blobha.core.acl import AccessControl
+from blobha.core.blobstate import BlobState
 from blobha.core.consistency import MinVersion, View
 from blobha.core.errors import InvalidArgument
 from blobha.v1 import blobha_pb2 as pb
@@ -51,6 +52,17 @@ def acl_from_pb(entries: Iterable[pb.AccessControl]) -> tuple[AccessControl, ...
 
 def acl_to_pb(acl: Iterable[AccessControl]) -> list[pb.AccessControl]:
     return [pb.AccessControl(type=e.type, name=e.name, access=e.access) for e in acl]
+
+
+def state_to_pb(key: str, s: BlobState, replication: int, access: int) -> pb.BlobMeta:
+    """A key's committed state as a master answers it, with its live replica count and the
+    permissions the caller holds."""
+    return pb.BlobMeta(
+        key=key, version=s.seq, size=s.size, digest=s.digest, acl=acl_to_pb(s.acl),
+        replication_factor=s.replication_factor, meta_version=s.meta_version,
+        created_at=s.created_at, updated_at=s.updated_at, creator=s.creator,
+        replication=replication, acknowledged=s.acked, access=access,
+    )
 
 
 def meta_from_pb(m: pb.BlobMeta) -> BlobMeta:

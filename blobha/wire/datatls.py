@@ -1,4 +1,4 @@
-"""TLS for the data channel (blobha.wire.dataplane): the same certificates, CA and client
+"""TLS for the data channel (blobha.wire.datachannel): the same certificates, CA and client
 verification as the masters' gRPC, with Python's ``ssl`` over the channel's socket.
 
 Kept apart from blobha.wire.tls, which loads gRPC and cryptography: a client takes this only

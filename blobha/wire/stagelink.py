@@ -8,7 +8,7 @@ open costs a few system calls. Authorisation stays in gRPC: ``BeginStaging`` wit
 set is refused to anyone but a master, and answered with a data-channel ticket for one link.
 Every batch carries the leader's epoch and is fenced as a StageVersions call is.
 
-After the ticket is accepted (blobha.wire.dataplane: ``MAGIC``, ticket; ``MAGIC``, OK)::
+After the ticket is accepted (blobha.wire.datachannel: ``MAGIC``, ticket; ``MAGIC``, OK)::
 
     leader -> holder   header length (4 bytes, big-endian), header: JSON
                        {"epoch": E, "versions": [[key, size, digest], ...]},
@@ -33,7 +33,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from blobha.core.errors import BlobError, InvalidArgument, Unavailable, from_status
-from blobha.wire.dataplane import FAILED, IO_TIMEOUT, OK, open_channel, recv_exact, time_limit
+from blobha.wire.datachannel import FAILED, IO_TIMEOUT, OK, open_channel, recv_exact, time_limit
 
 __all__ = ["CLIENT_IDLE_SECS", "SERVER_IDLE_SECS", "StageLink", "open_stage_link",
            "serve_stage_link"]
@@ -115,7 +115,7 @@ class StageLink:
 def open_stage_link(host: str, port: int, ticket: bytes, timeout: float,
                     tls: ssl.SSLContext | None = None) -> StageLink:
     """A link to the data channel at ``host:port`` that accepted ``ticket``. Raises what
-    :func:`blobha.wire.dataplane.receive` raises for a channel it cannot use."""
+    :func:`blobha.wire.datachannel.receive` raises for a channel it cannot use."""
     conn = open_channel(host, port, ticket, timeout, tls)
     conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     return StageLink(conn, f"{host}:{port}")

@@ -32,9 +32,9 @@ from waiting import wait_until
 from blobha.client import Client
 from blobha.core.errors import BlobError, KeyAlreadyExists
 from blobha.ops.zkserver import four_letter_word
-from blobha.sync.peers import CHANNEL_OPTIONS, USER_METADATA_KEY
 from blobha.v1 import blobha_pb2 as pb
 from blobha.v1 import blobha_pb2_grpc as pb_grpc
+from blobha.wire.peers import CHANNEL_OPTIONS, USER_METADATA_KEY
 
 IMAGE = os.environ.get("BLOBHA_CHAOS_IMAGE", "blobha:latest")
 #: Every container and network of the suite carries this label; leftovers are swept by it.

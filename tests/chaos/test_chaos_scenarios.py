@@ -73,7 +73,7 @@ def test_01_leader_sigkill_under_writes(chaos_cluster: ChaosCluster,
 # are far beyond the refusal's bound: a DEADLINE_EXCEEDED means the master held the call.
 _PROBE = r'''
 import json, sys, time, grpc, xxhash
-from blobha.sync.peers import USER_METADATA_KEY
+from blobha.wire.peers import USER_METADATA_KEY
 from blobha.v1 import blobha_pb2 as pb, blobha_pb2_grpc as g
 args = json.loads(sys.argv[1])
 s = g.BlobStoreStub(grpc.insecure_channel("127.0.0.1:6627"))

@@ -26,8 +26,8 @@ from blobha.client import Client
 from blobha.core.keys import key_dirname
 from blobha.ops.localcluster import LocalCluster, MasterProcess
 from blobha.store.segments import scan
-from blobha.sync.peers import CHANNEL_OPTIONS, USER_METADATA_KEY
 from blobha.v1 import blobha_pb2_grpc as pb_grpc
+from blobha.wire.peers import CHANNEL_OPTIONS, USER_METADATA_KEY
 
 __all__ = ["FAST", "SESSION_TIMEOUT_MS", "wait_until"]
 

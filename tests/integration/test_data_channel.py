@@ -1,4 +1,4 @@
-"""The data channel (blobha.wire.dataplane) between real master processes and clients: downloads,
+"""The data channel (blobha.wire.datachannel) between real master processes and clients: downloads,
 uploads and sync take it, authorisation stays in gRPC, and whoever cannot use it streams
 instead."""
 
@@ -20,7 +20,7 @@ from blobha.core.digest import digest_bytes
 from blobha.core.errors import Unavailable
 from blobha.ops.localcluster import LocalCluster
 from blobha.v1 import blobha_pb2 as pb
-from blobha.wire.dataplane import receive, send_upload
+from blobha.wire.datachannel import receive, send_upload
 
 MiB = 1024 * 1024
 SENT = "blobha_data_channel_bytes_total"

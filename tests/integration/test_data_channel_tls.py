@@ -15,11 +15,11 @@ from conftest import scrape, value, wait_until
 
 from blobha.client import Client
 from blobha.ops.localcluster import LocalCluster
-from blobha.sync.peers import CHANNEL_OPTIONS
 from blobha.v1 import blobha_pb2 as pb
 from blobha.v1 import blobha_pb2_grpc as pb_grpc
-from blobha.wire.dataplane import DataChannelUnusable, receive
+from blobha.wire.datachannel import DataChannelUnusable, receive
 from blobha.wire.datatls import client_context
+from blobha.wire.peers import CHANNEL_OPTIONS
 
 pytestmark = pytest.mark.integration
 

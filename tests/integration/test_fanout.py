@@ -1,5 +1,5 @@
-"""The fan-out harness (blobha.ops.fanout): real masters, ZooKeeper and node caches, each in a
-network namespace of its own behind tc-shaped links, and nothing left behind."""
+"""The fan-out harness (blobha.ops.bench.fanout_net): real masters, ZooKeeper and node caches, each
+in a network namespace of its own behind tc-shaped links, and nothing left behind."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from blobha.ops import fanout
+from blobha.ops.bench import fanout_net as fanout
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 

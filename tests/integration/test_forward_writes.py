@@ -30,11 +30,12 @@ from conftest import (
 from kazoo.client import KazooClient
 from waiting import wait_until
 
+from blobha.core.blobstate import BlobState
 from blobha.core.digest import Digester
 from blobha.core.errors import KeyNotFound
 from blobha.ops.localcluster import LocalCluster, MasterProcess
 from blobha.v1 import blobha_pb2 as pb
-from blobha.zk.layout import EPOCH, BlobState, EpochRecord, holders, key_path
+from blobha.zk.layout import EPOCH, EpochRecord, holders, key_path
 
 pytestmark = pytest.mark.integration
 

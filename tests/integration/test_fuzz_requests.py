@@ -33,9 +33,9 @@ from hypothesis.control import currently_in_test_context
 
 from blobha.core.digest import digest_bytes
 from blobha.ops.localcluster import LocalCluster
-from blobha.sync.peers import CHANNEL_OPTIONS
 from blobha.v1 import blobha_pb2 as pb
 from blobha.v1 import blobha_pb2_grpc as pb_grpc
+from blobha.wire.peers import CHANNEL_OPTIONS
 
 pytestmark = pytest.mark.integration
 

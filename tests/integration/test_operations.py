@@ -38,8 +38,8 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
 
 from blobha.client import Client
 from blobha.ops.localcluster import LocalCluster, MasterProcess, _free_ports, cpus_allowed
-from blobha.sync.peers import CHANNEL_OPTIONS
 from blobha.v1 import blobha_pb2 as pb
+from blobha.wire.peers import CHANNEL_OPTIONS
 
 pytestmark = pytest.mark.integration
 

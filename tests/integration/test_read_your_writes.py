@@ -21,9 +21,9 @@ from zkproxy import ProxiedCluster, ZooKeeperProxy
 from blobha.client import Client
 from blobha.core.errors import STALE_METADATA_KEY, KeyNotFound
 from blobha.ops.localcluster import LocalCluster, MasterProcess
-from blobha.sync.peers import CHANNEL_OPTIONS
 from blobha.v1 import blobha_pb2 as pb
 from blobha.v1 import blobha_pb2_grpc as pb_grpc
+from blobha.wire.peers import CHANNEL_OPTIONS
 
 pytestmark = pytest.mark.integration
 

@@ -34,14 +34,7 @@ from blobha.ops.bench import node_status
 from blobha.ops.localcluster import LocalCluster, MasterProcess
 from blobha.store.local import FLUSH_BYTES
 from blobha.v1 import blobha_pb2 as pb
-from blobha.zk.layout import (
-    ELECTION,
-    JOURNAL,
-    MASTERS,
-    JournalRecord,
-    key_path,
-    replica_path,
-)
+from blobha.zk.layout import ELECTION, JOURNAL, MASTERS, JournalRecord, key_path, replica_path
 
 pytestmark = pytest.mark.integration
 

@@ -40,10 +40,10 @@ from blobha.core.errors import (
 )
 from blobha.ops import certgen
 from blobha.ops.localcluster import LocalCluster
-from blobha.sync.peers import CHANNEL_OPTIONS
 from blobha.v1 import blobha_pb2 as pb
 from blobha.v1 import blobha_pb2_grpc as pb_grpc
 from blobha.wire.credentials import Credentials
+from blobha.wire.peers import CHANNEL_OPTIONS
 
 pytestmark = pytest.mark.integration
 

@@ -30,7 +30,7 @@ from blobha.core.errors import Unavailable
 from blobha.core.placement import choose
 from blobha.ops.localcluster import LocalCluster
 from blobha.store.local import BlobBuffer
-from blobha.sync.peers import Peers
+from blobha.wire.peers import Peers
 
 pytestmark = pytest.mark.integration
 

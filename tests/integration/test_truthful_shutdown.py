@@ -27,9 +27,10 @@ from conftest import (
 from kazoo.client import KazooClient
 
 from blobha.client import PUT_MAX_BYTES
+from blobha.core.blobstate import BlobState
 from blobha.ops.localcluster import LocalCluster, MasterProcess
 from blobha.v1 import blobha_pb2 as pb
-from blobha.zk.layout import BlobState, key_path
+from blobha.zk.layout import key_path
 
 pytestmark = pytest.mark.integration
 

@@ -19,6 +19,7 @@ import pytest
 from kazoo.handlers.threading import KazooTimeoutError
 from outage import Outage, into_outage
 
+from blobha.core.blobstate import BlobState
 from blobha.core.consistency import MinVersion, View
 from blobha.core.errors import Stale, Unavailable
 from blobha.master.channel import Channel
@@ -31,7 +32,7 @@ from blobha.master.status import MasterStatus
 from blobha.ops.zkserver import EmbeddedZooKeeper
 from blobha.store.local import LocalStore
 from blobha.sync import KeyView
-from blobha.zk.layout import BLOBSTORE, MASTERS, BlobState, key_path
+from blobha.zk.layout import BLOBSTORE, MASTERS, key_path
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 

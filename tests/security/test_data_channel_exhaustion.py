@@ -12,7 +12,7 @@ from conftest import client_for, md, stub
 
 from blobha.ops.localcluster import LocalCluster
 from blobha.v1 import blobha_pb2 as pb
-from blobha.wire.dataplane import receive
+from blobha.wire.datachannel import receive
 
 MiB = 1024 * 1024
 

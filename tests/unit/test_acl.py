@@ -22,8 +22,9 @@ from blobha.core.acl import (
     parse_entry,
     stored_size,
 )
+from blobha.core.blobstate import BlobState
 from blobha.core.errors import InvalidArgument
-from blobha.zk.layout import MAX_STATE_BYTES, BlobState
+from blobha.zk.layout import MAX_STATE_BYTES
 
 
 def test_parse_user_and_other_entries() -> None:
@@ -238,7 +239,7 @@ def test_check_entries_accepts_what_the_grammar_round_trips_and_rejects_duplicat
 
 def test_acls_read_back_from_zookeeper_keep_names_stored_before_the_rules() -> None:
     # An older version stored 'u: bob:r' as the name ' bob': its key must stay readable.
-    from blobha.zk.layout import BlobState
+    from blobha.core.blobstate import BlobState
 
     state = BlobState(seq=1, size=1, digest="0" * 32, acl=(AccessControl("u", " bob", READ),),
                       replication_factor=3, creator="alice", created_at=0.0, updated_at=0.0,

@@ -16,13 +16,7 @@ from blobha.core.auth import (
     AUTHORIZATION_METADATA_KEY,
     MASTER_SECRET_METADATA_KEY,
     USER_METADATA_KEY,
-    MappingRule,
-    MtlsAuthenticator,
-    ServerAuthentication,
-    SimpleAuthenticator,
-    TokenAuthenticator,
     hash_token,
-    make_authenticator,
     new_token,
     parse_token_file,
     split_token,
@@ -31,7 +25,15 @@ from blobha.core.errors import Busy, InvalidArgument, Unauthenticated
 from blobha.master.config import Config, ConfigError
 from blobha.master.edge.audit import AuditRecord
 from blobha.ops import certgen
-from blobha.wire import datatls
+from blobha.wire import authn, datatls
+from blobha.wire.authn import (
+    MappingRule,
+    MtlsAuthenticator,
+    ServerAuthentication,
+    SimpleAuthenticator,
+    TokenAuthenticator,
+    make_authenticator,
+)
 from blobha.wire.credentials import Credentials
 from blobha.wire.tls import ReloadingServerCredentials
 from blobha.zk.lockdown import ZkCredentials, ZooKeeperAuthError
@@ -77,7 +79,7 @@ def test_token_header_problems_say_what_to_pass(tmp_path: Path) -> None:
 
 def test_token_file_reloads_and_survives_a_broken_edit(tmp_path: Path,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(auth, "_RELOAD_CHECK_SECS", 0.0)
+    monkeypatch.setattr(authn, "_RELOAD_CHECK_SECS", 0.0)
     alice, carol = new_token("alice"), new_token("carol")
     path = tmp_path / "tokens"
     path.write_text(hash_token(alice) + "\n")
@@ -132,7 +134,7 @@ def test_an_unknown_user_pays_the_same_capped_scrypt_check_as_a_known_one(
         assert len(checks) == 1, f"{user}: {len(checks)} scrypt checks"
     # With every place of the caller's host taken, both are told to retry, as busy.
     host = "ipv4:10.9.9.9"
-    held = [auth._SCRYPT_CHECKS.take(f"{host}:{port}") for port in (1, 2, 3)]
+    held = [authn._SCRYPT_CHECKS.take(f"{host}:{port}") for port in (1, 2, 3)]
     caller = CALLER_PEER.set(f"{host}:4")
     try:
         for user in ("alice", "mallory"):
@@ -143,7 +145,7 @@ def test_an_unknown_user_pays_the_same_capped_scrypt_check_as_a_known_one(
     finally:
         CALLER_PEER.reset(caller)
         for place in held:
-            auth._SCRYPT_CHECKS.give(place)
+            authn._SCRYPT_CHECKS.give(place)
 
 
 def test_a_token_file_opened_to_others_is_not_taken_at_a_reload(

@@ -554,7 +554,8 @@ def test_spark_java_options_reach_every_spark_jvm_of_the_env_group(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Each application's driver and executors (both sides' spark-submit arguments), and the
     standalone cluster's daemons; none without the option."""
-    from blobha.ops import bench_spark_env, sparkstandalone
+    from blobha.ops import sparkstandalone
+    from blobha.ops.bench import spark_env as bench_spark_env
 
     opts = "-XX:TieredStopAtLevel=1 -Xss1m"
     spark = sparkstandalone.StandaloneSpark(tmp_path, workers=2, java_options=opts)

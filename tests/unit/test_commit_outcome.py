@@ -16,13 +16,14 @@ from kazoo.handlers.threading import KazooTimeoutError
 from masterparts import Node
 
 from blobha.core.acl import READ, AccessControl
+from blobha.core.blobstate import BlobState, PastVersion, write_tag
 from blobha.core.digest import digest_bytes
 from blobha.core.errors import Unavailable
 from blobha.master.groupcommit import GroupCommitter
 from blobha.master.repairs import ROLLBACK_MIN_RATE
 from blobha.master.rules import CommitOutcomeUnknown, PutRequest
 from blobha.sync import KeyView
-from blobha.zk.layout import MAX_STATE_BYTES, BlobState, PastVersion, write_tag
+from blobha.zk.layout import MAX_STATE_BYTES
 
 
 class _Txn:

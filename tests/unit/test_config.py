@@ -243,7 +243,7 @@ def test_the_peer_stall_limit_is_a_setting(tmp_path: Path) -> None:
     # It was a constant: a site whose healthy masters can fall silent for longer (a slow link,
     # long disk syncs) had its fetches thrown away every 10 s.
     from blobha.master.facade import Master
-    from blobha.sync.peers import STALL_SECS
+    from blobha.wire.peers import STALL_SECS
 
     assert Config.of()["blobstore.sync.stall.secs"] == STALL_SECS
     cfg = load_config(None, env={"BLOBHA_BLOBSTORE_SYNC_STALL_SECS": "42.5",

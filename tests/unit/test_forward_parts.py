@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from waiting import wait_until
 
+from blobha.core.blobstate import BlobState
 from blobha.core.digest import Digester
 from blobha.core.errors import InvalidArgument, NotAuthorized, NotLeader, Unavailable
 from blobha.master.committer import confirmed_by
@@ -23,7 +24,6 @@ from blobha.master.staging import Staging
 from blobha.master.uploads import UploadManager
 from blobha.store.local import LocalStore
 from blobha.store.staged import StagedCopies
-from blobha.zk.layout import BlobState
 
 
 def digest(data: bytes) -> str:

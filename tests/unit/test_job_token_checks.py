@@ -16,9 +16,6 @@ from blobha.core.auth import (
     AUTHORIZATION_METADATA_KEY,
     JOB_TOKEN_PREFIX,
     USER_METADATA_KEY,
-    Caller,
-    ServerAuthentication,
-    SimpleAuthenticator,
     is_job_token,
     job_token_hash,
     job_token_id,
@@ -27,6 +24,7 @@ from blobha.core.auth import (
     split_job_token,
     split_token,
 )
+from blobha.core.blobstate import BlobState
 from blobha.core.errors import (
     InvalidArgument,
     KeyNotFound,
@@ -44,14 +42,9 @@ from blobha.master.quotas import QuotaLimits, Quotas
 from blobha.master.rules import Authority
 from blobha.sync import Usage
 from blobha.v1 import blobha_pb2 as pb
+from blobha.wire.authn import Caller, ServerAuthentication, SimpleAuthenticator
 from blobha.wire.credentials import Credentials
-from blobha.zk.layout import (
-    JOB_TOKENS,
-    BlobState,
-    JobTokenRecord,
-    job_token_path,
-    key_path,
-)
+from blobha.zk.layout import JOB_TOKENS, JobTokenRecord, job_token_path, key_path
 
 NO_PEER: dict[str, list[str]] = {}
 

@@ -14,12 +14,13 @@ from kazoo.protocol.states import KazooState
 from sync_fakes import Answer
 from waiting import wait_until
 
+from blobha.core.blobstate import BlobState
 from blobha.core.errors import DeadlineExceeded, Unavailable
 from blobha.master.acks import Acknowledger
 from blobha.master.metadata import Metadata
 from blobha.master.rules import Authority
 from blobha.master.waits import ReplicationWaits
-from blobha.zk.layout import BlobState, key_path, replica_name
+from blobha.zk.layout import key_path, replica_name
 
 KEY = "k"
 ME = "m1:6627"

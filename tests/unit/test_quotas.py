@@ -7,11 +7,11 @@ from dataclasses import replace
 import pytest
 
 from blobha.core.acl import parse_acl
+from blobha.core.blobstate import BlobState
 from blobha.core.errors import ResourceExhausted
 from blobha.master.quotas import QuotaLimits, Quotas
 from blobha.master.rules import Authority
 from blobha.sync import Usage, acl_bytes
-from blobha.zk.layout import BlobState
 
 LIMITS = QuotaLimits(keys=3, bytes=1000, acl_bytes=40, upload_bytes=500, job_tokens=2)
 

@@ -13,9 +13,9 @@ import pytest
 from kazoo.client import KazooState
 from masterparts import Node
 
+from blobha.core.blobstate import BlobState
 from blobha.core.consistency import DELETED, MinVersion, View
 from blobha.core.errors import Stale
-from blobha.zk.layout import BlobState
 
 CREATED = 1_700_000_000.25
 

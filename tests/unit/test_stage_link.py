@@ -1,5 +1,5 @@
 """The stage link's two ends over a socket pair, and the leader's choice between links and
-StageVersions calls (blobha.wire.stagelink, blobha.sync.stagelinks)."""
+StageVersions calls (blobha.wire.stagelink, blobha.wire.stagelinks)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import pytest
 from waiting import wait_until
 
 from blobha.core.errors import BlobError, InvalidArgument, NotLeader, Unavailable
-from blobha.sync.stagelinks import StageLinks
-from blobha.wire.dataplane import DataChannels, DataOffer
+from blobha.wire.datachannel import DataChannels, DataOffer
 from blobha.wire.stagelink import StageLink, Version, serve_stage_link
+from blobha.wire.stagelinks import StageLinks
 
 
 class Holder:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 
 from blobha.core.acl import format_acl, parse_acl
+from blobha.core.blobstate import BlobState, PastVersion
 from blobha.sync.view import Entry, ReplicaView, Usage, acl_bytes, pack, unpack
-from blobha.zk.layout import BlobState, PastVersion
 
 
 def _state(**changes: object) -> BlobState:

@@ -7,10 +7,10 @@ from typing import Any
 import pytest
 from sync_fakes import ME, A, B, Guard, settings
 
+from blobha.core.blobstate import BlobState
 from blobha.core.errors import Unavailable
 from blobha.sync.fetcher import Fetcher
 from blobha.sync.registry import SyncDeferred
-from blobha.zk.layout import BlobState
 
 
 class Peers:

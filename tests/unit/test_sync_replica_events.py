@@ -29,6 +29,7 @@ from sync_fakes import (
 )
 
 from blobha.core import placement
+from blobha.core.blobstate import BlobState
 from blobha.core.digest import digest_bytes
 from blobha.core.errors import BlobError
 from blobha.store.local import LocalStore
@@ -39,7 +40,7 @@ from blobha.sync.settings import UNREACHABLE_REPORT_SECS
 from blobha.sync.synchronizer import SyncDeferred, Synchronizer
 from blobha.sync.view import Entry, ReplicaView, holders_of
 from blobha.sync.workqueue import WorkQueue
-from blobha.zk.layout import BlobState, replica_path
+from blobha.zk.layout import replica_path
 
 
 def synchroniser(leader: bool | list[bool] = False, store: Any = None, recursive: bool = False,

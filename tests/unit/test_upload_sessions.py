@@ -14,6 +14,7 @@ from kazoo.client import KazooState
 from kazoo.exceptions import ConnectionLoss, NoNodeError
 from masterparts import Node
 
+from blobha.core.blobstate import BlobState
 from blobha.core.digest import digest_bytes
 from blobha.core.errors import (
     InvalidArgument,
@@ -24,7 +25,6 @@ from blobha.core.errors import (
 )
 from blobha.master.uploads import UploadManager
 from blobha.store.local import LocalStore
-from blobha.zk.layout import BlobState
 
 MiB = 1024 * 1024
 

@@ -11,17 +11,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from blobha.core.acl import ALL, READ, AccessControl
+from blobha.core.blobstate import BlobState, PastVersion, write_tag
 from blobha.zk.layout import (
-    BlobState,
     EpochRecord,
-    PastVersion,
     holders,
     key_path,
     latest_seq,
     parse_replica,
     replica_name,
     replica_path,
-    write_tag,
 )
 
 

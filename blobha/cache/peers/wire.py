@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from blobha.core.grants import Grant
-from blobha.wire.dataplane import recv_buffer, recv_exact
+from blobha.wire.datachannel import recv_buffer, recv_exact
 
 __all__ = ["BAD_REQUEST", "BUSY", "MAGIC", "NOT_HELD", "OK", "REFUSED", "Answer", "Request",
            "TooSlow", "decode_have", "encode_have", "read_answer", "read_request", "recv_buffer",

@@ -23,11 +23,11 @@ from typing import Any
 import grpc
 
 from blobha.core.admission import CALLER_PEER, PeerCaps
-from blobha.core.auth import Caller, ServerAuthentication
 from blobha.core.errors import BUSY_METADATA_KEY, BlobError, Busy, Unauthenticated, to_status
 from blobha.master.edge import audit
 from blobha.master.edge.metrics import RpcMetrics
 from blobha.master.edge.receiving import CancelTimer, receive_one
+from blobha.wire.authn import Caller, ServerAuthentication
 
 #: Calls of this service are authenticated; others (health checks, reflection) are not ours.
 SERVICE_PREFIX = "/blobha.v1.BlobStore/"

@@ -15,7 +15,8 @@ import grpc
 from grpc_health.v1 import health
 from grpc_reflection.v1alpha import reflection
 
-from blobha.core.acl import READ, AccessControl
+from blobha.core.acl import READ
+from blobha.core.blobstate import BlobState
 from blobha.core.digest import CHUNK_SIZE
 from blobha.core.errors import BlobError, InvalidArgument, ResourceExhausted, Unavailable, to_status
 from blobha.master.edge.audit import audited
@@ -23,7 +24,6 @@ from blobha.master.edge.gatekeeper import authenticated_user
 from blobha.master.edge.health import BLOBSTORE_SERVICE, MasterHealth
 from blobha.master.edge.interceptor import ObservingInterceptor
 from blobha.master.edge.metrics import RpcMetrics
-from blobha.sync.peers import CHANNEL_OPTIONS
 from blobha.v1 import blobha_pb2 as pb
 from blobha.v1 import blobha_pb2_grpc as pb_grpc
 from blobha.wire.chunks import (
@@ -33,16 +33,18 @@ from blobha.wire.chunks import (
     serialize_response,
 )
 from blobha.wire.convert import (
+    acl_from_pb,
     job_token_to_pb,
     master_to_pb,
     min_version_from_pb,
     peer_plan_to_pb,
     replication_to_pb,
+    state_to_pb,
     view_from_pb,
 )
-from blobha.wire.dataplane import DataOffer
+from blobha.wire.datachannel import DataOffer
+from blobha.wire.peers import CHANNEL_OPTIONS
 from blobha.zk.connection import UNREACHABLE
-from blobha.zk.layout import BlobState
 
 if TYPE_CHECKING:
     from blobha.master.facade import Master
@@ -188,23 +190,8 @@ def streaming(fn: Callable[..., Iterator[T]]) -> Callable[..., Iterator[T]]:
 
 
 def user_of(context: grpc.ServicerContext) -> str:
-    # Authenticated by the gatekeeper interceptor before any handler runs (blobha.core.auth).
+    # Authenticated by the gatekeeper interceptor before any handler runs (blobha.wire.authn).
     return authenticated_user(context)
-
-
-def acl_from_pb(entries: Iterable[pb.AccessControl]) -> list[AccessControl]:
-    # Checked by the master (acl.check_entries) before anything is written.
-    return [AccessControl(e.type, e.name, e.access) for e in entries]
-
-
-def meta_to_pb(key: str, s: BlobState, replication: int, access: int) -> pb.BlobMeta:
-    return pb.BlobMeta(
-        key=key, version=s.seq, size=s.size, digest=s.digest,
-        acl=[pb.AccessControl(type=a.type, name=a.name, access=a.access) for a in s.acl],
-        replication_factor=s.replication_factor, meta_version=s.meta_version,
-        created_at=s.created_at, updated_at=s.updated_at, creator=s.creator,
-        replication=replication, acknowledged=s.acked, access=access,
-    )
 
 
 class BlobStoreServicer(pb_grpc.BlobStoreServicer):
@@ -213,7 +200,7 @@ class BlobStoreServicer(pb_grpc.BlobStoreServicer):
 
     def _meta(self, user: str, key: str, state: BlobState, replication: int) -> pb.BlobMeta:
         """A key's metadata as ``user`` is answered it: with the permissions it holds."""
-        return meta_to_pb(key, state, replication, self.master.access(user, state.acl, key))
+        return state_to_pb(key, state, replication, self.master.access(user, state.acl, key))
 
     @unary
     def BeginUpload(self, request: pb.BeginUploadRequest, context: grpc.ServicerContext
@@ -221,7 +208,7 @@ class BlobStoreServicer(pb_grpc.BlobStoreServicer):
         user = user_of(context)
         with audited(user, "begin-create" if request.create else "begin-update", request.key):
             upload_id, expires, committed = self.master.begin_upload(
-                user, request.key, request.create, acl_from_pb(request.acl),
+                user, request.key, request.create, list(acl_from_pb(request.acl)),
                 request.replication_factor, request.expected_version, request.size_hint,
                 request.write_quorum, request.write_id,
             )
@@ -273,7 +260,7 @@ class BlobStoreServicer(pb_grpc.BlobStoreServicer):
         b = request.begin
         with audited(user, "put-create" if b.create else "put-update", b.key) as rec:
             key, state, replication = self.master.put(
-                user, b.key, b.create, acl_from_pb(b.acl), b.replication_factor,
+                user, b.key, b.create, list(acl_from_pb(b.acl)), b.replication_factor,
                 b.expected_version, b.write_quorum, request.data, request.digest, b.write_id,
             )
             rec.version = state.seq
@@ -372,7 +359,7 @@ class BlobStoreServicer(pb_grpc.BlobStoreServicer):
     def SetMeta(self, request: pb.SetMetaRequest, context: grpc.ServicerContext) -> pb.BlobMeta:
         user = user_of(context)
         with audited(user, "set-meta", request.key) as rec:
-            acl = acl_from_pb(request.acl) if request.set_acl else None
+            acl = list(acl_from_pb(request.acl)) if request.set_acl else None
             expected = (request.expected_meta_version
                         if request.HasField("expected_meta_version") else None)
             state = self.master.set_meta(user, request.key, acl, request.replication_factor,

@@ -48,12 +48,12 @@ Metric groups (``--metrics`` picks a subset; every metric name starts with its g
     The big upload and download against a TLS cluster started beside the plaintext one,
     alternating. Baselines: the plaintext figures of the same rounds.
 ``spark`` (needs pyspark)
-    The Spark comparison of :mod:`blobha.ops.bench_spark`: from job start until every executor
+    The Spark comparison of :mod:`blobha.ops.bench.spark_cache`: from job start until every executor
     (two separate executor processes) holds a ``--spark-size-mb`` blob (default 256 MiB),
     blobha's node cache against ``sc.addFile``, for a first and a second application.
     Baseline: ``addFile``'s time in the same run.
 ``spark_env_start`` (needs pyspark)
-    :mod:`blobha.ops.bench_spark_env`: on a standalone Spark cluster of two worker nodes
+    :mod:`blobha.ops.bench.spark_env`: on a standalone Spark cluster of two worker nodes
     started for the run, from submit until the first task has run on both executors, whose
     interpreter is a ``--spark-env-size-mb`` packed Python environment (default 320 MiB), for
     three consecutive applications: ``blobha spark-submit`` against plain ``spark-submit
@@ -90,7 +90,7 @@ Metric groups (``--metrics`` picks a subset; every metric name starts with its g
     before the memory figures, every master must hold every key. ``scale_keys`` reports the
     count actually measured.
 ``fanout`` (root; only when named, and alone: ``--metrics fanout``)
-    :mod:`blobha.ops.fanout` in network namespaces of its own (ZooKeeper, 3 masters and 8
+    :mod:`blobha.ops.bench.fanout_net` in network namespaces of its own (ZooKeeper, 3 masters and 8
     nodes, 200 Mbit/s links shaped with tc): one node's cache fetches a ``--spark-size-mb``
     blob alone, then all 8 at once with peer serving on. Reported against the one-node time:
     the all-nodes, median and slowest node times; against the blob's size: the masters'

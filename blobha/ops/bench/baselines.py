@@ -28,9 +28,9 @@ import grpc
 from blobha.core.digest import CHUNK_SIZE, chunk_digest, digest_bytes
 from blobha.ops.bench.driver import timed_ms, zk_close, zk_delete_tree, zk_open
 from blobha.ops.bench.options import SMALL_BLOB, USER, MiB
-from blobha.sync.peers import CHANNEL_OPTIONS, USER_METADATA_KEY
 from blobha.v1 import blobha_pb2 as pb
 from blobha.v1 import blobha_pb2_grpc as pb_grpc
+from blobha.wire.peers import CHANNEL_OPTIONS, USER_METADATA_KEY
 
 if TYPE_CHECKING:
     from _typeshed import ReadableBuffer

@@ -1,5 +1,5 @@
-"""``blobha bench --metrics fanout``: the fan-out harness (blobha.ops.fanout) as a benchmark
-group: N node caches fetching one blob at once, each host in a network namespace behind a
+"""``blobha bench --metrics fanout``: the fan-out harness (blobha.ops.bench.fanout_net) as a
+benchmark group: N node caches fetching one blob at once, each host in a network namespace behind a
 tc-shaped link. Root only; it needs no cluster (it starts its own, in namespaces)."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ FANOUT_RATE_MBIT = 200.0
 def run_fanout_group(size_mib: int, as_json: bool, nodes: int = FANOUT_NODES,
                      rate_mbit: float = FANOUT_RATE_MBIT, peers: bool = True) -> int:
     """Run the harness once and print its figures as bench metrics; the exit status."""
-    from blobha.ops import fanout
+    from blobha.ops.bench import fanout_net
 
     if os.geteuid() != 0:
         print("blobha: error: the fan-out benchmark builds network namespaces and shapes"
@@ -30,8 +30,8 @@ def run_fanout_group(size_mib: int, as_json: bool, nodes: int = FANOUT_NODES,
         return 2
     with tempfile.TemporaryDirectory(prefix="blobha-bench-fanout-") as tmp:
         try:
-            r = fanout.run_fanout(nodes, size_mib, rate_mbit, Path(tmp), peers=peers)
-        except fanout.FanoutRefused as e:
+            r = fanout_net.run_fanout(nodes, size_mib, rate_mbit, Path(tmp), peers=peers)
+        except fanout_net.FanoutRefused as e:
             print(f"blobha: error: {e}", file=sys.stderr)
             return 2
     f = r.figures()

@@ -1,6 +1,6 @@
-"""The spark groups: blobha's node cache against ``sc.addFile`` (blobha.ops.bench_spark), and
+"""The spark groups: blobha's node cache against ``sc.addFile`` (blobha.ops.bench.spark_cache), and
 a packed Python environment through blobha against ``spark-submit --archives``
-(blobha.ops.bench_spark_env)."""
+(blobha.ops.bench.spark_env)."""
 
 from __future__ import annotations
 
@@ -44,12 +44,12 @@ def _progress(log: Log) -> Iterator[None]:
 
 
 def spark(bench: Bench) -> None:
-    """The Spark comparison (blobha.ops.bench_spark): time until every executor holds a
+    """The Spark comparison (blobha.ops.bench.spark_cache): time until every executor holds a
     ``--spark-size-mb`` blob, blobha against ``sc.addFile``, first and second application."""
     if importlib.util.find_spec("pyspark") is None:
         bench.log.note("spark skipped: pyspark is not installed (deploy/setup.sh spark)")
         return
-    from blobha.ops.bench_spark import run_spark_bench
+    from blobha.ops.bench.spark_cache import run_spark_bench
 
     size = bench.opts.spark_size_mb * MiB
     bench.log.say(f"Spark: every executor gets a {bench.opts.spark_size_mb} MiB blob, blobha"
@@ -68,7 +68,7 @@ def spark_env_start(bench: Bench) -> None:
     if importlib.util.find_spec("pyspark") is None:
         bench.log.note("spark_env_start skipped: pyspark is not installed (deploy/setup.sh spark)")
         return
-    from blobha.ops.bench_spark_env import run_env_start_bench
+    from blobha.ops.bench.spark_env import run_env_start_bench
 
     bench.log.say(f"Spark: applications with a {bench.opts.spark_env_size_mb} MiB packed Python"
                   " environment, blobha spark-submit against spark-submit --archives")

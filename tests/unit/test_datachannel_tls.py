@@ -1,4 +1,4 @@
-"""The data channel over TLS (blobha.wire.dataplane with blobha.wire.datatls): a real store,
+"""The data channel over TLS (blobha.wire.datachannel with blobha.wire.datatls): a real store,
 real certificates and a real socket on 127.0.0.1. Downloads and uploads in their TLS form, the
 frames an upload over TLS is sent in, and what a caller without the right trust gets."""
 
@@ -14,10 +14,10 @@ import pytest
 from waiting import wait_until
 
 from blobha.core.digest import CHUNK_SIZE, digest_bytes
-from blobha.master.edge.dataplane import DataPlane
+from blobha.master.edge.datachannel import DataChannelServer
 from blobha.ops.certgen import CertFiles, issue, make_ca
 from blobha.store.local import LocalStore
-from blobha.wire.dataplane import (
+from blobha.wire.datachannel import (
     FRAME_HEAD,
     MAGIC,
     OK,
@@ -68,10 +68,10 @@ def store(tmp_path: Path) -> Iterator[LocalStore]:
 
 
 def _plane(store: LocalStore, certs: Certificates, mtls: bool, appends: Appends
-           ) -> Iterator[DataPlane]:
+           ) -> Iterator[DataChannelServer]:
     tls = ReloadingServerContext(str(certs.master.cert), str(certs.master.key),
                                  str(certs.ca.cert), require_client_cert=mtls)
-    p = DataPlane(store, "127.0.0.1", 0, max_connections=2, append=appends, tls=tls)
+    p = DataChannelServer(store, "127.0.0.1", 0, max_connections=2, append=appends, tls=tls)
     p.start()
     yield p
     p.stop()
@@ -79,22 +79,22 @@ def _plane(store: LocalStore, certs: Certificates, mtls: bool, appends: Appends
 
 
 @pytest.fixture
-def plane(store: LocalStore, certs: Certificates) -> Iterator[DataPlane]:
+def plane(store: LocalStore, certs: Certificates) -> Iterator[DataChannelServer]:
     yield from _plane(store, certs, False, Appends(store))
 
 
 @pytest.fixture
-def mtls_plane(store: LocalStore, certs: Certificates) -> Iterator[DataPlane]:
+def mtls_plane(store: LocalStore, certs: Certificates) -> Iterator[DataChannelServer]:
     yield from _plane(store, certs, True, Appends(store))
 
 
-def _offer(plane: DataPlane, offset: int = 0, end: int = len(DATA)) -> bytes:
+def _offer(plane: DataChannelServer, offset: int = 0, end: int = len(DATA)) -> bytes:
     info = plane.store.info("k", 1)
     assert info is not None
     return plane.offer(info, offset, end)
 
 
-def test_a_download_over_tls_brings_exactly_its_range(plane: DataPlane,
+def test_a_download_over_tls_brings_exactly_its_range(plane: DataChannelServer,
                                                       certs: Certificates) -> None:
     for offset, end in ((0, len(DATA)), (CHUNK_SIZE - 7, 2 * CHUNK_SIZE + 9), (5, 5)):
         got = bytearray()
@@ -105,7 +105,7 @@ def test_a_download_over_tls_brings_exactly_its_range(plane: DataPlane,
 
 
 def test_an_upload_over_tls_goes_in_frames_and_is_answered_with_the_total(
-        plane: DataPlane, certs: Certificates) -> None:
+        plane: DataChannelServer, certs: Certificates) -> None:
     ticket = plane.offer_upload("alice", "up-1", 0)
     assert ticket is not None
     view = memoryview(DATA)
@@ -119,7 +119,7 @@ def test_an_upload_over_tls_goes_in_frames_and_is_answered_with_the_total(
     assert (digest, size) == (digest_bytes(DATA), len(DATA))
 
 
-def _raw_upload(plane: DataPlane, certs: Certificates) -> ssl.SSLSocket:
+def _raw_upload(plane: DataChannelServer, certs: Certificates) -> ssl.SSLSocket:
     """A TLS connection that presented an upload ticket and was told OK."""
     ticket = plane.offer_upload("alice", "up-1", 0)
     assert ticket is not None
@@ -132,7 +132,7 @@ def _raw_upload(plane: DataPlane, certs: Certificates) -> ssl.SSLSocket:
 
 
 def test_an_upload_cut_off_mid_frame_keeps_nothing_of_that_frame_and_gets_no_answer(
-        plane: DataPlane, certs: Certificates) -> None:
+        plane: DataChannelServer, certs: Certificates) -> None:
     with _raw_upload(plane, certs) as conn:
         conn.sendall((1000).to_bytes(FRAME_HEAD, "big") + b"x" * 400)
         conn.shutdown(socket.SHUT_RDWR)
@@ -142,7 +142,7 @@ def test_an_upload_cut_off_mid_frame_keeps_nothing_of_that_frame_and_gets_no_ans
     assert append.temp.size == 0  # the client resumes from GetUploadStatus
 
 
-def test_a_frame_larger_than_allowed_ends_the_upload(plane: DataPlane,
+def test_a_frame_larger_than_allowed_ends_the_upload(plane: DataChannelServer,
                                                      certs: Certificates) -> None:
     with _raw_upload(plane, certs) as conn:
         conn.sendall((64 * 1024 * 1024).to_bytes(FRAME_HEAD, "big"))
@@ -150,7 +150,7 @@ def test_a_frame_larger_than_allowed_ends_the_upload(plane: DataPlane,
         assert conn.recv(16) == b""
 
 
-def test_a_caller_that_does_not_trust_the_master_gets_nothing(plane: DataPlane,
+def test_a_caller_that_does_not_trust_the_master_gets_nothing(plane: DataChannelServer,
                                                               certs: Certificates) -> None:
     ticket = _offer(plane)
     got = bytearray()
@@ -165,7 +165,7 @@ def test_a_caller_that_does_not_trust_the_master_gets_nothing(plane: DataPlane,
 
 
 def test_in_mtls_mode_only_a_certificate_from_the_ca_opens_the_channel(
-        mtls_plane: DataPlane, certs: Certificates) -> None:
+        mtls_plane: DataChannelServer, certs: Certificates) -> None:
     ticket = _offer(mtls_plane)
     got = bytearray()
     with pytest.raises(DataChannelUnusable):

@@ -1,4 +1,4 @@
-"""The data channel (blobha.wire.dataplane): a real store and a real socket on 127.0.0.1."""
+"""The data channel (blobha.wire.datachannel): a real store and a real socket on 127.0.0.1."""
 
 from __future__ import annotations
 
@@ -24,14 +24,14 @@ from blobha.core.errors import (
     upload_not_found,
 )
 from blobha.core.keys import key_dirname
-from blobha.master.edge.dataplane import DataPlane
+from blobha.master.edge.datachannel import DataChannelServer
 from blobha.master.edge.service import translate_error
 from blobha.store.local import BlobBuffer, LocalStore
-from blobha.sync.peers import Peers
 from blobha.v1 import blobha_pb2 as pb
-from blobha.wire import dataplane
+from blobha.wire import datachannel
 from blobha.wire.chunks import Chunk
-from blobha.wire.dataplane import DataChannels, DataChannelUnusable, receive, send_upload
+from blobha.wire.datachannel import DataChannels, DataChannelUnusable, receive, send_upload
+from blobha.wire.peers import Peers
 
 DATA = os.urandom(3 * CHUNK_SIZE + 12345)
 
@@ -60,20 +60,20 @@ def clock() -> Clock:
 
 
 @pytest.fixture
-def plane(store: LocalStore, clock: Clock) -> Iterator[DataPlane]:
-    p = DataPlane(store, "127.0.0.1", 0, max_connections=2, clock=clock)
+def plane(store: LocalStore, clock: Clock) -> Iterator[DataChannelServer]:
+    p = DataChannelServer(store, "127.0.0.1", 0, max_connections=2, clock=clock)
     p.start()
     yield p
     p.stop()
 
 
-def grant(plane: DataPlane, offset: int, end: int) -> bytes:
+def grant(plane: DataChannelServer, offset: int, end: int) -> bytes:
     info = plane.store.info("k", 1)
     assert info is not None
     return plane.offer(info, offset, end)
 
 
-def fetch(plane: DataPlane, ticket: bytes, size: int) -> tuple[bytes, list[int]]:
+def fetch(plane: DataChannelServer, ticket: bytes, size: int) -> tuple[bytes, list[int]]:
     got = bytearray()
     pieces: list[int] = []
 
@@ -91,16 +91,16 @@ def fetch(plane: DataPlane, ticket: bytes, size: int) -> tuple[bytes, list[int]]
     (3 * CHUNK_SIZE + 5, len(DATA)),  # the short last chunk
     (100, 100),  # empty
 ])
-def test_a_ticket_brings_exactly_its_range(plane: DataPlane, offset: int, end: int) -> None:
+def test_a_ticket_brings_exactly_its_range(plane: DataChannelServer, offset: int, end: int) -> None:
     data, pieces = fetch(plane, grant(plane, offset, end), end - offset)
     assert data == DATA[offset:end]
-    assert all(n <= dataplane.RECEIVE_BYTES for n in pieces)
+    assert all(n <= datachannel.RECEIVE_BYTES for n in pieces)
     # The master counts once its send returns, which may be after the client has everything.
     wait_until(lambda: plane.transfers == 1, what="the transfer counted")
     assert plane.bytes_sent == end - offset
 
 
-def test_a_sink_that_keeps_the_pieces_keeps_copies(plane: DataPlane) -> None:
+def test_a_sink_that_keeps_the_pieces_keeps_copies(plane: DataChannelServer) -> None:
     # The pieces are views of one reused buffer: kept as they are, they would all end up
     # holding the last MiB (the digest, taken on the fly, would not notice).
     kept = BufferSink()
@@ -108,7 +108,7 @@ def test_a_sink_that_keeps_the_pieces_keeps_copies(plane: DataPlane) -> None:
     assert len(kept.parts) > 1 and b"".join(kept.parts) == DATA
 
 
-def test_a_ticket_is_good_for_one_transfer(plane: DataPlane) -> None:
+def test_a_ticket_is_good_for_one_transfer(plane: DataChannelServer) -> None:
     ticket = grant(plane, 0, 10)
     assert fetch(plane, ticket, 10)[0] == DATA[:10]
     with pytest.raises(Unavailable, match="unknown or expired ticket") as e:
@@ -117,23 +117,23 @@ def test_a_ticket_is_good_for_one_transfer(plane: DataPlane) -> None:
     assert plane.refused == 1
 
 
-def test_an_expired_ticket_is_refused(plane: DataPlane, clock: Clock) -> None:
+def test_an_expired_ticket_is_refused(plane: DataChannelServer, clock: Clock) -> None:
     ticket = grant(plane, 0, 10)
-    clock.now += dataplane.TICKET_TTL
+    clock.now += datachannel.TICKET_TTL
     with pytest.raises(Unavailable, match="unknown or expired ticket"):
         fetch(plane, ticket, 10)
     assert plane.outstanding() == 0
 
 
-def test_a_forged_ticket_is_refused(plane: DataPlane) -> None:
+def test_a_forged_ticket_is_refused(plane: DataChannelServer) -> None:
     grant(plane, 0, 10)
     with pytest.raises(Unavailable, match="unknown or expired ticket"):
-        fetch(plane, os.urandom(dataplane.TICKET_BYTES), 10)
+        fetch(plane, os.urandom(datachannel.TICKET_BYTES), 10)
     assert plane.outstanding() == 1  # the real one is untouched
 
 
 def test_a_corrupt_chunk_is_never_sent_and_the_copy_is_removed(
-        plane: DataPlane, store: LocalStore) -> None:
+        plane: DataChannelServer, store: LocalStore) -> None:
     removed: list[tuple[str, int]] = []
     store.on_corrupt = lambda key, seq: removed.append((key, seq))
     path = store.keys_dir / key_dirname("k") / "v1.blob"
@@ -150,7 +150,7 @@ def test_a_corrupt_chunk_is_never_sent_and_the_copy_is_removed(
 
 
 def test_a_version_removed_after_the_offer_is_not_held_here(
-        plane: DataPlane, store: LocalStore) -> None:
+        plane: DataChannelServer, store: LocalStore) -> None:
     ticket = grant(plane, 0, len(DATA))
     store.delete_version("k", 1)
     with pytest.raises(KeyNotFound, match=r"^not held here"):
@@ -182,7 +182,7 @@ def test_something_else_on_the_port_is_unusable() -> None:
 
 
 def test_a_listener_that_never_answers_is_unusable(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(dataplane, "CONNECT_TIMEOUT", 0.2)
+    monkeypatch.setattr(datachannel, "CONNECT_TIMEOUT", 0.2)
     # Accepts (the backlog does) and never answers.
     with socket.create_server(("127.0.0.1", 0)) as server, pytest.raises(
             DataChannelUnusable) as e:
@@ -191,7 +191,7 @@ def test_a_listener_that_never_answers_is_unusable(monkeypatch: pytest.MonkeyPat
 
 
 def test_a_busy_master_sends_the_client_to_grpc_for_this_download_only(
-        plane: DataPlane) -> None:
+        plane: DataChannelServer) -> None:
     # Both slots taken, as by two transfers under way.
     for _ in range(2):
         assert plane._slots.acquire(blocking=False)
@@ -204,7 +204,7 @@ def test_a_busy_master_sends_the_client_to_grpc_for_this_download_only(
             plane._slots.release()
 
 
-def test_connections_that_send_nothing_take_no_slot(plane: DataPlane) -> None:
+def test_connections_that_send_nothing_take_no_slot(plane: DataChannelServer) -> None:
     # More idle connections than slots and threads: a client with a ticket is still served.
     held = [socket.create_connection(("127.0.0.1", plane.port)) for _ in range(10)]
     try:
@@ -225,7 +225,7 @@ def test_unreachable_masters_are_skipped_for_the_hold_time(clock: Clock) -> None
 
 
 def test_outstanding_tickets_are_bounded(store: LocalStore, clock: Clock) -> None:
-    plane = DataPlane(store, "127.0.0.1", 0, max_connections=2, clock=clock, max_tickets=3)
+    plane = DataChannelServer(store, "127.0.0.1", 0, max_connections=2, clock=clock, max_tickets=3)
     plane.start()
     try:
         tickets = [grant(plane, 0, 10) for _ in range(5)]
@@ -282,7 +282,7 @@ def test_a_syncing_master_streams_when_the_channel_fails(busy: bool) -> None:
             conn, _ = server.accept()
             with conn:
                 conn.recv(64)
-                conn.sendall(dataplane.MAGIC + bytes([dataplane.BUSY]) + b"too many")
+                conn.sendall(datachannel.MAGIC + bytes([datachannel.BUSY]) + b"too many")
 
         t = threading.Thread(target=refuse_busy, daemon=True)
         if busy:
@@ -299,7 +299,7 @@ def test_a_syncing_master_streams_when_the_channel_fails(busy: bool) -> None:
 
 
 def test_an_unreadable_copy_is_not_held_here_not_a_broken_channel(
-        plane: DataPlane, store: LocalStore) -> None:
+        plane: DataChannelServer, store: LocalStore) -> None:
     ticket = grant(plane, 0, len(DATA))
     path = store.keys_dir / key_dirname("k") / "v1.blob"
     path.unlink()
@@ -313,13 +313,13 @@ def test_stop_ends_the_transfers_in_progress(store: LocalStore, clock: Clock) ->
     temp = store.new_temp("upload")
     temp.write_at(0, big)
     info = store.install("big", 1, temp, len(big), digest_bytes(big))
-    plane = DataPlane(store, "127.0.0.1", 0, clock=clock)
+    plane = DataChannelServer(store, "127.0.0.1", 0, clock=clock)
     plane.start()
     ticket = plane.offer(info, 0, len(big))
     with socket.socket() as client:
         client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
         client.connect(("127.0.0.1", plane.port))
-        client.sendall(dataplane.MAGIC + ticket)
+        client.sendall(datachannel.MAGIC + ticket)
         client.settimeout(10)
         # The transfer is under way: its first bytes are here. The master goes on sending and
         # is soon blocked on this reader, who reads nothing more until the plane stops.
@@ -363,9 +363,9 @@ def sessions(store: LocalStore) -> Iterator[Sessions]:
 
 
 @pytest.fixture
-def uploads(store: LocalStore, clock: Clock, sessions: Sessions) -> Iterator[DataPlane]:
-    p = DataPlane(store, "127.0.0.1", 0, max_connections=2, clock=clock, append=sessions.append,
-                  translate=lambda e: translate_error("m1:6627", "an upload", e))
+def uploads(store: LocalStore, clock: Clock, sessions: Sessions) -> Iterator[DataChannelServer]:
+    p = DataChannelServer(store, "127.0.0.1", 0, max_connections=2, clock=clock,
+                          append=sessions.append, translate=lambda e: translate_error("m1:6627", "an upload", e))
     p.start()
     yield p
     p.stop()
@@ -377,12 +377,12 @@ def pieces_of(data: bytes, size: int = CHUNK_SIZE) -> Iterator[memoryview]:
         yield view[at:at + size]
 
 
-def send(plane: DataPlane, ticket: bytes, pieces: Iterable[bytes | memoryview]) -> int:
+def send(plane: DataChannelServer, ticket: bytes, pieces: Iterable[bytes | memoryview]) -> int:
     return send_upload("127.0.0.1", plane.port, ticket, 10.0, pieces)
 
 
 def test_an_upload_appends_what_arrives_and_answers_the_total(
-        uploads: DataPlane, sessions: Sessions) -> None:
+        uploads: DataChannelServer, sessions: Sessions) -> None:
     first, rest = DATA[:2 * CHUNK_SIZE + 5], DATA[2 * CHUNK_SIZE + 5:]
     ticket = uploads.offer_upload("alice", "up-1", 0)
     assert ticket is not None
@@ -398,7 +398,7 @@ def test_an_upload_appends_what_arrives_and_answers_the_total(
     wait_until(lambda: uploads.uploads == 2, what="both segments counted")
 
 
-def test_an_upload_ticket_is_good_for_one_connection(uploads: DataPlane,
+def test_an_upload_ticket_is_good_for_one_connection(uploads: DataChannelServer,
                                                      sessions: Sessions) -> None:
     ticket = uploads.offer_upload("alice", "up-1", 0)
     assert ticket is not None
@@ -408,7 +408,7 @@ def test_an_upload_ticket_is_good_for_one_connection(uploads: DataPlane,
     assert sessions.temp.size == 10
 
 
-def test_a_plane_made_without_append_offers_no_upload(plane: DataPlane) -> None:
+def test_a_plane_made_without_append_offers_no_upload(plane: DataChannelServer) -> None:
     assert plane.offer_upload("alice", "up-1", 0) is None
 
 
@@ -420,7 +420,7 @@ def test_a_plane_made_without_append_offers_no_upload(plane: DataPlane) -> None:
     (InvalidArgument("chunk at offset 9 leaves a gap"), InvalidArgument, "leaves a gap"),
 ])
 def test_a_refused_append_is_answered_while_the_client_is_still_sending(
-        uploads: DataPlane, sessions: Sessions, error: Exception, expected: type[BlobError],
+        uploads: DataChannelServer, sessions: Sessions, error: Exception, expected: type[BlobError],
         words: str) -> None:
     sessions.fail_after = 2 * CHUNK_SIZE
     sessions.error = error
@@ -444,7 +444,7 @@ def test_a_refused_append_is_answered_while_the_client_is_still_sending(
     assert sessions.temp.size == 2 * CHUNK_SIZE  # what was appended before stays
 
 
-def test_an_input_error_goes_through_and_what_was_sent_is_kept(uploads: DataPlane,
+def test_an_input_error_goes_through_and_what_was_sent_is_kept(uploads: DataChannelServer,
                                                                sessions: Sessions) -> None:
     def failing() -> Iterator[bytes]:
         yield DATA[:CHUNK_SIZE]
@@ -461,7 +461,7 @@ def test_an_input_error_goes_through_and_what_was_sent_is_kept(uploads: DataPlan
 
 
 def test_a_ticket_sent_a_byte_at_a_time_holds_a_thread_no_longer_than_the_connect_time(
-        plane: DataPlane) -> None:
+        plane: DataChannelServer) -> None:
     import time
 
     conn = socket.create_connection(("127.0.0.1", plane.port))
@@ -470,7 +470,7 @@ def test_a_ticket_sent_a_byte_at_a_time_holds_a_thread_no_longer_than_the_connec
     closed = False
     try:
         # 20 bytes, one every 0.5 s: each wait for bytes is short, the whole is not.
-        for byte in (dataplane.MAGIC + b"\0" * dataplane.TICKET_BYTES):
+        for byte in (datachannel.MAGIC + b"\0" * datachannel.TICKET_BYTES):
             try:
                 conn.sendall(bytes([byte]))
                 if conn.recv(1) == b"":
@@ -481,10 +481,10 @@ def test_a_ticket_sent_a_byte_at_a_time_holds_a_thread_no_longer_than_the_connec
             except OSError:
                 closed = True
                 break
-            if time.monotonic() - start > 2 * dataplane.CONNECT_TIMEOUT + 1:
+            if time.monotonic() - start > 2 * datachannel.CONNECT_TIMEOUT + 1:
                 break
             time.sleep(0.5)  # the attacker's pace: the sleep is the attack, not a wait
     finally:
         conn.close()
     assert closed, "the master kept reading a trickled ticket"
-    assert time.monotonic() - start < 2 * dataplane.CONNECT_TIMEOUT + 1
+    assert time.monotonic() - start < 2 * datachannel.CONNECT_TIMEOUT + 1

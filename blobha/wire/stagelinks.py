@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 
 from blobha.core.addresses import host_of
 from blobha.core.errors import BlobError, InvalidArgument, Unavailable
-from blobha.wire.dataplane import DataChannels, DataChannelUnusable, DataOffer
+from blobha.wire.datachannel import DataChannels, DataChannelUnusable, DataOffer
 from blobha.wire.stagelink import StageLink, Version, open_stage_link
 
 log = logging.getLogger("blobha.master")  # the forwards it carries log there too

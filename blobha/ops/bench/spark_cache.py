@@ -30,8 +30,8 @@ what an empty job of the same shape costs (Spark's floor, paid by both sides).
 
 Run it::
 
-    python -m blobha.ops.bench_spark --local --size-mib 256 --executors 2
-    python -m blobha.ops.bench_spark --cluster m1:6627,m2:6627,m3:6627 --json
+    python -m blobha.ops.bench.spark_cache --local --size-mib 256 --executors 2
+    python -m blobha.ops.bench.spark_cache --cluster m1:6627,m2:6627,m3:6627 --json
 
 Note: all executors of ``local-cluster`` share one machine, hence one blobha cache (one
 download serves both), whereas ``addFile`` fetches once per executor; on a real cluster with
@@ -401,7 +401,7 @@ def run_and_print(p: argparse.ArgumentParser, args: argparse.Namespace,
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = command_line("python -m blobha.ops.bench_spark",
+    p = command_line("python -m blobha.ops.bench.spark_cache",
                      "Time blobha against sc.addFile for getting a blob to every executor.")
     p.add_argument("--size-mib", type=float, default=DEFAULT_SIZE / MiB)
     p.add_argument("--executors", type=int, default=2)

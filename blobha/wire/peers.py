@@ -10,24 +10,26 @@ import random
 import threading
 import time
 from collections.abc import Iterable, Sequence
+from typing import Protocol
 
 import grpc
 
 from blobha.core.addresses import host_of
 from blobha.core.auth import MASTER_SECRET_METADATA_KEY, USER_METADATA_KEY
 from blobha.core.errors import BlobError, ChecksumMismatch, Unavailable, from_status
-from blobha.store.local import BlobBuffer, TempBlob
-from blobha.sync.stagelinks import StageLinks
 from blobha.v1 import blobha_pb2 as pb
 from blobha.v1 import blobha_pb2_grpc as pb_grpc
 from blobha.wire import chunks
 from blobha.wire.convert import master_from_pb
 from blobha.wire.credentials import Credentials
-from blobha.wire.dataplane import DataChannels, DataOffer, FileRange, send_upload
+from blobha.wire.datachannel import DataChannels, DataOffer, FileRange, send_upload
+from blobha.wire.stagelinks import StageLinks
 from blobha.wire.stallwatch import Stalled, StallWatch
 from blobha.wire.status import MasterSummary
 
-__all__ = ["CHANNEL_OPTIONS", "MAX_MESSAGE", "STALL_SECS", "USER_METADATA_KEY", "Peers"]
+__all__ = [
+    "CHANNEL_OPTIONS", "MAX_MESSAGE", "STALL_SECS", "USER_METADATA_KEY", "Appendable", "Peers",
+]
 
 MAX_MESSAGE = 8 * 1024 * 1024
 CHANNEL_OPTIONS = [
@@ -46,9 +48,18 @@ STALL_SECS = 10.0
 _SUSPECT_SECS = 60.0
 
 
+class Appendable(Protocol):
+    """Where a fetch appends what arrives (the store's temp blob, or a buffer in memory)."""
+
+    @property
+    def size(self) -> int: ...
+
+    def write_at(self, offset: int, data: bytes | memoryview) -> int: ...
+
+
 class Peers:
     """Channels to the other masters, authenticated as the master principal: the principal
-    is proven by the cluster secret (see blobha.core.auth); with TLS, the peer's certificate is
+    is proven by the cluster secret (see blobha.wire.authn); with TLS, the peer's certificate is
     verified against tls.ca and this master's own certificate is presented as client
     certificate. Renewed certificate files are picked up by re-opening the channels."""
 
@@ -99,7 +110,7 @@ class Peers:
             self._stubs.clear()
 
     def fetch(
-        self, address: str, key: str, seq: int, digest: str, dest: TempBlob | BlobBuffer,
+        self, address: str, key: str, seq: int, digest: str, dest: Appendable,
         timeout: float, stream_only: bool = False,
     ) -> None:
         """Append version ``seq`` of ``key`` from ``address`` to ``dest``, resuming at its size.
@@ -166,7 +177,7 @@ class Peers:
               timeout: float) -> list[bool]:
         """Forward (key, size, digest, data) versions to ``address`` to keep staged (see
         blobha.master.forward): one bool per version, true once its copy there is synced and
-        digest-checked. Over a stage link where one can be had (sync.stagelinks), else a
+        digest-checked. Over a stage link where one can be had (wire.stagelinks), else a
         StageVersions call. Raises a :class:`BlobError` when the call fails or takes longer
         than ``timeout`` (a master of an older release answers UNIMPLEMENTED)."""
         return self.links.stage(address, epoch, versions, timeout)

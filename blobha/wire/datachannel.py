@@ -1,5 +1,5 @@
 """The data channel's wire format and its client end: a download's or an upload's bytes over a
-plain TCP connection, beside gRPC. The master's end is :mod:`blobha.master.edge.dataplane`.
+plain TCP connection, beside gRPC. The master's end is :mod:`blobha.master.edge.datachannel`.
 
 Why it exists: through gRPC's Python server every MiB of a download is copied twice in user
 space (the file read into a new buffer, then gRPC's copy of the message into its own slice)
@@ -79,7 +79,7 @@ from blobha.core.errors import (
 __all__ = ["DataChannelUnusable", "DataChannels", "DataOffer", "FileRange", "open_channel",
            "receive", "send_file_range", "send_upload"]
 
-log = logging.getLogger("blobha.dataplane")
+log = logging.getLogger("blobha.dataplane")  # operators route by this name: it stays
 
 MAGIC = b"BHD1"
 TICKET_BYTES = 16

@@ -1,6 +1,6 @@
 """The master's end of the data channel: the listening socket, its tickets, and the threads that
 send a version's bytes (``sendfile``; read and encrypted over TLS) or append an upload's. The
-wire format and the client end are in :mod:`blobha.wire.dataplane`.
+wire format and the client end are in :mod:`blobha.wire.datachannel`.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import BinaryIO
 from blobha.core.errors import BlobError, ChecksumMismatch, InternalError, KeyNotFound
 from blobha.store.local import LocalStore, VersionInfo
 from blobha.wire.accepting import Doorway, handshake_by, recv_exact_by
-from blobha.wire.dataplane import (
+from blobha.wire.datachannel import (
     _REASON_MAX,
     BUSY,
     CONNECT_TIMEOUT,
@@ -46,9 +46,9 @@ from blobha.wire.dataplane import (
 from blobha.wire.datatls import ReloadingServerContext
 from blobha.wire.stagelink import Stage, serve_stage_link
 
-log = logging.getLogger("blobha.dataplane")
+log = logging.getLogger("blobha.dataplane")  # operators route by this name: it stays
 
-__all__ = ["Append", "DataPlane"]
+__all__ = ["Append", "DataChannelServer"]
 
 
 @dataclass(frozen=True)
@@ -86,7 +86,7 @@ class _ClientGone(Exception):
     """The socket failed while sending: the client went away or stalled."""
 
 
-class DataPlane:
+class DataChannelServer:
     """A master's data channel: a listening socket, a thread accepting on it, and one thread per
     connection that has sent its first bytes (at most ``max_connections`` transfers at once;
     more are told BUSY and use gRPC).

@@ -8,7 +8,7 @@ with ``ip -n``/``ip netns exec`` inside those namespaces: the host's own interfa
 are never touched, no traffic leaves them, and everything made is removed on the way out,
 on failure too (and namespaces an earlier run left behind, once its process is gone).
 
-Root only. ``python -P -m blobha.ops.fanout --nodes 4 --size-mib 32 --rate-mbit 100``
+Root only. ``python -P -m blobha.ops.bench.fanout_net --nodes 4 --size-mib 32 --rate-mbit 100``
 prints one node's fetch time alone, then all N at once, their ratio, the median and slowest
 node, each master's egress, and the bytes the nodes took from peers and from the masters.
 Node caches serve each other (docs/cache.md, "Peer serving") unless ``--no-peers`` is given
@@ -359,7 +359,7 @@ def _fetch_at_once(net: Namespaces, hosts: list[str], cluster: str, root: Path,
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -P -m blobha.ops.fanout", description=__doc__
+    p = argparse.ArgumentParser(prog="python -P -m blobha.ops.bench.fanout_net", description=__doc__
                                 .split("\n\n")[0])
     p.add_argument("--nodes", type=int, default=4)
     p.add_argument("--size-mib", type=float, default=32.0)

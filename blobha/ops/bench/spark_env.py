@@ -23,7 +23,7 @@ node's cache made and what an application without the archive costs (Spark's own
 
 Run it::
 
-    python -m blobha.ops.bench_spark_env --local --size-mib 320
+    python -m blobha.ops.bench.spark_env --local --size-mib 320
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ import uuid
 from pathlib import Path
 
 from blobha.client import Client
-from blobha.ops.bench_spark import command_line, metric, run_and_print
+from blobha.ops.bench.spark_cache import command_line, metric, run_and_print
 from blobha.ops.sparkstandalone import StandaloneSpark, spark_home
 from blobha.spark.jobcode import code_key, digest_path
 
@@ -231,7 +231,7 @@ def run_env_start_bench(
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = command_line("python -m blobha.ops.bench_spark_env",
+    p = command_line("python -m blobha.ops.bench.spark_env",
                      "Time blobha against spark-submit --archives for starting applications"
                      " whose executors run a packed Python environment.")
     p.add_argument("--size-mib", type=float, default=DEFAULT_SIZE / MiB)
