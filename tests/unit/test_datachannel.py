@@ -365,7 +365,8 @@ def sessions(store: LocalStore) -> Iterator[Sessions]:
 @pytest.fixture
 def uploads(store: LocalStore, clock: Clock, sessions: Sessions) -> Iterator[DataChannelServer]:
     p = DataChannelServer(store, "127.0.0.1", 0, max_connections=2, clock=clock,
-                          append=sessions.append, translate=lambda e: translate_error("m1:6627", "an upload", e))
+                          append=sessions.append,
+                          translate=lambda e: translate_error("m1:6627", "an upload", e))
     p.start()
     yield p
     p.stop()
