@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from failures import FAILED
+from support.failures import FAILED
 
 
 def _interrupt(signum: int, frame: object) -> None:

@@ -25,9 +25,9 @@ from typing import Any
 import grpc
 import xxhash
 from docker.errors import APIError
+from support.waiting import wait_until
 from testcontainers.core.container import DockerContainer
 from testcontainers.core.network import Network
-from waiting import wait_until
 
 from blobha.client import Client
 from blobha.core.errors import BlobError, KeyAlreadyExists

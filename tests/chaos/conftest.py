@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 from chaos_harness import IMAGE, ChaosCluster, sweep_leftovers
-from failures import failed
+from support.failures import failed
 
 REPORT_DIR = Path(os.environ.get("BLOBHA_TEST_OUTPUT", "test-output"))
 _RESULTS: list[dict[str, Any]] = []

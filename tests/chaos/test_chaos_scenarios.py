@@ -23,7 +23,7 @@ from chaos_harness import (
     payload,
     verify,
 )
-from waiting import wait_until
+from support.waiting import wait_until
 
 from blobha.core.errors import Stale, Unavailable
 from blobha.v1 import blobha_pb2 as pb

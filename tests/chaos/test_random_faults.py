@@ -18,7 +18,7 @@ import grpc
 import pytest
 from chaos_harness import SESSION_TIMEOUT_MS, ChaosCluster, LeaderSampler, Node, md, verify
 from fault_checker import OK, RandomWorkload, check_history
-from waiting import wait_until
+from support.waiting import wait_until
 
 from blobha.v1 import blobha_pb2 as pb
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from clusters import running_cluster
+from support.clusters import running_cluster
 
 from blobha.ops.localcluster import LocalCluster
 

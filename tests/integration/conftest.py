@@ -17,10 +17,10 @@ from typing import Any, TypeVar
 
 import grpc
 import pytest
-from clusters import FAST, SESSION_TIMEOUT_MS
-from failures import failed
 from prometheus_client.parser import text_string_to_metric_families
-from waiting import wait_until
+from support.clusters import FAST, SESSION_TIMEOUT_MS
+from support.failures import failed
+from support.waiting import wait_until
 
 from blobha.client import Client
 from blobha.core.keys import key_dirname

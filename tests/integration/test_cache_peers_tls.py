@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 import pytest
-from clusters import FAST
+from support.clusters import FAST
 
 from blobha.cache import BlobCache
 from blobha.cache.peers.fetch import Totals

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from clusters import running_cluster
+from support.clusters import running_cluster
 
 from blobha.ops.localcluster import LocalCluster
 

@@ -15,8 +15,8 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import ConnectionLoss
 from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.protocol.serialization import Transaction
-from outage import Outage, into_outage
-from waiting import wait_until
+from support.outage import Outage, into_outage
+from support.waiting import wait_until
 
 from blobha.leader.election import LeaderElection
 from blobha.ops.zkserver import EmbeddedZooKeeper

@@ -28,7 +28,7 @@ from conftest import (
     version_files,
 )
 from kazoo.client import KazooClient
-from waiting import wait_until
+from support.waiting import wait_until
 
 from blobha.core.blobstate import BlobState
 from blobha.core.digest import Digester

@@ -20,7 +20,7 @@ from conftest import (
     value,
     version_files,
 )
-from waiting import wait_until
+from support.waiting import wait_until
 
 from blobha.client import Client
 from blobha.core.errors import KeyAlreadyExists, VersionConflict

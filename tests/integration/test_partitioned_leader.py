@@ -22,7 +22,7 @@ import grpc
 import pytest
 import xxhash
 from conftest import FAST, SESSION_TIMEOUT_MS, md, stub, wait_until
-from zkproxy import ProxiedCluster
+from support.zkproxy import ProxiedCluster
 
 from blobha.core.errors import REFUSED_METADATA_KEY
 from blobha.ops.localcluster import MasterProcess

@@ -13,10 +13,10 @@ from typing import Any
 
 import grpc
 import pytest
-from clusters import FAST
 from conftest import client_for, wait_until
-from steer import Steer
-from zkproxy import ProxiedCluster, ZooKeeperProxy
+from support.clusters import FAST
+from support.steer import Steer
+from support.zkproxy import ProxiedCluster, ZooKeeperProxy
 
 from blobha.client import Client
 from blobha.core.errors import STALE_METADATA_KEY, KeyNotFound

@@ -22,7 +22,7 @@ from conftest import (
     version_files,
     wait_until,
 )
-from steer import Steer
+from support.steer import Steer
 
 from blobha.client import PUT_MAX_BYTES
 from blobha.core.auth import MASTER_SECRET_METADATA_KEY

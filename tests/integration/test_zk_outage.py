@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 from kazoo.handlers.threading import KazooTimeoutError
-from outage import Outage, into_outage
+from support.outage import Outage, into_outage
 
 from blobha.core.blobstate import BlobState
 from blobha.core.consistency import MinVersion, View

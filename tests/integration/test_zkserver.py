@@ -111,7 +111,7 @@ def test_a_taken_fixed_port_fails_with_the_log(tmp_path: Path) -> None:
 def test_the_masters_handler_talks_to_a_real_server_and_survives_its_restart(
         tmp_path: Path) -> None:
     from kazoo.protocol.states import KazooState
-    from waiting import wait_until
+    from support.waiting import wait_until
 
     from blobha.zk.connection import PollHandler
 
@@ -166,7 +166,7 @@ def _root_and_chrooted(tmp_path: Path) -> Iterator[tuple[EmbeddedZooKeeper, Kazo
 def test_a_recursive_watch_brings_every_change_below_its_path_until_the_connection_ends(
         tmp_path: Path) -> None:
     from kazoo.protocol.states import KazooState
-    from waiting import wait_until
+    from support.waiting import wait_until
 
     from blobha.zk.connection import add_recursive_watch
 

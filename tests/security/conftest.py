@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 _HERE = Path(__file__).resolve().parent
-# The integration harness imports its neighbours (clusters, waiting, failures) by name.
+# The integration harness imports its helpers (clusters, waiting, failures) from tests/support.
 for _path in (_HERE.parent, _HERE.parent / "integration"):
     if str(_path) not in sys.path:
         sys.path.insert(0, str(_path))

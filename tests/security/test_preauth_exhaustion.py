@@ -17,10 +17,10 @@ from typing import Any
 
 import grpc
 import pytest
-from clusters import FAST, running_cluster
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
-from waiting import wait_until
+from support.clusters import FAST, running_cluster
+from support.waiting import wait_until
 
 from blobha.cache.peers import wire
 from blobha.cache.peers.server import PeerServer, Served

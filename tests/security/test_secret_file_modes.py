@@ -15,8 +15,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from clusters import running_cluster
 from conftest import wait_until
+from support.clusters import running_cluster
 from test_require_tls import Listener
 
 from blobha.client import Client

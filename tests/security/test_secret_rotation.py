@@ -17,7 +17,7 @@ import grpc
 import pytest
 from conftest import FAST, SESSION_TIMEOUT_MS, client_for, make_cluster, md, stub, wait_until
 from kazoo.client import KazooClient
-from zkproxy import ProxiedCluster
+from support.zkproxy import ProxiedCluster
 
 from blobha.client import Client
 from blobha.core.auth import MASTER_SECRET_METADATA_KEY

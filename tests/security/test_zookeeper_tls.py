@@ -340,7 +340,7 @@ def test_a_zookeeper_key_made_readable_by_others_is_not_taken_at_a_reconnection(
     # kazoo loads zookeeper.ssl.key at every connection. A renewal that leaves the key open
     # to other accounts must not come in at the next one: the master reconnects with what it
     # had, says so in one line, and takes the renewal once the key is chmodded.
-    from zkproxy import ProxiedCluster
+    from support.zkproxy import ProxiedCluster
 
     cluster = ProxiedCluster(tmp_path / "cluster", nodes=1, base_port=0, overrides=FAST,
                              tls=True)

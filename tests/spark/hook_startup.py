@@ -18,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from clusters import running_cluster
+from support.clusters import running_cluster
 
 from blobha.client import Client
 from blobha.spark.jobcode import CodeFile, upload_code

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from blobha_spark_helpers import require_spark, spark_home
-from clusters import running_cluster
+from support.clusters import running_cluster
 
 from blobha import spark as blobspark
 from blobha.client import Client

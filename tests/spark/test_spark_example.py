@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 from blobha_spark_helpers import EXAMPLES, require_spark, spark_env
-from clusters import running_cluster
+from support.clusters import running_cluster
 
 from blobha import spark as blobspark
 from blobha.cache import BlobCache

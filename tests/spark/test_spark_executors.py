@@ -27,8 +27,8 @@ from blobha_spark_helpers import (
     spark_env,
     stop_session,
 )
-from clusters import running_cluster
-from waiting import wait_until
+from support.clusters import running_cluster
+from support.waiting import wait_until
 
 from blobha import spark as blobspark
 from blobha.cache import BlobCache
@@ -38,8 +38,8 @@ from blobha.ops.localcluster import LocalCluster
 require_spark()
 
 import blobha_spark_helpers  # noqa: E402
-import waiting  # noqa: E402
 from pyspark import cloudpickle  # noqa: E402
+from support import waiting  # noqa: E402
 
 # Executors cannot import test modules: ship this module's task functions (and the helpers
 # they call, wait_until included) by value.

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 from blobha_spark_helpers import env_archive, job_files, require_spark, spark_env, spark_home
-from clusters import running_cluster
+from support.clusters import running_cluster
 
 from blobha import spark as blobspark
 from blobha.client import Client

@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 from blobha_spark_helpers import require_spark
-from clusters import running_cluster
 from standalone import StandaloneSpark, master_downloads
+from support.clusters import running_cluster
 
 from blobha.client import Client
 from blobha.ops.localcluster import LocalCluster

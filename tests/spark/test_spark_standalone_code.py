@@ -27,9 +27,9 @@ from typing import Any
 
 import pytest
 from blobha_spark_helpers import CommandLineWatch, env_archive, job_files, require_spark
-from clusters import running_cluster
 from standalone import StandaloneSpark, master_downloads
-from waiting import wait_until
+from support.clusters import running_cluster
+from support.waiting import wait_until
 
 from blobha.client import Client
 from blobha.core.errors import Unauthenticated

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
-from waiting import wait_until
+from support.waiting import wait_until
 
 from blobha import cli
 from blobha.cache import BlobCache, CachedBlob, CleanupReport, default_cache_dir

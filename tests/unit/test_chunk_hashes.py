@@ -113,7 +113,7 @@ def test_versions_hashed_at_once_are_bounded() -> None:
     threads = [threading.Thread(target=hashes.get, args=("k", seq, "d")) for seq in range(2)]
     for t in threads:
         t.start()
-    from waiting import wait_until
+    from support.waiting import wait_until
 
     wait_until(lambda: store.reads == 2, 10)
     with pytest.raises(ResourceExhausted, match="hashing other versions"):

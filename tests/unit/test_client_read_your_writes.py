@@ -8,7 +8,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import pytest
-from steer import Steer
+from support.steer import Steer
 
 from blobha.client import Client
 from blobha.client import retry as retry_mod

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from kazoo.exceptions import NodeExistsError
 from kazoo.protocol.states import KazooState
-from waiting import wait_until
+from support.waiting import wait_until
 
 from blobha.master.clustersecret import ClusterSecret
 

@@ -13,7 +13,7 @@ import pytest
 from kazoo.client import KazooState
 from kazoo.exceptions import ConnectionLoss, NoNodeError, SessionMovedError
 from kazoo.handlers.threading import KazooTimeoutError
-from masterparts import Node
+from support.masterparts import Node
 
 from blobha.core.acl import READ, AccessControl
 from blobha.core.blobstate import BlobState, PastVersion, write_tag

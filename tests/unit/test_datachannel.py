@@ -10,7 +10,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import pytest
-from waiting import wait_until
+from support.waiting import wait_until
 
 from blobha.client.sources import BufferSink
 from blobha.core.digest import CHUNK_SIZE, digest_bytes

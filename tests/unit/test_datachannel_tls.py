@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from waiting import wait_until
+from support.waiting import wait_until
 
 from blobha.core.digest import CHUNK_SIZE, digest_bytes
 from blobha.master.edge.datachannel import DataChannelServer

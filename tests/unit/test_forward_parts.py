@@ -12,7 +12,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from waiting import wait_until
+from support.waiting import wait_until
 
 from blobha.core.blobstate import BlobState
 from blobha.core.digest import Digester

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from concurrent.futures import Future
 
 import pytest
-from waiting import wait_until
+from support.waiting import wait_until
 
 from blobha.core.errors import Unavailable
 from blobha.master.groupcommit import GroupCommitter, Later

@@ -15,7 +15,7 @@ import pytest
 from kazoo.client import KazooState
 from kazoo.exceptions import ConnectionLoss
 from kazoo.handlers.threading import AsyncResult, KazooTimeoutError, SequentialThreadingHandler
-from masterparts import Node
+from support.masterparts import Node
 
 from blobha.core.digest import digest_bytes
 from blobha.core.errors import Refused, Unavailable

@@ -8,7 +8,7 @@ import logging
 from pathlib import Path
 
 import pytest
-from threads import run_in_threads
+from support.threads import run_in_threads
 
 from blobha.core.digest import digest_bytes
 from blobha.core.errors import KeyNotFound

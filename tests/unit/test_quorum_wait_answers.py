@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from kazoo.exceptions import NoNodeError
 from kazoo.protocol.states import KazooState
-from sync_fakes import Answer
-from waiting import wait_until
+from support.sync_fakes import Answer
+from support.waiting import wait_until
 
 from blobha.core.blobstate import BlobState
 from blobha.core.errors import DeadlineExceeded, Unavailable

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 from kazoo.client import KazooState
-from masterparts import Node
+from support.masterparts import Node
 
 from blobha.core.blobstate import BlobState
 from blobha.core.consistency import DELETED, MinVersion, View

@@ -7,7 +7,7 @@ import os
 import threading
 from pathlib import Path
 
-from waiting import wait_until
+from support.waiting import wait_until
 
 from blobha.core.digest import CHUNK_SIZE, digest_bytes
 from blobha.core.keys import key_dirname

@@ -6,8 +6,8 @@ import os
 from pathlib import Path
 
 import pytest
-from threads import run_in_threads
-from waiting import wait_until
+from support.threads import run_in_threads
+from support.waiting import wait_until
 
 from blobha.core.digest import chunk_digest, digest_bytes
 from blobha.core.errors import ChecksumMismatch

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from waiting import wait_until
+from support.waiting import wait_until
 
 from blobha.core.errors import InvalidArgument, KeyAlreadyExists, KeyNotFound
 from blobha.core.keys import validate_key

@@ -8,7 +8,7 @@ import threading
 from collections.abc import Iterator, Sequence
 
 import pytest
-from waiting import wait_until
+from support.waiting import wait_until
 
 from blobha.core.errors import BlobError, InvalidArgument, NotLeader, Unavailable
 from blobha.wire.datachannel import DataChannels, DataOffer

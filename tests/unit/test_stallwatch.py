@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 
-from waiting import wait_until
+from support.waiting import wait_until
 
 from blobha.wire.stallwatch import TERM_CHECK_SECS, CallWatch, StallWatch
 

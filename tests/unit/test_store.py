@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from threads import run_in_threads
+from support.threads import run_in_threads
 
 from blobha.core.digest import CHUNK_SIZE, EMPTY_DIGEST, chunk_digest, digest_bytes
 from blobha.core.errors import ChecksumMismatch, InvalidArgument, KeyNotFound, ResourceExhausted

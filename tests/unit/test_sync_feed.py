@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 from kazoo.protocol.states import EventType, KazooState, WatchedEvent
-from sync_fakes import ME, SESSION, A, B, FakeZk, Guard, settings
+from support.sync_fakes import ME, SESSION, A, B, FakeZk, Guard, settings
 
 from blobha.sync.feed import ChangeFeed, Wake
 from blobha.sync.view import Entry, ReplicaView, holders_of

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from sync_fakes import ME, A, B, Guard, settings
+from support.sync_fakes import ME, A, B, Guard, settings
 
 from blobha.core.blobstate import BlobState
 from blobha.core.errors import Unavailable

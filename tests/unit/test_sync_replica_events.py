@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from kazoo.exceptions import ConnectionLoss, NodeExistsError, NoNodeError, SessionExpiredError
 from kazoo.protocol.states import EventType, KazooState, WatchedEvent
-from sync_fakes import (
+from support.sync_fakes import (
     ME,
     PATH,
     SESSION,
@@ -338,7 +338,7 @@ def periodic_loop(period_secs: float, feed: Intake, zk: Any = None,
 def test_the_periodic_pass_keeps_running_when_there_are_no_keys() -> None:
     # With no key anywhere the pass hands out nothing; its next start used to be left at
     # infinity, and the periodic thread died on its next wait (Event.wait overflows).
-    from waiting import wait_until
+    from support.waiting import wait_until
 
     passes: list[float] = []
     loop = periodic_loop(0.01, Intake(lambda: passes.append(0.0) or []))
@@ -662,7 +662,7 @@ def test_a_copy_registered_while_this_master_fetches_the_key_sends_it_round_no_m
 def test_a_reconnect_while_the_watch_is_added_brings_another_full_pass() -> None:
     # The watch went to a connection that dropped right after: the reconnect's request for a
     # full pass must survive the pass under way, so that the next one adds the watch again.
-    from waiting import wait_until
+    from support.waiting import wait_until
 
     s, _ = synchroniser(recursive=True)  # its change feed tells the reconnect
     steps: list[str] = []
@@ -811,7 +811,7 @@ def test_a_full_pass_that_fails_during_a_paced_pass_neither_ends_the_thread_nor_
     import threading
 
     from kazoo.exceptions import ConnectionLoss
-    from waiting import wait_until
+    from support.waiting import wait_until
 
     class Connection:
         """kazoo's state, counting how often the thread looked at it while disconnected."""
@@ -868,7 +868,7 @@ def test_concurrent_status_checks_share_one_pass_over_the_keys(
     # Callers that arrive while a pass runs wait for it and then share one pass that began
     # after they asked: its answer is as of a moment during their call, so nothing they could
     # expect to see is missing.
-    from waiting import wait_until
+    from support.waiting import wait_until
 
     s, _ = synchroniser()
     s.replicas.entries["k"] = entry([A, B])

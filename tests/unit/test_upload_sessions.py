@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from kazoo.client import KazooState
 from kazoo.exceptions import ConnectionLoss, NoNodeError
-from masterparts import Node
+from support.masterparts import Node
 
 from blobha.core.blobstate import BlobState
 from blobha.core.digest import digest_bytes

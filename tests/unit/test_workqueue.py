@@ -6,7 +6,7 @@ import threading
 import time
 
 import pytest
-from waiting import wait_until
+from support.waiting import wait_until
 
 from blobha.sync import workqueue
 from blobha.sync.workqueue import HURRIED_LINGER, WorkQueue

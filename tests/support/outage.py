@@ -12,9 +12,9 @@ from collections.abc import Callable
 from typing import Any
 
 from kazoo.client import KazooClient, KazooState
-from waiting import wait_until
 
 from blobha.ops.zkserver import EmbeddedZooKeeper
+from support.waiting import wait_until
 
 
 class Outage(KazooClient):

@@ -1,0 +1,1 @@
+"""Helpers shared by the test tiers: clusters, waiting, fault injection and fakes."""
