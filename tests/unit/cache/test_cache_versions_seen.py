@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_cache import Clock, FakeCluster
+from support.cache_fakes import Clock, FakeCluster
 
 from blobha.cache import BlobCache
 from blobha.core.errors import InvalidArgument, Stale, Unavailable

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_cache import FakeCluster
+from support.cache_fakes import FakeCluster
 
 from blobha.cache import BlobCache
 from blobha.client import BlobMeta
