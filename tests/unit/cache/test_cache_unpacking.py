@@ -6,7 +6,6 @@ from __future__ import annotations
 import io
 import os
 import tarfile
-import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -224,6 +223,7 @@ def test_a_zips_directory_is_judged_before_zipfile_reads_it(
 
 def test_the_directory_of_a_zip64_archive_is_read_from_its_64_bit_record(
         tmp_path: Path) -> None:
+    import zipfile
 
     from blobha.cache.unpack import _zip_directory
 

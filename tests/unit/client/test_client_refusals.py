@@ -23,7 +23,6 @@ from blobha.core.errors import (
     BlobError,
     InvalidArgument,
     NotAuthorized,
-    ResourceExhausted,
     TlsMismatch,
     Unauthenticated,
     Unavailable,
@@ -288,6 +287,7 @@ def test_a_leader_named_by_one_master_wins_over_anothers_refusal(
 
 @pytest.mark.usefixtures("resumable_only")
 def test_upload_aborted_on_fatal_error(client: Client, cluster: FakeCluster) -> None:
+    from blobha.core.errors import ResourceExhausted
 
     cluster.faults.append(("*", "CommitUpload", ResourceExhausted("disk full")))
     with pytest.raises(ResourceExhausted):

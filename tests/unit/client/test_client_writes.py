@@ -31,7 +31,6 @@ from blobha.core.errors import (
     Busy,
     DeadlineExceeded,
     KeyNotFound,
-    NotAuthorized,
     Unavailable,
     UploadNotFound,
 )
@@ -238,6 +237,7 @@ def test_create_commit_lost_then_exists_is_success(client: Client, cluster: Fake
 
 @pytest.mark.usefixtures("resumable_only")
 def test_not_authorized_is_not_retried(client: Client, cluster: FakeCluster) -> None:
+    from blobha.core.errors import NotAuthorized
 
     cluster.faults.append(("*", "BeginUpload", NotAuthorized("no")))
     with pytest.raises(NotAuthorized):
