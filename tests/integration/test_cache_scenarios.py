@@ -1,7 +1,7 @@
 """The node-local cache against 3 real masters: Storm's cache scenarios 17-22
 (storm-reference.md), and ``blobha fetch`` as users run it.
 
-(Named apart from tests/unit/test_cache.py: without packages, pytest cannot collect two test
+(Named apart from tests/unit/cache/test_cache_*.py: without packages, pytest cannot collect two test
 modules of the same base name in one run.)
 """
 

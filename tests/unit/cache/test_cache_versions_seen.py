@@ -1,6 +1,6 @@
 """The node cache never goes back a version (read-your-writes across processes), with the fake
-cluster of test_cache.py: one of its masters may be behind and serves its older view to a
-client with no newer minimum, as a real cut-off master does.
+cluster of tests/support/cache_fakes.py: one of its masters may be behind and serves its older
+view to a client with no newer minimum, as a real cut-off master does.
 
 What is checked: the cache seeds its client with what it holds and with the node's record
 (so the master behind is passed over), with what another process recorded (a download of

@@ -1,7 +1,7 @@
 """The versions a job reads at least: the driver's side learns them before launch, the
 configuration carries them (``spark.blobha.min.versions``), and the executor's side makes its
-node cache read at least them. Fakes only: the node cache's client is test_cache.py's fake
-cluster, one of whose masters may be behind."""
+node cache read at least them. Fakes only: the node cache's client is the fake cluster of
+tests/support/cache_fakes.py, one of whose masters may be behind."""
 
 from __future__ import annotations
 
