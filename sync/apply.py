@@ -28,7 +28,7 @@ from blobha.sync.feed import KEY_LIST, ChangeFeed
 from blobha.sync.fetcher import Fetcher, Wanted
 from blobha.sync.reads import KeyReader
 from blobha.sync.registry import ReplicaRegistry
-from blobha.sync.view import Entry, KeyView, ReplicaView, holders_of, pack
+from blobha.sync.view import KeyView, ReplicaView, holders_of
 from blobha.sync.workqueue import WorkQueue
 from blobha.zk.layout import key_path, parse_replica, replica_path
 
@@ -82,22 +82,12 @@ class Executor:
             except Exception as e:
                 failures[KEY_LIST] = e
             keys = [k for k in keys if k != KEY_LIST]
-        now = time.monotonic()
-        flight = self.view.flight
-        with self.view.lock:
-            armed: set[str] = set()
-            for key in keys:
-                committed_at = flight.arm_on_read.pop(key, None)
-                if committed_at is not None and now - committed_at < self.settings.arm_on_read_secs:
-                    armed.add(key)
-                    flight.arming[key] = False
+        armed = self.view.batch_taken(keys, time.monotonic(), self.settings.arm_on_read_secs)
         try:
             return self.reconcile(keys, armed, failures)
         finally:
             if armed:
-                with self.view.lock:
-                    for key in armed:
-                        flight.arming.pop(key, None)
+                self.view.arming_ended(armed)
 
     def reconcile(self, keys: list[str], armed: set[str], failures: dict[str, Exception]
                   ) -> dict[str, Exception]:
@@ -107,27 +97,11 @@ class Executor:
         # (see ChangeFeed.on_tree): a follower fetching a key had work on it when the other
         # holders registered, and each of their events sent the key round again, to find its
         # work done (two more reads per follower per create).
-        flight = self.view.flight
-        listless: set[str] = set()
-        with self.view.lock:
-            for key in keys:
-                born = flight.born.pop(key, None)
-                if born is not None and key not in flight.reading:
-                    # Every event since the key's creation: they are its replica list.
-                    flight.reading[key] = born
-                    listless.add(key)
-                else:
-                    flight.reading.setdefault(key, [])
-                flight.batch_moved[key] = False
+        listless = self.view.batch_started(keys)
         try:
             return self._reconcile_batch(keys, armed, failures, listless)
         finally:
-            with self.view.lock:
-                moved = [key for key in keys if flight.batch_moved.pop(key, False)]
-                flight.deleted_in_batch.difference_update(keys)
-                for key in keys:
-                    flight.reading.pop(key, None)
-            self.act_on_moved(moved)
+            self.act_on_moved(self.view.batch_ended(keys))
 
     def _reconcile_batch(self, keys: list[str], armed: set[str],
                          failures: dict[str, Exception],
@@ -167,8 +141,7 @@ class Executor:
         if armed:
             # What settle stored for these keys is what the batch read found; where the list
             # changed since, an event's newer read may have been overwritten: read it again.
-            with self.view.lock:
-                armed = {key for key in armed if not self.view.flight.arming.get(key, True)}
+            armed = self.view.armed_unmoved(armed)
         fetched, done, fresh = self.fetcher.fetch_all(to_fetch, failures, read_mark)
         to_register += done
         installed = self.fetcher.install_fetched(fetched, read_mark)
@@ -197,10 +170,9 @@ class Executor:
         known = self.membership.known()
         leader = self.guard.is_leader()
         session = self.registry.session_id()
-        with self.view.lock:
-            work = [key for key in keys if (entry := self.view.entries.get(key)) is not None
-                    and has_work(self.identity, key, entry, known, leader, session)]
-        self.queue.put_many(work)
+        work = self.view.entries_where(
+            keys, lambda key, entry: has_work(self.identity, key, entry, known, leader, session))
+        self.queue.put_many([key for key, _ in work])
 
     # ---- one key -------------------------------------------------------------------------
 
@@ -226,9 +198,9 @@ class Executor:
         the events held since the key's creation."""
         state = BlobState.decode(data, stat.version)
         session = self.registry.session_id()
-        holders, registered, unchanged = self._store_read(key, state, data, stat.version,
-                                                          holders_of(names, state.seq), session,
-                                                          from_events, heard)
+        holders, registered, unchanged = self.view.read_stored(
+            key, state, data, stat.version, holders_of(names, state.seq), session, from_events,
+            heard)
         self._deleted_since.pop(key, None)
         trusted = bool(unchanged and registered == session and session)
         own = tuple((name, parsed[1]) for name in names
@@ -239,42 +211,6 @@ class Executor:
             session=session, identity=self.identity,
             known=frozenset(self.membership.known()), leader=self.guard.is_leader()))
         return self._carry_out(key, state, holders, plan)
-
-    def _store_read(self, key: str, state: BlobState, data: bytes, meta_version: int,
-                    holders: tuple[str, ...], session: int, from_events: bool,
-                    heard: int = -1) -> tuple[tuple[str, ...], int, bool]:
-        """Store what a read found as the key's entry; (the holders to decide by, the session
-        our node is known registered in, whether the record is as the entry had it)."""
-        packed = pack(data)
-        view, flight = self.view, self.view.flight
-        with view.lock:
-            old = view.entries.get(key)
-            unchanged = (old is not None and old.seq == state.seq and old.data == packed
-                         and old.meta_version == meta_version)
-            registered = (old.registered if old is not None and old.seq == state.seq
-                          and self.identity in holders else 0)
-            committed = view.committed_here.get(key)
-            if committed is not None and committed[0] <= state.seq:
-                del view.committed_here[key]
-                if committed == (state.seq, session) and self.identity in holders:
-                    registered = session  # the commit's own transaction registered it
-            stored = view.put(key, Entry.of(packed, meta_version, state, holders, registered),
-                              moved=not (unchanged and old is not None and old.holders == holders))
-            view.caught_up(key, heard)
-            # Events that came while the key was read, replayed in order onto what the read
-            # found: each sets one node present or absent, so those the read already saw
-            # change nothing, and the result is the list as of the last event. Applied to the
-            # old entry alone, they were lost when this read's older list replaced it.
-            changed = False
-            for change in flight.reading.pop(key, ()):
-                changed |= view.apply_replica(stored, *change)
-            if from_events:
-                # The list the events make is what ZooKeeper holds (as a read would): it is
-                # what this decision goes by, not a change that came meanwhile.
-                holders, changed = stored.holders, False
-            if changed and key in flight.batch_moved:
-                flight.batch_moved[key] = True
-        return holders, registered, unchanged
 
     def _local(self, key: str, state: BlobState, trusted: bool) -> Local:
         if trusted:

@@ -30,7 +30,7 @@ from kazoo.protocol.states import EventType, WatchedEvent
 from blobha.store.local import LocalStore
 from blobha.sync.decide import has_work, in_motion
 from blobha.sync.settings import SyncSettings
-from blobha.sync.view import Entry, ReplicaView, holders_of
+from blobha.sync.view import Entry, ReplicaView
 from blobha.sync.workqueue import WorkQueue
 from blobha.zk.connection import add_recursive_watch
 from blobha.zk.layout import BLOBSTORE, JOURNAL, JournalRecord, key_path, parse_replica
@@ -116,8 +116,7 @@ class ChangeFeed:
     # ---- the connection and the recursive watch (kazoo's event thread: hand off only) ------
 
     def on_state(self, state: str) -> None:
-        with self.view.lock:
-            self.view.flight.born.clear()
+        self.view.connection_changed()
         if state == KazooState.CONNECTED:
             self._connects += 1
             self.view.reconnected()
@@ -160,15 +159,12 @@ class ChangeFeed:
         if not path.startswith(BLOBSTORE + "/"):
             return
         key, sep, name = path[len(BLOBSTORE) + 1:].partition("/")
-        view, flight = self.view, self.view.flight
+        view = self.view
         if not sep:
             if event.type != EventType.CREATED or not self.guard.is_leader():
                 view.heard(key)
             if event.type == EventType.DELETED:
-                with view.lock:
-                    flight.born.pop(key, None)
-                    if key in flight.batch_moved:
-                        flight.deleted_in_batch.add(key)
+                view.key_deleted(key)
             if event.type == EventType.CREATED and self.guard.is_leader():
                 # The leader's own commit, which queues the key itself: a second reconcile
                 # would cost two more reads per create. A create by an earlier leader is in the
@@ -176,9 +172,7 @@ class ChangeFeed:
                 # before this master saw it step down, in the listing stepped_down asks for.
                 return
             if event.type == EventType.CREATED:
-                with view.lock:
-                    if len(flight.born) < self.settings.born_max:
-                        flight.born[key] = []
+                view.key_created(key, self.settings.born_max)
             self.queue.put(key)
             return
         if "/" in name or event.type not in (EventType.CREATED, EventType.DELETED):
@@ -186,22 +180,10 @@ class ChangeFeed:
         parsed = parse_replica(name)
         if parsed is None:
             return
-        change = (parsed[0], parsed[1], event.type == EventType.CREATED)
-        with view.lock:
-            born = flight.born.get(key)
-            if born is not None:
-                born.append(change)
-            pending = flight.reading.get(key)
-            if pending is not None:
-                pending.append(change)
-            entry = view.entries.get(key)
-            moved = entry is not None and view.apply_replica(entry, *change)
-            if key in flight.batch_moved:
-                # A worker has the key: the end of its batch looks at what moved (see
-                # Executor.reconcile).
-                flight.batch_moved[key] = flight.batch_moved[key] or moved
-                return
-        if moved and entry is not None and self._has_work(
+        # Where a worker has the key, the end of its batch looks at what moved (see
+        # Executor.reconcile): no entry back then.
+        entry = view.replica_event(key, (parsed[0], parsed[1], event.type == EventType.CREATED))
+        if entry is not None and self._has_work(
                 key, entry, self.membership.known(), self.guard.is_leader()):
             self.queue.put(key)
 
@@ -223,11 +205,7 @@ class ChangeFeed:
                 # motion, the watch is re-armed. The read arms it itself where one more copy
                 # still leaves the key short of its factor (it stays in motion): one read
                 # instead of two.
-                with self.view.lock:
-                    entry = self.view.entries.get(key)
-                    arm = entry is not None and len(entry.holders) + 1 < entry.rf
-                    if key in self.view.flight.arming:
-                        self.view.flight.arming[key] = True
+                arm = self.view.replicas_announced(key)
                 self.zk.get_children_async(
                     event.path, watch=self.watcher if arm else None).rawlink(
                     functools.partial(self.replicas_read, key, event.path, armed=arm))
@@ -245,10 +223,7 @@ class ChangeFeed:
             return
         known = self.membership.known()
         leader = self.guard.is_leader()
-        with self.view.lock:
-            entry = self.view.entries.get(key)
-            if entry is not None:
-                self.view.set_holders(entry, holders_of(names, entry.seq))
+        entry = self.view.replicas_listed(key, names)
         if entry is None or self._has_work(key, entry, known, leader):
             self.queue.put(key)
         elif not armed and in_motion(self.identity, key, entry, known, leader):
@@ -266,10 +241,7 @@ class ChangeFeed:
         except Exception:
             self.queue.put(key)
             return
-        with self.view.lock:
-            entry = self.view.entries.get(key)
-            moved = entry is None or holders_of(names, entry.seq) != entry.holders
-        if moved:
+        if self.view.list_differs(key, names):
             self.queue.put(key)
 
     def watch_replicas(self, keys: list[str], failures: dict[str, Exception]) -> None:
@@ -289,12 +261,8 @@ class ChangeFeed:
         the under-replicated figure lags by up to one pass)."""
         known = self.membership.known()
         leader = self.guard.is_leader()
-        arm: list[tuple[str, Entry]] = []
-        with self.view.lock:
-            for key in keys:
-                entry = self.view.entries.get(key)
-                if entry is not None and in_motion(self.identity, key, entry, known, leader):
-                    arm.append((key, entry))
+        arm = self.view.entries_where(
+            keys, lambda key, entry: in_motion(self.identity, key, entry, known, leader))
         pending = [(key, entry, self.zk.get_children_async(key_path(key), watch=self.watcher))
                    for key, entry in arm]
         for key, entry, result in pending:
@@ -310,9 +278,7 @@ class ChangeFeed:
             # on an event's (the read armed the watch already). A full reconcile of the key
             # here, as before, cost every follower about two more reads per create (the other
             # follower's copy registering while this one fetched).
-            with self.view.lock:
-                moved = self.view.set_holders(entry, holders_of(names, entry.seq))
-            if moved and self._has_work(key, entry, known, leader):
+            if self.view.holders_read(entry, names) and self._has_work(key, entry, known, leader):
                 self.queue.put(key)
 
     def recheck_replicas(self, keys: list[str]) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import sys
 import time
 from contextlib import suppress
 from typing import TYPE_CHECKING
@@ -13,7 +12,7 @@ from kazoo.exceptions import KazooException, NodeExistsError, NoNodeError
 
 from blobha.core.blobstate import BlobState
 from blobha.sync.feed import session_of
-from blobha.sync.view import Entry, ReplicaView, pack
+from blobha.sync.view import ReplicaView
 from blobha.sync.workqueue import WorkQueue
 from blobha.zk.layout import replica_path
 
@@ -53,10 +52,8 @@ class ReplicaRegistry:
     def register_replica(self, key: str, seq: int) -> None:
         """Make our replica node exist, owned by the current session (ha-rules 6, 7)."""
         session = self.session_id()
-        with self.view.lock:
-            entry = self.view.entries.get(key)
-            if entry is not None and entry.seq == seq and entry.registered == session and session:
-                return
+        if self.view.is_registered(key, seq, session):
+            return
         path = replica_path(key, self.identity, seq)
         for _ in range(self.settings.register_attempts):
             try:
@@ -115,8 +112,7 @@ class ReplicaRegistry:
         """``to_register`` without the keys deleted since the batch read them (recursive watch):
         the copy may be of the deleted key, and the node, created after a re-create, would count
         it as a holder of the new version. The deletion's event queued the key again."""
-        with self.view.lock:
-            gone = {key for key, _ in to_register if key in self.view.flight.deleted_in_batch}
+        gone = self.view.deleted_meanwhile(key for key, _ in to_register)
         for key in gone:
             failures[key] = SyncDeferred(f"{key!r} was deleted while it was fetched; looking"
                                          " again")
@@ -128,9 +124,8 @@ class ReplicaRegistry:
         session its events before the answers to its later requests, and on_tree runs on the
         connection thread: a deletion that came before the registrations is known by now, even
         one whose event was still on the way when drop_deleted looked."""
-        with self.view.lock:
-            late = [(key, seq) for key, seq in registered
-                    if key not in failures and key in self.view.flight.deleted_in_batch]
+        gone = self.view.deleted_meanwhile(key for key, _ in registered if key not in failures)
+        late = [(key, seq) for key, seq in registered if key not in failures and key in gone]
         for key, seq in late:
             try:
                 self.delete_node(replica_path(key, self.identity, seq))
@@ -160,33 +155,19 @@ class ReplicaRegistry:
         is over, whatever its outcome."""
         if not self.feed.recursive:
             return  # the one-shot watches are armed by the reconcile this would save
-        with self.view.lock:
-            for key in keys:
-                self.view.flight.born[key] = []
+        self.view.commit_creating(keys)
 
     def created(self, keys: list[str]) -> None:
         """The commit announced by :meth:`creating` is over."""
-        with self.view.lock:
-            for key in keys:
-                self.view.flight.born.pop(key, None)
+        self.view.commit_ended(keys)
 
     def follow(self, key: str, seq: int) -> None:
         """After this master's commit of ``seq``: reconcile ``key``, unless the commit itself
         gave it its entry (a create acknowledged in its commit, :meth:`creating`). Only the
         follower's work is left then, and nothing to read back: the version and our replica
         node are what the commit wrote, and the other holders come as events."""
-        view = self.view
-        with view.lock:
-            if view.made_here.pop(key, None) == seq:
-                entry = view.entries.get(key)
-                if entry is not None and entry.seq == seq:
-                    if key not in view.flight.batch_moved:
-                        # No batch is reading the key, so none sent its read before the
-                        # commit (see ReplicaView.read_is_current): the commit's mark has
-                        # nothing left to guard.
-                        view.commit_marks.pop(key, None)
-                    return
-        self.queue.put(key)
+        if not self.view.commit_followed(key, seq):
+            self.queue.put(key)
 
     def registered(self, key: str, seq: int, session: int, replication_factor: int,
                    state: BlobState | None = None, record: bytes = b"") -> None:
@@ -194,29 +175,13 @@ class ReplicaRegistry:
         transaction as the version itself). ``state`` and ``record`` (its encoding, as
         written): the version, for a key created by that commit and announced by
         :meth:`creating`."""
-        view = self.view
-        with view.lock:
-            view.commits += 1
-            view.commit_marks[key] = view.commits
-            entry = view.entries.get(key)
-            held = view.flight.born.pop(key, None)
-            if state is not None and record and held is not None and entry is None and session:
-                # The commit made the key: its entry is what the commit wrote (a new znode's
-                # version is 0), held here alone, replayed with what registered since.
-                entry = view.put(key, Entry.of(pack(record), 0, state,
-                                               (sys.intern(self.identity),), session))
-                for change in held:
-                    view.apply_replica(entry, *change)
-                view.made_here[key] = seq
-                return
-            if entry is None or entry.seq != seq:
-                view.committed_here[key] = (seq, session)
-            if replication_factor > 1 and not self.feed.recursive:
-                # The new version's replica list is about to move (the other holders fetch
-                # it), and this master's own node is in it already: the reconcile that follows
-                # the commit arms the list's watch with its first read, instead of a second.
-                view.flight.arm_on_read[key] = time.monotonic()
-        view.registered(key, seq, session)
+        # Without the recursive watch, the new version's replica list is about to move (the
+        # other holders fetch it), and this master's own node is in it already: the reconcile
+        # that follows the commit arms the list's watch with its first read, instead of a
+        # second.
+        arm_at = (time.monotonic() if replication_factor > 1 and not self.feed.recursive
+                  else None)
+        self.view.commit_registered(key, seq, session, state, record, arm_at)
 
 
 __all__ = ["ReplicaRegistry", "SyncDeferred"]

@@ -6,6 +6,7 @@ import sys
 import threading
 import time
 import zlib
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -135,7 +136,8 @@ Change = tuple[str, int, bool]
 @dataclass
 class InFlight:
     """What is under way per key between the change feed, the batches and the leader's commits.
-    Every field is guarded by the view's lock."""
+    Every field is guarded by the view's lock, and changed only by the view's transitions (see
+    ReplicaView, "the in-flight state's transitions"), each named for its event."""
 
     #: Keys whose next reconcile arms the watch on their replica list with its first read (see
     #: Synchronizer.registered), with the time of their commit.
@@ -417,6 +419,263 @@ class ReplicaView:
             if old is not None:
                 self._count(old, -1)
                 self.generation += 1
+
+    # ---- the in-flight state's transitions, one per event ----------------------------------
+    #
+    # Every change of ``flight``, of the commit bookkeeping (committed_here, commit_marks,
+    # made_here) and of the entries that the feed, the executor and the registry make goes
+    # through one of these, named for the event that causes it. Each takes the lock itself;
+    # none does I/O or reads a clock (times are passed in), so they are tested on their own
+    # (tests/unit/sync/test_sync_state.py).
+
+    def connection_changed(self) -> None:
+        """The connection to ZooKeeper changed state (suspended, lost, connected): events may
+        have been missed, so no creation's events are held any more (InFlight.born)."""
+        with self.lock:
+            self.flight.born.clear()
+
+    def key_created(self, key: str, born_max: int) -> None:
+        """The recursive watch announced ``key``'s creation (by another master): its replica
+        events are held from now (InFlight.born), up to ``born_max`` keys."""
+        with self.lock:
+            if len(self.flight.born) < born_max:
+                self.flight.born[key] = []
+
+    def key_deleted(self, key: str) -> None:
+        """The recursive watch announced ``key``'s deletion: the events held since its creation
+        are of no use, and a batch under way on it must not register what it read
+        (InFlight.deleted_in_batch)."""
+        with self.lock:
+            self.flight.born.pop(key, None)
+            if key in self.flight.batch_moved:
+                self.flight.deleted_in_batch.add(key)
+
+    def replica_event(self, key: str, change: Change) -> Entry | None:
+        """The recursive watch announced a replica node of ``key`` created or deleted: held for
+        the key's creation and for the batch reading it, and applied to its entry. The entry
+        when that moved its holders and no batch has the key (the caller decides whether that
+        leaves this master work); None otherwise (the batch's end looks at what moved)."""
+        flight = self.flight
+        with self.lock:
+            born = flight.born.get(key)
+            if born is not None:
+                born.append(change)
+            pending = flight.reading.get(key)
+            if pending is not None:
+                pending.append(change)
+            entry = self.entries.get(key)
+            moved = entry is not None and self.apply_replica(entry, *change)
+            if key in flight.batch_moved:
+                flight.batch_moved[key] = flight.batch_moved[key] or moved
+                return None
+        return entry if moved else None
+
+    def replicas_announced(self, key: str) -> bool:
+        """The one-shot watch on ``key``'s replica list fired: a batch arming that watch learns
+        that the list changed (InFlight.arming). Whether the list's read should arm the watch
+        again (one more copy still leaves the key short of its factor)."""
+        with self.lock:
+            entry = self.entries.get(key)
+            arm = entry is not None and len(entry.holders) + 1 < entry.rf
+            if key in self.flight.arming:
+                self.flight.arming[key] = True
+        return arm
+
+    def replicas_listed(self, key: str, names: list[str]) -> Entry | None:
+        """``key``'s replica list was read (replica node ``names``): its entry's holders are
+        those now. The entry (None: none)."""
+        with self.lock:
+            entry = self.entries.get(key)
+            if entry is not None:
+                self.set_holders(entry, holders_of(names, entry.seq))
+        return entry
+
+    def holders_read(self, entry: Entry, names: list[str]) -> bool:
+        """A read of the replica list of ``entry``'s key found ``names``: its holders are
+        those now; whether they moved."""
+        with self.lock:
+            return self.set_holders(entry, holders_of(names, entry.seq))
+
+    def list_differs(self, key: str, names: list[str]) -> bool:
+        """Whether replica node ``names`` differ from ``key``'s holders (or it has no entry)."""
+        with self.lock:
+            entry = self.entries.get(key)
+            return entry is None or holders_of(names, entry.seq) != entry.holders
+
+    def entries_where(self, keys: Iterable[str], test: Callable[[str, Entry], bool]
+                      ) -> list[tuple[str, Entry]]:
+        """Of ``keys``, those with an entry that passes ``test``, with it. ``test`` runs with
+        the lock held: no blocking in it."""
+        with self.lock:
+            return [(key, entry) for key in keys
+                    if (entry := self.entries.get(key)) is not None and test(key, entry)]
+
+    def batch_taken(self, keys: list[str], now: float, arm_within: float) -> set[str]:
+        """A worker took ``keys`` for a batch at ``now``: those committed here less than
+        ``arm_within`` seconds before (InFlight.arm_on_read) have the batch's read arm their
+        replica list's watch. Those keys, arming from now (InFlight.arming) until
+        :meth:`arming_ended`."""
+        flight = self.flight
+        armed: set[str] = set()
+        with self.lock:
+            for key in keys:
+                committed_at = flight.arm_on_read.pop(key, None)
+                if committed_at is not None and now - committed_at < arm_within:
+                    armed.add(key)
+                    flight.arming[key] = False
+        return armed
+
+    def armed_unmoved(self, armed: set[str]) -> set[str]:
+        """Of the keys whose batch read armed their replica list's watch, those whose list did
+        not change since (what the batch stored of it is current)."""
+        with self.lock:
+            return {key for key in armed if not self.flight.arming.get(key, True)}
+
+    def arming_ended(self, armed: Iterable[str]) -> None:
+        """The batch that armed these keys' watches (:meth:`batch_taken`) is over."""
+        with self.lock:
+            for key in armed:
+                self.flight.arming.pop(key, None)
+
+    def batch_started(self, keys: list[str]) -> set[str]:
+        """(The recursive watch.) A batch is about to read ``keys``: the replica events of each
+        are held for it from now (InFlight.reading, InFlight.batch_moved). The keys whose
+        creation's events were held (InFlight.born): their replica list is those events, and
+        only their nodes are read."""
+        flight = self.flight
+        listless: set[str] = set()
+        with self.lock:
+            for key in keys:
+                born = flight.born.pop(key, None)
+                if born is not None and key not in flight.reading:
+                    # Every event since the key's creation: they are its replica list.
+                    flight.reading[key] = born
+                    listless.add(key)
+                else:
+                    flight.reading.setdefault(key, [])
+                flight.batch_moved[key] = False
+        return listless
+
+    def batch_ended(self, keys: list[str]) -> list[str]:
+        """(The recursive watch.) The batch of :meth:`batch_started` is over: the keys whose
+        holders replica events changed meanwhile, in order."""
+        flight = self.flight
+        with self.lock:
+            moved = [key for key in keys if flight.batch_moved.pop(key, False)]
+            flight.deleted_in_batch.difference_update(keys)
+            for key in keys:
+                flight.reading.pop(key, None)
+        return moved
+
+    def read_stored(self, key: str, state: BlobState, data: bytes, meta_version: int,
+                    holders: tuple[str, ...], session: int, from_events: bool,
+                    heard: int = -1) -> tuple[tuple[str, ...], int, bool]:
+        """A batch's read of ``key`` found ``state`` (its record ``data``, as read) with
+        ``holders``, in ``session``, sent when ``heard`` changes were announced: it becomes the
+        key's entry, with the replica events that came meanwhile replayed onto it. (The holders
+        to decide by, the session our node is known registered in, whether the record is as
+        the entry had it.) ``from_events``: the holders are the events held since the key's
+        creation (:meth:`batch_started`)."""
+        packed = pack(data)
+        flight = self.flight
+        with self.lock:
+            old = self.entries.get(key)
+            unchanged = (old is not None and old.seq == state.seq and old.data == packed
+                         and old.meta_version == meta_version)
+            registered = (old.registered if old is not None and old.seq == state.seq
+                          and self.identity in holders else 0)
+            committed = self.committed_here.get(key)
+            if committed is not None and committed[0] <= state.seq:
+                del self.committed_here[key]
+                if committed == (state.seq, session) and self.identity in holders:
+                    registered = session  # the commit's own transaction registered it
+            stored = self.put(key, Entry.of(packed, meta_version, state, holders, registered),
+                              moved=not (unchanged and old is not None and old.holders == holders))
+            self.caught_up(key, heard)
+            # Events that came while the key was read, replayed in order onto what the read
+            # found: each sets one node present or absent, so those the read already saw
+            # change nothing, and the result is the list as of the last event. Applied to the
+            # old entry alone, they were lost when this read's older list replaced it.
+            changed = False
+            for change in flight.reading.pop(key, ()):
+                changed |= self.apply_replica(stored, *change)
+            if from_events:
+                # The list the events make is what ZooKeeper holds (as a read would): it is
+                # what this decision goes by, not a change that came meanwhile.
+                holders, changed = stored.holders, False
+            if changed and key in flight.batch_moved:
+                flight.batch_moved[key] = True
+        return holders, registered, unchanged
+
+    def is_registered(self, key: str, seq: int, session: int) -> bool:
+        """Whether our replica node of ``key`` at ``seq`` is known to exist in ``session``."""
+        with self.lock:
+            entry = self.entries.get(key)
+            return bool(entry is not None and entry.seq == seq and entry.registered == session
+                        and session)
+
+    def deleted_meanwhile(self, keys: Iterable[str]) -> set[str]:
+        """Of ``keys``, those deleted while their batch had them (InFlight.deleted_in_batch)."""
+        with self.lock:
+            return {key for key in keys if key in self.flight.deleted_in_batch}
+
+    def commit_creating(self, keys: list[str]) -> None:
+        """This master's commit is about to create ``keys``: their replica events are held
+        from now (InFlight.born) for :meth:`commit_registered`, until :meth:`commit_ended`."""
+        with self.lock:
+            for key in keys:
+                self.flight.born[key] = []
+
+    def commit_ended(self, keys: list[str]) -> None:
+        """The commit announced by :meth:`commit_creating` is over, whatever its outcome."""
+        with self.lock:
+            for key in keys:
+                self.flight.born.pop(key, None)
+
+    def commit_registered(self, key: str, seq: int, session: int,
+                          state: BlobState | None = None, record: bytes = b"",
+                          arm_at: float | None = None) -> None:
+        """This master's commit of ``seq`` created our replica node of it in ``session``, in
+        the same transaction as the version. ``state`` and ``record`` (its encoding, as
+        written): the version, for a key whose creation :meth:`commit_creating` announced,
+        whose entry is then made from them (InFlight.born, made_here). Otherwise the next
+        reconcile takes the node as registered (committed_here); ``arm_at``: the commit's time,
+        where that reconcile's read is to arm the replica list's watch (InFlight.arm_on_read).
+        The commit is counted either way (commit_marks, see read_is_current)."""
+        with self.lock:
+            self.commits += 1
+            self.commit_marks[key] = self.commits
+            entry = self.entries.get(key)
+            held = self.flight.born.pop(key, None)
+            if state is not None and record and held is not None and entry is None and session:
+                # The commit made the key: its entry is what the commit wrote (a new znode's
+                # version is 0), held here alone, replayed with what registered since.
+                entry = self.put(key, Entry.of(pack(record), 0, state,
+                                               (sys.intern(self.identity),), session))
+                for change in held:
+                    self.apply_replica(entry, *change)
+                self.made_here[key] = seq
+                return
+            if entry is None or entry.seq != seq:
+                self.committed_here[key] = (seq, session)
+            if arm_at is not None:
+                self.flight.arm_on_read[key] = arm_at
+        self.registered(key, seq, session)
+
+    def commit_followed(self, key: str, seq: int) -> bool:
+        """After this master's commit of ``seq`` of ``key``: whether the commit itself made the
+        key's entry (:meth:`commit_registered`), so that no reconcile needs to read it back."""
+        with self.lock:
+            if self.made_here.pop(key, None) == seq:
+                entry = self.entries.get(key)
+                if entry is not None and entry.seq == seq:
+                    if key not in self.flight.batch_moved:
+                        # No batch is reading the key, so none sent its read before the
+                        # commit (see read_is_current): the commit's mark has nothing left to
+                        # guard.
+                        self.commit_marks.pop(key, None)
+                    return True
+        return False
 
     def read_is_current(self, key: str, read_mark: int, spend: bool = False) -> bool:
         """Whether a read of ``key`` sent at ``read_mark`` (the commit count then; -1, unknown:
