@@ -25,7 +25,7 @@ from blobha.master.rules import (
 from blobha.master.settings import MasterSettings
 from blobha.master.waits import ReplicationWaits
 from blobha.store.local import LocalStore
-from blobha.sync import Synchronizer
+from blobha.sync import ReplicaSync
 from blobha.wire.status import ReplicationStatus
 
 log = logging.getLogger("blobha.master")
@@ -35,7 +35,7 @@ class Acknowledger:
     """Waits for a write quorum and marks versions acknowledged."""
 
     def __init__(self, settings: MasterSettings, store: LocalStore, meta: Metadata,
-                 waits: ReplicationWaits, sync: Synchronizer) -> None:
+                 waits: ReplicationWaits, sync: ReplicaSync) -> None:
         self.settings = settings
         self.store = store
         self.meta = meta

@@ -28,7 +28,7 @@ from blobha.master.rules import (
     fitting,
 )
 from blobha.store.local import LocalStore
-from blobha.sync import Synchronizer, acl_bytes
+from blobha.sync import ReplicaSync, acl_bytes
 
 log = logging.getLogger("blobha.master")
 
@@ -37,7 +37,7 @@ class Admin:
     """Metadata changes and deletes, each under the key's lock and fenced."""
 
     def __init__(self, store: LocalStore, meta: Metadata, authority: Authority,
-                 sync: Synchronizer, quotas: Quotas) -> None:
+                 sync: ReplicaSync, quotas: Quotas) -> None:
         self.store = store
         self.meta = meta
         self.authority = authority

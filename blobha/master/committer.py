@@ -46,7 +46,7 @@ from blobha.master.rules import (
 from blobha.master.settings import MasterSettings
 from blobha.master.uploads import Upload, UploadManager
 from blobha.store.local import LocalStore
-from blobha.sync import Membership, Synchronizer, acl_bytes
+from blobha.sync import Membership, ReplicaSync, acl_bytes
 from blobha.zk import layout
 from blobha.zk.layout import key_path, replica_path
 
@@ -72,7 +72,7 @@ class Committer:
 
     def __init__(self, settings: MasterSettings, identity: str, store: LocalStore,
                  election: LeaderElection, meta: Metadata, authority: Authority,
-                 sync: Synchronizer, membership: Membership, uploads: UploadManager,
+                 sync: ReplicaSync, membership: Membership, uploads: UploadManager,
                  quotas: Quotas, forwarder: Forwarder | None = None) -> None:
         self.settings = settings
         self.identity = identity

@@ -36,7 +36,7 @@ from blobha.master.rules import (
 )
 from blobha.master.settings import MasterSettings
 from blobha.store.local import LocalStore, VersionInfo
-from blobha.sync import KeyView, Synchronizer
+from blobha.sync import KeyView, ReplicaSync
 from blobha.wire.datachannel import MIN_BYTES, DataOffer
 from blobha.wire.status import ReplicationStatus
 from blobha.zk.connection import UNREACHABLE
@@ -84,7 +84,7 @@ class Reads:
 
     def __init__(self, settings: MasterSettings, identity: str, principal: str,
                  store: LocalStore, zk: KazooClient, meta: Metadata, authority: Authority,
-                 sync: Synchronizer, channel: Channel, cut_off: CutOffClock | None = None
+                 sync: ReplicaSync, channel: Channel, cut_off: CutOffClock | None = None
                  ) -> None:
         self.settings = settings
         self.identity = identity

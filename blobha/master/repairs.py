@@ -17,7 +17,7 @@ from blobha.master.acks import Acknowledger
 from blobha.master.metadata import Metadata
 from blobha.master.settings import MasterSettings
 from blobha.store.local import LocalStore, VersionInfo
-from blobha.sync import KeyView, Membership, Synchronizer
+from blobha.sync import KeyView, Membership, ReplicaSync
 from blobha.wire.peers import Peers
 from blobha.zk.connection import UNREACHABLE
 
@@ -36,7 +36,7 @@ class Repairs:
 
     def __init__(self, settings: MasterSettings, identity: str, store: LocalStore,
                  election: LeaderElection, meta: Metadata, acks: Acknowledger,
-                 membership: Membership, peers: Peers, sync: Synchronizer) -> None:
+                 membership: Membership, peers: Peers, sync: ReplicaSync) -> None:
         self.settings = settings
         self.identity = identity
         self.store = store

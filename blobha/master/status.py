@@ -20,7 +20,7 @@ from blobha.master.summary import StatusSummary
 from blobha.master.uploads import UploadManager
 from blobha.master.waits import ReplicationWaits
 from blobha.store.local import LocalStore
-from blobha.sync import KeyView, Membership, Synchronizer
+from blobha.sync import KeyView, Membership, ReplicaSync
 from blobha.wire.status import ClusterSummary, MasterSummary
 from blobha.zk.layout import MASTERS
 
@@ -98,7 +98,7 @@ class MasterStatus:
 
     def __init__(self, identity: str, zk_servers: str, session_timeout: float, zk: KazooClient,
                  election: LeaderElection, history: LeaderHistory, store: LocalStore,
-                 uploads: UploadManager, sync: Synchronizer, puts: GroupCommitter[Any, Any],
+                 uploads: UploadManager, sync: ReplicaSync, puts: GroupCommitter[Any, Any],
                  scrubber: Scrubber | None, membership: Membership, channel: Channel,
                  summary: StatusSummary, waits: ReplicationWaits,
                  forwarder: Forwarder | None = None) -> None:

@@ -21,7 +21,7 @@ from blobha.core.errors import (
 from blobha.core.version import __version__
 from blobha.leader import LeaderElection
 from blobha.store.local import LocalStore
-from blobha.sync import Membership, Synchronizer
+from blobha.sync import Membership, ReplicaSync
 from blobha.wire.peers import Peers
 from blobha.wire.status import ClusterSummary, MasterSummary
 from blobha.zk.layout import BLOBSTORE, EPOCH, EpochRecord
@@ -37,7 +37,7 @@ class StatusSummary:
     """Answers node-status and cluster-summary calls."""
 
     def __init__(self, identity: str, store: LocalStore, zk: KazooClient,
-                 election: LeaderElection, sync: Synchronizer, membership: Membership,
+                 election: LeaderElection, sync: ReplicaSync, membership: Membership,
                  peers: Peers) -> None:
         self.identity = identity
         self.store = store
