@@ -24,7 +24,7 @@ from kazoo.exceptions import NoNodeError
 from blobha.core.blobstate import BlobState
 from blobha.store.local import LocalStore
 from blobha.sync.decide import Action, Facts, Local, Plan, decide, has_work
-from blobha.sync.feed import KEY_LIST, ChangeFeed
+from blobha.sync.feed import KEY_LIST, ChangeFeed, session_of
 from blobha.sync.fetcher import Fetcher, Wanted
 from blobha.sync.reads import KeyReader
 from blobha.sync.registry import ReplicaRegistry
@@ -91,76 +91,76 @@ class Executor:
 
     def reconcile(self, keys: list[str], armed: set[str], failures: dict[str, Exception]
                   ) -> dict[str, Exception]:
-        if not self.feed.recursive:
-            return self._reconcile_batch(keys, armed, failures)
-        # The recursive watch's replica events for these keys are held until the batch ends
-        # (see ChangeFeed.on_tree): a follower fetching a key had work on it when the other
-        # holders registered, and each of their events sent the key round again, to find its
-        # work done (two more reads per follower per create).
-        listless = self.view.batch_started(keys)
-        try:
-            return self._reconcile_batch(keys, armed, failures, listless)
-        finally:
-            self.act_on_moved(self.view.batch_ended(keys))
+        """Reconcile ``keys``, those in ``armed`` with reads that arm their replica lists'
+        watches; ``failures``: the batch's so far, returned with its own.
 
-    def _reconcile_batch(self, keys: list[str], armed: set[str],
-                         failures: dict[str, Exception],
-                         listless: frozenset[str] | set[str] = frozenset()
-                         ) -> dict[str, Exception]:
-        """Reconcile ``keys``; those in ``listless`` have their replica lists in the events
-        held for them (see InFlight.born), and only their nodes are read."""
-        to_fetch: list[Wanted] = []
-        to_register: list[tuple[str, int]] = []
-        read_mark = self.view.read_mark()  # before the reads are sent
-        heard = self.view.heard_mark()
-        reads = self.reader.read_many(keys, armed, listless)
-        seen: list[str] = []
-        for key, read in reads.items():
-            try:
-                if isinstance(read, Exception):
-                    raise read
-                if read is None:
-                    # A commit after this read re-created the key: its mark stays, for the
-                    # read that commit's reconcile makes (key_gone re-checks anyway).
-                    self.view.read_is_current(key, read_mark, spend=True)
-                    self.key_gone(key)
-                    continue
-                seen.append(key)
-                outcome = self.settle(key, *read, read_mark=read_mark,
-                                      from_events=key in listless, heard=heard)
-                if isinstance(outcome, tuple):
-                    to_fetch.append((key, outcome[0], outcome[1]))
-                elif outcome is not None:
-                    to_register.append((key, outcome))
-            except Exception as e:
-                failures[key] = e
-        if any(not state.acked and state.write_quorum > 1 for _, state, _ in to_fetch):
-            # A writer waits for these copies: held for the linger, each of its next writes
-            # would wait for it too.
-            self.queue.hurry(self.settings.hurry_secs)
-        if armed:
-            # What settle stored for these keys is what the batch read found; where the list
-            # changed since, an event's newer read may have been overwritten: read it again.
-            armed = self.view.armed_unmoved(armed)
-        fetched, done, fresh = self.fetcher.fetch_all(to_fetch, failures, read_mark)
-        to_register += done
-        installed = self.fetcher.install_fetched(fetched, read_mark)
-        failures.update(installed)
-        to_register += [(key, state.seq) for key, state, _ in fetched if key not in installed]
-        to_register = self.registry.drop_deleted(to_register, failures)
-        # Only now, with every byte durable and verified, do the replica nodes appear (ha-rule 7).
-        failures.update(self.registry.register_many(to_register))
-        self.registry.undo_deleted(to_register, failures)
-        for key, state, _ in to_fetch:
-            # A key that had no version here has nothing to prune (a listing saved per key).
-            if key not in failures and key not in fresh:
+        With the recursive watch, the replica events for these keys are held until the batch
+        ends (see ChangeFeed.on_tree): a follower fetching a key had work on it when the other
+        holders registered, and each of their events sent the key round again, to find its
+        work done (two more reads per follower per create). The keys whose creation's events
+        were held have their replica lists in them (see InFlight.born), and only their nodes
+        are read."""
+        recursive = self.feed.recursive
+        listless = self.view.batch_started(keys) if recursive else set()
+        try:
+            to_fetch: list[Wanted] = []
+            to_register: list[tuple[str, int]] = []
+            read_mark, heard = self.view.marks()  # before the reads are sent
+            reads = self.reader.read_many(keys, armed, listless)
+            seen: list[str] = []
+            for key, read in reads.items():
                 try:
-                    self.prune(key, state.seq)
+                    if isinstance(read, Exception):
+                        raise read
+                    if read is None:
+                        # A commit after this read re-created the key: its mark stays, for the
+                        # read that commit's reconcile makes (key_gone re-checks anyway).
+                        self.view.read_is_current(key, read_mark, spend=True)
+                        self.key_gone(key)
+                        continue
+                    seen.append(key)
+                    outcome = self.settle(key, *read, read_mark=read_mark,
+                                          from_events=key in listless, heard=heard)
+                    if isinstance(outcome, tuple):
+                        to_fetch.append((key, outcome[0], outcome[1]))
+                    elif outcome is not None:
+                        to_register.append((key, outcome))
                 except Exception as e:
                     failures[key] = e
-        if not self.feed.recursive:
-            self.feed.watch_replicas([key for key in seen if key not in armed], failures)
-        return failures
+            if any(not state.acked and state.write_quorum > 1 for _, state, _ in to_fetch):
+                # A writer waits for these copies: held for the linger, each of its next writes
+                # would wait for it too.
+                self.queue.hurry(self.settings.hurry_secs)
+            if armed:
+                # What settle stored for these keys is what the batch read found; where the
+                # list changed since, an event's newer read may have been overwritten: read it
+                # again.
+                armed = self.view.armed_unmoved(armed)
+            fetched, done, fresh = self.fetcher.fetch_all(to_fetch, failures, read_mark)
+            to_register += done
+            installed = self.fetcher.install_fetched(fetched, read_mark)
+            failures.update(installed)
+            to_register += [(key, state.seq) for key, state, _ in fetched
+                            if key not in installed]
+            to_register = self.registry.drop_deleted(to_register, failures)
+            # Only now, with every byte durable and verified, do the replica nodes appear
+            # (ha-rule 7).
+            failures.update(self.registry.register_many(to_register))
+            self.registry.undo_deleted(to_register, failures)
+            for key, state, _ in to_fetch:
+                # A key that had no version here has nothing to prune (a listing saved per
+                # key).
+                if key not in failures and key not in fresh:
+                    try:
+                        self.prune(key, state.seq)
+                    except Exception as e:
+                        failures[key] = e
+            if not self.feed.recursive:
+                self.feed.watch_replicas([key for key in seen if key not in armed], failures)
+            return failures
+        finally:
+            if recursive:
+                self.act_on_moved(self.view.batch_ended(keys))
 
     def act_on_moved(self, keys: list[str]) -> None:
         """Keys whose holders replica-node events changed during their batch: back to a worker
@@ -169,7 +169,7 @@ class Executor:
             return
         known = self.membership.known()
         leader = self.guard.is_leader()
-        session = self.registry.session_id()
+        session = session_of(self.zk)
         work = self.view.entries_where(
             keys, lambda key, entry: has_work(self.identity, key, entry, known, leader, session))
         self.queue.put_many([key for key, _ in work])
@@ -184,33 +184,30 @@ class Executor:
         and created again reuses its version numbers, so an old read of the same version
         number finds "our" copy wrong, removes it, and its replica node with it. Such a key is
         looked at again, with a read sent after that commit. ``heard``: the count of changes
-        announced when the read was sent (ReplicaView.heard_mark; -1: unknown)."""
+        announced when the read was sent (ReplicaView.marks; -1: unknown). ``from_events``:
+        ``names`` is empty, and the replica list is the events held since the key's creation.
+
+        All but the slow parts, which it returns (see Outcome): the decision
+        (blobha.sync.decide), and what it calls for here and now."""
         with self.guard.key_lock(key):
             if not self.view.read_is_current(key, read_mark, spend=True):
                 self.queue.put(key)  # runs once this batch lets go of the key
                 return None
-            return self._settle_read(key, data, stat, names, from_events, heard)
-
-    def _settle_read(self, key: str, data: bytes, stat: Any, names: list[str],
-                     from_events: bool = False, heard: int = -1) -> Outcome:
-        """Bring ``key`` in line with what ZooKeeper says, except for the slow parts, which it
-        returns (see Outcome). ``from_events``: ``names`` is empty, and the replica list is
-        the events held since the key's creation."""
-        state = BlobState.decode(data, stat.version)
-        session = self.registry.session_id()
-        holders, registered, unchanged = self.view.read_stored(
-            key, state, data, stat.version, holders_of(names, state.seq), session, from_events,
-            heard)
-        self._deleted_since.pop(key, None)
-        trusted = bool(unchanged and registered == session and session)
-        own = tuple((name, parsed[1]) for name in names
-                    if (parsed := parse_replica(name)) and parsed[0] == self.identity)
-        plan = decide(Facts(
-            key=key, seq=state.seq, rf=state.replication_factor, holders=holders,
-            own_nodes=own, local=self._local(key, state, trusted), registered=registered,
-            session=session, identity=self.identity,
-            known=frozenset(self.membership.known()), leader=self.guard.is_leader()))
-        return self._carry_out(key, state, holders, plan)
+            state = BlobState.decode(data, stat.version)
+            session = session_of(self.zk)
+            holders, registered, unchanged = self.view.read_stored(
+                key, state, data, stat.version, holders_of(names, state.seq), session, from_events,
+                heard)
+            self._deleted_since.pop(key, None)
+            trusted = bool(unchanged and registered == session and session)
+            own = tuple((name, parsed[1]) for name in names
+                        if (parsed := parse_replica(name)) and parsed[0] == self.identity)
+            plan = decide(Facts(
+                key=key, seq=state.seq, rf=state.replication_factor, holders=holders,
+                own_nodes=own, local=self._local(key, state, trusted), registered=registered,
+                session=session, identity=self.identity,
+                known=frozenset(self.membership.known()), leader=self.guard.is_leader()))
+            return self._carry_out(key, state, holders, plan)
 
     def _local(self, key: str, state: BlobState, trusted: bool) -> Local:
         if trusted:

@@ -397,6 +397,12 @@ class ReplicaView:
             self._reconnect_mark = self.announced
             self.unread.update(dict.fromkeys(self.entries, self.announced))
 
+    def marks(self) -> tuple[int, int]:
+        """(the commit count, the count of announcements), taken together before a batch sends
+        its reads (see read_mark, heard_mark)."""
+        with self.lock:
+            return self.commits, self.announced
+
     def heard_mark(self) -> int:
         """The count of announcements, taken before a batch sends its reads."""
         with self.lock:

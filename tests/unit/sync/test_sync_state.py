@@ -407,3 +407,12 @@ def test_any_order_of_events_keeps_the_invariants(seed: int) -> None:
         v.batch_ended(batch)
     assert v.flight.reading == {} and v.flight.batch_moved == {}
     assert v.flight.deleted_in_batch == set() and v.flight.arming == {}
+
+
+def test_the_marks_are_the_counts_of_commits_and_announcements() -> None:
+    v = view()
+    assert v.marks() == (0, 0)
+    v.commit_registered("k", 5, SESSION)
+    v.heard("k")
+    v.heard("j")
+    assert v.marks() == (v.read_mark(), v.heard_mark()) == (1, 2)
