@@ -5,8 +5,8 @@ keeps its copies and replica nodes in line with ZooKeeper. The parts, one module
 
 * :mod:`blobha.sync.feed` - the change feed: ZooKeeper's changes (the recursive watch, or the
   change journal and one-shot watches) into queued keys and holder updates;
-* :mod:`blobha.sync.view` - the replica view: what this master last read of every key, and the
-  figures;
+* :mod:`blobha.sync.view` - the replica view: what this master last read of every key, the
+  figures, and the in-flight state, changed only by the view's methods named for their events;
 * :mod:`blobha.sync.decide` - the pure decision per key: fetch, register, drop, prune, or the
   leader's duty;
 * :mod:`blobha.sync.apply` - the executor: a batch's reads, decisions and their plans, with
@@ -14,8 +14,9 @@ keeps its copies and replica nodes in line with ZooKeeper. The parts, one module
   master's replica nodes);
 * :mod:`blobha.sync.loop` - the workers, the periodic reconcile and the retries.
 
-The master and the synchroniser talk through :mod:`blobha.sync.protocols` (the leader's duties,
-the cluster guard) and the replica view.
+The master and the synchroniser talk through :mod:`blobha.sync.protocols`: the leader's duties
+and the cluster guard one way, :class:`~blobha.sync.protocols.ReplicaSync` (what the master's
+parts use of this class) the other.
 """
 
 from __future__ import annotations
