@@ -26,6 +26,7 @@ from blobha.client.arguments import default_address_map as default_address_map
 from blobha.client.arguments import parse_address_map as parse_address_map
 from blobha.client.facade import LIST_PAGE as LIST_PAGE
 from blobha.client.facade import Client
+from blobha.client.limits import ClientLimits
 from blobha.client.retry import BACKOFF_BASE as BACKOFF_BASE
 from blobha.client.retry import BACKOFF_CAP as BACKOFF_CAP
 from blobha.client.retry import backoff_delay
@@ -54,6 +55,7 @@ __all__ = [
     "BlobInfo",
     "BlobMeta",
     "Client",
+    "ClientLimits",
     "ClusterSummary",
     "JobToken",
     "MasterSummary",

@@ -8,7 +8,6 @@ from __future__ import annotations
 import functools
 import logging
 
-from blobha.client.arguments import MiB
 from blobha.client.retry import Deadline, gave_up
 from blobha.client.routing import Router
 from blobha.client.sources import Sink
@@ -27,9 +26,6 @@ from blobha.v1 import blobha_pb2 as pb
 from blobha.wire.convert import info_from_pb
 from blobha.wire.datachannel import DataOffer
 
-# Downloads keep nothing in memory, and each new stream pays a flow-control ramp-up, so their
-# segments are larger: fewer streams, fewer ramp-ups.
-_DOWNLOAD_SEGMENT_BYTES = 64 * MiB
 _NOT_HELD_PREFIX = "not held here"
 
 log = logging.getLogger("blobha.client")
@@ -196,7 +192,7 @@ class DownloadJob:
             self.candidates.sort(key=lambda a: a != first)
 
     def _segment(self, address: str, stream_only: bool = False) -> None:
-        want = _DOWNLOAD_SEGMENT_BYTES
+        want = self.router.limits.download_segment_bytes
         bound = self.end if self.end is not None else self.limit
         if bound is not None:
             want = min(want, bound - self.pos)

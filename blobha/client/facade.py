@@ -26,6 +26,7 @@ from blobha.client.arguments import (
     normalize_acl,
 )
 from blobha.client.download import DownloadJob
+from blobha.client.limits import ClientLimits
 from blobha.client.retry import Deadline
 from blobha.client.routing import PROBE_TIMEOUT, Router
 from blobha.client.seen import DEFAULT_REMEMBERED_KEYS
@@ -82,9 +83,12 @@ class Client:
     ``address_map`` (default ``$BLOBHA_ADDRESS_MAP``) maps advertised master addresses to the
     addresses this client dials, for clients outside the masters' network.
     ``timeout`` bounds how long one operation waits for the cluster, retries included (a
-    transfer may run longer as long as every segment, 16 MiB up and 64 MiB down, moves within
-    it, and a download as long as its bytes keep coming). ``stall_timeout`` is how long a
-    master may stay silent (see :data:`STALL_TIMEOUT`) before the client moves on to another.
+    transfer may run longer as long as every segment, 16 MiB up and 64 MiB down by default,
+    moves within it, and a download as long as its bytes keep coming). ``limits``
+    (:class:`~blobha.client.limits.ClientLimits`) sets those segment sizes, the largest blob
+    sent in one call, and how long a refused credential is asked about again.
+    ``stall_timeout`` is how long a master may stay silent (see :data:`STALL_TIMEOUT`) before
+    the client moves on to another.
     ``remembered_keys`` bounds how many keys the client remembers the newest version it wrote
     or read of, for read-your-writes (docs/architecture.md, "The read guarantee"; 0: none).
     ``consistency="linearizable"`` makes every read (``read``, ``download``, ``get_meta``,
@@ -122,6 +126,7 @@ class Client:
         remembered_keys: int = DEFAULT_REMEMBERED_KEYS,
         consistency: str = "session",
         unreachable_after: float | None = None,
+        limits: ClientLimits | None = None,
     ) -> None:
         self._addresses = parse_cluster(cluster)
         if transport is None:
@@ -146,7 +151,7 @@ class Client:
         self._transport: Transport = transport or GrpcTransport(self._user, credentials,
                                                                 address_map)
         self._router = Router(self._addresses, self._transport, self._timeout,
-                              float(stall_timeout), chunk_size, remembered_keys)
+                              float(stall_timeout), chunk_size, remembered_keys, limits)
         self.consistency = consistency
         # None: a call waits out its timeout even while no master answers at all.
         self._router.unreachable_after = unreachable_after
@@ -204,6 +209,18 @@ class Client:
         except (KeyError, TypeError):
             raise InvalidArgument(f"consistency must be 'session' or 'linearizable', not"
                                   f" {value!r}") from None
+
+    @property
+    def limits(self) -> ClientLimits:
+        """Segment sizes, the largest blob sent in one call and the patience with refusals
+        (see :class:`ClientLimits`); set another for the calls that start after."""
+        return self._router.limits
+
+    @limits.setter
+    def limits(self, value: ClientLimits) -> None:
+        if not isinstance(value, ClientLimits):
+            raise InvalidArgument(f"limits must be a ClientLimits, not {value!r}")
+        self._router.limits = value
 
     @property
     def timeout(self) -> float:

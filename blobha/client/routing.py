@@ -14,6 +14,7 @@ import weakref
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
+from blobha.client.limits import ClientLimits
 from blobha.client.retry import (
     Deadline,
     Mismatches,
@@ -53,10 +54,6 @@ _CONTROL_TIMEOUT = 8.0
 #: permission, a bad request. Every master would say the same, so it is reported at once
 #: instead of being retried until the deadline as if the cluster were unavailable.
 _REFUSALS: tuple[type[BlobError], ...] = (NotAuthorized, InvalidArgument)
-#: How long a credential refused by every master is asked about again before the refusal is
-#: final: a master reads its token file again at most once a second, so a token added just
-#: now may be refused for that long (twice that, and some, for a busy master).
-_REFUSAL_PATIENCE = 3.0
 #: How long a call retries quietly before Client.on_retry hears of it: a failover's redirect
 #: or a master's restart is usually over by then, and needs no word to the user.
 _RETRY_NOTICE_AFTER = 2.0
@@ -113,8 +110,10 @@ class Router:
 
     def __init__(self, addresses: Sequence[str], transport: Transport, timeout: float,
                  stall_timeout: float, chunk_size: int,
-                 remembered_keys: int = DEFAULT_REMEMBERED_KEYS) -> None:
+                 remembered_keys: int = DEFAULT_REMEMBERED_KEYS,
+                 limits: ClientLimits | None = None) -> None:
         self.transport = transport
+        self.limits = limits or ClientLimits()
         #: The newest version of each key this client wrote or read: every read carries it as
         #: the oldest view it accepts (read-your-writes, monotonic reads).
         self.seen = SeenVersions(remembered_keys)
@@ -255,7 +254,8 @@ class Router:
             raise cut_off
         if refusal is not None:
             waited = deadline.seconds - deadline.remaining()
-            if isinstance(refusal, Unauthenticated) and waited < _REFUSAL_PATIENCE:
+            if (isinstance(refusal, Unauthenticated)
+                    and waited < self.limits.refusal_patience_secs):
                 raise Unavailable(f"{refusal} (asking again for a moment: a token added just now"
                                   " may not be loaded yet)")
             raise refusal
@@ -311,7 +311,7 @@ class Router:
 
     def give_up_on_tls(self, exc: BlobError, run: Mismatches) -> None:
         """Raise :class:`TlsMismatch` once every known master has failed the TLS handshake, in
-        failures one after the other for at least :data:`_REFUSAL_PATIENCE` (``run``: this
+        failures one after the other for at least ``limits.refusal_patience_secs`` (``run``: this
         call's current run of them): the client's TLS settings are wrong, and waiting out the
         whole timeout would not change them. Any other failure ends the run."""
         if not isinstance(exc, HandshakeFailed):
@@ -323,7 +323,7 @@ class Router:
         run.addresses.update(exc.addresses)
         # A lasting mismatch (TLS on the masters' side only) needs no patience: no reload of
         # certificates ends it.
-        if ((exc.lasting or at - run.since >= _REFUSAL_PATIENCE)
+        if ((exc.lasting or at - run.since >= self.limits.refusal_patience_secs)
                 and run.addresses.issuperset(self.known_addresses())):
             raise TlsMismatch(str(exc)) from None
 

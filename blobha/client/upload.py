@@ -12,7 +12,6 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-from blobha.client.arguments import MiB
 from blobha.client.retry import Deadline, Mismatches, cut_short, may_have_run
 from blobha.client.routing import Router
 from blobha.client.sources import Source, open_source
@@ -37,16 +36,6 @@ from blobha.wire.convert import meta_from_pb
 from blobha.wire.datachannel import MIN_BYTES as _DATA_CHANNEL_MIN_BYTES
 from blobha.wire.datachannel import DataChannelUnusable, send_upload
 
-# Transfers move in segments, one RPC each: a segment is the unit of resumption (an upload
-# segment is acknowledged as a whole, so a non-seekable source needs to keep at most one segment
-# in memory), and a per-segment deadline catches a stalled peer without capping the total
-# transfer time.
-_UPLOAD_SEGMENT_BYTES = 16 * MiB
-# Over the data channel a segment costs a GetUploadStatus call and a connection more, so a
-# source that keeps nothing in memory (bytes, a file; not a pipe) sends larger ones.
-_CHANNEL_SEGMENT_BYTES = 64 * MiB
-#: Blobs up to this size go whole in one Put call (module level so tests can lower it).
-_PUT_MAX_BYTES = PUT_MAX_BYTES
 #: Seconds a write whose outcome is unknown at its deadline may take beyond it to find out.
 _OUTCOME_GRACE = 2.0
 _ABORT_TIMEOUT = 2.0
@@ -164,7 +153,7 @@ class UploadJob:
                 return meta
         if self.upload_id and self.router.discover_leader(deadline) != self.leader:
             self.upload_id = ""  # upload ids die with the leadership that issued them
-        if not self.upload_id and 0 <= self.source.size <= _PUT_MAX_BYTES:
+        if not self.upload_id and 0 <= self.source.size <= self.router.limits.put_max_bytes:
             return self._put(deadline)
         offset = 0
         if self.upload_id:
@@ -273,7 +262,9 @@ class UploadJob:
             return None
         if int(status.received) != offset:
             return int(status.received)  # an earlier stream's bytes arrived after all
-        segment = _UPLOAD_SEGMENT_BYTES if self.source.buffers else _CHANNEL_SEGMENT_BYTES
+        limits = self.router.limits
+        segment = (limits.upload_segment_bytes if self.source.buffers
+                   else limits.channel_segment_bytes)
 
         def pieces() -> Iterator[bytes | memoryview]:
             pos, data = offset, first
@@ -314,7 +305,7 @@ class UploadJob:
                     sent = pos
                     if self.progress is not None:
                         self.progress(pos, self.source.size)
-                    if pos - start >= _UPLOAD_SEGMENT_BYTES:
+                    if pos - start >= self.router.limits.upload_segment_bytes:
                         return
                     data = self._read(pos)
             except GeneratorExit:

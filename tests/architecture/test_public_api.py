@@ -21,7 +21,7 @@ PUBLIC = {
         "format_acl", "parse_acl",
     },
     "blobha.client": {
-        "DEFAULT_CHUNK_SIZE", "DEFAULT_PORT", "BlobInfo", "BlobMeta", "Client",
+        "DEFAULT_CHUNK_SIZE", "DEFAULT_PORT", "BlobInfo", "BlobMeta", "Client", "ClientLimits",
         "ClusterSummary", "JobToken", "MasterSummary", "ReplicationStatus", "Transport",
         "WaitResult",
         "backoff_delay", "default_user", "parse_cluster",

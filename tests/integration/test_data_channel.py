@@ -14,8 +14,7 @@ import grpc
 import pytest
 from conftest import client_for, make_cluster, md, scrape, stub, value, wait_until
 
-from blobha.client import Client
-from blobha.client import upload as client_upload
+from blobha.client import Client, ClientLimits
 from blobha.core.digest import digest_bytes
 from blobha.core.errors import Unavailable
 from blobha.ops.localcluster import LocalCluster
@@ -108,7 +107,7 @@ def test_the_offer_is_authorised_and_bound_to_its_range(cluster: LocalCluster, a
 def test_uploads_take_the_data_channel_a_segment_at_a_time(
         cluster: LocalCluster, alice: Client, unique_key: str, tmp_path: Path,
         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(client_upload, "_CHANNEL_SEGMENT_BYTES", 2 * MiB)
+    monkeypatch.setattr(alice, "limits", ClientLimits(channel_segment_bytes=2 * MiB))
     leader = cluster.leader()
     before = scrape(leader)
     data = os.urandom(5 * MiB + 3)
@@ -135,7 +134,7 @@ def test_an_upload_from_a_pipe_takes_it_in_segments_it_keeps_in_memory(
         monkeypatch: pytest.MonkeyPatch) -> None:
     # A pipe cannot be read again, so the client keeps each segment until the leader
     # acknowledges it: those segments stay at the stream's size, not the channel's.
-    monkeypatch.setattr(client_upload, "_UPLOAD_SEGMENT_BYTES", MiB + MiB // 2)
+    monkeypatch.setattr(alice, "limits", ClientLimits(upload_segment_bytes=MiB + MiB // 2))
     leader = cluster.leader()
     before = scrape(leader)
     data = os.urandom(4 * MiB + 7)

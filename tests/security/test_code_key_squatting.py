@@ -19,7 +19,7 @@ import grpc
 import pytest
 from conftest import client_for, md, stub, wait_until
 
-from blobha.client import Client
+from blobha.client import Client, ClientLimits
 from blobha.core.digest import digest_bytes
 from blobha.core.errors import (
     ChecksumMismatch,
@@ -84,9 +84,7 @@ def test_bob_cannot_create_alice_s_code_key_in_any_way(
     _refused(bob.create, key, data, acl="u:alice:rwa,u:bob:r")
     _refused(bob.put, key, data)
     # The resumable upload, begun through the client and by hand.
-    import blobha.client.upload as uploads
-
-    monkeypatch.setattr(uploads, "_PUT_MAX_BYTES", -1)
+    monkeypatch.setattr(bob, "limits", ClientLimits(put_max_bytes=-1))
     _refused(bob.create, key, data, acl="u:alice:rwa")
     monkeypatch.undo()
     _rpc_refused(leader.BeginUpload, pb.BeginUploadRequest(

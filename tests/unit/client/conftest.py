@@ -15,15 +15,14 @@ from support.client_fakes import (
     KiB,
 )
 
-from blobha.client import Client
+from blobha.client import Client, ClientLimits
 from blobha.client import retry as retry_mod
-from blobha.client import upload as upload_mod
 
 
 @pytest.fixture
-def resumable_only(monkeypatch: pytest.MonkeyPatch) -> None:
+def resumable_only(client: Client) -> None:
     """Every upload takes the resumable path (begin, append, commit), however small."""
-    monkeypatch.setattr(upload_mod, "_PUT_MAX_BYTES", -1)
+    client.limits = ClientLimits(put_max_bytes=-1)
 
 
 @pytest.fixture

@@ -16,9 +16,8 @@ from support.client_fakes import (
     _Status,
 )
 
-from blobha.client import Client
+from blobha.client import Client, ClientLimits
 from blobha.client import retry as retry_mod
-from blobha.client import upload as upload_mod
 from blobha.core.errors import (
     DeadlineExceeded,
     Refused,
@@ -88,7 +87,7 @@ def test_a_leader_search_cut_short_by_the_deadline_reports_why_it_was_retrying(
     # ZooKeeper has lost its quorum: every master says so, until the deadline cuts the
     # client's last look for a leader short. That last look must not hide the reason.
     if path == "resumable":
-        monkeypatch.setattr(upload_mod, "_PUT_MAX_BYTES", -1)
+        client.limits = ClientLimits(put_max_bytes=-1)
     monkeypatch.setattr(client._router.rng, "random", lambda: 0.0)  # no back-off: many rounds
     timeouts = _zookeeper_down(cluster, clock)
     with pytest.raises(Unavailable, match=r"within 30 s: .*ZooKeeper is unreachable"):

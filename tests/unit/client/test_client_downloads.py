@@ -21,8 +21,7 @@ from support.client_fakes import (
 )
 
 from blobha import client as client_mod
-from blobha.client import Client
-from blobha.client import download as download_mod
+from blobha.client import Client, ClientLimits
 from blobha.client import sources as sources_mod
 from blobha.client import upload as upload_mod
 from blobha.core.errors import (
@@ -151,7 +150,7 @@ def test_the_stall_timeout_has_a_floor(cluster: FakeCluster) -> None:
 def test_download_in_segments_resumes_at_the_byte(
     client: Client, cluster: FakeCluster, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(download_mod, "_DOWNLOAD_SEGMENT_BYTES", 512 * KiB)
+    client.limits = ClientLimits(download_segment_bytes=512 * KiB)
     data = payload(1000 * KiB)
     client.create("k", data)
     cluster.holders["k"] = [M1, M2, M3]
@@ -176,7 +175,7 @@ def test_download_in_segments_resumes_at_the_byte(
 def test_download_restarts_when_its_version_is_replaced(
     client: Client, cluster: FakeCluster, monkeypatch: pytest.MonkeyPatch, refusal: str
 ) -> None:
-    monkeypatch.setattr(download_mod, "_DOWNLOAD_SEGMENT_BYTES", 256 * KiB)
+    client.limits = ClientLimits(download_segment_bytes=256 * KiB)
     client.create("k", payload(600 * KiB))
     original = cluster._download
     update: list[bytes] = [payload(700 * KiB)[::-1]]

@@ -15,10 +15,8 @@ from support.client_fakes import (
     FakeCluster,
 )
 
-from blobha.client import Client
-from blobha.client import routing as routing_mod
+from blobha.client import Client, ClientLimits
 from blobha.client import transport as transport_mod
-from blobha.client import upload as upload_mod
 from blobha.core.errors import (
     BlobError,
     InvalidArgument,
@@ -60,14 +58,14 @@ def test_a_write_refused_by_every_master_fails_at_once(
     # caller, not the cluster, so it is reported as it is instead of retried until the
     # deadline and reported as "unavailable".
     if path == "resumable":
-        monkeypatch.setattr(upload_mod, "_PUT_MAX_BYTES", -1)
+        client.limits = ClientLimits(put_max_bytes=-1)
     _refusing(cluster, error, [M1, M2, M3])
     with pytest.raises(type(error)) as info:
         client.create("k", b"x")
     assert info.value is error
     if isinstance(error, Unauthenticated):
         # A token added just now may not be loaded yet: asked again for a few seconds only.
-        patience = routing_mod._REFUSAL_PATIENCE
+        patience = client.limits.refusal_patience_secs
         assert patience <= clock.now - 1000.0 < 2 * patience
         assert clock.sleeps and cluster.count("ClusterSummary") > 3
     else:
@@ -95,7 +93,7 @@ def test_a_token_refused_at_first_is_accepted_once_the_masters_load_it(
     assert cluster.blobs["k"] == (1, b"x")
     # Refused, asked again after a pause, accepted well within the patience.
     assert clock.sleeps and cluster.count("ClusterSummary") > 3
-    assert clock.now - 1000.0 < routing_mod._REFUSAL_PATIENCE
+    assert clock.now - 1000.0 < client.limits.refusal_patience_secs
 
 
 def test_a_refusal_is_reported_before_other_masters_unavailability(
@@ -105,7 +103,7 @@ def test_a_refusal_is_reported_before_other_masters_unavailability(
     _refusing(cluster, Unauthenticated("the token was refused"), [M2])
     with pytest.raises(Unauthenticated, match="token was refused"):
         client.delete("k")
-    assert clock.now - 1000.0 < 2 * routing_mod._REFUSAL_PATIENCE
+    assert clock.now - 1000.0 < 2 * client.limits.refusal_patience_secs
 
 
 _OTHER_CA = ("failed to connect to all addresses; last error: UNKNOWN: ipv4:127.0.0.1:1:"
@@ -201,7 +199,7 @@ def test_a_tls_mismatch_with_every_master_fails_soon_as_such(
     cluster.blobs["k"] = (1, b"x")
     cluster.holders["k"] = [M1, M2, M3]
     if operation == "resumable":
-        monkeypatch.setattr(upload_mod, "_PUT_MAX_BYTES", -1)
+        client.limits = ClientLimits(put_max_bytes=-1)
     _without_tls_agreement(cluster, [M1, M2, M3])
     calls: dict[str, Callable[[], object]] = {
         "put": lambda: client.create("new", b"y"),
@@ -215,7 +213,7 @@ def test_a_tls_mismatch_with_every_master_fails_soon_as_such(
     # Not a NotAuthorized: that says what the user may read, and callers act on it.
     assert not isinstance(info.value, NotAuthorized)
     waited = clock.now - 1000.0
-    assert routing_mod._REFUSAL_PATIENCE <= waited < 2 * routing_mod._REFUSAL_PATIENCE
+    assert client.limits.refusal_patience_secs <= waited < 2 * client.limits.refusal_patience_secs
     assert "new" not in cluster.blobs
 
 
@@ -225,7 +223,7 @@ def test_a_certificate_replaced_within_the_patience_is_accepted(
     _without_tls_agreement(cluster, [M1, M2, M3], agreed_after=1.0, clock=clock)
     client.create("k", b"x")
     assert cluster.blobs["k"] == (1, b"x")
-    assert clock.now - 1000.0 < routing_mod._REFUSAL_PATIENCE
+    assert clock.now - 1000.0 < client.limits.refusal_patience_secs
 
 
 def test_a_tls_mismatch_is_final_only_once_every_master_has_shown_it(
@@ -233,7 +231,7 @@ def test_a_tls_mismatch_is_final_only_once_every_master_has_shown_it(
 ) -> None:
     # Even with no patience at all, two masters of three failing the handshake is no proof:
     # the third is asked, and serves.
-    monkeypatch.setattr(routing_mod, "_REFUSAL_PATIENCE", 0.0)
+    client.limits = ClientLimits(refusal_patience_secs=0.0)
     cluster.blobs["k"] = (1, b"x")
     cluster.holders["k"] = [M1, M2, M3]
     _without_tls_agreement(cluster, [M1, M2])
@@ -259,7 +257,7 @@ def test_the_patience_runs_from_the_first_tls_mismatch_not_from_the_call(
     cluster._enter = enter  # type: ignore[method-assign]
     with pytest.raises(TlsMismatch):
         client.get_meta("k")
-    assert clock.now - 1000.0 >= 5.0 + routing_mod._REFUSAL_PATIENCE
+    assert clock.now - 1000.0 >= 5.0 + client.limits.refusal_patience_secs
 
 
 def test_a_tls_mismatch_with_some_masters_only_is_retried_to_the_deadline(

@@ -24,8 +24,8 @@ from blobha.client import (
     BACKOFF_BASE,
     BACKOFF_CAP,
     Client,
+    ClientLimits,
 )
-from blobha.client import upload as upload_mod
 from blobha.core.digest import digest_bytes
 from blobha.core.errors import (
     Busy,
@@ -175,7 +175,7 @@ class _Pipe(io.RawIOBase):
 def test_leader_change_with_consumed_stream_fails_clearly(
     client: Client, cluster: FakeCluster, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(upload_mod, "_UPLOAD_SEGMENT_BYTES", 256 * KiB)
+    client.limits = ClientLimits(upload_segment_bytes=256 * KiB)
     original = cluster._append
 
     def fail_over_after_first_segment(address: str, chunks: Iterator[Any]) -> Any:
