@@ -32,8 +32,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 #: A module's tests stay on one worker, as its shared cluster does; the chaos and Spark tiers
 #: are one unit each (the chaos report is one file, and Spark's JVMs want the CPUs).
 LONGEST_FIRST = (
-    "chaos", "spark", "tests/integration/test_bench_smoke.py",
-    "tests/docs/test_doc_commands.py", "tests/integration/test_stalled_masters.py",
+    "chaos", "spark", "tests/docs/test_doc_commands.py",
+    "tests/integration/test_stalled_masters.py",
     "tests/integration/test_fanout.py", "tests/integration/test_truthful_shutdown.py",
     "tests/integration/test_security.py", "tests/integration/test_failover.py",
     "tests/integration/test_read_your_writes.py", "tests/integration/test_group_commit.py",

@@ -29,7 +29,9 @@ from blobha.ops.bench.apart import MEMORY_DIR, file_system_type
 from blobha.ops.bench.baselines import disk_counters
 from blobha.ops.localcluster import LocalCluster
 
-pytestmark = pytest.mark.integration
+# Alone: the W=2 accounting reads the disk's own counters, which count every process's writes
+# (tests/run runs these after the others, on their own).
+pytestmark = [pytest.mark.integration, pytest.mark.alone]
 
 BLOBHA = str(Path(sys.executable).with_name("blobha"))
 

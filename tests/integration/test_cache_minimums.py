@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from conftest import client_for, wait_until
+from support.harness import client_for, wait_until
 from test_read_your_writes import _CutOffCluster, _first_at, cut_off_cluster
 
 from blobha.cache import BlobCache

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import client_for, wait_until
+from support.harness import client_for, wait_until
 
 from blobha.cache import BlobCache
 from blobha.cache.peers import wire

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import wait_until
+from support.harness import wait_until
 
 from blobha import BlobCache, KeyNotFound, NotAuthorized
 from blobha.client import Client

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import SESSION_TIMEOUT_MS, wait_until
+from support.harness import SESSION_TIMEOUT_MS, wait_until
 
 from blobha.ops.localcluster import LocalCluster
 

@@ -9,7 +9,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from conftest import client_for
+from support.harness import client_for
 
 from blobha.client import Client
 from blobha.core.errors import BlobError, ChecksumMismatch, KeyNotFound

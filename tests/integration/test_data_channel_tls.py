@@ -10,8 +10,8 @@ import os
 from collections.abc import Iterator
 
 import pytest
-from conftest import scrape, value, wait_until
 from support.clusters import running_cluster
+from support.harness import scrape, value, wait_until
 
 from blobha.client import Client
 from blobha.ops.localcluster import LocalCluster

@@ -10,7 +10,8 @@ from pathlib import Path
 import grpc
 import pytest
 import xxhash
-from conftest import (
+from kazoo.client import KazooClient
+from support.harness import (
     SESSION_TIMEOUT_MS,
     client_for,
     make_cluster,
@@ -19,7 +20,6 @@ from conftest import (
     version_files,
     wait_until,
 )
-from kazoo.client import KazooClient
 
 from blobha.core.errors import DeadlineExceeded
 from blobha.ops.localcluster import LocalCluster, MasterProcess

@@ -16,7 +16,8 @@ from typing import Any
 
 import grpc
 import pytest
-from conftest import (
+from kazoo.client import KazooClient
+from support.harness import (
     client_for,
     followers,
     master_metadata,
@@ -27,7 +28,6 @@ from conftest import (
     value,
     version_files,
 )
-from kazoo.client import KazooClient
 from support.waiting import wait_until
 
 from blobha.core.blobstate import BlobState

@@ -13,7 +13,7 @@ import pandas as pd
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
-from conftest import client_for
+from support.harness import client_for
 
 from blobha.client import Client
 from blobha.core.errors import KeyNotFound

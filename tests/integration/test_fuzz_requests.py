@@ -26,10 +26,10 @@ from typing import Any
 
 import grpc
 import pytest
-from conftest import md, store_dir, wait_until
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from hypothesis.control import currently_in_test_context
+from support.harness import md, store_dir, wait_until
 
 from blobha.core.digest import digest_bytes
 from blobha.ops.localcluster import LocalCluster

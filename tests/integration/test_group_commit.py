@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from conftest import (
+from support.harness import (
     client_for,
     followers,
     http_get,

@@ -11,7 +11,7 @@ from typing import Any
 import grpc
 import pytest
 import xxhash
-from conftest import (
+from support.harness import (
     client_for,
     followers,
     make_cluster,

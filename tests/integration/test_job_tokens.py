@@ -15,7 +15,7 @@ from typing import Any
 
 import grpc
 import pytest
-from conftest import FAST, _dump_logs, wait_until
+from support.harness import FAST, _dump_logs, wait_until
 
 from blobha.client import Client
 from blobha.core.auth import split_job_token

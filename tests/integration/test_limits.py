@@ -12,7 +12,7 @@ from typing import Any
 
 import grpc
 import pytest
-from conftest import client_for, make_cluster, md, store_dir, stub, wait_until
+from support.harness import client_for, make_cluster, md, store_dir, stub, wait_until
 
 from blobha import InvalidArgument, KeyNotFound, NotAuthorized, ResourceExhausted
 from blobha.client import Client

@@ -16,7 +16,12 @@ from typing import Any
 import grpc
 import pytest
 import xxhash
-from conftest import (
+from google.protobuf import descriptor_pool
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
+    ProtoReflectionDescriptorDatabase,
+)
+from support.harness import (
     FAST,
     SESSION_TIMEOUT_MS,
     client_for,
@@ -29,11 +34,6 @@ from conftest import (
     stub,
     value,
     wait_until,
-)
-from google.protobuf import descriptor_pool
-from grpc_health.v1 import health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
-    ProtoReflectionDescriptorDatabase,
 )
 
 from blobha.client import Client

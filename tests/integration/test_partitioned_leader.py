@@ -21,7 +21,7 @@ from typing import Any
 import grpc
 import pytest
 import xxhash
-from conftest import FAST, SESSION_TIMEOUT_MS, md, stub, wait_until
+from support.harness import FAST, SESSION_TIMEOUT_MS, md, stub, wait_until
 from support.zkproxy import ProxiedCluster
 
 from blobha.core.errors import REFUSED_METADATA_KEY

@@ -4,7 +4,7 @@ that verifies under that peer's own key only."""
 from __future__ import annotations
 
 import pytest
-from conftest import client_for as client
+from support.harness import client_for as client
 
 from blobha.core.digest import chunk_digest
 from blobha.core.errors import NotAuthorized

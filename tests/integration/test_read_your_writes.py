@@ -13,8 +13,8 @@ from typing import Any
 
 import grpc
 import pytest
-from conftest import client_for, wait_until
 from support.clusters import FAST
+from support.harness import client_for, wait_until
 from support.steer import Steer
 from support.zkproxy import ProxiedCluster, ZooKeeperProxy
 

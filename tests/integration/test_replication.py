@@ -10,7 +10,8 @@ from pathlib import Path
 
 import grpc
 import pytest
-from conftest import (
+from kazoo.client import KazooClient
+from support.harness import (
     client_for,
     followers,
     make_cluster,
@@ -23,7 +24,6 @@ from conftest import (
     version_files,
     wait_until,
 )
-from kazoo.client import KazooClient
 
 from blobha.client import Client
 from blobha.core import placement
@@ -188,7 +188,7 @@ def test_repeated_waits_leave_no_watch_callbacks_behind(cluster: LocalCluster, a
 
 
 def test_a_lost_holder_is_replaced_after_the_grace_period(fresh_cluster: LocalCluster) -> None:
-    from conftest import SESSION_TIMEOUT_MS, client_for
+    from support.harness import SESSION_TIMEOUT_MS, client_for
 
     with client_for(fresh_cluster) as c:
         masters = [m.address for m in fresh_cluster.masters]

@@ -22,11 +22,11 @@ from typing import Any
 
 import grpc
 import pytest
-from conftest import FAST, _dump_logs, followers, md, stub, wait_until
 from cryptography import x509
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoAuthError, NotEmptyError
 from kazoo.security import make_digest_acl
+from support.harness import FAST, _dump_logs, followers, md, stub, wait_until
 
 from blobha.client import Client
 from blobha.core.auth import MASTER_SECRET_METADATA_KEY, new_token

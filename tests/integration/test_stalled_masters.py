@@ -12,7 +12,7 @@ import time
 from typing import Any
 
 import pytest
-from conftest import (
+from support.harness import (
     SESSION_TIMEOUT_MS,
     client_for,
     followers,

@@ -10,7 +10,7 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
-from conftest import wait_until
+from support.harness import wait_until
 
 from blobha.client import Client
 from blobha.ops.localcluster import LocalCluster, MasterProcess

@@ -7,7 +7,15 @@ import os
 import grpc
 import pytest
 import xxhash
-from conftest import client_for, master_metadata, md, store_dir, stub, version_files, wait_until
+from support.harness import (
+    client_for,
+    master_metadata,
+    md,
+    store_dir,
+    stub,
+    version_files,
+    wait_until,
+)
 
 from blobha import (
     InvalidArgument,

@@ -15,7 +15,8 @@ from typing import Any
 import grpc
 import pytest
 import xxhash
-from conftest import (
+from kazoo.client import KazooClient
+from support.harness import (
     SESSION_TIMEOUT_MS,
     client_for,
     make_cluster,
@@ -24,7 +25,6 @@ from conftest import (
     version_files,
     wait_until,
 )
-from kazoo.client import KazooClient
 
 from blobha.client import PUT_MAX_BYTES
 from blobha.core.blobstate import BlobState

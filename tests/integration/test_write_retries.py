@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from conftest import client_for
+from support.harness import client_for
 
 from blobha.client import PUT_MAX_BYTES, Client, GrpcTransport
 from blobha.core.errors import KeyNotFound, Unavailable, VersionConflict

@@ -17,7 +17,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from conftest import client_for
+from support.harness import client_for
 
 from blobha.cache import BlobCache
 from blobha.core.errors import InvalidArgument

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import client_for
+from support.harness import client_for
 
 from blobha.cache import BlobCache
 from blobha.ops.localcluster import LocalCluster

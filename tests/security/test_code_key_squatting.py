@@ -17,7 +17,7 @@ from pathlib import Path
 
 import grpc
 import pytest
-from conftest import client_for, md, stub, wait_until
+from support.harness import client_for, md, stub, wait_until
 
 from blobha.client import Client, ClientLimits
 from blobha.core.digest import digest_bytes

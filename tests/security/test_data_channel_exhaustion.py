@@ -8,7 +8,7 @@ import os
 import socket
 import time
 
-from conftest import client_for, md, stub
+from support.harness import client_for, md, stub
 
 from blobha.ops.localcluster import LocalCluster
 from blobha.v1 import blobha_pb2 as pb

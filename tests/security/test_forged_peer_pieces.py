@@ -9,7 +9,7 @@ import hashlib
 import os
 from pathlib import Path
 
-from conftest import client_for, md, stub
+from support.harness import client_for, md, stub
 from xxh3_forgery import BLOCK, forge_block
 
 from blobha.cache import BlobCache

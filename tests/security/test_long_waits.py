@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import grpc
 import pytest
-from conftest import client_for, md, scrape, stub, value, wait_until
+from support.harness import client_for, md, scrape, stub, value, wait_until
 
 from blobha.ops.localcluster import LocalCluster
 from blobha.v1 import blobha_pb2 as pb

@@ -13,7 +13,7 @@ import threading
 import time
 from pathlib import Path
 
-from conftest import client_for
+from support.harness import client_for
 
 from blobha.cache import BlobCache
 from blobha.cache.peers import fetch, wire

@@ -16,7 +16,7 @@ from contextlib import ExitStack, suppress
 from typing import Any
 
 import pytest
-from conftest import FAST, wait_until
+from support.harness import FAST, wait_until
 
 from blobha.client import Client
 from blobha.core.digest import PUT_MAX_BYTES

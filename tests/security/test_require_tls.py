@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import client_for
+from support.harness import client_for
 from test_zookeeper_tls import RecordingProxy
 
 from blobha.client import Client

@@ -15,8 +15,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import wait_until
 from support.clusters import running_cluster
+from support.harness import wait_until
 from test_require_tls import Listener
 
 from blobha.client import Client

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import grpc
 import pytest
-from conftest import FAST, SESSION_TIMEOUT_MS, client_for, make_cluster, md, stub, wait_until
 from kazoo.client import KazooClient
+from support.harness import FAST, SESSION_TIMEOUT_MS, client_for, make_cluster, md, stub, wait_until
 from support.zkproxy import ProxiedCluster
 
 from blobha.client import Client

@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import FAST, client_for, wait_until
 from kazoo.client import KazooClient
+from support.harness import FAST, client_for, wait_until
 
 from blobha.ops import certgen
 from blobha.ops.localcluster import LocalCluster
