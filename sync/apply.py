@@ -23,7 +23,7 @@ from kazoo.exceptions import NoNodeError
 
 from blobha.core.blobstate import BlobState
 from blobha.store.local import LocalStore
-from blobha.sync.decide import Action, Facts, Local, Plan, decide, has_work
+from blobha.sync.decide import Action, Facts, Local, Plan, counted, decide, has_work
 from blobha.sync.feed import KEY_LIST, ChangeFeed, session_of
 from blobha.sync.fetcher import Fetcher, Wanted
 from blobha.sync.reads import KeyReader
@@ -202,6 +202,8 @@ class Executor:
             trusted = bool(unchanged and registered == session and session)
             own = tuple((name, parsed[1]) for name in names
                         if (parsed := parse_replica(name)) and parsed[0] == self.identity)
+            # Only nodes that count: a dead master's stay in ZooKeeper (ha-rule 9).
+            holders = counted(holders, self.view.holding())
             plan = decide(Facts(
                 key=key, seq=state.seq, rf=state.replication_factor, holders=holders,
                 own_nodes=own, local=self._local(key, state, trusted), registered=registered,

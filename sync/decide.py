@@ -7,7 +7,7 @@ holders, this master's replica nodes, what the local store holds) and carries ou
 from __future__ import annotations
 
 import enum
-from collections.abc import Collection
+from collections.abc import Collection, Set
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -20,6 +20,15 @@ def chosen(me: str, key: str, rf: int, known: Collection[str]) -> bool:
     rf = min(rf, max(len(known), 1))
     # With rf >= the masters known, every one of them is chosen: skip the hashing.
     return me in known if rf >= len(known) else me in placement.choose(key, known, rf)
+
+
+def counted(holders: tuple[str, ...], holding: Set[str]) -> tuple[str, ...]:
+    """The ``holders`` whose replica nodes count: masters under ``/holders``, each of which
+    checked its nodes in its current session (ha-rule 9). A dead master's nodes stay in
+    ZooKeeper and stop counting at once."""
+    if all(h in holding for h in holders):
+        return holders
+    return tuple(h for h in holders if h in holding)
 
 
 class Held(Protocol):
@@ -49,10 +58,13 @@ def has_work(me: str, key: str, entry: Held, known: Collection[str], leader: boo
     return target or entry.registered != 0
 
 
-def in_motion(me: str, key: str, entry: Held, known: Collection[str], leader: bool) -> bool:
+def in_motion(me: str, key: str, entry: Held, known: Collection[str], leader: bool,
+              holding: Set[str] | None = None) -> bool:
     """Whether ``key``'s replica list is due to move in a way this master acts on or reports:
-    under-replicated, unacknowledged (the leader), or held here beyond its placement."""
-    if len(entry.holders) < entry.rf or (leader and not entry.acked):
+    under-replicated (counting only ``holding``'s nodes, when given), unacknowledged (the
+    leader), or held here beyond its placement."""
+    holders = entry.holders if holding is None else counted(entry.holders, holding)
+    if len(holders) < entry.rf or (leader and not entry.acked):
         return True
     if me in entry.holders:
         return not chosen(me, key, entry.rf, known)
@@ -92,7 +104,7 @@ class Facts:
     #: The committed version and its replication factor (asked for, not capped).
     seq: int
     rf: int
-    #: The masters holding ``seq``.
+    #: The masters holding ``seq`` whose replica nodes count (see counted).
     holders: tuple[str, ...]
     #: This master's replica nodes listed, as (node name, version).
     own_nodes: tuple[tuple[str, int], ...]
@@ -152,5 +164,5 @@ def decide(f: Facts) -> Plan:
                 action=action, prune=prune, targets=tuple(targets))
 
 
-__all__ = ["Action", "Facts", "Held", "Local", "Plan", "chosen", "decide", "has_work",
+__all__ = ["Action", "Facts", "Held", "Local", "Plan", "chosen", "counted", "decide", "has_work",
            "in_motion"]

@@ -30,6 +30,7 @@ from kazoo.protocol.states import EventType, WatchedEvent
 from blobha.store.local import LocalStore
 from blobha.sync.decide import has_work, in_motion
 from blobha.sync.settings import SyncSettings
+from blobha.sync.verify import check_own_nodes
 from blobha.sync.view import Entry, ReplicaView
 from blobha.sync.workqueue import WorkQueue
 from blobha.zk.connection import add_recursive_watch
@@ -64,12 +65,22 @@ class Wake:
         self.event = threading.Event()
         #: A full reconcile is owed (a reconnect, a new leader, a failed full pass).
         self.full_requested = False
+        #: This master took office (see ask_leader_pass).
+        self.leader_pass_requested = False
 
     def kick(self) -> None:
         self.event.set()
 
     def ask_full(self) -> None:
         self.full_requested = True
+        self.event.set()
+
+    def ask_leader_pass(self) -> None:
+        """A new leader's pass: at once, the keys whose state may call for a leader's duty
+        (unacknowledged, unread, or new to the view); every other key in a paced pass that
+        starts now. Queuing every key at once kept a new leader's only CPU and its ZooKeeper
+        connection busy with 100,000s of reads while its first writes waited behind them."""
+        self.leader_pass_requested = True
         self.event.set()
 
 
@@ -187,6 +198,12 @@ class ChangeFeed:
                 key, entry, self.membership.known(), self.guard.is_leader()):
             self.queue.put(key)
 
+    def check_own_nodes(self) -> tuple[int, int]:
+        """Remove this master's replica nodes of versions its store lacks, before they count
+        (see blobha.sync.verify): (keys looked at, nodes removed)."""
+        return check_own_nodes(self.zk, self.identity, self.store.has_version,
+                               self.settings.read_timeout)
+
     # ---- one-shot watches ------------------------------------------------------------------
 
     def on_event(self, event: WatchedEvent) -> None:
@@ -226,7 +243,8 @@ class ChangeFeed:
         entry = self.view.replicas_listed(key, names)
         if entry is None or self._has_work(key, entry, known, leader):
             self.queue.put(key)
-        elif not armed and in_motion(self.identity, key, entry, known, leader):
+        elif not armed and in_motion(self.identity, key, entry, known, leader,
+                                     self.view.holding()):
             # Still under-replicated, and nothing for this master to do but follow it (its
             # figures): re-arm the watch with one more read, instead of a worker's reconcile of
             # the key (three reads) on every master for every copy registered elsewhere.
@@ -261,8 +279,10 @@ class ChangeFeed:
         the under-replicated figure lags by up to one pass)."""
         known = self.membership.known()
         leader = self.guard.is_leader()
+        holding = self.view.holding()
         arm = self.view.entries_where(
-            keys, lambda key, entry: in_motion(self.identity, key, entry, known, leader))
+            keys, lambda key, entry: in_motion(self.identity, key, entry, known, leader,
+                                               holding))
         pending = [(key, entry, self.zk.get_children_async(key_path(key), watch=self.watcher))
                    for key, entry in arm]
         for key, entry, result in pending:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from collections.abc import Set as AbstractSet
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import ExitStack
 from typing import TYPE_CHECKING
@@ -39,11 +40,12 @@ class Fetcher:
 
     def __init__(self, store: LocalStore, peers: Peers, identity: str, view: ReplicaView,
                  guard: ClusterGuard, settings: SyncSettings,
-                 live: Callable[[], set[str]]) -> None:
+                 live: Callable[[], AbstractSet[str]]) -> None:
         self.store = store
         self.peers = peers
         self.identity = identity
-        #: The masters with a ZooKeeper session now (see :meth:`sources`).
+        #: The masters whose replica nodes count now (under /holders, with a session; see
+        #: :meth:`sources`).
         self.live = live
         self.view = view
         self.guard = guard
@@ -184,12 +186,13 @@ class Fetcher:
                  time.monotonic() - started)
         return None
 
-    def sources(self, holders: list[str], live: set[str]) -> list[str]:
-        """The other holders to fetch from, in the order to try them: only masters with a
-        session. A batch's holders were read before its fetches start, and a holder whose
-        session ended since (paused, cut off) keeps a fetch waiting for the stall limit, and
-        the whole batch's registrations with it (a writer's W=2 waits on those); its replica
-        nodes are gone with the session, so the key is deferred and read again instead."""
+    def sources(self, holders: list[str], live: AbstractSet[str]) -> list[str]:
+        """The other holders to fetch from, in the order to try them: only masters whose
+        replica nodes count (with a session). A batch's holders were read before its fetches
+        start, and a holder whose session ended since (paused, cut off) keeps a fetch waiting
+        for the stall limit, and the whole batch's registrations with it (a writer's W=2
+        waits on those); its replica nodes no longer count, so the key is deferred and read
+        again instead."""
         return self.peers.rank(h for h in holders if h != self.identity and h in live)
 
     def fetch_batch(self, source: str, items: list[Wanted]) -> dict[str, bytes]:

@@ -43,6 +43,7 @@ class Intake(Protocol):
     def watch_tree(self) -> None: ...
     def all_keys(self) -> list[str]: ...
     def recheck_replicas(self, keys: list[str]) -> None: ...
+    def check_own_nodes(self) -> tuple[int, int]: ...
 
 
 class BatchHandler(Protocol):
@@ -139,9 +140,17 @@ class SyncLoop:
                 session = self._session_id() or None
                 full = wake.full_requested
                 if session != self.session:
-                    # ha-rule 6: a new session lost every ephemeral node; put them back.
+                    # ha-rule 6: a new session lost our ephemeral nodes; put them back, and
+                    # check our persistent replica nodes before they count again.
                     log.info("new ZooKeeper session %s: re-registering and reconciling", session)
                     self.membership.register()
+                    started = time.monotonic()
+                    keys, removed = self.feed.check_own_nodes()
+                    self.view.checked_session = session or 0
+                    self.membership.hold()
+                    log.info("checked this master's replica nodes of %d keys in %.1f s (%d"
+                             " removed): they count again", keys,
+                             time.monotonic() - started, removed)
                     # Every entry's `registered` names the old session, so each replica node
                     # is verified (and re-created if need be) again.
                     self.session = session
@@ -157,6 +166,7 @@ class SyncLoop:
                     # added, on a connection that then drops) asks for another full pass, which
                     # adds the watch on the new connection.
                     wake.full_requested = False
+                    wake.leader_pass_requested = False  # the full pass covers it
                     if self.feed.recursive:
                         try:
                             self.feed.watch_tree()
@@ -177,6 +187,14 @@ class SyncLoop:
                 else:
                     recheck = self.follow_membership(placed, known, departed) + recheck
                     placed = known
+                    if wake.leader_pass_requested:
+                        wake.leader_pass_requested = False
+                        every = self.feed.all_keys()
+                        self.queue.put_many(self.view.unsettled(every))
+                        # The rest from now on, paced (replacing a pass under way).
+                        paced = every
+                        paced.reverse()
+                        next_full = math.inf
                     if not paced and time.monotonic() >= next_full:
                         # The safety net only: fed at a bounded rate, so at 100,000s of keys it
                         # neither takes a core nor queues every key ahead of the changes events
@@ -217,12 +235,10 @@ class SyncLoop:
             log.info("masters now %s (were %s): %d keys move here or away", sorted(known),
                      sorted(placed), len(moved))
             self.queue.put_many(moved)
-        # Departed masters' replica nodes went with their sessions, and a fully replicated
-        # key's list carries no watch: read the lists again (paced), so the figures show the
-        # keys under-replicated and the copies a returning master registers are followed.
-        # Placement keeps departed masters for the grace period, so nothing is fetched or
-        # dropped because of this. (The recursive watch brings each of those nodes' deletion
-        # as an event: nothing to read.)
+        # Departed masters' replica nodes stay (persistent) and stop counting with their
+        # /holders nodes, with nothing to read. A returning master checks its nodes before
+        # they count again, and removes the ones it lacks: the recursive watch brings each
+        # removal, and without it the lists of the keys it held are read again (paced).
         return self.view.held_by(departed) if departed and not self.feed.recursive else []
 
     # ---- the workers -----------------------------------------------------------------------

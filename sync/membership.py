@@ -1,7 +1,10 @@
-"""Live masters, as registered under ``/masters``, with a grace period for departed ones.
+"""Live masters, as registered under ``/masters``, with a grace period for departed ones, and
+the masters whose replica nodes count, under ``/holders``.
 
 Placement uses :meth:`Membership.known`: live masters plus those gone for less than the grace
 period, so a master that restarts or blips its session does not make others copy its blobs.
+Replication counts use :meth:`Membership.holding`: replica nodes are persistent, and a master's
+count only while its ``/holders`` node shows that it checked them in its current session.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from kazoo.protocol.states import WatchedEvent
 
 from blobha.core.locks import boot_id
 from blobha.store.local import write_json_atomic
-from blobha.zk.layout import MASTERS
+from blobha.zk.layout import HOLDERS, MASTERS
 
 # Named, not __name__: operators route it by this name wherever the module sits.
 log = logging.getLogger("blobha.sync.membership")
@@ -158,6 +161,8 @@ class Membership:
         self._sessions: set[int] = set()
         self._lock = threading.Lock()
         self._live: set[str] = set()
+        #: The masters under /holders (see holding).
+        self._holding: frozenset[str] = frozenset()
         self._gone: dict[str, float] = {}  # address -> monotonic time it left
         # Every master seen leaving since the last take_departed(), even one already back: its
         # session ended, and its replica nodes with it.
@@ -232,11 +237,19 @@ class Membership:
         """Read the masters' list again. ``timeout``: seconds to wait for ZooKeeper's answer
         (KazooTimeoutError after it) where the caller holds a lock others need; kazoo holds a
         call made while it reconnects until the connection is back."""
-        children = set(self.zk.get_children_async(MASTERS, watch=self._on_watch).get(
-            timeout=timeout))
+        masters = self.zk.get_children_async(MASTERS, watch=self._on_watch)
+        holders = self.zk.get_children_async(HOLDERS, watch=self._on_watch)
+        children = set(masters.get(timeout=timeout))
+        try:
+            holding = frozenset(holders.get(timeout=timeout))
+        except NoNodeError:
+            holding = frozenset()  # made by the first master of this version to start
         now = time.monotonic()
         with self._lock:
-            changed = children != self._live
+            changed = children != self._live or holding != self._holding
+            for gone in self._holding - holding:
+                log.info("the replicas of master %s no longer count (its session ended)", gone)
+            self._holding = holding
             left = self._live - children
             for gone in left:
                 self._gone[gone] = now
@@ -264,6 +277,42 @@ class Membership:
     def live(self) -> set[str]:
         with self._lock:
             return set(self._live)
+
+    def holding(self) -> frozenset[str]:
+        """The masters whose replica nodes count: each checked its nodes against its disk in
+        its current session (see :meth:`hold`). A dead master's nodes stay in ZooKeeper and
+        count again once it has checked them after its return."""
+        with self._lock:
+            return self._holding
+
+    def hold(self) -> None:
+        """Announce that this master's replica nodes count (the ephemeral ``/holders`` node),
+        once it has checked them in this session (:func:`blobha.sync.verify.check_own_nodes`).
+        Called after :meth:`register`, which claimed the identity: a node of our name under
+        another session is then an earlier session's of this master (or its predecessor's,
+        which register ended), and is replaced."""
+        path = f"{HOLDERS}/{self.identity}"
+        client_id = self.zk.client_id
+        session = client_id[0] if client_id else None
+        for _ in range(5):
+            try:
+                self.zk.create(path, b"", ephemeral=True, makepath=True)
+                break
+            except NodeExistsError:
+                pass
+            try:
+                stat = self.zk.exists(path)
+            except NoNodeError:
+                continue
+            if stat is None:
+                continue
+            if stat.ephemeralOwner == session:
+                break
+            with contextlib.suppress(NoNodeError, BadVersionError):
+                self.zk.delete(path, version=stat.version)
+        else:
+            raise KazooException(f"{path} kept being re-created by another session")
+        self.refresh()
 
     def take_departed(self) -> set[str]:
         """The masters seen leaving since the last call."""

@@ -44,9 +44,10 @@ class ClusterGuard(Protocol):
 
 
 class LiveMasters(Protocol):
-    """The masters alive now (blobha.sync.Membership)."""
+    """The masters alive now, and those whose replica nodes count (blobha.sync.Membership)."""
 
     def live(self) -> set[str]: ...
+    def holding(self) -> frozenset[str]: ...
 
 
 class QueueFigures(Protocol):

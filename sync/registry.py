@@ -50,7 +50,8 @@ class ReplicaRegistry:
     # ---- registering -----------------------------------------------------------------------
 
     def register_replica(self, key: str, seq: int) -> None:
-        """Make our replica node exist, owned by the current session (ha-rules 6, 7)."""
+        """Make our replica node exist (ha-rules 6, 7): persistent, so a master's death costs
+        ZooKeeper one node (its /holders node), not one per key it held."""
         session = self.session_id()
         if self.view.is_registered(key, seq, session):
             return
@@ -58,14 +59,15 @@ class ReplicaRegistry:
         for _ in range(self.settings.register_attempts):
             try:
                 # No makepath: if the key was deleted meanwhile, we must not resurrect it.
-                self.zk.create(path, b"", ephemeral=True)
+                self.zk.create(path, b"")
                 break
             except NodeExistsError:
                 stat = self.zk.exists(path)
-                if stat is not None and stat.ephemeralOwner == session:
-                    break
-                # An earlier session's node: removed here, or gone by itself (that session
-                # expiring) between the create and the look. Either way, none is ours yet.
+                if stat is not None and stat.ephemeralOwner in (0, session):
+                    break  # ours: persistent (checked this session), or made in it
+                # An ephemeral node of an earlier session (made before replica nodes were
+                # persistent): removed here, or gone by itself between the create and the
+                # look. Either way, none is ours yet.
                 if stat is not None:
                     self.delete_node(path)
             except NoNodeError:
@@ -87,7 +89,7 @@ class ReplicaRegistry:
                 txn = self.zk.transaction()
                 for key, seq in chunk:
                     # No makepath here either: a deleted key fails the create.
-                    txn.create(replica_path(key, self.identity, seq), b"", ephemeral=True)
+                    txn.create(replica_path(key, self.identity, seq), b"")
                 try:
                     results = txn.commit()
                     # commit() does not raise when an op fails: every element must be checked.

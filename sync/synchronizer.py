@@ -59,7 +59,7 @@ class Synchronizer:
         self.registry = ReplicaRegistry(zk, identity, self.replicas, self.feed, self.queue,
                                         settings)
         self.fetcher = Fetcher(store, peers, identity, self.replicas, guard, settings,
-                               membership.live)
+                               membership.holding)
         self.executor = Executor(zk, store, identity, membership, settings, self.replicas,
                                  self.queue, self.feed, KeyReader(zk, self.feed, settings),
                                  self.registry, self.fetcher, duties, guard)
@@ -80,10 +80,14 @@ class Synchronizer:
         """Queue every key known to ZooKeeper or held locally (and re-arm the journal watch)."""
         self.loop.reconcile_all()
 
-    def request_full_reconcile(self) -> None:
-        """Ask the periodic thread for a full reconcile now, without waiting for it (it scans
-        every key, which must not delay the caller, e.g. a leader taking office)."""
-        self.wake.ask_full()
+    def request_leader_pass(self) -> None:
+        """This master took office: look at once at the keys that may call for a leader's
+        duty, and at every other key in a paced pass (see Wake.ask_leader_pass). Without the
+        recursive watch, a full reconcile as before (its reads re-arm the one-shot watches)."""
+        if self.feed.recursive:
+            self.wake.ask_leader_pass()
+        else:
+            self.wake.ask_full()
 
     def schedule(self, key: str) -> None:
         self.queue.put(key)

@@ -7,12 +7,13 @@ import threading
 import time
 import zlib
 from collections.abc import Callable, Iterable
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from blobha.core.acl import format_acl
 from blobha.core.blobstate import BlobState
-from blobha.sync.decide import chosen
+from blobha.sync.decide import chosen, counted
 from blobha.zk import layout
 
 if TYPE_CHECKING:
@@ -92,9 +93,11 @@ class Entry:
                    holders, registered, sys.intern(state.creator), state.size,
                    acl_bytes(state), state.created_at)
 
-    def view(self, behind: bool = False) -> KeyView:
+    def view(self, behind: bool = False, holding: AbstractSet[str] | None = None) -> KeyView:
+        """The key as read; with ``holding``, only the holders whose replica nodes count."""
         state = BlobState.decode(unpack(self.data), self.meta_version)
-        return KeyView(state, self.holders, behind)
+        holders = self.holders if holding is None else counted(self.holders, holding)
+        return KeyView(state, holders, behind)
 
 
 def acl_bytes(state: BlobState) -> int:
@@ -200,12 +203,15 @@ class ReplicaView:
         #: as the latest: a newer version may have been committed and acknowledged.
         self.announced = 0
         self.unread: dict[str, int] = {}
+        #: The session in which this master checked its own replica nodes against its store
+        #: (blobha.sync.verify): a node of ours read in it is registered in it.
+        self.checked_session = 0
         #: The count of announcements at the latest reconnect (see reconnected).
         self._reconnect_mark = -1
         # The last figures: (generation, masters known), when the view behind them was read
         # (monotonic clock), and the figures. Guarded by figures_lock.
-        self._figures: tuple[tuple[int, frozenset[str]], float, tuple[int, int, int]] | None = (
-            None)
+        self._figures: tuple[tuple[int, frozenset[str], frozenset[str]], float,
+                             tuple[int, int, int]] | None = None
         self.figures_lock = threading.Lock()
         # For the keys this master lacks, whether the placement chooses it, with the factor it
         # was decided for; valid for the masters in _placed_for. The hashing was most of a
@@ -216,16 +222,22 @@ class ReplicaView:
 
     # ---- reading it ----------------------------------------------------------------------
 
+    def holding(self) -> frozenset[str]:
+        """The masters whose replica nodes count (Membership.holding)."""
+        return self.membership.holding()
+
     def view(self, key: str) -> KeyView | None:
+        """``key`` as last read, its holders those whose replica nodes count."""
         with self.lock:
             entry = self.entries.get(key)
             behind = key in self.unread
-        return entry.view(behind) if entry is not None else None
+        return entry.view(behind, self.holding()) if entry is not None else None
 
     def views(self) -> dict[str, KeyView]:
         with self.lock:
             entries = list(self.entries.items())
-        return {key: e.view() for key, e in entries}
+        holding = self.holding()
+        return {key: e.view(holding=holding) for key, e in entries}
 
     def keys(self) -> set[str]:
         with self.lock:
@@ -275,28 +287,39 @@ class ReplicaView:
 
     def _figures_since(self, asked: float) -> tuple[int, int, int]:
         known = frozenset(self.membership.known())
+        holding = self.holding()
         last = self._figures
         with self.lock:
-            stamp = (self.generation, known)
+            stamp = (self.generation, known, holding)
             if last is not None and (last[0] == stamp or last[1] > asked):
                 return last[2]
             taken = time.monotonic()
             entries = list(self.entries.items())
-        result = (len(entries), *self.count(entries, known))
+        result = (len(entries), *self.count(entries, known, holding))
         self._figures = (stamp, taken, result)
         return result
 
-    def count(self, entries: list[tuple[str, Entry]], known: frozenset[str]) -> tuple[int, int]:
-        """One pass of :meth:`figures` (its lock held): the under-replicated keys, and the
-        keys this master should hold but lacks."""
+    def count(self, entries: list[tuple[str, Entry]], known: frozenset[str],
+              holding: AbstractSet[str] | None = None) -> tuple[int, int]:
+        """One pass of :meth:`figures` (its lock held): the under-replicated keys (counting
+        the nodes of ``holding`` only, when given), and the keys this master should hold but
+        lacks."""
         me = self.identity
         under = lag = 0
         before = self._placed if self._placed_for == known else {}
         placed: dict[str, tuple[int, bool]] = {}  # only keys still lacking: none left behind
+        # Holder tuples are shared (canonical): a handful of distinct ones among 100,000s of
+        # keys, each counted once per pass (by identity: `entries` keeps them alive).
+        counts: dict[int, int] = {}
         for key, e in entries:
+            holders = e.holders
+            n = counts.get(id(holders))
+            if n is None:
+                n = counts[id(holders)] = len(
+                    holders if holding is None else counted(holders, holding))
             # Against the factor asked for, not the capped one: a blob that wants 3 copies in a
             # cluster with a dead master is under-replicated, and operators should see it.
-            if len(e.holders) < e.rf:
+            if n < e.rf:
                 under += 1
             if me not in e.holders:
                 decided = before.get(key)
@@ -321,6 +344,14 @@ class ReplicaView:
             entries = [(key, e.rf) for key, e in self.entries.items()]
         return [key for key, rf in entries
                 if chosen(me, key, rf, before) != chosen(me, key, rf, after)]
+
+    def unsettled(self, keys: Iterable[str]) -> list[str]:
+        """Of ``keys``, those whose entry may call for a leader's duty: none yet, an
+        unacknowledged version, or a change announced and not read yet."""
+        with self.lock:
+            entries, unread = self.entries, self.unread
+            return [key for key in keys
+                    if (e := entries.get(key)) is None or not e.acked or key in unread]
 
     def held_by(self, masters: set[str]) -> list[str]:
         with self.lock:
@@ -588,8 +619,13 @@ class ReplicaView:
             old = self.entries.get(key)
             unchanged = (old is not None and old.seq == state.seq and old.data == packed
                          and old.meta_version == meta_version)
-            registered = (old.registered if old is not None and old.seq == state.seq
-                          and self.identity in holders else 0)
+            if self.identity in holders and session and session == self.checked_session:
+                # Our node is persistent and was checked in this session: it stands as
+                # registered in it, with no write (the decision drops it if the copy is gone).
+                registered = session
+            else:
+                registered = (old.registered if old is not None and old.seq == state.seq
+                              and self.identity in holders else 0)
             committed = self.committed_here.get(key)
             if committed is not None and committed[0] <= state.seq:
                 del self.committed_here[key]

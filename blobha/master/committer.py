@@ -234,7 +234,7 @@ class Committer:
                     else:
                         # The version read under the key's lock: any change since fails it.
                         txn.set_data(key_path(key), record, version=new.meta_version)
-                    txn.create(replica_path(key, self.identity, new.seq), b"", ephemeral=True)
+                    txn.create(replica_path(key, self.identity, new.seq), b"")
 
             try:
                 results = self.election.fenced_results(

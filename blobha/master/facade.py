@@ -190,7 +190,7 @@ class Master:
         self.meta = Metadata(self.zk, self.election, self.identity, self.session_timeout,
                              self._stopped)
         self.waits = ReplicationWaits(self.zk, self.election, self.meta, self.authority,
-                                      self._stopped)
+                                      self._stopped, self.membership.holding)
         self.acks = Acknowledger(s, self.store, self.meta, self.waits, self.sync)
         self.forwarder = Forwarder(
             self.identity, self.peers, self.membership.live, self.membership.known,
@@ -317,13 +317,14 @@ class Master:
     def _on_elected(self, epoch: int) -> None:
         # ha-rule 4: the election has already sync()ed with ZooKeeper, and every write reads
         # the committed state from ZooKeeper itself, so what remains is cheap: drop uploads of
-        # an earlier term and refresh membership. Blobs the leader lacks, and the roll-back of
-        # an earlier leader's unacknowledged commits, follow from a full reconcile that runs
-        # in the background: scanning every key must not delay taking office.
+        # an earlier term and refresh membership. The roll-back of an earlier leader's
+        # unacknowledged commits, and blobs the leader lacks, follow from a pass that runs in
+        # the background: scanning every key must not delay taking office, nor its first
+        # writes (see Synchronizer.request_leader_pass).
         self.uploads.abort_all("a new leadership term began")
         # Bounded: this runs under the election's lock (see LeaderElection._answer).
         self.membership.refresh(timeout=self.election.suspension_limit)
-        self.sync.request_full_reconcile()
+        self.sync.request_leader_pass()
 
     def _staged_wanted(self, key: str, digest: str) -> bool:
         # The committed version as this master last read it, not installed here yet: its

@@ -219,12 +219,13 @@ class Metadata:
         return give_up_at
 
     def replication(self, key: str, state: BlobState,
-                    live: AbstractSet[str] = frozenset()) -> ReplicationStatus:
+                    live: AbstractSet[str] = frozenset(),
+                    holding: AbstractSet[str] | None = None) -> ReplicationStatus:
         try:
             names = self.answer(self.zk.get_children_async(key_path(key)))
         except NoNodeError:
             names = []
-        return replication_status(key, state, layout.holders(names, state.seq), live)
+        return replication_status(key, state, layout.holders(names, state.seq), live, holding)
 
     def sorted_keys(self) -> list[str]:
         """Every key, sorted; re-read only when the key list changed (ZooKeeper bumps the

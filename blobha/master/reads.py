@@ -221,8 +221,10 @@ class Reads:
             )
         live = self.sync.membership.live()
         if seen is not None:
+            # The view's holders are those that count already.
             return state, replication_status(key, state, seen.holders, live).replication
-        return state, self.meta.replication(key, state, live).replication
+        return state, self.meta.replication(key, state, live,
+                                            self.sync.membership.holding()).replication
 
     def open_download(
         self, user: str, key: str, version: int, offset: int, length: int,
@@ -393,4 +395,5 @@ class Reads:
         if seen is not None:
             return replication_status(key, state, seen.holders,
                                       self.sync.membership.live())
-        return self.meta.replication(key, state, self.sync.membership.live())
+        return self.meta.replication(key, state, self.sync.membership.live(),
+                                     self.sync.membership.holding())

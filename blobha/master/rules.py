@@ -35,10 +35,15 @@ def no_such_key(key: str) -> KeyNotFound:
 
 
 def replication_status(key: str, state: BlobState, holders: Sequence[str],
-                       live: AbstractSet[str] = frozenset()) -> ReplicationStatus:
-    """``holders``: the replica nodes of ``state``'s version. A master that confirmed a staged
-    copy before the commit (``state.confirmed``) and has a session (in ``live``) holds it as
-    durably, and counts as a holder too until its replica node follows."""
+                       live: AbstractSet[str] = frozenset(),
+                       holding: AbstractSet[str] | None = None) -> ReplicationStatus:
+    """``holders``: the replica nodes of ``state``'s version. They count only for masters in
+    ``holding`` (under /holders) when it is given: the nodes are persistent, and a dead
+    master's stay (ha-rule 9). A master that confirmed a staged copy before the commit
+    (``state.confirmed``) and has a session (in ``live``) holds it as durably, and counts as a
+    holder too until its replica node follows."""
+    if holding is not None:
+        holders = [h for h in holders if h in holding]
     if state.confirmed and live:
         holders = sorted(set(holders) | (set(state.confirmed) & live))
     return ReplicationStatus(key, state.seq, len(holders), state.replication_factor,

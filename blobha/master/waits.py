@@ -8,6 +8,7 @@ import math
 import threading
 import time
 from collections.abc import Callable
+from collections.abc import Set as AbstractSet
 from dataclasses import replace
 
 from kazoo.client import KazooClient
@@ -51,8 +52,11 @@ class ReplicationWaits:
     """The replication waits in progress on one master, all woken by one watch callback."""
 
     def __init__(self, zk: KazooClient, election: LeaderElection, meta: Metadata,
-                 authority: Authority, stopped: threading.Event) -> None:
+                 authority: Authority, stopped: threading.Event,
+                 holding: Callable[[], AbstractSet[str]] | None = None) -> None:
         self.zk = zk
+        #: The masters whose replica nodes count (Membership.holding); None: every node.
+        self._holding = holding
         self.election = election
         self.meta = meta
         self.authority = authority
@@ -188,7 +192,9 @@ class ReplicationWaits:
                         names = answer(names_read)
                     except NoNodeError:
                         names = []
-                    infos.append(replication_status(key, state, layout.holders(names, state.seq)))
+                    infos.append(replication_status(
+                        key, state, layout.holders(names, state.seq),
+                        holding=None if self._holding is None else self._holding()))
             first = False
             if all(i.replication >= minimum for i in infos):
                 return True, infos

@@ -21,7 +21,7 @@ from typing import Any
 import grpc
 
 from blobha.core.auth import AuthMode
-from blobha.ops.zkserver import EmbeddedZooKeeper, ServerTls
+from blobha.ops.zkserver import DEFAULT_HEAP_MB, EmbeddedZooKeeper, ServerTls
 from blobha.v1 import blobha_pb2 as pb
 from blobha.v1 import blobha_pb2_grpc as pb_grpc
 from blobha.wire.credentials import Credentials
@@ -166,6 +166,7 @@ class LocalCluster:
         zk_lockdown: bool | None = None,
         spread_cpus: bool = False,
         zk_tls: bool | None = None,
+        zk_heap_mb: int = DEFAULT_HEAP_MB,
     ) -> None:
         if nodes < 1:
             raise ValueError("a cluster needs at least one master")
@@ -186,7 +187,7 @@ class LocalCluster:
         self.zk = EmbeddedZooKeeper(
             self.data_dir / "zookeeper", zookeeper_home=zookeeper_home, tick_ms=zk_tick_ms,
             tls=ServerTls(d / "zookeeper.pem", d / "zookeeper-key.pem", d / "ca.pem")
-            if self.zk_tls else None)
+            if self.zk_tls else None, heap_mb=zk_heap_mb)
         self._auto_ports = base_port == 0
         if self._auto_ports:
             free = _free_ports(2 * nodes)

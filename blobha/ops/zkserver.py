@@ -31,6 +31,8 @@ from types import TracebackType
 from typing import Any
 
 __all__ = [
+    "DEFAULT_HEAP_MB",
+    "HEAP_BYTES_PER_KEY",
     "EmbeddedZooKeeper",
     "JavaNotFound",
     "ServerTls",
@@ -39,6 +41,7 @@ __all__ = [
     "find_java",
     "find_zookeeper_classpath",
     "four_letter_word",
+    "heap_mb_for",
     "tls_client_args",
 ]
 
@@ -225,6 +228,21 @@ class ServerTls:
 _LIVE: weakref.WeakSet[EmbeddedZooKeeper] = weakref.WeakSet()
 
 
+#: The embedded server's heap unless told otherwise: enough for a test or a local cluster with
+#: tens of thousands of keys.
+DEFAULT_HEAP_MB = 512
+#: What a key costs ZooKeeper's heap, as measured with 3 masters (its metadata znode and three
+#: replica nodes, their watches, and the room a snapshot and a listing of every key take while
+#: they are written): see docs/operations.md.
+HEAP_BYTES_PER_KEY = 4096
+
+
+def heap_mb_for(keys: int) -> int:
+    """The heap a ZooKeeper holding ``keys`` keys of a 3-master cluster needs (MiB): the
+    default, plus :data:`HEAP_BYTES_PER_KEY` per key."""
+    return DEFAULT_HEAP_MB + -(-keys * HEAP_BYTES_PER_KEY // (1024 * 1024))
+
+
 @atexit.register
 def _stop_all() -> None:
     for zk in list(_LIVE):
@@ -260,11 +278,15 @@ class EmbeddedZooKeeper:
         zookeeper_home: str | None = None,
         tick_ms: int = 2000,
         tls: ServerTls | None = None,
+        heap_mb: int = DEFAULT_HEAP_MB,
     ) -> None:
         if tick_ms < 1:
             raise ValueError(f"tick_ms must be positive, got {tick_ms}")
         if tls is not None and tls.client_auth not in ("need", "want", "none"):
             raise ValueError(f"client_auth must be need, want or none, got {tls.client_auth!r}")
+        if heap_mb < 64:
+            raise ValueError(f"heap_mb must be at least 64, got {heap_mb}")
+        self.heap_mb = heap_mb
         self.tls = tls
         self.data_dir = Path(data_dir)
         self.host = host
@@ -386,8 +408,8 @@ class EmbeddedZooKeeper:
         cmd = [
             java,
             # Bounded: the JVM default (a quarter of RAM) adds up when a test run or a local
-            # cluster starts several servers, and a test ZooKeeper never needs more.
-            "-Xmx512m",
+            # cluster starts several servers (see heap_mb_for for a store of many keys).
+            f"-Xmx{self.heap_mb}m",
             # The JIT's first tier only: on a small shared machine the JIT's compiler threads
             # take much CPU from the masters beside the server, and small creates ran faster
             # overall with the first tier only, though ZooKeeper's own work got slower.

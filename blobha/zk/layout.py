@@ -3,10 +3,13 @@
 ::
 
     /blobstore/<key>                  committed metadata of a key (JSON, see blobha.core.blobstate)
-    /blobstore/<key>/<host:port>-<seq> ephemeral: that master holds version <seq> durably
+    /blobstore/<key>/<host:port>-<seq> that master holds version <seq> durably (persistent:
+                                      it counts only while /holders/<host:port> exists)
     /election/n_<seq>                 ephemeral sequential candidacies; lowest = leader
     /epoch                            the fencing token, bumped by every new leader
     /masters/<host:port>              ephemeral membership of live masters
+    /holders/<host:port>              ephemeral: that master checked its replica nodes against
+                                      its disk in this session, and they count
     /master-secret                    the cluster secret masters prove themselves with
     /master-secret-exposed            while it exists, the secret was readable by anyone (an
                                       open tree being locked down): the next start rotates it
@@ -28,13 +31,16 @@ BLOBSTORE = "/blobstore"
 ELECTION = "/election"
 EPOCH = "/epoch"
 MASTERS = "/masters"
+#: Masters whose replica nodes count (see blobha.sync.verify): a master's death ends its
+#: session, which removes this one node, not one node per key it held.
+HOLDERS = "/holders"
 MASTER_SECRET = "/master-secret"
 #: Made by lock-down before it locks anything, removed with the rotation that follows it in one
 #: transaction: a crash in between leaves it, and the next master to start rotates.
 SECRET_EXPOSED = "/master-secret-exposed"
 JOURNAL = "/journal"
 JOB_TOKENS = "/job-tokens"
-ALL_ROOTS = (BLOBSTORE, ELECTION, MASTERS, JOURNAL, JOB_TOKENS)
+ALL_ROOTS = (BLOBSTORE, ELECTION, MASTERS, HOLDERS, JOURNAL, JOB_TOKENS)
 #: Most bytes a key's record may take. ZooKeeper refuses a request larger than its
 #: jute.maxbuffer (1 MB by default) by dropping the connection, again at each retry; a
 #: commit's transaction carries the record with its replica node, fences and the change

@@ -50,7 +50,8 @@ EXPECTED = {
     "failover_term_s", "failover_kill_s", "failover_kill_restart_s",
     "scale_create_per_s", "scale_keys", "scale_leader_rss_mib", "scale_leader_rss_per_key_b",
     "scale_follower_rss_mib", "scale_follower_rss_per_key_b", "scale_zk_watches",
-    "scale_zk_znodes", "scale_list_s", "scale_catchup_s",
+    "scale_zk_znodes", "scale_list_s", "scale_catchup_s", "scale_restart_s",
+    "failover_term_at_scale_s", "failover_kill_restart_at_scale_s", "failover_kill_at_scale_s",
 }
 # RSS growth per key over a few hundred keys can be zero or negative (the allocator reuses
 # memory freed by earlier phases); only its presence and a baseline are checked.
@@ -133,7 +134,9 @@ def test_bench_local_json_reports_every_metric_with_baseline_and_ratio(local_run
         assert m["ratio"] == pytest.approx(m["value"] / m["baseline_value"], rel=1e-3, abs=1e-4)
     assert by_name["scale_keys"]["value"] >= 150
     # Every failover group is set against the session timeout its clusters were given.
-    for name in ("failover_term_s", "failover_kill_s", "failover_kill_restart_s"):
+    for name in ("failover_term_s", "failover_kill_s", "failover_kill_restart_s",
+                 "failover_term_at_scale_s", "failover_kill_restart_at_scale_s",
+                 "failover_kill_at_scale_s"):
         assert by_name[name]["baseline_value"] == SESSION_TIMEOUT_MS / 1000, by_name[name]
     # The note on an ext4 without a journal comes exactly where the kernel says it is one.
     noted = "ext4 without a journal" in stderr

@@ -34,7 +34,7 @@ from blobha.ops.bench import node_status
 from blobha.ops.localcluster import LocalCluster, MasterProcess
 from blobha.store.local import FLUSH_BYTES
 from blobha.v1 import blobha_pb2 as pb
-from blobha.zk.layout import ELECTION, JOURNAL, MASTERS, JournalRecord, key_path, replica_path
+from blobha.zk.layout import ELECTION, HOLDERS, JOURNAL, JournalRecord, key_path, replica_path
 
 pytestmark = pytest.mark.integration
 
@@ -209,6 +209,41 @@ def test_a_lost_holder_is_replaced_after_the_grace_period(fresh_cluster: LocalCl
         assert c.read(key) == b"two copies"
 
 
+def test_a_dead_masters_replica_nodes_stay_stop_counting_and_count_again_after_its_restart(
+        fresh_cluster: LocalCluster) -> None:
+    # Its death costs ZooKeeper one /holders node, not one node per key: the replica nodes
+    # stay, uncounted, and its restart on the same disk counts them again without writing
+    # them again (their creation zxids are unchanged).
+    from support.harness import SESSION_TIMEOUT_MS
+
+    keys = [f"stay-{i:02d}" for i in range(20)]
+    with client_for(fresh_cluster) as c:
+        for key in keys:
+            c.create(key, key.encode(), replication_factor=3)
+        assert c.wait_for_replication(keys, 3, timeout=30).reached
+        m = followers(fresh_cluster)[0]
+        zk = KazooClient(hosts=fresh_cluster.zk.connect_string + "/blobha")
+        zk.start()
+        try:
+            made = {k: zk.exists(replica_path(k, m.address, 1)) for k in keys}
+            assert all(stat is not None and stat.ephemeralOwner == 0 for stat in made.values())
+            m.kill()
+            wait_until(lambda: zk.exists(f"{HOLDERS}/{m.address}") is None,
+                       SESSION_TIMEOUT_MS / 1000 + 10, "the killed master's session to end")
+            assert all(c.get_replication(k).replication == 2 for k in keys)
+            assert m.address not in c.get_replication(keys[0]).holders
+            assert all(zk.exists(replica_path(k, m.address, 1)) is not None for k in keys)
+            fresh_cluster.start_master(m)
+            wait_until(lambda: all(c.get_replication(k).replication == 3 for k in keys), 60,
+                       "the restarted master's copies counted again")
+            for k in keys:
+                stat = zk.exists(replica_path(k, m.address, 1))
+                assert stat is not None and stat.czxid == made[k].czxid  # type: ignore[union-attr]
+        finally:
+            zk.stop()
+            zk.close()
+
+
 def test_a_wiped_follower_catches_up_in_batches_and_registers_in_its_own_session(
         fresh_cluster: LocalCluster) -> None:
     # More keys than one registration transaction holds, so batching and its fall-back (the
@@ -230,6 +265,8 @@ def test_a_wiped_follower_catches_up_in_batches_and_registers_in_its_own_session
         return s.blob_count == len(keys) and s.lag_blobs == 0
 
     wait_until(caught_up, 120, f"{m.address} holds every key again")
+    # Its nodes of the copies it lost were removed before they could count again.
+    assert f"removing {len(keys)} replica node(s) of this master" in m.log_since_start()
 
     def served(method: str) -> float:
         return sum(value(scrape(x), "grpc_server_handled_total", grpc_method=method,
@@ -244,17 +281,18 @@ def test_a_wiped_follower_catches_up_in_batches_and_registers_in_its_own_session
     zk = KazooClient(hosts=fresh_cluster.zk.connect_string + "/blobha")
     zk.start()
     try:
-        def owned_by_new_session() -> bool:
-            member = zk.exists(f"{MASTERS}/{m.address}")
-            if member is None:
+        def counted_again() -> bool:
+            # Its persistent nodes were checked against the empty disk and removed, then made
+            # again as the copies came: it counts once its /holders node is back.
+            if zk.exists(f"{HOLDERS}/{m.address}") is None:
                 return False
             for key in keys:
                 stat = zk.exists(replica_path(key, m.address, 1))
-                if stat is None or stat.ephemeralOwner != member.ephemeralOwner:
+                if stat is None or stat.ephemeralOwner != 0:
                     return False
             return True
 
-        wait_until(owned_by_new_session, 30, "every replica node owned by the new session")
+        wait_until(counted_again, 30, "every replica node back, persistent, and counted")
         # Exactly one node per holder and key: nothing registered twice, nothing stale.
         for key in keys:
             assert sorted(zk.get_children(key_path(key))) == sorted(

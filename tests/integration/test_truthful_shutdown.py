@@ -30,7 +30,7 @@ from blobha.client import PUT_MAX_BYTES
 from blobha.core.blobstate import BlobState
 from blobha.ops.localcluster import LocalCluster, MasterProcess
 from blobha.v1 import blobha_pb2 as pb
-from blobha.zk.layout import key_path
+from blobha.zk.layout import HOLDERS, key_path
 
 pytestmark = pytest.mark.integration
 
@@ -166,15 +166,12 @@ def test_a_stopping_leader_ends_its_session_after_its_successor_took_a_write(
             c.create(KEY, b"v1", replication_factor=3)
             assert c.wait_for_replication([KEY], 3, timeout=20).reached
             leader = cluster.leader()
-            [mine] = [n for n in zk.get_children(key_path(KEY))
-                      if n.startswith(leader.address + "-")]
-            stat = zk.exists(f"{key_path(KEY)}/{mine}")
+            stat = zk.exists(f"{HOLDERS}/{leader.address}")
             assert stat is not None
             session = stat.ephemeralOwner
 
             def alive() -> bool:
-                # Asked of ZooKeeper itself: a stopping master may drop its replica nodes of
-                # superseded versions while it lingers, so they cannot tell.
+                # Asked of ZooKeeper itself.
                 return f"sid=0x{session:x}" in cluster.zk.command("cons")
 
             assert alive()
@@ -183,8 +180,8 @@ def test_a_stopping_leader_ends_its_session_after_its_successor_took_a_write(
             assert cluster.leader().address != leader.address
             assert alive(), "the session ended before the write"
             wait_until(lambda: not alive(), 30, "the former leader's session to end")
-            assert not [n for n in zk.get_children(key_path(KEY))
-                        if n.startswith(leader.address + "-")]
+            # Its replica nodes are persistent and stay; they stopped counting with its session.
+            assert zk.exists(f"{HOLDERS}/{leader.address}") is None
             assert leader.wait(30) and leader.proc is not None and leader.proc.returncode == 0
             assert "keeping the ZooKeeper session 5.0 s" in leader.log_path.read_text()
 

@@ -43,7 +43,9 @@ class Node:
                                              fenced_results=zk.fenced_results)
         self.zk = zk
         self.membership = membership or SimpleNamespace(known=lambda: {self.identity},
-                                                        live=lambda: {self.identity})
+                                                        live=lambda: {self.identity},
+                                                        holding=lambda: frozenset(
+                                                            {self.identity}))
         self.sync = sync or SimpleNamespace(
             view=lambda key: None, session_id=lambda: 7, registered=lambda *args: None,
             creating=lambda keys: None, created=lambda keys: None, follow=lambda *args: None,

@@ -39,7 +39,8 @@ def synchroniser(leader: bool | list[bool] = False, store: Any = None, recursive
     leading = leader if isinstance(leader, list) else [leader]
     s = Synchronizer(
         zk, store=store or SimpleNamespace(), identity=ME, peers=SimpleNamespace(),  # type: ignore[arg-type]
-        membership=membership or SimpleNamespace(known=lambda: {ME, A, B}, live=lambda: {ME, A, B}),
+        membership=membership or SimpleNamespace(known=lambda: {ME, A, B}, live=lambda: {ME, A, B},
+                                               holding=lambda: frozenset({ME, A, B})),
         settings=settings(recursive, **changes),
         duties=NoDuties(), guard=Guard(leading, ours, key_lock),
     )
@@ -65,12 +66,16 @@ class Intake:
     def recheck_replicas(self, keys: list[str]) -> None:
         pass
 
+    def check_own_nodes(self) -> tuple[int, int]:
+        return 0, 0
+
 
 def periodic_loop(period_secs: float, feed: Intake, zk: Any = None,
                   wake: Wake | None = None) -> SyncLoop:
     """A loop whose periodic thread can run: connected, alone, registered already."""
     membership = SimpleNamespace(next_grace_expiry=lambda: None, refresh=lambda: None,
-                                 known=lambda: {ME}, take_departed=set)
+                                 known=lambda: {ME}, take_departed=set,
+                                 holding=lambda: frozenset({ME}))
     return SyncLoop(
         zk or SimpleNamespace(state=KazooState.CONNECTED, client_id=(SESSION, b"")),
         membership, settings(period_secs=period_secs), WorkQueue(),  # type: ignore[arg-type]

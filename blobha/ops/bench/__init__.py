@@ -88,7 +88,12 @@ Metric groups (``--metrics`` picks a subset; every metric name starts with its g
     was wiped takes, from its restart, to hold every key and report no lag (baseline: as many
     synchronous ZooKeeper creates, the replica registrations it cannot avoid). Measured at rest:
     before the memory figures, every master must hold every key. ``scale_keys`` reports the
-    count actually measured.
+    count actually measured. Then, at that size: a follower's restart on its disk until its
+    copies count again (``scale_restart_s``; baseline: the same restart before the keys were
+    added), and the three failovers of the failover groups (``failover_term_at_scale_s``,
+    ``failover_kill_restart_at_scale_s``, ``failover_kill_at_scale_s``; baseline: the session
+    timeout, as theirs). The embedded ZooKeeper gets the heap the keys need
+    (:func:`blobha.ops.zkserver.heap_mb_for`).
 ``fanout`` (root; only when named, and alone: ``--metrics fanout``)
     :mod:`blobha.ops.bench.fanout_net` in network namespaces of its own (ZooKeeper, 3 masters and 8
     nodes, 200 Mbit/s links shaped with tc): one node's cache fetches a ``--spark-size-mb``

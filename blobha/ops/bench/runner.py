@@ -27,6 +27,7 @@ from blobha.ops.bench.options import (
 )
 from blobha.ops.bench.report import Log, Metric, format_json, format_table
 from blobha.ops.localcluster import LocalCluster, cpus_allowed
+from blobha.ops.zkserver import heap_mb_for
 
 
 def run_groups(bench: Bench) -> list[Metric]:
@@ -73,7 +74,8 @@ def run(cluster_addr: str | None, local: bool, opts: BenchOptions, log: Log) -> 
             lc = LocalCluster(Path(tmp) / "cluster", nodes=3, base_port=0, overrides={
                 "zookeeper.session.timeout.ms": opts.session_timeout_ms,
                 "blobstore.disk.reserved.bytes": 0,
-            }, spread_cpus=True, tls=opts.tls)
+            }, spread_cpus=True, tls=opts.tls,
+                zk_heap_mb=heap_mb_for(opts.scale_keys if "scale" in opts.metrics else 0))
             log.say(f"starting a local {'TLS ' if opts.tls else ''}cluster of 3 masters in"
                     f" {lc.data_dir}")
             try:

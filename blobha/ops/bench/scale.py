@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import time
 
 import grpc
@@ -11,10 +12,11 @@ from kazoo.client import KazooClient
 from blobha.ops.bench.baselines import node_status, parse_mntr, parse_wchs, rss_kib
 from blobha.ops.bench.context import Bench
 from blobha.ops.bench.driver import zk_close, zk_open
+from blobha.ops.bench.failover import failover
 from blobha.ops.bench.options import CATCHUP_TIMEOUT, CHROOT, CONCURRENT_CLIENTS, SCALE_BLOB
 from blobha.ops.bench.report import Log
 from blobha.ops.localcluster import LocalCluster, MasterProcess
-from blobha.zk.layout import BLOBSTORE
+from blobha.zk.layout import BLOBSTORE, HOLDERS
 
 
 def scale(bench: Bench) -> None:
@@ -32,11 +34,32 @@ def _keys_in_zk(zk: KazooClient) -> int:
     return len(zk.get_children(CHROOT + BLOBSTORE))
 
 
+def _restart_until_counted(bench: Bench, lc: LocalCluster, zk: KazooClient,
+                           m: MasterProcess) -> float:
+    """SIGTERM ``m``, start it again on its disk: seconds until its replica nodes count again
+    (it checked them against its disk and announced its /holders node)."""
+    m.terminate()
+    t0 = time.monotonic()
+    lc.start_master(m)
+    deadline = t0 + CATCHUP_TIMEOUT
+    pause = 0.05
+    while zk.exists(f"{CHROOT}{HOLDERS}/{m.address}") is None:
+        if time.monotonic() > deadline:
+            bench.log.note(f"{m.address} did not count again within {CATCHUP_TIMEOUT:.0f} s")
+            break
+        time.sleep(pause)
+        pause = min(2 * pause, 0.5)
+    return time.monotonic() - t0
+
+
 def _fill_and_measure(bench: Bench, lc: LocalCluster, zk: KazooClient, target: int) -> None:
     lc.wait_ready(120, expect=len(lc.masters))
     leader = lc.leader()
     followers = [m for m in lc.masters if m is not leader]
     before_keys = _keys_in_zk(zk)
+    # A follower's restart before the keys: the baseline of the one after them.
+    restart_before = _restart_until_counted(bench, lc, zk, followers[-1])
+    lc.wait_ready(120, expect=len(lc.masters))
     rss_before = {m.index: rss_kib(m.pid) for m in lc.masters}
 
     # 1. Fill the cluster up to the target, concurrently.
@@ -103,7 +126,22 @@ def _fill_and_measure(bench: Bench, lc: LocalCluster, zk: KazooClient, target: i
         bench.log.note(f"the listing returned {listed:,} keys, ZooKeeper holds {raw:,}")
     bench.add("scale_list_s", list_secs, "s", "zk_get_children_s", raw_secs)
 
-    # 6. A follower with an empty disk catches up.
+    # 6. A follower restarted on its disk, every key on it, until its copies count again.
+    bench.log.say(f"scale: restarting {followers[-1].address} on its disk")
+    bench.add("scale_restart_s", _restart_until_counted(bench, lc, zk, followers[-1]), "s",
+              f"restart_at_{before_keys}_keys_s", restart_before)
+    lc.wait_ready(120, expect=len(lc.masters))
+
+    # 7. Failover at this size: the same three cases as the failover groups, whose figures
+    # (with a few thousand keys at most) are the ones to compare with.
+    for name, sig, restart in (("failover_term_at_scale_s", signal.SIGTERM, False),
+                               ("failover_kill_restart_at_scale_s", signal.SIGKILL, True),
+                               ("failover_kill_at_scale_s", signal.SIGKILL, False)):
+        failover(bench, name, sig, restart)
+    leader = lc.leader()
+    followers = [m for m in lc.masters if m is not leader]
+
+    # 8. A follower with an empty disk catches up.
     new = followers[0]
     bench.log.say(f"scale: wiping {new.address}'s data and restarting it")
     new.terminate()

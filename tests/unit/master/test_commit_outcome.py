@@ -156,7 +156,8 @@ def test_a_roll_back_drops_the_tags_of_every_version_it_skipped(tmp_path: Path) 
     # it; their leader died. The next leader rolls back to v5, skipping v6 and v7: a retry of
     # either write must then write it again, not be told "made" from the history's tag.
     m = Node(tmp_path, _Ensemble(applied=True, reachable=True),
-              membership=SimpleNamespace(live=lambda: {"m1:6627"}),
+              membership=SimpleNamespace(live=lambda: {"m1:6627"},
+                                         holding=lambda: frozenset({"m1:6627"})),
               peers=SimpleNamespace(rank=list))
     written: dict[str, BlobState] = {}
     m.meta.fenced_set = lambda key, new, version: written.__setitem__(key, new)  # type: ignore[method-assign]
@@ -177,7 +178,9 @@ def test_a_roll_back_drops_the_tags_of_every_version_it_skipped(tmp_path: Path) 
 
 def _rollback_master(tmp_path: Path, fetch: Any) -> Node:
     return Node(tmp_path, _Ensemble(applied=True, reachable=True),
-                 membership=SimpleNamespace(live=lambda: {"m1:6627", "m2:6627", "m3:6627"}),
+                 membership=SimpleNamespace(
+                     live=lambda: {"m1:6627", "m2:6627", "m3:6627"},
+                     holding=lambda: frozenset({"m1:6627", "m2:6627", "m3:6627"})),
                  peers=SimpleNamespace(rank=sorted, fetch=fetch))
 
 
@@ -275,7 +278,8 @@ def test_a_roll_back_whose_commit_went_unanswered_keeps_the_restored_copy(
     # commit may have applied, and ZooKeeper then calls the restored version acknowledged with
     # this copy as its only one.
     m = Node(tmp_path, _Ensemble(applied=True, reachable=True),
-              membership=SimpleNamespace(live=lambda: {"m1:6627"}),
+              membership=SimpleNamespace(live=lambda: {"m1:6627"},
+                                         holding=lambda: frozenset({"m1:6627"})),
               peers=SimpleNamespace(rank=list))
     written: dict[str, BlobState] = {}
 

@@ -36,7 +36,7 @@ def fake_master(**overrides: Any) -> MasterStatus:
     return MasterStatus(
         "m2:6627", "127.0.0.1:2181", 4.0, parts["zk"], parts["election"], history,
         parts["store"], parts["uploads"], parts["sync"], parts["puts"], parts["scrubber"],
-        SimpleNamespace(known=set, live=set), Channel(),  # type: ignore[arg-type]
+        SimpleNamespace(known=set, live=set, holding=frozenset), Channel(),  # type: ignore[arg-type]
         SimpleNamespace(started=time.monotonic() - 5),  # type: ignore[arg-type]
         SimpleNamespace(replication_waits=lambda: 0))  # type: ignore[arg-type]
 

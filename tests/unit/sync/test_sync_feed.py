@@ -39,7 +39,8 @@ def make(leader: bool | list[bool] = False, recursive: bool = True) -> Feed:
     """A change feed of master ME among ME, A and B; ``leader`` as a one-element list can be
     changed while it runs."""
     zk = FakeZk()
-    membership = SimpleNamespace(known=lambda: {ME, A, B}, live=lambda: {ME, A, B})
+    membership = SimpleNamespace(known=lambda: {ME, A, B}, live=lambda: {ME, A, B},
+                                 holding=lambda: frozenset({ME, A, B}))
     view = ReplicaView(ME, membership)  # type: ignore[arg-type]
     queue = WorkQueue()
     leading = leader if isinstance(leader, list) else [leader]

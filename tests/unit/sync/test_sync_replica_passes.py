@@ -170,7 +170,7 @@ def test_a_full_pass_that_fails_during_a_paced_pass_neither_ends_the_thread_nor_
     thread.start()
     try:
         wait_until(lambda: listings == ["listed"], timeout=10, what="the paced pass begun")
-        wake.ask_full()  # what Synchronizer.request_full_reconcile asks
+        wake.ask_full()  # what a new session or a reconnect asks
         wait_until(lambda: len(listings) == 2, timeout=10, what="the full pass tried")
         # Past the 1 s pause after the failure, the connection still down: the thread looks
         # again and again (every period), where it used to die at its second look.
@@ -203,12 +203,13 @@ def test_concurrent_status_checks_share_one_pass_over_the_keys(
     release = threading.Event()
     real_count = s.replicas.count
 
-    def count(entries: list[tuple[str, Any]], known: frozenset[str]) -> tuple[int, int]:
+    def count(entries: list[tuple[str, Any]], known: frozenset[str],
+              holding: frozenset[str] | None = None) -> tuple[int, int]:
         passes.append(len(passes))
         if len(passes) == 1:
             first_inside.set()
             assert release.wait(30)
-        return real_count(entries, known)
+        return real_count(entries, known, holding)
 
     monkeypatch.setattr(s.replicas, "count", count)
 
@@ -260,7 +261,8 @@ def test_a_status_pass_hashes_only_the_keys_whose_placement_it_has_not_decided(
 
     c, d = "10.0.0.4:6627", "10.0.0.5:6627"
     known = {ME, A, B, c, d}
-    s, _ = synchroniser(membership=SimpleNamespace(known=lambda: known, live=lambda: known))
+    s, _ = synchroniser(membership=SimpleNamespace(known=lambda: known, live=lambda: known,
+                                                   holding=lambda: frozenset(known)))
     real_chosen = view_mod.chosen
     hashed: list[str] = []
 

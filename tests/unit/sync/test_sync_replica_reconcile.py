@@ -32,7 +32,7 @@ from blobha.store.local import LocalStore
 from blobha.sync.membership import Membership
 from blobha.sync.synchronizer import SyncDeferred
 from blobha.sync.view import Entry
-from blobha.zk.layout import replica_path
+from blobha.zk.layout import MASTERS, replica_path
 
 
 def test_a_holder_with_nothing_to_do_only_re_arms_the_watch() -> None:
@@ -165,7 +165,8 @@ def test_only_keys_whose_placement_moves_are_reconciled_when_masters_change() ->
 
 def test_departures_are_reported_once_even_after_a_quick_return() -> None:
     listed = [{ME, A, B}, {ME, A}, {ME, A, B}]
-    zk = SimpleNamespace(get_children_async=lambda path, watch=None: Answer(sorted(listed.pop(0))))
+    zk = SimpleNamespace(get_children_async=lambda path, watch=None: Answer(
+        sorted(listed.pop(0)) if path == MASTERS else []))
     changes: list[None] = []
     m = Membership(zk, ME, grace_secs=30, on_change=lambda: changes.append(None),  # type: ignore[arg-type]
                    info={})
@@ -181,7 +182,8 @@ def test_each_departure_is_announced_before_the_change() -> None:
     # The master abandons its fetches from a master that left (Master._master_left) before
     # the synchroniser looks at the new membership.
     listed = [{ME, A, B}, {ME}, {ME}, {ME, A}]
-    zk = SimpleNamespace(get_children_async=lambda path, watch=None: Answer(sorted(listed.pop(0))))
+    zk = SimpleNamespace(get_children_async=lambda path, watch=None: Answer(
+        sorted(listed.pop(0)) if path == MASTERS else []))
     events: list[str] = []
     m = Membership(zk, ME, grace_secs=30, on_change=lambda: events.append("change"),  # type: ignore[arg-type]
                    info={}, on_leave=events.append)

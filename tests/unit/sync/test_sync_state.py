@@ -16,7 +16,8 @@ SESSION = 77
 
 
 def view() -> ReplicaView:
-    return ReplicaView(ME, SimpleNamespace(known=lambda: {ME, A, B}))  # type: ignore[arg-type]
+    return ReplicaView(ME, SimpleNamespace(known=lambda: {ME, A, B},
+                                         holding=lambda: frozenset({ME, A, B})))  # type: ignore[arg-type]
 
 
 def state(seq: int = 5, rf: int = 3, creator: str = "alice", size: int = 10) -> BlobState:
