@@ -76,10 +76,10 @@ class Wake:
         self.event.set()
 
     def ask_leader_pass(self) -> None:
-        """A new leader's pass: at once, the keys whose state may call for a leader's duty
-        (unacknowledged, unread, or new to the view); every other key in a paced pass that
-        starts now. Queuing every key at once kept a new leader's only CPU and its ZooKeeper
-        connection busy with 100,000s of reads while its first writes waited behind them."""
+        """A new leader's pass: at once, the keys of its view whose state may call for a
+        leader's duty (unacknowledged, or announced and not read); every key in a paced pass
+        that starts a moment later. Queuing every key at once kept a new leader's only CPU and
+        its ZooKeeper connection busy with 100,000s of reads while its first writes waited."""
         self.leader_pass_requested = True
         self.event.set()
 

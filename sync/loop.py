@@ -46,6 +46,10 @@ class Intake(Protocol):
     def check_own_nodes(self) -> tuple[int, int]: ...
 
 
+#: How long after taking office a leader starts its paced pass over every key.
+LEADER_PASS_DELAY = 5.0
+
+
 class BatchHandler(Protocol):
     """What the loop asks of the executor (blobha.sync.apply.Executor)."""
 
@@ -189,12 +193,13 @@ class SyncLoop:
                     placed = known
                     if wake.leader_pass_requested:
                         wake.leader_pass_requested = False
-                        every = self.feed.all_keys()
-                        self.queue.put_many(self.view.unsettled(every))
-                        # The rest from now on, paced (replacing a pass under way).
-                        paced = every
-                        paced.reverse()
-                        next_full = math.inf
+                        # From the view alone: a listing of every key (ZooKeeper's and the
+                        # disk's, 300,000 names) took a new leader's CPU and connection for a
+                        # second, while its first writes waited. The paced pass over every key
+                        # starts a moment later instead.
+                        self.queue.put_many(self.view.unsettled())
+                        paced = []
+                        next_full = time.monotonic() + LEADER_PASS_DELAY
                     if not paced and time.monotonic() >= next_full:
                         # The safety net only: fed at a bounded rate, so at 100,000s of keys it
                         # neither takes a core nor queues every key ahead of the changes events

@@ -119,6 +119,10 @@ class Synchronizer:
         """What the keys ``user`` created hold, as this master's view has it (quotas)."""
         return self.replicas.usage(user)
 
+    def key_count(self) -> int:
+        """The keys this master's view holds (a moment behind ZooKeeper)."""
+        return self.replicas.key_count()
+
     def keys_behind(self) -> tuple[int, int]:
         """Keys whose view awaits a read of an announced change (see ReplicaView.unread),
         and of those, the keys not read since the latest reconnect."""

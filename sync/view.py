@@ -239,6 +239,10 @@ class ReplicaView:
         holding = self.holding()
         return {key: e.view(holding=holding) for key, e in entries}
 
+    def key_count(self) -> int:
+        with self.lock:
+            return len(self.entries)
+
     def keys(self) -> set[str]:
         with self.lock:
             return set(self.entries)
@@ -345,13 +349,13 @@ class ReplicaView:
         return [key for key, rf in entries
                 if chosen(me, key, rf, before) != chosen(me, key, rf, after)]
 
-    def unsettled(self, keys: Iterable[str]) -> list[str]:
-        """Of ``keys``, those whose entry may call for a leader's duty: none yet, an
-        unacknowledged version, or a change announced and not read yet."""
+    def unsettled(self) -> list[str]:
+        """The keys that may call for a leader's duty: an unacknowledged version, or a
+        change announced and not read yet (a key created, with no entry yet, among them)."""
         with self.lock:
-            entries, unread = self.entries, self.unread
-            return [key for key in keys
-                    if (e := entries.get(key)) is None or not e.acked or key in unread]
+            unread = self.unread
+            return [*(key for key, e in self.entries.items() if not e.acked or key in unread),
+                    *(key for key in unread if key not in self.entries)]
 
     def held_by(self, masters: set[str]) -> list[str]:
         with self.lock:

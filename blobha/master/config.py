@@ -75,6 +75,14 @@ OPTIONS: tuple[Option, ...] = (
         " expire. 0 = no limit.",
     ),
     Option(
+        "blobstore.keys.max",
+        0,
+        "The most keys the cluster holds, whoever created them; a create past it is refused"
+        " with RESOURCE_EXHAUSTED, before ZooKeeper runs out of heap. Set it from ZooKeeper's"
+        " heap: with 3 masters a key takes about 4 KiB of it, beyond 512 MiB for the rest"
+        " (docs/operations.md, \"Capacity\"). 0 = no limit.",
+    ),
+    Option(
         "blobstore.quota.user.keys",
         1_000_000,
         "Keys one user may have created and not deleted (each costs ZooKeeper memory on every"
@@ -343,13 +351,12 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "master.stop.linger.secs",
-        1.0,
+        0.0,
         "After a leader stops (SIGTERM) and has handed leadership over, how long it keeps its"
-        " ZooKeeper session before ending it. The session's end deletes every replica node the"
-        " master registered, one watch event per key at every other master, and their"
-        " ZooKeeper answers wait behind that burst (about half a second at 6,000 keys on two"
-        " cores): kept open a moment, the successor takes its first writes before it instead"
-        " of behind it. A follower's stop does not linger. 0 ends the session at once.",
+        " ZooKeeper session before ending it, so that its successor's first writes come before"
+        " the session's end reaches the other masters. The end removes three nodes (the"
+        " master's membership, candidacy and /holders nodes; its replica nodes are persistent),"
+        " so 0, the default, ends it at once. A follower's stop does not linger.",
     ),
     Option(
         "master.cpus",
@@ -507,6 +514,7 @@ def _validate(v: dict[str, Any]) -> dict[str, Any]:
     number("blobstore.upload.expiration.secs", int, 1)
     number("blobstore.upload.max.per.user", int, 0)
     number("blobstore.disk.reserved.bytes", int, 0)
+    number("blobstore.keys.max", int, 0)
     for quota in ("keys", "bytes", "acl.bytes", "upload.bytes"):
         number(f"blobstore.quota.user.{quota}", int, 0)
     number("auth.job.token.max.per.user", int, 0)

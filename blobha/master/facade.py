@@ -200,7 +200,7 @@ class Master:
             # fail late.
             min(s.sync_stall_secs, s.write_timeout_secs), s.write_forward)
         self.quotas = Quotas(QuotaLimits.of(s), self.authority, self.sync.usage,
-                             self.sync.seen)
+                             self.sync.seen, self.sync.key_count)
         self.committer = Committer(s, self.identity, self.store, self.election, self.meta,
                                    self.authority, self.sync, self.membership, self.uploads,
                                    self.quotas, self.forwarder)
@@ -296,9 +296,8 @@ class Master:
         self.peers.close()
         self.summary.close()
         if self._handed_over and self.settings.stop_linger_secs > 0:
-            # The session's end deletes every replica node registered here: one watch event
-            # per key at every other master, and their ZooKeeper answers wait behind the burst.
-            # A former leader keeps it a moment, so the successor's first writes go first.
+            # A former leader keeps its session a moment (when told to), so the successor's
+            # first writes come before the session's end reaches the other masters.
             log.info("keeping the ZooKeeper session %.1f s (master.stop.linger.secs)",
                      self.settings.stop_linger_secs)
             time.sleep(self.settings.stop_linger_secs)

@@ -34,11 +34,14 @@ class QuotaLimits:
     acl_bytes: int = 0
     upload_bytes: int = 0
     job_tokens: int = 0
+    #: The cluster's, whoever creates (blobstore.keys.max).
+    cluster_keys: int = 0
 
     @classmethod
     def of(cls, s: MasterSettings) -> QuotaLimits:
-        return cls(s.quota_keys, s.quota_bytes, s.quota_acl_bytes, s.quota_upload_bytes,
-                   s.quota_job_tokens)
+        return cls(keys=s.quota_keys, bytes=s.quota_bytes, acl_bytes=s.quota_acl_bytes,
+                   upload_bytes=s.quota_upload_bytes, job_tokens=s.quota_job_tokens,
+                   cluster_keys=s.keys_max)
 
 
 def _refuse(user: str, what: str, have: int, adding: int, limit: int, option: str,
@@ -85,19 +88,31 @@ class Quotas:
     the view has them; ``seen``: what the view has of a key."""
 
     def __init__(self, limits: QuotaLimits, authority: Authority,
-                 usage: Callable[[str], Usage], seen: Callable[[str], Seen]) -> None:
+                 usage: Callable[[str], Usage], seen: Callable[[str], Seen],
+                 key_count: Callable[[], int] = lambda: 0) -> None:
         self.limits = limits
+        #: The keys the cluster holds, as the leader's view has them.
+        self._key_count = key_count
         self.authority = authority
         self._view_usage = usage
         self._seen = seen
         self._lock = threading.Lock()
         # Per creator, in the order made.
         self._pending: dict[str, list[_Change]] = {}
+        # Every create this leader made that its view may not show yet, for the cluster's
+        # limit (with one set).
+        self._created: list[_Change] = []
 
     def committed(self, old: BlobState | None, new: BlobState, key: str,
                   acl_bytes: Callable[[BlobState], int]) -> None:
         """This leader committed ``new`` over ``old`` (None: a create): counted until the
         view shows it."""
+        if old is None and self.limits.cluster_keys:
+            with self._lock:
+                self._created.append(_Change(key, new.created_at, new.seq, Usage(1),
+                                             time.monotonic() + PENDING_SECS))
+                if len(self._created) > PENDING_MAX:
+                    del self._created[0]
         self._add(new.creator, _Change(key, new.created_at, new.seq, Usage(
             1 if old is None else 0, new.size - (old.size if old is not None else 0),
             acl_bytes(new) - (acl_bytes(old) if old is not None else 0)),
@@ -125,6 +140,18 @@ class Quotas:
         """Whether a change by or for these users is not counted: any of them an admin (or
         the masters' principal), who is trusted with the cluster as a whole."""
         return any(self.authority.privileged(u) for u in users)
+
+    def _cluster_keys(self) -> int:
+        """The keys of the leader's view, and its creates the view does not show yet."""
+        have = self._key_count()
+        with self._lock:
+            created = list(self._created)
+        now = time.monotonic()
+        left = [c for c in created if c.until >= now and not c.shown(self._seen(c.key))]
+        if len(left) != len(created):
+            with self._lock:
+                self._created = [c for c in self._created if c in left or c not in created]
+        return have + len(left)
 
     def _usage(self, user: str) -> Usage:
         """``user``'s figures: the view's, and this leader's changes the view lacks (those it
@@ -155,6 +182,15 @@ class Quotas:
         key's creator (who pays for a key however many others may write it)."""
         owner = new.creator
         lim = self.limits
+        if old is None and lim.cluster_keys:
+            # Everybody's, admins too: it guards ZooKeeper's heap.
+            have = self._cluster_keys()
+            if have + 1 > lim.cluster_keys:
+                raise ResourceExhausted(
+                    f"the cluster is at its limit of keys: it holds {have:,} and"
+                    f" blobstore.keys.max is {lim.cluster_keys:,}; delete keys no longer"
+                    " needed, or ask an operator to raise blobstore.keys.max once ZooKeeper"
+                    " has the heap for more (docs/operations.md, \"Capacity\")")
         if not (lim.keys or lim.bytes or lim.acl_bytes) or self.exempt(user, owner):
             return
         u = self._usage(owner)

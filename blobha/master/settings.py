@@ -45,6 +45,8 @@ class MasterSettings:
     list_visibility: str
     upload_expiration_secs: float
     upload_max_per_user: int
+    #: The cluster's key limit (blobstore.keys.max); 0: none.
+    keys_max: int
     #: Per-user quotas (blobstore.quota.user.*, auth.job.token.max.per.user); 0: none.
     quota_keys: int
     quota_bytes: int
@@ -98,6 +100,7 @@ class MasterSettings:
             list_visibility=config["blobstore.list.visibility"],
             upload_expiration_secs=config["blobstore.upload.expiration.secs"],
             upload_max_per_user=config["blobstore.upload.max.per.user"],
+            keys_max=config["blobstore.keys.max"],
             quota_keys=config["blobstore.quota.user.keys"],
             quota_bytes=config["blobstore.quota.user.bytes"],
             quota_acl_bytes=config["blobstore.quota.user.acl.bytes"],

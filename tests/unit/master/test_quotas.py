@@ -154,3 +154,16 @@ def test_a_delete_frees_its_room_at_once_and_a_new_incarnation_is_told_from_the_
     view["bob"] = Usage(keys=2, bytes=200)  # deleted by another leader: nothing left here
     del seen["k"]
     q.check_write("bob", None, _state(), acl_bytes)
+
+
+def test_the_clusters_key_limit_refuses_every_creator_admins_too() -> None:
+    count = [5]
+    q = Quotas(QuotaLimits(cluster_keys=5), Authority(frozenset({"root"}), "blobha"),
+               lambda user: Usage(), {}.get, lambda: count[0])
+    for user in ("bob", "root"):
+        message = _refused("blobstore.keys.max", q.check_write, user, None,
+                           _state(creator=user), acl_bytes)
+        assert "holds 5" in message and "delete keys" in message
+    q.check_write("bob", _state(), _state(), acl_bytes)  # an update adds no key
+    count[0] = 4
+    q.check_write("bob", None, _state(), acl_bytes)
