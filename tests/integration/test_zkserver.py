@@ -149,8 +149,10 @@ def _root_and_chrooted(tmp_path: Path) -> Iterator[tuple[EmbeddedZooKeeper, Kazo
 
     zk = EmbeddedZooKeeper(tmp_path / "zk", tick_ms=500)
     zk.start()
-    root = KazooClient(hosts=zk.connect_string, timeout=4.0)
-    client = KazooClient(hosts=zk.connect_string + "/app", timeout=4.0, handler=PollHandler())
+    # The longest session the server grants (20 ticks): a test that restarts the server must
+    # not lose its sessions to a JVM start slowed by a busy machine (one took over 4 s).
+    root = KazooClient(hosts=zk.connect_string, timeout=10.0)
+    client = KazooClient(hosts=zk.connect_string + "/app", timeout=10.0, handler=PollHandler())
     try:
         root.start(timeout=15)
         root.ensure_path("/app")
