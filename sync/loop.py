@@ -197,7 +197,7 @@ class SyncLoop:
                         # disk's, 300,000 names) took a new leader's CPU and connection for a
                         # second, while its first writes waited. The paced pass over every key
                         # starts a moment later instead.
-                        self.queue.put_many(self.view.unsettled())
+                        self.queue.put_many(self.view.tally.unsettled())
                         paced = []
                         next_full = time.monotonic() + LEADER_PASS_DELAY
                     if not paced and time.monotonic() >= next_full:
@@ -236,7 +236,7 @@ class SyncLoop:
         if known != placed:
             # A master joined, or one gone for longer than the grace: reconcile at once only
             # the keys this master is now to hold or to give up.
-            moved = self.view.placement_moved(placed, known)
+            moved = self.view.tally.placement_moved(placed, known)
             log.info("masters now %s (were %s): %d keys move here or away", sorted(known),
                      sorted(placed), len(moved))
             self.queue.put_many(moved)
@@ -244,7 +244,7 @@ class SyncLoop:
         # /holders nodes, with nothing to read. A returning master checks its nodes before
         # they count again, and removes the ones it lacks: the recursive watch brings each
         # removal, and without it the lists of the keys it held are read again (paced).
-        return self.view.held_by(departed) if departed and not self.feed.recursive else []
+        return self.view.tally.held_by(departed) if departed and not self.feed.recursive else []
 
     # ---- the workers -----------------------------------------------------------------------
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import sys
 import threading
-import time
 import zlib
 from collections.abc import Callable, Iterable
 from collections.abc import Set as AbstractSet
@@ -13,7 +12,8 @@ from typing import TYPE_CHECKING
 
 from blobha.core.acl import format_acl
 from blobha.core.blobstate import BlobState
-from blobha.sync.decide import chosen, counted
+from blobha.sync.decide import counted
+from blobha.sync.tally import Tally
 from blobha.zk import layout
 
 if TYPE_CHECKING:
@@ -208,17 +208,8 @@ class ReplicaView:
         self.checked_session = 0
         #: The count of announcements at the latest reconnect (see reconnected).
         self._reconnect_mark = -1
-        # The last figures: (generation, masters known), when the view behind them was read
-        # (monotonic clock), and the figures. Guarded by figures_lock.
-        self._figures: tuple[tuple[int, frozenset[str], frozenset[str]], float,
-                             tuple[int, int, int]] | None = None
-        self.figures_lock = threading.Lock()
-        # For the keys this master lacks, whether the placement chooses it, with the factor it
-        # was decided for; valid for the masters in _placed_for. The hashing was most of a
-        # pass's cost, and a pass runs at every status check under writes; only a new key,
-        # or a new membership, costs a hash. Guarded by figures_lock.
-        self._placed: dict[str, tuple[int, bool]] = {}
-        self._placed_for: frozenset[str] = frozenset()
+        #: The figures of the view (a pass over every key at a time).
+        self.tally = Tally(self)
 
     # ---- reading it ----------------------------------------------------------------------
 
@@ -279,87 +270,8 @@ class ReplicaView:
 
     def figures(self) -> tuple[int, int, int]:
         """(keys, keys with fewer holders than their replication factor, keys this master
-        should hold but lacks), as of a moment during the call.
-
-        A pass over every key (with the placement hash of each key this master lacks: costly at
-        100,000s of keys) whenever the view has moved, which under writes is at every call. So
-        one pass runs at a time, and callers that waited for it take its answer when it began
-        after they asked: concurrent status checks cost one pass, not one each."""
-        asked = time.monotonic()
-        with self.figures_lock:
-            return self._figures_since(asked)
-
-    def _figures_since(self, asked: float) -> tuple[int, int, int]:
-        known = frozenset(self.membership.known())
-        holding = self.holding()
-        last = self._figures
-        with self.lock:
-            stamp = (self.generation, known, holding)
-            if last is not None and (last[0] == stamp or last[1] > asked):
-                return last[2]
-            taken = time.monotonic()
-            entries = list(self.entries.items())
-        result = (len(entries), *self.count(entries, known, holding))
-        self._figures = (stamp, taken, result)
-        return result
-
-    def count(self, entries: list[tuple[str, Entry]], known: frozenset[str],
-              holding: AbstractSet[str] | None = None) -> tuple[int, int]:
-        """One pass of :meth:`figures` (its lock held): the under-replicated keys (counting
-        the nodes of ``holding`` only, when given), and the keys this master should hold but
-        lacks."""
-        me = self.identity
-        under = lag = 0
-        before = self._placed if self._placed_for == known else {}
-        placed: dict[str, tuple[int, bool]] = {}  # only keys still lacking: none left behind
-        # Holder tuples are shared (canonical): a handful of distinct ones among 100,000s of
-        # keys, each counted once per pass (by identity: `entries` keeps them alive).
-        counts: dict[int, int] = {}
-        for key, e in entries:
-            holders = e.holders
-            n = counts.get(id(holders))
-            if n is None:
-                n = counts[id(holders)] = len(
-                    holders if holding is None else counted(holders, holding))
-            # Against the factor asked for, not the capped one: a blob that wants 3 copies in a
-            # cluster with a dead master is under-replicated, and operators should see it.
-            if n < e.rf:
-                under += 1
-            if me not in e.holders:
-                decided = before.get(key)
-                if decided is None or decided[0] != e.rf:
-                    decided = (e.rf, chosen(me, key, e.rf, known))
-                placed[key] = decided
-                lag += decided[1]
-        self._placed, self._placed_for = placed, known
-        return under, lag
-
-    def placed(self) -> dict[str, tuple[int, bool]]:
-        """The placement decisions the last figures pass kept (keys lacking here)."""
-        with self.figures_lock:
-            return dict(self._placed)
-
-    def placement_moved(self, before: frozenset[str], after: frozenset[str]) -> list[str]:
-        """The keys for which placement chooses this master under one set of masters and not
-        under the other (a key held by all of them either way, the common case when the
-        replication factor is at least the number of masters, is not among them)."""
-        me = self.identity
-        with self.lock:
-            entries = [(key, e.rf) for key, e in self.entries.items()]
-        return [key for key, rf in entries
-                if chosen(me, key, rf, before) != chosen(me, key, rf, after)]
-
-    def unsettled(self) -> list[str]:
-        """The keys that may call for a leader's duty: an unacknowledged version, or a
-        change announced and not read yet (a key created, with no entry yet, among them)."""
-        with self.lock:
-            unread = self.unread
-            return [*(key for key, e in self.entries.items() if not e.acked or key in unread),
-                    *(key for key in unread if key not in self.entries)]
-
-    def held_by(self, masters: set[str]) -> list[str]:
-        with self.lock:
-            return [key for key, e in self.entries.items() if not masters.isdisjoint(e.holders)]
+        should hold but lacks): see :class:`blobha.sync.tally.Tally`."""
+        return self.tally.figures()
 
     # ---- changing it ---------------------------------------------------------------------
 

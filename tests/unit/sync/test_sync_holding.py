@@ -112,7 +112,7 @@ def test_keys_a_new_leader_looks_at_first() -> None:
     put(v, "announced", (ME, A, B))
     v.heard("announced")
     v.heard("new")  # created: announced, not read yet
-    assert v.unsettled() == ["unacked", "announced", "new"]
+    assert v.tally.unsettled() == ["unacked", "announced", "new"]
 
 
 # ---- the membership's holders ------------------------------------------------------------------

@@ -201,7 +201,7 @@ def test_concurrent_status_checks_share_one_pass_over_the_keys(
     passes: list[int] = []
     first_inside = threading.Event()
     release = threading.Event()
-    real_count = s.replicas.count
+    real_count = s.replicas.tally.count
 
     def count(entries: list[tuple[str, Any]], known: frozenset[str],
               holding: frozenset[str] | None = None) -> tuple[int, int]:
@@ -211,7 +211,7 @@ def test_concurrent_status_checks_share_one_pass_over_the_keys(
             assert release.wait(30)
         return real_count(entries, known, holding)
 
-    monkeypatch.setattr(s.replicas, "count", count)
+    monkeypatch.setattr(s.replicas.tally, "count", count)
 
     class CountingLock:
         def __init__(self) -> None:
@@ -227,7 +227,7 @@ def test_concurrent_status_checks_share_one_pass_over_the_keys(
             self.lock.release()
 
     gate = CountingLock()
-    s.replicas.figures_lock = gate  # type: ignore[assignment]
+    s.replicas.tally.lock = gate  # type: ignore[assignment]
     results: dict[str, tuple[int, int, int]] = {}
 
     def ask(name: str) -> None:
@@ -257,20 +257,20 @@ def test_a_status_pass_hashes_only_the_keys_whose_placement_it_has_not_decided(
     # Where there are more masters than copies, a key this master lacks needs the placement's
     # hash to tell whether it should hold it; under writes every status check is a new pass,
     # and each hashed every such key again (0.2 s at 100,000 keys on five masters).
-    from blobha.sync import view as view_mod
+    from blobha.sync import tally as tally_mod
 
     c, d = "10.0.0.4:6627", "10.0.0.5:6627"
     known = {ME, A, B, c, d}
     s, _ = synchroniser(membership=SimpleNamespace(known=lambda: known, live=lambda: known,
                                                    holding=lambda: frozenset(known)))
-    real_chosen = view_mod.chosen
+    real_chosen = tally_mod.chosen
     hashed: list[str] = []
 
     def chosen(me: str, key: str, rf: int, masters: Any) -> bool:
         hashed.append(key)
         return real_chosen(me, key, rf, masters)
 
-    monkeypatch.setattr(view_mod, "chosen", chosen)
+    monkeypatch.setattr(tally_mod, "chosen", chosen)
 
     def put(key: str, holders: list[str], rf: int = 3) -> None:
         with s.replicas.lock:
@@ -303,4 +303,4 @@ def test_a_status_pass_hashes_only_the_keys_whose_placement_it_has_not_decided(
     with s.replicas.lock:  # a deleted key's decision goes with it
         del s.replicas.entries["new"]
         s.replicas.generation += 1
-    assert s.figures() == expected() and hashed == [] and "new" not in s.replicas.placed()
+    assert s.figures() == expected() and hashed == [] and "new" not in s.replicas.tally.placed()

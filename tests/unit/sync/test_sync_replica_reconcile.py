@@ -129,7 +129,7 @@ def test_a_departure_re_reads_each_list_once_with_its_watch() -> None:
     s, zk = synchroniser()
     s.replicas.entries["k"] = entry([ME, A, B])
     s.replicas.entries["steady"] = entry([ME, A])
-    assert s.replicas.held_by({B}) == ["k"]
+    assert s.replicas.tally.held_by({B}) == ["k"]
     zk.listed[PATH] = names(ME, A)  # B's replica node went with its session
     s.feed.recheck_replicas(["k"])
     # One read, which armed the watch: no second read to re-arm it, no reconcile.
@@ -153,7 +153,7 @@ def test_only_keys_whose_placement_moves_are_reconciled_when_masters_change() ->
     for i in range(200):
         s.replicas.entries[f"three-{i}"] = Entry(b"", 0, 1, 3, True, (ME, A, B), SESSION)
         s.replicas.entries[f"one-{i}"] = Entry(b"", 0, 1, 1, True, (B,), SESSION)
-    moved = set(s.replicas.placement_moved(before, after))
+    moved = set(s.replicas.tally.placement_moved(before, after))
     # With three copies wanted, both remaining masters hold every key either way.
     assert not any(key.startswith("three-") for key in moved)
     # With one, the keys B held move to whichever of ME and A the placement now picks.
