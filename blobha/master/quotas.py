@@ -58,6 +58,9 @@ PENDING_SECS = 30.0
 #: each check.
 PENDING_MAX = 4096
 
+#: Where the pending creates of the whole cluster are kept (no user is named "").
+_CLUSTER = ""
+
 #: What the view holds of a key: (the creation time of its incarnation, its version); None:
 #: nothing.
 Seen = tuple[float, int] | None
@@ -89,7 +92,7 @@ class Quotas:
 
     def __init__(self, limits: QuotaLimits, authority: Authority,
                  usage: Callable[[str], Usage], seen: Callable[[str], Seen],
-                 key_count: Callable[[], int] = lambda: 0) -> None:
+                 key_count: Callable[[], int]) -> None:
         self.limits = limits
         #: The keys the cluster holds, as the leader's view has them.
         self._key_count = key_count
@@ -97,22 +100,17 @@ class Quotas:
         self._view_usage = usage
         self._seen = seen
         self._lock = threading.Lock()
-        # Per creator, in the order made.
+        # Per creator, in the order made; under _CLUSTER, every create (for the cluster's
+        # limit, with one set).
         self._pending: dict[str, list[_Change]] = {}
-        # Every create this leader made that its view may not show yet, for the cluster's
-        # limit (with one set).
-        self._created: list[_Change] = []
 
     def committed(self, old: BlobState | None, new: BlobState, key: str,
                   acl_bytes: Callable[[BlobState], int]) -> None:
         """This leader committed ``new`` over ``old`` (None: a create): counted until the
         view shows it."""
         if old is None and self.limits.cluster_keys:
-            with self._lock:
-                self._created.append(_Change(key, new.created_at, new.seq, Usage(1),
+            self._remember(_CLUSTER, _Change(key, new.created_at, new.seq, Usage(1),
                                              time.monotonic() + PENDING_SECS))
-                if len(self._created) > PENDING_MAX:
-                    del self._created[0]
         self._add(new.creator, _Change(key, new.created_at, new.seq, Usage(
             1 if old is None else 0, new.size - (old.size if old is not None else 0),
             acl_bytes(new) - (acl_bytes(old) if old is not None else 0)),
@@ -130,6 +128,9 @@ class Quotas:
         lim = self.limits
         if not (lim.keys or lim.bytes or lim.acl_bytes) or self.exempt(owner):
             return
+        self._remember(owner, change)
+
+    def _remember(self, owner: str, change: _Change) -> None:
         with self._lock:
             mine = self._pending.setdefault(owner, [])
             mine.append(change)
@@ -143,38 +144,33 @@ class Quotas:
 
     def _cluster_keys(self) -> int:
         """The keys of the leader's view, and its creates the view does not show yet."""
-        have = self._key_count()
-        with self._lock:
-            created = list(self._created)
-        now = time.monotonic()
-        left = [c for c in created if c.until >= now and not c.shown(self._seen(c.key))]
-        if len(left) != len(created):
-            with self._lock:
-                self._created = [c for c in self._created if c in left or c not in created]
-        return have + len(left)
+        return self._key_count() + sum(c.added.keys for c in self._unshown(_CLUSTER))
 
     def _usage(self, user: str) -> Usage:
-        """``user``'s figures: the view's, and this leader's changes the view lacks (those it
-        shows are forgotten here)."""
+        """``user``'s figures: the view's, and this leader's changes the view lacks."""
         u = self._view_usage(user)
+        for c in self._unshown(user):
+            u = Usage(u.keys + c.added.keys, u.bytes + c.added.bytes,
+                      u.acl_bytes + c.added.acl_bytes)
+        return u
+
+    def _unshown(self, owner: str) -> list[_Change]:
+        """``owner``'s changes the view does not show yet (those it shows, or too old to
+        count, are forgotten here)."""
         with self._lock:
-            mine = list(self._pending.get(user, ()))
+            mine = list(self._pending.get(owner, ()))
         if not mine:
-            return u
+            return []
         now = time.monotonic()
         done = {id(c) for c in mine if c.until < now or c.shown(self._seen(c.key))}
-        for c in mine:
-            if id(c) not in done:
-                u = Usage(u.keys + c.added.keys, u.bytes + c.added.bytes,
-                          u.acl_bytes + c.added.acl_bytes)
         if done:
             with self._lock:
-                left = [c for c in self._pending.get(user, ()) if id(c) not in done]
+                left = [c for c in self._pending.get(owner, ()) if id(c) not in done]
                 if left:
-                    self._pending[user] = left
+                    self._pending[owner] = left
                 else:
-                    self._pending.pop(user, None)
-        return u
+                    self._pending.pop(owner, None)
+        return [c for c in mine if id(c) not in done]
 
     def check_write(self, user: str, old: BlobState | None, new: BlobState,
                     acl_bytes: Callable[[BlobState], int]) -> None:

@@ -57,7 +57,7 @@ class Node:
                                       threading.Event())
         self.acks = Acknowledger(self.settings, self.store, self.meta, self.waits, self.sync)
         self.quotas = Quotas(QuotaLimits(), self.authority, lambda user: Usage(),
-                             lambda key: None)
+                             lambda key: None, lambda: 0)
         self.committer = Committer(self.settings, self.identity, self.store, self.election,
                                    self.meta, self.authority, self.sync, self.membership,
                                    uploads, self.quotas)

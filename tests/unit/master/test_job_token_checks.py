@@ -233,7 +233,7 @@ def _part(mode: str = "token", max_lifetime: int = 7 * 24 * 3600, per_user: int 
     fake: Any = (zk, _Election(zk), _Meta(zk))
     authority = Authority(frozenset({"root"}), "blobha-master")
     quotas = Quotas(QuotaLimits(job_tokens=per_user), authority, lambda user: Usage(),
-                    lambda key: None)
+                    lambda key: None, lambda: 0)
     part = JobTokens(*fake, authority, mode, max_lifetime, quotas, clock=clock)
     return part, zk, clock
 

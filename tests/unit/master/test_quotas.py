@@ -20,7 +20,7 @@ def _quotas(usage: dict[str, Usage], limits: QuotaLimits = LIMITS,
             seen: dict[str, tuple[float, int]] | None = None) -> Quotas:
     versions = seen if seen is not None else {}
     return Quotas(limits, Authority(frozenset({"root"}), "blobha"),
-                  lambda user: usage.get(user, Usage()), versions.get)
+                  lambda user: usage.get(user, Usage()), versions.get, lambda: 0)
 
 
 def _state(creator: str = "bob", size: int = 10, acl: str = "", created_at: float = 1.0
@@ -167,3 +167,18 @@ def test_the_clusters_key_limit_refuses_every_creator_admins_too() -> None:
     q.check_write("bob", _state(), _state(), acl_bytes)  # an update adds no key
     count[0] = 4
     q.check_write("bob", None, _state(), acl_bytes)
+
+
+def test_a_create_counts_against_the_clusters_limit_before_the_view_shows_it() -> None:
+    count = [4]
+    seen: dict[str, tuple[float, int]] = {}
+    q = Quotas(QuotaLimits(cluster_keys=5), Authority(frozenset({"root"}), "blobha"),
+               lambda user: Usage(), seen.get, lambda: count[0])
+    q.check_write("bob", None, _state(), acl_bytes)
+    q.committed(None, _state(), "k5", acl_bytes)  # the view still shows 4 keys
+    _refused("blobstore.keys.max", q.check_write, "alice", None, _state(creator="alice"),
+             acl_bytes)
+    seen["k5"], count[0] = (1.0, 1), 5  # the view has it now: counted once, not twice
+    message = _refused("blobstore.keys.max", q.check_write, "alice", None,
+                       _state(creator="alice"), acl_bytes)
+    assert "holds 5" in message
