@@ -9,7 +9,7 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError, UnimplementedError, ZookeeperError
 
 from blobha.sync.feed import describe
-from blobha.zk.connection import ReadResult, read_many_async
+from blobha.zk.connection import ReadResult, read_many
 from blobha.zk.layout import key_path
 
 if TYPE_CHECKING:
@@ -76,27 +76,13 @@ class KeyReader:
         """:meth:`read_many` (no watches) in ``multiRead`` requests of ``multi_reads`` reads
         each, sent all at once: a follower reads every new key, and a request per read cost
         ZooKeeper, and each follower, noticeably more CPU per create."""
-        step = self.settings.multi_reads
         reads: list[tuple[str, bool]] = []
         for key in keys:
             reads.append((key_path(key), False))
             if key not in listless:
                 reads.append((key_path(key), True))
-        pending = [read_many_async(self.zk, reads[i:i + step])
-                   for i in range(0, len(reads), step)]
-        results: list[ReadResult] = []
-        for i, request in enumerate(pending):
-            asked = len(reads[i * step:(i + 1) * step])
-            try:
-                answers = request.get(timeout=self.settings.read_timeout)
-                if len(answers) != asked:
-                    raise ZookeeperError(f"a multiRead of {asked} reads came back with"
-                                         f" {len(answers)} answers")
-                results.extend(answers)
-            except UnimplementedError:
-                raise
-            except Exception as e:
-                results.extend([e] * asked)
+        results = read_many(self.zk, reads, self.settings.multi_reads,
+                            self.settings.read_timeout)
         out: dict[str, Read] = {}
         at = 0
         for key in keys:

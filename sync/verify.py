@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from kazoo.client import KazooClient
 from kazoo.exceptions import KazooException, NoNodeError, UnimplementedError, ZookeeperError
 
-from blobha.zk.connection import ReadResult, read_many_async
+from blobha.zk.connection import ReadResult, read_many
 from blobha.zk.layout import BLOBSTORE, key_path, parse_replica
 
 log = logging.getLogger("blobha.sync.synchronizer")
@@ -38,26 +38,15 @@ REQUESTS_IN_FLIGHT = 8
 def _lists(zk: KazooClient, keys: Sequence[str], timeout: float) -> list[ReadResult]:
     """Each key's replica node names (or the error), in order: multiRead requests, or one
     read per key from a server older than 3.6."""
-    out: list[ReadResult] = []
-    step = READS_PER_REQUEST
     try:
-        for start in range(0, len(keys), step * REQUESTS_IN_FLIGHT):
-            window = keys[start:start + step * REQUESTS_IN_FLIGHT]
-            pending = [(len(window[i:i + step]), read_many_async(
-                zk, [(key_path(k), True) for k in window[i:i + step]]))
-                for i in range(0, len(window), step)]
-            for asked, request in pending:
-                answers = request.get(timeout=timeout)
-                if len(answers) != asked:
-                    raise ZookeeperError(f"a multiRead of {asked} reads came back with"
-                                         f" {len(answers)} answers")
-                out.extend(answers)
-        return out
+        return read_many(zk, [(key_path(k), True) for k in keys], READS_PER_REQUEST, timeout,
+                         in_flight=REQUESTS_IN_FLIGHT)
     except UnimplementedError:
         pass
-    out = []
-    for start in range(0, len(keys), step):
-        reads = [zk.get_children_async(key_path(k)) for k in keys[start:start + step]]
+    out: list[ReadResult] = []
+    for start in range(0, len(keys), READS_PER_REQUEST):
+        reads = [zk.get_children_async(key_path(k))
+                 for k in keys[start:start + READS_PER_REQUEST]]
         for r in reads:
             try:
                 out.append(list(r.get(timeout=timeout)))

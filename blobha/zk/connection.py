@@ -30,6 +30,8 @@ from kazoo.exceptions import (
     OperationTimeoutError,
     SessionExpiredError,
     SessionMovedError,
+    UnimplementedError,
+    ZookeeperError,
 )
 from kazoo.handlers.threading import KazooTimeoutError, SequentialThreadingHandler
 from kazoo.interfaces import IAsyncResult
@@ -209,6 +211,33 @@ def read_many_async(zk: KazooClient, reads: Sequence[tuple[str, bool]]) -> IAsyn
     return result
 
 
+def read_many(zk: KazooClient, reads: Sequence[tuple[str, bool]], per_request: int,
+              timeout: float, in_flight: int = 0) -> list[ReadResult]:
+    """:func:`read_many_async`'s answers for ``reads``, in order, in requests of
+    ``per_request`` reads, at most ``in_flight`` of them sent at once (0: all): answers held
+    in memory are bounded that way at 100,000s of keys. A request that fails gives each of its
+    reads its exception; :class:`kazoo.exceptions.UnimplementedError` (a server older than
+    3.6) is raised."""
+    out: list[ReadResult] = []
+    chunks = [reads[i:i + per_request] for i in range(0, len(reads), per_request)]
+    window = in_flight or max(len(chunks), 1)
+    for start in range(0, len(chunks), window):
+        pending = [(len(chunk), read_many_async(zk, chunk))
+                   for chunk in chunks[start:start + window]]
+        for asked, request in pending:
+            try:
+                answers = request.get(timeout=timeout)
+                if len(answers) != asked:
+                    raise ZookeeperError(f"a multiRead of {asked} reads came back with"
+                                         f" {len(answers)} answers")
+                out.extend(answers)
+            except UnimplementedError:
+                raise
+            except Exception as e:
+                out.extend([e] * asked)
+    return out
+
+
 class _Recursive:
     """The persistent recursive watches of one client, and the hook that delivers them.
 
@@ -343,7 +372,7 @@ def add_recursive_watch(zk: KazooClient, path: str, callback: Callable[[WatchedE
 
 
 __all__ = ["UNREACHABLE", "PollHandler", "ReadResult", "add_recursive_watch",
-           "before_each_connection", "poll_select", "read_many_async"]
+           "before_each_connection", "poll_select", "read_many", "read_many_async"]
 
 
 def master_client(hosts: str, timeout: float, credentials: ZkCredentials | None,
