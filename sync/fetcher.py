@@ -40,13 +40,13 @@ class Fetcher:
 
     def __init__(self, store: LocalStore, peers: Peers, identity: str, view: ReplicaView,
                  guard: ClusterGuard, settings: SyncSettings,
-                 live: Callable[[], AbstractSet[str]]) -> None:
+                 holding: Callable[[], AbstractSet[str]]) -> None:
         self.store = store
         self.peers = peers
         self.identity = identity
         #: The masters whose replica nodes count now (under /holders, with a session; see
         #: :meth:`sources`).
-        self.live = live
+        self.holding = holding
         self.view = view
         self.guard = guard
         self.settings = settings
@@ -72,7 +72,7 @@ class Fetcher:
         groups: dict[str, list[Wanted]] = {}
         singles: list[Wanted] = []
         fresh: set[str] = set()
-        live = self.live()
+        holding = self.holding()
         staged: list[tuple[str, BlobState, bytes]] = []
         for item in to_fetch:
             key, state, holders = item
@@ -87,7 +87,7 @@ class Fetcher:
             if self.store.staged.is_whole(key, state.digest):
                 singles.append(item)  # a streamed upload's copy: fetch() moves it in
                 continue
-            sources = self.sources(holders, live)
+            sources = self.sources(holders, holding)
             # A key with a local version goes alone: fetch may find the bytes locally.
             if state.size <= small and sources and not self.store.versions(key):
                 fresh.add(key)
@@ -150,7 +150,7 @@ class Fetcher:
                     raise stale_fetch(key)
                 self.store.install_copy(key, state.seq, copy)
             return None
-        sources = self.sources(holders, self.live())
+        sources = self.sources(holders, self.holding())
         if not sources:
             raise SyncDeferred(f"no live replica holds v{state.seq} yet")
         self.store.reserve(state.size)
@@ -186,14 +186,14 @@ class Fetcher:
                  time.monotonic() - started)
         return None
 
-    def sources(self, holders: list[str], live: AbstractSet[str]) -> list[str]:
+    def sources(self, holders: list[str], holding: AbstractSet[str]) -> list[str]:
         """The other holders to fetch from, in the order to try them: only masters whose
         replica nodes count (with a session). A batch's holders were read before its fetches
         start, and a holder whose session ended since (paused, cut off) keeps a fetch waiting
         for the stall limit, and the whole batch's registrations with it (a writer's W=2
         waits on those); its replica nodes no longer count, so the key is deferred and read
         again instead."""
-        return self.peers.rank(h for h in holders if h != self.identity and h in live)
+        return self.peers.rank(h for h in holders if h != self.identity and h in holding)
 
     def fetch_batch(self, source: str, items: list[Wanted]) -> dict[str, bytes]:
         """The bytes of the small versions ``source`` sent whose digest it gives as ZooKeeper

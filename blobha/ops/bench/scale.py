@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 
 import grpc
@@ -37,18 +38,25 @@ def _keys_in_zk(zk: KazooClient) -> int:
 def _restart_until_counted(bench: Bench, lc: LocalCluster, zk: KazooClient,
                            m: MasterProcess) -> float:
     """SIGTERM ``m``, start it again on its disk: seconds until its replica nodes count again
-    (it checked them against its disk and announced its /holders node)."""
+    (it checked them against its disk and announced a /holders node of its new session),
+    followed by a watch on that node."""
+    path = f"{CHROOT}{HOLDERS}/{m.address}"
+    before = zk.exists(path)
+    old = before.ephemeralOwner if before is not None else None
     m.terminate()
     t0 = time.monotonic()
     lc.start_master(m)
     deadline = t0 + CATCHUP_TIMEOUT
-    pause = 0.05
-    while zk.exists(f"{CHROOT}{HOLDERS}/{m.address}") is None:
-        if time.monotonic() > deadline:
+    moved = threading.Event()
+    while True:
+        moved.clear()
+        stat = zk.exists(path, watch=lambda event: moved.set())
+        if stat is not None and stat.ephemeralOwner != old:
+            break
+        left = deadline - time.monotonic()
+        if left <= 0 or not moved.wait(left):
             bench.log.note(f"{m.address} did not count again within {CATCHUP_TIMEOUT:.0f} s")
             break
-        time.sleep(pause)
-        pause = min(2 * pause, 0.5)
     return time.monotonic() - t0
 
 

@@ -59,15 +59,15 @@ def state(seq: int = 3, size: int = 10) -> BlobState:
                      write_quorum=2)
 
 
-def fetcher(live: set[str]) -> tuple[Fetcher, Peers]:
+def fetcher(holding: set[str]) -> tuple[Fetcher, Peers]:
     peers = Peers()
     f = Fetcher(Store(), peers, ME, None, Guard([False]), settings(),  # type: ignore[arg-type]
-                lambda: set(live))
+                lambda: set(holding))
     return f, peers
 
 
 def test_a_holder_whose_session_ended_is_not_fetched_from() -> None:
-    f, peers = fetcher(live={ME, A})
+    f, peers = fetcher(holding={ME, A})
     with pytest.raises(Unavailable):
         f.fetch("k", state(), [ME, A, B])
     assert peers.tried == [A]
@@ -76,14 +76,14 @@ def test_a_holder_whose_session_ended_is_not_fetched_from() -> None:
 def test_a_version_held_only_by_departed_masters_is_deferred_at_once() -> None:
     # A paused master's fetch would wait for the stall limit, and hold up the registration of
     # every other version of the batch with it.
-    f, peers = fetcher(live={ME, A})
+    f, peers = fetcher(holding={ME, A})
     with pytest.raises(SyncDeferred, match="no live replica holds v3"):
         f.fetch("k", state(), [ME, B])
     assert peers.tried == []
 
 
 def test_small_blobs_are_batched_only_from_a_live_holder() -> None:
-    f, peers = fetcher(live={ME, A})
+    f, peers = fetcher(holding={ME, A})
     failures: dict[str, Exception] = {}
     f.fetch_all([("k", state(), [B]), ("j", state(), [A, B])], failures)
     f.shutdown()
