@@ -106,6 +106,15 @@ class SessionRecord:
         except (OSError, ValueError, TypeError, KeyError, AttributeError):
             return None
 
+    def end_predecessor(self) -> None:
+        """End the recorded session now, before this process has one: called by the holder of
+        the directory's lock before its store loads, which takes longer the more it stores,
+        so a leader restarted at once hands over at once whatever its size. If ZooKeeper
+        cannot be reached, the record stays for :meth:`end_if_predecessors`."""
+        recorded = self._predecessor
+        if recorded is not None and self._end(recorded):
+            self._predecessor = None
+
     def end_if_predecessors(self, owner: int) -> bool:
         """End session ``owner`` if it is the one the previous process on this directory
         recorded: whether it is gone now. Tried once: the record is dropped either way."""
@@ -113,18 +122,23 @@ class SessionRecord:
         if recorded is None or recorded[0] != owner or owner == self._saved:
             return False
         self._predecessor = None
+        return self._end(recorded)
+
+    def _end(self, recorded: tuple[int, bytes]) -> bool:
+        """End ``recorded``: whether it is gone now (ended, or expired before)."""
+        session = recorded[0]
         try:
             ended = self._end_session(*recorded)
         except Exception as e:
             log.warning("could not end session 0x%x of this data directory's previous master"
-                        " (%s): waiting for it to expire", owner, e)
+                        " (%s): waiting for it to expire", session, e)
             return False
         if ended:
             log.info("ended ZooKeeper session 0x%x of this data directory's previous master,"
-                     " which is gone: its nodes went with it", owner)
+                     " which is gone: its nodes went with it", session)
         else:
             log.info("session 0x%x of this data directory's previous master has expired",
-                     owner)
+                     session)
         return True
 
 

@@ -152,26 +152,29 @@ class ClusterIdentity:
         ensure_locked_chroot(self._servers, self._chroot,
                              self.zk_credentials, max(15.0, self.session_timeout), self.zk_tls)
 
-    def end_session(self, session: int, password: bytes) -> bool:
-        """Reconnect to a dead predecessor's session and close it (see SessionRecord); False
-        if it had expired (kazoo then got a new session, closed here instead)."""
-        zk = KazooClient(
-            hosts=self._zk_hosts,
-            timeout=self.session_timeout,
-            client_id=(session, password),
-            connection_retry=KazooRetry(max_tries=2, max_delay=1.0),
-            **(self.zk_credentials.kazoo_args() if self.zk_credentials else {}),
-            **(self.zk_tls.kazoo_args() if self.zk_tls else {}),
-        )
-        try:
-            # Short: ZooKeeper was reached a moment ago, and this comes out of the wait for
-            # the session to expire by itself.
-            zk.start(timeout=5.0)
-            resumed = bool(zk.client_id) and zk.client_id[0] == session
-        finally:
-            zk.stop()  # closes the session: ZooKeeper deletes its ephemeral nodes
-            zk.close()
-        return resumed
+
+def end_zk_session(hosts: str, session_timeout: float, credentials: ZkCredentials | None,
+                   tls: ZkTls | None, session: int, password: bytes) -> bool:
+    """Reconnect to session ``session`` and close it, which removes its ephemeral nodes: True,
+    or False if it had expired (kazoo then got a new session, closed here instead). Raises
+    if ZooKeeper cannot be reached."""
+    zk = KazooClient(
+        hosts=hosts,
+        timeout=session_timeout,
+        client_id=(session, password),
+        connection_retry=KazooRetry(max_tries=2, max_delay=1.0),
+        **(credentials.kazoo_args() if credentials else {}),
+        **(tls.kazoo_args() if tls else {}),
+    )
+    try:
+        # Short: a master that cannot reach ZooKeeper now cannot serve either, and the
+        # session then expires by itself.
+        zk.start(timeout=5.0)
+        resumed = bool(zk.client_id) and zk.client_id[0] == session
+    finally:
+        zk.stop()  # closes the session: ZooKeeper deletes its ephemeral nodes
+        zk.close()
+    return resumed
 
 
 class Guard:

@@ -18,6 +18,7 @@ to a version that was never acknowledged and that no live master holds.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import socket
@@ -38,7 +39,7 @@ from blobha.leader import LeaderElection, LeaderHistory
 from blobha.master.acks import Acknowledger
 from blobha.master.admin import Admin
 from blobha.master.channel import Channel
-from blobha.master.cluster import ClusterIdentity, Guard
+from blobha.master.cluster import ClusterIdentity, Guard, end_zk_session
 from blobha.master.committer import Committer
 from blobha.master.config import Config, ConfigError
 from blobha.master.forward import Forwarder
@@ -130,7 +131,19 @@ class Master:
         except (ValueError, ZooKeeperAuthError, ZooKeeperTlsError) as e:
             raise ConfigError(str(e)) from None
         # After the checks above: a master refused for its settings leaves no data directory.
-        self.store = LocalStore(s.data_dir, s.disk_reserved_bytes)
+        # The predecessor on this directory (see SessionRecord) is ended as soon as its lock
+        # is ours, before the store loads: a leader restarted at once hands over at once.
+        self.session_record: SessionRecord | None = None
+
+        def locked() -> None:
+            self.session_record = SessionRecord(s.data_dir, functools.partial(
+                end_zk_session, s.zk_servers + s.zk_chroot, self.session_timeout,
+                self.zk_credentials, zk_tls))
+            self.session_record.end_predecessor()
+
+        opening = time.monotonic()
+        self.store = LocalStore(s.data_dir, s.disk_reserved_bytes, on_locked=locked)
+        log.info("store %s open in %.1f s", s.data_dir, time.monotonic() - opening)
         self.zk = master_client(s.zk_servers + s.zk_chroot, self.session_timeout,
                                 self.zk_credentials, zk_tls)
         if self.zk_tls_files is not None:
@@ -162,7 +175,7 @@ class Master:
             # A predecessor's session (this identity, a master that died) expires within its
             # timeout, one tick late at worst; at once if it was this data directory's.
             claim_secs=2 * self.session_timeout + 2,
-            record=SessionRecord(s.data_dir, self.cluster.end_session),
+            record=self.session_record,
             on_leave=self._master_left,
         )
         self.sync = Synchronizer(

@@ -82,11 +82,17 @@ class LocalStore:
 
     def __init__(self, root: Path, reserved_bytes: int = 0, *,
                  recent_bytes: int = RECENT_BYTES,
-                 recent_versions: int = RECENT_VERSIONS) -> None:
+                 recent_versions: int = RECENT_VERSIONS,
+                 on_locked: Callable[[], None] | None = None) -> None:
+        """``on_locked`` is called once the directory's lock is held, before anything in it is
+        read: what waits on a dead predecessor is dealt with then, not after the load, which
+        grows with what the store holds."""
         self.root = root
         self.reserved_bytes = reserved_bytes
         self._lock_fd = lock_data_dir(root)
         try:
+            if on_locked is not None:
+                on_locked()
             self.keys_dir = root / "keys"
             self.tmp_dir = root / "tmp"
             self.keys_dir.mkdir(parents=True, exist_ok=True)

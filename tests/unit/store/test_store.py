@@ -951,3 +951,34 @@ def test_a_version_replaced_while_read_is_not_taken_for_corrupt(store: LocalStor
         store.send_verified(info, 0, info.size, lambda: None,
                             lambda f, pos, n: sent.append(n), checker)
     assert sent == [] and _read(store, "k", 1) == new
+
+
+def test_on_locked_runs_with_the_lock_held_and_before_anything_is_read(
+        tmp_path: Path) -> None:
+    root = tmp_path / "s"
+    first = LocalStore(root)
+    _put(first, "k", 1, b"kept")
+    first.close()
+    seen: list[object] = []
+
+    def locked() -> None:
+        with pytest.raises(DataDirInUse):
+            LocalStore(root)  # held already
+        seen.append((root / "tmp" / "debris").exists())
+
+    (root / "tmp" / "debris").write_bytes(b"a crashed write's")
+    store = LocalStore(root, on_locked=locked)
+    assert seen == [True], "called once, before start-up cleaned tmp/"
+    assert not (root / "tmp" / "debris").exists()
+    assert store.keys() == ["k"]
+    store.close()
+
+
+def test_a_refused_directory_does_not_call_on_locked(tmp_path: Path) -> None:
+    root = tmp_path / "s"
+    first = LocalStore(root)
+    called: list[bool] = []
+    with pytest.raises(DataDirInUse):
+        LocalStore(root, on_locked=lambda: called.append(True))
+    assert called == []
+    first.close()

@@ -212,3 +212,34 @@ def test_register_tries_ending_once_and_then_waits_as_before(tmp_path: Path) -> 
     with pytest.raises(IdentityInUse):
         _membership(zk, SessionRecord(tmp_path, ender)).register(wait=False)
     assert ender.ended == [(7, b"pw")]
+
+
+def test_the_predecessor_is_ended_before_this_process_has_a_session(tmp_path: Path) -> None:
+    # At start-up, once the directory's lock is held and before the store loads: no owner to
+    # compare with yet, and none needed (the lock proves the recorder gone).
+    SessionRecord(tmp_path, Ender()).save((7, b"pw"))
+    ender = Ender()
+    successor = SessionRecord(tmp_path, ender)
+    successor.end_predecessor()
+    assert ender.ended == [(7, b"pw")]
+    successor.save((8, b"new"))
+    assert not successor.end_if_predecessors(7), "already ended: not tried again"
+    assert ender.ended == [(7, b"pw")]
+
+
+def test_a_predecessor_not_reached_at_start_up_is_tried_again_at_registration(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    SessionRecord(tmp_path, Ender()).save((7, b"pw"))
+    ender = Ender(OSError("connection refused"))
+    successor = SessionRecord(tmp_path, ender)
+    successor.end_predecessor()
+    assert "could not end session 0x7" in caplog.text
+    ender.error = None  # ZooKeeper is back
+    assert successor.end_if_predecessors(7)
+    assert ender.ended == [(7, b"pw"), (7, b"pw")]
+
+
+def test_without_a_record_nothing_is_ended_at_start_up(tmp_path: Path) -> None:
+    ender = Ender()
+    SessionRecord(tmp_path, ender).end_predecessor()
+    assert ender.ended == []
