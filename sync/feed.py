@@ -198,11 +198,11 @@ class ChangeFeed:
                 key, entry, self.membership.known(), self.guard.is_leader()):
             self.queue.put(key)
 
-    def check_own_nodes(self) -> tuple[int, int]:
+    def check_own_nodes(self, stopping: threading.Event) -> tuple[int, int]:
         """Remove this master's replica nodes of versions its store lacks, before they count
         (see blobha.sync.verify): (keys looked at, nodes removed)."""
         return check_own_nodes(self.zk, self.identity, self.store.has_version,
-                               self.settings.read_timeout)
+                               self.settings.read_timeout, stopping)
 
     # ---- one-shot watches ------------------------------------------------------------------
 

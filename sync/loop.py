@@ -24,6 +24,7 @@ from blobha.core.errors import BlobError
 from blobha.sync.feed import Wake, describe
 from blobha.sync.membership import IdentityInUse
 from blobha.sync.registry import SyncDeferred
+from blobha.sync.verify import CheckInterrupted
 from blobha.sync.view import ReplicaView
 from blobha.sync.workqueue import WorkQueue
 from blobha.zk.connection import UNREACHABLE
@@ -43,7 +44,7 @@ class Intake(Protocol):
     def watch_tree(self) -> None: ...
     def all_keys(self) -> list[str]: ...
     def recheck_replicas(self, keys: list[str]) -> None: ...
-    def check_own_nodes(self) -> tuple[int, int]: ...
+    def check_own_nodes(self, stopping: threading.Event) -> tuple[int, int]: ...
 
 
 #: How long after taking office a leader starts its paced pass over every key.
@@ -149,7 +150,7 @@ class SyncLoop:
                     log.info("new ZooKeeper session %s: re-registering and reconciling", session)
                     self.membership.register()
                     started = time.monotonic()
-                    keys, removed = self.feed.check_own_nodes()
+                    keys, removed = self.feed.check_own_nodes(self.stopping)
                     self.view.checked_session = session or 0
                     self.membership.hold()
                     log.info("checked this master's replica nodes of %d keys in %.1f s (%d"
@@ -219,6 +220,8 @@ class SyncLoop:
                     step = int(self.settings.recheck_keys_per_sec * pace_step)
                     self.feed.recheck_replicas(recheck[-step:])
                     del recheck[-step:]
+            except CheckInterrupted:
+                return  # stopping
             except IdentityInUse as e:
                 # Our session was lost and another master took our name meanwhile: nothing
                 # here is registered until it goes.

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
+import time
 from collections.abc import Callable, Sequence
 
 from kazoo.client import KazooClient
@@ -30,6 +32,10 @@ log = logging.getLogger("blobha.sync.synchronizer")
 #: Replica lists read per multiRead request, and nodes removed per transaction.
 READS_PER_REQUEST = 500
 DELETES_PER_TXN = 200
+#: Most replica nodes removed a second. Every other master hears of each removal through its
+#: recursive watch, on the connection its commits and election use: a wiped master removing
+#: 100,000s of nodes at ZooKeeper's full speed held up the leader's writes for seconds.
+REMOVALS_PER_SEC = 10_000
 #: multiRead requests in flight at once: enough to keep ZooKeeper busy, few enough that the
 #: answers of 100,000s of keys are not all held in memory at once.
 REQUESTS_IN_FLIGHT = 8
@@ -73,8 +79,16 @@ def own_nodes_to_remove(identity: str, keys: Sequence[str], lists: Sequence[Read
     return doomed
 
 
-def _remove(zk: KazooClient, paths: list[str]) -> None:
+class CheckInterrupted(Exception):
+    """The master stops during its check: its nodes are not all checked, it must not count."""
+
+
+def _remove(zk: KazooClient, paths: list[str], stopping: threading.Event) -> None:
+    started = time.monotonic()
     for start in range(0, len(paths), DELETES_PER_TXN):
+        ahead = started + start / REMOVALS_PER_SEC - time.monotonic()
+        if (ahead > 0 and stopping.wait(ahead)) or stopping.is_set():
+            raise CheckInterrupted(f"stopped after removing {start} of {len(paths)} nodes")
         chunk = paths[start:start + DELETES_PER_TXN]
         txn = zk.transaction()
         for path in chunk:
@@ -92,9 +106,10 @@ def _remove(zk: KazooClient, paths: list[str]) -> None:
 
 
 def check_own_nodes(zk: KazooClient, identity: str, holds: Callable[[str, int], bool],
-                    timeout: float) -> tuple[int, int]:
-    """Remove this master's replica nodes whose version its store lacks: (keys looked at,
-    nodes removed). Raises what ZooKeeper raised (the caller tries again)."""
+                    timeout: float, stopping: threading.Event) -> tuple[int, int]:
+    """Remove this master's replica nodes whose version its store lacks, at most
+    :data:`REMOVALS_PER_SEC` a second: (keys looked at, nodes removed). Raises what ZooKeeper
+    raised (the caller tries again), or :class:`CheckInterrupted` once ``stopping`` is set."""
     keys = zk.get_children(BLOBSTORE)
     lists = _lists(zk, keys, timeout)
     doomed = own_nodes_to_remove(identity, keys, lists, holds)
@@ -102,8 +117,8 @@ def check_own_nodes(zk: KazooClient, identity: str, holds: Callable[[str, int], 
         log.warning("removing %d replica node(s) of this master whose version is not on its"
                     " disk (a wiped or replaced data directory?); they are fetched again",
                     len(doomed))
-        _remove(zk, doomed)
+        _remove(zk, doomed, stopping)
     return len(keys), len(doomed)
 
 
-__all__ = ["check_own_nodes", "own_nodes_to_remove"]
+__all__ = ["CheckInterrupted", "check_own_nodes", "own_nodes_to_remove"]

@@ -33,6 +33,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 #: are one unit each (the chaos report is one file, and Spark's JVMs want the CPUs).
 LONGEST_FIRST = (
     "chaos", "spark", "tests/docs/test_doc_commands.py",
+    "tests/integration/test_scale_faults.py",
     "tests/integration/test_stalled_masters.py",
     "tests/integration/test_fanout.py", "tests/integration/test_truthful_shutdown.py",
     "tests/integration/test_security.py", "tests/integration/test_failover.py",

@@ -25,6 +25,7 @@ from typing import Any
 import grpc
 import xxhash
 from docker.errors import APIError
+from support.prefill import prefill
 from support.waiting import wait_until
 from testcontainers.core.container import DockerContainer
 from testcontainers.core.network import Network
@@ -116,7 +117,8 @@ class ChaosCluster:
     """``zk_nodes`` ZooKeeper containers and ``masters`` blobha masters on a fresh network."""
 
     def __init__(self, workdir: Path, masters: int = 3, zk_nodes: int = 3,
-                 extra_env: dict[str, str] | None = None) -> None:
+                 extra_env: dict[str, str] | None = None, zk_heap_mb: int | None = None
+                 ) -> None:
         self.workdir = workdir
         self.run_id = uuid.uuid4().hex[:8]
         self.labels = {LABEL: self.run_id}
@@ -126,6 +128,7 @@ class ChaosCluster:
         self.n_masters = masters
         self.n_zk = zk_nodes
         self.extra_env = extra_env or {}
+        self.zk_heap_mb = zk_heap_mb  # None: the image's default (256 MiB)
         self._clients: list[Client] = []
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -138,6 +141,8 @@ class ChaosCluster:
             c = self._container(f"zk{i}", [], 2181)
             c.with_env("ZOO_MY_ID", str(i)).with_env("ZOO_SERVERS", servers)
             c.with_env("ZOO_TICK_TIME", str(ZK_TICK_MS))
+            if self.zk_heap_mb is not None:
+                c.with_env("ZOO_HEAP", f"{self.zk_heap_mb}m")
             # The same image runs ZooKeeper (its Debian base ships it); the master's health
             # check does not apply to it.
             c.with_kwargs(labels=dict(self.labels), user="root", entrypoint=["zk-run"],
@@ -151,6 +156,20 @@ class ChaosCluster:
             self.add_master(i, wait=False)
         self.wait_ready(120)
         return self
+
+    def prefill(self, keys: int, ready_s: float) -> float:
+        """Stop the masters, put ``keys`` keys in place on each (tests/support/prefill.py),
+        and start them again, until ready: a cluster restarted with that many keys. The
+        seconds the keys took to put in place."""
+        for m in self.masters:
+            m.docker.stop(timeout=10)
+        took = prefill(",".join(z.dial for z in self.zks),
+                       {m.address: m.data_dir for m in self.masters if m.data_dir is not None},
+                       keys, creator=USER, write_quorum=2)
+        for m in self.masters:
+            m.docker.start()
+        self.wait_ready(ready_s)
+        return took
 
     def _start(self, nodes: list[Node], make: Callable[[], Node]) -> Node:
         """Start the container of the node ``make`` builds, listed in ``nodes`` first so a

@@ -88,7 +88,8 @@ def _write_report() -> None:
 @pytest.fixture
 def chaos_cluster(docker_ready: None, tmp_path: Path,
                   request: pytest.FixtureRequest) -> Iterator[ChaosCluster]:
-    c = ChaosCluster(tmp_path)
+    # Indirect parameters: ChaosCluster's keyword arguments (a larger ZooKeeper heap).
+    c = ChaosCluster(tmp_path, **getattr(request, "param", {}))
     try:
         c.start()
         yield c

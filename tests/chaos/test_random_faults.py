@@ -18,8 +18,10 @@ import grpc
 import pytest
 from chaos_harness import SESSION_TIMEOUT_MS, ChaosCluster, LeaderSampler, Node, md, verify
 from fault_checker import OK, RandomWorkload, check_history
+from support.prefill import prefill_data, prefill_key
 from support.waiting import wait_until
 
+from blobha.ops.zkserver import heap_mb_for
 from blobha.v1 import blobha_pb2 as pb
 
 pytestmark = pytest.mark.timeout(1200)
@@ -28,6 +30,7 @@ SESSION_S = SESSION_TIMEOUT_MS / 1000
 #: The longest time without an acknowledged write that a fault may cause, counted from the
 #: fault, or from a ZooKeeper quorum's return for a ZooKeeper restart.
 OUTAGE_BOUND_S = SESSION_S + 3
+SCALE_KEYS = 100_000
 FAULTS = ("kill_leader", "kill_follower", "pause_leader", "term_leader", "wipe_follower",
           "zk_restart")
 
@@ -41,8 +44,8 @@ def _follower(c: ChaosCluster, leader: Node, rng: random.Random) -> Node:
     return rng.choice([m for m in c.masters if m is not leader])
 
 
-def _inject(c: ChaosCluster, w: RandomWorkload, kind: str, rng: random.Random
-            ) -> dict[str, Any]:
+def _inject(c: ChaosCluster, w: RandomWorkload, kind: str, rng: random.Random,
+            ready_s: float) -> dict[str, Any]:
     """One fault, and the cluster back to every master ready; its figures."""
     leader = c.wait_leader(30)
     wall = time.time()  # for reading the fault against the masters' logs
@@ -94,7 +97,7 @@ def _inject(c: ChaosCluster, w: RandomWorkload, kind: str, rng: random.Random
     mark = time.monotonic()
     steps["fault_s"] = mark - t0
     wait_until(lambda: _acked_since(w, mark) >= 3, 120, f"writes to resume after {kind}")
-    c.wait_ready(180)
+    c.wait_ready(ready_s)
     recovered = time.monotonic()
     return {"kind": kind, "target": target.name, "outage_s": round(w.history.write_gaps(
         since, recovered), 2), "recovered_after_s": round(recovered - t0, 2),
@@ -121,11 +124,41 @@ def _deleted_everywhere(c: ChaosCluster, key: str) -> list[str]:
     return still
 
 
-def test_random_faults_keep_every_guarantee(chaos_cluster: ChaosCluster,
+def _prefilled_wrong(c: ChaosCluster, keys: int, rng: random.Random) -> list[str]:
+    """A sample of the keys put in place first, read from every master: each must still be
+    there with its bytes (a wipe's catch-up fetched them; no fault may take one away)."""
+    wrong = []
+    for i in rng.sample(range(keys), min(keys, 50)):
+        key = prefill_key("fill", i)
+        for m in c.masters:
+            try:
+                got = b"".join(r.data for r in c.stub(m).Download(
+                    pb.DownloadRequest(key=key), metadata=md(), timeout=10))
+            except grpc.RpcError as e:
+                wrong.append(f"{key} on {m.name}: {e.code().name}")
+                continue
+            if got != prefill_data(key):
+                wrong.append(f"{key} on {m.name}: {len(got)} bytes, not its own")
+    return wrong
+
+
+@pytest.mark.parametrize(("chaos_cluster", "keys"), [
+    ({}, 0),
+    # ZooKeeper's heap as the embedded one's for that many keys.
+    ({"zk_heap_mb": heap_mb_for(SCALE_KEYS)}, SCALE_KEYS),
+], indirect=["chaos_cluster"], ids=["empty", "100000-keys"])
+def test_random_faults_keep_every_guarantee(chaos_cluster: ChaosCluster, keys: int,
                                             scenario: dict[str, Any]) -> None:
+    """The same faults and checks in an empty store and in one of 100,000 keys put in place
+    first (a restart with them on every master), where a wiped follower fetches them all."""
     c = chaos_cluster
     seed = _seed()
     budget = float(os.environ.get("BLOBHA_FAULT_SECS", "150"))
+    # A wiped follower's catch-up: well within this at a few thousand keys a second.
+    ready_s = 180 + keys / 250
+    if keys:
+        scenario["prefilled_keys"] = keys
+        scenario["prefill_s"] = round(c.prefill(keys, ready_s), 1)
     print(f"random faults: seed {seed} (replay with BLOBHA_FAULT_SEED={seed})")
     scenario["seed"] = seed
     rng = random.Random(seed)
@@ -134,7 +167,7 @@ def test_random_faults_keep_every_guarantee(chaos_cluster: ChaosCluster,
         wait_until(lambda: w.history.acked_writes() >= 20, 90, "the workload to start")
         started = time.monotonic()
         while time.monotonic() - started < budget:
-            faults.append(_inject(c, w, rng.choice(FAULTS), rng))
+            faults.append(_inject(c, w, rng.choice(FAULTS), rng, ready_s))
             mark = time.monotonic()
             wait_until(lambda m=mark: _acked_since(w, m) >= 5, 60, "writes between faults")
     ops = w.history.snapshot()
@@ -148,7 +181,7 @@ def test_random_faults_keep_every_guarantee(chaos_cluster: ChaosCluster,
     # By kind, a few of each: one kind's many must not hide another's first.
     kinds = {"workload": w.errors, "history": check_history(ops),
              "final state": verdict.problems, "leaders": sampler.violations(),
-             "deletes": deleted_still}
+             "deletes": deleted_still, "prefilled keys": _prefilled_wrong(c, keys, rng)}
     problems = [f"{kind} ({len(found)}): " + "; ".join(found[:8])
                 for kind, found in kinds.items() if found]
     worst: dict[str, float] = {}

@@ -4,6 +4,7 @@ just committed."""
 
 from __future__ import annotations
 
+import threading
 from types import SimpleNamespace
 from typing import Any
 
@@ -66,7 +67,7 @@ class Intake:
     def recheck_replicas(self, keys: list[str]) -> None:
         pass
 
-    def check_own_nodes(self) -> tuple[int, int]:
+    def check_own_nodes(self, stopping: threading.Event) -> tuple[int, int]:
         return 0, 0
 
 

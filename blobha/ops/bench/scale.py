@@ -148,6 +148,10 @@ def _fill_and_measure(bench: Bench, lc: LocalCluster, zk: KazooClient, target: i
         failover(bench, name, sig, restart)
     leader = lc.leader()
     followers = [m for m in lc.masters if m is not leader]
+    # Every key at its factor first: a failover's last write (W=1) may still have one copy,
+    # and wiping it would lose it and leave the catch-up waiting for it for ever.
+    for m in lc.masters:
+        _wait_holds(bench.log, m, keys, CATCHUP_TIMEOUT)
 
     # 8. A follower with an empty disk catches up.
     new = followers[0]

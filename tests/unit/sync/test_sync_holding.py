@@ -14,6 +14,7 @@ from support.sync_replicas import Intake, periodic_loop
 from support.waiting import wait_until
 
 from blobha.core.blobstate import BlobState
+from blobha.sync import verify
 from blobha.sync.decide import counted
 from blobha.sync.feed import Wake
 from blobha.sync.membership import Membership
@@ -178,3 +179,60 @@ def test_a_new_leader_queues_the_unsettled_keys_at_once_and_paces_the_rest() -> 
     finally:
         loop.stop()
         thread.join(5)
+
+
+class _Txn:
+    def __init__(self, zk: _RemovingZk) -> None:
+        self.zk, self.paths = zk, []
+
+    def delete(self, path: str) -> None:
+        self.paths.append(path)
+
+    def commit(self) -> list[bool]:
+        self.zk.removed.extend(self.paths)
+        if len(self.zk.removed) >= self.zk.stop_after:
+            self.zk.stopping.set()
+        return [True] * len(self.paths)
+
+
+class _RemovingZk:
+    def __init__(self, stop_after: int = 10**9) -> None:
+        self.removed: list[str] = []
+        self.stop_after = stop_after
+        self.stopping = _Pauses()
+
+    def transaction(self) -> _Txn:
+        return _Txn(self)
+
+
+class _Pauses(threading.Event):
+    """A stop event whose waits are recorded, not waited."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.waits: list[float] = []
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.waits.append(round(timeout or 0.0, 6))
+        return self.is_set()
+
+
+def test_a_wiped_masters_removals_are_paced(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Each removal reaches every other master as an event, on the connection of its commits:
+    # 1,000 nodes at 10,000 a second, in transactions of 200, go over 0.1 s, not at once.
+    monkeypatch.setattr(verify.time, "monotonic", lambda: 100.0)  # no time passes by itself
+    zk = _RemovingZk()
+    paths = [f"/blobstore/k{i}/{ME}-1" for i in range(1000)]
+    verify._remove(zk, paths, zk.stopping)  # type: ignore[arg-type]
+    assert zk.removed == paths
+    assert zk.stopping.waits == [0.02, 0.04, 0.06, 0.08]
+
+
+def test_a_master_stopping_during_its_removals_does_not_count(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(verify.time, "monotonic", lambda: 100.0)
+    zk = _RemovingZk(stop_after=400)
+    paths = [f"/blobstore/k{i}/{ME}-1" for i in range(1000)]
+    with pytest.raises(verify.CheckInterrupted, match="400 of 1000"):
+        verify._remove(zk, paths, zk.stopping)  # type: ignore[arg-type]
+    assert len(zk.removed) == 400
