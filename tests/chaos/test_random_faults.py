@@ -31,8 +31,8 @@ SESSION_S = SESSION_TIMEOUT_MS / 1000
 #: fault, or from a ZooKeeper quorum's return for a ZooKeeper restart.
 OUTAGE_BOUND_S = SESSION_S + 3
 SCALE_KEYS = 100_000
-#: Not in a store of 100,000 keys yet: a wiped follower's removals and catch-up there stop
-#: the other masters' writes for tens of seconds on a loaded machine (an open problem).
+#: Not in a store of 100,000 keys yet: on a loaded machine, a survivor still reconciling every
+#: key after its own restart stops its writes for seconds while the wiped follower returns.
 NOT_AT_SCALE = ("wipe_follower",)
 FAULTS = ("kill_leader", "kill_follower", "pause_leader", "term_leader", "wipe_follower",
           "zk_restart")
