@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import itertools
 import json
 import os
 import re
@@ -127,15 +128,24 @@ def pattern(size: int) -> bytearray:
     return buf
 
 
-def disk_write_secs(directory: Path, size: int, block: int = MiB) -> float:
+#: Numbers the bench's scratch files (see disk_write_secs).
+_DD_FILES = itertools.count()
+
+
+def disk_write_secs(directory: Path, size: int, block: int = MiB,
+                    start: threading.Barrier | None = None) -> float:
     """dd bs=1M conv=fdatasync, in Python: write ``size`` bytes in ``block`` buffers, fdatasync,
-    and return the seconds it took. The file is deleted afterwards."""
+    and return the seconds it took (from ``start``'s release, when given). The file is
+    deleted afterwards."""
     buf = os.urandom(block)
-    # The thread too: writers at once (disk_writes_at_once_secs) may read one clock value.
-    path = directory / (f".blobha-bench-dd-{os.getpid()}-{threading.get_ident()}"
+    # A number of this process's own: writers at once (disk_writes_at_once_secs) may read one
+    # clock value, and a pool's thread ident comes back for its next task.
+    path = directory / (f".blobha-bench-dd-{os.getpid()}-{next(_DD_FILES)}"
                         f"-{time.monotonic_ns()}")
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:
+        if start is not None:
+            start.wait()
         t0 = time.perf_counter()
         left = size
         while left > 0:
@@ -151,9 +161,15 @@ def disk_writes_at_once_secs(directory: Path, size: int, writers: int) -> float:
     """:func:`disk_write_secs` in ``writers`` threads at once (a write lets go of the GIL),
     each its own file, as that many masters sharing the disk write their copies: the seconds
     until the last is synced."""
+    # Every writer in a thread of its own, started together: a pool thread that finished
+    # early would otherwise take a second write, after the others.
+    start = threading.Barrier(writers + 1)
     with ThreadPoolExecutor(writers, thread_name_prefix="bench-dd") as pool:
+        futures = [pool.submit(disk_write_secs, directory, size, MiB, start)
+                   for _ in range(writers)]
+        start.wait()
         t0 = time.perf_counter()
-        for f in [pool.submit(disk_write_secs, directory, size) for _ in range(writers)]:
+        for f in futures:
             f.result()
         return time.perf_counter() - t0
 
