@@ -31,9 +31,8 @@ OUTAGE_BOUND_S = SESSION_TIMEOUT_MS / 1000 + 3
 class Writers:
     """``WRITERS`` clients creating keys of their own as fast as they are answered."""
 
-    def __init__(self, cluster: LocalCluster, prefix: str) -> None:
+    def __init__(self, cluster: LocalCluster) -> None:
         self.cluster = cluster
-        self.prefix = prefix
         self.stop = threading.Event()
         self.lock = threading.Lock()
         self.acked: dict[str, tuple[bytes, float]] = {}  # key -> (data, acknowledged at)
@@ -55,7 +54,7 @@ class Writers:
         with client_for(self.cluster, timeout=30) as c:
             n = 0
             while not self.stop.is_set():
-                key = f"{self.prefix}{index}-{n}"
+                key = f"w{index}-{n}"
                 data = f"{key} {random.random()}".encode()
                 try:
                     c.create(key, data, write_quorum=2)
@@ -88,20 +87,16 @@ def store_of_100000_keys(tmp_path_factory: pytest.TempPathFactory) -> Iterator[L
         for m in lc.masters:
             lc.start_master(m)
         # Each master counts once it has checked its 100,000 replica nodes (ha-rule 6).
-        wait_until(lambda: len(_holding(lc)) == 3, 120,
-                   "every master to check its replica nodes and count")
+        zk = KazooClient(hosts=lc.zk.connect_string + "/blobha")
+        zk.start()
+        try:
+            wait_until(lambda: len(zk.get_children(HOLDERS)) == 3, 120,
+                       "every master to check its replica nodes and count")
+        finally:
+            zk.stop()
+            zk.close()
         lc.wait_ready(60)
         yield lc
-
-
-def _holding(lc: LocalCluster) -> list[str]:
-    zk = KazooClient(hosts=lc.zk.connect_string + "/blobha")
-    zk.start()
-    try:
-        return list(zk.get_children(HOLDERS))
-    finally:
-        zk.stop()
-        zk.close()
 
 
 def _longest_stop(w: Writers, since: float) -> float:
@@ -128,7 +123,7 @@ def _all_there(lc: LocalCluster, acked: dict[str, tuple[bytes, float]]) -> None:
 def test_the_leader_killed_under_eight_writers_in_a_store_of_100000_keys(
         store_of_100000_keys: LocalCluster) -> None:
     lc = store_of_100000_keys
-    with Writers(lc, "kill") as w:
+    with Writers(lc) as w:
         wait_until(lambda: len(w.acks_since(0)) >= 200, 60, "the writers to get going")
         leader = lc.leader()
         killed = time.monotonic()

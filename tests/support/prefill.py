@@ -21,7 +21,7 @@ from kazoo.client import KazooClient
 
 from blobha.core.acl import normalize_for_create
 from blobha.core.blobstate import BlobState
-from blobha.core.digest import Digester
+from blobha.core.digest import digest_bytes
 from blobha.store.local import LocalStore
 from blobha.zk.layout import EPOCH, EpochRecord, key_path, replica_path
 
@@ -40,9 +40,15 @@ def prefill_data(key: str) -> bytes:
     return key.encode()
 
 
-def _batches(keys: int) -> Iterator[range]:
+def _batches(keys: int, prefix: str) -> Iterator[list[tuple[str, bytes, str]]]:
+    """The keys in batches, each key with its content and that content's digest."""
     for start in range(0, keys, BATCH):
-        yield range(start, min(keys, start + BATCH))
+        batch = []
+        for i in range(start, min(keys, start + BATCH)):
+            key = prefill_key(prefix, i)
+            blob = prefill_data(key)
+            batch.append((key, blob, digest_bytes(blob)))
+        yield batch
 
 
 def prefill(zk_servers: str, stores: Mapping[str, Path], keys: int, *, prefix: str = "fill",
@@ -60,18 +66,15 @@ def prefill(zk_servers: str, stores: Mapping[str, Path], keys: int, *, prefix: s
     try:
         data, _ = zk.get(EPOCH)
         epoch = EpochRecord.decode(data).epoch
+        batches = list(_batches(keys, prefix))
         for root in stores.values():
-            _fill_store(root, keys, prefix)
+            _fill_store(root, batches)
         acl = tuple(normalize_for_create([], creator))
         pending = []
-        for batch in _batches(keys):
+        for batch in batches:
             txn = zk.transaction()
-            for i in batch:
-                key = prefill_key(prefix, i)
-                blob = prefill_data(key)
-                digest = Digester()
-                digest.update(blob)
-                state = BlobState(seq=1, size=len(blob), digest=digest.hexdigest(), acl=acl,
+            for key, blob, digest in batch:
+                state = BlobState(seq=1, size=len(blob), digest=digest, acl=acl,
                                   replication_factor=len(stores), creator=creator,
                                   created_at=now, updated_at=now, epoch=epoch, acked=True,
                                   write_quorum=write_quorum)
@@ -94,18 +97,12 @@ def _check(results: list[object]) -> None:
     assert not failed, f"a prefill transaction failed: {failed[0]!r}"
 
 
-def _fill_store(root: Path, keys: int, prefix: str) -> None:
+def _fill_store(root: Path, batches: list[list[tuple[str, bytes, str]]]) -> None:
     store = LocalStore(root)  # takes the directory's lock: its master must be stopped
     try:
-        for batch in _batches(keys):
-            items = []
-            for i in batch:
-                key = prefill_key(prefix, i)
-                blob = prefill_data(key)
-                digest = Digester()
-                digest.update(blob)
-                items.append((key, 1, blob, len(blob), digest.hexdigest()))
-            installed = store.install_many(items)
+        for batch in batches:
+            installed = store.install_many(
+                [(key, 1, blob, len(blob), digest) for key, blob, digest in batch])
             assert all(not isinstance(r, Exception) for r in installed), installed
     finally:
         store.close()
